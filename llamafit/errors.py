@@ -1,0 +1,62 @@
+"""Typed errors of the core. Each carries what happened, what to try next and an exit code.
+
+The CLI translates them once, at the edge (``llamafit.cli.app``); nothing in the core prints.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    """Process exit codes. Documented in README ("Exit codes"); tools rely on them."""
+
+    OK = 0
+    INTERNAL = 1  # a bug: unexpected exception (LLAMAFIT_DEBUG=1 shows the traceback)
+    USAGE = 2  # bad option or argument (same code Typer uses for usage errors)
+    DOES_NOT_FIT = 3  # no placement fits the devices and host RAM
+    MODEL_NOT_FOUND = 4  # file, shard, repo or quant not found
+    SERVER_LOAD_FAILED = 5  # llama-server exited before it was ready
+    SERVER_NOT_FOUND = 6  # no usable llama-server binary
+    BAD_MODEL_FILE = 7  # not a GGUF, truncated, hostile or inconsistent header
+    NETWORK = 8  # Hub unreachable, timeout, gated repo
+    INTERRUPTED = 130  # Ctrl-C before the server was running
+
+
+class LlamafitError(Exception):
+    """Base of every error the CLI knows how to explain."""
+
+    exit_code: ExitCode = ExitCode.INTERNAL
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
+class UsageError(LlamafitError):
+    exit_code = ExitCode.USAGE
+
+
+class DoesNotFitError(LlamafitError):
+    exit_code = ExitCode.DOES_NOT_FIT
+
+
+class ModelNotFoundError(LlamafitError):
+    exit_code = ExitCode.MODEL_NOT_FOUND
+
+
+class BadModelFileError(LlamafitError):
+    exit_code = ExitCode.BAD_MODEL_FILE
+
+
+class ServerNotFoundError(LlamafitError):
+    exit_code = ExitCode.SERVER_NOT_FOUND
+
+
+class ServerLoadError(LlamafitError):
+    exit_code = ExitCode.SERVER_LOAD_FAILED
+
+
+class NetworkError(LlamafitError):
+    exit_code = ExitCode.NETWORK

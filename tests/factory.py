@@ -1,0 +1,497 @@
+"""A GGUF factory for the tests: small real models and shape-faithful sparse copies of public models.
+
+Each builder returns the metadata and tensor list that the matching ``src/models/<arch>.cpp``
+``load_arch_tensors`` asks for, so the real llama-server loads the file. Shapes of public models come
+from their published configs (config.json on the Hub).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from llamafit.ggml import by_name
+from llamafit.gguf.writer import TensorSpec, spm_vocab, write_gguf
+
+
+@dataclass
+class Shape:
+    arch: str
+    kv: dict[str, Any]
+    tensors: list[TensorSpec] = field(default_factory=list)
+
+    def write(self, path: Path, fill: str = "sparse") -> Path:
+        write_gguf(path, self.arch, self.kv, [_fallback(t) for t in self.tensors], fill=fill)
+        return path
+
+
+def _fallback(t: TensorSpec) -> TensorSpec:
+    """Rows that a k-quant block does not divide get q8_0 (or f16), as llama-quantize falls back."""
+    blck = by_name(t.type).blck
+    if t.shape and t.shape[0] % blck:
+        return TensorSpec(t.name, t.shape, "q8_0" if t.shape[0] % 32 == 0 else "f16")
+    return t
+
+
+def _base_kv(arch: str, name: str, n_layer: int, n_embd: int, ctx: int, n_vocab: int) -> dict[str, Any]:
+    kv: dict[str, Any] = {
+        "general.name": name,
+        f"{arch}.block_count": n_layer,
+        f"{arch}.context_length": ctx,
+        f"{arch}.embedding_length": n_embd,
+        f"{arch}.attention.layer_norm_rms_epsilon": 1e-6,
+        f"{arch}.vocab_size": n_vocab,
+    }
+    kv.update(spm_vocab(n_vocab))
+    return kv
+
+
+def _attn(i: int, n_embd: int, n_q: int, n_kv: int, out_in: int, w: str) -> list[TensorSpec]:
+    return [
+        TensorSpec(f"blk.{i}.attn_norm.weight", (n_embd,)),
+        TensorSpec(f"blk.{i}.attn_q.weight", (n_embd, n_q), w),
+        TensorSpec(f"blk.{i}.attn_k.weight", (n_embd, n_kv), w),
+        TensorSpec(f"blk.{i}.attn_v.weight", (n_embd, n_kv), w),
+        TensorSpec(f"blk.{i}.attn_output.weight", (out_in, n_embd), w),
+    ]
+
+
+def _ffn(i: int, n_embd: int, n_ff: int, w: str) -> list[TensorSpec]:
+    return [
+        TensorSpec(f"blk.{i}.ffn_norm.weight", (n_embd,)),
+        TensorSpec(f"blk.{i}.ffn_gate.weight", (n_embd, n_ff), w),
+        TensorSpec(f"blk.{i}.ffn_up.weight", (n_embd, n_ff), w),
+        TensorSpec(f"blk.{i}.ffn_down.weight", (n_ff, n_embd), w),
+    ]
+
+
+def _io(n_embd: int, n_vocab: int, w: str, tied: bool) -> list[TensorSpec]:
+    ts = [TensorSpec("token_embd.weight", (n_embd, n_vocab), w), TensorSpec("output_norm.weight", (n_embd,))]
+    if not tied:
+        ts.append(TensorSpec("output.weight", (n_embd, n_vocab), w))
+    return ts
+
+
+def dense(
+    *,
+    arch: str = "llama",
+    name: str = "dense",
+    n_layer: int = 4,
+    n_embd: int = 256,
+    n_head: int = 8,
+    n_head_kv: int = 2,
+    head_dim: int | None = None,
+    n_ff: int = 512,
+    n_vocab: int = 512,
+    ctx: int = 8192,
+    w: str = "f16",
+    tied: bool = False,
+) -> Shape:
+    """llama / qwen3 / qwen2-style dense GQA transformer (llama.cpp, qwen3.cpp load_arch_tensors)."""
+    hd = head_dim or n_embd // n_head
+    kv = _base_kv(arch, name, n_layer, n_embd, ctx, n_vocab)
+    kv.update({
+        f"{arch}.feed_forward_length": n_ff,
+        f"{arch}.attention.head_count": n_head,
+        f"{arch}.attention.head_count_kv": n_head_kv,
+        f"{arch}.attention.key_length": hd,
+        f"{arch}.attention.value_length": hd,
+        f"{arch}.rope.dimension_count": hd,
+        f"{arch}.rope.freq_base": 500000.0,
+    })  # fmt: skip
+    ts = _io(n_embd, n_vocab, w, tied)
+    for i in range(n_layer):
+        ts += _attn(i, n_embd, n_head * hd, n_head_kv * hd, n_head * hd, w)
+        if arch == "qwen3":
+            ts += [
+                TensorSpec(f"blk.{i}.attn_k_norm.weight", (hd,)),
+                TensorSpec(f"blk.{i}.attn_q_norm.weight", (hd,)),
+            ]
+        ts += _ffn(i, n_embd, n_ff, w)
+    return Shape(arch, kv, ts)
+
+
+def moe(
+    *,
+    name: str = "moe",
+    n_layer: int = 4,
+    n_embd: int = 256,
+    n_head: int = 8,
+    n_head_kv: int = 2,
+    head_dim: int = 64,
+    n_expert: int = 8,
+    n_expert_used: int = 2,
+    n_ff_exp: int = 128,
+    n_vocab: int = 512,
+    ctx: int = 8192,
+    w: str = "f16",
+) -> Shape:
+    """qwen3moe (src/models/qwen3moe.cpp)."""
+    arch = "qwen3moe"
+    kv = _base_kv(arch, name, n_layer, n_embd, ctx, n_vocab)
+    kv.update({
+        f"{arch}.feed_forward_length": n_ff_exp * n_expert_used,
+        f"{arch}.expert_feed_forward_length": n_ff_exp,
+        f"{arch}.expert_count": n_expert,
+        f"{arch}.expert_used_count": n_expert_used,
+        f"{arch}.attention.head_count": n_head,
+        f"{arch}.attention.head_count_kv": n_head_kv,
+        f"{arch}.attention.key_length": head_dim,
+        f"{arch}.attention.value_length": head_dim,
+        f"{arch}.rope.freq_base": 1000000.0,
+    })  # fmt: skip
+    ts = _io(n_embd, n_vocab, w, False)
+    for i in range(n_layer):
+        ts += _attn(i, n_embd, n_head * head_dim, n_head_kv * head_dim, n_head * head_dim, w)
+        ts += [
+            TensorSpec(f"blk.{i}.attn_k_norm.weight", (head_dim,)),
+            TensorSpec(f"blk.{i}.attn_q_norm.weight", (head_dim,)),
+            TensorSpec(f"blk.{i}.ffn_norm.weight", (n_embd,)),
+            TensorSpec(f"blk.{i}.ffn_gate_inp.weight", (n_embd, n_expert), "f32"),
+            TensorSpec(f"blk.{i}.ffn_gate_exps.weight", (n_embd, n_ff_exp, n_expert), w),
+            TensorSpec(f"blk.{i}.ffn_down_exps.weight", (n_ff_exp, n_embd, n_expert), w),
+            TensorSpec(f"blk.{i}.ffn_up_exps.weight", (n_embd, n_ff_exp, n_expert), w),
+        ]
+    return Shape(arch, kv, ts)
+
+
+def gemma3(
+    *,
+    name: str = "gemma3",
+    n_layer: int = 6,
+    n_embd: int = 256,
+    n_head: int = 4,
+    n_head_kv: int = 1,
+    head_dim: int = 64,
+    n_ff: int = 512,
+    n_vocab: int = 512,
+    ctx: int = 32768,
+    sliding_window: int = 512,
+    w: str = "f16",
+) -> Shape:
+    """gemma3 with interleaved sliding-window attention (5 SWA : 1 global, src/models/gemma3.cpp)."""
+    arch = "gemma3"
+    kv = _base_kv(arch, name, n_layer, n_embd, ctx, n_vocab)
+    kv.update({
+        f"{arch}.feed_forward_length": n_ff,
+        f"{arch}.attention.head_count": n_head,
+        f"{arch}.attention.head_count_kv": n_head_kv,
+        f"{arch}.attention.key_length": head_dim,
+        f"{arch}.attention.value_length": head_dim,
+        f"{arch}.attention.sliding_window": sliding_window,
+        f"{arch}.rope.freq_base": 1000000.0,
+    })  # fmt: skip
+    ts = _io(n_embd, n_vocab, w, True)
+    for i in range(n_layer):
+        ts += _attn(i, n_embd, n_head * head_dim, n_head_kv * head_dim, n_head * head_dim, w)
+        ts += [
+            TensorSpec(f"blk.{i}.post_attention_norm.weight", (n_embd,)),
+            TensorSpec(f"blk.{i}.attn_k_norm.weight", (head_dim,)),
+            TensorSpec(f"blk.{i}.attn_q_norm.weight", (head_dim,)),
+        ]
+        ts += _ffn(i, n_embd, n_ff, w)
+        ts.append(TensorSpec(f"blk.{i}.post_ffw_norm.weight", (n_embd,)))
+    return Shape(arch, kv, ts)
+
+
+def deepseek2(
+    *,
+    name: str = "mla",
+    n_layer: int = 4,
+    n_embd: int = 256,
+    n_head: int = 4,
+    kv_lora_rank: int = 128,
+    rope_dim: int = 32,
+    nope_dim: int = 64,
+    v_dim: int = 64,
+    n_dense_lead: int = 1,
+    q_lora_rank: int = 192,
+    n_ff: int = 512,
+    n_expert: int = 8,
+    n_expert_used: int = 2,
+    n_ff_exp: int = 128,
+    n_vocab: int = 512,
+    ctx: int = 16384,
+    w: str = "f16",
+) -> Shape:
+    """DeepSeek-V3 style MLA with q LoRA and split attn_k_b/attn_v_b (src/models/deepseek2.cpp)."""
+    arch = "deepseek2"
+    kv = _base_kv(arch, name, n_layer, n_embd, ctx, n_vocab)
+    k_mla = nope_dim + rope_dim
+    kv.update({
+        f"{arch}.feed_forward_length": n_ff,
+        f"{arch}.expert_feed_forward_length": n_ff_exp,
+        f"{arch}.expert_count": n_expert,
+        f"{arch}.expert_used_count": n_expert_used,
+        f"{arch}.expert_shared_count": 1,
+        f"{arch}.leading_dense_block_count": n_dense_lead,
+        f"{arch}.attention.head_count": n_head,
+        f"{arch}.attention.head_count_kv": 1,
+        f"{arch}.attention.key_length": kv_lora_rank + rope_dim,
+        f"{arch}.attention.value_length": kv_lora_rank,
+        f"{arch}.attention.key_length_mla": k_mla,
+        f"{arch}.attention.value_length_mla": v_dim,
+        f"{arch}.attention.kv_lora_rank": kv_lora_rank,
+        f"{arch}.attention.q_lora_rank": q_lora_rank,
+        f"{arch}.rope.dimension_count": rope_dim,
+    })  # fmt: skip
+    ts = _io(n_embd, n_vocab, w, False)
+    for i in range(n_layer):
+        ts += [
+            TensorSpec(f"blk.{i}.attn_norm.weight", (n_embd,)),
+            TensorSpec(f"blk.{i}.attn_q_a_norm.weight", (q_lora_rank,)),
+            TensorSpec(f"blk.{i}.attn_kv_a_norm.weight", (kv_lora_rank,)),
+            TensorSpec(f"blk.{i}.attn_q_a.weight", (n_embd, q_lora_rank), w),
+            TensorSpec(f"blk.{i}.attn_q_b.weight", (q_lora_rank, n_head * k_mla), w),
+            TensorSpec(f"blk.{i}.attn_kv_a_mqa.weight", (n_embd, kv_lora_rank + rope_dim), w),
+            TensorSpec(f"blk.{i}.attn_k_b.weight", (nope_dim, kv_lora_rank, n_head), w),
+            TensorSpec(f"blk.{i}.attn_v_b.weight", (kv_lora_rank, v_dim, n_head), w),
+            TensorSpec(f"blk.{i}.attn_output.weight", (n_head * v_dim, n_embd), w),
+            TensorSpec(f"blk.{i}.ffn_norm.weight", (n_embd,)),
+        ]
+        if i < n_dense_lead:
+            ts += [
+                TensorSpec(f"blk.{i}.ffn_gate.weight", (n_embd, n_ff), w),
+                TensorSpec(f"blk.{i}.ffn_down.weight", (n_ff, n_embd), w),
+                TensorSpec(f"blk.{i}.ffn_up.weight", (n_embd, n_ff), w),
+            ]
+        else:
+            ts += [
+                TensorSpec(f"blk.{i}.ffn_gate_inp.weight", (n_embd, n_expert), "f32"),
+                TensorSpec(f"blk.{i}.ffn_down_exps.weight", (n_ff_exp, n_embd, n_expert), w),
+                TensorSpec(f"blk.{i}.ffn_gate_exps.weight", (n_embd, n_ff_exp, n_expert), w),
+                TensorSpec(f"blk.{i}.ffn_up_exps.weight", (n_embd, n_ff_exp, n_expert), w),
+                TensorSpec(f"blk.{i}.ffn_gate_shexp.weight", (n_embd, n_ff_exp), w),
+                TensorSpec(f"blk.{i}.ffn_down_shexp.weight", (n_ff_exp, n_embd), w),
+                TensorSpec(f"blk.{i}.ffn_up_shexp.weight", (n_embd, n_ff_exp), w),
+            ]
+    return Shape(arch, kv, ts)
+
+
+def qwen35(
+    *,
+    name: str = "hybrid",
+    n_layer: int = 8,
+    n_nextn: int = 0,
+    n_embd: int = 256,
+    n_head: int = 4,
+    n_head_kv: int = 2,
+    head_dim: int = 64,
+    n_ff: int = 512,
+    d_conv: int = 4,
+    d_state: int = 32,
+    n_group: int = 2,
+    dt_rank: int = 4,
+    interval: int = 4,
+    n_vocab: int = 512,
+    ctx: int = 32768,
+    w: str = "f16",
+) -> Shape:
+    """Qwen3.5 dense hybrid: gated delta-net layers with full attention every ``interval`` (qwen35.cpp)."""
+    arch = "qwen35"
+    n_all = n_layer + n_nextn
+    kv = _base_kv(arch, name, n_all, n_embd, ctx, n_vocab)
+    d_inner = d_state * dt_rank
+    kv.update({
+        f"{arch}.feed_forward_length": n_ff,
+        f"{arch}.attention.head_count": n_head,
+        f"{arch}.attention.head_count_kv": n_head_kv,
+        f"{arch}.attention.key_length": head_dim,
+        f"{arch}.attention.value_length": head_dim,
+        f"{arch}.rope.dimension_count": head_dim // 4,
+        f"{arch}.rope.dimension_sections": [head_dim // 16, head_dim // 16, head_dim // 16, 0],
+        f"{arch}.ssm.conv_kernel": d_conv,
+        f"{arch}.ssm.inner_size": d_inner,
+        f"{arch}.ssm.state_size": d_state,
+        f"{arch}.ssm.time_step_rank": dt_rank,
+        f"{arch}.ssm.group_count": n_group,
+        f"{arch}.full_attention_interval": interval,
+    })  # fmt: skip
+    if n_nextn:
+        kv[f"{arch}.nextn_predict_layers"] = n_nextn
+    key_dim = d_state * n_group
+    value_dim = d_state * dt_rank
+    ts = _io(n_embd, n_vocab, w, False)
+
+    def full_attn(i: int) -> list[TensorSpec]:
+        return [
+            TensorSpec(f"blk.{i}.attn_q.weight", (n_embd, n_head * head_dim * 2), w),
+            TensorSpec(f"blk.{i}.attn_k.weight", (n_embd, n_head_kv * head_dim), w),
+            TensorSpec(f"blk.{i}.attn_v.weight", (n_embd, n_head_kv * head_dim), w),
+            TensorSpec(f"blk.{i}.attn_output.weight", (n_head * head_dim, n_embd), w),
+            TensorSpec(f"blk.{i}.attn_q_norm.weight", (head_dim,)),
+            TensorSpec(f"blk.{i}.attn_k_norm.weight", (head_dim,)),
+        ]
+
+    for i in range(n_all):
+        ts += [
+            TensorSpec(f"blk.{i}.attn_norm.weight", (n_embd,)),
+            TensorSpec(f"blk.{i}.post_attention_norm.weight", (n_embd,)),
+        ]
+        if i >= n_layer:
+            ts += full_attn(i)
+        elif (i + 1) % interval != 0:
+            ts += [
+                TensorSpec(f"blk.{i}.attn_qkv.weight", (n_embd, key_dim * 2 + value_dim), w),
+                TensorSpec(f"blk.{i}.attn_gate.weight", (n_embd, value_dim), w),
+                TensorSpec(f"blk.{i}.ssm_conv1d.weight", (d_conv, key_dim * 2 + value_dim)),
+                TensorSpec(f"blk.{i}.ssm_dt.bias", (dt_rank,)),
+                TensorSpec(f"blk.{i}.ssm_a", (dt_rank,)),
+                TensorSpec(f"blk.{i}.ssm_beta.weight", (n_embd, dt_rank), w),
+                TensorSpec(f"blk.{i}.ssm_alpha.weight", (n_embd, dt_rank), w),
+                TensorSpec(f"blk.{i}.ssm_norm.weight", (d_state,)),
+                TensorSpec(f"blk.{i}.ssm_out.weight", (value_dim, n_embd), w),
+            ]
+        else:
+            ts += full_attn(i)
+        ts += [
+            TensorSpec(f"blk.{i}.ffn_gate.weight", (n_embd, n_ff), w),
+            TensorSpec(f"blk.{i}.ffn_down.weight", (n_ff, n_embd), w),
+            TensorSpec(f"blk.{i}.ffn_up.weight", (n_embd, n_ff), w),
+        ]
+        if i >= n_layer:
+            ts += [
+                TensorSpec(f"blk.{i}.nextn.eh_proj.weight", (2 * n_embd, n_embd), w),
+                TensorSpec(f"blk.{i}.nextn.enorm.weight", (n_embd,)),
+                TensorSpec(f"blk.{i}.nextn.hnorm.weight", (n_embd,)),
+                TensorSpec(f"blk.{i}.nextn.shared_head_norm.weight", (n_embd,)),
+            ]
+    return Shape(arch, kv, ts)
+
+
+def mamba(
+    *,
+    name: str = "mamba",
+    n_layer: int = 4,
+    n_embd: int = 256,
+    d_conv: int = 4,
+    d_state: int = 16,
+    dt_rank: int = 16,
+    n_vocab: int = 512,
+    ctx: int = 1048576,
+    w: str = "f16",
+) -> Shape:
+    """Pure recurrent Mamba (src/models/mamba.cpp)."""
+    arch = "mamba"
+    d_inner = 2 * n_embd
+    kv = _base_kv(arch, name, n_layer, n_embd, ctx, n_vocab)
+    kv.update({
+        f"{arch}.feed_forward_length": 0,
+        f"{arch}.attention.head_count": 0,
+        f"{arch}.ssm.conv_kernel": d_conv,
+        f"{arch}.ssm.inner_size": d_inner,
+        f"{arch}.ssm.state_size": d_state,
+        f"{arch}.ssm.time_step_rank": dt_rank,
+    })  # fmt: skip
+    ts = _io(n_embd, n_vocab, w, True)
+    for i in range(n_layer):
+        ts += [
+            TensorSpec(f"blk.{i}.attn_norm.weight", (n_embd,)),
+            TensorSpec(f"blk.{i}.ssm_in.weight", (n_embd, 2 * d_inner), w),
+            TensorSpec(f"blk.{i}.ssm_conv1d.weight", (d_conv, d_inner)),
+            TensorSpec(f"blk.{i}.ssm_conv1d.bias", (d_inner,)),
+            TensorSpec(f"blk.{i}.ssm_x.weight", (d_inner, dt_rank + 2 * d_state), w),
+            TensorSpec(f"blk.{i}.ssm_dt.weight", (dt_rank, d_inner), w),
+            TensorSpec(f"blk.{i}.ssm_dt.bias", (d_inner,)),
+            TensorSpec(f"blk.{i}.ssm_a", (d_state, d_inner)),
+            TensorSpec(f"blk.{i}.ssm_d", (d_inner,)),
+            TensorSpec(f"blk.{i}.ssm_out.weight", (d_inner, n_embd), w),
+        ]
+    return Shape(arch, kv, ts)
+
+
+# ---- shape-faithful copies of public models (published config.json values) ----
+
+
+def llama31_8b(w: str = "q4_K") -> Shape:
+    """meta-llama/Llama-3.1-8B: 32 layers, 4096 embd, 32 heads, 8 KV heads, 14336 FFN, 128256 vocab."""
+    return dense(arch="llama", name="Llama-3.1-8B (shape)", n_layer=32, n_embd=4096, n_head=32, n_head_kv=8,
+                 n_ff=14336, n_vocab=128256, ctx=131072, w=w)  # fmt: skip
+
+
+def qwen3_8b(w: str = "q4_K") -> Shape:
+    """Qwen/Qwen3-8B: 36 layers, 4096 embd, 32 heads, 8 KV heads (head 128), 12288 FFN, 151936 vocab."""
+    return dense(arch="qwen3", name="Qwen3-8B (shape)", n_layer=36, n_embd=4096, n_head=32, n_head_kv=8,
+                 head_dim=128, n_ff=12288, n_vocab=151936, ctx=40960, w=w)  # fmt: skip
+
+
+def qwen3_0_6b(w: str = "q8_0") -> Shape:
+    """Qwen/Qwen3-0.6B: 28 layers, 1024 embd, 16 heads, 8 KV heads (head 128), 3072 FFN, tied embeddings."""
+    return dense(arch="qwen3", name="Qwen3-0.6B (shape)", n_layer=28, n_embd=1024, n_head=16, n_head_kv=8,
+                 head_dim=128, n_ff=3072, n_vocab=151936, ctx=40960, w=w, tied=True)  # fmt: skip
+
+
+def glm4moe(
+    *,
+    name: str = "glm4moe",
+    n_layer: int = 4,
+    n_nextn: int = 1,
+    n_embd: int = 256,
+    n_head: int = 8,
+    n_head_kv: int = 2,
+    head_dim: int = 64,
+    n_ff: int = 512,
+    n_dense_lead: int = 1,
+    n_expert: int = 8,
+    n_expert_used: int = 2,
+    n_ff_exp: int = 128,
+    n_vocab: int = 512,
+    ctx: int = 32768,
+    w: str = "f16",
+) -> Shape:
+    """GLM-4.5 style MoE with a shared expert and NextN (MTP) blocks (src/models/glm4-moe.cpp)."""
+    arch = "glm4moe"
+    n_all = n_layer + n_nextn
+    kv = _base_kv(arch, name, n_all, n_embd, ctx, n_vocab)
+    kv.update({
+        f"{arch}.feed_forward_length": n_ff,
+        f"{arch}.expert_feed_forward_length": n_ff_exp,
+        f"{arch}.expert_count": n_expert,
+        f"{arch}.expert_used_count": n_expert_used,
+        f"{arch}.expert_shared_count": 1,
+        f"{arch}.leading_dense_block_count": n_dense_lead,
+        f"{arch}.nextn_predict_layers": n_nextn,
+        f"{arch}.attention.head_count": n_head,
+        f"{arch}.attention.head_count_kv": n_head_kv,
+        f"{arch}.attention.key_length": head_dim,
+        f"{arch}.attention.value_length": head_dim,
+        f"{arch}.rope.dimension_count": head_dim // 2,
+    })  # fmt: skip
+    ts = _io(n_embd, n_vocab, w, False)
+    for i in range(n_all):
+        ts += _attn(i, n_embd, n_head * head_dim, n_head_kv * head_dim, n_head * head_dim, w)
+        ts.append(TensorSpec(f"blk.{i}.post_attention_norm.weight", (n_embd,)))
+        if i >= n_dense_lead:
+            ts += [
+                TensorSpec(f"blk.{i}.ffn_gate_inp.weight", (n_embd, n_expert), "f32"),
+                TensorSpec(f"blk.{i}.exp_probs_b.bias", (n_expert,)),
+                TensorSpec(f"blk.{i}.ffn_gate_exps.weight", (n_embd, n_ff_exp, n_expert), w),
+                TensorSpec(f"blk.{i}.ffn_down_exps.weight", (n_ff_exp, n_embd, n_expert), w),
+                TensorSpec(f"blk.{i}.ffn_up_exps.weight", (n_embd, n_ff_exp, n_expert), w),
+                TensorSpec(f"blk.{i}.ffn_gate_shexp.weight", (n_embd, n_ff_exp), w),
+                TensorSpec(f"blk.{i}.ffn_down_shexp.weight", (n_ff_exp, n_embd), w),
+                TensorSpec(f"blk.{i}.ffn_up_shexp.weight", (n_embd, n_ff_exp), w),
+            ]
+        else:
+            ts += [
+                TensorSpec(f"blk.{i}.ffn_gate.weight", (n_embd, n_ff), w),
+                TensorSpec(f"blk.{i}.ffn_down.weight", (n_ff, n_embd), w),
+                TensorSpec(f"blk.{i}.ffn_up.weight", (n_embd, n_ff), w),
+            ]
+        if i >= n_layer:
+            ts += [
+                TensorSpec(f"blk.{i}.nextn.eh_proj.weight", (2 * n_embd, n_embd), w),
+                TensorSpec(f"blk.{i}.nextn.enorm.weight", (n_embd,)),
+                TensorSpec(f"blk.{i}.nextn.hnorm.weight", (n_embd,)),
+                TensorSpec(f"blk.{i}.nextn.shared_head_norm.weight", (n_embd,)),
+            ]
+    return Shape(arch, kv, ts)
+
+
+def glm45_air(w: str = "q4_K") -> Shape:
+    """zai-org/GLM-4.5-Air: 46 layers + 1 NextN, 4096 embd, 96 heads (8 KV, head 128), 128 experts (8 used)
+    of 1408, one shared expert, first layer dense (10944), 151552 vocabulary, 131072 context."""
+    return glm4moe(name="GLM-4.5-Air (shape)", n_layer=46, n_nextn=1, n_embd=4096, n_head=96, n_head_kv=8,
+                   head_dim=128, n_ff=10944, n_dense_lead=1, n_expert=128, n_expert_used=8, n_ff_exp=1408,
+                   n_vocab=151552, ctx=131072, w=w)  # fmt: skip
