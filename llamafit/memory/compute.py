@@ -1,0 +1,226 @@
+"""Compute (scheduler) buffers and the host output buffer.
+
+The compute buffer is not statically exact: ggml-alloc (``ggml/src/ggml-alloc.c``) packs the graph's
+intermediate tensors into one buffer per backend, reusing memory as tensors die, and the buffer is
+the high-water mark over the prompt-processing (pp) graph. We model that high-water mark per phase
+of a transformer block, in floats per token of the micro-batch ``U`` (= n_ubatch):
+
+* graph inputs that stay alive all along: the KQ masks ``n_kv x U`` (F16 with flash attention, F32
+  without, one per cache: full and sliding-window) and ~10 floats of positions/ids per token;
+* the FFN phase: gate, up and the GLU result alive together plus the residual stream:
+  ``3 F + 5 E`` (dense; ``F`` becomes ``n_expert_used x expert_ff`` for MoE layers);
+* the attention phase with flash attention: ``5 E + 2 E_q``;
+* the attention phase without flash attention: the whole ``KQ`` matrix ``n_kv x U x n_head`` (F32)
+  plus ``3 E + 3 E_q + 2 E_kv + 5``;
+* the output phase on the output device: logits ``n_vocab x n_outputs`` plus ``2 E`` per token.
+
+The coefficients come from reading the graph (``src/llama-graph.cpp`` build_ffn/build_attn) and were
+checked against the CPU build's ``sched_reserve`` lines across model shapes; ``bench/accuracy.py``
+prints the measured error (README "Accuracy"). GPU-only terms follow the reference (§3.2): F16 copies
+of a quantized K/V layer for CUDA flash attention, op-offload staging of the largest CPU-resident
+matmul weight on the first GPU, and pipeline-parallel input copies (x4).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from llamafit.ggml import by_name
+from llamafit.gguf.hparams import Hparams
+from llamafit.gguf.model import ModelInfo
+from llamafit.memory.context import ContextParams, _attention_filter, _recurrent_layers, swa_cells
+from llamafit.memory.placement import CPU, WeightPlacement
+
+SMALL_INPUT_FLOATS = 10  # positions, token ids, output ids per token
+PP_COPIES = 4  # GGML_SCHED_MAX_COPIES (ggml-backend.cpp:911-912)
+OP_OFFLOAD_MIN_BATCH = 32  # GGML_OP_OFFLOAD_MIN_BATCH default
+
+
+@dataclass(frozen=True)
+class ComputeEstimate:
+    per_buft: dict[str, int]  # "CPU" (host compute buffer) or GPU id -> bytes
+    flash_attn: bool  # how "auto" resolved
+    pipeline_parallel: bool
+
+
+def resolve_flash_attn(requested: str, *, offload_kqv: bool, have_gpu: bool) -> bool:
+    """FA "auto" is on unless the attention cannot run where the KV lives (-nkvo on a GPU load)
+    (llama-context.cpp:527-556)."""
+    if requested == "on":
+        return True
+    if requested == "off":
+        return False
+    return not (have_gpu and not offload_kqv)
+
+
+@dataclass(frozen=True)
+class LayerDims:
+    """Per-layer widths read off the tensor table (robust across architectures' naming of hparams)."""
+
+    ffn: tuple[int, ...]  # FFN intermediate width alive at once: dense n_ff or n_expert_used x expert_ff
+    e_q: tuple[int, ...]  # query width (n_head x head_dim); 0 for layers without attention
+    e_kv: tuple[int, ...]  # key width per token
+
+
+_DIMS_CACHE: dict[int, tuple[ModelInfo, LayerDims]] = {}
+
+
+def layer_dims(model: ModelInfo) -> LayerDims:
+    """Cached per model object: the fit calls the memory model many times for one model."""
+    hit = _DIMS_CACHE.get(id(model))
+    if hit is not None and hit[0] is model:
+        return hit[1]
+    dims = _layer_dims(model)
+    if len(_DIMS_CACHE) > 16:
+        _DIMS_CACHE.clear()
+    _DIMS_CACHE[id(model)] = (model, dims)
+    return dims
+
+
+def _layer_dims(model: ModelInfo) -> LayerDims:
+    hp = model.hparams
+    n = hp.n_layer_all
+    ffn = [0] * n
+    e_q = [0] * n
+    e_kv = [0] * n
+    for t in model.tensors:
+        name = t.name
+        if not name.startswith("blk."):
+            continue
+        try:
+            il = int(name.split(".", 2)[1])
+        except ValueError:
+            continue
+        if il >= n:
+            continue
+        shape = t.info.shape
+        rest = name.split(".", 2)[2]
+        if rest.startswith("ffn_up_exps.") and len(shape) == 3:
+            ffn[il] = max(ffn[il], hp.n_expert_used * shape[1])
+        elif rest.startswith("ffn_gate_up_exps.") and len(shape) == 3:
+            ffn[il] = max(ffn[il], hp.n_expert_used * shape[1] // 2)
+        elif rest.startswith(("ffn_up.", "ffn_up_shexp.")) and len(shape) >= 2:
+            ffn[il] = max(ffn[il], shape[1])
+        elif rest.startswith(("attn_q.", "attn_q_b.")) and len(shape) >= 2:
+            e_q[il] = hp.n_head[il] * hp.head_k_at(il) if hp.n_head[il] else shape[1]
+        elif rest.startswith(("attn_k.", "attn_kv_a_mqa.")) and len(shape) >= 2:
+            e_kv[il] = shape[1]
+        elif rest.startswith("attn_qkv.") and len(shape) >= 2 and not hp.is_recr[il]:
+            e_q[il] = hp.n_head[il] * hp.head_k_at(il)
+            e_kv[il] = hp.n_head_kv[il] * hp.head_k_at(il)
+    for il in range(n):
+        if ffn[il] == 0:
+            ffn[il] = hp.n_ff[il]
+        if e_q[il] == 0 and hp.n_head[il] and not hp.is_recr[il]:
+            e_q[il] = hp.n_head[il] * hp.head_k_at(il)
+            e_kv[il] = e_kv[il] or hp.n_head_kv[il] * hp.head_k_at(il)
+    return LayerDims(tuple(ffn), tuple(e_q), tuple(e_kv))
+
+
+def compute_buffers(
+    model: ModelInfo,
+    cp: ContextParams,
+    placement: WeightPlacement,
+    *,
+    gpus: Sequence[str],
+    n_outputs: int,
+    fa: bool,
+    op_offload: bool = True,
+    pipeline_parallel: bool = False,
+    backend: str = "cuda",
+) -> ComputeEstimate:
+    """Bytes of every compute buffer the pp reserve creates (``sched_reserve: ... compute buffer size``)."""
+    hp = model.hparams
+    dims = layer_dims(model)
+    U = cp.n_ubatch
+    E = hp.n_embd
+    layer_dev = placement.layer_device
+    attn_layers = set(_attention_filter(hp, cp.mtp)) if hp.has_memory and not hp.is_recurrent_arch else set()
+    if not hp.has_memory:
+        attn_layers = set(range(hp.n_layer_all))
+    recr_layers = set(_recurrent_layers(hp, cp.mtp))
+    n_kv_full = cp.n_ctx_seq
+    n_kv_swa = swa_cells(hp, cp) if hp.swa_type != "none" else 0
+    mask_bytes = 2 if fa else 4
+
+    # per device: peak floats per token, extra absolute bytes, which masks it needs
+    peak: dict[str, float] = {}
+    kq: dict[str, int] = {}
+    masks: dict[str, set[str]] = {}
+    attn_dev = CPU if not cp.offload_kqv else None
+    n_layers = hp.n_layer if not cp.mtp else hp.n_layer_all
+    first = hp.n_layer if cp.mtp else 0
+    for il in range(first, n_layers):
+        d = layer_dev[il]
+        ffn = 3 * dims.ffn[il] + 5 * E
+        p = float(ffn)
+        if il in recr_layers:
+            d_inner = hp.ssm_d_inner or (hp.n_embd * 2)
+            p = max(p, 5 * E + 5.2 * d_inner)
+        if il in attn_layers and hp.n_head[il] > 0 and dims.e_q[il] > 0:
+            e_q = dims.e_q[il]
+            e_kv = dims.e_kv[il]
+            ad = attn_dev or d
+            swa = hp.swa_type != "none" and hp.is_swa[il]
+            n_kv = n_kv_swa if swa else n_kv_full
+            masks.setdefault(ad, set()).add("swa" if swa else "full")
+            if fa:
+                a = 5 * E + 2 * e_q
+                peak[ad] = max(peak.get(ad, 0.0), a)
+            else:
+                a_bytes = n_kv * U * hp.n_head[il] * 4 + U * 4 * (3 * E + 3 * e_q + 2 * e_kv + 5)
+                kq[ad] = max(kq.get(ad, 0), a_bytes)
+        peak[d] = max(peak.get(d, 0.0), p)
+
+    out: dict[str, int] = {}
+    devices = set(peak) | set(kq)
+    for d in devices:
+        size = U * 4 * peak.get(d, 0.0)
+        size = max(size, kq.get(d, 0))
+        for m in masks.get(d, ()):
+            size += (n_kv_swa if m == "swa" else n_kv_full) * U * mask_bytes
+        size += U * 4 * SMALL_INPUT_FLOATS
+        out[d] = int(size)
+
+    # output phase on the output layer's device: logits of the pp outputs + the normed hidden states
+    out_dev = layer_dev[hp.n_layer_all]
+    n_out = min(U, n_outputs)
+    logits = hp.n_vocab * n_out * 4 + U * 4 * 2 * E
+    out[out_dev] = max(out.get(out_dev, 0), logits + U * 4 * SMALL_INPUT_FLOATS)
+
+    if gpus:
+        # the host buffer holds the input embedding rows and the graph inputs
+        host = U * 4 * (E + SMALL_INPUT_FLOATS)
+        out[CPU] = max(out.get(CPU, 0), host)
+        if op_offload and U >= OP_OFFLOAD_MIN_BATCH and backend == "cuda":
+            staged = [
+                p.tensor.info.nbytes
+                for p in placement.tensors
+                if p.device == CPU and len(p.tensor.info.shape) >= 2 and not p.tensor.name.startswith("token_embd")
+            ]
+            if staged:
+                out[gpus[0]] = out.get(gpus[0], 0) + max(staged)
+        if fa and backend == "cuda" and (by_name(cp.type_k).quantized or by_name(cp.type_v).quantized):
+            # CUDA FA converts one layer's quantized K/V to F16 inside the compute buffer
+            worst = max((hp.n_embd_k_gqa(il) + hp.n_embd_v_gqa(il) for il in attn_layers), default=0)
+            for d in {layer_dev[il] for il in attn_layers if layer_dev[il] != CPU}:
+                out[d] = out.get(d, 0) + n_kv_full * worst * 2
+        if pipeline_parallel:
+            for d in gpus:
+                if d in out:
+                    extra = sum((n_kv_swa if m == "swa" else n_kv_full) * U * mask_bytes for m in masks.get(d, ()))
+                    out[d] += (PP_COPIES - 1) * (extra + U * 4 * (E + SMALL_INPUT_FLOATS))
+    return ComputeEstimate({k: v for k, v in out.items() if v > 0}, fa, pipeline_parallel)
+
+
+def output_buffer_bytes(hp: Hparams, n_outputs_max: int, n_seq_max: int, *, initial: bool = False) -> int:
+    """Host output buffer (llama-context.cpp:2118-2210): logits rows, grown up to n_outputs_max.
+
+    ``initial`` gives the size logged at context creation (``max(n_seq_max, 1)`` rows).
+    """
+    rows = max(1, n_seq_max) if initial else max(n_outputs_max, n_seq_max)
+    floats = hp.n_vocab * rows
+    if hp.has_pooling:
+        floats += hp.n_embd * rows
+    return floats * 4

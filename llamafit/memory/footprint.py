@@ -1,0 +1,203 @@
+"""One load's memory, per device and per buffer: weights + memory module + compute + output + overhead.
+
+:func:`estimate` is the memory model's single entry point. It is pure: the same model, settings and
+devices always give the same :class:`Footprint`; the fit calls it as often as it needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields, replace
+
+from llamafit.gguf.model import ModelInfo
+from llamafit.memory.compute import compute_buffers, output_buffer_bytes, resolve_flash_attn
+from llamafit.memory.context import ContextParams, memory_buffers, resolve_context
+from llamafit.memory.placement import CPU, Override, RepackProfile, WeightPlacement, place_weights
+from llamafit.units import MiB
+
+# CUDA context, cuBLAS/cuBLASLt workspaces and the initial memory pool of one GPU: memory the
+# runtime takes that no llama.cpp buffer reports ("unaccounted" in common_memory_breakdown_print,
+# reference §3.4). A few hundred MiB on current drivers; calibration (issue 5) refines it per machine.
+RUNTIME_OVERHEAD = 384 * MiB
+
+
+@dataclass(frozen=True)
+class Use:
+    """Bytes one device holds for one load, by what they are for. Keys are the JSON plan's ``use``."""
+
+    model: int = 0
+    kv: int = 0
+    rs: int = 0
+    compute: int = 0
+    output: int = 0
+    draft_model: int = 0
+    draft_kv: int = 0
+    draft_compute: int = 0
+    mmproj: int = 0
+    overhead: int = 0
+
+    @property
+    def total(self) -> int:
+        return sum(getattr(self, f.name) for f in fields(self))
+
+    def __add__(self, other: Use) -> Use:
+        return Use(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
+
+    def as_dict(self) -> dict[str, int]:
+        return {f.name: int(getattr(self, f.name)) for f in fields(self)}
+
+
+@dataclass(frozen=True)
+class LoadSettings:
+    """llama-server's parameters after defaults, as far as they change memory."""
+
+    n_ctx: int = 0  # requested -c; 0 = the model's training context
+    n_seq: int = 4  # -np (server auto = 4)
+    kv_unified: bool = True  # server auto -np implies unified KV
+    n_batch: int = 2048
+    n_ubatch: int = 512
+    flash_attn: str = "auto"
+    type_k: str = "f16"
+    type_v: str = "f16"
+    n_gpu_layers: int = -1  # -1 auto (all), -2 all, N
+    tensor_split: tuple[float, ...] = ()
+    overrides: tuple[Override, ...] = ()
+    offload_kqv: bool = True
+    swa_full: bool = False
+    use_mmap: bool = True
+    no_host: bool = False
+    repack: bool = True
+    op_offload: bool = True
+    n_outputs_max: int = 4  # server: min(n_batch, n_seq x (1 + n_draft_max))
+    n_rs_seq: int = 0
+    load_nextn: bool = False
+    split_mode: str = "layer"
+    main_gpu: int = 0
+
+
+@dataclass(frozen=True)
+class PredictedBuffer:
+    """One buffer as the server logs it, for comparing with the real load."""
+
+    context: str  # "target" | "draft" | "mtp"
+    kind: str  # model | kv | rs | compute | output
+    buft: str
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class Footprint:
+    context: ContextParams
+    gpus: dict[str, Use]
+    host: Use
+    placement: WeightPlacement = field(repr=False)
+    buffers: tuple[PredictedBuffer, ...] = field(repr=False)
+    flash_attn: bool = True
+    pipeline_parallel: bool = False
+
+    @property
+    def layer_device(self) -> tuple[str, ...]:
+        return self.placement.layer_device
+
+
+def _buft_device(buft: str) -> str:
+    return CPU if not buft.startswith("CUDA") or buft == "CUDA_Host" else buft
+
+
+def estimate(
+    model: ModelInfo,
+    s: LoadSettings,
+    gpus: Sequence[str] = (),
+    *,
+    free: Sequence[int] = (),
+    overhead: int = RUNTIME_OVERHEAD,
+    profile: RepackProfile | None = None,
+    context_label: str = "target",
+) -> Footprint:
+    """Predict every buffer of one llama_context over ``model`` with settings ``s`` on ``gpus``.
+
+    ``free`` (bytes per GPU) is only used for llama.cpp's default layer split when ``-ts`` is unset.
+    """
+    hp = model.hparams
+    gpu_ids = list(gpus)
+    if s.split_mode == "none" and gpu_ids:
+        gpu_ids = [gpu_ids[min(s.main_gpu, len(gpu_ids) - 1)]]
+    splits = list(s.tensor_split) if any(s.tensor_split) else (list(free) if free else [1.0] * len(gpu_ids))
+    splits = (splits + [0.0] * len(gpu_ids))[: len(gpu_ids)]
+    placement = place_weights(
+        model,
+        gpus=gpu_ids,
+        splits=splits,
+        n_gpu_layers=s.n_gpu_layers,
+        overrides=s.overrides,
+        use_mmap=s.use_mmap,
+        no_host=s.no_host,
+        repack=s.repack,
+        load_nextn=s.load_nextn,
+        profile=profile,
+    )
+    fa = resolve_flash_attn(s.flash_attn, offload_kqv=s.offload_kqv, have_gpu=bool(gpu_ids))
+    cp = resolve_context(
+        hp,
+        n_ctx=s.n_ctx,
+        n_seq_max=s.n_seq,
+        kv_unified=s.kv_unified,
+        n_batch=s.n_batch,
+        n_ubatch=s.n_ubatch,
+        n_outputs_max=s.n_outputs_max,
+        type_k=s.type_k,
+        type_v=s.type_v,
+        flash_attn=s.flash_attn,
+        offload_kqv=s.offload_kqv,
+        swa_full=s.swa_full,
+        n_rs_seq=s.n_rs_seq,
+        mtp=context_label == "mtp",
+    )
+    ngl = hp.n_layer_all + 1 if s.n_gpu_layers < 0 else s.n_gpu_layers
+    pp = len(gpu_ids) > 1 and ngl > hp.n_layer_all and s.split_mode == "layer" and s.offload_kqv and not s.overrides
+    mem = memory_buffers(hp, cp, placement.layer_device)
+    comp = compute_buffers(
+        model, cp, placement, gpus=gpu_ids, n_outputs=cp.n_outputs_max, fa=fa, op_offload=s.op_offload,
+        pipeline_parallel=pp,
+    )  # fmt: skip
+    out_bytes = output_buffer_bytes(hp, cp.n_outputs_max, cp.n_seq_max)
+
+    buffers: list[PredictedBuffer] = []
+    per: dict[str, Use] = {g: Use() for g in gpu_ids}
+    per[CPU] = Use()
+
+    def add(dev: str, **kw: int) -> None:
+        per[dev] = per.get(dev, Use()) + Use(**kw)
+
+    for name, size in placement.buffers:
+        buffers.append(PredictedBuffer(context_label, "model", name, size))
+        add(_buft_device(name), model=size)
+    for b in mem:
+        buffers.append(PredictedBuffer(context_label, b.kind, b.buft, b.nbytes))
+        if b.kind == "kv":
+            add(_buft_device(b.buft), kv=b.nbytes)
+        else:
+            add(_buft_device(b.buft), rs=b.nbytes)
+    for dev, size in comp.per_buft.items():
+        buft = dev if dev != CPU else ("CUDA_Host" if gpu_ids else CPU)
+        buffers.append(PredictedBuffer(context_label, "compute", buft, size))
+        add(dev, compute=size)
+    out_dev = placement.layer_device[hp.n_layer_all]
+    out_buft = "CUDA_Host" if out_dev != CPU else CPU
+    buffers.append(
+        PredictedBuffer(context_label, "output", out_buft, output_buffer_bytes(hp, 0, cp.n_seq_max, initial=True))
+    )
+    add(CPU, output=out_bytes)
+    for g in gpu_ids:
+        if per[g].total > 0:
+            per[g] = replace(per[g], overhead=overhead)
+    host = per.pop(CPU)
+    return Footprint(
+        context=cp,
+        gpus=per,
+        host=host,
+        placement=placement,
+        buffers=tuple(buffers),
+        flash_attn=fa,
+        pipeline_parallel=pp,
+    )

@@ -1,0 +1,222 @@
+"""Where llama.cpp puts each weight: layer -> device, then tensor -> buffer type.
+
+Mirrors ``src/llama-model.cpp:1557-1616`` (layer assignment), ``src/llama-model-loader.cpp:1116-1290``
+(buffer-type choice per tensor, ``-ot`` overrides, mmap) and ``llama-model.cpp:1825-1932``
+(one buffer per buffer type; an mmapped CPU buffer spans its tensors' file range).
+"""
+
+from __future__ import annotations
+
+import platform
+import re
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from llamafit.gguf.model import ModelInfo, Tensor
+from llamafit.units import pad
+
+CPU = "CPU"
+CUDA_ALIGN = 128  # ggml-cuda.cu:897-901
+CPU_ALIGN = 32  # TENSOR_ALIGNMENT, ggml-impl.h:44
+MATRIX_ROW_PADDING = 512  # ggml-cuda/common.cuh:186
+
+
+def _f32(x: float) -> float:
+    """Round to float32, as the C++ code computes split points in ``float``."""
+    v: float = struct.unpack("f", struct.pack("f", x))[0]
+    return v
+
+
+@dataclass(frozen=True)
+class RepackProfile:
+    """Which weights the CPU backend's CPU_REPACK buffer takes (ggml-cpu/repack.cpp:4925-5140).
+
+    The choice depends on the CPU features the build targets: ``types`` maps a ggml type name to the
+    row-count multiple (``ne[1] % m == 0``) its repacked kernel needs.
+    """
+
+    name: str
+    types: dict[str, int]
+
+
+REPACK_X86_AVX2 = RepackProfile("x86_64-avx2", {"q4_0": 8, "q4_K": 8, "iq4_nl": 8, "mxfp4": 8})
+REPACK_ARM_DOTPROD = RepackProfile(
+    "aarch64-dotprod", {"q4_0": 4, "q4_K": 8, "q5_K": 8, "q6_K": 8, "iq4_nl": 4, "mxfp4": 4, "q8_0": 4}
+)
+REPACK_NONE = RepackProfile("none", {})
+
+
+def host_repack_profile() -> RepackProfile:
+    m = platform.machine().lower()
+    if m in ("x86_64", "amd64"):
+        return REPACK_X86_AVX2
+    if m in ("aarch64", "arm64"):
+        return REPACK_ARM_DOTPROD
+    return REPACK_NONE
+
+
+def layer_devices(n_layer_all: int, n_gpu_layers: int, gpus: Sequence[str], splits: Sequence[float]) -> list[str]:
+    """Device of each layer ``0..n_layer_all`` (the last entry is the output layer).
+
+    ``n_gpu_layers`` < 0 means all (``n_layer_all + 1``). ``splits`` are the -ts proportions, or
+    the devices' free memory when -ts is unset (llama-model.cpp:1557-1603).
+    """
+    ngl = n_layer_all + 1 if n_gpu_layers < 0 else n_gpu_layers
+    if not gpus:
+        return [CPU] * (n_layer_all + 1)
+    cum: list[float] = []
+    s = 0.0
+    for v in splits:
+        s = _f32(s + _f32(v))
+        cum.append(s)
+    total = cum[-1] if cum and cum[-1] > 0 else 1.0
+    cum = [_f32(c / total) for c in cum]
+    start = max(n_layer_all + 1 - ngl, 0)
+    act = min(ngl, n_layer_all + 1)
+    out: list[str] = []
+    for il in range(n_layer_all + 1):
+        if il < start or il - start >= act:
+            out.append(CPU)
+            continue
+        x = _f32(float(il - start) / act)
+        idx = next((i for i, c in enumerate(cum) if c > x), len(cum))
+        out.append(gpus[min(idx, len(gpus) - 1)])
+    return out
+
+
+@dataclass(frozen=True)
+class Override:
+    pattern: str
+    buft: str  # "CPU" or a device name such as "CUDA1"
+
+
+@dataclass(frozen=True)
+class PlacedTensor:
+    tensor: Tensor
+    device: str  # "CPU" or a GPU id
+    buft: str  # buffer type name as llama.cpp logs it: CUDA0, CUDA_Host, CPU_REPACK, CPU_Mapped, CPU
+    alloc: int  # bytes it takes in that buffer (before the buffer's alignment padding)
+
+
+@dataclass(frozen=True)
+class WeightPlacement:
+    tensors: tuple[PlacedTensor, ...]
+    layer_device: tuple[str, ...]  # per layer, output layer last
+    buffers: tuple[tuple[str, int], ...]  # (buffer name, bytes) as `model buffer size` lines report
+
+    def bytes_on(self, device: str) -> int:
+        """Weight bytes resident on ``device`` (for CPU: sum of host model buffers)."""
+        if device == CPU:
+            return sum(b for n, b in self.buffers if not n.startswith("CUDA") or n == "CUDA_Host")
+        return sum(b for n, b in self.buffers if n == device)
+
+
+def _repackable(t: Tensor, profile: RepackProfile) -> bool:
+    """Would CPU_REPACK take this matmul weight? (ggml_repack_get_optimal_repack_type)"""
+    m = profile.types.get(t.info.type.name)
+    if m is None:
+        return False
+    shape = t.info.shape
+    return len(shape) >= 2 and shape[1] % m == 0
+
+
+def _cuda_alloc(t: Tensor) -> int:
+    """``ggml_backend_cuda_buffer_type_get_alloc_size`` (ggml-cuda.cu:903-920)."""
+    size = t.info.nbytes
+    ty = t.info.type
+    ne0 = t.info.shape[0] if t.info.shape else 1
+    if ty.quantized and ne0 % MATRIX_ROW_PADDING:
+        size += ((MATRIX_ROW_PADDING - ne0 % MATRIX_ROW_PADDING) // ty.blck) * ty.size
+    return size
+
+
+def place_weights(
+    model: ModelInfo,
+    *,
+    gpus: Sequence[str],
+    splits: Sequence[float],
+    n_gpu_layers: int,
+    overrides: Sequence[Override] = (),
+    use_mmap: bool = True,
+    no_host: bool = False,
+    repack: bool = True,
+    load_nextn: bool = False,
+    profile: RepackProfile | None = None,
+) -> WeightPlacement:
+    """Assign every weight of ``model`` to a device and buffer type, as llama.cpp would load it."""
+    hp = model.hparams
+    prof = profile if profile is not None else host_repack_profile()
+    devs = layer_devices(hp.n_layer_all, n_gpu_layers, gpus, splits)
+    compiled = [(re.compile(o.pattern), o.buft) for o in overrides]
+    have_gpu = bool(gpus)
+    tied = not any(t.name == "output.weight" for t in model.tensors)
+
+    def cpu_buft(t: Tensor, matmul: bool) -> str:
+        # CPU list: [device host buffer unless --no-host] -> [CPU_REPACK unless -nr] -> CPU
+        # (llama-model.cpp:1079-1139); with mmap the host buffer becomes plain CPU (loader.cpp:1268-1276).
+        if have_gpu and not no_host:
+            return "CPU" if use_mmap else "CUDA_Host"
+        if repack and matmul and _repackable(t, prof):
+            return "CPU_REPACK"
+        return "CPU"
+
+    placed: list[PlacedTensor] = []
+
+    def place(t: Tensor, layer: int | None, matmul: bool) -> PlacedTensor:
+        dev = CPU if layer is None else devs[layer]
+        buft = None
+        for rx, target in compiled:  # first matching pattern wins (loader.cpp:1235-1258)
+            if rx.search(t.name):
+                on_cpu = target.upper() == CPU
+                dev = CPU if on_cpu else target
+                buft = cpu_buft(t, matmul) if on_cpu else target
+                break
+        if buft is None:
+            buft = cpu_buft(t, matmul) if dev == CPU else dev
+        on_device = buft.startswith("CUDA") and buft != "CUDA_Host"
+        return PlacedTensor(t, dev, buft, _cuda_alloc(t) if on_device else t.info.nbytes)
+
+    n_layer = hp.n_layer
+    for t in model.tensors:
+        layer = t.layer
+        if not load_nextn and hp.n_nextn > 0 and layer is not None and n_layer <= layer < hp.n_layer_all:
+            continue  # NextN/MTP tensors are skipped unless draft-mtp is on (TENSOR_SKIP)
+        p = place(t, layer, t.matmul)
+        placed.append(p)
+        if tied and t.name == "token_embd.weight":
+            # Tied embeddings: the output layer re-creates token_embd as a matmul weight in its own
+            # buffer type, sharing the tensor only when that is the input's (loader.cpp:1370-1386).
+            out = place(t, hp.n_layer_all, True)
+            if out.buft != p.buft:
+                placed.append(out)
+
+    return WeightPlacement(tuple(placed), tuple(devs), tuple(_buffers(model, placed, use_mmap)))
+
+
+def _buffers(model: ModelInfo, placed: Sequence[PlacedTensor], use_mmap: bool) -> list[tuple[str, int]]:
+    """One buffer per buffer type; an mmapped CPU buffer per shard, sized as the file span it maps."""
+    by_buft: dict[str, list[PlacedTensor]] = {}
+    for p in placed:
+        by_buft.setdefault(p.buft, []).append(p)
+    out: list[tuple[str, int]] = []
+    for buft, items in sorted(by_buft.items()):
+        if buft == CPU and use_mmap:
+            for shard in range(len(model.shards)):
+                mine = [p.tensor.info for p in items if p.tensor.shard == shard]
+                if mine:
+                    first = min(i.offset for i in mine)
+                    last = max(i.offset + i.nbytes for i in mine)
+                    out.append(("CPU_Mapped", last - first))
+            continue
+        align = CUDA_ALIGN if buft.startswith("CUDA") and buft != "CUDA_Host" else CPU_ALIGN
+        seen: set[str] = set()
+        size = 0
+        for p in items:
+            key = p.tensor.name
+            if key in seen:
+                continue
+            seen.add(key)
+            size += pad(p.alloc, align)
+        out.append((buft, size))
+    return out
