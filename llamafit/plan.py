@@ -1,0 +1,131 @@
+"""The plan: what will be loaded where, why, and the llama-server argv that does exactly that.
+
+``to_json`` renders the ``llamafit.plan/1`` schema other tools read. Keys are a contract: add, never
+rename (README "JSON plan").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from llamafit.argv import Planned
+from llamafit.devices import Device, Host
+from llamafit.gguf.model import ModelInfo
+from llamafit.memory.footprint import Footprint, LoadSettings, Use
+
+SCHEMA = "llamafit.plan/1"
+
+
+@dataclass(frozen=True)
+class Decision:
+    code: str
+    message: str
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    device: Device
+    usable: int  # free - margin
+    use: Use
+    layers: int  # layers placed on it (the output layer counts as one)
+
+    @property
+    def fits(self) -> bool:
+        return self.use.total <= self.usable
+
+
+@dataclass(frozen=True)
+class HostPlan:
+    host: Host
+    usable: int
+    use: Use
+
+    @property
+    def fits(self) -> bool:
+        return self.use.total <= self.usable
+
+
+@dataclass(frozen=True)
+class Plan:
+    model: ModelInfo = field(repr=False)
+    settings: LoadSettings
+    footprint: Footprint = field(repr=False)
+    devices: tuple[DevicePlan, ...]
+    host: HostPlan
+    decisions: tuple[Decision, ...]
+    warnings: tuple[str, ...]
+    planned: tuple[Planned, ...]
+    margin: int
+    notes: tuple[str, ...] = ()
+
+    @property
+    def fits(self) -> bool:
+        return all(d.fits for d in self.devices) and self.host.fits
+
+    @property
+    def n_ctx(self) -> int:
+        return self.footprint.context.n_ctx
+
+    def decision(self, code: str) -> Decision | None:
+        return next((d for d in self.decisions if d.code == code), None)
+
+
+def to_json(plan: Plan, argv: list[str]) -> dict[str, Any]:
+    cp = plan.footprint.context
+    s = plan.settings
+    return {
+        "schema": SCHEMA,
+        "argv": argv,
+        "model": {
+            "path": plan.model.path,
+            "shards": list(plan.model.shards),
+            "architecture": plan.model.arch,
+            "name": plan.model.name,
+            "file_size": plan.model.file_size,
+            "n_ctx_train": plan.model.hparams.n_ctx_train,
+        },
+        "context": {
+            "n_ctx": cp.n_ctx,
+            "n_ctx_seq": cp.n_ctx_seq,
+            "n_seq": cp.n_seq_max,
+            "kv_unified": cp.kv_unified,
+            "n_batch": cp.n_batch,
+            "n_ubatch": cp.n_ubatch,
+            "flash_attn": plan.footprint.flash_attn,
+            "type_k": cp.type_k,
+            "type_v": cp.type_v,
+        },
+        "placement": {
+            "n_gpu_layers": s.n_gpu_layers,
+            "tensor_split": list(s.tensor_split),
+            "overrides": [f"{o.pattern}={o.buft}" for o in s.overrides],
+            "layer_device": list(plan.footprint.layer_device),
+        },
+        "devices": [
+            {
+                "id": d.device.id,
+                "kind": d.device.kind,
+                "name": d.device.name,
+                "total": d.device.total,
+                "free": d.device.free,
+                "usable": d.usable,
+                "margin": plan.margin,
+                "layers": d.layers,
+                "use": d.use.as_dict(),
+                "fits": d.fits,
+            }
+            for d in plan.devices
+        ],
+        "host": {
+            "total": plan.host.host.total,
+            "available": plan.host.host.available,
+            "usable": plan.host.usable,
+            "use": plan.host.use.as_dict(),
+            "fits": plan.host.fits,
+        },
+        "fits": plan.fits,
+        "decisions": [{"code": d.code, "message": d.message} for d in plan.decisions],
+        "warnings": list(plan.warnings),
+        "notes": list(plan.notes),
+    }

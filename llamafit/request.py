@@ -1,0 +1,192 @@
+"""What the user asked for: llamafit's own options plus every llama-server flag given after ``--``.
+
+The extra args are read with the same option table the composer uses (``llamafit.argv``), so a
+``-c``, ``-np``, ``-ctk`` or ``-ot`` given there changes the prediction exactly as it will change the
+server. Values are validated here, once, with messages that say what to type instead.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from llamafit.argv import ServerArgs
+from llamafit.errors import UsageError
+from llamafit.ggml import KV_CACHE_TYPES
+from llamafit.memory.placement import Override
+
+# common/common.h:1224-1230
+FFN_EXPS_REGEX = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"
+FFN_DENSE_REGEX = r"\.ffn_(up|down|gate)\."
+
+DEFAULT_MIN_CTX = 4096  # same floor as llama.cpp's --fit-ctx
+DEFAULT_MARGIN_MIB = 1024  # same as llama.cpp's --fit-target; covers CUDA pool growth at run time
+
+_TRUTHY = {"on", "enabled", "true", "1"}
+_FALSY = {"off", "disabled", "false", "0"}
+
+
+@dataclass(frozen=True)
+class Request:
+    """Everything that constrains the plan. ``None`` means "llamafit decides"."""
+
+    server_args: ServerArgs = field(default_factory=ServerArgs)
+    ctx: int | None = None  # -c N (N > 0), or the training context for -c 0
+    ctx_full: bool = False  # -c 0: the training context, never reduced
+    n_seq: int | None = None  # -np
+    kv_unified: bool | None = None  # -kvu / -no-kvu
+    n_batch: int = 2048
+    n_ubatch: int = 512
+    flash_attn: str = "auto"
+    type_k: str = "f16"
+    type_v: str = "f16"
+    n_gpu_layers: int | None = None  # -ngl (None = not pinned; -1 auto, -2 all)
+    tensor_split: tuple[float, ...] | None = None
+    overrides: tuple[Override, ...] | None = None  # -ot/-cmoe/-ncmoe/-ncffn, in order
+    devices: tuple[str, ...] | None = None  # -dev list; () for -dev none
+    split_mode: str = "layer"
+    main_gpu: int = 0
+    offload_kqv: bool = True
+    swa_full: bool = False
+    use_mmap: bool = True
+    no_host: bool = False
+    repack: bool = True
+    op_offload: bool = True
+    fit: bool | None = None  # the user's -fit on/off
+    margin: int = DEFAULT_MARGIN_MIB << 20
+    min_ctx: int = DEFAULT_MIN_CTX
+    cpu_only: bool = False
+
+
+def _int(value: str | None, flag: str, minimum: int | None = None) -> int:
+    if value is None or not re.fullmatch(r"-?\d+", value.strip()):
+        raise UsageError(f"{flag} expects an integer, got {value!r}", hint=f"e.g. {flag} 8192")
+    v = int(value)
+    if minimum is not None and v < minimum:
+        raise UsageError(f"{flag} must be at least {minimum}, got {v}")
+    return v
+
+
+def parse_bool_value(value: str | None, flag: str, *, allow_auto: bool = False) -> str:
+    v = (value or "").strip().lower()
+    if allow_auto and v in ("auto", "-1"):
+        return "auto"
+    if v in _TRUTHY:
+        return "on"
+    if v in _FALSY:
+        return "off"
+    choices = "on, off" + (" or auto" if allow_auto else "")
+    raise UsageError(f"{flag} expects {choices}, got {value!r}")
+
+
+def _kv_type(value: str | None, flag: str) -> str:
+    if value not in KV_CACHE_TYPES:
+        raise UsageError(f"{flag}: unsupported cache type {value!r}", hint="one of " + ", ".join(KV_CACHE_TYPES))
+    return value
+
+
+def _split(value: str | None, flag: str) -> tuple[float, ...]:
+    parts = [p for p in re.split(r"[,/]+", value or "") if p]
+    try:
+        vals = tuple(float(p) for p in parts)
+    except ValueError:
+        raise UsageError(f"{flag} expects proportions like 3,1 got {value!r}") from None
+    if not vals or len(vals) >= 16 or any(v < 0 for v in vals):
+        raise UsageError(f"{flag} expects 1 to 15 non-negative proportions, got {value!r}")
+    return vals
+
+
+def _overrides(args: ServerArgs) -> tuple[Override, ...] | None:
+    out: list[Override] = []
+    seen = False
+    for o in args.items:
+        if o.key == "--override-tensor":
+            seen = True
+            for entry in (o.value or "").split(","):
+                if not entry:
+                    continue
+                pat, sep, buft = entry.partition("=")
+                if not sep or not pat or not buft:
+                    raise UsageError(f"-ot expects <regex>=<buffer type>, got {entry!r}", hint="e.g. -ot 'exps=CPU'")
+                try:
+                    re.compile(pat)
+                except re.error as e:
+                    raise UsageError(f"-ot pattern {pat!r} is not a valid regex: {e}") from None
+                out.append(Override(pat, buft))
+        elif o.key == "--cpu-moe":
+            seen = True
+            out.append(Override(FFN_EXPS_REGEX, "CPU"))
+        elif o.key in ("--n-cpu-moe", "--n-cpu-ffn"):
+            seen = True
+            n = _int(o.value, o.tokens[0], 0)
+            rx = FFN_EXPS_REGEX if o.key == "--n-cpu-moe" else FFN_DENSE_REGEX
+            out += [Override(rf"blk\.{i}{rx}", "CPU") for i in range(n)]
+    return tuple(out) if seen else None
+
+
+def n_cpu_moe_overrides(n: int) -> tuple[Override, ...]:
+    return tuple(Override(rf"blk\.{i}{FFN_EXPS_REGEX}", "CPU") for i in range(n))
+
+
+def build_request(
+    args: ServerArgs,
+    *,
+    margin: int = DEFAULT_MARGIN_MIB << 20,
+    min_ctx: int = DEFAULT_MIN_CTX,
+    cpu_only: bool = False,
+) -> Request:
+    """Resolve the extra args into a Request (last occurrence wins, as in llama.cpp)."""
+    kw: dict[str, object] = {}
+    if (o := args.last("--ctx-size")) is not None:
+        c = _int(o.value, o.tokens[0], 0)
+        kw["ctx_full"] = c == 0
+        kw["ctx"] = c or None
+    if (o := args.last("--parallel")) is not None:
+        kw["n_seq"] = _int(o.value, o.tokens[0], 1)
+    if (f := args.flag("--kv-unified")) is not None:
+        kw["kv_unified"] = f
+    if (o := args.last("--batch-size")) is not None:
+        kw["n_batch"] = _int(o.value, o.tokens[0], 1)
+    if (o := args.last("--ubatch-size")) is not None:
+        kw["n_ubatch"] = _int(o.value, o.tokens[0], 1)
+    if (o := args.last("--flash-attn")) is not None:
+        kw["flash_attn"] = parse_bool_value(o.value, o.tokens[0], allow_auto=True)
+    if (o := args.last("--cache-type-k")) is not None:
+        kw["type_k"] = _kv_type(o.value, o.tokens[0])
+    if (o := args.last("--cache-type-v")) is not None:
+        kw["type_v"] = _kv_type(o.value, o.tokens[0])
+    if (o := args.last("--gpu-layers")) is not None:
+        v = (o.value or "").strip().lower()
+        kw["n_gpu_layers"] = -1 if v == "auto" else -2 if v == "all" else _int(o.value, o.tokens[0], -2)
+    if (o := args.last("--tensor-split")) is not None:
+        kw["tensor_split"] = _split(o.value, o.tokens[0])
+    ov = _overrides(args)
+    if ov is not None:
+        kw["overrides"] = ov
+    if (o := args.last("--device")) is not None:
+        names = [d.strip() for d in (o.value or "").split(",") if d.strip()]
+        kw["devices"] = () if names == ["none"] else tuple(n.upper() for n in names)
+    if (o := args.last("--split-mode")) is not None:
+        if o.value not in ("none", "layer", "row", "tensor"):
+            raise UsageError(f"{o.tokens[0]} expects none, layer, row or tensor, got {o.value!r}")
+        kw["split_mode"] = o.value
+    if (o := args.last("--main-gpu")) is not None:
+        kw["main_gpu"] = _int(o.value, o.tokens[0], 0)
+    if (f := args.flag("--kv-offload")) is not None:
+        kw["offload_kqv"] = f
+    if args.has("--swa-full"):
+        kw["swa_full"] = True
+    if (o := args.last("--load-mode")) is not None:
+        mode = (o.value or "").strip()
+        if mode not in ("auto", "none", "mmap", "mlock", "mmap+mlock", "dio"):
+            raise UsageError(f"{o.tokens[0]} expects auto, none, mmap, mlock, mmap+mlock or dio, got {mode!r}")
+        kw["use_mmap"] = mode in ("auto", "mmap", "mmap+mlock")
+    if (f := args.flag("--repack")) is not None:
+        kw["repack"] = f
+    if args.has("--no-host"):
+        kw["no_host"] = True
+    if (f := args.flag("--op-offload")) is not None:
+        kw["op_offload"] = f
+    if (o := args.last("--fit")) is not None:
+        kw["fit"] = parse_bool_value(o.value, o.tokens[0]) == "on"
+    return Request(server_args=args, margin=margin, min_ctx=min_ctx, cpu_only=cpu_only, **kw)  # type: ignore[arg-type]

@@ -1,0 +1,82 @@
+"""Device discovery. NVML is the one boundary faked here, through the GpuProbe seam."""
+
+from __future__ import annotations
+
+import pytest
+
+from llamafit.devices import GpuProbeError, Host, PhysicalGpu, apply_cuda_visible, discover, parse_gpu_spec
+from llamafit.errors import UsageError
+from llamafit.units import GiB, MiB
+
+HOST = Host(total=64 * GiB, available=60 * GiB)
+
+PHYS = [
+    PhysicalGpu(0, "NVIDIA RTX 4090", "GPU-aaaa1111-0000-0000-0000-000000000000", 24 * GiB, 23 * GiB),
+    PhysicalGpu(1, "NVIDIA RTX 3090", "GPU-bbbb2222-0000-0000-0000-000000000000", 24 * GiB, 20 * GiB),
+    PhysicalGpu(2, "NVIDIA A4000", "GPU-cccc3333-0000-0000-0000-000000000000", 16 * GiB, 16 * GiB),
+]
+
+
+class FakeProbe:
+    def __init__(self, gpus: list[PhysicalGpu] | None = None, error: str | None = None) -> None:
+        self._gpus = gpus or []
+        self._error = error
+
+    def gpus(self) -> list[PhysicalGpu]:
+        if self._error:
+            raise GpuProbeError(self._error)
+        return list(self._gpus)
+
+
+def test_all_gpus_named_in_cuda_order() -> None:
+    m = discover(probe=FakeProbe(PHYS), environ={}, host=HOST)
+    assert [(g.id, g.nvml_index) for g in m.gpus] == [("CUDA0", 0), ("CUDA1", 1), ("CUDA2", 2)]
+    assert m.gpus[1].free == 20 * GiB
+
+
+def test_cuda_visible_devices_reorders_and_filters() -> None:
+    m = discover(probe=FakeProbe(PHYS), environ={"CUDA_VISIBLE_DEVICES": "2,0"}, host=HOST)
+    assert [(g.id, g.name) for g in m.gpus] == [("CUDA0", "NVIDIA A4000"), ("CUDA1", "NVIDIA RTX 4090")]
+    assert m.notes
+
+
+def test_cuda_visible_devices_by_uuid_and_prefix() -> None:
+    env = {"CUDA_VISIBLE_DEVICES": "GPU-bbbb2222-0000-0000-0000-000000000000,cccc"}
+    m = discover(probe=FakeProbe(PHYS), environ=env, host=HOST)
+    assert [g.nvml_index for g in m.gpus] == [1, 2]
+
+
+def test_cuda_visible_devices_stops_at_the_first_invalid_entry() -> None:
+    assert [g.index for g in apply_cuda_visible(PHYS, "1,7,0")] == [1]
+    assert apply_cuda_visible(PHYS, "") == []
+    assert apply_cuda_visible(PHYS, "-1") == []
+
+
+def test_no_nvml_is_a_cpu_plan_with_a_note() -> None:
+    m = discover(probe=FakeProbe(error="NVML Shared Library Not Found"), environ={}, host=HOST)
+    assert m.gpus == ()
+    assert "NVML" in m.notes[0] and "CPU-only" in m.notes[0]
+
+
+def test_real_nvml_probe_does_not_crash_here() -> None:
+    """On a machine without NVIDIA drivers the real probe reports, it does not raise."""
+    m = discover(environ={}, host=HOST)
+    assert isinstance(m.gpus, tuple)
+
+
+def test_gpu_specs_describe_other_hardware() -> None:
+    m = discover(gpu_specs=["22GiB/24GiB", "16GiB"], probe=FakeProbe(error="unused"), host=HOST)
+    assert [(g.id, g.free, g.total) for g in m.gpus] == [
+        ("CUDA0", 22 * GiB, 24 * GiB),
+        ("CUDA1", 16 * GiB, 16 * GiB),
+    ]
+    assert parse_gpu_spec("8000") == (8000 * MiB, 8000 * MiB)
+    with pytest.raises(UsageError):
+        parse_gpu_spec("30GiB/24GiB")
+    with pytest.raises(UsageError, match="not a size"):
+        parse_gpu_spec("lots")
+
+
+def test_cpu_only_ignores_gpus() -> None:
+    m = discover(cpu_only=True, probe=FakeProbe(PHYS), host=HOST)
+    assert m.gpus == ()

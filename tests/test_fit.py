@@ -1,0 +1,176 @@
+"""Fit decisions on described device sets: one card, two unequal cards, a busy card, no GPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import factory
+import pytest
+
+from llamafit.argv import compose, parse_server_args
+from llamafit.devices import Device, Host, Machine
+from llamafit.errors import DoesNotFitError, UsageError
+from llamafit.fit import make_plan
+from llamafit.gguf.model import ModelInfo, load_model
+from llamafit.request import build_request
+from llamafit.units import GiB, MiB
+
+
+@pytest.fixture(scope="module")
+def l8b(tmp_path_factory: pytest.TempPathFactory) -> ModelInfo:
+    return load_model(factory.llama31_8b().write(tmp_path_factory.mktemp("m") / "llama31-8b.gguf"))
+
+
+@pytest.fixture(scope="module")
+def moe30(tmp_path_factory: pytest.TempPathFactory) -> ModelInfo:
+    """Qwen3-30B-A3B's published shape: 48 layers, 128 experts (8 used) of 768, 2048 embd, Q4_K."""
+    shape = factory.moe(name="Qwen3-30B-A3B (shape)", n_layer=48, n_embd=2048, n_head=32, n_head_kv=4,
+                        head_dim=128, n_expert=128, n_expert_used=8, n_ff_exp=768, n_vocab=151936,
+                        ctx=40960, w="q4_K")  # fmt: skip
+    return load_model(shape.write(tmp_path_factory.mktemp("m") / "qwen3-30b-a3b.gguf"))
+
+
+def gpu(i: int, total_gib: float, free_gib: float | None = None) -> Device:
+    total = int(total_gib * GiB)
+    return Device(f"CUDA{i}", f"gpu{i}", total, int((free_gib if free_gib is not None else total_gib) * GiB))
+
+
+HOST = Host(total=128 * GiB, available=120 * GiB)
+
+
+def plan(model: ModelInfo, gpus: list[Device], args: list[str] = (), **kw: object):  # type: ignore[no-untyped-def,assignment]
+    return make_plan(model, Machine(tuple(gpus), HOST), build_request(parse_server_args(list(args)), **kw))  # type: ignore[arg-type]
+
+
+def test_one_big_card_gets_the_training_context(l8b: ModelInfo) -> None:
+    p = plan(l8b, [gpu(0, 24)])
+    assert p.fits and p.n_ctx == 131072
+    assert p.decision("context.train") and p.decision("placement.all_gpu")
+    assert p.devices[0].layers == 33
+    argv = compose("llama-server", p.planned, parse_server_args([]))
+    assert argv == ["llama-server", "-m", l8b.path, "-c", "131072", "-ngl", "all", "-fit", "off"]
+
+
+def test_a_smaller_card_cuts_the_context_to_what_fits(l8b: ModelInfo) -> None:
+    p = plan(l8b, [gpu(0, 12)])
+    assert p.fits and 4096 <= p.n_ctx < 131072 and p.n_ctx % 256 == 0
+    assert p.decision("context.reduced")
+    dev = p.devices[0]
+    assert dev.use.total <= dev.usable
+    # the next context step would not fit: the search found the largest
+    bigger = plan(l8b, [gpu(0, 12)], ["-c", str(p.n_ctx + 256)], margin=1024 * MiB)
+    assert not bigger.devices[0].fits or bigger.decision("placement.partial")
+
+
+def test_the_margin_is_left_free(l8b: ModelInfo) -> None:
+    a = plan(l8b, [gpu(0, 12)], margin=512 * MiB)
+    b = plan(l8b, [gpu(0, 12)], margin=2048 * MiB)
+    assert a.n_ctx > b.n_ctx
+    assert b.devices[0].use.total <= 10 * GiB
+
+
+def test_a_busy_card_is_planned_on_its_free_memory(l8b: ModelInfo) -> None:
+    idle = plan(l8b, [gpu(0, 24)])
+    busy = plan(l8b, [gpu(0, 24, free_gib=10)])
+    assert busy.n_ctx < idle.n_ctx
+    assert busy.devices[0].usable == 9 * GiB
+
+
+def test_two_unequal_cards_are_checked_card_by_card(l8b: ModelInfo) -> None:
+    p = plan(l8b, [gpu(0, 16), gpu(1, 6)])
+    assert p.fits
+    for d in p.devices:
+        assert d.use.total <= d.usable, d.device.id
+    assert p.devices[0].layers > p.devices[1].layers
+    assert sum(d.layers for d in p.devices) == 33
+    argv = compose("llama-server", p.planned, parse_server_args([]))
+    ts = argv[argv.index("-ts") + 1].split(",")
+    assert [int(x) for x in ts] == [d.layers for d in p.devices]
+
+
+def test_the_pooled_sum_is_not_enough(l8b: ModelInfo) -> None:
+    """Two 5 GiB cards pool to 10 GiB, but each must hold its share plus its own overhead."""
+    pair = plan(l8b, [gpu(0, 5), gpu(1, 5)])
+    single = plan(l8b, [gpu(0, 10)])
+    assert pair.fits
+    assert all(d.use.overhead > 0 for d in pair.devices)  # each card pays its runtime overhead
+    assert pair.n_ctx < single.n_ctx or pair.decision("placement.partial")
+
+
+def test_no_gpu_plans_for_host_memory(l8b: ModelInfo) -> None:
+    p = plan(l8b, [])
+    assert p.fits and p.devices == ()
+    assert p.decision("placement.cpu")
+    assert p.host.use.model > 4 * GiB
+    argv = compose("llama-server", p.planned, parse_server_args([]))
+    assert "-ngl" not in argv
+
+
+def test_cpu_only_on_a_gpu_machine_says_dev_none(l8b: ModelInfo) -> None:
+    m = Machine((gpu(0, 24),), HOST)
+    p = make_plan(l8b, m, build_request(parse_server_args([]), cpu_only=True))
+    argv = compose("llama-server", p.planned, parse_server_args([]))
+    assert argv[argv.index("-dev") + 1] == "none"
+
+
+def test_weights_too_big_moe_experts_go_to_cpu_first(moe30: ModelInfo) -> None:
+    p = plan(moe30, [gpu(0, 12)])
+    assert p.fits
+    d = p.decision("placement.cpu_moe")
+    assert d is not None
+    argv = compose("llama-server", p.planned, parse_server_args([]))
+    k = int(argv[argv.index("--n-cpu-moe") + 1])
+    assert 0 < k <= 48
+    assert p.n_ctx >= 4096  # the slack left by a whole expert layer goes to the context
+    # one expert layer fewer on the CPU would not fit
+    with pytest.raises(DoesNotFitError):
+        plan(moe30, [gpu(0, 12)], ["-c", "4096", "--n-cpu-moe", str(k - 1)])
+
+
+def test_dense_too_big_goes_partial(l8b: ModelInfo) -> None:
+    p = plan(l8b, [gpu(0, 4)])
+    assert p.fits and p.decision("placement.partial")
+    ngl = p.settings.n_gpu_layers
+    assert 0 < ngl < 33
+    assert p.devices[0].layers == ngl
+
+
+def test_user_context_is_a_hard_requirement(l8b: ModelInfo) -> None:
+    p = plan(l8b, [gpu(0, 12)], ["-c", "65536"])
+    assert p.n_ctx == 65536
+    assert p.decision("context.user")
+    assert p.decision("placement.partial")  # layers move to the CPU, the context stays
+    full = plan(l8b, [gpu(0, 24)], ["-c", "0"])
+    assert full.n_ctx == 131072
+
+
+def test_user_pinned_ngl_is_kept(l8b: ModelInfo) -> None:
+    p = plan(l8b, [gpu(0, 24)], ["-ngl", "20"])
+    assert p.settings.n_gpu_layers == 20 and p.devices[0].layers == 20
+    assert p.decision("placement.user")
+    argv = compose("llama-server", p.planned, parse_server_args(["-ngl", "20"]))
+    assert argv.count("-ngl") == 1 and argv[argv.index("-ngl") + 1] == "20"
+
+
+def test_user_flags_change_the_prediction(l8b: ModelInfo) -> None:
+    f16 = plan(l8b, [gpu(0, 12)])
+    q8 = plan(l8b, [gpu(0, 12)], ["-ctk", "q8_0", "-ctv", "q8_0"])
+    assert q8.n_ctx > f16.n_ctx
+    one = plan(l8b, [gpu(0, 12)], ["-np", "1"])
+    assert one.footprint.context.n_seq_max == 1
+
+
+def test_refuses_with_the_numbers(l8b: ModelInfo) -> None:
+    small_host = Machine((gpu(0, 2),), Host(total=4 * GiB, available=3 * GiB))
+    with pytest.raises(DoesNotFitError, match=r"GPU CUDA0 needs .* usable; offloaded to the CPU it needs .* host RAM"):
+        make_plan(l8b, small_host, build_request(parse_server_args([])))
+
+
+def test_unknown_device_is_a_usage_error(l8b: ModelInfo) -> None:
+    with pytest.raises(UsageError, match="CUDA7"):
+        plan(l8b, [gpu(0, 24)], ["-dev", "CUDA7"])
+
+
+def test_dev_subset_plans_on_the_named_card_only(l8b: ModelInfo, tmp_path: Path) -> None:
+    p = plan(l8b, [gpu(0, 24), gpu(1, 24)], ["-dev", "CUDA1"])
+    assert [d.device.id for d in p.devices] == ["CUDA1"]
