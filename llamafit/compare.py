@@ -1,0 +1,68 @@
+"""Predicted against actual: line a plan's buffers up with what the server logged."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llamafit.logparse import LoadLog
+from llamafit.memory.footprint import Footprint
+from llamafit.units import MiB
+
+# How far a term may be off before it is flagged. KV, recurrent state, weights and the output buffer
+# are modelled exactly (to the log's 0.01 MiB); the compute buffer is an estimate (memory/compute.py).
+TOLERANCE = {"model": 0.0, "kv": 0.0, "rs": 0.0, "output": 0.0, "compute": 0.10}
+
+
+@dataclass(frozen=True)
+class Row:
+    context: str
+    kind: str
+    buft: str
+    predicted: int  # bytes
+    actual_mib: float | None  # as logged; None when the server logged no such buffer
+    n_logged: int = 1  # how many logged lines were summed (each is rounded to 0.01 MiB)
+
+    @property
+    def diff_mib(self) -> float | None:
+        return None if self.actual_mib is None else self.predicted / MiB - self.actual_mib
+
+    @property
+    def within(self) -> bool:
+        if self.actual_mib is None:
+            return self.predicted < 0.005 * MiB
+        tol = TOLERANCE.get(self.kind, 0.0)
+        err = abs(self.predicted / MiB - self.actual_mib)
+        return err <= 0.0051 * max(self.n_logged, 1) or (tol > 0 and err <= tol * max(self.actual_mib, 1e-9))
+
+
+def compare(fp: Footprint, log: LoadLog, context: str = "target") -> list[Row]:
+    ctx = log.context(context)
+    model = log.model(context)
+    observed: dict[tuple[str, str], float] = {}
+    counts: dict[tuple[str, str], int] = {}
+
+    def see(kind: str, buft: str, mib: float) -> None:
+        observed[(kind, buft)] = observed.get((kind, buft), 0.0) + mib
+        counts[(kind, buft)] = counts.get((kind, buft), 0) + 1
+
+    if model is not None:
+        for buft, mib in model.buffers:
+            see("model", buft, mib)
+    if ctx is not None:
+        for buft, mib in ctx.kv:
+            see("kv", buft, mib)
+        for buft, mib in ctx.rs:
+            see("rs", buft, mib)
+        for buft, mib in ctx.compute.items():
+            see("compute", buft, mib)
+        for buft, mib in ctx.output:
+            see("output", buft, mib)
+    predicted: dict[tuple[str, str], int] = {}
+    for b in fp.buffers:
+        if b.context == context:
+            predicted[(b.kind, b.buft)] = predicted.get((b.kind, b.buft), 0) + b.nbytes
+    rows = []
+    for key in sorted(set(predicted) | set(observed)):
+        kind, buft = key
+        rows.append(Row(context, kind, buft, predicted.get(key, 0), observed.get(key), counts.get(key, 1)))
+    return rows

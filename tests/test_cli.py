@@ -1,0 +1,146 @@
+"""The command line through typer.testing.CliRunner: exact argv, JSON contracts, exit codes, no tracebacks."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import factory
+import pytest
+from typer.testing import CliRunner
+
+from llamafit.cli.app import app
+from llamafit.errors import ExitCode
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def l8b(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return factory.llama31_8b().write(tmp_path_factory.mktemp("m") / "llama31-8b.gguf")
+
+
+def invoke(*args: str):  # type: ignore[no-untyped-def]
+    return runner.invoke(app, list(args))
+
+
+def test_version_and_help() -> None:
+    r = invoke("--version")
+    assert r.exit_code == 0 and r.stdout.startswith("llamafit ")
+    r = invoke("--help")
+    assert r.exit_code == 0
+    for cmd in ("demo", "gpus", "inspect", "plan", "run"):
+        assert cmd in r.stdout
+
+
+def test_gpus_json_for_described_hardware() -> None:
+    r = invoke("gpus", "--gpu", "22GiB/24GiB", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["schema"] == "llamafit.gpus/1"
+    assert doc["gpus"][0] == {
+        "id": "CUDA0", "kind": "gpu", "name": "--gpu 22GiB/24GiB", "uuid": "", "total": 24 << 30,
+        "free": 22 << 30, "source": "override",
+    }  # fmt: skip
+    assert doc["host"]["total"] > 0
+
+
+def test_inspect_human_and_json(l8b: Path) -> None:
+    r = invoke("inspect", str(l8b))
+    assert r.exit_code == 0, r.output
+    assert "llama" in r.stdout and "131072" in r.stdout and "q4_K" in r.stdout
+    doc = json.loads(invoke("inspect", str(l8b), "--json").stdout)
+    assert doc["architecture"] == "llama"
+    assert doc["hparams"]["n_layer_all"] == 32 and doc["hparams"]["n_head_kv"][0] == 8
+    assert doc["tensors"][0]["name"] == "token_embd.weight"
+
+
+def test_plan_json_contract(l8b: Path) -> None:
+    r = invoke("plan", str(l8b), "--gpu", "12GiB", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)  # stdout is exactly one JSON object
+    assert doc["schema"] == "llamafit.plan/1"
+    assert set(doc["context"]) >= {"n_ctx", "n_ctx_seq", "n_seq", "kv_unified", "n_batch", "n_ubatch", "flash_attn",
+                                   "type_k", "type_v"}  # fmt: skip
+    dev = doc["devices"][0]
+    assert dev["id"] == "CUDA0" and set(dev) >= {"id", "name", "total", "free", "usable", "use", "fits"}
+    keys = {"model", "kv", "rs", "compute", "output", "draft_model", "draft_kv", "draft_compute", "mmproj", "overhead"}
+    assert set(dev["use"]) == keys
+    assert set(doc["host"]) >= {"total", "available", "use"} and set(doc["host"]["use"]) == keys
+    assert all(isinstance(v, int) for v in dev["use"].values())
+    assert dev["fits"] is True
+    assert {d["code"] for d in doc["decisions"]} >= {"context.reduced", "placement.all_gpu"}
+    assert doc["argv"][0] == "llama-server" and "-c" in doc["argv"]
+    assert isinstance(doc["warnings"], list)
+
+
+def test_plan_honours_extra_args(l8b: Path) -> None:
+    a = json.loads(invoke("plan", str(l8b), "--gpu", "12GiB", "--json").stdout)
+    b = json.loads(invoke("plan", str(l8b), "--gpu", "12GiB", "--json", "--", "-ctk", "q8_0", "-ctv", "q8_0").stdout)
+    assert b["context"]["type_k"] == "q8_0"
+    assert b["context"]["n_ctx"] > a["context"]["n_ctx"]
+    assert b["argv"][-4:] == ["-ctk", "q8_0", "-ctv", "q8_0"]
+
+
+def test_plan_human_view(l8b: Path) -> None:
+    r = invoke("plan", str(l8b), "--gpu", "24GiB")
+    assert r.exit_code == 0, r.output
+    assert "CUDA0" in r.stdout and "training context fits" in r.stdout
+
+
+def test_dry_run_prints_exactly_the_argv(l8b: Path) -> None:
+    r = invoke("run", str(l8b), "--dry-run", "--server", "/bin/true", "--gpu", "24GiB", "--", "-ctk", "q8_0",
+               "--port", "9000")  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert r.stdout.count("\n") == 1
+    argv = shlex.split(r.stdout)
+    assert argv == [
+        "/usr/bin/true" if Path("/bin/true").resolve() == Path("/usr/bin/true") else str(Path("/bin/true").resolve()),
+        "-m", str(l8b), "-c", "131072", "-ngl", "all", "-fit", "off", "-ctk", "q8_0", "--port", "9000",
+    ]  # fmt: skip
+
+
+def test_dry_run_user_context_wins(l8b: Path) -> None:
+    r = invoke("run", str(l8b), "--dry-run", "--gpu", "24GiB", "--", "--ctx_size", "8192")
+    argv = shlex.split(r.stdout)
+    assert argv.count("-c") == 0 and argv[-2:] == ["--ctx_size", "8192"]
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "text"),
+    [
+        (["plan", "/nonexistent/model.gguf"], ExitCode.MODEL_NOT_FOUND, "not found"),
+        (["plan", "--gpu", "lots", "x.gguf"], ExitCode.USAGE, "not a size"),
+        (["run", "x.gguf", "-ctk", "q8_0"], 2, "No such option"),
+    ],
+)
+def test_errors_have_codes_and_no_traceback(args: list[str], code: int, text: str) -> None:
+    r = invoke(*args)
+    assert r.exit_code == code, r.output
+    assert text in r.output
+    assert "Traceback" not in r.output
+
+
+def test_bad_gguf_and_does_not_fit(tmp_path: Path, l8b: Path) -> None:
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"not a gguf at all, just text" * 4)
+    r = invoke("plan", str(bad))
+    assert r.exit_code == ExitCode.BAD_MODEL_FILE and "not a GGUF file" in r.output
+    r = invoke("plan", str(l8b), "--gpu", "1GiB", "--", "-ngl", "all", "-c", "131072")
+    assert r.exit_code == ExitCode.DOES_NOT_FIT and "does not fit" in r.output
+    assert "Traceback" not in r.output
+
+
+def test_debug_env_shows_the_traceback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLAMAFIT_DEBUG", "1")
+    r = invoke("plan", str(tmp_path / "missing.gguf"))
+    assert r.exit_code == ExitCode.MODEL_NOT_FOUND
+    assert "Traceback" in r.output
+
+
+def test_demo_without_a_server_prints_plan_and_how_to_get_one() -> None:
+    r = invoke("demo", "--server", "/nonexistent/llama-server")
+    assert r.exit_code == ExitCode.SERVER_NOT_FOUND, r.output
+    assert "pip install" in r.output
+    assert "llama-server -m" in r.output

@@ -1,0 +1,100 @@
+"""The memory model against the real llama-server (CPU build): the plan's numbers are held to the log.
+
+KV cache, recurrent state, weights and the output buffer must match byte for byte (to the log's
+0.01 MiB); the compute buffer must be within its documented tolerance (llamafit.compare.TOLERANCE).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from realserver import load_log
+
+from llamafit.argv import parse_server_args
+from llamafit.compare import TOLERANCE, compare
+from llamafit.devices import Host, Machine
+from llamafit.fit import make_plan
+from llamafit.gguf.model import load_model
+from llamafit.request import build_request
+from llamafit.server import ServerBinary
+from llamafit.units import GiB
+
+pytestmark = pytest.mark.server
+
+CASES = [
+    ("dense", ["-c", "4096"]),
+    ("dense", ["-c", "4096", "-fa", "off"]),
+    ("dense", ["-c", "4096", "-np", "3"]),
+    ("dense", ["-c", "5000", "-np", "2", "-kvu"]),
+    ("dense", ["-c", "4096", "-ctk", "q8_0", "-ctv", "q8_0"]),
+    ("dense", ["-c", "2048", "-ctk", "q4_0", "-fa", "off"]),
+    ("dense", ["-c", "8192", "-ub", "1024", "-b", "1024"]),
+    ("dense", ["-c", "4096", "-nkvo"]),
+    ("dense", []),
+    ("qwen3", ["-c", "4096", "-np", "1"]),
+    ("tied_q4k", ["-c", "4096"]),
+    ("tied_q4k", ["-c", "4096", "--no-repack"]),
+    ("moe", ["-c", "4096"]),
+    ("moe", ["-c", "4096", "-fa", "off", "-np", "2", "-no-kvu"]),
+    ("gemma3", ["-c", "4096"]),
+    ("gemma3", ["-c", "4096", "-np", "2"]),
+    ("gemma3", ["-c", "4096", "--swa-full"]),
+    ("gemma3", ["-c", "16384", "-fa", "off"]),
+    ("mla", ["-c", "4096"]),
+    ("mla", ["-c", "4096", "-fa", "off"]),
+    ("hybrid", ["-c", "4096"]),
+    ("hybrid", ["-c", "8192", "-np", "2"]),
+    ("hybrid_mtp", ["-c", "4096", "-np", "3", "-kvu"]),
+    ("mamba", ["-c", "4096"]),
+    ("mamba", ["-c", "4096", "-np", "6"]),
+]
+
+
+def _plan_for(model: Path, args: list[str]):  # type: ignore[no-untyped-def]
+    machine = Machine((), Host(total=64 * GiB, available=64 * GiB))
+    req = build_request(parse_server_args(args))
+    return make_plan(load_model(model), machine, req)
+
+
+@pytest.mark.parametrize(("shape", "args"), CASES, ids=[f"{s}:{' '.join(a) or 'defaults'}" for s, a in CASES])
+def test_plan_matches_the_server_log(
+    server_bin: ServerBinary, shapes: dict[str, Path], shape: str, args: list[str]
+) -> None:
+    model = shapes[shape]
+    plan = _plan_for(model, args)
+    log = load_log(server_bin, model, args)
+    ctx = log.context("target")
+    assert ctx is not None
+    assert ctx.values["n_ctx"] == plan.footprint.context.n_ctx
+    assert ctx.values["n_ctx_seq"] == plan.footprint.context.n_ctx_seq
+    assert ctx.values["n_seq_max"] == plan.footprint.context.n_seq_max
+    rows = compare(plan.footprint, log)
+    kinds = {r.kind for r in rows}
+    assert {"model", "compute", "output"} <= kinds
+    for r in rows:
+        assert r.actual_mib is not None, f"predicted a {r.kind} buffer on {r.buft} the server did not allocate"
+        assert r.within, (
+            f"{r.kind} on {r.buft}: predicted {r.predicted / 2**20:.2f} MiB, server {r.actual_mib:.2f} MiB "
+            f"(tolerance {TOLERANCE[r.kind]:.0%})"
+        )
+    # the plan's per-device totals are built from the same buffers
+    use = plan.host.use
+    predicted_kv = sum(r.predicted for r in rows if r.kind == "kv")
+    predicted_rs = sum(r.predicted for r in rows if r.kind == "rs")
+    assert use.kv == predicted_kv
+    assert use.rs == predicted_rs
+
+
+def test_a_real_8b_shape_with_quantized_weights(server_bin: ServerBinary, tmp_path: Path) -> None:
+    """Llama-3.1-8B's published shape (Q4_K, 128k vocabulary), sparse: exact KV and weights at 16k."""
+    import factory
+
+    model = factory.llama31_8b().write(tmp_path / "llama31-8b-shape.gguf")
+    args = ["-c", "16384", "--no-repack"]
+    plan = _plan_for(model, args)
+    rows = compare(plan.footprint, load_log(server_bin, model, args))
+    kv = [r for r in rows if r.kind == "kv"]
+    assert kv and all(r.within for r in kv)
+    assert kv[0].actual_mib == pytest.approx(2048.0)  # 32 layers x 8 KV heads x 128 x 2 x 2 B x 16384
+    assert all(r.within for r in rows), [(r.kind, r.predicted / 2**20, r.actual_mib) for r in rows]

@@ -1,0 +1,93 @@
+"""The commands that start the real llama-server: demo, run (pass-through, Ctrl-C, exit code)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from llamafit.argv import OPTIONS
+from llamafit.demo import ensure_demo_model
+from llamafit.server import ServerBinary, free_port
+
+pytestmark = pytest.mark.server
+
+LLAMAFIT = [sys.executable, "-m", "llamafit"]
+
+
+def test_demo_runs_the_whole_pipeline(server_bin: ServerBinary) -> None:
+    r = subprocess.run([*LLAMAFIT, "demo", "--json", "--server", server_bin.path], capture_output=True, text=True,
+                       timeout=300)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["schema"] == "llamafit.demo/1"
+    assert doc["server"]["exit_code"] == 0
+    assert doc["completion"]["tokens"] == 8
+    rows = {(m["kind"], m["buffer"]): m for m in doc["memory"]}
+    assert rows[("kv", "CPU")]["within_tolerance"] and rows[("kv", "CPU")]["actual_mib"] == 4.0
+    assert all(m["within_tolerance"] for m in doc["memory"]), doc["memory"]
+    assert "ready" in r.stderr
+
+
+def test_demo_human_output(server_bin: ServerBinary) -> None:
+    r = subprocess.run([*LLAMAFIT, "demo", "--server", server_bin.path], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "Predicted vs actual" in r.stdout and "completion of" in r.stdout
+
+
+def _health(port: int) -> int:
+    try:
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
+        c.request("GET", "/health")
+        return c.getresponse().status
+    except OSError:
+        return 0
+
+
+def test_run_passes_through_and_forwards_ctrl_c(server_bin: ServerBinary, tmp_path: Path) -> None:
+    model = ensure_demo_model(tmp_path)
+    port = free_port()
+    env = dict(os.environ, LLAMAFIT_SERVER=server_bin.path)
+    p = subprocess.Popen([*LLAMAFIT, "run", str(model), "--", "--port", str(port)], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while _health(port) != 200:
+            assert p.poll() is None, p.communicate()[1]
+            assert time.monotonic() < deadline, "server never became ready"
+            time.sleep(0.2)
+        p.send_signal(signal.SIGINT)
+        _out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0, err
+    assert "llamafit:" in err and "-fit off" in err  # the decisions and the argv, then the server's own log
+    assert "model loaded" in err or "listening" in err
+
+
+def test_run_returns_the_servers_exit_code(server_bin: ServerBinary, tmp_path: Path) -> None:
+    model = ensure_demo_model(tmp_path)
+    r = subprocess.run([*LLAMAFIT, "run", str(model), "--server", server_bin.path, "--", "--frobnicate"],
+                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 1  # llama-server: invalid argument
+    assert "invalid argument" in r.stderr
+
+
+def test_option_table_covers_the_real_binary(server_bin: ServerBinary) -> None:
+    """Every flag this llama-server accepts (its --completion-bash list) is in the generated table."""
+    r = subprocess.run([server_bin.path, "--completion-bash"], capture_output=True, text=True, env=server_bin.env(),
+                       timeout=60)  # fmt: skip
+    assert r.returncode == 0
+    line = next(x for x in r.stdout.splitlines() if 'opts="' in x)
+    accepted = set(line.split('opts="', 1)[1].split('"', 1)[0].split())
+    known = {a for o in OPTIONS.values() for a in o.aliases}
+    assert accepted, "no flags parsed from --completion-bash"
+    assert accepted <= known, sorted(accepted - known)
