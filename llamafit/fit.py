@@ -22,7 +22,7 @@ from llamafit.argv import Planned
 from llamafit.devices import Device, Machine
 from llamafit.errors import DoesNotFitError, UsageError
 from llamafit.gguf.model import ModelInfo
-from llamafit.memory.context import per_layer_memory, resolve_context
+from llamafit.memory.context import check_cache_types, per_layer_memory, resolve_context
 from llamafit.memory.footprint import Footprint, LoadSettings, estimate
 from llamafit.memory.placement import CPU
 from llamafit.plan import Decision, DevicePlan, HostPlan, Plan
@@ -204,6 +204,9 @@ class _Fitter:
 def make_plan(model: ModelInfo, machine: Machine, req: Request) -> Plan:
     """Fit ``model`` onto ``machine`` under ``req``; raises DoesNotFitError when nothing fits."""
     hp = model.hparams
+    problem = check_cache_types(hp, req.type_k, req.type_v, req.flash_attn)
+    if problem:
+        raise UsageError(f"llama-server would refuse this: {problem}", hint="adjust -ctk/-ctv/-fa")
     gpus = select_gpus(machine, req)
     f = _Fitter(model, machine, req, gpus)
     base = _server_defaults(model, req)

@@ -38,6 +38,8 @@ def shapes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "moe": factory.moe(),
         "gemma3": factory.gemma3(),
         "mla": factory.deepseek2(),
+        "dsa": factory.deepseek2(dsa=True, name="dsa"),
+        "glm4moe": factory.glm4moe(),
         "hybrid": factory.qwen35(),
         "hybrid_mtp": factory.qwen35(n_nextn=1, name="hybrid-mtp"),
         "mamba": factory.mamba(),

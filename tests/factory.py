@@ -214,9 +214,13 @@ def deepseek2(
     n_vocab: int = 512,
     ctx: int = 16384,
     w: str = "f16",
+    dsa: bool = False,
+    indexer_heads: int = 4,
+    indexer_dim: int = 64,
 ) -> Shape:
-    """DeepSeek-V3 style MLA with q LoRA and split attn_k_b/attn_v_b (src/models/deepseek2.cpp)."""
-    arch = "deepseek2"
+    """DeepSeek-V3 style MLA with q LoRA and split attn_k_b/attn_v_b (src/models/deepseek2.cpp); with
+    ``dsa`` the DeepSeek-V3.2 sparse-attention variant with its lightning indexer (deepseek32.cpp)."""
+    arch = "deepseek32" if dsa else "deepseek2"
     kv = _base_kv(arch, name, n_layer, n_embd, ctx, n_vocab)
     k_mla = nope_dim + rope_dim
     kv.update({
@@ -236,8 +240,23 @@ def deepseek2(
         f"{arch}.attention.q_lora_rank": q_lora_rank,
         f"{arch}.rope.dimension_count": rope_dim,
     })  # fmt: skip
+    if dsa:
+        kv.update({
+            f"{arch}.attention.indexer.head_count": indexer_heads,
+            f"{arch}.attention.indexer.key_length": indexer_dim,
+            f"{arch}.attention.indexer.top_k": 64,
+            f"{arch}.expert_gating_func": 2,
+        })  # fmt: skip
     ts = _io(n_embd, n_vocab, w, False)
     for i in range(n_layer):
+        if dsa:
+            ts += [
+                TensorSpec(f"blk.{i}.indexer.k_norm.weight", (indexer_dim,)),
+                TensorSpec(f"blk.{i}.indexer.k_norm.bias", (indexer_dim,)),
+                TensorSpec(f"blk.{i}.indexer.proj.weight", (n_embd, indexer_heads), w),
+                TensorSpec(f"blk.{i}.indexer.attn_k.weight", (n_embd, indexer_dim), w),
+                TensorSpec(f"blk.{i}.indexer.attn_q_b.weight", (q_lora_rank, indexer_heads * indexer_dim), w),
+            ]
         ts += [
             TensorSpec(f"blk.{i}.attn_norm.weight", (n_embd,)),
             TensorSpec(f"blk.{i}.attn_q_a_norm.weight", (q_lora_rank,)),

@@ -50,6 +50,7 @@ def test_inspect_human_and_json(l8b: Path) -> None:
     r = invoke("inspect", str(l8b))
     assert r.exit_code == 0, r.output
     assert "llama" in r.stdout and "131072" in r.stdout and "q4_K" in r.stdout
+    assert "128.0 KiB at f16" in r.stdout  # 32 layers x 8 KV heads x 128 x (K + V) x 2 B
     doc = json.loads(invoke("inspect", str(l8b), "--json").stdout)
     assert doc["architecture"] == "llama"
     assert doc["hparams"]["n_layer_all"] == 32 and doc["hparams"]["n_head_kv"][0] == 8
@@ -130,6 +131,12 @@ def test_bad_gguf_and_does_not_fit(tmp_path: Path, l8b: Path) -> None:
     r = invoke("plan", str(l8b), "--gpu", "1GiB", "--", "-ngl", "all", "-c", "131072")
     assert r.exit_code == ExitCode.DOES_NOT_FIT and "does not fit" in r.output
     assert "Traceback" not in r.output
+
+
+def test_a_cache_type_llama_cpp_refuses_is_a_usage_error(tmp_path: Path) -> None:
+    mla = factory.deepseek2().write(tmp_path / "mla.gguf")
+    r = invoke("plan", str(mla), "--", "-ctk", "q8_0")
+    assert r.exit_code == ExitCode.USAGE and "different K" in r.output
 
 
 def test_debug_env_shows_the_traceback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

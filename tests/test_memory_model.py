@@ -160,3 +160,29 @@ def test_context_params_defaults() -> None:
     cp = ContextParams(n_ctx=4096, n_ctx_seq=4096, n_seq_max=4, kv_unified=True, n_batch=2048, n_ubatch=512)
     assert cp.n_stream == 1 and not cp.v_trans
     assert ContextParams(4096, 1024, 4, False, 2048, 512, flash_attn="off").v_trans
+
+
+def test_cache_type_rules_are_llama_cpps(tmp_path: Path) -> None:
+    from llamafit.memory.context import check_cache_types
+
+    mla = load_model(factory.deepseek2().write(tmp_path / "mla.gguf")).hparams
+    dense = load_model(factory.dense().write(tmp_path / "d.gguf")).hparams
+    assert "different K" in (check_cache_types(mla, "q8_0", "f16", "auto") or "")
+    assert check_cache_types(mla, "q8_0", "q8_0", "auto") is None
+    assert "requires flash attention" in (check_cache_types(dense, "f16", "q4_0", "off") or "")
+    assert check_cache_types(dense, "q4_0", "f16", "off") is None
+    odd = load_model(factory.dense(n_embd=240, n_head=8, n_head_kv=2).write(tmp_path / "odd.gguf")).hparams
+    assert "does not divide" in (check_cache_types(odd, "q8_0", "q8_0", "auto") or "")
+
+
+def test_dsa_indexer_cache_and_deepseek4_arithmetic(tmp_path: Path) -> None:
+    from llamafit.memory.context import memory_class
+
+    m = load_model(factory.deepseek2(dsa=True, n_layer=4, indexer_dim=128).write(tmp_path / "dsa.gguf"))
+    hp = m.hparams
+    assert memory_class(hp, mtp=False) == "dsa"
+    cp = resolve_context(hp, n_ctx=8192, n_seq_max=4, kv_unified=True)
+    bufs = {b.cache: b for b in memory_buffers(hp, cp, [CPU] * 5)}
+    # MLA latent (128 + 32) and a one-head indexer key of 128, both K only, f16, per cell per layer
+    assert bufs["kv"].nbytes == 4 * 8192 * 160 * 2
+    assert bufs["idx"].nbytes == 4 * 8192 * 128 * 2

@@ -56,6 +56,11 @@ def model_tables(model: Any) -> list[Table]:
         ("context", f"{hp.n_ctx_train} (training)"),
         ("vocabulary", str(hp.n_vocab)),
     ]
+    from llamafit.memory.context import kv_bytes_per_cell
+
+    per_cell = kv_bytes_per_cell(hp)
+    if per_cell:
+        rows.append(("KV per token", f"{b(per_cell)} at f16 ({b(per_cell * hp.n_ctx_train)} at the training context)"))
     if hp.mla:
         rows.append(("attention", "MLA (K-only latent cache)"))
     if hp.swa_type != "none":

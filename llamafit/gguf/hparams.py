@@ -58,6 +58,10 @@ _SWA_RULES: dict[str, tuple[int, bool, int, bool, bool]] = {
 }
 
 
+# GLM-5.2's indexer layout when the file carries no indexer.types (src/models/glm-dsa.cpp:6-27)
+_GLM_5_2_INDEXER_TYPES = (1, 1) + (1, 0, 0, 0) * 19
+
+
 @dataclass(frozen=True)
 class Hparams:
     arch: str
@@ -94,6 +98,11 @@ class Hparams:
     head_la: int
     causal: bool
     has_pooling: bool
+    n_layer_dense_lead: int = 0
+    indexer_head_size: int = 0  # attention.indexer.key_length (DSA/MSA/DSV4 lightning indexer)
+    indexer_top_k: int = 0
+    is_indexer_full: tuple[bool, ...] = ()  # DSA layers that own an indexer cache
+    compress_ratios: tuple[int, ...] = ()  # DeepSeek-V4 per-layer KV compression (4: CSA, 128: HCA)
 
     @property
     def n_layer(self) -> int:
@@ -297,6 +306,22 @@ def resolve_hparams(kv: dict[str, Any], src: str) -> Hparams:
     ff_exp = kv.get(f"{arch}.expert_feed_forward_length", 0)
     n_ff_exp = max(ff_exp) if isinstance(ff_exp, list) and ff_exp else (ff_exp if isinstance(ff_exp, int) else 0)
 
+    indexer_full: tuple[bool, ...] = ()
+    if arch in ("glm-dsa", "hy_v4", "dots3note", "deepseek32"):
+        n_layer = n_all - n_nextn
+        if arch == "glm-dsa" and g("context_length") >= 1048576:
+            default = [bool(x) for x in _GLM_5_2_INDEXER_TYPES] + [False] * max(0, n_all - len(_GLM_5_2_INDEXER_TYPES))
+        else:
+            default = [True] * n_all  # GLM 5/5.1 and the others: every trunk layer (glm-dsa.cpp:59-66)
+        types = kv.get(f"{arch}.attention.indexer.types")
+        if isinstance(types, list):
+            default[: len(types)] = [bool(x) for x in types]
+        elif isinstance(types, int) and not isinstance(types, bool):
+            default[:n_layer] = [bool(types)] * n_layer
+        indexer_full = tuple(default[:n_all])
+    ratios = kv.get(f"{arch}.attention.compress_ratios")
+    compress = tuple(int(x) for x in ratios[:n_all]) if isinstance(ratios, list) else ()
+
     return Hparams(
         arch=arch,
         n_layer_all=n_all,
@@ -332,4 +357,9 @@ def resolve_hparams(kv: dict[str, Any], src: str) -> Hparams:
         head_la=head_k if arch == "minimax-01" else 0,
         causal=bool(kv.get(f"{arch}.attention.causal", True)),
         has_pooling=int(kv.get(f"{arch}.pooling_type", 0) or 0) not in (0, -1),
+        n_layer_dense_lead=g("leading_dense_block_count"),
+        indexer_head_size=g("attention.indexer.key_length"),
+        indexer_top_k=g("attention.indexer.top_k"),
+        is_indexer_full=indexer_full,
+        compress_ratios=compress,
     )

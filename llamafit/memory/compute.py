@@ -44,10 +44,10 @@ class ComputeEstimate:
     pipeline_parallel: bool
 
 
-def resolve_flash_attn(requested: str, *, offload_kqv: bool, have_gpu: bool) -> bool:
+def resolve_flash_attn(requested: str, *, offload_kqv: bool, have_gpu: bool, quantized_v: bool = False) -> bool:
     """FA "auto" is on unless the attention cannot run where the KV lives (-nkvo on a GPU load)
-    (llama-context.cpp:527-556)."""
-    if requested == "on":
+    (llama-context.cpp:527-556); a quantized V cache forces it on (llama-context.cpp:3843-3847)."""
+    if requested == "on" or (requested == "auto" and quantized_v):
         return True
     if requested == "off":
         return False
@@ -166,11 +166,14 @@ def compute_buffers(
             n_kv = n_kv_swa if swa else n_kv_full
             masks.setdefault(ad, set()).add("swa" if swa else "full")
             if fa:
-                a = 5 * E + 2 * e_q
-                peak[ad] = max(peak.get(ad, 0.0), a)
+                a_bytes = U * 4 * (5 * E + 2 * e_q)
             else:
                 a_bytes = n_kv * U * hp.n_head[il] * 4 + U * 4 * (3 * E + 3 * e_q + 2 * e_kv + 5)
-                kq[ad] = max(kq.get(ad, 0), a_bytes)
+            if hp.indexer_head_size and hp.arch in ("glm-dsa", "deepseek32", "hy_v4", "dots3note"):
+                # DSA: the lightning indexer's scores over the cache (fused on CPU: one F32 [n_kv, U]) and
+                # the sparse attention mask built from its top-k, alive with the attention
+                a_bytes += n_kv * U * (4 + mask_bytes)
+            kq[ad] = max(kq.get(ad, 0), a_bytes)
         peak[d] = max(peak.get(d, 0.0), p)
 
     out: dict[str, int] = {}

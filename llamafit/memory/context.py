@@ -149,54 +149,138 @@ def kv_row_bytes(hp: Hparams, il: int, type_k: str, type_v: str, v_trans: bool) 
     return k, row_size(by_name(type_v), v_width)
 
 
-def memory_buffers(hp: Hparams, cp: ContextParams, layer_device: Sequence[str]) -> list[MemBuffer]:
-    """Every KV and recurrent-state buffer this context allocates, per buffer type."""
+@dataclass(frozen=True)
+class _Alloc:
+    """One layer's share of one cache: the tensors ``llama_kv_cache`` / ``llama_memory_recurrent``
+    create for it (K and V, or R and S), as (bytes per tensor) before buffer alignment."""
+
+    kind: str  # kv | rs
+    cache: str  # which sub-cache logs it: kv, swa, idx, csa, hca, lid, state, rs
+    il: int
+    tensors: tuple[int, ...]
+    cells: int
+
+
+def memory_class(hp: Hparams, mtp: bool) -> str:
+    """Which memory module create_memory builds (src/llama-model.cpp:2358-2900)."""
+    a = hp.arch
     if not hp.has_memory:
+        return "none"
+    if a == "minimax-m3":
+        return "msa"
+    if a in ("glm-dsa", "deepseek32"):
+        return "kv" if mtp and hp.n_nextn > 0 else "dsa"
+    if a == "hy_v4":
+        return "dsa" if hp.indexer_top_k > 0 else "kv"
+    if a == "dots3note":
+        return "kv" if mtp and hp.n_nextn > 0 else "dsa_iswa"
+    if a == "deepseek4":
+        return "iswa" if mtp else "dsv4"
+    if hp.is_recurrent_arch:
+        return "recurrent"
+    return "iswa" if hp.swa_type != "none" else "kv"
+
+
+def _k_only_rows(width: int, type_k: str, cells: int, n_stream: int) -> tuple[int, ...]:
+    return (row_size(by_name(type_k), width) * cells * n_stream,)
+
+
+def memory_allocs(hp: Hparams, cp: ContextParams) -> list[_Alloc]:
+    """Every per-layer tensor of this context's memory module."""
+    cls = memory_class(hp, cp.mtp)
+    if cls == "none":
         return []
-    out: list[MemBuffer] = []
+    out: list[_Alloc] = []
+    ns = cp.n_stream
 
-    def dev(il: int) -> str:
-        return layer_device[il] if cp.offload_kqv else CPU
+    def attn(cache: str, il: int, cells: int, streams: int = ns) -> None:
+        kb, vb = kv_row_bytes(hp, il, cp.type_k, cp.type_v, cp.v_trans)
+        tensors = (kb * cells * streams,) if not vb else (kb * cells * streams, vb * cells * streams)
+        out.append(_Alloc("kv", cache, il, tensors, cells))
 
-    recurrent_only = hp.is_recurrent_arch
-    if not recurrent_only:
+    if cls == "dsv4":
+        # src/llama-kv-cache-dsv4.cpp:1213-1339: per-sequence streams even with -kvu, K only
+        n_seq = cp.n_seq_max
+        raw = pad(min(cp.n_ctx_seq, hp.n_swa + cp.n_ubatch), N_CTX_PAD) if not cp.swa_full else cp.n_ctx_seq
+        csa = pad(-(-cp.n_ctx_seq // 4), N_CTX_PAD)
+        hca = pad(-(-cp.n_ctx_seq // 128), N_CTX_PAD)
+        planes = n_seq * (1 + cp.n_rs_seq)
+        w = hp.head_k * hp.n_head_kv[0]
+        for il in range(hp.n_layer_all):
+            out.append(_Alloc("kv", "swa", il, _k_only_rows(w, cp.type_k, raw, n_seq), raw))
+            ratio = hp.compress_ratios[il] if il < len(hp.compress_ratios) else 0
+            if ratio == 4:
+                out.append(_Alloc("kv", "csa", il, _k_only_rows(w, cp.type_k, csa, n_seq), csa))
+                out.append(_Alloc("kv", "lid", il, _k_only_rows(hp.indexer_head_size, cp.type_k, csa, n_seq), csa))
+                out.append(_Alloc("kv", "state", il, (4 * 2 * hp.head_k * 8 * planes,) * 2, planes))
+                out.append(_Alloc("kv", "state", il, (4 * 2 * hp.indexer_head_size * 8 * planes,) * 2, planes))
+            elif ratio == 128:
+                out.append(_Alloc("kv", "hca", il, _k_only_rows(w, cp.type_k, hca, n_seq), hca))
+                out.append(_Alloc("kv", "state", il, (4 * hp.head_k * 128 * planes,) * 2, planes))
+        return out
+
+    if cls != "recurrent":
         layers = [il for il in _attention_filter(hp, cp.mtp) if hp.has_kv(il)]
-        iswa = hp.swa_type != "none"
-        groups: list[tuple[str, list[int], int]]
-        if iswa:
-            groups = [
-                ("kv", [il for il in layers if not hp.is_swa[il]], cp.n_ctx_seq),
-                ("swa", [il for il in layers if hp.is_swa[il]], swa_cells(hp, cp)),
-            ]
-        else:
-            groups = [("kv", layers, cp.n_ctx_seq)]
-        for cache, ls, cells in groups:
-            per_buft: dict[str, tuple[int, int]] = {}
-            for il in ls:
-                kb, vb = kv_row_bytes(hp, il, cp.type_k, cp.type_v, cp.v_trans)
-                b = dev(il)
-                a = _align(b)
-                size = pad(kb * cells * cp.n_stream, a) + (pad(vb * cells * cp.n_stream, a) if vb else 0)
-                old = per_buft.get(b, (0, 0))
-                per_buft[b] = (old[0] + size, old[1] + 1)
-            for b, (size, n) in sorted(per_buft.items()):
-                out.append(MemBuffer("kv", cache, b, size, n, cells))
+        if cls in ("dsa", "dsa_iswa") and hp.n_nextn > 0:
+            layers = [il for il in layers if il < hp.n_layer]
+        swa_size = swa_cells(hp, cp) if hp.swa_type != "none" else cp.n_ctx_seq
+        for il in layers:
+            swa = hp.swa_type != "none" and hp.is_swa[il]
+            attn("swa" if swa else "kv", il, swa_size if swa else cp.n_ctx_seq)
+        if cls in ("dsa", "dsa_iswa"):
+            # the lightning indexer: a K-only single-head cache (llama-kv-cache-dsa.cpp:14-53)
+            full = hp.is_indexer_full or (True,) * hp.n_layer_all
+            for il in layers:
+                if (
+                    il < hp.n_layer
+                    and (hp.arch == "deepseek32" or full[il])
+                    and not (cls == "dsa_iswa" and hp.is_swa[il])
+                ):
+                    out.append(
+                        _Alloc("kv", "idx", il, _k_only_rows(hp.indexer_head_size, cp.type_k, cp.n_ctx_seq, ns),
+                               cp.n_ctx_seq)
+                    )  # fmt: skip
+        if cls == "msa":
+            # MSA index cache on the sparse layers: one K head of indexer.key_length, and (not MLA) a V
+            # of value_length (llama-kv-cache-msa.cpp:13-50)
+            v_w = max(hp.head_v_at(il) for il in range(hp.n_layer_all)) if cp.v_trans else None
+            for il in layers:
+                if il >= hp.n_layer_dense_lead:
+                    k = row_size(by_name(cp.type_k), hp.indexer_head_size) * cp.n_ctx_seq * ns
+                    v = row_size(by_name(cp.type_v), v_w or hp.head_v_at(il)) * cp.n_ctx_seq * ns
+                    out.append(_Alloc("kv", "idx", il, (k, v), cp.n_ctx_seq))
 
     rlayers = _recurrent_layers(hp, cp.mtp)
     if rlayers:
         rs_size = max(1, cp.n_seq_max)
         n_rs_seq = cp.n_rs_seq if hp.supports_rs_rollback else 0
         rows = rs_size * (1 + n_rs_seq)
-        r_w, s_w = hp.n_embd_r(), hp.n_embd_s()
-        per_buft2: dict[str, tuple[int, int]] = {}
         for il in rlayers:
-            b = dev(il)
-            a = _align(b)
-            size = pad(4 * r_w * rows, a) + pad(4 * s_w * rows, a)
-            old = per_buft2.get(b, (0, 0))
-            per_buft2[b] = (old[0] + size, old[1] + 1)
-        for b, (size, n) in sorted(per_buft2.items()):
-            out.append(MemBuffer("rs", "rs", b, size, n, rs_size))
+            out.append(_Alloc("rs", "rs", il, (4 * hp.n_embd_r() * rows, 4 * hp.n_embd_s() * rows), rs_size))
+    return out
+
+
+def memory_buffers(hp: Hparams, cp: ContextParams, layer_device: Sequence[str]) -> list[MemBuffer]:
+    """Every KV and recurrent-state buffer this context allocates: one per (sub-cache, buffer type),
+    each tensor padded to the buffer's alignment, as the ``KV/RS buffer size`` lines report them."""
+    grouped: dict[tuple[str, str, str], list[_Alloc]] = {}
+    for a in memory_allocs(hp, cp):
+        buft = layer_device[a.il] if cp.offload_kqv else CPU
+        grouped.setdefault((a.kind, a.cache, buft), []).append(a)
+    out: list[MemBuffer] = []
+    order = {"kv": 0, "swa": 1, "idx": 2, "csa": 3, "hca": 4, "lid": 5, "state": 6, "rs": 7}
+    for (kind, cache, buft), allocs in sorted(grouped.items(), key=lambda kv: (order[kv[0][1]], kv[0][2])):
+        al = _align(buft)
+        size = sum(pad(t, al) for a in allocs for t in a.tensors)
+        out.append(MemBuffer(kind, cache, buft, size, len(allocs), allocs[0].cells))
+    return out
+
+
+def per_layer_memory(hp: Hparams, cp: ContextParams) -> list[int]:
+    """KV + recurrent-state bytes each layer contributes (for packing layers onto devices)."""
+    out = [0] * hp.n_layer_all
+    for a in memory_allocs(hp, cp):
+        out[a.il] += sum(a.tensors)
     return out
 
 
@@ -217,20 +301,36 @@ def checkpoint_bytes(hp: Hparams, cp: ContextParams) -> int:
     return total
 
 
-def per_layer_memory(hp: Hparams, cp: ContextParams) -> list[int]:
-    """KV + recurrent-state bytes each layer contributes (for packing layers onto devices)."""
-    out = [0] * hp.n_layer_all
-    if not hp.has_memory:
-        return out
-    if not hp.is_recurrent_arch:
-        swa_size = swa_cells(hp, cp) if hp.swa_type != "none" else 0
-        for il in _attention_filter(hp, cp.mtp):
-            if not hp.has_kv(il):
-                continue
-            kb, vb = kv_row_bytes(hp, il, cp.type_k, cp.type_v, cp.v_trans)
-            cells = swa_size if hp.swa_type != "none" and hp.is_swa[il] else cp.n_ctx_seq
-            out[il] += (kb + vb) * cells * cp.n_stream
-    rows = max(1, cp.n_seq_max) * (1 + (cp.n_rs_seq if hp.supports_rs_rollback else 0))
-    for il in _recurrent_layers(hp, cp.mtp):
-        out[il] += 4 * (hp.n_embd_r() + hp.n_embd_s()) * rows
-    return out
+def check_cache_types(hp: Hparams, type_k: str, type_v: str, flash_attn: str) -> str | None:
+    """llama_init_from_model's refusals (llama-context.cpp:3838-3874), said before the server says them.
+
+    Returns the problem in llama.cpp's words, or None.
+    """
+    tk, tv = by_name(type_k), by_name(type_v)
+    if (hp.mla or hp.arch == "deepseek4") and type_k != type_v:
+        return f"this model does not support different K ({type_k}) and V ({type_v}) cache types"
+    if tv.quantized and flash_attn == "off":
+        return f"a quantized V cache ({type_v}) requires flash attention (drop -fa off)"
+    if flash_attn != "off":
+        for il in range(hp.n_layer):
+            if tk.quantized and hp.head_k_at(il) % tk.blck:
+                return (
+                    f"K cache type {type_k} with block size {tk.blck} does not divide the head size {hp.head_k_at(il)}"
+                )
+            if tv.quantized and hp.head_v_at(il) % tv.blck:
+                return (
+                    f"V cache type {type_v} with block size {tv.blck} does not divide the head size {hp.head_v_at(il)}"
+                )
+    return None
+
+
+def kv_bytes_per_cell(hp: Hparams, type_k: str = "f16", type_v: str = "f16") -> int:
+    """KV bytes one context cell costs over the full-attention layers (sliding-window layers are capped)."""
+    if memory_class(hp, False) in ("none", "recurrent", "dsv4"):
+        return 0
+    total = 0
+    for il in _attention_filter(hp, False):
+        if hp.has_kv(il) and not (hp.swa_type != "none" and hp.is_swa[il]):
+            k, v = kv_row_bytes(hp, il, type_k, type_v, False)
+            total += k + v
+    return total

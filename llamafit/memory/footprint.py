@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
 
+from llamafit.ggml import by_name
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory.compute import compute_buffers, output_buffer_bytes, resolve_flash_attn
 from llamafit.memory.context import ContextParams, memory_buffers, resolve_context
@@ -136,7 +137,9 @@ def estimate(
         load_nextn=s.load_nextn,
         profile=profile,
     )
-    fa = resolve_flash_attn(s.flash_attn, offload_kqv=s.offload_kqv, have_gpu=bool(gpu_ids))
+    fa = resolve_flash_attn(
+        s.flash_attn, offload_kqv=s.offload_kqv, have_gpu=bool(gpu_ids), quantized_v=by_name(s.type_v).quantized
+    )
     cp = resolve_context(
         hp,
         n_ctx=s.n_ctx,
