@@ -1,4 +1,4 @@
-"""The fit: choose context, GPU layers, tensor split and expert offload so every device holds its share.
+"""The fit: choose context, GPU layers, tensor split, expert offload and the drafter.
 
 Policy (README "How llamafit decides"):
 
@@ -10,6 +10,9 @@ Policy (README "How llamafit decides"):
 * when the weights do not fit even at the minimum context: MoE experts to the CPU first (the
   smallest ``--n-cpu-moe``), then fewer GPU layers (``-ngl``), then refuse with the numbers;
 * placement the user pinned (``-ngl``, ``-ts``, ``-ot``/``-cmoe``/``-ncmoe``, ``-dev``) is kept as is;
+* speculative decoding is a speed option: under Auto the drafter is priced at the context the target
+  alone gets and given up *before* that context is cut (``--prefer speed`` trades context for it;
+  an explicit drafter is always honoured);
 * every choice is recorded as a ``Decision(code, message)``.
 """
 
@@ -19,15 +22,27 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from llamafit.argv import Planned
+from llamafit.capabilities import ASSUMED, Capabilities
 from llamafit.devices import Device, Machine
 from llamafit.errors import DoesNotFitError, UsageError
 from llamafit.gguf.model import ModelInfo
-from llamafit.memory.context import check_cache_types, per_layer_memory, resolve_context
-from llamafit.memory.footprint import Footprint, LoadSettings, estimate
+from llamafit.memory.context import check_cache_types, checkpoint_bytes, per_layer_memory, resolve_context
+from llamafit.memory.footprint import Footprint, LoadSettings, Use, estimate
 from llamafit.memory.placement import CPU
-from llamafit.plan import Decision, DevicePlan, HostPlan, Plan
+from llamafit.plan import Decision, DevicePlan, HostPlan, Plan, SpecReport
 from llamafit.request import Request, n_cpu_moe_overrides
-from llamafit.units import fmt_bytes, pad
+from llamafit.speculative import (
+    DRAFT_GRAPH_RESERVE,
+    ROLLBACK_TYPES,
+    UNSIZED_FRACTION,
+    Drafter,
+    SpecChoice,
+    SpecOptions,
+    choose,
+    n_draft_max,
+    ngram_host_bytes,
+)
+from llamafit.units import MiB, fmt_bytes, pad
 
 CTX_STEP = 256
 
@@ -36,9 +51,24 @@ CTX_STEP = 256
 class _Try:
     settings: LoadSettings
     fp: Footprint
+    draft: Footprint | None
+    draft_use: dict[str, Use]  # per device (and "CPU") what the drafter adds
     ok: bool
     worst: str  # device that overflows most ("" when ok)
     over: int  # bytes over budget on the tightest device (negative: the smallest slack left)
+
+    def total(self, dev: str) -> int:
+        base = self.fp.host if dev == CPU else self.fp.gpus[dev]
+        return base.total + self.draft_use.get(dev, Use()).total
+
+
+@dataclass(frozen=True)
+class _Spec:
+    """The speculative configuration a fit is tried with."""
+
+    drafter: Drafter | None = None
+    ngram: str | None = None
+    draft_devices: tuple[str, ...] | None = None  # None: the drafter follows the target's devices
 
 
 def _server_defaults(model: ModelInfo, req: Request) -> LoadSettings:
@@ -47,9 +77,6 @@ def _server_defaults(model: ModelInfo, req: Request) -> LoadSettings:
         n_seq, kvu = 4, True  # server auto: 4 slots, unified KV (server.cpp:167-173)
     else:
         n_seq, kvu = req.n_seq, bool(req.kv_unified)
-    n_draft = 0  # common_speculative_n_max with no speculative type
-    # server-context.cpp:42-54: n_outputs_max = min(-b, n_parallel x (1 + n_draft_max))
-    n_outputs = min(req.n_batch, n_seq * (1 + n_draft))
     return LoadSettings(
         n_ctx=req.ctx or 0,
         n_seq=n_seq,
@@ -68,10 +95,36 @@ def _server_defaults(model: ModelInfo, req: Request) -> LoadSettings:
         no_host=req.no_host,
         repack=req.repack,
         op_offload=req.op_offload,
-        n_outputs_max=max(1, n_outputs),
+        n_outputs_max=max(1, min(req.n_batch, n_seq)),
         split_mode=req.split_mode,
         main_gpu=req.main_gpu,
     )
+
+
+def _with_spec(model: ModelInfo, base: LoadSettings, spec: _Spec, opts: SpecOptions) -> LoadSettings:
+    """What the target pays for speculation: verification outputs, NextN weights, rollback rows and
+    hidden-state extraction (server-context.cpp:42-54, common.cpp:1683-1693)."""
+    kinds: set[str] = set()
+    if spec.drafter is not None:
+        kinds.add(spec.drafter.kind)
+    if spec.ngram:
+        kinds.add(spec.ngram)
+    n_max = n_draft_max(kinds, opts)
+    # server-context.cpp:42-54: n_outputs_max = min(-b, n_parallel x (1 + n_draft_max))
+    s = replace(base, n_outputs_max=max(1, min(base.n_batch, base.n_seq * (1 + n_max))))
+    d = spec.drafter
+    if d is None:
+        return s
+    if d.kind in ROLLBACK_TYPES and model.hparams.supports_rs_rollback:
+        s = replace(s, n_rs_seq=opts.n_max)
+    if d.embedded:
+        s = replace(s, load_nextn=True, extract_hidden=1)
+    elif d.kind == "draft-eagle3":
+        s = replace(s, extract_hidden=3)
+    elif d.kind in ("draft-dflash", "draft-dspark") and d.model is not None:
+        layers = d.model.kv.get(f"{d.model.arch}.target_layers")
+        s = replace(s, extract_hidden=len(layers) if isinstance(layers, list) else 1)
+    return s
 
 
 def select_gpus(machine: Machine, req: Request) -> list[Device]:
@@ -93,26 +146,82 @@ def select_gpus(machine: Machine, req: Request) -> list[Device]:
     return gpus
 
 
+def _as_draft_use(fp: Footprint, dev: str) -> Use:
+    u = fp.host if dev == CPU else fp.gpus.get(dev, Use())
+    return Use(draft_model=u.model, draft_kv=u.kv + u.rs, draft_compute=u.compute + u.output, overhead=0)
+
+
 class _Fitter:
-    def __init__(self, model: ModelInfo, machine: Machine, req: Request, gpus: list[Device]) -> None:
+    def __init__(self, model: ModelInfo, machine: Machine, req: Request, gpus: list[Device], opts: SpecOptions) -> None:
         self.model = model
         self.req = req
+        self.opts = opts
         self.gpus = gpus
         self.ids = [g.id for g in gpus]
         self.usable = {g.id: g.free - req.margin for g in gpus}
+        self.total = {g.id: g.total for g in gpus}
         self.host = machine.host
         self.host_usable = machine.host.available - req.margin
+        self.spec = _Spec()
         self.n_tries = 0
+
+    # -- the drafter's memory ----------------------------------------------------------------------
+
+    def draft(self, s: LoadSettings, fp: Footprint) -> tuple[Footprint | None, dict[str, Use]]:
+        """What the drafter adds per device for a target loaded with ``s`` (footprint ``fp``)."""
+        d = self.spec.drafter
+        use: dict[str, Use] = {}
+        if self.spec.ngram:
+            use[CPU] = Use(ngram=ngram_host_bytes(self.spec.ngram, s.n_seq))
+        if d is None:
+            return None, use
+        o = self.opts
+        n_ctx = fp.context.n_ctx
+        devs = list(self.spec.draft_devices) if self.spec.draft_devices is not None else self.ids
+        if not d.sized:
+            # the seed's flat reserve, improved by what is known: the file's bytes when we have them
+            on = devs[-1] if devs else CPU
+            weights = d.known_bytes or int(UNSIZED_FRACTION * self.total.get(on, self.host.total))
+            use[on] = use.get(on, Use()) + Use(draft_model=weights, draft_compute=DRAFT_GRAPH_RESERVE)
+            return None, use
+        if d.embedded:
+            # the MTP context runs on the target model: its KV over the NextN layers, its compute
+            ds = replace(s, n_ctx=n_ctx, type_k=o.type_k, type_v=o.type_v, n_outputs_max=s.n_seq, n_rs_seq=0,
+                         extract_hidden=0)  # fmt: skip
+            dfp = estimate(self.model, ds, self.ids, free=[g.free for g in self.gpus], context_label="mtp",
+                           share_weights=True)  # fmt: skip
+            # the NextN weights are loaded for the drafter: show them as the drafter's
+            for p in fp.placement.tensors:
+                layer = p.tensor.layer
+                if layer is not None and self.model.hparams.n_layer <= layer < self.model.hparams.n_layer_all:
+                    dev = p.device
+                    use[dev] = use.get(dev, Use()) + Use(draft_model=p.alloc, model=-p.alloc)
+        else:
+            assert d.model is not None
+            n_out = s.n_seq * (o.n_max + 1) if d.kind in ("draft-dflash", "draft-dspark") else s.n_seq
+            follows = self.spec.draft_devices is None
+            ds = replace(
+                s, n_ctx=n_ctx, type_k=o.type_k, type_v=o.type_v, n_gpu_layers=o.ngl,
+                tensor_split=s.tensor_split if follows else (), overrides=o.overrides, n_outputs_max=n_out,
+                n_rs_seq=0, load_nextn=d.kind == "draft-mtp", extract_hidden=0, split_mode="layer",
+            )  # fmt: skip
+            free = {g.id: g.free for g in self.gpus}
+            label = "mtp" if d.kind == "draft-mtp" else "draft"
+            dfp = estimate(d.model, ds, devs, free=[free[x] for x in devs], context_label=label)
+        for dev in [*dfp.gpus, CPU]:
+            use[dev] = use.get(dev, Use()) + _as_draft_use(dfp, dev)
+        return dfp, use
 
     def run(self, s: LoadSettings) -> _Try:
         self.n_tries += 1
         fp = estimate(self.model, s, self.ids, free=[g.free for g in self.gpus])
-        worst, over = CPU, fp.host.total - self.host_usable
+        dfp, duse = self.draft(s, fp)
+        worst, over = CPU, fp.host.total + duse.get(CPU, Use()).total - self.host_usable
         for g in self.ids:
-            o = fp.gpus[g].total - self.usable[g]
+            o = fp.gpus[g].total + duse.get(g, Use()).total - self.usable[g]
             if o > over:
                 worst, over = g, o
-        return _Try(s, fp, over <= 0, worst if over > 0 else "", over)
+        return _Try(s, fp, dfp, duse, over <= 0, worst if over > 0 else "", over)
 
     # -- layer packing across GPUs -------------------------------------------------------------
 
@@ -120,21 +229,23 @@ class _Fitter:
         """Choose per-GPU layer counts (-ts) for the top ``n_gpu_layers`` layers, back to front.
 
         Each card gets what its own budget holds after its fixed costs (runtime overhead, compute
-        buffer, and for the last card the output layer), like llama.cpp's fit (common/fit.cpp:647-729).
+        buffer, the drafter's share, and for the last card the output layer), like llama.cpp's fit
+        (common/fit.cpp:647-729).
         """
         hp = self.model.hparams
         n_units = hp.n_layer_all + 1
         ngl = min(n_gpu_layers, n_units)
         if len(self.ids) == 1:
             return replace(s, n_gpu_layers=ngl if ngl < n_units else -1, tensor_split=())
-        # per-layer cost: weights on a GPU + KV/RS of that layer at this context
         cp = resolve_context(
             hp, n_ctx=s.n_ctx, n_seq_max=s.n_seq, kv_unified=s.kv_unified, n_batch=s.n_batch,
             n_ubatch=s.n_ubatch, type_k=s.type_k, type_v=s.type_v, flash_attn=s.flash_attn,
             offload_kqv=s.offload_kqv, swa_full=s.swa_full, n_rs_seq=s.n_rs_seq,
         )  # fmt: skip
         mem = per_layer_memory(hp, cp) if s.offload_kqv else [0] * hp.n_layer_all
-        probe = estimate(self.model, replace(s, n_gpu_layers=-1, tensor_split=(1.0,) * len(self.ids)), self.ids)
+        probe_s = replace(s, n_gpu_layers=-1, tensor_split=(1.0,) * len(self.ids))
+        probe = estimate(self.model, probe_s, self.ids)
+        _, probe_draft = self.draft(probe_s, probe)
         cost = [0] * n_units
         for p in probe.placement.tensors:
             il = p.tensor.layer
@@ -148,7 +259,8 @@ class _Fitter:
         il = n_units - 1
         first = n_units - ngl
         for d in range(len(self.ids) - 1, -1, -1):
-            budget = self.usable[self.ids[d]] - overhead - compute
+            dev = self.ids[d]
+            budget = self.usable[dev] - overhead - compute - probe_draft.get(dev, Use()).total
             used = 0
             while il >= first and (d == 0 or used + cost[il] <= budget):
                 used += cost[il]
@@ -200,15 +312,86 @@ class _Fitter:
                 b, fb = m, (t.over if t is not None else None)
         return best
 
+    # -- the placement cascade -------------------------------------------------------------------
 
-def make_plan(model: ModelInfo, machine: Machine, req: Request) -> Plan:
-    """Fit ``model`` onto ``machine`` under ``req``; raises DoesNotFitError when nothing fits."""
+    def fit(self, base: LoadSettings, lo: int, hi: int, pinned: bool) -> tuple[_Try | None, Decision | None]:
+        """Context and placement for ``base`` with the current speculative configuration."""
+        hp = self.model.hparams
+        n_units = hp.n_layer_all + 1
+
+        def at(s: LoadSettings, n_gpu_layers: int) -> Callable[[int], _Try | None]:
+            def attempt(ctx: int) -> _Try | None:
+                s2 = replace(s, n_ctx=ctx)
+                if not self.ids:
+                    return self.run(replace(s2, n_gpu_layers=0))
+                return self.place(s2, n_gpu_layers)
+
+            return attempt
+
+        if not self.ids:
+            why = "--cpu-only" if self.req.cpu_only else "no GPU"
+            r = self.max_ctx(lo, hi, at(base, 0))
+            return r, Decision("placement.cpu", f"All {hp.n_layer_all} layers on the CPU ({why}).")
+        if pinned:
+            r = self.max_ctx(lo, hi, lambda ctx: self.run(replace(base, n_ctx=ctx)))
+            return r, Decision(
+                "placement.user", "Placement pinned by your -ngl/-ts/-ot flags; only the context was chosen."
+            )
+        names = ", ".join(self.ids)
+        r = self.max_ctx(lo, hi, at(base, n_units))
+        if r is not None:
+            return r, Decision("placement.all_gpu", f"All {hp.n_layer_all} layers and the output on {names}.")
+        if hp.n_expert > 0:
+            # experts to CPU, smallest count first: attention and dense weights stay on the GPU
+            def moe_fits(k: int) -> bool:
+                t = at(replace(base, overrides=n_cpu_moe_overrides(k)), n_units)(lo)
+                return t is not None and t.ok
+
+            if moe_fits(hp.n_layer):
+                a, b = -1, hp.n_layer
+                while b - a > 1:
+                    m = (a + b) // 2
+                    a, b = (a, m) if moe_fits(m) else (m, b)
+                r = self.max_ctx(lo, hi, at(replace(base, overrides=n_cpu_moe_overrides(b)), n_units))
+                if r is not None:
+                    return r, Decision(
+                        "placement.cpu_moe",
+                        f"The experts of the first {b} of {hp.n_layer} layers stay on the CPU (--n-cpu-moe {b}); "
+                        "everything else is on the GPU.",
+                    )
+        # fewer GPU layers: the largest -ngl that fits at the minimum context
+        a, b = 0, n_units
+        while b - a > 1:
+            m = (a + b) // 2
+            t = at(base, m)(lo)
+            a, b = (m, b) if t is not None and t.ok else (a, m)
+        if a > 0:
+            r = self.max_ctx(lo, hi, at(base, a))
+            if r is not None:
+                return r, Decision(
+                    "placement.partial", f"{a} of {n_units} layers on {names} (-ngl {a}); the rest run on the CPU."
+                )
+        return None, None
+
+
+def make_plan(
+    model: ModelInfo,
+    machine: Machine,
+    req: Request,
+    opts: SpecOptions | None = None,
+    caps: Capabilities | Callable[[], Capabilities] = ASSUMED,
+) -> Plan:
+    """Fit ``model`` (and its drafter) onto ``machine`` under ``req``; DoesNotFitError when nothing fits.
+
+    ``caps`` may be a callable: the server binary is then probed only if a decision needs it.
+    """
+    opts = opts or SpecOptions(mode="off")
     hp = model.hparams
     problem = check_cache_types(hp, req.type_k, req.type_v, req.flash_attn)
     if problem:
         raise UsageError(f"llama-server would refuse this: {problem}", hint="adjust -ctk/-ctv/-fa")
     gpus = select_gpus(machine, req)
-    f = _Fitter(model, machine, req, gpus)
+    f = _Fitter(model, machine, req, gpus, opts)
     base = _server_defaults(model, req)
     decisions: list[Decision] = []
     warnings: list[str] = []
@@ -222,91 +405,27 @@ def make_plan(model: ModelInfo, machine: Machine, req: Request) -> Plan:
         lo = hi = req.ctx
         decisions.append(Decision("context.user", f"Context {pad(req.ctx, CTX_STEP)} as requested with -c."))
     else:
-        hi = pad(train, CTX_STEP) if train % CTX_STEP else train
+        hi = pad(train, CTX_STEP)
         lo = min(pad(req.min_ctx, CTX_STEP), hi)
     if base.n_seq and not base.kv_unified:
         lo = max(lo, base.n_seq * CTX_STEP)
         hi = max(hi, lo)
-
-    def at(s: LoadSettings, n_gpu_layers: int) -> Callable[[int], _Try | None]:
-        def attempt(ctx: int) -> _Try | None:
-            s2 = replace(s, n_ctx=ctx)
-            if not gpus:
-                return f.run(replace(s2, n_gpu_layers=0))
-            return f.place(s2, n_gpu_layers)
-
-        return attempt
-
     pinned = req.n_gpu_layers is not None or req.tensor_split is not None or req.overrides is not None
-    n_units = hp.n_layer_all + 1
-    result: _Try | None = None
-    if not gpus:
-        result = f.max_ctx(lo, hi, at(base, 0))
-        why = "--cpu-only" if req.cpu_only else "no GPU"
-        decisions.append(Decision("placement.cpu", f"All {hp.n_layer_all} layers on the CPU ({why})."))
-    elif pinned:
 
-        def pinned_attempt(ctx: int) -> _Try:
-            return f.run(replace(base, n_ctx=ctx))
-
-        result = f.max_ctx(lo, hi, pinned_attempt)
-        decisions.append(
-            Decision("placement.user", "Placement pinned by your -ngl/-ts/-ot flags; only the context was chosen.")
+    # -- speculative decoding ---------------------------------------------------------------------
+    choice = choose(model, opts)
+    warnings.extend(choice.notes)
+    if choice.drafter is not None and not choice.drafter.sized:
+        known = choice.drafter.known_bytes
+        weights = fmt_bytes(known) + " of weights" if known else "5 % of the card"
+        warnings.append(
+            f"the drafter {choice.drafter.path} could not be sized; it is priced with a flat reserve "
+            f"({weights} + {DRAFT_GRAPH_RESERVE // MiB} MiB for its graph)"
         )
-    else:
-        result = f.max_ctx(lo, hi, at(base, n_units))
-        if result is not None:
-            decisions.append(
-                Decision("placement.all_gpu", f"All {hp.n_layer_all} layers and the output on {_names(gpus)}.")
-            )
-        elif hp.n_expert > 0:
-            # experts to CPU, smallest count first: the attention and dense weights stay on the GPU
-            def moe_fits(k: int) -> _Try | None:
-                s = replace(base, overrides=n_cpu_moe_overrides(k))
-                return at(s, n_units)(lo)
-
-            k_hi = hp.n_layer
-            t_hi = moe_fits(k_hi)
-            if t_hi is not None and t_hi.ok:
-                a, b = -1, k_hi
-                while b - a > 1:
-                    m = (a + b) // 2
-                    t = moe_fits(m)
-                    if t is not None and t.ok:
-                        b = m
-                    else:
-                        a = m
-                s_moe = replace(base, overrides=n_cpu_moe_overrides(b))
-                result = f.max_ctx(lo, hi, at(s_moe, n_units))
-                if result is not None:
-                    decisions.append(
-                        Decision(
-                            "placement.cpu_moe",
-                            f"The experts of the first {b} of {hp.n_layer} layers stay on the CPU (--n-cpu-moe {b}); "
-                            "everything else is on the GPU.",
-                        )
-                    )
-        if result is None:
-            # fewer GPU layers: the largest -ngl that fits at the minimum context
-            a, b = 0, n_units  # a fits (0 = CPU only), b does not
-            best: _Try | None = None
-            while b - a > 1:
-                m = (a + b) // 2
-                t = at(base, m)(lo)
-                if t is not None and t.ok:
-                    a, best = m, t
-                else:
-                    b = m
-            if best is not None:
-                result = f.max_ctx(lo, hi, at(base, a))
-                decisions.append(
-                    Decision(
-                        "placement.partial",
-                        f"{a} of {n_units} layers on {_names(gpus)} (-ngl {a}); the rest run on the CPU.",
-                    )
-                )
-    if result is None:
-        raise _does_not_fit(f, base, lo, gpus, req)
+    result, place_decision, spec, report = _fit_with_policy(f, model, base, lo, hi, pinned, choice, opts, caps)
+    if result is None or place_decision is None:
+        raise _does_not_fit(f, base, lo, gpus, spec)
+    decisions.append(place_decision)
 
     fp = result.fp
     s = result.settings
@@ -323,6 +442,8 @@ def make_plan(model: ModelInfo, machine: Machine, req: Request) -> Plan:
                     f"(--min-ctx {req.min_ctx}, margin {fmt_bytes(req.margin)} per device).",
                 ),
             )
+    if report.message:
+        decisions.append(Decision(report.code, report.message))
     if req.n_seq is None:
         decisions.append(
             Decision(
@@ -333,8 +454,9 @@ def make_plan(model: ModelInfo, machine: Machine, req: Request) -> Plan:
         )
     if fp.context.n_ctx_seq > train and train:
         warnings.append(f"n_ctx_seq {fp.context.n_ctx_seq} exceeds the training context {train}")
+    warnings.extend(_runtime_host_warnings(model, result, spec, opts, machine, f))
 
-    planned = _planned(model, s, n_ctx, gpus, req, machine)
+    planned = _planned(model, s, n_ctx, gpus, req, machine, spec, opts)
     if any(p.family == "fit" for p in planned):
         decisions.append(
             Decision("fit.off", "Passing -fit off: the placement is planned, the server should not change it.")
@@ -343,8 +465,10 @@ def make_plan(model: ModelInfo, machine: Machine, req: Request) -> Plan:
     for d in fp.layer_device:
         if d in layers_on:
             layers_on[d] += 1
-    devices = tuple(DevicePlan(g, f.usable[g.id], fp.gpus[g.id], layers_on[g.id]) for g in gpus)
-    host = HostPlan(machine.host, f.host_usable, fp.host)
+    devices = tuple(
+        DevicePlan(g, f.usable[g.id], fp.gpus[g.id] + result.draft_use.get(g.id, Use()), layers_on[g.id]) for g in gpus
+    )
+    host = HostPlan(machine.host, f.host_usable, fp.host + result.draft_use.get(CPU, Use()))
     return Plan(
         model=model,
         settings=s,
@@ -356,53 +480,259 @@ def make_plan(model: ModelInfo, machine: Machine, req: Request) -> Plan:
         planned=tuple(planned),
         margin=req.margin,
         notes=machine.notes,
+        draft_footprint=result.draft,
+        speculative=report,
     )
 
 
-def _names(gpus: Sequence[Device]) -> str:
-    return ", ".join(g.id for g in gpus) if gpus else "the CPU"
+@dataclass(frozen=True)
+class _Report:
+    code: str
+    message: str
+    requested: str
+    chosen: str
+    drafter: Drafter | None
+    fallback_reason: str | None
+    n_rs_seq: int
+    draft_devices: tuple[str, ...] | None
 
 
-def _does_not_fit(f: _Fitter, base: LoadSettings, ctx: int, gpus: list[Device], req: Request) -> DoesNotFitError:
+def _fit_with_policy(
+    f: _Fitter,
+    model: ModelInfo,
+    base: LoadSettings,
+    lo: int,
+    hi: int,
+    pinned: bool,
+    choice: SpecChoice,
+    opts: SpecOptions,
+    caps: Capabilities | Callable[[], Capabilities],
+) -> tuple[_Try | None, Decision | None, _Spec, SpecReport]:
+    requested = opts.mode if not opts.user_types else "extra args: --spec-type " + ",".join(opts.user_types)
+    d = choice.drafter
+
+    def run_with(spec: _Spec, lo_: int, hi_: int) -> tuple[_Try | None, Decision | None]:
+        f.spec = spec
+        return f.fit(_with_spec(model, base, spec, opts), lo_, hi_, pinned)
+
+    def report(spec: _Spec, code: str, message: str, reason: str | None = None) -> SpecReport:
+        """``drafter`` in the report is the one considered, kept or dropped; ``chosen`` what runs."""
+        chosen = ",".join(t for t in ((spec.drafter.kind if spec.drafter else None), spec.ngram) if t) or "none"
+        rollback = spec.drafter and spec.drafter.kind in ROLLBACK_TYPES and model.hparams.supports_rs_rollback
+        n_rs = opts.n_max if rollback else 0
+        return SpecReport(requested, chosen, d, reason, n_rs, message, code, spec.draft_devices)
+
+    if d is None:
+        spec = _Spec(None, choice.ngram)
+        r, dec = run_with(spec, lo, hi)
+        msg = ""
+        if choice.ngram:
+            host = fmt_bytes(ngram_host_bytes(choice.ngram, base.n_seq))
+            msg = f"Speculative decoding with {choice.ngram}: no device memory, {host} of host RAM."
+        return r, dec, spec, report(spec, "speculative.ngram" if choice.ngram else "speculative.none", msg)
+
+    # placements to try for a separate drafter on several cards: following the target's split, or
+    # whole on one card (-devd), so a busy card does not condemn a drafter another card holds
+    options: list[tuple[str, ...] | None] = [opts.devices]
+    if opts.devices is None and not d.embedded and len(f.ids) > 1:
+        options += [(g,) for g in f.ids]
+    kind = d.kind
+    what = f"its drafter ({kind}{', ' + d.path if d.path else ', the NextN head'})"
+
+    def at_alone_placement(spec: _Spec, alone: _Try, lo_: int, hi_: int) -> _Try | None:
+        """The drafter beside the target's own placement (its GPU layers and experts), at the largest
+        context in [lo_, hi_]: the drafter may take what is left, never push the target off the GPU."""
+        f.spec = spec
+        s_a = alone.settings
+        ngl = model.hparams.n_layer_all + 1 if s_a.n_gpu_layers < 0 else s_a.n_gpu_layers
+        s_base = replace(_with_spec(model, base, spec, opts), overrides=s_a.overrides)
+
+        def attempt(ctx: int) -> _Try | None:
+            s2 = replace(s_base, n_ctx=ctx)
+            if not f.ids:
+                return f.run(replace(s2, n_gpu_layers=0))
+            if pinned:
+                return f.run(s2)
+            return f.place(s2, ngl)
+
+        return f.max_ctx(lo_, hi_, attempt)
+
+    if choice.explicit:
+        # always honoured: the whole cascade, the context cut if needed, and the plan says by how much
+        for devs in options:
+            spec = _Spec(d, choice.ngram, devs)
+            r, dec = run_with(spec, lo, hi)
+            if r is not None:
+                alone, _ = run_with(_Spec(None, choice.ngram), lo, hi)
+                f.spec = spec
+                cut = ""
+                if alone is not None and alone.fp.context.n_ctx > r.fp.context.n_ctx:
+                    cut = f" It costs context: {r.fp.context.n_ctx} instead of {alone.fp.context.n_ctx} without it."
+                return (
+                    r,
+                    dec,
+                    spec,
+                    report(spec, "speculative.drafter", f"Speculative decoding with {what}, as you asked.{cut}"),
+                )
+        return None, None, _Spec(d, choice.ngram, opts.devices), report(_Spec(d), "speculative.drafter", "")
+
+    alone_spec = _Spec(None, None)
+    alone, alone_dec = run_with(alone_spec, lo, hi)
+    if alone is None:
+        return None, None, alone_spec, report(alone_spec, "speculative.none", "")
+    ctx_alone = alone.fp.context.n_ctx
+
+    if opts.prefer == "speed":
+        # keep the drafter and cut the context, not below --min-ctx; if even that fails, drop it
+        for devs in options:
+            spec = _Spec(d, None, devs)
+            r = at_alone_placement(spec, alone, lo, ctx_alone)
+            if r is not None:
+                cut = ""
+                if r.fp.context.n_ctx < ctx_alone:
+                    cut = f" It costs context: {r.fp.context.n_ctx} instead of {ctx_alone} without it."
+                return (
+                    r,
+                    alone_dec,
+                    spec,
+                    report(spec, "speculative.drafter", f"Speculative decoding with {what}, --prefer speed.{cut}"),
+                )
+        fallback = _fallback(caps)
+        spec = _Spec(None, fallback)
+        r, dec = run_with(spec, lo, hi)
+        return r, dec, spec, report(
+            spec, "speculative.dropped",
+            f"Speculative decoding disabled: the model does not fit with {what} even at --min-ctx {lo}"
+            + (f"; using {fallback} instead (no device memory)." if fallback else "."),
+            "drafter_no_vram",
+        )  # fmt: skip
+
+    # Auto, --prefer context: price the load at the context the target alone gets, with and without
+    for devs in options:
+        spec = _Spec(d, None, devs)
+        r = at_alone_placement(spec, alone, ctx_alone, ctx_alone)
+        if r is not None:
+            return r, alone_dec, spec, report(
+                spec, "speculative.drafter",
+                f"Speculative decoding with {what}: it fits beside the model at context {ctx_alone}"
+                + (f" (drafter on {devs[0]})" if devs and len(f.ids) > 1 else "") + ".",
+            )  # fmt: skip
+    # the numbers for the message: the drafter beside the target, following its placement
+    f.spec = _Spec(d, None, options[0])
+    tried = f.run(replace(_with_spec(model, alone.settings, f.spec, opts), n_ctx=ctx_alone))
+    fallback = _fallback(caps)
+    spec = _Spec(None, fallback)
+    r_fb, dec_fb = run_with(spec, ctx_alone, ctx_alone) if fallback else (alone, alone_dec)
+    if r_fb is None:  # pragma: no cover - an ngram type costs no device memory
+        r_fb, dec_fb, spec = alone, alone_dec, alone_spec
+    need = ""
+    if tried.worst:
+        dev = tried.worst
+        budget = f.usable.get(dev, f.host_usable)
+        where = dev if dev != CPU else "the host"
+        need = f" (needs {fmt_bytes(tried.total(dev))} of a {fmt_bytes(budget)} budget on {where})"
+    msg = (
+        f"Speculative decoding disabled for this load: the model fits at context {ctx_alone} but {what} does not"
+        f"{need}. Keeping the context"
+        + (f"; using {fallback} instead (no device memory)" if fallback else "")
+        + f". Use --spec {kind} to force the drafter or --prefer speed to trade context for it."
+    )
+    return r_fb, dec_fb, spec, report(spec, "speculative.dropped", msg, "drafter_no_vram")
+
+
+def _fallback(caps: Capabilities | Callable[[], Capabilities]) -> str | None:
+    """ngram-mod costs no device memory; only if this server build knows it (probed --help)."""
+    c = caps() if callable(caps) else caps
+    return "ngram-mod" if c.supports_spec("ngram-mod") else None
+
+
+def _runtime_host_warnings(
+    model: ModelInfo, t: _Try, spec: _Spec, opts: SpecOptions, machine: Machine, f: _Fitter
+) -> list[str]:
+    """Host memory that grows at run time: context checkpoints and the prompt cache (reference §5.5)."""
+    hp = model.hparams
+    cp = t.fp.context
+    checkpoints = (hp.swa_type != "none" and not cp.swa_full) or any(hp.is_recr)
+    ckpt = checkpoint_bytes(hp, cp) if checkpoints else 0
+    n_ckpt = opts.ctx_checkpoints + (1 if spec.drafter is not None and any(hp.is_recr) else 0)
+    worst_ckpt = cp.n_seq_max * n_ckpt * ckpt
+    cache = 0 if opts.cache_ram_mib < 0 else opts.cache_ram_mib * MiB
+    planned_host = t.fp.host.total + t.draft_use.get(CPU, Use()).total
+    room = machine.host.available - planned_host
+    out = []
+    if worst_ckpt + cache > room and (worst_ckpt or cache):
+        msg = (
+            f"host RAM grows at run time: up to {fmt_bytes(worst_ckpt)} of context checkpoints "
+            f"({cp.n_seq_max} slots x {n_ckpt} x {fmt_bytes(ckpt)}) and up to {fmt_bytes(cache)} of prompt cache, "
+            f"but only {fmt_bytes(max(room, 0))} is left after the load"
+        )
+        hints = []
+        if worst_ckpt:
+            fit_ckpt = max(0, (room - cache) // max(1, cp.n_seq_max * ckpt)) if room > cache else 0
+            hints.append(f"--ctx-checkpoints {min(fit_ckpt, opts.ctx_checkpoints)}")
+        if cache:
+            hints.append(f"--cache-ram {max(0, (room - worst_ckpt) // MiB)}")
+        out.append(msg + "; consider " + " and ".join(hints))
+    if opts.cache_ram_mib < 0:
+        out.append("--cache-ram -1: the prompt cache may grow without limit")
+    return out
+
+
+def _does_not_fit(f: _Fitter, base: LoadSettings, ctx: int, gpus: list[Device], spec: _Spec) -> DoesNotFitError:
     """The refusal, with the two ends: everything on the GPUs, and everything the GPUs cannot hold on the host."""
+    f.spec = spec
     s = replace(base, n_ctx=ctx)
     parts = []
     if gpus:
-        on_gpu = f.run(replace(s, n_gpu_layers=-1) if base.n_gpu_layers == -1 else s).fp
+        on_gpu = f.run(replace(s, n_gpu_layers=-1) if base.n_gpu_layers == -1 else s)
         for g in gpus:
             parts.append(
-                f"on the GPU {g.id} needs {fmt_bytes(on_gpu.gpus[g.id].total)} "
-                f"of {fmt_bytes(max(f.usable[g.id], 0))} usable"
+                f"on the GPU {g.id} needs {fmt_bytes(on_gpu.total(g.id))} of {fmt_bytes(max(f.usable[g.id], 0))} usable"
             )
-    on_host = f.run(replace(s, n_gpu_layers=0, overrides=())).fp if base.overrides == () else f.run(s).fp
+    on_host = f.run(replace(s, n_gpu_layers=0, overrides=())) if base.overrides == () else f.run(s)
     parts.append(
-        f"{'offloaded to the CPU' if gpus else 'on the CPU'} it needs {fmt_bytes(on_host.host.total)} of host RAM "
+        f"{'offloaded to the CPU' if gpus else 'on the CPU'} it needs {fmt_bytes(on_host.total(CPU))} of host RAM "
         f"({fmt_bytes(max(f.host_usable, 0))} usable)"
     )
+    with_drafter = " with its drafter" if spec.drafter is not None else ""
     return DoesNotFitError(
-        f"{f.model.name} does not fit this machine at context {on_host.context.n_ctx}: " + "; ".join(parts),
-        hint="try a smaller quant, a smaller -c or --min-ctx, -ctk q8_0 -ctv q8_0, or a smaller --margin",
+        f"{f.model.name}{with_drafter} does not fit this machine at context {on_host.fp.context.n_ctx}: "
+        + "; ".join(parts),
+        hint="try a smaller quant, a smaller -c or --min-ctx, -ctk q8_0 -ctv q8_0, --spec off, or a smaller --margin",
     )
 
 
 def _planned(
-    model: ModelInfo, s: LoadSettings, n_ctx: int, gpus: Sequence[Device], req: Request, machine: Machine
+    model: ModelInfo,
+    s: LoadSettings,
+    n_ctx: int,
+    gpus: Sequence[Device],
+    req: Request,
+    machine: Machine,
+    spec: _Spec,
+    opts: SpecOptions,
 ) -> list[Planned]:
     out = [Planned("model", ("-m", model.path)), Planned("ctx", ("-c", str(n_ctx)))]
     if gpus:
-        if s.n_gpu_layers < 0:
-            out.append(Planned("ngl", ("-ngl", "all")))
-        else:
-            out.append(Planned("ngl", ("-ngl", str(s.n_gpu_layers))))
+        out.append(Planned("ngl", ("-ngl", "all" if s.n_gpu_layers < 0 else str(s.n_gpu_layers))))
         if len(gpus) > 1 and s.tensor_split:
             out.append(Planned("split", ("-ts", ",".join(str(int(x)) for x in s.tensor_split))))
         if s.overrides and req.overrides is None:
-            k = len(s.overrides)
-            out.append(Planned("overrides", ("--n-cpu-moe", str(k))))
+            out.append(Planned("overrides", ("--n-cpu-moe", str(len(s.overrides)))))
         if req.devices is None and len(gpus) < len(machine.gpus):
             out.append(Planned("device", ("-dev", ",".join(g.id for g in gpus))))
     elif machine.gpus:
         out.append(Planned("device", ("-dev", "none")))
+    # --spec-type accumulates in llama-server: never add one when the user gave one
+    if not opts.user_types:
+        types = [t for t in ((spec.drafter.kind if spec.drafter else None), spec.ngram) if t]
+        if types:
+            out.append(Planned("spec-type", ("--spec-type", ",".join(types))))
+    d = spec.drafter
+    if d is not None and d.path is not None and not opts.user_draft and not opts.user_draft_hf:
+        out.append(Planned("draft-model", ("-md", d.path)))
+    if d is not None and spec.draft_devices is not None and opts.devices is None:
+        out.append(Planned("draft-device", ("-devd", ",".join(spec.draft_devices))))
     if req.fit is None:
         out.append(Planned("fit", ("-fit", "off")))
     return out

@@ -13,6 +13,7 @@ from llamafit.argv import Planned
 from llamafit.devices import Device, Host
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory.footprint import Footprint, LoadSettings, Use
+from llamafit.speculative import Drafter
 
 SCHEMA = "llamafit.plan/1"
 
@@ -47,6 +48,34 @@ class HostPlan:
 
 
 @dataclass(frozen=True)
+class SpecReport:
+    """What llamafit decided about speculative decoding, and why."""
+
+    requested: str  # auto | off | a type | "extra args: ..."
+    chosen: str  # the --spec-type that will run ("none" when none)
+    drafter: Drafter | None
+    fallback_reason: str | None  # e.g. "drafter_no_vram"
+    n_rs_seq: int  # rollback rows per slot the target allocates for the drafter
+    message: str
+    code: str = "speculative.none"
+    draft_devices: tuple[str, ...] | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        d = self.drafter
+        return {
+            "requested": self.requested,
+            "chosen": self.chosen,
+            "drafter": None
+            if d is None
+            else {"kind": d.kind, "path": d.path, "sized": d.sized, "source": d.source, "embedded": d.embedded},
+            "n_rs_seq": self.n_rs_seq,
+            "fallback_reason": self.fallback_reason,
+            "message": self.message,
+            "draft_devices": list(self.draft_devices) if self.draft_devices is not None else None,
+        }
+
+
+@dataclass(frozen=True)
 class Plan:
     model: ModelInfo = field(repr=False)
     settings: LoadSettings
@@ -58,6 +87,8 @@ class Plan:
     planned: tuple[Planned, ...]
     margin: int
     notes: tuple[str, ...] = ()
+    draft_footprint: Footprint | None = field(default=None, repr=False)
+    speculative: SpecReport | None = None
 
     @property
     def fits(self) -> bool:
@@ -125,6 +156,7 @@ def to_json(plan: Plan, argv: list[str]) -> dict[str, Any]:
             "fits": plan.host.fits,
         },
         "fits": plan.fits,
+        "speculative": plan.speculative.as_dict() if plan.speculative else None,
         "decisions": [{"code": d.code, "message": d.message} for d in plan.decisions],
         "warnings": list(plan.warnings),
         "notes": list(plan.notes),

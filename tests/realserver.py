@@ -15,10 +15,15 @@ def load_log(server: ServerBinary, model: Path | str, args: Sequence[str] = (), 
     ``--no-warmup`` lets sparse (weightless) shape files load; ``-fit off`` keeps the server from
     changing what the test asked for; ``-lv 4`` shows the buffer lines.
     """
+    return run_argv(server, ["-m", str(model), "-fit", "off", *args], timeout)
+
+
+def run_argv(server: ServerBinary, args: Sequence[str], timeout: float = 180) -> LoadLog:
+    """Run exactly ``args`` (what llamafit composed, without the binary) plus loopback test flags."""
     port = free_port()
     argv = [
-        server.path, "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "--no-warmup",
-        "-lv", "4", "--log-colors", "off", "-fit", "off", *args,
+        server.path, *args, "--host", "127.0.0.1", "--port", str(port), "--no-warmup", "-lv", "4",
+        "--log-colors", "off",
     ]  # fmt: skip
     running = start_background(argv, server.env(), "127.0.0.1", port)
     try:

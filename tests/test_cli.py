@@ -67,8 +67,8 @@ def test_plan_json_contract(l8b: Path) -> None:
     dev = doc["devices"][0]
     assert dev["id"] == "CUDA0" and set(dev) >= {"id", "name", "total", "free", "usable", "use", "fits"}
     keys = {"model", "kv", "rs", "compute", "output", "draft_model", "draft_kv", "draft_compute", "mmproj", "overhead"}
-    assert set(dev["use"]) == keys
-    assert set(doc["host"]) >= {"total", "available", "use"} and set(doc["host"]["use"]) == keys
+    assert set(dev["use"]) >= keys
+    assert set(doc["host"]) >= {"total", "available", "use"} and set(doc["host"]["use"]) >= keys
     assert all(isinstance(v, int) for v in dev["use"].values())
     assert dev["fits"] is True
     assert {d["code"] for d in doc["decisions"]} >= {"context.reduced", "placement.all_gpu"}

@@ -23,6 +23,7 @@ from llamafit.errors import ExitCode, LlamafitError
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from llamafit.capabilities import Capabilities
     from llamafit.devices import Machine
     from llamafit.plan import Plan
 
@@ -61,6 +62,27 @@ ServerArgsArg = Annotated[
     typer.Argument(help="llama-server flags, after --, e.g. -- -ctk q8_0 -np 2", show_default=False),
 ]
 ModelArg = Annotated[str, typer.Argument(help="A GGUF file (any shard of a split model).", show_default=False)]
+SpecOpt = Annotated[
+    str,
+    typer.Option(
+        "--spec",
+        help="Speculative decoding: auto (use a drafter when one is available and it fits beside the model), off, "
+        "or a type: draft-simple, draft-mtp, draft-eagle3, draft-dflash, draft-dspark, ngram-mod, ngram-simple, "
+        "ngram-map-k, ngram-map-k4v, ngram-cache.",
+    ),
+]
+PreferOpt = Annotated[
+    str,
+    typer.Option(
+        "--prefer",
+        help="Under --spec auto: 'context' gives the drafter up before cutting the context; 'speed' keeps the "
+        "drafter and cuts the context (not below --min-ctx).",
+    ),
+]
+DraftOpt = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option("--draft", help="A draft model or drafter sidecar GGUF (sets --spec to its kind unless given)."),
+]
 
 
 def _version(value: bool) -> None:
@@ -124,6 +146,19 @@ def _machine(gpu: list[str] | None, cpu_only: bool) -> Machine:
     return discover(gpu_specs=gpu or (), cpu_only=cpu_only)
 
 
+def _capabilities(server: str | None) -> Capabilities:
+    """The found server's probed capabilities, or the assumed b11434 ones when there is none."""
+    from llamafit.capabilities import ASSUMED, probe
+    from llamafit.demo import cache_dir
+    from llamafit.server import find_server
+
+    try:
+        srv = find_server(server)
+    except LlamafitError:
+        return ASSUMED
+    return probe(srv.path, env=srv.env(), cache_dir=cache_dir())
+
+
 def _plan(
     model: str,
     server_args: list[str] | None,
@@ -131,18 +166,28 @@ def _plan(
     cpu_only: bool,
     margin: str,
     min_ctx: int,
+    spec: str = "auto",
+    prefer: str = "context",
+    draft: str | None = None,
+    server: str | None = None,
 ) -> tuple[Plan, list[str]]:
     from llamafit.argv import compose, parse_server_args
     from llamafit.fit import make_plan
     from llamafit.gguf.model import load_model
     from llamafit.request import build_request
+    from llamafit.speculative import spec_options
     from llamafit.units import parse_size
 
     args = parse_server_args(server_args or [])
     req = build_request(args, margin=parse_size(margin), min_ctx=min_ctx, cpu_only=cpu_only)
+    opts = spec_options(args, mode=spec, prefer=prefer, draft=draft)
     machine = _machine(gpu, cpu_only)  # usage errors (--gpu) before touching the model file
     info = load_model(model)
-    plan = make_plan(info, machine, req)
+    if opts.mode == "auto" and not opts.user_types:
+        # only the speculative fallback asks the binary anything; other plans start no process
+        plan = make_plan(info, machine, req, opts, lambda: _capabilities(server))
+    else:
+        plan = make_plan(info, machine, req, opts)
     argv = compose("llama-server", plan.planned, args)
     return plan, argv
 
@@ -230,11 +275,15 @@ def plan(
     cpu_only: CpuOnlyOpt = False,
     margin: MarginOpt = "1024",
     min_ctx: MinCtxOpt = 4096,
+    spec: SpecOpt = "auto",
+    prefer: PreferOpt = "context",
+    draft: DraftOpt = None,
+    server: ServerOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """The memory plan per device and the decisions behind it. Nothing is launched."""
     with handled():
-        p, argv = _plan(model, server_args, gpu, cpu_only, margin, min_ctx)
+        p, argv = _plan(model, server_args, gpu, cpu_only, margin, min_ctx, spec, prefer, draft, server)
         if json_out:
             from llamafit.plan import to_json
 
@@ -255,10 +304,13 @@ def run(
     cpu_only: CpuOnlyOpt = False,
     margin: MarginOpt = "1024",
     min_ctx: MinCtxOpt = 4096,
+    spec: SpecOpt = "auto",
+    prefer: PreferOpt = "context",
+    draft: DraftOpt = None,
 ) -> None:
     """Plan with your llama-server flags, then launch the server (or just print the argv)."""
     with handled():
-        p, argv = _plan(model, server_args, gpu, cpu_only, margin, min_ctx)
+        p, argv = _plan(model, server_args, gpu, cpu_only, margin, min_ctx, spec, prefer, draft, server)
         if dry_run:
             binary = _binary_name(server)
             typer.echo(shlex.join([binary, *argv[1:]]))

@@ -155,6 +155,10 @@ def compute_buffers(
         d = layer_dev[il]
         ffn = 3 * dims.ffn[il] + 5 * E
         p = float(ffn)
+        if cp.mtp:
+            # a one-block MTP graph never reaches the steady-state fragmentation of a trunk; measured on
+            # the CPU build it stays at or under max(2 F + 3 E, 2 E + 2 E_q) (an upper bound, by <= 15 %)
+            p = float(max(2 * dims.ffn[il] + 3 * E, 2 * E + 2 * dims.e_q[il]))
         if il in recr_layers:
             d_inner = hp.ssm_d_inner or (hp.n_embd * 2)
             p = max(p, 5 * E + 5.2 * d_inner)
@@ -166,7 +170,7 @@ def compute_buffers(
             n_kv = n_kv_swa if swa else n_kv_full
             masks.setdefault(ad, set()).add("swa" if swa else "full")
             if fa:
-                a_bytes = U * 4 * (5 * E + 2 * e_q)
+                a_bytes = U * 4 * (5 * E + 2 * e_q) if not cp.mtp else 0
             else:
                 a_bytes = n_kv * U * hp.n_head[il] * 4 + U * 4 * (3 * E + 3 * e_q + 2 * e_kv + 5)
             if hp.indexer_head_size and hp.arch in ("glm-dsa", "deepseek32", "hy_v4", "dots3note"):

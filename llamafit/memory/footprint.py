@@ -36,6 +36,7 @@ class Use:
     draft_compute: int = 0
     mmproj: int = 0
     overhead: int = 0
+    ngram: int = 0  # host structures of ngram speculative decoding
 
     @property
     def total(self) -> int:
@@ -74,6 +75,7 @@ class LoadSettings:
     load_nextn: bool = False
     split_mode: str = "layer"
     main_gpu: int = 0
+    extract_hidden: int = 0  # target layer inputs a drafter reads (n_embd x n_batch floats each, output buffer)
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,9 @@ class Footprint:
         return self.placement.layer_device
 
 
+_PLACEMENTS: dict[tuple[object, ...], tuple[ModelInfo, WeightPlacement]] = {}
+
+
 def _buft_device(buft: str) -> str:
     return CPU if not buft.startswith("CUDA") or buft == "CUDA_Host" else buft
 
@@ -114,10 +119,12 @@ def estimate(
     overhead: int = RUNTIME_OVERHEAD,
     profile: RepackProfile | None = None,
     context_label: str = "target",
+    share_weights: bool = False,
 ) -> Footprint:
     """Predict every buffer of one llama_context over ``model`` with settings ``s`` on ``gpus``.
 
     ``free`` (bytes per GPU) is only used for llama.cpp's default layer split when ``-ts`` is unset.
+    ``share_weights``: a second context over an already loaded model (an MTP context): no weights.
     """
     hp = model.hparams
     gpu_ids = list(gpus)
@@ -125,18 +132,28 @@ def estimate(
         gpu_ids = [gpu_ids[min(s.main_gpu, len(gpu_ids) - 1)]]
     splits = list(s.tensor_split) if any(s.tensor_split) else (list(free) if free else [1.0] * len(gpu_ids))
     splits = (splits + [0.0] * len(gpu_ids))[: len(gpu_ids)]
-    placement = place_weights(
-        model,
-        gpus=gpu_ids,
-        splits=splits,
-        n_gpu_layers=s.n_gpu_layers,
-        overrides=s.overrides,
-        use_mmap=s.use_mmap,
-        no_host=s.no_host,
-        repack=s.repack,
-        load_nextn=s.load_nextn,
-        profile=profile,
-    )
+    key = (id(model), tuple(gpu_ids), tuple(splits), s.n_gpu_layers, s.overrides, s.use_mmap, s.no_host, s.repack,
+           s.load_nextn, profile)  # fmt: skip
+    hit = _PLACEMENTS.get(key)
+    if hit is not None and hit[0] is model:
+        placement = hit[1]
+    else:
+        # the fit asks for the same placement at many contexts: it is computed once
+        placement = place_weights(
+            model,
+            gpus=gpu_ids,
+            splits=splits,
+            n_gpu_layers=s.n_gpu_layers,
+            overrides=s.overrides,
+            use_mmap=s.use_mmap,
+            no_host=s.no_host,
+            repack=s.repack,
+            load_nextn=s.load_nextn,
+            profile=profile,
+        )
+        if len(_PLACEMENTS) > 64:
+            _PLACEMENTS.clear()
+        _PLACEMENTS[key] = (model, placement)
     fa = resolve_flash_attn(
         s.flash_attn, offload_kqv=s.offload_kqv, have_gpu=bool(gpu_ids), quantized_v=by_name(s.type_v).quantized
     )
@@ -163,7 +180,7 @@ def estimate(
         model, cp, placement, gpus=gpu_ids, n_outputs=cp.n_outputs_max, fa=fa, op_offload=s.op_offload,
         pipeline_parallel=pp,
     )  # fmt: skip
-    out_bytes = output_buffer_bytes(hp, cp.n_outputs_max, cp.n_seq_max)
+    out_bytes = output_buffer_bytes(hp, cp.n_outputs_max, cp.n_seq_max) + 4 * hp.n_embd * cp.n_batch * s.extract_hidden
 
     buffers: list[PredictedBuffer] = []
     per: dict[str, Use] = {g: Use() for g in gpu_ids}
@@ -172,7 +189,7 @@ def estimate(
     def add(dev: str, **kw: int) -> None:
         per[dev] = per.get(dev, Use()) + Use(**kw)
 
-    for name, size in placement.buffers:
+    for name, size in () if share_weights else placement.buffers:
         buffers.append(PredictedBuffer(context_label, "model", name, size))
         add(_buft_device(name), model=size)
     for b in mem:

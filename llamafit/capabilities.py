@@ -1,0 +1,130 @@
+"""What a given llama-server binary accepts, learned by asking it, never assumed from a version.
+
+``--completion-bash`` lists every flag it accepts, ``--help`` the ``--spec-type`` values, ``--version``
+(on stderr) the build. One probe per binary, cached in the user cache directory by path, size and
+mtime, so a second plan does not start the binary again.
+
+When no binary is at hand (planning for another machine), :data:`ASSUMED` describes build b11434,
+the build llamafit's memory model mirrors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import cast
+
+from llamafit.argv import OPTIONS
+
+ALL_SPEC_TYPES = (
+    "none", "draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark", "ngram-simple",
+    "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache",
+)  # fmt: skip
+PROBE_VERSION = 1
+_SPEC_RE = re.compile(r"^\s*--spec-type\s+\[?(?P<types>[a-z0-9,|-]+)\]?", re.MULTILINE)
+_BUILD_RE = re.compile(r"\(build (\d+), commit (\S+)\)|^version: (\d+) \(([0-9a-f]+)\)", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    path: str
+    version: str  # the --version line, or "assumed b11434"
+    build: int | None
+    flags: frozenset[str]  # every positive alias the binary accepts
+    spec_types: tuple[str, ...]
+    probed: bool = True
+
+    def accepts(self, flag: str) -> bool:
+        return flag in self.flags
+
+    def supports_spec(self, spec_type: str) -> bool:
+        return spec_type in self.spec_types
+
+
+ASSUMED = Capabilities(
+    path="",
+    version="assumed llama.cpp b11434",
+    build=11434,
+    flags=frozenset(a for o in OPTIONS.values() if o.in_server for a in o.aliases),
+    spec_types=ALL_SPEC_TYPES,
+    probed=False,
+)
+
+
+def _cache_file(cache_dir: Path) -> Path:
+    return cache_dir / "capabilities.json"
+
+
+def _key(path: str) -> str:
+    st = os.stat(path)
+    return f"{os.path.realpath(path)}|{st.st_size}|{st.st_mtime_ns}|{PROBE_VERSION}"
+
+
+def parse_probe(completion_bash: str, help_text: str, version_text: str, path: str) -> Capabilities:
+    m = re.search(r'opts="([^"]*)"', completion_bash)
+    flags = frozenset(m.group(1).split()) if m else frozenset()
+    sm = _SPEC_RE.search(help_text)
+    spec: tuple[str, ...] = ()
+    if sm:
+        spec = tuple(t for t in re.split(r"[,|]", sm.group("types")) if t)
+    elif "--spec-type" not in help_text:
+        spec = ()  # a build from before speculative types
+    vm = _BUILD_RE.search(version_text)
+    build = None
+    if vm:
+        n = vm.group(1) or vm.group(3)
+        build = int(n) if n and int(n) > 0 else None
+    first = version_text.strip().splitlines()[0] if version_text.strip() else ""
+    return Capabilities(path=path, version=first, build=build, flags=flags, spec_types=spec)
+
+
+def probe(
+    path: str, env: dict[str, str] | None = None, cache_dir: Path | None = None, timeout: float = 30
+) -> Capabilities:
+    """Ask the binary (or the cache) what it accepts. Never raises for a misbehaving binary: the
+    result then has empty flag and type sets, and the plan falls back to what needs no flags."""
+    key = None
+    cached: dict[str, dict[str, object]] = {}
+    if cache_dir is not None:
+        try:
+            key = _key(path)
+            cached = json.loads(_cache_file(cache_dir).read_text())
+            hit = cached.get(key)
+            if hit:
+                return Capabilities(
+                    path=str(hit["path"]),
+                    version=str(hit["version"]),
+                    build=hit["build"] if isinstance(hit["build"], int) else None,
+                    flags=frozenset(cast(list[str], hit["flags"])),
+                    spec_types=tuple(cast(list[str], hit["spec_types"])),
+                )
+        except (OSError, ValueError, KeyError, TypeError):
+            cached = {}
+
+    def run(arg: str) -> subprocess.CompletedProcess[str]:
+        try:
+            return subprocess.run([path, arg], capture_output=True, text=True, env=env, timeout=timeout,
+                                  errors="replace", stdin=subprocess.DEVNULL)  # fmt: skip
+        except (OSError, subprocess.TimeoutExpired):
+            return subprocess.CompletedProcess([path, arg], 1, "", "")
+
+    comp = run("--completion-bash")
+    helpx = run("--help")
+    ver = run("--version")
+    caps = parse_probe(comp.stdout, helpx.stdout, ver.stderr + ver.stdout, path)
+    if cache_dir is not None and key is not None and caps.flags:
+        try:
+            cache_dir.mkdir(parents=True, exist_ok=True)
+            d = asdict(caps)
+            d["flags"] = sorted(caps.flags)
+            cached[key] = d
+            tmp = _cache_file(cache_dir).with_suffix(f".tmp{os.getpid()}")
+            tmp.write_text(json.dumps(cached))
+            os.replace(tmp, _cache_file(cache_dir))
+        except OSError:
+            pass
+    return caps

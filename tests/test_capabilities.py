@@ -1,0 +1,87 @@
+"""Capabilities come from asking the binary (real, or a small stand-in program), cached per binary."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from llamafit.capabilities import probe
+from llamafit.server import ServerBinary
+
+STAND_IN = """#!/bin/sh
+echo "$1" >> "{log}"
+case "$1" in
+  --completion-bash) echo 'opts="-m --model -c --ctx-size --spec-type -md --draft-max"' ;;
+  --help) printf -- '----- speculative params -----\\n\\n--spec-type none,draft-simple,draft-mtp\\n   types\\n' ;;
+  --version) echo 'version: 4321 (abcdef0)' >&2 ;;
+esac
+exit 0
+"""
+
+
+def stand_in(tmp_path: Path) -> tuple[Path, Path]:
+    log = tmp_path / "calls.log"
+    exe = tmp_path / "llama-server"
+    exe.write_text(STAND_IN.format(log=log))
+    exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
+    return exe, log
+
+
+def test_a_build_without_ngram_mod(tmp_path: Path) -> None:
+    exe, _ = stand_in(tmp_path)
+    caps = probe(str(exe))
+    assert caps.spec_types == ("none", "draft-simple", "draft-mtp")
+    assert not caps.supports_spec("ngram-mod")
+    assert caps.accepts("--draft-max") and not caps.accepts("--spec-draft-n-max")
+    assert caps.build == 4321
+
+
+def test_probe_is_cached_by_path_size_and_mtime(tmp_path: Path) -> None:
+    exe, log = stand_in(tmp_path)
+    cache = tmp_path / "cache"
+    a = probe(str(exe), cache_dir=cache)
+    b = probe(str(exe), cache_dir=cache)
+    assert a == b
+    assert log.read_text().split() == ["--completion-bash", "--help", "--version"]  # asked once
+    os.utime(exe, ns=(1, 1))  # a new binary at the same path is asked again
+    probe(str(exe), cache_dir=cache)
+    assert len(log.read_text().split()) == 6
+
+
+def test_a_broken_binary_does_not_crash_the_plan(tmp_path: Path) -> None:
+    exe = tmp_path / "llama-server"
+    exe.write_text("#!/bin/sh\nexit 3\n")
+    exe.chmod(0o755)
+    caps = probe(str(exe))
+    assert caps.flags == frozenset() and caps.spec_types == ()
+
+
+@pytest.mark.server
+def test_the_real_binary(server_bin: ServerBinary, tmp_path: Path) -> None:
+    caps = probe(server_bin.path, env=server_bin.env(), cache_dir=tmp_path)
+    assert caps.supports_spec("ngram-mod") and caps.supports_spec("draft-dspark")
+    assert caps.accepts("--spec-type") and caps.accepts("-ctkd")
+    assert not caps.accepts("--no-mmap")  # gone in this build: replaced by -lm none
+    assert caps.version.startswith("version:")
+
+
+def test_plan_asks_the_chosen_server_about_its_fallback(tmp_path: Path) -> None:
+    """Auto drops an MTP head that does not fit; on a build without ngram-mod nothing replaces it."""
+    import json
+
+    import factory
+    from typer.testing import CliRunner
+
+    from llamafit.cli.app import app
+
+    model = factory.glm4moe(n_layer=4, n_embd=1024, n_ff_exp=512, n_expert=16).write(tmp_path / "m.gguf")
+    exe, _ = stand_in(tmp_path)
+    r = CliRunner().invoke(app, ["plan", str(model), "--gpu", "1700MiB", "--server", str(exe), "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["speculative"]["fallback_reason"] == "drafter_no_vram"
+    assert doc["speculative"]["chosen"] == "none"
+    assert "--spec-type" not in doc["argv"]

@@ -1,0 +1,247 @@
+"""Speculative decoding: each drafter priced, and under Auto given up before the context is cut.
+
+The scenarios are the seed's (shared/seeds/004): they run the real planner on described devices.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import factory
+import pytest
+
+from llamafit.argv import compose, parse_server_args
+from llamafit.capabilities import ASSUMED
+from llamafit.devices import Device, Host, Machine
+from llamafit.errors import UsageError
+from llamafit.fit import make_plan
+from llamafit.gguf.model import load_model
+from llamafit.plan import Plan
+from llamafit.request import build_request
+from llamafit.speculative import detect_kind, find_sidecars, spec_options
+from llamafit.units import GiB, MiB
+
+HOST = Host(total=256 * GiB, available=240 * GiB)
+NO_NGRAM_MOD = ASSUMED.__class__(
+    path="old-llama-server", version="old", build=None, flags=ASSUMED.flags,
+    spec_types=tuple(t for t in ASSUMED.spec_types if t != "ngram-mod"),
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("spec")
+    return {
+        "glm": factory.glm45_air().write(d / "GLM-4.5-Air-Q4_K_M.gguf"),
+        "qwen8b": factory.qwen3_8b().write(d / "Qwen3-8B-Q4_K_M.gguf"),
+        "qwen06b": factory.qwen3_0_6b().write(d / "Qwen3-0.6B-Q8_0.gguf"),
+    }
+
+
+def gpu(i: int, total: float, free: float | None = None) -> Device:
+    return Device(f"CUDA{i}", f"gpu{i}", int(total * GiB), int((free if free is not None else total) * GiB))
+
+
+def plan(model: Path, gpus: list[Device], args: list[str] = (), caps=ASSUMED, **kw: str):  # type: ignore[no-untyped-def,assignment]
+    a = parse_server_args(list(args))
+    opts = spec_options(a, mode=kw.get("spec", "auto"), prefer=kw.get("prefer", "context"), draft=kw.get("draft"))
+    return make_plan(load_model(model), Machine(tuple(gpus), HOST), build_request(a), opts, caps)
+
+
+def argv(p: Plan, args: list[str] = ()) -> list[str]:  # type: ignore[assignment]
+    return compose("llama-server", p.planned, parse_server_args(list(args)))
+
+
+def draft_bytes(p: Plan) -> int:
+    return sum(d.use.draft_model + d.use.draft_kv + d.use.draft_compute for d in p.devices)
+
+
+def test_detection_follows_llama_cpp(models: dict[str, Path]) -> None:
+    assert detect_kind(load_model(models["glm"])) == "draft-mtp"  # blk.46.nextn.eh_proj.weight
+    assert detect_kind(load_model(models["qwen06b"])) is None  # a plain model needs draft-simple
+
+
+def test_auto_drops_the_drafter_when_only_the_target_fits(models: dict[str, Path]) -> None:
+    alone = plan(models["glm"], [gpu(0, 96)], spec="off")
+    p = plan(models["glm"], [gpu(0, 96)])
+    s = p.speculative
+    assert s is not None and s.fallback_reason == "drafter_no_vram"
+    assert p.n_ctx == alone.n_ctx == 131072  # the context is kept
+    assert s.chosen == "ngram-mod"
+    assert "fits at context 131072 but its drafter" in s.message and "GiB budget" in s.message
+    assert "--spec draft-mtp" in s.message and "--prefer speed" in s.message
+    a = argv(p)
+    assert a[a.index("--spec-type") + 1] == "ngram-mod" and "-md" not in a
+
+
+def test_the_drop_releases_what_the_fit_charged(models: dict[str, Path]) -> None:
+    alone = plan(models["glm"], [gpu(0, 96)], spec="off")
+    dropped = plan(models["glm"], [gpu(0, 96)])
+    forced = plan(models["glm"], [gpu(0, 96)], spec="draft-mtp")
+    assert draft_bytes(dropped) == 0 and draft_bytes(forced) > 0
+    # the NextN weights are not loaded once the drafter is gone, and no drafter context remains
+    assert dropped.devices[0].use.model == alone.devices[0].use.model
+    assert dropped.draft_footprint is None
+    assert dropped.settings.load_nextn is False and forced.settings.load_nextn is True
+    assert dropped.host.use.ngram == 16 * MiB  # ngram-mod's hash pool, host only
+
+
+def test_auto_keeps_a_drafter_that_fits(models: dict[str, Path]) -> None:
+    p = plan(models["glm"], [gpu(0, 141)])
+    s = p.speculative
+    assert s is not None and s.chosen == "draft-mtp" and s.fallback_reason is None
+    assert p.n_ctx == 131072
+    dev = p.devices[0].use
+    assert dev.draft_model > 0 and dev.draft_kv > 0 and dev.draft_compute > 0
+    assert p.devices[0].fits
+    assert argv(p)[argv(p).index("--spec-type") + 1] == "draft-mtp"
+
+
+def test_forcing_the_drafter_overrides_the_drop(models: dict[str, Path]) -> None:
+    auto = plan(models["glm"], [gpu(0, 80)])
+    forced = plan(models["glm"], [gpu(0, 80)], spec="draft-mtp")
+    assert forced.speculative is not None and forced.speculative.chosen == "draft-mtp"
+    assert forced.n_ctx < auto.n_ctx
+    assert f"{forced.n_ctx} instead of {auto.n_ctx}" in forced.speculative.message
+    assert forced.devices[0].fits
+
+
+def test_prefer_speed_trades_context_for_the_drafter(models: dict[str, Path]) -> None:
+    auto = plan(models["glm"], [gpu(0, 80)])
+    speed = plan(models["glm"], [gpu(0, 80)], prefer="speed")
+    assert speed.speculative is not None and speed.speculative.chosen == "draft-mtp"
+    assert speed.n_ctx < auto.n_ctx
+    assert speed.n_ctx >= 4096
+
+
+def test_prefer_speed_gives_the_drafter_up_when_even_min_ctx_fails(models: dict[str, Path]) -> None:
+    p = plan(models["glm"], [gpu(0, 73)], prefer="speed")
+    assert p.speculative is not None and p.speculative.fallback_reason == "drafter_no_vram"
+    assert "even at --min-ctx" in p.speculative.message
+
+
+def test_the_vram_drop_does_not_emit_ngram_mod_on_a_build_without_it(models: dict[str, Path]) -> None:
+    p = plan(models["glm"], [gpu(0, 96)], caps=NO_NGRAM_MOD)
+    assert p.speculative is not None and p.speculative.chosen == "none"
+    assert "--spec-type" not in argv(p)
+    assert "ngram-mod" not in p.speculative.message
+
+
+def test_a_standalone_model_draft_in_extras_is_not_auto_dropped(models: dict[str, Path]) -> None:
+    extra = ["-md", str(models["qwen06b"]), "--spec-type", "draft-simple"]
+    alone = plan(models["qwen8b"], [gpu(0, 9)], spec="off")
+    p = plan(models["qwen8b"], [gpu(0, 9)], extra)
+    assert p.speculative is not None and p.speculative.chosen == "draft-simple"
+    assert p.n_ctx < alone.n_ctx  # honoured: the context is what gives way
+    a = argv(p, extra)
+    assert a.count("--spec-type") == 1 and a.count("-md") == 1  # the user's, never a duplicate
+    assert p.devices[0].use.draft_model > 500 * MiB
+
+
+def test_a_plain_draft_gets_draft_simple_added(models: dict[str, Path]) -> None:
+    p = plan(models["qwen8b"], [gpu(0, 24)], draft=str(models["qwen06b"]))
+    a = argv(p)
+    assert a[a.index("--spec-type") + 1] == "draft-simple"
+    assert a[a.index("-md") + 1] == str(models["qwen06b"])
+
+
+def test_draft_kv_uses_draft_cache_types_not_the_targets(models: dict[str, Path]) -> None:
+    f16 = plan(models["qwen8b"], [gpu(0, 24)], ["-ctk", "q8_0", "-ctv", "q8_0"], draft=str(models["qwen06b"]))
+    q8 = plan(models["qwen8b"], [gpu(0, 24)], ["-ctk", "q8_0", "-ctv", "q8_0", "-ctkd", "q8_0", "-ctvd", "q8_0"],
+              draft=str(models["qwen06b"]))  # fmt: skip
+    assert f16.n_ctx == q8.n_ctx
+    assert q8.devices[0].use.draft_kv < f16.devices[0].use.draft_kv * 0.6
+
+
+def test_a_drafter_pinned_to_cpu_costs_no_vram(models: dict[str, Path]) -> None:
+    p = plan(models["qwen8b"], [gpu(0, 9)], ["-ngld", "0"], draft=str(models["qwen06b"]))
+    assert p.devices[0].use.draft_model == 0
+    assert p.host.use.draft_model > 500 * MiB
+    p2 = plan(models["qwen8b"], [gpu(0, 9)], ["-devd", "none"], draft=str(models["qwen06b"]))
+    assert p2.devices[0].use.draft_model == 0 and p2.devices[0].use.draft_kv == 0
+
+
+def test_a_busy_second_gpu_does_not_condemn_a_drafter_the_first_one_holds(tmp_path: Path) -> None:
+    """Auto with a separate drafter over two cards, the second nearly full: the first card holds it."""
+    target = factory.qwen3_8b().write(tmp_path / "Qwen3-8B-Q4_K_M.gguf")
+    head = factory.qwen3_0_6b()
+    head.kv["qwen3.nextn_predict_layers"] = 1  # make it an MTP sidecar by name and by tensor
+    head.tensors.append(factory.TensorSpec("blk.27.nextn.eh_proj.weight", (2048, 1024), "q8_0"))
+    head.write(tmp_path / "mtp-Qwen3-8B-Q8_0.gguf")
+    cards = [gpu(0, 24), gpu(1, 24, free=6.8)]
+    split = ["-ts", "1,1"]  # the target spans both cards; the second has room for its half only
+    p = plan(target, cards, split)
+    assert p.speculative is not None and p.speculative.chosen == "draft-mtp", p.speculative.message
+    assert p.speculative.fallback_reason is None
+    for dev in p.devices:
+        assert dev.fits, dev.device.id
+    a = argv(p, split)
+    assert a[a.index("-devd") + 1] == "CUDA0"  # the drafter goes whole to the card with room
+    assert p.devices[1].use.draft_model == 0 and p.devices[1].use.draft_kv == 0
+    # following the target's split instead, the drafter's share would overflow the busy card
+    follow = plan(target, cards, [*split, "-devd", "CUDA0,CUDA1"])
+    assert follow.speculative is not None and follow.speculative.fallback_reason == "drafter_no_vram"
+
+
+def test_an_unsized_drafter_is_priced_with_a_reserve(models: dict[str, Path], tmp_path: Path) -> None:
+    broken = tmp_path / "draft-broken.gguf"
+    broken.write_bytes(b"GGUF" + b"\xff" * 4096)
+    p = plan(models["qwen8b"], [gpu(0, 24)], draft=str(broken))
+    assert p.speculative is not None and p.speculative.drafter is not None
+    assert not p.speculative.drafter.sized
+    assert any("could not be sized" in w for w in p.warnings)
+    assert p.devices[0].use.draft_compute == 224 * MiB
+    assert p.devices[0].use.draft_model == broken.stat().st_size
+
+
+def test_sidecars_beside_the_model_are_found(models: dict[str, Path], tmp_path: Path) -> None:
+    target = factory.glm4moe(n_layer=2, n_nextn=0).write(tmp_path / "GLM-Q4_K_M.gguf")
+    side = factory.glm4moe(n_layer=0, n_nextn=1, name="mtp head").write(tmp_path / "mtp-GLM-Q8_0.gguf")
+    factory.glm4moe(n_layer=0, n_nextn=1).write(tmp_path / "mtp-GLM-BF16.gguf")
+    found = find_sidecars(str(target))
+    assert found == {"draft-mtp": str(side)} or found["draft-mtp"].endswith("Q8_0.gguf")
+    p = plan(target, [gpu(0, 24)])
+    assert p.speculative is not None and p.speculative.drafter is not None
+    assert p.speculative.drafter.source == "sidecar" and p.speculative.chosen == "draft-mtp"
+    assert argv(p)[argv(p).index("-md") + 1].endswith("mtp-GLM-Q8_0.gguf")
+
+
+def test_spec_type_in_extras_is_never_duplicated(models: dict[str, Path]) -> None:
+    extra = ["--spec-type", "ngram-mod"]
+    p = plan(models["glm"], [gpu(0, 96)], extra)
+    a = argv(p, extra)
+    assert a.count("--spec-type") == 1
+    assert p.speculative is not None and p.speculative.chosen == "ngram-mod"
+
+
+def test_forcing_mtp_on_a_model_without_it_is_a_clear_error(models: dict[str, Path]) -> None:
+    with pytest.raises(UsageError, match="no drafter"):
+        plan(models["qwen8b"], [gpu(0, 24)], spec="draft-mtp")
+
+
+def test_rollback_rows_on_a_rollback_architecture(tmp_path: Path) -> None:
+    m = factory.qwen35(n_nextn=1).write(tmp_path / "q35.gguf")
+    off = plan(m, [gpu(0, 24)], ["-c", "4096"], spec="off")
+    mtp = plan(m, [gpu(0, 24)], ["-c", "4096"], spec="draft-mtp")
+    assert mtp.speculative is not None and mtp.speculative.n_rs_seq == 3
+    assert mtp.devices[0].use.rs == 4 * off.devices[0].use.rs
+
+
+def test_checkpoints_warn_when_host_ram_would_run_out(tmp_path: Path) -> None:
+    m = load_model(factory.gemma3(n_layer=6).write(tmp_path / "g.gguf"))
+    small = Machine((gpu(0, 24),), Host(total=8 * GiB, available=int(0.3 * GiB)))
+    a = parse_server_args(["-c", "16384"])
+    p = make_plan(m, small, build_request(a, margin=64 * MiB), spec_options(a))
+    assert any("--cache-ram" in w for w in p.warnings)
+
+
+def test_json_carries_the_speculative_block(models: dict[str, Path]) -> None:
+    from llamafit.plan import to_json
+
+    p = plan(models["glm"], [gpu(0, 96)])
+    doc = to_json(p, argv(p))
+    spec = doc["speculative"]
+    assert set(spec) >= {"requested", "chosen", "drafter", "n_rs_seq", "fallback_reason", "message"}
+    assert spec["drafter"] == {"kind": "draft-mtp", "path": None, "sized": True, "source": "embedded",
+                               "embedded": True}  # fmt: skip
+    assert spec["fallback_reason"] == "drafter_no_vram"

@@ -1,0 +1,84 @@
+"""Drafters against the real llama-server (CPU build): the argv llamafit composes loads, and the draft
+KV, draft compute and rollback state it predicts are what the server allocates."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import factory
+import pytest
+from realserver import run_argv
+
+from llamafit.argv import compose, parse_server_args
+from llamafit.compare import compare
+from llamafit.devices import Host, Machine
+from llamafit.fit import make_plan
+from llamafit.gguf.model import load_model
+from llamafit.plan import Plan
+from llamafit.request import build_request
+from llamafit.server import ServerBinary
+from llamafit.speculative import spec_options
+from llamafit.units import GiB, MiB
+
+pytestmark = pytest.mark.server
+HOST = Machine((), Host(total=64 * GiB, available=64 * GiB))
+
+
+def plan_and_load(server: ServerBinary, model: Path, args: list[str], **kw: str):  # type: ignore[no-untyped-def]
+    a = parse_server_args(args)
+    opts = spec_options(a, mode=kw.get("spec", "auto"), draft=kw.get("draft"))
+    p: Plan = make_plan(load_model(model), HOST, build_request(a), opts)
+    argv = compose(server.path, p.planned, a)
+    return p, run_argv(server, argv[1:]), argv
+
+
+def assert_matches(p: Plan, log, context: str) -> list:  # type: ignore[no-untyped-def]
+    fp = p.footprint if context == "target" else p.draft_footprint
+    assert fp is not None
+    rows = compare(fp, log, context)
+    assert rows, f"no {context} buffers"
+    for r in rows:
+        assert r.actual_mib is not None, f"{context}: predicted {r.kind} on {r.buft} that the server did not allocate"
+        assert r.within, f"{context} {r.kind} {r.buft}: predicted {r.predicted / MiB:.2f} MiB, logged {r.actual_mib}"
+    return rows
+
+
+def test_draft_simple_pair_of_real_shapes(server_bin: ServerBinary, tmp_path: Path) -> None:
+    """Qwen3-0.6B's shape drafting for Qwen3-8B's shape (Q4_K target, Q8_0 drafter, same vocabulary)."""
+    target = factory.qwen3_8b().write(tmp_path / "Qwen3-8B-Q4_K_M.gguf")
+    draft = factory.qwen3_0_6b().write(tmp_path / "Qwen3-0.6B-Q8_0.gguf")
+    p, log, argv = plan_and_load(server_bin, target, ["-c", "8192", "-nr"], draft=str(draft))
+    assert argv[argv.index("--spec-type") + 1] == "draft-simple"
+    assert_matches(p, log, "target")
+    rows = assert_matches(p, log, "draft")
+    kv = next(r for r in rows if r.kind == "kv")
+    # 28 layers x 8 KV heads x 128 x (K + V) x f16 x 8192 cells: the target's n_ctx, f16 (-ctkd default)
+    assert kv.actual_mib == pytest.approx(28 * 8 * 128 * 2 * 2 * 8192 / MiB)
+
+
+def test_embedded_mtp_with_rollback_rows(server_bin: ServerBinary, shapes: dict[str, Path]) -> None:
+    args = ["-c", "4096", "-np", "2", "--spec-draft-n-max", "5"]
+    p, log, _ = plan_and_load(server_bin, shapes["hybrid_mtp"], args, spec="draft-mtp")
+    assert p.speculative is not None and p.speculative.n_rs_seq == 5
+    rows = assert_matches(p, log, "target")
+    ctx = log.context("target")
+    assert ctx is not None and ctx.values["n_rs_seq"] == 5
+    assert ctx.values["n_outputs_max"] == 2 * (1 + 5)
+    assert any(r.kind == "rs" for r in rows)
+    assert_matches(p, log, "mtp")
+
+
+def test_embedded_mtp_on_a_moe_with_nextn(server_bin: ServerBinary, shapes: dict[str, Path]) -> None:
+    p, log, _ = plan_and_load(server_bin, shapes["glm4moe"], ["-c", "4096"], spec="draft-mtp")
+    assert_matches(p, log, "target")  # the NextN weights are loaded: the model buffer includes them
+    assert_matches(p, log, "mtp")
+
+
+def test_ngram_mod_loads_with_no_device_cost(server_bin: ServerBinary, shapes: dict[str, Path]) -> None:
+    p, log, argv = plan_and_load(server_bin, shapes["dense"], ["-c", "4096"], spec="ngram-mod")
+    assert argv[argv.index("--spec-type") + 1] == "ngram-mod"
+    assert p.draft_footprint is None
+    assert p.host.use.ngram == 16 * MiB
+    assert_matches(p, log, "target")
+    assert len(log.contexts) == 1 and len(log.models) == 1  # no draft context, no draft model
+    assert log.contexts[0].values["n_outputs_max"] == 4 * 65
