@@ -245,3 +245,36 @@ def test_json_carries_the_speculative_block(models: dict[str, Path]) -> None:
     assert spec["drafter"] == {"kind": "draft-mtp", "path": None, "sized": True, "source": "embedded",
                                "embedded": True}  # fmt: skip
     assert spec["fallback_reason"] == "drafter_no_vram"
+
+
+@pytest.mark.parametrize(("arch", "tensors", "kind"), [
+    ("dflash", ["markov_w1.weight"], "draft-dspark"),
+    ("dflash", [], "draft-dflash"),
+    ("eagle3", [], "draft-eagle3"),
+])  # fmt: skip
+def test_sidecar_kinds_are_detected_from_the_gguf(tmp_path: Path, arch: str, tensors: list[str], kind: str) -> None:
+    from llamafit.gguf.writer import TensorSpec, write_gguf
+
+    kv = {f"{arch}.block_count": 1, f"{arch}.embedding_length": 64, f"{arch}.context_length": 4096,
+          f"{arch}.attention.head_count": 4, f"{arch}.target_layers": [1, 2, 3]}  # fmt: skip
+    specs = [TensorSpec("blk.0.attn_norm.weight", (64,)), *(TensorSpec(t, (64, 64)) for t in tensors)]
+    p = tmp_path / f"{arch}-draft.gguf"
+    write_gguf(p, arch, kv, specs)
+    assert detect_kind(load_model(p)) == kind
+
+
+def test_hidden_state_extraction_is_priced_on_the_target(models: dict[str, Path], tmp_path: Path) -> None:
+    from llamafit.gguf.writer import TensorSpec, write_gguf
+
+    kv = {"eagle3.block_count": 1, "eagle3.embedding_length": 4096, "eagle3.context_length": 40960,
+          "eagle3.attention.head_count": 32, "eagle3.attention.head_count_kv": 8, "eagle3.feed_forward_length": 12288,
+          "eagle3.target_layers": [2, 18, 33]}  # fmt: skip
+    side = tmp_path / "eagle3-Qwen3-8B.gguf"
+    write_gguf(side, "eagle3", kv, [TensorSpec("blk.0.attn_norm.weight", (4096,)),
+                                    TensorSpec("fc.weight", (3 * 4096, 4096), "f16")])  # fmt: skip
+    off = plan(models["qwen8b"], [gpu(0, 24)], spec="off")
+    p = plan(models["qwen8b"], [gpu(0, 24)], draft=str(side))
+    assert p.speculative is not None and p.speculative.chosen == "draft-eagle3"
+    assert p.settings.extract_hidden == 3
+    # three target layer inputs of n_embd x n_batch floats land in the host output buffer
+    assert p.host.use.output - off.host.use.output >= 3 * 4096 * 2048 * 4
