@@ -24,7 +24,7 @@ ALL_SPEC_TYPES = (
     "none", "draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark", "ngram-simple",
     "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache",
 )  # fmt: skip
-PROBE_VERSION = 1
+PROBE_VERSION = 2
 _SPEC_RE = re.compile(r"^\s*--spec-type\s+\[?(?P<types>[a-z0-9,|-]+)\]?", re.MULTILINE)
 _BUILD_RE = re.compile(r"\(build (\d+), commit (\S+)\)|^version: (\d+) \(([0-9a-f]+)\)", re.MULTILINE)
 
@@ -37,13 +37,20 @@ class Capabilities:
     flags: frozenset[str]  # every positive alias the binary accepts
     spec_types: tuple[str, ...]
     probed: bool = True
+    removed: frozenset[str] = frozenset()  # flags that still parse but only say "has been removed"
 
     def accepts(self, flag: str) -> bool:
-        return flag in self.flags
+        return flag in self.flags and flag not in self.removed
 
     def supports_spec(self, spec_type: str) -> bool:
         return spec_type in self.spec_types
 
+
+# the stubs of build b11434 that fail with "the argument has been removed" (common/arg.cpp:4407-4445)
+_REMOVED_B11434 = frozenset({
+    "--draft", "--draft-n", "--draft-max", "--draft-min", "--draft-n-min", "--spec-ngram-size-n",
+    "--spec-ngram-size-m", "--spec-ngram-min-hits",
+})  # fmt: skip
 
 ASSUMED = Capabilities(
     path="",
@@ -52,7 +59,26 @@ ASSUMED = Capabilities(
     flags=frozenset(a for o in OPTIONS.values() if o.in_server for a in o.aliases),
     spec_types=ALL_SPEC_TYPES,
     probed=False,
+    removed=_REMOVED_B11434,
 )
+
+_HELP_OPT = re.compile(r"^(-[^ ].*?)(?:\s{2,}|$)")
+
+
+def removed_flags(help_text: str) -> frozenset[str]:
+    """Aliases whose --help entry says the argument has been removed."""
+    out: set[str] = set()
+    current: list[str] = []
+    for line in help_text.splitlines():
+        m = _HELP_OPT.match(line)
+        if m:
+            current = [a.split(" ")[0] for a in m.group(1).split(", ") if a.startswith("-")]
+            rest = line[m.end() :]
+        else:
+            rest = line
+        if "has been removed" in rest:
+            out.update(current)
+    return frozenset(out)
 
 
 def _cache_file(cache_dir: Path) -> Path:
@@ -79,7 +105,9 @@ def parse_probe(completion_bash: str, help_text: str, version_text: str, path: s
         n = vm.group(1) or vm.group(3)
         build = int(n) if n and int(n) > 0 else None
     first = version_text.strip().splitlines()[0] if version_text.strip() else ""
-    return Capabilities(path=path, version=first, build=build, flags=flags, spec_types=spec)
+    return Capabilities(
+        path=path, version=first, build=build, flags=flags, spec_types=spec, removed=removed_flags(help_text)
+    )
 
 
 def probe(
@@ -101,6 +129,7 @@ def probe(
                     build=hit["build"] if isinstance(hit["build"], int) else None,
                     flags=frozenset(cast(list[str], hit["flags"])),
                     spec_types=tuple(cast(list[str], hit["spec_types"])),
+                    removed=frozenset(cast(list[str], hit.get("removed", []))),
                 )
         except (OSError, ValueError, KeyError, TypeError):
             cached = {}
@@ -121,6 +150,7 @@ def probe(
             cache_dir.mkdir(parents=True, exist_ok=True)
             d = asdict(caps)
             d["flags"] = sorted(caps.flags)
+            d["removed"] = sorted(caps.removed)
             cached[key] = d
             tmp = _cache_file(cache_dir).with_suffix(f".tmp{os.getpid()}")
             tmp.write_text(json.dumps(cached))

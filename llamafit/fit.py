@@ -22,12 +22,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from llamafit.argv import Planned
+from llamafit.calibration import Corrections
 from llamafit.capabilities import ASSUMED, Capabilities
 from llamafit.devices import Device, Machine
 from llamafit.errors import DoesNotFitError, UsageError
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory.context import check_cache_types, checkpoint_bytes, per_layer_memory, resolve_context
-from llamafit.memory.footprint import Footprint, LoadSettings, Use, estimate
+from llamafit.memory.footprint import RUNTIME_OVERHEAD, Footprint, LoadSettings, Use, estimate
 from llamafit.memory.placement import CPU
 from llamafit.plan import Decision, DevicePlan, HostPlan, Plan, SpecReport
 from llamafit.request import Request, n_cpu_moe_overrides
@@ -164,6 +165,15 @@ class _Fitter:
         self.host_usable = machine.host.available - req.margin
         self.spec = _Spec()
         self.n_tries = 0
+        self.calib = Corrections()
+
+    def estimate(self, model: ModelInfo, s: LoadSettings, ids: Sequence[str], **kw: object) -> Footprint:
+        """The memory model with this machine's calibration applied (compute scale, runtime overhead)."""
+        free = {g.id: g.free for g in self.gpus}
+        return estimate(
+            model, s, ids, free=[free[i] for i in ids], compute_scale=self.calib.compute_scale or None,
+            overhead={**{i: RUNTIME_OVERHEAD for i in ids}, **self.calib.overhead}, **kw,  # type: ignore[arg-type]
+        )  # fmt: skip
 
     # -- the drafter's memory ----------------------------------------------------------------------
 
@@ -188,8 +198,7 @@ class _Fitter:
             # the MTP context runs on the target model: its KV over the NextN layers, its compute
             ds = replace(s, n_ctx=n_ctx, type_k=o.type_k, type_v=o.type_v, n_outputs_max=s.n_seq, n_rs_seq=0,
                          extract_hidden=0)  # fmt: skip
-            dfp = estimate(self.model, ds, self.ids, free=[g.free for g in self.gpus], context_label="mtp",
-                           share_weights=True)  # fmt: skip
+            dfp = self.estimate(self.model, ds, self.ids, context_label="mtp", share_weights=True)
             # the NextN weights are loaded for the drafter: show them as the drafter's
             for p in fp.placement.tensors:
                 layer = p.tensor.layer
@@ -205,16 +214,15 @@ class _Fitter:
                 tensor_split=s.tensor_split if follows else (), overrides=o.overrides, n_outputs_max=n_out,
                 n_rs_seq=0, load_nextn=d.kind == "draft-mtp", extract_hidden=0, split_mode="layer",
             )  # fmt: skip
-            free = {g.id: g.free for g in self.gpus}
             label = "mtp" if d.kind == "draft-mtp" else "draft"
-            dfp = estimate(d.model, ds, devs, free=[free[x] for x in devs], context_label=label)
+            dfp = self.estimate(d.model, ds, devs, context_label=label)
         for dev in [*dfp.gpus, CPU]:
             use[dev] = use.get(dev, Use()) + _as_draft_use(dfp, dev)
         return dfp, use
 
     def run(self, s: LoadSettings) -> _Try:
         self.n_tries += 1
-        fp = estimate(self.model, s, self.ids, free=[g.free for g in self.gpus])
+        fp = self.estimate(self.model, s, self.ids)
         dfp, duse = self.draft(s, fp)
         worst, over = CPU, fp.host.total + duse.get(CPU, Use()).total - self.host_usable
         for g in self.ids:
@@ -244,7 +252,7 @@ class _Fitter:
         )  # fmt: skip
         mem = per_layer_memory(hp, cp) if s.offload_kqv else [0] * hp.n_layer_all
         probe_s = replace(s, n_gpu_layers=-1, tensor_split=(1.0,) * len(self.ids))
-        probe = estimate(self.model, probe_s, self.ids)
+        probe = self.estimate(self.model, probe_s, self.ids)
         _, probe_draft = self.draft(probe_s, probe)
         cost = [0] * n_units
         for p in probe.placement.tensors:
@@ -380,10 +388,12 @@ def make_plan(
     req: Request,
     opts: SpecOptions | None = None,
     caps: Capabilities | Callable[[], Capabilities] = ASSUMED,
+    calibrate: Callable[[LoadSettings, tuple[str, ...]], Corrections] | None = None,
 ) -> Plan:
     """Fit ``model`` (and its drafter) onto ``machine`` under ``req``; DoesNotFitError when nothing fits.
 
     ``caps`` may be a callable: the server binary is then probed only if a decision needs it.
+    ``calibrate`` returns corrections from past launches for the base settings (llamafit.calibration).
     """
     opts = opts or SpecOptions(mode="off")
     hp = model.hparams
@@ -394,6 +404,21 @@ def make_plan(
     f = _Fitter(model, machine, req, gpus, opts)
     base = _server_defaults(model, req)
     decisions: list[Decision] = []
+    if calibrate is not None:
+        f.calib = calibrate(base, tuple(g.id for g in gpus))
+        if not f.calib.empty:
+            parts = []
+            if f.calib.compute_scale:
+                parts.append(
+                    "compute buffers x " + ", ".join(f"{v:.2f} ({k})" for k, v in f.calib.compute_scale.items())
+                )
+            if f.calib.overhead:
+                parts.append(
+                    "runtime overhead " + ", ".join(f"{fmt_bytes(v)} ({k})" for k, v in f.calib.overhead.items())
+                )
+            decisions.append(
+                Decision("calibration.applied", f"Calibrated from {f.calib.source}: " + "; ".join(parts) + ".")
+            )
     warnings: list[str] = []
     train = hp.n_ctx_train or 4096
 

@@ -27,10 +27,21 @@ _CTXVAL = re.compile(r"llama_context: (?P<key>n_ctx|n_ctx_seq|n_seq_max|n_batch|
                      r" +=\s+(?P<val>\d+)")  # fmt: skip
 _FA = re.compile(r"resolve_fused_ops: Flash Attention (?P<state>enabled|not supported)")
 _SLOTS = re.compile(r"initializing, n_slots = (?P<n>\d+), n_ctx_slot = (?P<ctx>\d+)")
+# common_memory_breakdown_print's GPU row (common/fit.cpp:906-1086; reference §7.8)
+_BREAKDOWN_GPU = re.compile(
+    r"\|\s+-\s+(?P<name>\S+) \((?P<desc>.*)\)\s+\|\s+(?P<total>\d+) = +(?P<free>-?\d+) \+ \((?P<self>\d+) = +"
+    r"(?P<model>\d+) \+ +(?P<context>\d+) \+ +(?P<compute>\d+)\) \+ +(?P<unacc>-?\d+) \|"
+)
 
 
 def strip(line: str) -> str:
     return _ANSI.sub("", _PREFIX.sub("", line.rstrip("\n")))
+
+
+def is_error(line: str) -> bool:
+    """An ``E``-level line (common/log.cpp prefixes the level after the timestamp)."""
+    m = _PREFIX.match(line)
+    return bool((m and _ANSI.sub("", m.group(0)).rstrip().endswith(" E")) or _ANSI.sub("", line).startswith("E "))
 
 
 @dataclass
@@ -57,6 +68,8 @@ class LoadLog:
     n_slots: int | None = None
     n_ctx_slot: int | None = None
     loaded: bool = False
+    # per GPU, MiB: the last memory breakdown table (printed at shutdown with -lv 4)
+    breakdown: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def context(self, label: str) -> ObservedContext | None:
         return next((c for c in self.contexts if c.label == label), None)
@@ -105,6 +118,10 @@ def parse(lines: Iterable[str]) -> LoadLog:
             log.contexts[-1].values[m["key"]] = int(m["val"])
         elif m := _FA.search(line):
             log.contexts[-1].flash_attn = m["state"] == "enabled"
+        if m := _BREAKDOWN_GPU.search(line):
+            log.breakdown[m["name"]] = {
+                k: int(m[k]) for k in ("total", "free", "self", "model", "context", "compute", "unacc")
+            }
         if m := _SLOTS.search(line):
             log.n_slots, log.n_ctx_slot = int(m["n"]), int(m["ctx"])
         if "model loaded" in line:

@@ -21,6 +21,8 @@ def _isolated_dirs(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
     """Never touch the real user cache; never inherit llama.cpp env settings."""
     cache = tmp_path_factory.mktemp("cache")
     monkeypatch.setenv("LLAMAFIT_CACHE", str(cache))
+    monkeypatch.setenv("LLAMAFIT_DATA", str(tmp_path_factory.mktemp("data")))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.mktemp("config")))
     for k in list(os.environ):
         if k.startswith("LLAMA_ARG_"):
             monkeypatch.delenv(k)

@@ -73,12 +73,13 @@ def test_run_passes_through_and_forwards_ctrl_c(server_bin: ServerBinary, tmp_pa
     assert "model loaded" in err or "listening" in err
 
 
-def test_run_returns_the_servers_exit_code(server_bin: ServerBinary, tmp_path: Path) -> None:
+def test_a_flag_the_server_refuses_is_explained(server_bin: ServerBinary, tmp_path: Path) -> None:
     model = ensure_demo_model(tmp_path)
     r = subprocess.run([*LLAMAFIT, "run", str(model), "--server", server_bin.path, "--", "--frobnicate"],
                        capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert r.returncode == 1  # llama-server: invalid argument
-    assert "invalid argument" in r.stderr
+    assert r.returncode == 5  # a load failure, explained
+    assert "does not accept --frobnicate" in r.stderr
+    assert "invalid argument" in r.stderr  # the server's own line passed through
 
 
 def test_option_table_covers_the_real_binary(server_bin: ServerBinary) -> None:

@@ -13,6 +13,7 @@ import sys
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
@@ -23,9 +24,8 @@ from llamafit.errors import ExitCode, LlamafitError
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from llamafit.capabilities import Capabilities
     from llamafit.devices import Machine
-    from llamafit.plan import Plan
+    from llamafit.prepare import Prepared
 
 app = typer.Typer(
     name="llamafit",
@@ -146,20 +146,7 @@ def _machine(gpu: list[str] | None, cpu_only: bool) -> Machine:
     return discover(gpu_specs=gpu or (), cpu_only=cpu_only)
 
 
-def _capabilities(server: str | None) -> Capabilities:
-    """The found server's probed capabilities, or the assumed b11434 ones when there is none."""
-    from llamafit.capabilities import ASSUMED, probe
-    from llamafit.demo import cache_dir
-    from llamafit.server import find_server
-
-    try:
-        srv = find_server(server)
-    except LlamafitError:
-        return ASSUMED
-    return probe(srv.path, env=srv.env(), cache_dir=cache_dir())
-
-
-def _plan(
+def _prepare(
     model: str,
     server_args: list[str] | None,
     gpu: list[str] | None,
@@ -170,26 +157,13 @@ def _plan(
     prefer: str = "context",
     draft: str | None = None,
     server: str | None = None,
-) -> tuple[Plan, list[str]]:
-    from llamafit.argv import compose, parse_server_args
-    from llamafit.fit import make_plan
-    from llamafit.gguf.model import load_model
-    from llamafit.request import build_request
-    from llamafit.speculative import spec_options
-    from llamafit.units import parse_size
+) -> Prepared:
+    from llamafit.devices import discover
+    from llamafit.prepare import Options, prepare, server_and_caps
 
-    args = parse_server_args(server_args or [])
-    req = build_request(args, margin=parse_size(margin), min_ctx=min_ctx, cpu_only=cpu_only)
-    opts = spec_options(args, mode=spec, prefer=prefer, draft=draft)
-    machine = _machine(gpu, cpu_only)  # usage errors (--gpu) before touching the model file
-    info = load_model(model)
-    if opts.mode == "auto" and not opts.user_types:
-        # only the speculative fallback asks the binary anything; other plans start no process
-        plan = make_plan(info, machine, req, opts, lambda: _capabilities(server))
-    else:
-        plan = make_plan(info, machine, req, opts)
-    argv = compose("llama-server", plan.planned, args)
-    return plan, argv
+    o = Options(server_args or (), gpu or (), cpu_only, margin, min_ctx, spec, prefer, draft, server)
+    machine = discover(gpu_specs=o.gpu, cpu_only=cpu_only)  # usage errors (--gpu) before touching files
+    return prepare(model, o, machine=machine, server=server_and_caps(server))
 
 
 @app.command()
@@ -283,11 +257,16 @@ def plan(
 ) -> None:
     """The memory plan per device and the decisions behind it. Nothing is launched."""
     with handled():
-        p, argv = _plan(model, server_args, gpu, cpu_only, margin, min_ctx, spec, prefer, draft, server)
+        prep = _prepare(model, server_args, gpu, cpu_only, margin, min_ctx, spec, prefer, draft, server)
+        p, argv = prep.plan, prep.argv
+        for n in prep.notes:
+            _note(n)
         if json_out:
             from llamafit.plan import to_json
 
-            typer.echo(json.dumps(to_json(p, argv), indent=2))
+            doc = to_json(p, argv)
+            doc["notes"] = [*doc["notes"], *prep.notes]
+            typer.echo(json.dumps(doc, indent=2))
             return
         from llamafit.cli.render import print_plan
 
@@ -299,6 +278,14 @@ def run(
     model: ModelArg,
     server_args: ServerArgsArg = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the exact argv (shell-quoted) and exit.")] = False,
+    exec_: Annotated[
+        bool, typer.Option("--exec", help="Replace llamafit with the server (for scripts and service managers).")
+    ] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Pass every server log line through.")] = False,
+    log_file: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option("--log-file", help="Also keep the server's raw log in this file.", dir_okay=False),
+    ] = None,
     server: ServerOpt = None,
     gpu: GpuOpt = None,
     cpu_only: CpuOnlyOpt = False,
@@ -307,36 +294,43 @@ def run(
     spec: SpecOpt = "auto",
     prefer: PreferOpt = "context",
     draft: DraftOpt = None,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="When the server is ready, print the plan and predicted vs actual as JSON.")
+    ] = False,
 ) -> None:
-    """Plan with your llama-server flags, then launch the server (or just print the argv)."""
+    """Plan with your llama-server flags, then launch the server and watch it load (or just print the argv)."""
     with handled():
-        p, argv = _plan(model, server_args, gpu, cpu_only, margin, min_ctx, spec, prefer, draft, server)
+        prep = _prepare(model, server_args, gpu, cpu_only, margin, min_ctx, spec, prefer, draft, server)
+        for n in prep.notes:
+            _note(n)
         if dry_run:
-            binary = _binary_name(server)
-            typer.echo(shlex.join([binary, *argv[1:]]))
+            typer.echo(shlex.join(prep.argv))
             return
-        from llamafit.server import exec_pass_through, find_server
+        from llamafit.cli.supervise import supervise
+        from llamafit.errors import ServerNotFoundError
+        from llamafit.prepare import launch_env
+        from llamafit.server import GET_SERVER_HINT
 
-        srv = find_server(server)
-        full = [srv.path, *argv[1:]]
-        con = err_console()
-        from llamafit.cli.render import safe
+        if prep.server is None:
+            raise ServerNotFoundError("no llama-server found", hint=GET_SERVER_HINT)
+        env = launch_env(prep.server)
+        if env.removed:
+            _note("not passed to the server (they would change what was planned): " + ", ".join(env.removed))
+        for d in prep.plan.decisions:
+            _note(d.message)
+        if exec_:
+            from llamafit.supervisor import exec_server
 
-        for d in p.decisions:
-            con.print(f"[dim]llamafit:[/] {safe(d.message)}")
-        con.print(f"[dim]llamafit:[/] {safe(shlex.join(full))}")
-        rc = exec_pass_through(full, srv.env())
-        raise typer.Exit(rc)
+            _note(shlex.join(prep.argv), argv=True)
+            exec_server(prep.argv, env.env)
+        raise typer.Exit(supervise(prep, env.env, verbose=verbose, log_file=log_file, json_out=json_out))
 
 
-def _binary_name(explicit: str | None) -> str:
-    """The server path for --dry-run output: the real one when found, else plain ``llama-server``."""
-    from llamafit.server import find_server
+def _note(text: str, *, argv: bool = False) -> None:
+    from llamafit.cli.render import safe
 
-    try:
-        return find_server(explicit).path
-    except LlamafitError:
-        return explicit or "llama-server"
+    # an argv stays on one line so it can be copied back into a shell
+    err_console().print(f"[dim]llamafit:[/] {safe(text)}", soft_wrap=argv)
 
 
 @app.command()
@@ -349,6 +343,42 @@ def demo(
         from llamafit.cli.demo import run_demo
 
         raise typer.Exit(run_demo(server, json_out))
+
+
+@app.command()
+def history(
+    limit: Annotated[int, typer.Option("-n", "--limit", help="How many of the newest launches.", min=1)] = 20,
+    json_out: JsonOpt = False,
+) -> None:
+    """Past launches: what was predicted and what llama-server really allocated (the calibration data)."""
+    with handled():
+        from llamafit.calibration import history_file, read_history
+
+        entries = read_history(limit)
+        if json_out:
+            typer.echo(json.dumps({"schema": "llamafit.history-list/1", "file": str(history_file()),
+                                   "launches": entries}, indent=2))  # fmt: skip
+            return
+        from rich.table import Table
+
+        from llamafit.cli.render import safe
+
+        t = Table(title=f"Launches ({history_file()})", title_justify="left")
+        for col in ("time", "model", "n_ctx", "devices", "KV MiB", "compute MiB (pred -> actual)"):
+            t.add_column(col)
+        for e in entries:
+            pred = e.get("predicted_bytes", {}).get("compute", {})
+            act = e.get("actual_mib", {}).get("compute", {})
+            comp = ", ".join(f"{k} {pred.get(k, 0) / 2**20:.1f} -> {v:.1f}" for k, v in act.items())
+            kv = sum(e.get("actual_mib", {}).get("kv", {}).values())
+            st = e.get("settings", {})
+            t.add_row(
+                safe(e.get("time", "")), safe(e.get("model", {}).get("name", "")), str(st.get("n_ctx", "")),
+                safe(",".join(st.get("devices", [])) or "CPU"), f"{kv:.2f}", safe(comp),
+            )  # fmt: skip
+        out_console().print(t)
+        if not entries:
+            err_console().print("[dim]no launches recorded yet: `llamafit run` records each one[/]")
 
 
 def main() -> None:

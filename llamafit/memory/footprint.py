@@ -6,7 +6,7 @@ devices always give the same :class:`Footprint`; the fit calls it as often as it
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 
 from llamafit.ggml import by_name
@@ -116,15 +116,17 @@ def estimate(
     gpus: Sequence[str] = (),
     *,
     free: Sequence[int] = (),
-    overhead: int = RUNTIME_OVERHEAD,
+    overhead: int | Mapping[str, int] = RUNTIME_OVERHEAD,
     profile: RepackProfile | None = None,
     context_label: str = "target",
     share_weights: bool = False,
+    compute_scale: Mapping[str, float] | None = None,
 ) -> Footprint:
     """Predict every buffer of one llama_context over ``model`` with settings ``s`` on ``gpus``.
 
     ``free`` (bytes per GPU) is only used for llama.cpp's default layer split when ``-ts`` is unset.
     ``share_weights``: a second context over an already loaded model (an MTP context): no weights.
+    ``overhead`` may be per GPU; ``compute_scale`` (buffer name -> factor) applies calibration.
     """
     hp = model.hparams
     gpu_ids = list(gpus)
@@ -200,6 +202,8 @@ def estimate(
             add(_buft_device(b.buft), rs=b.nbytes)
     for dev, size in comp.per_buft.items():
         buft = dev if dev != CPU else ("CUDA_Host" if gpu_ids else CPU)
+        if compute_scale and buft in compute_scale:
+            size = int(size * compute_scale[buft])
         buffers.append(PredictedBuffer(context_label, "compute", buft, size))
         add(dev, compute=size)
     out_dev = placement.layer_device[hp.n_layer_all]
@@ -210,7 +214,9 @@ def estimate(
     add(CPU, output=out_bytes)
     for g in gpu_ids:
         if per[g].total > 0:
-            per[g] = replace(per[g], overhead=overhead)
+            per[g] = replace(
+                per[g], overhead=overhead if isinstance(overhead, int) else overhead.get(g, RUNTIME_OVERHEAD)
+            )
     host = per.pop(CPU)
     return Footprint(
         context=cp,

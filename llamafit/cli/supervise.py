@@ -1,0 +1,118 @@
+"""``llamafit run``'s supervision view: the server's key lines, ready, predicted vs actual, failures."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from llamafit.calibration import record
+from llamafit.cli.app import err_console, out_console
+from llamafit.cli.render import safe
+from llamafit.compare import Row, compare
+from llamafit.errors import ExitCode
+from llamafit.logparse import LoadLog
+from llamafit.plan import to_json
+from llamafit.prepare import Prepared
+from llamafit.supervisor import Supervisor, is_key_line
+from llamafit.units import MiB
+
+
+def compare_all(prep: Prepared, log: LoadLog) -> list[Row]:
+    rows = compare(prep.plan.footprint, log, "target")
+    spec = prep.plan.speculative
+    if prep.plan.draft_footprint is not None and spec is not None and spec.drafter is not None:
+        label = "mtp" if spec.drafter.kind == "draft-mtp" else "draft"
+        rows += compare(prep.plan.draft_footprint, log, label)
+    return rows
+
+
+def memory_table(rows: list[Row]) -> Table:
+    t = Table(title="Predicted vs actual (from llama-server's log)", title_justify="left")
+    for col in ("context", "buffer", "kind", "predicted MiB", "actual MiB", "diff"):
+        t.add_column(col, justify="right" if "MiB" in col or col == "diff" else "left")
+    for r in rows:
+        actual = "-" if r.actual_mib is None else f"{r.actual_mib:.2f}"
+        diff = "" if r.diff_mib is None else f"{r.diff_mib:+.2f}"
+        t.add_row(r.context, r.buft, r.kind, f"{r.predicted / MiB:.2f}", actual, diff + ("" if r.within else " [red]!"))
+    return t
+
+
+def rows_json(rows: list[Row]) -> list[dict[str, Any]]:
+    return [
+        {
+            "context": r.context,
+            "kind": r.kind,
+            "buffer": r.buft,
+            "predicted": r.predicted,
+            "actual_mib": r.actual_mib,
+            "within_tolerance": r.within,
+        }
+        for r in rows
+    ]
+
+
+def supervise(prep: Prepared, env: dict[str, str], *, verbose: bool, log_file: Path | None, json_out: bool) -> int:
+    """Run the server, show what matters, and return llamafit's exit code."""
+    argv = list(prep.argv)
+    if not prep.user.sets_family("verbosity") and prep.caps.accepts("-lv"):
+        argv += ["-lv", "4"]  # the buffer lines are llama INFO messages, shown from verbosity 4
+    err = err_console()
+    err.print(f"[dim]llamafit:[/] {safe(shlex.join(argv))}", soft_wrap=True)  # one line, copyable
+    err.print(f"[dim]llamafit:[/] loading {safe(prep.plan.model.name)} ...")
+
+    def on_line(line: str) -> None:
+        if verbose or is_key_line(line):
+            err.print(safe(line), highlight=False, soft_wrap=True)
+
+    def on_ready(url: str, log: LoadLog) -> None:
+        rows = compare_all(prep, log)
+        off = [r for r in rows if not r.within]
+        err.print(f"[green]llamafit: ready[/] at {safe(url)}")
+        if json_out:
+            doc = {"schema": "llamafit.run/1", "url": url, "plan": to_json(prep.plan, argv), "memory": rows_json(rows)}
+            out_console().print_json(json.dumps(doc))
+        else:
+            err.print(memory_table(rows))
+        for r in off:
+            err.print(
+                f"[yellow]llamafit: {r.context} {r.kind} on {r.buft} is off by {r.diff_mib or 0:+.2f} MiB[/] "
+                "(beyond its tolerance; the next plan for this model corrects it)"
+            )
+
+    usable = {d.device.id: d.usable for d in prep.plan.devices}
+    predicted = {d.device.id: d.use.total for d in prep.plan.devices}
+    outcome = Supervisor(
+        argv, env, log_file=log_file, on_line=on_line, on_ready=on_ready, predicted=predicted, usable=usable
+    ).run()
+    if outcome.ready:
+        _record(prep, outcome.log)
+        return outcome.returncode
+    f = outcome.failure
+    if outcome.interrupted and f is not None and f.kind in ("abort", "unknown"):
+        err.print("[dim]llamafit: interrupted while loading[/]")
+        return int(ExitCode.INTERRUPTED)
+    assert f is not None
+    err.print(f"[bold red]error:[/] {safe(f.message)}")
+    err.print(f"[dim]hint:[/] {safe(f.hint)}")
+    return int(ExitCode.SERVER_LOAD_FAILED)
+
+
+def _record(prep: Prepared, log: LoadLog) -> None:
+    actual: dict[str, dict[str, float]] = {}
+    ctx = log.context("target")
+    if ctx is not None:
+        for kind, items in (("kv", ctx.kv), ("rs", ctx.rs), ("output", ctx.output)):
+            for buft, mib in items:
+                actual.setdefault(kind, {})[buft] = actual.get(kind, {}).get(buft, 0.0) + mib
+        actual["compute"] = dict(ctx.compute)
+    model = log.model("target")
+    if model is not None:
+        for buft, mib in model.buffers:
+            actual.setdefault("model", {})[buft] = actual.get("model", {}).get(buft, 0.0) + mib
+    devices = tuple(d.device.id for d in prep.plan.devices)
+    record(prep.plan.model, prep.plan.settings, devices, prep.plan.footprint, actual, log.breakdown,
+           {"argv": prep.argv, "server": prep.server.path if prep.server else None})  # fmt: skip

@@ -1,0 +1,134 @@
+"""Why llama-server did not come up: one actionable message per failure class, read from its own lines.
+
+The strings are llama.cpp b11434's (reference llama-server-cli.md §7); each class says what happened,
+on which device, how much was asked for, what the plan predicted there, and what to try.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from llamafit.logparse import is_error, strip
+from llamafit.units import MiB, fmt_bytes
+
+_CUDA_OOM = re.compile(r"allocating (?P<mib>[\d.]+) MiB on device (?P<dev>\d+): cudaMalloc failed: (?P<why>.*)")
+_BUFT_FAIL = re.compile(r"failed to allocate (?P<buft>\S+) buffer of size (?P<size>\d+)")
+_HOST_OOM = re.compile(
+    r"ggml_aligned_malloc: insufficient memory \(attempted to allocate (?P<mb>[\d.]+) MB\)"
+    r"|ggml_backend_cpu_buffer_type_alloc_buffer: failed to allocate buffer of size (?P<size>\d+)"
+)
+_OPEN_FAIL = re.compile(r"failed to open GGUF file '(?P<path>.*)' \((?P<why>.*)\)")
+_BAD_ARG = re.compile(r"error: invalid argument: (?P<arg>\S+)")
+_ARG_ERR = re.compile(r'error while handling (?:argument|environment variable) "(?P<arg>[^"]+)": (?P<why>.*)')
+_BIND = re.compile(r"couldn't bind HTTP server socket, hostname: (?P<host>\S+), port: (?P<port>\d+)")
+_CUDA_ERR = re.compile(r"CUDA error: (?P<why>.*)")
+_CTX_ERR = re.compile(
+    r"(quantized V cache requires flash_attn|model does not support different K|SPLIT_MODE_TENSOR requires"
+    r"|does not divide n_embd_head|context type MTP requested but model doesn't contain MTP layers)"
+)
+
+
+@dataclass(frozen=True)
+class Failure:
+    kind: str  # device_oom_weights | device_oom_kv | device_oom_compute | host_oom | model_file | bad_argument |
+    # port_in_use | abort | draft | context | unknown
+    message: str
+    hint: str
+    device: str | None = None
+    asked: int | None = None  # bytes the failing allocation asked for
+
+
+def classify(
+    lines: Sequence[str],
+    returncode: int,
+    predicted: dict[str, int] | None = None,
+    usable: dict[str, int] | None = None,
+) -> Failure:
+    """Turn the server's last words and exit status into one Failure. ``predicted``/``usable`` are the
+    plan's per-device totals, for the message."""
+    text = [strip(line) for line in lines]
+    cuda_oom = next((m for t in text if (m := _CUDA_OOM.search(t))), None)
+    buft_fail = next((m for t in text if (m := _BUFT_FAIL.search(t))), None)
+    device = asked = None
+    if cuda_oom:
+        device = f"CUDA{cuda_oom['dev']}"
+        asked = int(float(cuda_oom["mib"]) * MiB)
+    elif buft_fail and buft_fail["buft"].startswith(("CUDA", "ROCm", "Vulkan", "Metal")):
+        device = buft_fail["buft"].split("_")[0]
+        asked = int(buft_fail["size"])
+    joined = "\n".join(text)
+
+    def plan_says() -> str:
+        if device and predicted and device in predicted:
+            return f"; the plan put {fmt_bytes(predicted[device])} there" + (
+                f" of {fmt_bytes(usable[device])} usable" if usable and device in usable else ""
+            )
+        return ""
+
+    oom_hint = "leave more room with --margin 2GiB, a smaller -c, --n-cpu-moe N (MoE), or --spec off"
+    if device:
+        what = fmt_bytes(asked) if asked else "memory"
+        if "error loading model" in joined or "unable to allocate" in joined:
+            return Failure(
+                "device_oom_weights", f"{device} ran out of memory loading the weights (asked for {what}){plan_says()}",
+                oom_hint, device, asked,
+            )  # fmt: skip
+        if "kv cache" in joined:
+            return Failure(
+                "device_oom_kv", f"{device} ran out of memory allocating the KV cache (asked for {what}){plan_says()}",
+                oom_hint, device, asked,
+            )  # fmt: skip
+        if "compute" in joined or "graph_reserve" in joined or "ggml_gallocr" in joined:
+            return Failure(
+                "device_oom_compute",
+                f"{device} ran out of memory for the compute buffers (asked for {what}){plan_says()}",
+                oom_hint, device, asked,
+            )  # fmt: skip
+        return Failure("device_oom", f"{device} ran out of memory (asked for {what}){plan_says()}", oom_hint, device)
+    if m := next((m for t in text if (m := _HOST_OOM.search(t))), None):
+        size = int(float(m["mb"]) * 1024 * 1024) if m["mb"] else int(m["size"])
+        return Failure(
+            "host_oom", f"the host ran out of memory (an allocation of {fmt_bytes(size)} failed)",
+            "close other programs, use -lm mmap (the default) instead of -lm none, fewer slots (-np) or a "
+            "smaller --cache-ram", None, size,
+        )  # fmt: skip
+    if m := next((m for t in text if (m := _OPEN_FAIL.search(t))), None):
+        return Failure("model_file", f"llama-server could not open {m['path']}: {m['why']}", "check the path")
+    if "failed to load model" in joined and ("invalid magic" in joined or "GGUF" in joined):
+        return Failure("model_file", "llama-server could not read the model file as GGUF", "is the file complete?")
+    if m := next((m for t in text if (m := _BAD_ARG.search(t))), None):
+        return Failure(
+            "bad_argument", f"this llama-server does not accept {m['arg']}",
+            "check the flag with llama-server --help; it may be newer or older than this build",
+        )  # fmt: skip
+    if m := next((m for t in text if (m := _ARG_ERR.search(t))), None):
+        return Failure("bad_argument", f"llama-server refused {m['arg']}: {m['why']}", "fix the value or drop the flag")
+    if m := next((m for t in text if (m := _BIND.search(t))), None):
+        return Failure(
+            "port_in_use", f"port {m['port']} on {m['host']} is already in use",
+            "stop the other server or pass -- --port N (0 picks a free one)",
+        )  # fmt: skip
+    if m := next((m for t in text if (m := _CTX_ERR.search(t))), None):
+        return Failure("context", f"llama-server refused the context settings: {m.group(1)}", "adjust -ctk/-ctv/-fa")
+    if "failed to load draft model" in joined or "failed to create MTP context" in joined:
+        return Failure("draft", "llama-server could not load the drafter", "check --draft, or run with --spec off")
+    if returncode < 0 or returncode >= 128:
+        sig = -returncode if returncode < 0 else returncode - 128
+        cuda = next((m for t in text if (m := _CUDA_ERR.search(t))), None)
+        why = f" after a CUDA error: {cuda['why']}" if cuda else ""
+        name = {6: "SIGABRT", 9: "SIGKILL", 11: "SIGSEGV"}.get(sig, f"signal {sig}")
+        return Failure(
+            "abort", f"llama-server was killed by {name} while loading{why}",
+            "an out-of-memory during warmup aborts: try --margin 2GiB or a smaller -c" if sig == 6
+            else "the system may have run out of memory (check dmesg for the OOM killer)",
+        )  # fmt: skip
+    # the last error-level line, else the last line that says "error", else its very last words
+    tail = next((strip(r) for r in reversed(lines) if is_error(r)), "") or next(
+        (t for t in reversed(text) if "error" in t.lower()), next((t for t in reversed(text) if t.strip()), "")
+    )
+    return Failure(
+        "unknown", f"llama-server exited with code {returncode} before it was ready" + (f": {tail}" if tail else ""),
+        "run with --verbose to see its whole log, or --log-file FILE to keep it",
+    )  # fmt: skip
