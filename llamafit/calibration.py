@@ -19,8 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from llamafit.gguf.mmproj import Projector
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory.footprint import Footprint, LoadSettings
+from llamafit.memory.mmproj import MmprojUse
 from llamafit.units import MiB
 
 SCHEMA = "llamafit.history/1"
@@ -47,6 +49,17 @@ def model_id(model: ModelInfo) -> str:
         h.update(f"{t.name}:{t.info.type.name}:{t.info.shape}".encode())
     h.update(str(model.shard_sizes).encode())
     return h.hexdigest()[:32]
+
+
+def projector_id(p: Projector) -> str:
+    """A projector's identity: what it is and how big, not where it lies."""
+    parts = (p.name, p.projector, p.weights, p.n_embd, p.n_ff, p.n_head, p.n_layer, p.image_size, p.patch_size)
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:32]
+
+
+def mmproj_key(m: MmprojUse) -> str:
+    """What shapes the projector's warmup graph: the image it reserves for, flash attention, the backend."""
+    return f"{m.warmup_side}|{int(m.flash_attn)}|{m.buft}"
 
 
 def settings_key(s: LoadSettings, devices: tuple[str, ...]) -> str:
@@ -78,6 +91,7 @@ def record(
     actual: Mapping[str, Mapping[str, float]],
     breakdown: Mapping[str, Mapping[str, int]],
     extra: Mapping[str, Any] | None = None,
+    mmproj: tuple[MmprojUse, Mapping[str, float]] | None = None,
 ) -> dict[str, Any] | None:
     """Append one launch; returns the record, or None when the data directory is not writable."""
     predicted: dict[str, dict[str, int]] = {}
@@ -111,6 +125,15 @@ def record(
         "actual_mib": {k: dict(v) for k, v in actual.items()},
         "breakdown_mib": {k: dict(v) for k, v in breakdown.items()},
     }
+    if mmproj is not None:
+        use, compute_mib = mmproj
+        entry["mmproj"] = {
+            "id": projector_id(use.projector),
+            "key": mmproj_key(use),
+            "name": use.projector.name,
+            "predicted_compute": use.compute,
+            "actual_compute_mib": dict(compute_mib),
+        }
     if extra:
         entry.update(extra)
     path = history_file()
@@ -161,3 +184,16 @@ def corrections(model: ModelInfo, s: LoadSettings, devices: tuple[str, ...]) -> 
         return Corrections(scale, overhead, f"your launch of {entry['model'].get('name', 'this model')} at "
                                             f"{entry.get('time', '?')}")  # fmt: skip
     return Corrections()
+
+
+def measured_mmproj_compute(m: MmprojUse) -> int | None:
+    """The projector compute buffer the newest launch with the same projector and warmup logged."""
+    pid, key = projector_id(m.projector), mmproj_key(m)
+    for entry in reversed(read_history()):
+        rec = entry.get("mmproj")
+        if not isinstance(rec, dict) or rec.get("id") != pid or rec.get("key") != key:
+            continue
+        act = rec.get("actual_compute_mib", {})
+        if isinstance(act, dict) and isinstance(act.get(m.buft), (int, float)):
+            return int(float(act[m.buft]) * MiB)
+    return None

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from llamafit.logparse import LoadLog
 from llamafit.memory.footprint import Footprint
+from llamafit.memory.mmproj import MmprojUse
 from llamafit.units import MiB
 
 # How far a term may be off before it is flagged. KV, recurrent state, weights and the output buffer
@@ -65,4 +66,20 @@ def compare(fp: Footprint, log: LoadLog, context: str = "target") -> list[Row]:
     for key in sorted(set(predicted) | set(observed)):
         kind, buft = key
         rows.append(Row(context, kind, buft, predicted.get(key, 0), observed.get(key), counts.get(key, 1)))
+    return rows
+
+
+def compare_mmproj(m: MmprojUse, log: LoadLog) -> list[Row]:
+    """The projector's weights and warmup compute against its clip contexts (vision and audio summed)."""
+    clips = log.mmproj
+    weights = [c.weights_mib for c in clips if c.weights_mib is not None]
+    rows = [Row("mmproj", "model", m.buft, m.weights, sum(weights) if weights else None, max(len(weights), 1))]
+    observed: dict[str, float] = {}
+    for c in clips:
+        for buft, mib in c.compute.items():
+            observed[buft] = observed.get(buft, 0.0) + mib
+    if not observed:
+        return rows  # --no-warmup: the compute buffer is reserved at the first image, not at load
+    for buft in sorted({m.buft} | set(observed)):
+        rows.append(Row("mmproj", "compute", buft, m.compute if buft == m.buft else 0, observed.get(buft)))
     return rows

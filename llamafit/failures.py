@@ -23,6 +23,7 @@ _OPEN_FAIL = re.compile(r"failed to open GGUF file '(?P<path>.*)' \((?P<why>.*)\
 _BAD_ARG = re.compile(r"error: invalid argument: (?P<arg>\S+)")
 _ARG_ERR = re.compile(r'error while handling (?:argument|environment variable) "(?P<arg>[^"]+)": (?P<why>.*)')
 _BIND = re.compile(r"couldn't bind HTTP server socket, hostname: (?P<host>\S+), port: (?P<port>\d+)")
+_MTMD_ERR = re.compile(r"(?:mtmd_init_from_file|clip_init): (?:error: )?(?P<why>.*)")
 _CUDA_ERR = re.compile(r"CUDA error: (?P<why>.*)")
 _CTX_ERR = re.compile(
     r"(quantized V cache requires flash_attn|model does not support different K|SPLIT_MODE_TENSOR requires"
@@ -33,7 +34,7 @@ _CTX_ERR = re.compile(
 @dataclass(frozen=True)
 class Failure:
     kind: str  # device_oom_weights | device_oom_kv | device_oom_compute | host_oom | model_file | bad_argument |
-    # port_in_use | abort | draft | context | unknown
+    # port_in_use | abort | draft | context | mmproj | device_oom_mmproj | unknown
     message: str
     hint: str
     device: str | None = None
@@ -70,6 +71,13 @@ def classify(
     oom_hint = "leave more room with --margin 2GiB, a smaller -c, --n-cpu-moe N (MoE), or --spec off"
     if device:
         what = fmt_bytes(asked) if asked else "memory"
+        if "failed to load multimodal model" in joined:
+            return Failure(
+                "device_oom_mmproj",
+                f"{device} ran out of memory loading the projector (asked for {what}){plan_says()}",
+                "keep the projector on the CPU with --no-mmproj-offload, or leave more room with --margin 2GiB",
+                device, asked,
+            )  # fmt: skip
         if "error loading model" in joined or "unable to allocate" in joined:
             return Failure(
                 "device_oom_weights", f"{device} ran out of memory loading the weights (asked for {what}){plan_says()}",
@@ -112,6 +120,12 @@ def classify(
         )  # fmt: skip
     if m := next((m for t in text if (m := _CTX_ERR.search(t))), None):
         return Failure("context", f"llama-server refused the context settings: {m.group(1)}", "adjust -ctk/-ctv/-fa")
+    if "failed to load multimodal model" in joined:
+        why = next((m["why"] for t in text if (m := _MTMD_ERR.search(t))), "")
+        return Failure(
+            "mmproj", "llama-server could not load the multimodal projector" + (f": {why}" if why else ""),
+            "pass the mmproj file made for this model (--mmproj), or drop it",
+        )  # fmt: skip
     if "failed to load draft model" in joined or "failed to create MTP context" in joined:
         return Failure("draft", "llama-server could not load the drafter", "check --draft, or run with --spec off")
     if returncode < 0 or returncode >= 128:

@@ -26,9 +26,11 @@ from llamafit.calibration import Corrections
 from llamafit.capabilities import ASSUMED, Capabilities
 from llamafit.devices import Device, Machine
 from llamafit.errors import DoesNotFitError, UsageError
+from llamafit.gguf.mmproj import Projector
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory.context import check_cache_types, checkpoint_bytes, per_layer_memory, resolve_context
 from llamafit.memory.footprint import RUNTIME_OVERHEAD, Footprint, LoadSettings, Use, estimate
+from llamafit.memory.mmproj import MmprojUse, mmproj_device, mmproj_use
 from llamafit.memory.placement import CPU
 from llamafit.plan import Decision, DevicePlan, HostPlan, Plan, SpecReport
 from llamafit.request import Request, n_cpu_moe_overrides
@@ -53,14 +55,14 @@ class _Try:
     settings: LoadSettings
     fp: Footprint
     draft: Footprint | None
-    draft_use: dict[str, Use]  # per device (and "CPU") what the drafter adds
+    extra: dict[str, Use]  # per device (and "CPU") what rides along the target: drafter, projector
     ok: bool
     worst: str  # device that overflows most ("" when ok)
     over: int  # bytes over budget on the tightest device (negative: the smallest slack left)
 
     def total(self, dev: str) -> int:
         base = self.fp.host if dev == CPU else self.fp.gpus[dev]
-        return base.total + self.draft_use.get(dev, Use()).total
+        return base.total + self.extra.get(dev, Use()).total
 
 
 @dataclass(frozen=True)
@@ -166,6 +168,7 @@ class _Fitter:
         self.spec = _Spec()
         self.n_tries = 0
         self.calib = Corrections()
+        self.fixed: dict[str, Use] = {}  # what does not depend on the fit: the multimodal projector
 
     def estimate(self, model: ModelInfo, s: LoadSettings, ids: Sequence[str], **kw: object) -> Footprint:
         """The memory model with this machine's calibration applied (compute scale, runtime overhead)."""
@@ -224,6 +227,8 @@ class _Fitter:
         self.n_tries += 1
         fp = self.estimate(self.model, s, self.ids)
         dfp, duse = self.draft(s, fp)
+        for dev, u in self.fixed.items():
+            duse[dev] = duse.get(dev, Use()) + u
         worst, over = CPU, fp.host.total + duse.get(CPU, Use()).total - self.host_usable
         for g in self.ids:
             o = fp.gpus[g].total + duse.get(g, Use()).total - self.usable[g]
@@ -268,7 +273,10 @@ class _Fitter:
         first = n_units - ngl
         for d in range(len(self.ids) - 1, -1, -1):
             dev = self.ids[d]
-            budget = self.usable[dev] - overhead - compute - probe_draft.get(dev, Use()).total
+            budget = (
+                self.usable[dev] - overhead - compute - probe_draft.get(dev, Use()).total
+                - self.fixed.get(dev, Use()).total
+            )  # fmt: skip
             used = 0
             while il >= first and (d == 0 or used + cost[il] <= budget):
                 used += cost[il]
@@ -389,11 +397,14 @@ def make_plan(
     opts: SpecOptions | None = None,
     caps: Capabilities | Callable[[], Capabilities] = ASSUMED,
     calibrate: Callable[[LoadSettings, tuple[str, ...]], Corrections] | None = None,
+    mmproj: Projector | None = None,
+    mmproj_measured: Callable[[MmprojUse], int | None] | None = None,
 ) -> Plan:
     """Fit ``model`` (and its drafter) onto ``machine`` under ``req``; DoesNotFitError when nothing fits.
 
     ``caps`` may be a callable: the server binary is then probed only if a decision needs it.
-    ``calibrate`` returns corrections from past launches for the base settings (llamafit.calibration).
+    ``calibrate`` returns corrections from past launches for the base settings (llamafit.calibration);
+    ``mmproj_measured`` what a past launch measured for the projector's compute buffer.
     """
     opts = opts or SpecOptions(mode="off")
     hp = model.hparams
@@ -421,6 +432,12 @@ def make_plan(
             )
     warnings: list[str] = []
     train = hp.n_ctx_train or 4096
+    mm = _place_mmproj(f, req, machine, mmproj, mmproj_measured, decisions, warnings)
+    if mmproj is not None and mmproj.projection_dim and mmproj.projection_dim != hp.n_embd:
+        warnings.append(
+            f"the projector was made for a text model with n_embd {mmproj.projection_dim}, this one has {hp.n_embd}: "
+            "llama-server will refuse it (mtmd.cpp checks the sizes)"
+        )
 
     # -- context bounds ---------------------------------------------------------------------------
     if req.ctx_full:
@@ -491,9 +508,9 @@ def make_plan(
         if d in layers_on:
             layers_on[d] += 1
     devices = tuple(
-        DevicePlan(g, f.usable[g.id], fp.gpus[g.id] + result.draft_use.get(g.id, Use()), layers_on[g.id]) for g in gpus
+        DevicePlan(g, f.usable[g.id], fp.gpus[g.id] + result.extra.get(g.id, Use()), layers_on[g.id]) for g in gpus
     )
-    host = HostPlan(machine.host, f.host_usable, fp.host + result.draft_use.get(CPU, Use()))
+    host = HostPlan(machine.host, f.host_usable, fp.host + result.extra.get(CPU, Use()))
     return Plan(
         model=model,
         settings=s,
@@ -507,7 +524,63 @@ def make_plan(
         notes=machine.notes,
         draft_footprint=result.draft,
         speculative=report,
+        mmproj=mm,
     )
+
+
+def _place_mmproj(
+    f: _Fitter,
+    req: Request,
+    machine: Machine,
+    projector: Projector | None,
+    measured: Callable[[MmprojUse], int | None] | None,
+    decisions: list[Decision],
+    warnings: list[str],
+) -> MmprojUse | None:
+    """Put the projector where clip.cpp will, as a fixed cost of that device."""
+    if projector is None:
+        if req.mmproj_url:
+            warnings.append(
+                f"the projector at {req.mmproj_url} is not sized (download it and pass --mmproj FILE to plan for it)"
+            )
+        return None
+    all_ids = [g.id for g in machine.gpus]
+    dev = mmproj_device(f.ids, offload=req.mmproj_offload, device=req.mmproj_device, devices=req.devices)
+    if dev != CPU and dev not in all_ids:
+        raise UsageError(
+            f"-mmdev {dev}: no such device here", hint=f"use one of {', '.join(all_ids) or 'none (CPU only)'}"
+        )
+    use = mmproj_use(projector, dev, flash_attn=req.flash_attn, image_max_tokens=req.image_max_tokens)
+    got = measured(use) if measured is not None else None
+    if got is not None:
+        use = mmproj_use(projector, dev, flash_attn=req.flash_attn, image_max_tokens=req.image_max_tokens,
+                         measured_compute=got)  # fmt: skip
+    f.fixed[dev] = f.fixed.get(dev, Use()) + Use(mmproj=use.weights + use.compute)
+    where = "the CPU" if dev == CPU else dev
+    why = (
+        "--no-mmproj-offload" if not req.mmproj_offload
+        else f"-mmdev {req.mmproj_device}" if req.mmproj_device
+        else "the first -dev device" if req.devices
+        else "llama.cpp puts it on the first GPU" if dev != CPU
+        else "no GPU"
+    )  # fmt: skip
+    image = f" for its {use.warmup_side}x{use.warmup_side} px warmup image" if use.warmup_side else ""
+    source = " (measured at your last launch)" if use.calibrated else ""
+    decisions.append(
+        Decision(
+            "mmproj.placed",
+            f"Projector {projector.name} on {where} ({why}): {fmt_bytes(use.weights)} of weights + "
+            f"{fmt_bytes(use.compute)} of compute{image}{source}.",
+        )
+    )
+    if not use.modelled and not use.calibrated:
+        warnings.append(
+            f"the compute buffer of the {projector.audio_projector or projector.projector or 'audio'} encoder is "
+            "not modelled; the margin covers it until a launch measures it"
+        )
+    if not use.flash_attn and use.warmup_side:
+        warnings.append("flash attention is off: the projector's attention scores are allocated in full")
+    return use
 
 
 @dataclass(frozen=True)
@@ -682,7 +755,7 @@ def _runtime_host_warnings(
     n_ckpt = opts.ctx_checkpoints + (1 if spec.drafter is not None and any(hp.is_recr) else 0)
     worst_ckpt = cp.n_seq_max * n_ckpt * ckpt
     cache = 0 if opts.cache_ram_mib < 0 else opts.cache_ram_mib * MiB
-    planned_host = t.fp.host.total + t.draft_use.get(CPU, Use()).total
+    planned_host = t.fp.host.total + t.extra.get(CPU, Use()).total
     room = machine.host.available - planned_host
     out = []
     if worst_ckpt + cache > room and (worst_ckpt or cache):
@@ -720,10 +793,13 @@ def _does_not_fit(f: _Fitter, base: LoadSettings, ctx: int, gpus: list[Device], 
         f"({fmt_bytes(max(f.host_usable, 0))} usable)"
     )
     with_drafter = " with its drafter" if spec.drafter is not None else ""
+    hint = "try a smaller quant, a smaller -c or --min-ctx, -ctk q8_0 -ctv q8_0, --spec off, or a smaller --margin"
+    if any(dev != CPU for dev in f.fixed):
+        hint += "; --no-mmproj-offload keeps the projector on the CPU"
     return DoesNotFitError(
         f"{f.model.name}{with_drafter} does not fit this machine at context {on_host.fp.context.n_ctx}: "
         + "; ".join(parts),
-        hint="try a smaller quant, a smaller -c or --min-ctx, -ctk q8_0 -ctv q8_0, --spec off, or a smaller --margin",
+        hint=hint,
     )
 
 

@@ -26,6 +26,11 @@ _OUTPUT = re.compile(r"llama_context: +(?P<buft>\S+) +output buffer size = +(?P<
 _CTXVAL = re.compile(r"llama_context: (?P<key>n_ctx|n_ctx_seq|n_seq_max|n_batch|n_ubatch|n_rs_seq|n_outputs_max)"
                      r" +=\s+(?P<val>\d+)")  # fmt: skip
 _FA = re.compile(r"resolve_fused_ops: Flash Attention (?P<state>enabled|not supported)")
+# tools/mtmd/clip.cpp:202-207, 2125, 3815, 3773 (reference §7.6)
+_CLIP_BACKEND = re.compile(r"clip_ctx: CLIP using (?P<backend>\S+) backend")
+_CLIP_MODEL = re.compile(r"load_hparams: model size: +(?P<mib>[\d.]+) MiB")
+_CLIP_COMPUTE = re.compile(r"reserve_compute_meta: +(?P<buft>\S+) compute buffer size = +(?P<mib>[\d.]+) MiB")
+_CLIP_FA = re.compile(r"warmup: flash attention is (?P<state>enabled|disabled)")
 _SLOTS = re.compile(r"initializing, n_slots = (?P<n>\d+), n_ctx_slot = (?P<ctx>\d+)")
 # common_memory_breakdown_print's GPU row (common/fit.cpp:906-1086; reference §7.8)
 _BREAKDOWN_GPU = re.compile(
@@ -62,6 +67,16 @@ class ObservedModel:
 
 
 @dataclass
+class ObservedMmproj:
+    """One clip context (a projector's vision or audio encoder)."""
+
+    backend: str
+    weights_mib: float | None = None
+    compute: dict[str, float] = field(default_factory=dict)  # the last reserve wins (FA fallback re-reserves)
+    flash_attn: bool | None = None
+
+
+@dataclass
 class LoadLog:
     models: list[ObservedModel] = field(default_factory=list)
     contexts: list[ObservedContext] = field(default_factory=list)
@@ -70,6 +85,7 @@ class LoadLog:
     loaded: bool = False
     # per GPU, MiB: the last memory breakdown table (printed at shutdown with -lv 4)
     breakdown: dict[str, dict[str, int]] = field(default_factory=dict)
+    mmproj: list[ObservedMmproj] = field(default_factory=list)
 
     def context(self, label: str) -> ObservedContext | None:
         return next((c for c in self.contexts if c.label == label), None)
@@ -82,6 +98,7 @@ def parse(lines: Iterable[str]) -> LoadLog:
     log = LoadLog()
     pending_label = "target"
     dry_run = False
+    clip: ObservedMmproj | None = None
     for raw in lines:
         line = strip(raw)
         if "no_alloc" in line and line.rstrip().endswith("= 1"):
@@ -118,6 +135,17 @@ def parse(lines: Iterable[str]) -> LoadLog:
             log.contexts[-1].values[m["key"]] = int(m["val"])
         elif m := _FA.search(line):
             log.contexts[-1].flash_attn = m["state"] == "enabled"
+        if m := _CLIP_BACKEND.search(line):
+            # a clip context before the model's own is the server's --fit measurement: not a load
+            clip = ObservedMmproj(m["backend"]) if log.contexts else None
+            if clip is not None:
+                log.mmproj.append(clip)
+        elif clip is not None and (m := _CLIP_MODEL.search(line)):
+            clip.weights_mib = float(m["mib"])
+        elif clip is not None and (m := _CLIP_COMPUTE.search(line)):
+            clip.compute[m["buft"]] = float(m["mib"])
+        elif clip is not None and (m := _CLIP_FA.search(line)):
+            clip.flash_attn = m["state"] == "enabled"
         if m := _BREAKDOWN_GPU.search(line):
             log.breakdown[m["name"]] = {
                 k: int(m[k]) for k in ("total", "free", "self", "model", "context", "compute", "unacc")

@@ -13,6 +13,7 @@ from llamafit.argv import Planned
 from llamafit.devices import Device, Host
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory.footprint import Footprint, LoadSettings, Use
+from llamafit.memory.mmproj import MmprojUse
 from llamafit.speculative import Drafter
 
 SCHEMA = "llamafit.plan/1"
@@ -89,6 +90,7 @@ class Plan:
     notes: tuple[str, ...] = ()
     draft_footprint: Footprint | None = field(default=None, repr=False)
     speculative: SpecReport | None = None
+    mmproj: MmprojUse | None = None
 
     @property
     def fits(self) -> bool:
@@ -157,7 +159,25 @@ def to_json(plan: Plan, argv: list[str]) -> dict[str, Any]:
         },
         "fits": plan.fits,
         "speculative": plan.speculative.as_dict() if plan.speculative else None,
+        "mmproj": _mmproj_json(plan.mmproj),
         "decisions": [{"code": d.code, "message": d.message} for d in plan.decisions],
         "warnings": list(plan.warnings),
         "notes": list(plan.notes),
+    }
+
+
+def _mmproj_json(m: MmprojUse | None) -> dict[str, Any] | None:
+    if m is None:
+        return None
+    return {
+        "path": m.projector.path,
+        "name": m.projector.name,
+        "projector": m.projector.projector,
+        "device": m.device,
+        "weights": m.weights,
+        "compute": m.compute,
+        "warmup_image": m.warmup_side,
+        "flash_attn": m.flash_attn,
+        "compute_modelled": m.modelled,
+        "calibrated": m.calibrated,
     }

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from llamafit.argv import ServerArgs, compose, parse_server_args
-from llamafit.calibration import Corrections, corrections
+from llamafit.calibration import Corrections, corrections, measured_mmproj_compute
 from llamafit.capabilities import ASSUMED, Capabilities, probe
 from llamafit.compat import normalize_bare_flash_attn, supported, translate_user_args
 from llamafit.demo import cache_dir
@@ -21,6 +21,7 @@ from llamafit.devices import Machine, discover
 from llamafit.environment import ChildEnv, child_env, config_findings
 from llamafit.errors import LlamafitError
 from llamafit.fit import make_plan
+from llamafit.gguf.mmproj import read_projector
 from llamafit.gguf.model import ModelInfo, load_model
 from llamafit.memory.footprint import LoadSettings
 from llamafit.plan import Plan
@@ -91,7 +92,11 @@ def prepare(
     def calib(s: LoadSettings, devices: tuple[str, ...]) -> Corrections:
         return corrections(info, s, devices)
 
-    plan = make_plan(info, mach, req, opts, caps, calib if o.calibrate else None)
+    projector = read_projector(req.mmproj) if req.mmproj else None
+    plan = make_plan(
+        info, mach, req, opts, caps, calib if o.calibrate else None, mmproj=projector,
+        mmproj_measured=measured_mmproj_compute if o.calibrate else None,
+    )  # fmt: skip
     planned, dropped = supported(plan.planned, caps)
     argv = compose(srv.path if srv else "llama-server", planned, user)
     notes = [*translated.notes, *dropped, *config_findings(os.environ, parse_server_args(argv[1:]))]

@@ -53,6 +53,12 @@ class Request:
     repack: bool = True
     op_offload: bool = True
     fit: bool | None = None  # the user's -fit on/off
+    mmproj: str | None = None  # --mmproj FILE
+    mmproj_url: str | None = None  # --mmproj-url (not sized: the file is not at hand)
+    mmproj_auto: bool = True  # --no-mmproj turns the -hf projector off
+    mmproj_offload: bool = True  # --no-mmproj-offload keeps it on the CPU
+    mmproj_device: str | None = None  # -mmdev DEV
+    image_max_tokens: int = -1  # --image-max-tokens (changes the warmup image)
     margin: int = DEFAULT_MARGIN_MIB << 20
     min_ctx: int = DEFAULT_MIN_CTX
     cpu_only: bool = False
@@ -189,4 +195,16 @@ def build_request(
         kw["op_offload"] = f
     if (o := args.last("--fit")) is not None:
         kw["fit"] = parse_bool_value(o.value, o.tokens[0]) == "on"
+    if (o := args.last("--mmproj")) is not None:
+        kw["mmproj"] = o.value
+    if (o := args.last("--mmproj-url")) is not None:
+        kw["mmproj_url"] = o.value
+    if (f := args.flag("--mmproj-auto")) is not None:
+        kw["mmproj_auto"] = f
+    if (f := args.flag("--mmproj-offload")) is not None:
+        kw["mmproj_offload"] = f
+    if (o := args.last("--mmproj-device")) is not None:
+        kw["mmproj_device"] = (o.value or "").strip().upper() if (o.value or "").strip().lower() != "none" else "none"
+    if (o := args.last("--image-max-tokens")) is not None:
+        kw["image_max_tokens"] = _int(o.value, o.tokens[0], -1)
     return Request(server_args=args, margin=margin, min_ctx=min_ctx, cpu_only=cpu_only, **kw)  # type: ignore[arg-type]

@@ -18,12 +18,15 @@ def load_log(server: ServerBinary, model: Path | str, args: Sequence[str] = (), 
     return run_argv(server, ["-m", str(model), "-fit", "off", *args], timeout)
 
 
-def run_argv(server: ServerBinary, args: Sequence[str], timeout: float = 180) -> LoadLog:
-    """Run exactly ``args`` (what llamafit composed, without the binary) plus loopback test flags."""
+def run_argv(server: ServerBinary, args: Sequence[str], timeout: float = 180, warmup: bool = False) -> LoadLog:
+    """Run exactly ``args`` (what llamafit composed, without the binary) plus loopback test flags.
+
+    ``warmup``: keep the warmup run (a projector reserves its compute buffer only then); small
+    sparse models survive it, large shapes need it off."""
     port = free_port()
     argv = [
-        server.path, *args, "--host", "127.0.0.1", "--port", str(port), "--no-warmup", "-lv", "4",
-        "--log-colors", "off",
+        server.path, *args, "--host", "127.0.0.1", "--port", str(port), *([] if warmup else ["--no-warmup"]),
+        "-lv", "4", "--log-colors", "off",
     ]  # fmt: skip
     running = start_background(argv, server.env(), "127.0.0.1", port)
     try:

@@ -151,3 +151,10 @@ def test_demo_without_a_server_prints_plan_and_how_to_get_one() -> None:
     assert r.exit_code == ExitCode.SERVER_NOT_FOUND, r.output
     assert "pip install" in r.output
     assert "llama-server -m" in r.output
+
+
+@pytest.mark.parametrize("command", ["gpus", "inspect", "plan", "run", "demo", "history"])
+def test_every_command_has_working_help(command: str) -> None:
+    r = CliRunner().invoke(app, [command, "--help"])
+    assert r.exit_code == 0, r.output
+    assert "Usage" in r.output and "internal error" not in r.output

@@ -103,6 +103,20 @@ FAILURES = [
          "E llama_model_load: error loading model: llama_model_loader: failed to load model from missing.gguf"],
         "could not open missing.gguf: No such file or directory",
     ),
+    (
+        "device_oom_mmproj",
+        ["E ggml_backend_cuda_buffer_type_alloc_buffer: allocating 796.44 MiB on device 0: cudaMalloc failed: "
+         "out of memory",
+         "E mtmd_init_from_file: error: failed to allocate the weights buffer",
+         "E srv    load_model: failed to load multimodal model, 'mmproj.gguf'"],
+        "CUDA0 ran out of memory loading the projector (asked for 796 MiB)",
+    ),
+    (
+        "mmproj",
+        ["E mtmd_init_from_file: error: mismatch between text model (n_embd = 256) and mmproj (n_embd = 512)",
+         "E srv    load_model: failed to load multimodal model, 'mmproj.gguf'"],
+        "could not load the multimodal projector: mismatch between text model (n_embd = 256)",
+    ),
     ("bad_argument", ["error: invalid argument: --no-mmap"], "does not accept --no-mmap"),
     (
         "port_in_use",

@@ -40,7 +40,7 @@ GpuOpt = Annotated[
     Optional[list[str]],  # noqa: UP045 - Typer reads the annotation at run time on Python 3.10
     typer.Option(
         "--gpu",
-        help="Plan for a GPU you describe instead of the ones NVML sees: FREE[/TOTAL], e.g. 22GiB/24GiB. "
+        help="Plan for a GPU you describe instead of the ones NVML sees: FREE or FREE/TOTAL, e.g. 22GiB/24GiB. "
         "Repeat per GPU.",
     ),
 ]
@@ -123,9 +123,9 @@ def handled() -> Iterator[None]:
         from llamafit.cli.render import safe
 
         con = err_console()
-        con.print(f"[bold red]error:[/] {safe(e.message)}")
+        con.print(f"[bold red]error:[/] {safe(e.message)}", soft_wrap=True)
         if e.hint:
-            con.print(f"[dim]hint:[/] {safe(e.hint)}")
+            con.print(f"[dim]hint:[/] {safe(e.hint)}", soft_wrap=True)
         if os.environ.get("LLAMAFIT_DEBUG"):
             traceback.print_exc()
         raise typer.Exit(int(e.exit_code)) from None
@@ -135,7 +135,7 @@ def handled() -> Iterator[None]:
         if os.environ.get("LLAMAFIT_DEBUG"):
             traceback.print_exc()
         con = err_console()
-        con.print(f"[bold red]internal error:[/] {type(e).__name__}: {e}")
+        con.print(f"[bold red]internal error:[/] {type(e).__name__}: {safe(str(e))}", soft_wrap=True)
         con.print("[dim]hint:[/] this is a bug in llamafit; run again with LLAMAFIT_DEBUG=1 and report the traceback")
         raise typer.Exit(int(ExitCode.INTERNAL)) from None
 
@@ -321,16 +321,16 @@ def run(
         if exec_:
             from llamafit.supervisor import exec_server
 
-            _note(shlex.join(prep.argv), argv=True)
+            _note(shlex.join(prep.argv))
             exec_server(prep.argv, env.env)
         raise typer.Exit(supervise(prep, env.env, verbose=verbose, log_file=log_file, json_out=json_out))
 
 
-def _note(text: str, *, argv: bool = False) -> None:
+def _note(text: str) -> None:
     from llamafit.cli.render import safe
 
-    # an argv stays on one line so it can be copied back into a shell
-    err_console().print(f"[dim]llamafit:[/] {safe(text)}", soft_wrap=argv)
+    # one line per note (the terminal wraps it): an argv stays copyable, a path greppable
+    err_console().print(f"[dim]llamafit:[/] {safe(text)}", soft_wrap=True)
 
 
 @app.command()

@@ -46,7 +46,7 @@ def run_demo(server: str | None, json_out: bool) -> int:
         else:
             print_plan(out_console(), plan, argv)
         err.print(f"[yellow]no llama-server to launch:[/] {safe(e.message)}")
-        err.print(f"[dim]hint:[/] {safe(GET_SERVER_HINT)}")
+        err.print(f"[dim]hint:[/] {safe(GET_SERVER_HINT)}", soft_wrap=True)
         return int(ExitCode.SERVER_NOT_FOUND)
 
     argv = compose(srv.path, plan.planned, extra)

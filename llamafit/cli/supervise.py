@@ -12,7 +12,7 @@ from rich.table import Table
 from llamafit.calibration import record
 from llamafit.cli.app import err_console, out_console
 from llamafit.cli.render import safe
-from llamafit.compare import Row, compare
+from llamafit.compare import Row, compare, compare_mmproj
 from llamafit.errors import ExitCode
 from llamafit.logparse import LoadLog
 from llamafit.plan import to_json
@@ -27,6 +27,8 @@ def compare_all(prep: Prepared, log: LoadLog) -> list[Row]:
     if prep.plan.draft_footprint is not None and spec is not None and spec.drafter is not None:
         label = "mtp" if spec.drafter.kind == "draft-mtp" else "draft"
         rows += compare(prep.plan.draft_footprint, log, label)
+    if prep.plan.mmproj is not None:
+        rows += compare_mmproj(prep.plan.mmproj, log)
     return rows
 
 
@@ -96,8 +98,8 @@ def supervise(prep: Prepared, env: dict[str, str], *, verbose: bool, log_file: P
         err.print("[dim]llamafit: interrupted while loading[/]")
         return int(ExitCode.INTERRUPTED)
     assert f is not None
-    err.print(f"[bold red]error:[/] {safe(f.message)}")
-    err.print(f"[dim]hint:[/] {safe(f.hint)}")
+    err.print(f"[bold red]error:[/] {safe(f.message)}", soft_wrap=True)
+    err.print(f"[dim]hint:[/] {safe(f.hint)}", soft_wrap=True)
     return int(ExitCode.SERVER_LOAD_FAILED)
 
 
@@ -114,5 +116,12 @@ def _record(prep: Prepared, log: LoadLog) -> None:
         for buft, mib in model.buffers:
             actual.setdefault("model", {})[buft] = actual.get("model", {}).get(buft, 0.0) + mib
     devices = tuple(d.device.id for d in prep.plan.devices)
+    mm = None
+    if prep.plan.mmproj is not None and log.mmproj:
+        compute: dict[str, float] = {}
+        for c in log.mmproj:
+            for buft, mib in c.compute.items():
+                compute[buft] = compute.get(buft, 0.0) + mib
+        mm = (prep.plan.mmproj, compute)
     record(prep.plan.model, prep.plan.settings, devices, prep.plan.footprint, actual, log.breakdown,
-           {"argv": prep.argv, "server": prep.server.path if prep.server else None})  # fmt: skip
+           {"argv": prep.argv, "server": prep.server.path if prep.server else None}, mmproj=mm)  # fmt: skip
