@@ -31,6 +31,12 @@ _CLIP_BACKEND = re.compile(r"clip_ctx: CLIP using (?P<backend>\S+) backend")
 _CLIP_MODEL = re.compile(r"load_hparams: model size: +(?P<mib>[\d.]+) MiB")
 _CLIP_COMPUTE = re.compile(r"reserve_compute_meta: +(?P<buft>\S+) compute buffer size = +(?P<mib>[\d.]+) MiB")
 _CLIP_FA = re.compile(r"warmup: flash attention is (?P<state>enabled|disabled)")
+# src/llama.cpp:306 and common/fit.cpp (reference §7.2, §7.7)
+_USING_DEVICE = re.compile(r"using device (?P<name>\S+) \((?P<desc>[^)]*)\).* - (?P<free>\d+) MiB free")
+_FIT_LINE = re.compile(
+    r"(?:common|llama)_(?:params_fit_impl|fit_params|params_fit): (?P<text>(?:projected to use|context size reduced"
+    r"|successfully fit|failed to fit|cannot meet|cannot fulfill|entire model can be fit).*)"
+)
 _SLOTS = re.compile(r"initializing, n_slots = (?P<n>\d+), n_ctx_slot = (?P<ctx>\d+)")
 # common_memory_breakdown_print's GPU row (common/fit.cpp:906-1086; reference §7.8)
 _BREAKDOWN_GPU = re.compile(
@@ -86,6 +92,8 @@ class LoadLog:
     # per GPU, MiB: the last memory breakdown table (printed at shutdown with -lv 4)
     breakdown: dict[str, dict[str, int]] = field(default_factory=dict)
     mmproj: list[ObservedMmproj] = field(default_factory=list)
+    device_free_mib: dict[str, int] = field(default_factory=dict)  # what each device had free at load
+    fit: list[str] = field(default_factory=list)  # llama.cpp's own --fit summary lines, when it ran
 
     def context(self, label: str) -> ObservedContext | None:
         return next((c for c in self.contexts if c.label == label), None)
@@ -146,6 +154,10 @@ def parse(lines: Iterable[str]) -> LoadLog:
             clip.compute[m["buft"]] = float(m["mib"])
         elif clip is not None and (m := _CLIP_FA.search(line)):
             clip.flash_attn = m["state"] == "enabled"
+        if (m := _USING_DEVICE.search(line)) and m["name"] not in log.device_free_mib:
+            log.device_free_mib[m["name"]] = int(m["free"])
+        if m := _FIT_LINE.search(line):
+            log.fit.append(m["text"].strip())
         if m := _BREAKDOWN_GPU.search(line):
             log.breakdown[m["name"]] = {
                 k: int(m[k]) for k in ("total", "free", "self", "model", "context", "compute", "unacc")

@@ -318,3 +318,30 @@ def test_real_shape_supervised_table_and_ctrl_c(server_bin: ServerBinary, tmp_pa
     # 28 layers x 8 KV heads x 128 x 2 (K and V) x f16 x 8192 cells = 896 MiB, predicted and logged
     assert kv.count("896.00") == 2, kv
     assert " !" not in err.split("actual MiB", 1)[1].split("llamafit:", 1)[0], err
+
+
+def test_device_and_fit_lines_are_read() -> None:
+    from llamafit.logparse import parse
+
+    log = parse([
+        f"{PREFIX} I llama_prepare_model_devices: using device CUDA0 (NVIDIA H200) (0000:19:00.0) - 142700 MiB free",
+        f"{PREFIX} I llama_prepare_model_devices: using device CUDA1 (NVIDIA H200) (0000:2a:00.0) - 90000 MiB free",
+        f"{PREFIX} I common_params_fit_impl: projected to use 61807 MiB of device memory vs. 24077 MiB of free "
+        "device memory",
+        f"{PREFIX} I common_params_fit_impl: context size reduced from 131072 to 32768 -> need 4096 MiB less memory "
+        "in total",
+        f"{PREFIX} I common_fit_params: successfully fit params to free device memory",
+    ])  # fmt: skip
+    assert log.device_free_mib == {"CUDA0": 142700, "CUDA1": 90000}
+    assert len(log.fit) == 3 and log.fit[1].startswith("context size reduced from 131072 to 32768")
+
+
+def test_memory_taken_after_planning_is_reported(tmp_path: Path) -> None:
+    from llamafit.cli.supervise import free_drift
+    from llamafit.logparse import LoadLog
+    from llamafit.prepare import Options, prepare
+
+    prep = prepare(str(ensure_demo_model(tmp_path)), Options(gpu=["8GiB"], calibrate=False))
+    assert free_drift(prep, LoadLog(device_free_mib={"CUDA0": 8192})) == []
+    (msg,) = free_drift(prep, LoadLog(device_free_mib={"CUDA0": 5120}))
+    assert "CUDA0 had 5120 MiB free" in msg and "3072 MiB less" in msg

@@ -57,6 +57,23 @@ def rows_json(rows: list[Row]) -> list[dict[str, Any]]:
     ]
 
 
+def free_drift(prep: Prepared, log: LoadLog) -> list[str]:
+    """Devices that had less free memory when the server loaded than the plan assumed (another
+    process started, or the driver's report moved), by more than half the margin."""
+    out = []
+    for d in prep.plan.devices:
+        seen = log.device_free_mib.get(d.device.id)
+        if seen is None:
+            continue
+        lost = d.device.free - seen * MiB
+        if lost > prep.plan.margin // 2:
+            out.append(
+                f"{d.device.id} had {seen} MiB free when the server loaded, {lost // MiB} MiB less than the plan "
+                f"assumed; the margin absorbed it, but re-plan if something else now runs there"
+            )
+    return out
+
+
 def supervise(prep: Prepared, env: dict[str, str], *, verbose: bool, log_file: Path | None, json_out: bool) -> int:
     """Run the server, show what matters, and return llamafit's exit code."""
     argv = list(prep.argv)
@@ -74,11 +91,19 @@ def supervise(prep: Prepared, env: dict[str, str], *, verbose: bool, log_file: P
         rows = compare_all(prep, log)
         off = [r for r in rows if not r.within]
         err.print(f"[green]llamafit: ready[/] at {safe(url)}")
+        drift = free_drift(prep, log)
         if json_out:
-            doc = {"schema": "llamafit.run/1", "url": url, "plan": to_json(prep.plan, argv), "memory": rows_json(rows)}
+            doc = {
+                "schema": "llamafit.run/1", "url": url, "plan": to_json(prep.plan, argv), "memory": rows_json(rows),
+                "server": {"device_free_mib": log.device_free_mib, "fit": log.fit},
+            }  # fmt: skip
             out_console().print_json(json.dumps(doc))
         else:
             err.print(memory_table(rows))
+        for line in log.fit:
+            err.print(f"[dim]llamafit: llama.cpp's --fit:[/] {safe(line)}", soft_wrap=True)
+        for msg in drift:
+            err.print(f"[yellow]llamafit: {safe(msg)}[/]", soft_wrap=True)
         for r in off:
             err.print(
                 f"[yellow]llamafit: {r.context} {r.kind} on {r.buft} is off by {r.diff_mib or 0:+.2f} MiB[/] "
