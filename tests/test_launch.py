@@ -345,3 +345,21 @@ def test_memory_taken_after_planning_is_reported(tmp_path: Path) -> None:
     assert free_drift(prep, LoadLog(device_free_mib={"CUDA0": 8192})) == []
     (msg,) = free_drift(prep, LoadLog(device_free_mib={"CUDA0": 5120}))
     assert "CUDA0 had 5120 MiB free" in msg and "3072 MiB less" in msg
+
+
+def test_one_memory_table_per_device() -> None:
+    from llamafit.cli.supervise import device_of, memory_tables
+    from llamafit.compare import Row
+
+    assert [device_of(b) for b in ("CPU", "CPU_Mapped", "CUDA_Host", "CPU_REPACK", "CUDA0", "CUDA1")] == [
+        "host", "host", "host", "host", "CUDA0", "CUDA1",
+    ]  # fmt: skip
+    rows = [
+        Row("target", "model", "CUDA0", 1 << 20, 1.0),
+        Row("target", "kv", "CUDA1", 1 << 20, 1.0),
+        Row("target", "output", "CUDA_Host", 1 << 20, 3.0),
+        Row("mmproj", "model", "CUDA0", 1 << 20, 1.0),
+    ]
+    tables = memory_tables(rows)
+    assert [str(t.title).split(":")[0] for t in tables] == ["CUDA0", "CUDA1", "host"]
+    assert tables[0].row_count == 2

@@ -32,15 +32,31 @@ def compare_all(prep: Prepared, log: LoadLog) -> list[Row]:
     return rows
 
 
-def memory_table(rows: list[Row]) -> Table:
-    t = Table(title="Predicted vs actual (from llama-server's log)", title_justify="left")
-    for col in ("context", "buffer", "kind", "predicted MiB", "actual MiB", "diff"):
-        t.add_column(col, justify="right" if "MiB" in col or col == "diff" else "left")
+def device_of(buft: str) -> str:
+    """The device a logged buffer lives on: host buffers (CPU, CPU_Mapped, CUDA_Host, CPU_REPACK) are the host."""
+    if buft.startswith("CPU") or buft.endswith("_Host"):
+        return "host"
+    return buft.split("_")[0]
+
+
+def memory_tables(rows: list[Row]) -> list[Table]:
+    """One table per device: each buffer llamafit predicted or the server logged there."""
+    by_dev: dict[str, list[Row]] = {}
     for r in rows:
-        actual = "-" if r.actual_mib is None else f"{r.actual_mib:.2f}"
-        diff = "" if r.diff_mib is None else f"{r.diff_mib:+.2f}"
-        t.add_row(r.context, r.buft, r.kind, f"{r.predicted / MiB:.2f}", actual, diff + ("" if r.within else " [red]!"))
-    return t
+        by_dev.setdefault(device_of(r.buft), []).append(r)
+    tables = []
+    for dev in sorted(by_dev, key=lambda d: (d == "host", d)):
+        t = Table(title=f"{dev}: predicted vs actual (from llama-server's log)", title_justify="left")
+        for col in ("context", "buffer", "kind", "predicted MiB", "actual MiB", "diff"):
+            t.add_column(col, justify="right" if "MiB" in col or col == "diff" else "left")
+        for r in by_dev[dev]:
+            actual = "-" if r.actual_mib is None else f"{r.actual_mib:.2f}"
+            diff = "" if r.diff_mib is None else f"{r.diff_mib:+.2f}"
+            t.add_row(
+                r.context, r.buft, r.kind, f"{r.predicted / MiB:.2f}", actual, diff + ("" if r.within else " [red]!")
+            )
+        tables.append(t)
+    return tables
 
 
 def rows_json(rows: list[Row]) -> list[dict[str, Any]]:
@@ -99,7 +115,8 @@ def supervise(prep: Prepared, env: dict[str, str], *, verbose: bool, log_file: P
             }  # fmt: skip
             out_console().print_json(json.dumps(doc))
         else:
-            err.print(memory_table(rows))
+            for table in memory_tables(rows):
+                err.print(table)
         for line in log.fit:
             err.print(f"[dim]llamafit: llama.cpp's --fit:[/] {safe(line)}", soft_wrap=True)
         for msg in drift:
