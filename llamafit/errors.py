@@ -60,3 +60,7 @@ class ServerLoadError(LlamafitError):
 
 class NetworkError(LlamafitError):
     exit_code = ExitCode.NETWORK
+
+
+class AccessError(NetworkError):
+    """The Hub refused: a gated or private repo, or a token without access."""

@@ -39,6 +39,7 @@ from llamafit.speculative import (
     ROLLBACK_TYPES,
     UNSIZED_FRACTION,
     Drafter,
+    DrafterFiles,
     SpecChoice,
     SpecOptions,
     choose,
@@ -399,6 +400,7 @@ def make_plan(
     calibrate: Callable[[LoadSettings, tuple[str, ...]], Corrections] | None = None,
     mmproj: Projector | None = None,
     mmproj_measured: Callable[[MmprojUse], int | None] | None = None,
+    drafter_files: DrafterFiles | None = None,
 ) -> Plan:
     """Fit ``model`` (and its drafter) onto ``machine`` under ``req``; DoesNotFitError when nothing fits.
 
@@ -455,7 +457,7 @@ def make_plan(
     pinned = req.n_gpu_layers is not None or req.tensor_split is not None or req.overrides is not None
 
     # -- speculative decoding ---------------------------------------------------------------------
-    choice = choose(model, opts)
+    choice = choose(model, opts, drafter_files)
     warnings.extend(choice.notes)
     if choice.drafter is not None and not choice.drafter.sized:
         known = choice.drafter.known_bytes
@@ -834,6 +836,8 @@ def _planned(
         out.append(Planned("draft-model", ("-md", d.path)))
     if d is not None and spec.draft_devices is not None and opts.devices is None:
         out.append(Planned("draft-device", ("-devd", ",".join(spec.draft_devices))))
+    if req.mmproj and not req.server_args.sets_family("mmproj"):
+        out.append(Planned("mmproj", ("-mm", req.mmproj)))  # a Hub projector, resolved by llamafit
     if req.fit is None:
         out.append(Planned("fit", ("-fit", "off")))
     return out

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from llamafit.argv import ServerArgs, compose, parse_server_args
 from llamafit.calibration import Corrections, corrections, measured_mmproj_compute
@@ -19,10 +19,13 @@ from llamafit.compat import normalize_bare_flash_attn, supported, translate_user
 from llamafit.demo import cache_dir
 from llamafit.devices import Machine, discover
 from llamafit.environment import ChildEnv, child_env, config_findings
-from llamafit.errors import LlamafitError
+from llamafit.errors import LlamafitError, UsageError
 from llamafit.fit import make_plan
 from llamafit.gguf.mmproj import read_projector
 from llamafit.gguf.model import ModelInfo, load_model
+from llamafit.hub.remote import HubClient
+from llamafit.hub.resolve import Hub, RepoState, is_hub_ref, offline_from_env
+from llamafit.hub.select import HubFile
 from llamafit.memory.footprint import LoadSettings
 from llamafit.plan import Plan
 from llamafit.request import build_request
@@ -45,6 +48,9 @@ class Options:
     draft: str | None = None
     server: str | None = None
     calibrate: bool = True
+    hf_file: str | None = None  # --hf-file: an exact file of the Hub repo
+    revision: str | None = None  # --revision: a branch or commit of the Hub repo
+    offline: bool = False  # --offline (or HF_HUB_OFFLINE=1): the Hugging Face cache only
 
 
 @dataclass(frozen=True)
@@ -55,6 +61,13 @@ class Prepared:
     server: ServerBinary | None
     caps: Capabilities
     notes: tuple[str, ...] = field(default=())  # translations, dropped flags, config files
+    hub: Hub | None = None  # set when files come from the Hub
+
+    def downloads(self) -> list[tuple[RepoState, HubFile]]:
+        """The Hub files this plan's argv uses that the cache does not hold yet (none for local models)."""
+        if self.hub is None:
+            return []
+        return self.hub.pending(self.argv[1:])
 
 
 def server_and_caps(
@@ -83,26 +96,74 @@ def prepare(
 ) -> Prepared:
     srv, caps = server if server is not None else server_and_caps(o.server)
     translated = translate_user_args(normalize_bare_flash_attn(list(o.server_args)), caps)
-    user = parse_server_args(translated.args)
+    args = translated.args
+    notes = list(translated.notes)
+    hub: Hub | None = None
+
+    def the_hub() -> Hub:
+        nonlocal hub
+        if hub is None:
+            hub = Hub(offline=o.offline or offline_from_env(), client=HubClient(cache_dir=cache_dir()))
+        return hub
+
+    user = parse_server_args(args)
+    if user.has("--hf-repo"):
+        raise UsageError("give the Hub repo as the model argument, not -hf", hint="llamafit run owner/repo:Q4_K_M")
+    if (occ := user.last("--spec-draft-hf")) is not None and not user.has("--spec-draft-model"):
+        # llama-server downloads a draft repo only when the model is -hf too (reference §4.5): resolve it here
+        kinds = [t for o_ in user.items if o_.key == "--spec-type" for t in (o_.value or "").split(",")]
+        path = the_hub().resolve_draft(occ.value or "", kinds=kinds)
+        args = [*parse_server_args(args).without(["--spec-draft-hf"]).tokens(), "-md", path]
+        notes.append(f"-hfd {occ.value} is passed as -md {path} (llamafit downloads it)")
+        user = parse_server_args(args)
     req = build_request(user, margin=parse_size(o.margin), min_ctx=o.min_ctx, cpu_only=o.cpu_only)
-    opts = spec_options(user, mode=o.spec, prefer=o.prefer, draft=o.draft)
+    draft = o.draft
+    if draft and not os.path.exists(draft) and is_hub_ref(draft):
+        draft = the_hub().resolve_draft(draft, kinds=[o.spec] if o.spec.startswith("draft-") else [])
+    opts = spec_options(user, mode=o.spec, prefer=o.prefer, draft=draft)
     mach = machine if machine is not None else discover(gpu_specs=o.gpu, cpu_only=o.cpu_only)
-    info = model if model is not None else load_model(model_path)
+    projector = read_projector(req.mmproj) if req.mmproj else None
+    if model is not None:
+        info = model
+    elif not os.path.exists(model_path) and is_hub_ref(model_path):
+        auto_mm = req.mmproj_auto and not req.mmproj and not req.mmproj_url
+        hm = the_hub().resolve_model(model_path, hf_file=o.hf_file, revision=o.revision, mmproj=auto_mm)
+        info = hm.model
+        if hm.mmproj is not None:
+            projector = hm.mmproj
+            req = replace(req, mmproj=hm.mmproj.path)
+    else:
+        if o.hf_file or o.revision:
+            raise UsageError("--hf-file and --revision apply to a Hub repo, not to a local file")
+        info = load_model(model_path)
 
     def calib(s: LoadSettings, devices: tuple[str, ...]) -> Corrections:
         return corrections(info, s, devices)
 
-    projector = read_projector(req.mmproj) if req.mmproj else None
     plan = make_plan(
         info, mach, req, opts, caps, calib if o.calibrate else None, mmproj=projector,
-        mmproj_measured=measured_mmproj_compute if o.calibrate else None,
+        mmproj_measured=measured_mmproj_compute if o.calibrate else None, drafter_files=hub,
     )  # fmt: skip
     planned, dropped = supported(plan.planned, caps)
     argv = compose(srv.path if srv else "llama-server", planned, user)
-    notes = [*translated.notes, *dropped, *config_findings(os.environ, parse_server_args(argv[1:]))]
+    notes += [*dropped, *config_findings(os.environ, parse_server_args(argv[1:]))]
+    if hub is not None:
+        notes += hub.notes
     if extra_notes:
         notes += extra_notes(user)
-    return Prepared(plan, argv, user, srv, caps, tuple(notes))
+    return Prepared(plan, argv, user, srv, caps, tuple(notes), hub)
+
+
+def load_any_model(
+    ref: str, *, hf_file: str | None = None, revision: str | None = None, offline: bool = False
+) -> ModelInfo:
+    """A local GGUF, or a Hub repo's model (its headers only), for ``inspect``."""
+    if not os.path.exists(ref) and is_hub_ref(ref):
+        hub = Hub(offline=offline or offline_from_env(), client=HubClient(cache_dir=cache_dir()))
+        return hub.resolve_model(ref, hf_file=hf_file, revision=revision, mmproj=False).model
+    if hf_file or revision:
+        raise UsageError("--hf-file and --revision apply to a Hub repo, not to a local file")
+    return load_model(ref)
 
 
 def launch_env(srv: ServerBinary) -> ChildEnv:

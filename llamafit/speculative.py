@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
+from typing import Protocol
 
 from llamafit.argv import ServerArgs
 from llamafit.errors import LlamafitError, UsageError
@@ -112,6 +113,35 @@ def find_sidecars(model_path: str) -> dict[str, str]:
         best = min(cands, key=rank)
         out[kind] = os.path.join(directory, best)
     return out
+
+
+class DrafterFiles(Protocol):
+    """Where drafter files are found and read: the local disk, or a Hub repo (llamafit.hub.resolve.Hub)."""
+
+    def sidecars(self, target_path: str) -> dict[str, str]: ...
+
+    def exists(self, path: str) -> bool: ...
+
+    def size(self, path: str) -> int | None: ...
+
+    def open(self, path: str) -> ModelInfo: ...
+
+
+class LocalFiles:
+    def sidecars(self, target_path: str) -> dict[str, str]:
+        return find_sidecars(target_path)
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path)
+
+    def size(self, path: str) -> int | None:
+        try:
+            return os.path.getsize(path)
+        except OSError:
+            return None
+
+    def open(self, path: str) -> ModelInfo:
+        return load_model(path)
 
 
 @dataclass(frozen=True)
@@ -226,22 +256,26 @@ class SpecChoice:
     notes: tuple[str, ...] = ()
 
 
-def _open_drafter(path: str, source: str, kind_hint: str | None) -> Drafter:
-    """Read a drafter's header(s). A file that exists but cannot be read is *unsized*: priced with a
-    reserve and reported, rather than refused (llama-server, not llamafit, has the last word on it)."""
-    if not os.path.exists(path):
-        from llamafit.errors import ModelNotFoundError
+def _open_drafter(path: str, source: str, kind_hint: str | None, files: DrafterFiles) -> Drafter:
+    """Read a drafter's header(s). A file that exists but cannot be read (or a split set listed only in
+    part) is *unsized*: priced with a reserve and reported, rather than refused (llama-server, not
+    llamafit, has the last word on it)."""
+    from llamafit.errors import AccessError, ModelNotFoundError, NetworkError
 
+    if not files.exists(path):
         raise ModelNotFoundError(f"drafter not found: {path}", hint="check the --draft / -md path")
     try:
-        m = load_model(path)
+        m = files.open(path)
+    except (AccessError, NetworkError):
+        raise
     except LlamafitError:
-        return Drafter(kind_hint or "draft-simple", path, None, source, known_bytes=os.path.getsize(path))
+        return Drafter(kind_hint or "draft-simple", path, None, source, known_bytes=files.size(path) or 0)
     return Drafter(kind_hint or detect_kind(m) or "draft-simple", path, m, source)
 
 
-def choose(target: ModelInfo, opts: SpecOptions) -> SpecChoice:
+def choose(target: ModelInfo, opts: SpecOptions, files: DrafterFiles | None = None) -> SpecChoice:
     """Which drafter (and ngram type) the options ask for; no memory considered yet."""
+    files = files or LocalFiles()
     notes: list[str] = []
     user_draft_types = [t for t in opts.user_types if t in DRAFT_TYPES]
     ngram = next((t for t in reversed(opts.user_types) if t in NGRAM_TYPES), None)
@@ -252,14 +286,16 @@ def choose(target: ModelInfo, opts: SpecOptions) -> SpecChoice:
             return SpecChoice(None, ngram, True)
         path = opts.user_draft or opts.draft
         if path:
-            return SpecChoice(_open_drafter(path, "extra args" if opts.user_draft else "--draft", kind), ngram, True)
+            return SpecChoice(
+                _open_drafter(path, "extra args" if opts.user_draft else "--draft", kind, files), ngram, True
+            )
         if kind == "draft-mtp" and has_embedded_mtp(target):
             return SpecChoice(Drafter(kind, None, target, "embedded"), ngram, True)
         if opts.user_draft_hf:
             return SpecChoice(Drafter(kind, opts.user_draft_hf, None, "extra args"), ngram, True)
-        side = find_sidecars(target.path).get(kind)
+        side = files.sidecars(target.path).get(kind)
         if side:
-            return SpecChoice(_open_drafter(side, "sidecar", kind), ngram, True)
+            return SpecChoice(_open_drafter(side, "sidecar", kind, files), ngram, True)
         notes.append(f"--spec-type {kind} has no drafter to load (no -md, no NextN head, no sidecar)")
         return SpecChoice(None, ngram, True, tuple(notes))
 
@@ -271,12 +307,12 @@ def choose(target: ModelInfo, opts: SpecOptions) -> SpecChoice:
     source = "extra args" if opts.user_draft else "--draft"
     if opts.mode in DRAFT_TYPES:
         if path:
-            return SpecChoice(_open_drafter(path, source, opts.mode), None, True)
+            return SpecChoice(_open_drafter(path, source, opts.mode, files), None, True)
         if opts.mode == "draft-mtp" and has_embedded_mtp(target):
             return SpecChoice(Drafter("draft-mtp", None, target, "embedded"), None, True)
-        side = find_sidecars(target.path).get(opts.mode)
+        side = files.sidecars(target.path).get(opts.mode)
         if side:
-            return SpecChoice(_open_drafter(side, "sidecar", opts.mode), None, True)
+            return SpecChoice(_open_drafter(side, "sidecar", opts.mode, files), None, True)
         raise UsageError(
             f"--spec {opts.mode}: no drafter found for it",
             hint="give one with --draft PATH"
@@ -284,15 +320,15 @@ def choose(target: ModelInfo, opts: SpecOptions) -> SpecChoice:
         )
     # auto
     if path:
-        return SpecChoice(_open_drafter(path, source, None), None, True)
+        return SpecChoice(_open_drafter(path, source, None, files), None, True)
     if opts.user_draft_hf:
         return SpecChoice(Drafter("draft-simple", opts.user_draft_hf, None, "extra args"), None, True)
     if has_embedded_mtp(target):
         return SpecChoice(Drafter("draft-mtp", None, target, "embedded"), None, False)
-    sidecars = find_sidecars(target.path)
+    sidecars = files.sidecars(target.path)
     for kind, _ in SIDECAR_KEYWORDS:
         if kind in sidecars:
-            return SpecChoice(_open_drafter(sidecars[kind], "sidecar", kind), None, False)
+            return SpecChoice(_open_drafter(sidecars[kind], "sidecar", kind, files), None, False)
     return SpecChoice(None, None, False)
 
 

@@ -27,6 +27,14 @@ def _isolated_dirs(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
         if k.startswith("LLAMA_ARG_"):
             monkeypatch.delenv(k)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    # a private Hugging Face cache and no Hub: a test that wants one starts the loopback Hub
+    hf_home = tmp_path_factory.mktemp("hf")
+    monkeypatch.setenv("HF_HOME", str(hf_home))
+    monkeypatch.setenv("HF_HUB_CACHE", str(hf_home / "hub"))
+    monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # discard port: nothing answers
+    for k in ("LLAMA_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HUB_OFFLINE", "HF_TOKEN", "MODEL_ENDPOINT"):
+        monkeypatch.delenv(k, raising=False)
 
 
 @pytest.fixture(scope="session")

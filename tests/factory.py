@@ -26,6 +26,19 @@ class Shape:
         return path
 
 
+def write_split(directory: Path, prefix: str, shape: Shape, n: int) -> list[Path]:
+    """Write ``shape`` as ``n`` shards the way gguf-split does: all metadata in shard 1, split.* everywhere."""
+    chunks = [shape.tensors[i::n] for i in range(n)]
+    paths = []
+    for i, ts in enumerate(chunks):
+        kv = dict(shape.kv) if i == 0 else {}
+        kv.update({"split.no": i, "split.count": n, "split.tensors.count": len(shape.tensors)})
+        p = directory / f"{prefix}-{i + 1:05d}-of-{n:05d}.gguf"
+        write_gguf(p, shape.arch, kv, [_fallback(t) for t in ts])
+        paths.append(p)
+    return paths
+
+
 def _fallback(t: TensorSpec) -> TensorSpec:
     """Rows that a k-quant block does not divide get q8_0 (or f16), as llama-quantize falls back."""
     blck = by_name(t.type).blck

@@ -11,18 +11,7 @@ from llamafit.errors import BadModelFileError, ModelNotFoundError
 from llamafit.gguf.model import load_model
 from llamafit.gguf.writer import TensorSpec, write_gguf
 
-
-def write_split(directory: Path, prefix: str, shape: factory.Shape, n: int) -> list[Path]:
-    """Write ``shape`` as ``n`` shards the way gguf-split does: all metadata in shard 1, split.* everywhere."""
-    chunks = [shape.tensors[i::n] for i in range(n)]
-    paths = []
-    for i, ts in enumerate(chunks):
-        kv = dict(shape.kv) if i == 0 else {}
-        kv.update({"split.no": i, "split.count": n, "split.tensors.count": len(shape.tensors)})
-        p = directory / f"{prefix}-{i + 1:05d}-of-{n:05d}.gguf"
-        write_gguf(p, shape.arch, kv, ts)
-        paths.append(p)
-    return paths
+write_split = factory.write_split
 
 
 def test_any_shard_loads_the_whole_set(tmp_path: Path) -> None:

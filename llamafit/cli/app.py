@@ -61,7 +61,25 @@ ServerArgsArg = Annotated[
     Optional[list[str]],  # noqa: UP045
     typer.Argument(help="llama-server flags, after --, e.g. -- -ctk q8_0 -np 2", show_default=False),
 ]
-ModelArg = Annotated[str, typer.Argument(help="A GGUF file (any shard of a split model).", show_default=False)]
+ModelArg = Annotated[
+    str,
+    typer.Argument(
+        help="A GGUF file (any shard of a split model), or a Hugging Face repo as owner/repo[:QUANT].",
+        show_default=False,
+    ),
+]
+HfFileOpt = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option("--hf-file", help="The exact file of the Hub repo to use (instead of choosing by quant)."),
+]
+RevisionOpt = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option("--revision", help="A branch or commit of the Hub repo (default: main)."),
+]
+OfflineOpt = Annotated[
+    bool,
+    typer.Option("--offline", help="Use only the Hugging Face cache, no network (also HF_HUB_OFFLINE=1)."),
+]
 SpecOpt = Annotated[
     str,
     typer.Option(
@@ -157,11 +175,15 @@ def _prepare(
     prefer: str = "context",
     draft: str | None = None,
     server: str | None = None,
+    hf_file: str | None = None,
+    revision: str | None = None,
+    offline: bool = False,
 ) -> Prepared:
     from llamafit.devices import discover
     from llamafit.prepare import Options, prepare, server_and_caps
 
-    o = Options(server_args or (), gpu or (), cpu_only, margin, min_ctx, spec, prefer, draft, server)
+    o = Options(server_args or (), gpu or (), cpu_only, margin, min_ctx, spec, prefer, draft, server,
+                hf_file=hf_file, revision=revision, offline=offline)  # fmt: skip
     machine = discover(gpu_specs=o.gpu, cpu_only=cpu_only)  # usage errors (--gpu) before touching files
     return prepare(model, o, machine=machine, server=server_and_caps(server))
 
@@ -203,12 +225,18 @@ def gpus(
 
 
 @app.command()
-def inspect(model: ModelArg, json_out: JsonOpt = False) -> None:
+def inspect(
+    model: ModelArg,
+    hf_file: HfFileOpt = None,
+    revision: RevisionOpt = None,
+    offline: OfflineOpt = False,
+    json_out: JsonOpt = False,
+) -> None:
     """Architecture, layers, heads, KV geometry, tensor bytes and shards of a GGUF model."""
     with handled():
-        from llamafit.gguf.model import load_model
+        from llamafit.prepare import load_any_model
 
-        info = load_model(model)
+        info = load_any_model(model, hf_file=hf_file, revision=revision, offline=offline)
         if json_out:
             hp = info.hparams
             doc: dict[str, Any] = {
@@ -253,11 +281,15 @@ def plan(
     prefer: PreferOpt = "context",
     draft: DraftOpt = None,
     server: ServerOpt = None,
+    hf_file: HfFileOpt = None,
+    revision: RevisionOpt = None,
+    offline: OfflineOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
-    """The memory plan per device and the decisions behind it. Nothing is launched."""
+    """The memory plan per device and the decisions behind it. Nothing is launched or downloaded."""
     with handled():
-        prep = _prepare(model, server_args, gpu, cpu_only, margin, min_ctx, spec, prefer, draft, server)
+        prep = _prepare(model, server_args, gpu, cpu_only, margin, min_ctx, spec, prefer, draft, server, hf_file,
+                        revision, offline)  # fmt: skip
         p, argv = prep.plan, prep.argv
         for n in prep.notes:
             _note(n)
@@ -266,6 +298,7 @@ def plan(
 
             doc = to_json(p, argv)
             doc["notes"] = [*doc["notes"], *prep.notes]
+            doc["downloads"] = [{"repo": st.repo, "path": f.path, "size": f.size} for st, f in prep.downloads()]
             typer.echo(json.dumps(doc, indent=2))
             return
         from llamafit.cli.render import print_plan
@@ -294,16 +327,25 @@ def run(
     spec: SpecOpt = "auto",
     prefer: PreferOpt = "context",
     draft: DraftOpt = None,
+    hf_file: HfFileOpt = None,
+    revision: RevisionOpt = None,
+    offline: OfflineOpt = False,
     json_out: Annotated[
         bool, typer.Option("--json", help="When the server is ready, print the plan and predicted vs actual as JSON.")
     ] = False,
 ) -> None:
-    """Plan with your llama-server flags, then launch the server and watch it load (or just print the argv)."""
+    """Plan with your llama-server flags, then launch the server and watch it load (or just print the argv).
+
+    A Hub model is downloaded (only the files the plan uses) after the plan says it fits."""
     with handled():
-        prep = _prepare(model, server_args, gpu, cpu_only, margin, min_ctx, spec, prefer, draft, server)
+        prep = _prepare(model, server_args, gpu, cpu_only, margin, min_ctx, spec, prefer, draft, server, hf_file,
+                        revision, offline)  # fmt: skip
         for n in prep.notes:
             _note(n)
+        pending = prep.downloads()
         if dry_run:
+            if pending:
+                _note(_download_summary(pending, "run would download"))
             typer.echo(shlex.join(prep.argv))
             return
         from llamafit.cli.supervise import supervise
@@ -313,6 +355,10 @@ def run(
 
         if prep.server is None:
             raise ServerNotFoundError("no llama-server found", hint=GET_SERVER_HINT)
+        if pending:
+            assert prep.hub is not None
+            _note(_download_summary(pending, "downloading"))
+            prep.hub.download(pending)
         env = launch_env(prep.server)
         if env.removed:
             _note("not passed to the server (they would change what was planned): " + ", ".join(env.removed))
@@ -324,6 +370,14 @@ def run(
             _note(shlex.join(prep.argv))
             exec_server(prep.argv, env.env)
         raise typer.Exit(supervise(prep, env.env, verbose=verbose, log_file=log_file, json_out=json_out))
+
+
+def _download_summary(pending: list[Any], verb: str) -> str:
+    from llamafit.units import fmt_bytes
+
+    total = sum(f.size for _, f in pending)
+    names = ", ".join(f"{st.repo}/{f.path}" for st, f in pending[:3]) + (" ..." if len(pending) > 3 else "")
+    return f"{verb} {len(pending)} file(s), {fmt_bytes(total)}: {names}"
 
 
 def _note(text: str) -> None:

@@ -138,9 +138,10 @@ _U64_S = struct.Struct("<Q")
 class _Cursor:
     """Sequential reads over a ByteSource with a chunked buffer and a hard byte budget."""
 
-    def __init__(self, src: ByteSource, chunk: int = 1 << 20) -> None:
+    def __init__(self, src: ByteSource, chunk: int = 1 << 20, max_chunk: int | None = None) -> None:
         self.src = src
         self.chunk = chunk
+        self.max_chunk = max_chunk or chunk  # a remote source starts small and doubles up to this
         self.buf = b""
         self.buf_start = 0
         self.pos = 0  # absolute offset of the next byte
@@ -167,6 +168,7 @@ class _Cursor:
         want = max(need - len(keep), self.chunk)
         want = min(want, self.src.size - start)
         data = self.src.read(start, want) if want > 0 else b""
+        self.chunk = min(self.chunk * 2, self.max_chunk)
         self.buf = keep + data
         self.buf_start = self.pos
         if len(self.buf) < need:
@@ -265,9 +267,14 @@ def _read_array(cur: _Cursor, key: str) -> Any:
     return list(struct.unpack(f"<{n}{fmt}", cur.take(size)))
 
 
-def read_header(src: ByteSource) -> GGUFHeader:
-    """Parse the metadata and tensor table of one GGUF file (one shard)."""
-    cur = _Cursor(src, chunk=min(1 << 20, max(src.size, 1)))
+def read_header(src: ByteSource, first_read: int | None = None) -> GGUFHeader:
+    """Parse the metadata and tensor table of one GGUF file (one shard).
+
+    ``first_read``: start with reads this small and double them (a network source pays per byte)."""
+    whole = min(1 << 20, max(src.size, 1))
+    cur = _Cursor(
+        src, chunk=min(first_read, whole) if first_read else whole, max_chunk=4 << 20 if first_read else whole
+    )
     if src.size < 24:
         raise BadModelFileError(f"{src.name}: too small to be a GGUF file ({src.size} bytes)")
     magic = cur.take(4)
