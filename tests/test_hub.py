@@ -47,6 +47,15 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     write_gguf(eagle, "eagle3", kv, [TensorSpec("blk.0.attn_norm.weight", (4096,)),
                                      TensorSpec("fc.weight", (3 * 4096, 4096), "f16")])  # fmt: skip
     out["eagle3"] = eagle
+    kv = {k.replace("eagle3", "dflash"): v for k, v in kv.items()}
+    dflash_tensors = [TensorSpec("blk.0.attn_norm.weight", (4096,)), TensorSpec("fc.weight", (3 * 4096, 4096), "q8_0"),
+                      *(TensorSpec(f"blk.0.attn_{t}.weight", (4096, 1024 if t in "kv" else 4096), "q8_0")
+                        for t in ("q", "k", "v", "output"))]  # fmt: skip
+    for q in ("Q8_0", "BF16"):
+        out[f"dflash_{q}"] = d / f"dflash-Qwen3-8B-{q}.gguf"
+        write_gguf(out[f"dflash_{q}"], "dflash", kv, dflash_tensors)
+    mtp_dir = tmp_path_factory.mktemp("mtp")
+    out["mtp1"], out["mtp2"] = factory.write_split(mtp_dir, "mtp-Qwen3-8B-Q8_0", factory.dense(n_embd=4096), 2)
     split_dir = d / "split"
     split_dir.mkdir()
     for i, p in enumerate(factory.write_split(split_dir, "m-Q8_0", factory.dense(w="q8_0"), 3)):
@@ -65,6 +74,11 @@ def fake_hub(files: dict[str, Path]) -> Iterator[FakeHub]:
     hub.add("acme/partial", split, unlisted={"Q8_0/m-Q8_0-00002-of-00003.gguf"})
     hub.add("acme/gemma-vision", {"gemma3-Q8_0.gguf": f["gemma"], "mmproj-gemma3-F16.gguf": f["mmproj"]})
     hub.add("acme/qwen3-8b", {"Qwen3-8B-Q4_K_M.gguf": f["q8b"], "eagle3-Qwen3-8B-Q8_0.gguf": f["eagle3"]})
+    hub.add("acme/qwen3-8b-dflash", {"Qwen3-8B-Q4_K_M.gguf": f["q8b"], "dflash-Qwen3-8B-BF16.gguf": f["dflash_BF16"],
+                                     "dflash-Qwen3-8B-Q8_0.gguf": f["dflash_Q8_0"],
+                                     "mtp-Qwen3-8B-Q8_0-00001-of-00002.gguf": f["mtp1"],
+                                     "mtp-Qwen3-8B-Q8_0-00002-of-00002.gguf": f["mtp2"]},
+            unlisted={"mtp-Qwen3-8B-Q8_0-00002-of-00002.gguf"})  # fmt: skip
     hub.add("acme/gated", {"Qwen3-0.6B-Q8_0.gguf": f["q06_q8"]}, gated=True, token=TOKEN)
     hub.add("acme/broken", {"broken-Q8_0.gguf": f["broken"]})
     hub.add("acme/demo", {"README.md": f["readme"], "demo-Q8_0.gguf": f["demo"], "demo-F16.gguf": f["q06_q8"]})
@@ -183,6 +197,17 @@ def test_a_sidecar_drafter_is_downloaded_only_when_the_plan_keeps_it(hub: FakeHu
     assert {d["path"] for d in kept["downloads"]} == {"Qwen3-8B-Q4_K_M.gguf", "eagle3-Qwen3-8B-Q8_0.gguf"}
     off = plan_json("acme/qwen3-8b", "--gpu", "24GiB", "--spec", "off")
     assert {d["path"] for d in off["downloads"]} == {"Qwen3-8B-Q4_K_M.gguf"}
+
+
+def test_sidecars_follow_llama_cpps_ranking_and_a_partial_one_is_unsized(hub: FakeHub) -> None:
+    doc = plan_json("acme/qwen3-8b-dflash", "--gpu", "24GiB", "--spec", "draft-dflash")
+    md = doc["argv"][doc["argv"].index("-md") + 1]
+    assert md.endswith("dflash-Qwen3-8B-Q8_0.gguf")  # closest quant bits to the Q4_K_M model (8 over 16)
+    assert doc["speculative"]["drafter"]["sized"] is True
+    # MTP ranks first under auto, but only its first shard is listed: priced with a reserve, and said so
+    auto = plan_json("acme/qwen3-8b-dflash", "--gpu", "24GiB")
+    assert auto["speculative"]["drafter"]["kind"] == "draft-mtp" and auto["speculative"]["drafter"]["sized"] is False
+    assert any("could not be sized" in w for w in auto["warnings"])
 
 
 def test_draft_repos(hub: FakeHub) -> None:
