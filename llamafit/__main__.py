@@ -1,6 +1,6 @@
 """``python -m llamafit``."""
 
-from llamafit.cli.app import main
+from llamafit.cli.entry import main
 
 if __name__ == "__main__":
     main()

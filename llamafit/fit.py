@@ -269,23 +269,13 @@ class _Fitter:
             cost[il] += mem[il]
         compute = max((probe.gpus[g].compute for g in self.ids), default=0)
         overhead = max((probe.gpus[g].overhead for g in self.ids), default=0)
-        counts = [0] * len(self.ids)
-        il = n_units - 1
         first = n_units - ngl
-        for d in range(len(self.ids) - 1, -1, -1):
-            dev = self.ids[d]
-            budget = (
-                self.usable[dev] - overhead - compute - probe_draft.get(dev, Use()).total
-                - self.fixed.get(dev, Use()).total
-            )  # fmt: skip
-            used = 0
-            while il >= first and (d == 0 or used + cost[il] <= budget):
-                used += cost[il]
-                counts[d] += 1
-                il -= 1
-            if d == 0 and used > budget:
-                return None
-        if il >= first:
+        budgets = [
+            self.usable[dev] - overhead - compute - probe_draft.get(dev, Use()).total - self.fixed.get(dev, Use()).total
+            for dev in self.ids
+        ]  # fmt: skip
+        counts = _split_balanced(cost[first:], budgets) or _split_greedy(cost[first:], budgets)
+        if counts is None:
             return None
         return replace(s, n_gpu_layers=ngl if ngl < n_units else -1, tensor_split=tuple(float(c) for c in counts))
 
@@ -354,21 +344,28 @@ class _Fitter:
             return r, Decision(
                 "placement.user", "Placement pinned by your -ngl/-ts/-ot flags; only the context was chosen."
             )
-        names = ", ".join(self.ids)
         r = self.max_ctx(lo, hi, at(base, n_units))
         if r is not None:
-            return r, Decision("placement.all_gpu", f"All {hp.n_layer_all} layers and the output on {names}.")
+            return r, Decision("placement.all_gpu", f"All {hp.n_layer_all} layers and the output on "
+                               f"{_where(r.settings, self.ids)}.")  # fmt: skip
         if hp.n_expert > 0:
             # experts to CPU, smallest count first: attention and dense weights stay on the GPU
-            def moe_fits(k: int) -> bool:
+            # more expert layers on the CPU means less on the GPUs and more on the host: the smallest
+            # count the GPUs hold is also the one the host holds best, so find it on the GPU side alone
+            def gpus_hold(k: int) -> bool:
+                t = at(replace(base, overrides=n_cpu_moe_overrides(k)), n_units)(lo)
+                return t is not None and all(t.total(g) <= self.usable[g] for g in self.ids)
+
+            def fits(k: int) -> bool:
                 t = at(replace(base, overrides=n_cpu_moe_overrides(k)), n_units)(lo)
                 return t is not None and t.ok
 
-            if moe_fits(hp.n_layer):
-                a, b = -1, hp.n_layer
+            a, b = -1, hp.n_layer
+            if gpus_hold(b):
                 while b - a > 1:
                     m = (a + b) // 2
-                    a, b = (a, m) if moe_fits(m) else (m, b)
+                    a, b = (a, m) if gpus_hold(m) else (m, b)
+            if a < b and fits(b):
                 r = self.max_ctx(lo, hi, at(replace(base, overrides=n_cpu_moe_overrides(b)), n_units))
                 if r is not None:
                     return r, Decision(
@@ -385,10 +382,58 @@ class _Fitter:
         if a > 0:
             r = self.max_ctx(lo, hi, at(base, a))
             if r is not None:
+                where = _where(r.settings, self.ids)
                 return r, Decision(
-                    "placement.partial", f"{a} of {n_units} layers on {names} (-ngl {a}); the rest run on the CPU."
+                    "placement.partial", f"{a} of {n_units} layers on {where} (-ngl {a}); the rest run on the CPU."
                 )
         return None, None
+
+
+def _where(s: LoadSettings, ids: Sequence[str]) -> str:
+    """The cards a placement uses, with their layer counts when there are several."""
+    if len(ids) <= 1 or not s.tensor_split:
+        return ", ".join(ids)
+    used = [(d, int(n)) for d, n in zip(ids, s.tensor_split, strict=False) if n > 0]
+    if len(used) == 1:
+        return used[0][0]
+    return " and ".join(f"{d} ({n})" for d, n in used)
+
+
+def _split_greedy(cost: Sequence[int], budgets: Sequence[int]) -> list[int] | None:
+    """Layers back to front, each card filled to its budget before the previous one gets any (the
+    order llama.cpp's fit uses, common/fit.cpp:647-729): the most that fits, when room is tight."""
+    counts = [0] * len(budgets)
+    il = len(cost) - 1
+    for d in range(len(budgets) - 1, -1, -1):
+        used = 0
+        while il >= 0 and (d == 0 or used + cost[il] <= budgets[d]):
+            used += cost[il]
+            counts[d] += 1
+            il -= 1
+        if d == 0 and used > budgets[d]:
+            return None
+    return counts if il < 0 else None
+
+
+def _split_balanced(cost: Sequence[int], budgets: Sequence[int]) -> list[int] | None:
+    """Layers in proportion to each card's budget, so every card keeps the same share of headroom
+    (and a card is not filled to the brim while another idles); None when that does not fit."""
+    room = [max(b, 0) for b in budgets]
+    total_room, total_cost = sum(room), sum(cost)
+    if total_room <= 0 or total_cost > total_room:
+        return None
+    counts = [0] * len(budgets)
+    il = len(cost) - 1
+    for d in range(len(budgets) - 1, -1, -1):
+        share = total_cost * room[d] / total_room
+        used = 0
+        while il >= 0 and (d == 0 or used + cost[il] / 2 <= share):
+            used += cost[il]
+            counts[d] += 1
+            il -= 1
+        if used > budgets[d]:
+            return None
+    return counts
 
 
 def make_plan(
@@ -761,10 +806,16 @@ def _runtime_host_warnings(
     room = machine.host.available - planned_host
     out = []
     if worst_ckpt + cache > room and (worst_ckpt or cache):
+        parts = []
+        if worst_ckpt:
+            parts.append(
+                f"{fmt_bytes(worst_ckpt)} of context checkpoints ({cp.n_seq_max} slots x {n_ckpt} x {fmt_bytes(ckpt)})"
+            )
+        if cache:
+            parts.append(f"{fmt_bytes(cache)} of prompt cache")
         msg = (
-            f"host RAM grows at run time: up to {fmt_bytes(worst_ckpt)} of context checkpoints "
-            f"({cp.n_seq_max} slots x {n_ckpt} x {fmt_bytes(ckpt)}) and up to {fmt_bytes(cache)} of prompt cache, "
-            f"but only {fmt_bytes(max(room, 0))} is left after the load"
+            f"host RAM grows at run time: up to {' and '.join(parts)}, but only {fmt_bytes(max(room, 0))} is left "
+            "after the load"
         )
         hints = []
         if worst_ckpt:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import IO
 
 from llamafit.logparse import LoadLog, parse
 from llamafit.server import ServerBinary, free_port, start_background
@@ -37,3 +39,35 @@ def run_argv(server: ServerBinary, args: Sequence[str], timeout: float = 180, wa
     assert log.loaded, "".join(running.lines[-20:])
     assert rc == 0, f"server exit code {rc}"
     return log
+
+
+def read_until(stream: IO[str], marker: str, timeout: float = 120) -> tuple[bool, list[str]]:
+    """Lines of ``stream`` up to the first containing ``marker``, without blocking past ``timeout``:
+    a server that never gets ready fails the test with its output instead of hanging it."""
+    import queue
+    import threading
+
+    q: queue.Queue[str | None] = queue.Queue()
+
+    def pump() -> None:
+        for line in stream:
+            q.put(line)
+            if marker in line:
+                break
+        else:
+            q.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            line = q.get(timeout=left)
+        except queue.Empty:
+            break
+        if line is None:
+            return False, seen
+        seen.append(line)
+        if marker in line:
+            return True, seen
+    return False, seen

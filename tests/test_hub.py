@@ -20,6 +20,7 @@ from llamafit.hub.cache import hub_cache_dir
 from llamafit.server import ServerBinary, free_port
 from tests import factory
 from tests.hubserver import FakeHub
+from tests.realserver import read_until
 
 TOKEN = "hf_" + "a" * 34
 
@@ -242,16 +243,12 @@ def test_run_downloads_the_planned_files_then_launches_them(
     argv = [sys.executable, "-m", "llamafit", "run", "acme/demo:Q8_0", "--cpu-only", "--", "--port", str(port)]
     p = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     assert p.stderr is not None
-    seen = []
-    for line in p.stderr:
-        seen.append(line)
-        if "llamafit: ready" in line:
-            break
+    ready, seen = read_until(p.stderr, "llamafit: ready")
     p.send_signal(2)
     rest = p.stderr.read()
     p.wait(timeout=60)
     err = "".join(seen) + rest
-    assert p.returncode == 0, err
+    assert ready and p.returncode == 0, err
     commit = hub.repos["acme/demo"].commit
     local = snapshot("acme/demo", commit, "demo-Q8_0.gguf")
     assert f"-m {local}" in err and "downloading 1 file(s)" in err

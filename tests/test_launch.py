@@ -24,6 +24,7 @@ from llamafit.environment import child_env, config_findings
 from llamafit.failures import classify
 from llamafit.server import ServerBinary, free_port
 from llamafit.supervisor import Supervisor, is_key_line
+from tests.realserver import read_until
 
 LLAMAFIT = [sys.executable, "-m", "llamafit"]
 PREFIX = "0.00.123.456"
@@ -298,15 +299,7 @@ def test_real_shape_supervised_table_and_ctrl_c(server_bin: ServerBinary, tmp_pa
                           "--no-warmup", "-c", "8192"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                          text=True)  # fmt: skip
     assert p.stderr is not None
-    seen: list[str] = []
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        line = p.stderr.readline()
-        if not line:
-            break
-        seen.append(line)
-        if "actual MiB" in line:  # the table's header: the server is ready and the table is out
-            break
+    _, seen = read_until(p.stderr, "actual MiB")  # the table's header: the server is ready and the table is out
     time.sleep(0.3)
     p.send_signal(signal.SIGINT)
     rest = p.stderr.read()  # not communicate(): it reads the fd and would skip what readline buffered

@@ -13,6 +13,7 @@ import sys
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
+from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
@@ -33,7 +34,9 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
-    context_settings={"help_option_names": ["-h", "--help"]},
+    rich_markup_mode=None,
+    # plain (click-style) help: rich's help renderer costs ~100 ms per --help
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
 )
 
 GpuOpt = Annotated[
@@ -80,17 +83,40 @@ OfflineOpt = Annotated[
     bool,
     typer.Option("--offline", help="Use only the Hugging Face cache, no network (also HF_HUB_OFFLINE=1)."),
 ]
+
+
+class SpecMode(str, Enum):
+    """--spec values: auto, off, and llama-server's --spec-type values (llamafit.speculative.SPEC_TYPES)."""
+
+    auto = "auto"
+    off = "off"
+    draft_simple = "draft-simple"
+    draft_mtp = "draft-mtp"
+    draft_eagle3 = "draft-eagle3"
+    draft_dflash = "draft-dflash"
+    draft_dspark = "draft-dspark"
+    ngram_mod = "ngram-mod"
+    ngram_simple = "ngram-simple"
+    ngram_map_k = "ngram-map-k"
+    ngram_map_k4v = "ngram-map-k4v"
+    ngram_cache = "ngram-cache"
+
+
+class Prefer(str, Enum):
+    context = "context"
+    speed = "speed"
+
+
 SpecOpt = Annotated[
-    str,
+    SpecMode,
     typer.Option(
         "--spec",
         help="Speculative decoding: auto (use a drafter when one is available and it fits beside the model), off, "
-        "or a type: draft-simple, draft-mtp, draft-eagle3, draft-dflash, draft-dspark, ngram-mod, ngram-simple, "
-        "ngram-map-k, ngram-map-k4v, ngram-cache.",
+        "or a llama-server --spec-type.",
     ),
 ]
 PreferOpt = Annotated[
-    str,
+    Prefer,
     typer.Option(
         "--prefer",
         help="Under --spec auto: 'context' gives the drafter up before cutting the context; 'speed' keeps the "
@@ -118,16 +144,41 @@ def _root(
     """Plan and launch llama-server so the model fits: context, GPU layers, split, drafter."""
 
 
-def err_console() -> Console:
+_QUIET = {"on": False}
+
+
+def _set_quiet(value: bool) -> bool:
+    _QUIET["on"] = bool(value)  # set on every invocation (also back to False)
+    return value
+
+
+QuietOpt = Annotated[
+    bool,
+    typer.Option("--quiet", "-q", callback=_set_quiet, help="Only errors on stderr (no notes or progress)."),
+]
+
+
+def _console(**kw: Any) -> Console:
+    """Colour on terminals only (rich's detection, FORCE_COLOR); NO_COLOR turns off every escape
+    sequence, bold included, not just the colours."""
     from rich.console import Console
 
-    return Console(stderr=True, highlight=False)
+    plain = bool(os.environ.get("NO_COLOR"))
+    return Console(highlight=False, color_system=None if plain else "auto", **kw)
+
+
+def err_console() -> Console:
+    """Errors and hints: always shown."""
+    return _console(stderr=True)
+
+
+def progress_console() -> Console:
+    """Notes, progress and the server's passthrough on stderr: silent under --quiet."""
+    return _console(stderr=True, quiet=_QUIET["on"])
 
 
 def out_console() -> Console:
-    from rich.console import Console
-
-    return Console(highlight=False)
+    return _console()
 
 
 @contextmanager
@@ -171,8 +222,8 @@ def _prepare(
     cpu_only: bool,
     margin: str,
     min_ctx: int,
-    spec: str = "auto",
-    prefer: str = "context",
+    spec: SpecMode = SpecMode.auto,
+    prefer: Prefer = Prefer.context,
     draft: str | None = None,
     server: str | None = None,
     hf_file: str | None = None,
@@ -182,7 +233,7 @@ def _prepare(
     from llamafit.devices import discover
     from llamafit.prepare import Options, prepare, server_and_caps
 
-    o = Options(server_args or (), gpu or (), cpu_only, margin, min_ctx, spec, prefer, draft, server,
+    o = Options(server_args or (), gpu or (), cpu_only, margin, min_ctx, spec.value, prefer.value, draft, server,
                 hf_file=hf_file, revision=revision, offline=offline)  # fmt: skip
     machine = discover(gpu_specs=o.gpu, cpu_only=cpu_only)  # usage errors (--gpu) before touching files
     return prepare(model, o, machine=machine, server=server_and_caps(server))
@@ -193,6 +244,7 @@ def gpus(
     gpu: GpuOpt = None,
     cpu_only: CpuOnlyOpt = False,
     json_out: JsonOpt = False,
+    quiet: QuietOpt = False,
 ) -> None:
     """Show what llamafit sees: each GPU (name, total, free) and host RAM."""
     with handled():
@@ -221,7 +273,7 @@ def gpus(
 
         out_console().print(machine_table(m))
         for n in m.notes:
-            err_console().print(f"[dim]note:[/] {safe(n)}")
+            progress_console().print(f"[dim]note:[/] {safe(n)}")
 
 
 @app.command()
@@ -231,6 +283,7 @@ def inspect(
     revision: RevisionOpt = None,
     offline: OfflineOpt = False,
     json_out: JsonOpt = False,
+    quiet: QuietOpt = False,
 ) -> None:
     """Architecture, layers, heads, KV geometry, tensor bytes and shards of a GGUF model."""
     with handled():
@@ -269,7 +322,23 @@ def inspect(
             con.print(t)
 
 
-@app.command()
+PLAN_EXAMPLES = """Examples:
+
+\b
+  llamafit plan model.gguf
+  llamafit plan Qwen/Qwen3-8B-GGUF:Q4_K_M --gpu 24GiB --gpu 24GiB
+  llamafit plan model.gguf --json -- -c 32768 -ctk q8_0 -ctv q8_0
+"""
+RUN_EXAMPLES = """Examples:
+
+\b
+  llamafit run unsloth/Qwen3-30B-A3B-GGUF:Q4_K_M -- --port 8080
+  llamafit run model.gguf --dry-run
+  llamafit run model.gguf --exec --quiet -- --host 0.0.0.0 --port 8080
+"""
+
+
+@app.command(epilog=PLAN_EXAMPLES)
 def plan(
     model: ModelArg,
     server_args: ServerArgsArg = None,
@@ -277,14 +346,15 @@ def plan(
     cpu_only: CpuOnlyOpt = False,
     margin: MarginOpt = "1024",
     min_ctx: MinCtxOpt = 4096,
-    spec: SpecOpt = "auto",
-    prefer: PreferOpt = "context",
+    spec: SpecOpt = SpecMode.auto,
+    prefer: PreferOpt = Prefer.context,
     draft: DraftOpt = None,
     server: ServerOpt = None,
     hf_file: HfFileOpt = None,
     revision: RevisionOpt = None,
     offline: OfflineOpt = False,
     json_out: JsonOpt = False,
+    quiet: QuietOpt = False,
 ) -> None:
     """The memory plan per device and the decisions behind it. Nothing is launched or downloaded."""
     with handled():
@@ -306,7 +376,7 @@ def plan(
         print_plan(out_console(), p, argv)
 
 
-@app.command()
+@app.command(epilog=RUN_EXAMPLES)
 def run(
     model: ModelArg,
     server_args: ServerArgsArg = None,
@@ -324,8 +394,8 @@ def run(
     cpu_only: CpuOnlyOpt = False,
     margin: MarginOpt = "1024",
     min_ctx: MinCtxOpt = 4096,
-    spec: SpecOpt = "auto",
-    prefer: PreferOpt = "context",
+    spec: SpecOpt = SpecMode.auto,
+    prefer: PreferOpt = Prefer.context,
     draft: DraftOpt = None,
     hf_file: HfFileOpt = None,
     revision: RevisionOpt = None,
@@ -333,6 +403,7 @@ def run(
     json_out: Annotated[
         bool, typer.Option("--json", help="When the server is ready, print the plan and predicted vs actual as JSON.")
     ] = False,
+    quiet: QuietOpt = False,
 ) -> None:
     """Plan with your llama-server flags, then launch the server and watch it load (or just print the argv).
 
@@ -384,13 +455,14 @@ def _note(text: str) -> None:
     from llamafit.cli.render import safe
 
     # one line per note (the terminal wraps it): an argv stays copyable, a path greppable
-    err_console().print(f"[dim]llamafit:[/] {safe(text)}", soft_wrap=True)
+    progress_console().print(f"[dim]llamafit:[/] {safe(text)}", soft_wrap=True)
 
 
 @app.command()
 def demo(
     server: ServerOpt = None,
     json_out: JsonOpt = False,
+    quiet: QuietOpt = False,
 ) -> None:
     """Run the whole pipeline on an embedded tiny model: plan, launch, one request, predicted vs actual, stop."""
     with handled():
@@ -403,6 +475,7 @@ def demo(
 def history(
     limit: Annotated[int, typer.Option("-n", "--limit", help="How many of the newest launches.", min=1)] = 20,
     json_out: JsonOpt = False,
+    quiet: QuietOpt = False,
 ) -> None:
     """Past launches: what was predicted and what llama-server really allocated (the calibration data)."""
     with handled():
@@ -432,11 +505,28 @@ def history(
             )  # fmt: skip
         out_console().print(t)
         if not entries:
-            err_console().print("[dim]no launches recorded yet: `llamafit run` records each one[/]")
+            progress_console().print("[dim]no launches recorded yet: `llamafit run` records each one[/]")
+
+
+class Shell(str, Enum):
+    bash = "bash"
+    zsh = "zsh"
+    fish = "fish"
+
+
+@app.command()
+def completion(
+    shell: Annotated[Shell, typer.Argument(help="bash, zsh or fish.", show_default=False)],
+) -> None:
+    """Print the shell completion script (install it, or eval it in your shell's rc file)."""
+    with handled():
+        from llamafit.cli.completion import script
+
+        sys.stdout.write(script(shell.value))
 
 
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point (see llamafit.cli.entry for the completion fast path)."""
     try:
         app()
     except SystemExit:

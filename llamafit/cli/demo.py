@@ -9,7 +9,7 @@ from typing import Any
 from rich.table import Table
 
 from llamafit.argv import compose, parse_server_args
-from llamafit.cli.app import err_console, out_console
+from llamafit.cli.app import err_console, out_console, progress_console
 from llamafit.cli.render import print_plan, safe
 from llamafit.compare import compare
 from llamafit.demo import ensure_demo_model
@@ -27,7 +27,7 @@ PROMPT = "The llama"
 
 
 def run_demo(server: str | None, json_out: bool) -> int:
-    err = err_console()
+    err = progress_console()
     path = ensure_demo_model()
     err.print(f"[dim]demo model:[/] {safe(path)}")
     model = load_model(path)
@@ -45,8 +45,8 @@ def run_demo(server: str | None, json_out: bool) -> int:
             print(json.dumps({"schema": "llamafit.demo/1", "plan": to_json(plan, argv), "server": None}, indent=2))
         else:
             print_plan(out_console(), plan, argv)
-        err.print(f"[yellow]no llama-server to launch:[/] {safe(e.message)}")
-        err.print(f"[dim]hint:[/] {safe(GET_SERVER_HINT)}", soft_wrap=True)
+        err_console().print(f"[yellow]no llama-server to launch:[/] {safe(e.message)}")
+        err_console().print(f"[dim]hint:[/] {safe(GET_SERVER_HINT)}", soft_wrap=True)
         return int(ExitCode.SERVER_NOT_FOUND)
 
     argv = compose(srv.path, plan.planned, extra)

@@ -9,6 +9,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from llamafit.units import fmt_bytes
 
@@ -89,46 +90,149 @@ def _per_layer(vals: tuple[int, ...]) -> str:
     return str(uniq[0]) if len(uniq) == 1 else f"{min(vals)}..{max(vals)} (per layer)"
 
 
-_USE_KEYS = (
-    "model",
-    "kv",
-    "rs",
-    "compute",
-    "output",
-    "draft_model",
-    "draft_kv",
-    "draft_compute",
-    "mmproj",
-    "overhead",
+# one letter per kind of memory, so the bar reads the same without colour (NO_COLOR, pipes, logs)
+SEGMENTS = (
+    ("W", "weights", "bold blue"),
+    ("K", "KV cache", "bold green"),
+    ("R", "recurrent state", "bold cyan"),
+    ("C", "compute", "bold magenta"),
+    ("D", "drafter", "bold yellow"),
+    ("P", "projector", "yellow"),
+    ("O", "runtime overhead", "magenta"),
+    ("x", "other processes", "dim red"),
+    ("M", "margin", "dim"),
+    (".", "free", "dim"),
 )
 
 
-def plan_table(plan: Any) -> Table:
-    t = Table(title=f"Plan for {safe(plan.model.name)}", title_justify="left")
-    t.add_column("device")
-    for k in ("weights", "KV", "recurrent", "compute", "other", "total", "usable", "fits"):
-        t.add_column(k, justify="right")
-    rows = [(d.device.id, d.use, d.usable, d.fits) for d in plan.devices]
-    rows.append(("host", plan.host.use, plan.host.usable, plan.host.fits))
-    for name, use, usable, fits in rows:
-        other = use.total - use.model - use.kv - use.rs - use.compute
-        t.add_row(
-            name, b(use.model), b(use.kv), b(use.rs), b(use.compute), b(other), b(use.total), b(usable),
-            "yes" if fits else "[bold red]NO[/]",
-        )  # fmt: skip
+def _parts(use: Any, used_by_others: int, margin: int, free_after: int) -> list[tuple[str, int]]:
+    """(letter, bytes) of one device, in bar order."""
+    return [
+        ("W", use.model),
+        ("K", use.kv),
+        ("R", use.rs),
+        ("C", use.compute + use.output + use.ngram),
+        ("D", use.draft_model + use.draft_kv + use.draft_compute),
+        ("P", use.mmproj),
+        ("O", use.overhead),
+        ("x", used_by_others),
+        ("M", margin),
+        (".", max(free_after, 0)),
+    ]
+
+
+def bar(parts: list[tuple[str, int]], width: int) -> Text:
+    """A bar of ``width`` cells; every non-zero part gets at least one cell (largest remainders round)."""
+    total = sum(n for _, n in parts) or 1
+    nonzero = [(ch, n) for ch, n in parts if n > 0]
+    cells = {ch: max(1, int(n * width / total)) for ch, n in nonzero}
+    # hand out (or take back) cells by the largest remainder until the bar is exactly width wide
+    order = sorted(nonzero, key=lambda p: -(p[1] * width / total - int(p[1] * width / total)))
+    i = 0
+    while sum(cells.values()) != width and order:
+        ch = order[i % len(order)][0]
+        if sum(cells.values()) < width:
+            cells[ch] += 1
+        elif cells[ch] > 1:
+            cells[ch] -= 1
+        i += 1
+        if i > 4 * width:
+            break
+    styles = {ch: style for ch, _, style in SEGMENTS}
+    t = Text("[")
+    for ch, _ in nonzero:
+        t.append(ch * cells[ch], style=styles[ch])
+    t.append("]")
     return t
 
 
-def print_plan(console: Console, plan: Any, argv: list[str]) -> None:
+def _detail(parts: list[tuple[str, int]]) -> list[str]:
+    names = {ch: name for ch, name, _ in SEGMENTS}
+    return [f"{names[ch]} {b(n)}" for ch, n in parts if n > 0]
+
+
+def pack_items(items: list[str], width: int, indent: str = " ") -> list[Text]:
+    """Items joined by two spaces, wrapped between items (never inside one) to ``width``."""
+    lines: list[Text] = []
+    cur = indent
+    for it in items:
+        if cur.strip() and len(cur) + 2 + len(it) > width:
+            lines.append(Text(cur))
+            cur = indent
+        cur += ("  " if cur.strip() else "") + it
+    if cur.strip():
+        lines.append(Text(cur))
+    return lines
+
+
+def wrapped(text: str, width: int, first: str, rest: str, style: str = "") -> list[Text]:
+    import textwrap
+
+    return [
+        Text(line, style=style)
+        for line in textwrap.wrap(
+            text, width, initial_indent=first, subsequent_indent=rest, break_on_hyphens=False, break_long_words=False
+        )
+    ]
+
+
+def device_block(name: str, desc: str, total: int, parts: list[tuple[str, int]], over: int, width: int) -> list[Text]:
+    head = Text(f"{name}  ")
+    head.append(desc[: max(width - len(name) - 14, 8)])
+    size = b(total)
+    head.append(" " * max(1, width - len(head.plain) - len(size)) + size)
+    lines = [head, bar(parts, width - 2), *pack_items(_detail(parts), width)]
+    if over > 0:
+        lines.append(Text(f" does not fit: {b(over)} over the usable memory", style="bold red"))
+    return lines
+
+
+def plan_view(plan: Any, width: int = 80) -> list[Text]:
+    """The plan at a glance: a bar per device, then the decisions in plain sentences."""
     cp = plan.footprint.context
-    console.print(plan_table(plan))
-    console.print(
-        f"context {cp.n_ctx} ({cp.n_seq_max} slots, {'unified' if cp.kv_unified else 'per-slot'} KV of "
-        f"{cp.n_ctx_seq} cells, K {cp.type_k} / V {cp.type_v}, flash attention "
-        f"{'on' if plan.footprint.flash_attn else 'off'})"
+    out: list[Text] = []
+    out.append(Text(safe_plain(plan.model.name)[:width], style="bold"))
+    slots = f"{cp.n_seq_max} slot{'s' if cp.n_seq_max != 1 else ''}" + (
+        " sharing one KV cache" if cp.kv_unified and cp.n_seq_max > 1 else ""
     )
-    for d in plan.decisions:
-        console.print(f"  - {safe(d.message)}")
-    for w in plan.warnings:
-        console.print(f"  [yellow]warning:[/] {safe(w)}")
-    console.print(safe(shlex.join(argv)), soft_wrap=True)
+    out += pack_items(
+        [f"context {cp.n_ctx}", slots, f"K {cp.type_k} / V {cp.type_v}",
+         f"flash attention {'on' if plan.footprint.flash_attn else 'off'}"], width, indent="",
+    )  # fmt: skip
+    out.append(Text(""))
+    for d in plan.devices:
+        dev = d.device
+        others = max(dev.total - dev.free, 0)
+        margin = min(plan.margin, max(dev.free, 0))
+        free_after = dev.free - margin - d.use.total
+        out += device_block(dev.id, safe_plain(dev.name), dev.total, _parts(d.use, others, margin, free_after),
+                            d.use.total - d.usable, width)  # fmt: skip
+        out.append(Text(""))
+    h = plan.host
+    others = max(h.host.total - h.host.available, 0)
+    margin = min(plan.margin, max(h.host.available, 0))
+    out += device_block("host", "RAM", h.host.total, _parts(h.use, others, margin, h.host.available - margin -
+                        h.use.total), h.use.total - h.usable, width)  # fmt: skip
+    out += [Text(line.plain, style="dim") for line in pack_items(
+        [f"{ch} {name}" for ch, name, _ in SEGMENTS], width, indent="")]  # fmt: skip
+    out.append(Text(""))
+    out.append(Text("Decisions", style="bold"))
+    for dec in plan.decisions:
+        out += wrapped(safe_plain(dec.message), width, "  - ", "    ")
+    if plan.warnings:
+        out.append(Text("Warnings", style="bold yellow"))
+        for w in plan.warnings:
+            out += wrapped(safe_plain(w), width, "  ! ", "    ", style="yellow")
+    return out
+
+
+def safe_plain(text: object) -> str:
+    """``safe`` for a Text object (no markup is parsed there): control characters only."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(text))
+
+
+def print_plan(console: Console, plan: Any, argv: list[str]) -> None:
+    for line in plan_view(plan, min(console.width, 100)):
+        console.print(line, soft_wrap=True)
+    console.print(Text(""))
+    console.print(Text(shlex.join(argv)), soft_wrap=True)

@@ -10,11 +10,11 @@ from typing import Any
 from rich.table import Table
 
 from llamafit.calibration import record
-from llamafit.cli.app import err_console, out_console
+from llamafit.cli.app import err_console, out_console, progress_console
 from llamafit.cli.render import safe
 from llamafit.compare import Row, compare, compare_mmproj
 from llamafit.errors import ExitCode
-from llamafit.logparse import LoadLog
+from llamafit.logparse import LoadLog, is_error
 from llamafit.plan import to_json
 from llamafit.prepare import Prepared
 from llamafit.supervisor import Supervisor, is_key_line
@@ -95,13 +95,14 @@ def supervise(prep: Prepared, env: dict[str, str], *, verbose: bool, log_file: P
     argv = list(prep.argv)
     if not prep.user.sets_family("verbosity") and prep.caps.accepts("-lv"):
         argv += ["-lv", "4"]  # the buffer lines are llama INFO messages, shown from verbosity 4
-    err = err_console()
+    err = progress_console()
     err.print(f"[dim]llamafit:[/] {safe(shlex.join(argv))}", soft_wrap=True)  # one line, copyable
     err.print(f"[dim]llamafit:[/] loading {safe(prep.plan.model.name)} ...")
 
     def on_line(line: str) -> None:
         if verbose or is_key_line(line):
-            err.print(safe(line), highlight=False, soft_wrap=True)
+            con = err_console() if is_error(line) else err  # the server's errors even under --quiet
+            con.print(safe(line), highlight=False, soft_wrap=True)
 
     def on_ready(url: str, log: LoadLog) -> None:
         rows = compare_all(prep, log)
@@ -140,8 +141,8 @@ def supervise(prep: Prepared, env: dict[str, str], *, verbose: bool, log_file: P
         err.print("[dim]llamafit: interrupted while loading[/]")
         return int(ExitCode.INTERRUPTED)
     assert f is not None
-    err.print(f"[bold red]error:[/] {safe(f.message)}", soft_wrap=True)
-    err.print(f"[dim]hint:[/] {safe(f.hint)}", soft_wrap=True)
+    err_console().print(f"[bold red]error:[/] {safe(f.message)}", soft_wrap=True)
+    err_console().print(f"[dim]hint:[/] {safe(f.hint)}", soft_wrap=True)
     return int(ExitCode.SERVER_LOAD_FAILED)
 
 

@@ -87,3 +87,23 @@ def is_cached(hub: Path, repo: str, commit: str, f: HubFile) -> bool:
         return snapshot_path(hub, repo, commit, f.path).stat().st_size == f.size
     except OSError:
         return False
+
+
+def cached_repos(hub: Path | None = None) -> list[str]:
+    """Model repos in the cache (``models--owner--name`` folders with snapshots), as owner/name."""
+    from llamafit.hub.select import is_valid_repo_id
+
+    root = hub or hub_cache_dir()
+    out = []
+    try:
+        entries = sorted(root.iterdir())
+    except OSError:
+        return []
+    for d in entries:
+        name = d.name
+        if not name.startswith("models--") or not (d / "snapshots").is_dir():
+            continue
+        repo = name[len("models--") :].replace("--", "/")
+        if is_valid_repo_id(repo):
+            out.append(repo)
+    return out
