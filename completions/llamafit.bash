@@ -45,9 +45,11 @@ _llamafit() {
         gpus)
             case "$prev" in
                 --gpu) :; return 0 ;;
+                --rpc) :; return 0 ;;
+                --server) COMPREPLY=($(compgen -f -- "$cur")); compopt -o filenames 2>/dev/null; return 0 ;;
             esac
             if [[ "$cur" == -* ]]; then
-                COMPREPLY=($(compgen -W "--gpu --cpu-only --json --quiet -q --help -h" -- "$cur")); return 0
+                COMPREPLY=($(compgen -W "--gpu --cpu-only --rpc --rpc-optional --server --json --quiet -q --help -h" -- "$cur")); return 0
             fi
             ;;
         history)
@@ -78,9 +80,10 @@ _llamafit() {
                 --server) COMPREPLY=($(compgen -f -- "$cur")); compopt -o filenames 2>/dev/null; return 0 ;;
                 --hf-file) :; return 0 ;;
                 --revision) :; return 0 ;;
+                --rpc) :; return 0 ;;
             esac
             if [[ "$cur" == -* ]]; then
-                COMPREPLY=($(compgen -W "--gpu --cpu-only --margin --min-ctx --spec --prefer --draft --server --hf-file --revision --offline --json --quiet -q --help -h" -- "$cur")); return 0
+                COMPREPLY=($(compgen -W "--gpu --cpu-only --margin --min-ctx --spec --prefer --draft --server --hf-file --revision --offline --rpc --rpc-optional --json --quiet -q --help -h" -- "$cur")); return 0
             fi
             _llamafit_models ;;
         run)
@@ -95,9 +98,10 @@ _llamafit() {
                 --draft) _llamafit_models; return 0 ;;
                 --hf-file) :; return 0 ;;
                 --revision) :; return 0 ;;
+                --rpc) :; return 0 ;;
             esac
             if [[ "$cur" == -* ]]; then
-                COMPREPLY=($(compgen -W "--dry-run --exec --verbose -v --log-file --server --gpu --cpu-only --margin --min-ctx --spec --prefer --draft --hf-file --revision --offline --json --quiet -q --help -h" -- "$cur")); return 0
+                COMPREPLY=($(compgen -W "--dry-run --exec --verbose -v --log-file --server --gpu --cpu-only --margin --min-ctx --spec --prefer --draft --hf-file --revision --offline --rpc --rpc-optional --json --quiet -q --help -h" -- "$cur")); return 0
             fi
             _llamafit_models ;;
     esac

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from llamafit.logparse import LoadLog
@@ -36,13 +37,18 @@ class Row:
         return err <= 0.0051 * max(self.n_logged, 1) or (tol > 0 and err <= tol * max(self.actual_mib, 1e-9))
 
 
-def compare(fp: Footprint, log: LoadLog, context: str = "target") -> list[Row]:
+def compare(
+    fp: Footprint, log: LoadLog, context: str = "target", aliases: Mapping[str, str] | None = None
+) -> list[Row]:
+    """``aliases``: logged buffer names that differ from the plan's device ids (RPC: ``RPC0[host:port]``)."""
     ctx = log.context(context)
     model = log.model(context)
     observed: dict[tuple[str, str], float] = {}
     counts: dict[tuple[str, str], int] = {}
+    names = aliases or {}
 
     def see(kind: str, buft: str, mib: float) -> None:
+        buft = names.get(buft, buft)
         observed[(kind, buft)] = observed.get((kind, buft), 0.0) + mib
         counts[(kind, buft)] = counts.get((kind, buft), 0) + 1
 
@@ -69,14 +75,16 @@ def compare(fp: Footprint, log: LoadLog, context: str = "target") -> list[Row]:
     return rows
 
 
-def compare_mmproj(m: MmprojUse, log: LoadLog) -> list[Row]:
+def compare_mmproj(m: MmprojUse, log: LoadLog, aliases: Mapping[str, str] | None = None) -> list[Row]:
     """The projector's weights and warmup compute against its clip contexts (vision and audio summed)."""
+    names = aliases or {}
     clips = log.mmproj
     weights = [c.weights_mib for c in clips if c.weights_mib is not None]
     rows = [Row("mmproj", "model", m.buft, m.weights, sum(weights) if weights else None, max(len(weights), 1))]
     observed: dict[str, float] = {}
     for c in clips:
         for buft, mib in c.compute.items():
+            buft = names.get(buft, buft)
             observed[buft] = observed.get(buft, 0.0) + mib
     if not observed:
         return rows  # --no-warmup: the compute buffer is reserved at the first image, not at load

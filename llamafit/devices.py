@@ -31,7 +31,7 @@ class PhysicalGpu:
 
 @dataclass(frozen=True)
 class Device:
-    """A GPU as llama.cpp will see it."""
+    """An offload device as llama.cpp will see it: a local GPU, or a device behind an RPC server."""
 
     id: str  # CUDA0, CUDA1, ...
     name: str
@@ -39,8 +39,9 @@ class Device:
     free: int
     uuid: str = ""
     nvml_index: int | None = None
-    kind: str = "gpu"
-    source: str = "nvml"  # "nvml" | "override"
+    kind: str = "gpu"  # "gpu" | "rpc"
+    source: str = "nvml"  # "nvml" | "override" | "rpc"
+    endpoint: str | None = None  # host:port of an RPC device
 
 
 @dataclass(frozen=True)
@@ -169,7 +170,7 @@ def discover(
     try:
         phys = p.gpus()
     except GpuProbeError as e:
-        notes.append(f"no NVIDIA GPU found (NVML: {e}); planning a CPU-only load")
+        notes.append(f"no NVIDIA GPU found (NVML: {e})")
         return Machine((), h, tuple(notes))
     visible = apply_cuda_visible(phys, env.get("CUDA_VISIBLE_DEVICES"))
     if len(visible) < len(phys):

@@ -28,6 +28,7 @@ from llamafit.devices import Device, Machine
 from llamafit.errors import DoesNotFitError, UsageError
 from llamafit.gguf.mmproj import Projector
 from llamafit.gguf.model import ModelInfo
+from llamafit.memory import backends
 from llamafit.memory.context import check_cache_types, checkpoint_bytes, per_layer_memory, resolve_context
 from llamafit.memory.footprint import RUNTIME_OVERHEAD, Footprint, LoadSettings, Use, estimate
 from llamafit.memory.mmproj import MmprojUse, mmproj_device, mmproj_use
@@ -176,7 +177,8 @@ class _Fitter:
         free = {g.id: g.free for g in self.gpus}
         return estimate(
             model, s, ids, free=[free[i] for i in ids], compute_scale=self.calib.compute_scale or None,
-            overhead={**{i: RUNTIME_OVERHEAD for i in ids}, **self.calib.overhead}, **kw,  # type: ignore[arg-type]
+            overhead={**{i: RUNTIME_OVERHEAD if backends.has_runtime_overhead(i) else 0 for i in ids},
+                      **self.calib.overhead}, **kw,  # type: ignore[arg-type]
         )  # fmt: skip
 
     # -- the drafter's memory ----------------------------------------------------------------------
@@ -268,10 +270,11 @@ class _Fitter:
         for il in range(hp.n_layer_all):
             cost[il] += mem[il]
         compute = max((probe.gpus[g].compute for g in self.ids), default=0)
-        overhead = max((probe.gpus[g].overhead for g in self.ids), default=0)
+        overhead = {g: probe.gpus[g].overhead for g in self.ids}  # none on RPC devices
         first = n_units - ngl
         budgets = [
-            self.usable[dev] - overhead - compute - probe_draft.get(dev, Use()).total - self.fixed.get(dev, Use()).total
+            self.usable[dev] - overhead[dev] - compute - probe_draft.get(dev, Use()).total
+            - self.fixed.get(dev, Use()).total
             for dev in self.ids
         ]  # fmt: skip
         counts = _split_balanced(cost[first:], budgets) or _split_greedy(cost[first:], budgets)
@@ -550,6 +553,8 @@ def make_plan(
         decisions.append(
             Decision("fit.off", "Passing -fit off: the placement is planned, the server should not change it.")
         )
+    if any(backends.kind(dev) == "rpc" for dev in fp.layer_device):
+        decisions.append(Decision("rpc.network", _network_note(fp.layer_device, machine)))
     layers_on = {g: 0 for g in f.ids}
     for d in fp.layer_device:
         if d in layers_on:
@@ -572,7 +577,40 @@ def make_plan(
         draft_footprint=result.draft,
         speculative=report,
         mmproj=mm,
+        buffer_aliases=backends.rpc_buffer_aliases({g.id: g.endpoint for g in machine.gpus if g.endpoint}),
     )
+
+
+def _network_note(layer_device: Sequence[str], machine: Machine) -> str:
+    """Where layers sit across machines, and which layer boundaries send activations over the network."""
+    where = {g.id: g.endpoint or "this machine" for g in machine.gpus}
+    runs: list[tuple[str, int, int]] = []  # (device, first layer, last layer)
+    for il, dev in enumerate(layer_device):
+        if runs and runs[-1][0] == dev:
+            runs[-1] = (dev, runs[-1][1], il)
+        else:
+            runs.append((dev, il, il))
+    n = len(layer_device) - 1  # the output layer's index
+
+    def span(a: int, b: int) -> str:
+        hi = "output" if b == n else str(b)
+        if a == n:
+            return "the output layer"
+        return f"layer {a}" if a == b else f"layers {a}-{hi}"
+
+    parts = [f"{span(a, b)} on {dev} ({where.get(dev, 'this machine')})" for dev, a, b in runs]
+    crossings = [
+        f"{runs[i][0]}->{runs[i + 1][0]}"
+        for i in range(len(runs) - 1)
+        if where.get(runs[i][0], "this machine") != where.get(runs[i + 1][0], "this machine")
+    ]
+    cost = (
+        f"activations cross the network at {len(crossings)} layer boundar{'y' if len(crossings) == 1 else 'ies'} "
+        f"per token ({', '.join(crossings)}), plus the input and the logits"
+        if crossings
+        else "the layers on remote devices exchange activations with this machine once per token"
+    )
+    return "Over RPC: " + "; ".join(parts) + f"; {cost}."
 
 
 def _place_mmproj(
@@ -679,7 +717,11 @@ def _fit_with_policy(
     # placements to try for a separate drafter on several cards: following the target's split, or
     # whole on one card (-devd), so a busy card does not condemn a drafter another card holds
     options: list[tuple[str, ...] | None] = [opts.devices]
-    if opts.devices is None and not d.embedded and len(f.ids) > 1:
+    local = tuple(i for i in f.ids if backends.kind(i) != "rpc")
+    if opts.devices is None and not d.embedded and len(local) < len(f.ids):
+        # never on a remote device unless the user says so (-devd): the local cards, or the CPU
+        options = [local, *(((g,) for g in local) if len(local) > 1 else ())]
+    elif opts.devices is None and not d.embedded and len(f.ids) > 1:
         options += [(g,) for g in f.ids]
     kind = d.kind
     what = f"its drafter ({kind}{', ' + d.path if d.path else ', the NextN head'})"
@@ -886,7 +928,7 @@ def _planned(
     if d is not None and d.path is not None and not opts.user_draft and not opts.user_draft_hf:
         out.append(Planned("draft-model", ("-md", d.path)))
     if d is not None and spec.draft_devices is not None and opts.devices is None:
-        out.append(Planned("draft-device", ("-devd", ",".join(spec.draft_devices))))
+        out.append(Planned("draft-device", ("-devd", ",".join(spec.draft_devices) or "none")))
     if req.mmproj and not req.server_args.sets_family("mmproj"):
         out.append(Planned("mmproj", ("-mm", req.mmproj)))  # a Hub projector, resolved by llamafit
     if req.fit is None:

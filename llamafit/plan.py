@@ -91,6 +91,7 @@ class Plan:
     draft_footprint: Footprint | None = field(default=None, repr=False)
     speculative: SpecReport | None = None
     mmproj: MmprojUse | None = None
+    buffer_aliases: dict[str, str] = field(default_factory=dict)  # logged buffer name -> device id (RPC)
 
     @property
     def fits(self) -> bool:
@@ -139,6 +140,7 @@ def to_json(plan: Plan, argv: list[str]) -> dict[str, Any]:
             {
                 "id": d.device.id,
                 "kind": d.device.kind,
+                "endpoint": d.device.endpoint,
                 "name": d.device.name,
                 "total": d.device.total,
                 "free": d.device.free,

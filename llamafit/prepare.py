@@ -28,7 +28,8 @@ from llamafit.hub.resolve import Hub, RepoState, is_hub_ref, offline_from_env
 from llamafit.hub.select import HubFile
 from llamafit.memory.footprint import LoadSettings
 from llamafit.plan import Plan
-from llamafit.request import build_request
+from llamafit.request import Request, build_request
+from llamafit.rpc import discover_rpc
 from llamafit.server import ServerBinary, find_server
 from llamafit.speculative import spec_options
 from llamafit.units import parse_size
@@ -51,6 +52,8 @@ class Options:
     hf_file: str | None = None  # --hf-file: an exact file of the Hub repo
     revision: str | None = None  # --revision: a branch or commit of the Hub repo
     offline: bool = False  # --offline (or HF_HUB_OFFLINE=1): the Hugging Face cache only
+    rpc: Sequence[str] = ()  # --rpc host:port[,...] (llamafit's option; passed on as the server's --rpc)
+    rpc_optional: bool = False  # --rpc-optional: plan without an unreachable RPC server
 
 
 @dataclass(frozen=True)
@@ -95,7 +98,8 @@ def prepare(
     extra_notes: Callable[[ServerArgs], list[str]] | None = None,
 ) -> Prepared:
     srv, caps = server if server is not None else server_and_caps(o.server)
-    translated = translate_user_args(normalize_bare_flash_attn(list(o.server_args)), caps)
+    own_rpc = [t for v in o.rpc for t in ("--rpc", v)]
+    translated = translate_user_args(normalize_bare_flash_attn([*own_rpc, *o.server_args]), caps)
     args = translated.args
     notes = list(translated.notes)
     hub: Hub | None = None
@@ -122,6 +126,8 @@ def prepare(
         draft = the_hub().resolve_draft(draft, kinds=[o.spec] if o.spec.startswith("draft-") else [])
     opts = spec_options(user, mode=o.spec, prefer=o.prefer, draft=draft)
     mach = machine if machine is not None else discover(gpu_specs=o.gpu, cpu_only=o.cpu_only)
+    if req.rpc:
+        mach, user, req = _with_rpc(mach, user, req, srv, o, notes)
     projector = read_projector(req.mmproj) if req.mmproj else None
     if model is not None:
         info = model
@@ -152,6 +158,22 @@ def prepare(
     if extra_notes:
         notes += extra_notes(user)
     return Prepared(plan, argv, user, srv, caps, tuple(notes), hub)
+
+
+def _with_rpc(
+    mach: Machine, user: ServerArgs, req: Request, srv: ServerBinary | None, o: Options, notes: list[str]
+) -> tuple[Machine, ServerArgs, Request]:
+    """The RPC servers' devices in front of the local GPUs, as llama.cpp orders them; an unreachable
+    server under --rpc-optional is left out of the plan and of the server's --rpc."""
+    if o.cpu_only:
+        raise UsageError("--cpu-only plans a load without offload devices, RPC ones included", hint="drop one")
+    found = discover_rpc(req.rpc, srv.path if srv else None, srv.env() if srv else None, optional=o.rpc_optional)
+    if found.unreachable:
+        up = [ep for ep in req.rpc if ep not in found.unreachable]
+        notes.append(f"RPC server(s) {', '.join(found.unreachable)} unreachable: planned without them (--rpc-optional)")
+        user = parse_server_args([*(["--rpc", ",".join(up)] if up else []), *user.without(["--rpc"]).tokens()])
+        req = replace(req, server_args=user, rpc=tuple(up))
+    return Machine((*found.devices, *mach.gpus), mach.host, mach.notes), user, req
 
 
 def load_any_model(

@@ -59,6 +59,7 @@ class Request:
     mmproj_offload: bool = True  # --no-mmproj-offload keeps it on the CPU
     mmproj_device: str | None = None  # -mmdev DEV
     image_max_tokens: int = -1  # --image-max-tokens (changes the warmup image)
+    rpc: tuple[str, ...] = ()  # --rpc endpoints (every occurrence accumulates)
     margin: int = DEFAULT_MARGIN_MIB << 20
     min_ctx: int = DEFAULT_MIN_CTX
     cpu_only: bool = False
@@ -205,6 +206,11 @@ def build_request(
         kw["mmproj_offload"] = f
     if (o := args.last("--mmproj-device")) is not None:
         kw["mmproj_device"] = (o.value or "").strip().upper() if (o.value or "").strip().lower() != "none" else "none"
+    rpc_values = [o.value or "" for o in args.items if o.key == "--rpc"]
+    if rpc_values:
+        from llamafit.rpc import parse_endpoints
+
+        kw["rpc"] = tuple(parse_endpoints(rpc_values))
     if (o := args.last("--image-max-tokens")) is not None:
         kw["image_max_tokens"] = _int(o.value, o.tokens[0], -1)
     return Request(server_args=args, margin=margin, min_ctx=min_ctx, cpu_only=cpu_only, **kw)  # type: ignore[arg-type]

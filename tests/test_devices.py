@@ -55,7 +55,7 @@ def test_cuda_visible_devices_stops_at_the_first_invalid_entry() -> None:
 def test_no_nvml_is_a_cpu_plan_with_a_note() -> None:
     m = discover(probe=FakeProbe(error="NVML Shared Library Not Found"), environ={}, host=HOST)
     assert m.gpus == ()
-    assert "NVML" in m.notes[0] and "CPU-only" in m.notes[0]
+    assert "NVML" in m.notes[0] and "no NVIDIA GPU" in m.notes[0]
 
 
 def test_real_nvml_probe_does_not_crash_here() -> None:

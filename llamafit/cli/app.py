@@ -152,6 +152,16 @@ def _set_quiet(value: bool) -> bool:
     return value
 
 
+RpcOpt = Annotated[
+    Optional[list[str]],  # noqa: UP045
+    typer.Option(
+        "--rpc",
+        help="llama.cpp RPC servers to offload to, host:port[,host:port...] (repeatable); passed on as --rpc.",
+    ),
+]
+RpcOptionalOpt = Annotated[
+    bool, typer.Option("--rpc-optional", help="Plan without an RPC server that cannot be reached (a warning).")
+]
 QuietOpt = Annotated[
     bool,
     typer.Option("--quiet", "-q", callback=_set_quiet, help="Only errors on stderr (no notes or progress)."),
@@ -229,12 +239,15 @@ def _prepare(
     hf_file: str | None = None,
     revision: str | None = None,
     offline: bool = False,
+    rpc: list[str] | None = None,
+    rpc_optional: bool = False,
 ) -> Prepared:
     from llamafit.devices import discover
     from llamafit.prepare import Options, prepare, server_and_caps
 
     o = Options(server_args or (), gpu or (), cpu_only, margin, min_ctx, spec.value, prefer.value, draft, server,
-                hf_file=hf_file, revision=revision, offline=offline)  # fmt: skip
+                hf_file=hf_file, revision=revision, offline=offline, rpc=rpc or (),
+                rpc_optional=rpc_optional)  # fmt: skip
     machine = discover(gpu_specs=o.gpu, cpu_only=cpu_only)  # usage errors (--gpu) before touching files
     return prepare(model, o, machine=machine, server=server_and_caps(server))
 
@@ -243,12 +256,28 @@ def _prepare(
 def gpus(
     gpu: GpuOpt = None,
     cpu_only: CpuOnlyOpt = False,
+    rpc: RpcOpt = None,
+    rpc_optional: RpcOptionalOpt = False,
+    server: ServerOpt = None,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
-    """Show what llamafit sees: each GPU (name, total, free) and host RAM."""
+    """Show what llamafit sees: each GPU (name, total, free), RPC devices, and host RAM."""
     with handled():
         m = _machine(gpu, cpu_only)
+        if rpc:
+            from llamafit.devices import Machine
+            from llamafit.errors import UsageError
+            from llamafit.prepare import server_and_caps
+            from llamafit.rpc import discover_rpc, parse_endpoints
+
+            if cpu_only:
+                raise UsageError("--cpu-only and --rpc: choose one")
+            srv, _ = server_and_caps(server)
+            found = discover_rpc(parse_endpoints(rpc), srv.path if srv else None, srv.env() if srv else None,
+                                 optional=rpc_optional)  # fmt: skip
+            notes = [f"RPC server {ep} unreachable (--rpc-optional)" for ep in found.unreachable]
+            m = Machine((*found.devices, *m.gpus), m.host, (*m.notes, *notes))
         if json_out:
             doc = {
                 "schema": "llamafit.gpus/1",
@@ -261,6 +290,7 @@ def gpus(
                         "total": g.total,
                         "free": g.free,
                         "source": g.source,
+                        "endpoint": g.endpoint,
                     }
                     for g in m.gpus
                 ],
@@ -353,13 +383,15 @@ def plan(
     hf_file: HfFileOpt = None,
     revision: RevisionOpt = None,
     offline: OfflineOpt = False,
+    rpc: RpcOpt = None,
+    rpc_optional: RpcOptionalOpt = False,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
     """The memory plan per device and the decisions behind it. Nothing is launched or downloaded."""
     with handled():
         prep = _prepare(model, server_args, gpu, cpu_only, margin, min_ctx, spec, prefer, draft, server, hf_file,
-                        revision, offline)  # fmt: skip
+                        revision, offline, rpc, rpc_optional)  # fmt: skip
         p, argv = prep.plan, prep.argv
         for n in prep.notes:
             _note(n)
@@ -400,6 +432,8 @@ def run(
     hf_file: HfFileOpt = None,
     revision: RevisionOpt = None,
     offline: OfflineOpt = False,
+    rpc: RpcOpt = None,
+    rpc_optional: RpcOptionalOpt = False,
     json_out: Annotated[
         bool, typer.Option("--json", help="When the server is ready, print the plan and predicted vs actual as JSON.")
     ] = False,
@@ -410,7 +444,7 @@ def run(
     A Hub model is downloaded (only the files the plan uses) after the plan says it fits."""
     with handled():
         prep = _prepare(model, server_args, gpu, cpu_only, margin, min_ctx, spec, prefer, draft, server, hf_file,
-                        revision, offline)  # fmt: skip
+                        revision, offline, rpc, rpc_optional)  # fmt: skip
         for n in prep.notes:
             _note(n)
         pending = prep.downloads()

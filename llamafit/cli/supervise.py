@@ -22,13 +22,14 @@ from llamafit.units import MiB
 
 
 def compare_all(prep: Prepared, log: LoadLog) -> list[Row]:
-    rows = compare(prep.plan.footprint, log, "target")
+    aliases = prep.plan.buffer_aliases
+    rows = compare(prep.plan.footprint, log, "target", aliases)
     spec = prep.plan.speculative
     if prep.plan.draft_footprint is not None and spec is not None and spec.drafter is not None:
         label = "mtp" if spec.drafter.kind == "draft-mtp" else "draft"
-        rows += compare(prep.plan.draft_footprint, log, label)
+        rows += compare(prep.plan.draft_footprint, log, label, aliases)
     if prep.plan.mmproj is not None:
-        rows += compare_mmproj(prep.plan.mmproj, log)
+        rows += compare_mmproj(prep.plan.mmproj, log, aliases)
     return rows
 
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from llamafit.ggml import by_name
 from llamafit.gguf.hparams import Hparams
 from llamafit.gguf.model import ModelInfo
+from llamafit.memory import backends
 from llamafit.memory.context import ContextParams, _attention_filter, _recurrent_layers, swa_cells
 from llamafit.memory.placement import CPU, WeightPlacement
 
@@ -128,7 +129,6 @@ def compute_buffers(
     fa: bool,
     op_offload: bool = True,
     pipeline_parallel: bool = False,
-    backend: str = "cuda",
 ) -> ComputeEstimate:
     """Bytes of every compute buffer the pp reserve creates (``sched_reserve: ... compute buffer size``)."""
     hp = model.hparams
@@ -182,12 +182,13 @@ def compute_buffers(
 
     out: dict[str, int] = {}
     devices = set(peak) | set(kq)
+    mask_of = {
+        d: sum((n_kv_swa if m == "swa" else n_kv_full) * U * mask_bytes for m in masks.get(d, ())) for d in devices
+    }
     for d in devices:
         size = U * 4 * peak.get(d, 0.0)
         size = max(size, kq.get(d, 0))
-        for m in masks.get(d, ()):
-            size += (n_kv_swa if m == "swa" else n_kv_full) * U * mask_bytes
-        size += U * 4 * SMALL_INPUT_FLOATS
+        size += mask_of[d] + U * 4 * SMALL_INPUT_FLOATS
         out[d] = int(size)
 
     # output phase on the output layer's device: logits of the pp outputs + the normed hidden states
@@ -197,10 +198,39 @@ def compute_buffers(
     out[out_dev] = max(out.get(out_dev, 0), logits + U * 4 * SMALL_INPUT_FLOATS)
 
     if gpus:
-        # the host buffer holds the input embedding rows and the graph inputs
-        host = U * 4 * (E + SMALL_INPUT_FLOATS)
+        # How ggml_backend_sched splits the graph (ggml-backend.cpp:1500-1580, 1700-1730): graph inputs
+        # (tokens, positions, the KQ masks, the mixed-embedding input) live in the CPU buffer; the token
+        # embedding rows are gathered there (token_embd stays on the host); each device gets a copy of
+        # every input it reads from another backend. Measured through RPC devices on the CPU build, a
+        # device's activations are the single-buffer peak less the three E x U embedding rows the host
+        # holds, plus two (the merged embedding rows) on the device that takes layer 0.
+        row = U * 4 * E
+        # without flash attention the mask input comes with an F16 twin (measured: + n_kv x U x 2)
+        host_masks = sum(
+            (n_kv_swa if m == "swa" else n_kv_full) * U * (mask_bytes + (0 if fa else 2))
+            for m in {m for ms in masks.values() for m in ms}
+        )
+        small = U * 4 * SMALL_INPUT_FLOATS
+        emb_dev = layer_dev[0] if layer_dev and layer_dev[0] != CPU else None  # the device that gets the embeddings
+        for d in gpus:
+            if d in out and d in devices:
+                out[d] -= row if d == emb_dev else 3 * row
+        if pipeline_parallel:
+            # with pipeline parallelism every cross-backend input is kept in GGML_SCHED_MAX_COPIES
+            # copies (set_input|set_output: never freed), and so is every graph input (pass 6)
+            for d in gpus:
+                if d not in out:
+                    continue
+                extra = (PP_COPIES - 1) * (mask_of.get(d, 0) + (0 if fa else mask_of.get(d, 0) // 2) + small)
+                # the first device reads the three embedding inputs (token rows, mixed rows, mixed
+                # embeddings); every other one the hidden state of the device before it
+                extra += PP_COPIES * 3 * row if d == emb_dev else (PP_COPIES + 1) * row
+                out[d] += extra
+            host = PP_COPIES * (host_masks + 2 * row + small) + 2 * row
+        else:
+            host = host_masks + 4 * row + small
         out[CPU] = max(out.get(CPU, 0), host)
-        if op_offload and U >= OP_OFFLOAD_MIN_BATCH and backend == "cuda":
+        if op_offload and U >= OP_OFFLOAD_MIN_BATCH and backends.kind(gpus[0]) == "cuda":
             staged = [
                 p.tensor.info.nbytes
                 for p in placement.tensors
@@ -208,16 +238,12 @@ def compute_buffers(
             ]
             if staged:
                 out[gpus[0]] = out.get(gpus[0], 0) + max(staged)
-        if fa and backend == "cuda" and (by_name(cp.type_k).quantized or by_name(cp.type_v).quantized):
+        if fa and (by_name(cp.type_k).quantized or by_name(cp.type_v).quantized):
             # CUDA FA converts one layer's quantized K/V to F16 inside the compute buffer
             worst = max((hp.n_embd_k_gqa(il) + hp.n_embd_v_gqa(il) for il in attn_layers), default=0)
             for d in {layer_dev[il] for il in attn_layers if layer_dev[il] != CPU}:
-                out[d] = out.get(d, 0) + n_kv_full * worst * 2
-        if pipeline_parallel:
-            for d in gpus:
-                if d in out:
-                    extra = sum((n_kv_swa if m == "swa" else n_kv_full) * U * mask_bytes for m in masks.get(d, ()))
-                    out[d] += (PP_COPIES - 1) * (extra + U * 4 * (E + SMALL_INPUT_FLOATS))
+                if backends.kind(d) == "cuda":
+                    out[d] = out.get(d, 0) + n_kv_full * worst * 2
     return ComputeEstimate({k: v for k, v in out.items() if v > 0}, fa, pipeline_parallel)
 
 

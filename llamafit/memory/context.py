@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from llamafit.ggml import by_name, row_size
 from llamafit.gguf.hparams import Hparams
+from llamafit.memory import backends
 from llamafit.memory.placement import CPU, CPU_ALIGN, CUDA_ALIGN
 from llamafit.units import pad
 
@@ -97,7 +98,7 @@ class MemBuffer:
 
 
 def _align(buft: str) -> int:
-    return CPU_ALIGN if buft == CPU else CUDA_ALIGN
+    return CUDA_ALIGN if backends.kind(buft) == "cuda" else CPU_ALIGN
 
 
 def _attention_filter(hp: Hparams, mtp: bool) -> list[int]:

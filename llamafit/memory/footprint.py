@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, fields, replace
 
 from llamafit.ggml import by_name
 from llamafit.gguf.model import ModelInfo
+from llamafit.memory import backends
 from llamafit.memory.compute import compute_buffers, output_buffer_bytes, resolve_flash_attn
 from llamafit.memory.context import ContextParams, memory_buffers, resolve_context
 from llamafit.memory.placement import CPU, Override, RepackProfile, WeightPlacement, place_weights
@@ -107,7 +108,7 @@ _PLACEMENTS: dict[tuple[object, ...], tuple[ModelInfo, WeightPlacement]] = {}
 
 
 def _buft_device(buft: str) -> str:
-    return CPU if not buft.startswith("CUDA") or buft == "CUDA_Host" else buft
+    return buft if backends.is_device_buffer(buft) else CPU
 
 
 def estimate(
@@ -201,19 +202,19 @@ def estimate(
         else:
             add(_buft_device(b.buft), rs=b.nbytes)
     for dev, size in comp.per_buft.items():
-        buft = dev if dev != CPU else ("CUDA_Host" if gpu_ids else CPU)
+        buft = dev if dev != CPU else (backends.host_buffer(gpu_ids) or CPU)
         if compute_scale and buft in compute_scale:
             size = int(size * compute_scale[buft])
         buffers.append(PredictedBuffer(context_label, "compute", buft, size))
         add(dev, compute=size)
     out_dev = placement.layer_device[hp.n_layer_all]
-    out_buft = "CUDA_Host" if out_dev != CPU else CPU
+    out_buft = (backends.host_buffer(gpu_ids) or CPU) if out_dev != CPU else CPU
     buffers.append(
         PredictedBuffer(context_label, "output", out_buft, output_buffer_bytes(hp, 0, cp.n_seq_max, initial=True))
     )
     add(CPU, output=out_bytes)
     for g in gpu_ids:
-        if per[g].total > 0:
+        if per[g].total > 0 and backends.has_runtime_overhead(g):
             per[g] = replace(
                 per[g], overhead=overhead if isinstance(overhead, int) else overhead.get(g, RUNTIME_OVERHEAD)
             )

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from llamafit.gguf.model import ModelInfo, Tensor
+from llamafit.memory import backends
 from llamafit.units import pad
 
 CPU = "CPU"
@@ -108,7 +109,7 @@ class WeightPlacement:
     def bytes_on(self, device: str) -> int:
         """Weight bytes resident on ``device`` (for CPU: sum of host model buffers)."""
         if device == CPU:
-            return sum(b for n, b in self.buffers if not n.startswith("CUDA") or n == "CUDA_Host")
+            return sum(b for n, b in self.buffers if not backends.is_device_buffer(n))
         return sum(b for n, b in self.buffers if n == device)
 
 
@@ -149,14 +150,15 @@ def place_weights(
     prof = profile if profile is not None else host_repack_profile()
     devs = layer_devices(hp.n_layer_all, n_gpu_layers, gpus, splits)
     compiled = [(re.compile(o.pattern), o.buft) for o in overrides]
-    have_gpu = bool(gpus)
+    host_buft = backends.host_buffer(gpus)
     tied = not any(t.name == "output.weight" for t in model.tensors)
 
     def cpu_buft(t: Tensor, matmul: bool) -> str:
         # CPU list: [device host buffer unless --no-host] -> [CPU_REPACK unless -nr] -> CPU
         # (llama-model.cpp:1079-1139); with mmap the host buffer becomes plain CPU (loader.cpp:1268-1276).
-        if have_gpu and not no_host:
-            return "CPU" if use_mmap else "CUDA_Host"
+        # RPC devices have no host buffer type, so beside them repacking still applies.
+        if host_buft is not None and not no_host:
+            return "CPU" if use_mmap else host_buft
         if repack and matmul and _repackable(t, prof):
             return "CPU_REPACK"
         return "CPU"
@@ -174,8 +176,7 @@ def place_weights(
                 break
         if buft is None:
             buft = cpu_buft(t, matmul) if dev == CPU else dev
-        on_device = buft.startswith("CUDA") and buft != "CUDA_Host"
-        return PlacedTensor(t, dev, buft, _cuda_alloc(t) if on_device else t.info.nbytes)
+        return PlacedTensor(t, dev, buft, _cuda_alloc(t) if backends.pads_rows(buft) else t.info.nbytes)
 
     n_layer = hp.n_layer
     for t in model.tensors:
@@ -209,7 +210,7 @@ def _buffers(model: ModelInfo, placed: Sequence[PlacedTensor], use_mmap: bool) -
                     last = max(i.offset + i.nbytes for i in mine)
                     out.append(("CPU_Mapped", last - first))
             continue
-        align = CUDA_ALIGN if buft.startswith("CUDA") and buft != "CUDA_Host" else CPU_ALIGN
+        align = CUDA_ALIGN if backends.kind(buft) == "cuda" else CPU_ALIGN
         seen: set[str] = set()
         size = 0
         for p in items:

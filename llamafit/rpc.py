@@ -1,0 +1,118 @@
+"""llama.cpp RPC servers (``ggml-rpc-server``) as offload devices: which exist, and how much they hold.
+
+Each endpoint is first tried with a plain TCP connection (a timeout per server, so an unreachable one
+is named rather than hanging the plan), then the real binary lists the devices as it will see them:
+``llama-server --rpc A,B --list-devices`` prints ``RPC<i>: <endpoint> (<total> MiB, <free> MiB free)``
+(``common/arg.cpp:1144-1166``). Device ids follow llama.cpp: ``RPC0, RPC1, ...`` in endpoint order,
+one per device a server exposes; in a load they come before the local GPUs (``src/llama.cpp:272-276``).
+
+The RPC protocol has no authentication: anyone who can reach the port can run code on that device.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from llamafit.devices import Device
+from llamafit.errors import NetworkError, ServerNotFoundError, UsageError
+
+CONNECT_TIMEOUT = 3.0
+LIST_TIMEOUT = 30.0
+_ENDPOINT = re.compile(r"^(?P<host>\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+):(?P<port>\d{1,5})$")
+_DEVICE_LINE = re.compile(r"^\s*(?P<id>RPC\d+): (?P<ep>\S+) \((?P<total>\d+) MiB, (?P<free>\d+) MiB free\)")
+MiB = 1 << 20
+
+
+@dataclass(frozen=True)
+class RpcDevices:
+    devices: tuple[Device, ...]
+    unreachable: tuple[str, ...] = ()  # left out under --rpc-optional
+
+
+def parse_endpoints(values: Sequence[str]) -> list[str]:
+    """``host:port`` items from every ``--rpc`` value (comma-separated, accumulated), in order, once each."""
+    out: list[str] = []
+    for v in values:
+        for ep in (x.strip() for x in v.split(",")):
+            if not ep:
+                continue
+            m = _ENDPOINT.match(ep)
+            if not m or not 0 < int(m["port"]) < 65536:
+                raise UsageError(f"--rpc {ep!r} is not host:port", hint="e.g. --rpc 192.168.1.20:50052")
+            if ep not in out:
+                out.append(ep)
+    return out
+
+
+def reachable(endpoint: str, timeout: float = CONNECT_TIMEOUT) -> str | None:
+    """None when a TCP connection opens, else why not."""
+    host, _, port = endpoint.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            return None
+    except TimeoutError:
+        return f"no answer within {timeout:.0f} s"
+    except OSError as e:
+        return e.strerror or type(e).__name__
+
+
+def parse_device_list(text: str) -> list[Device]:
+    devs = []
+    for line in text.splitlines():
+        if m := _DEVICE_LINE.match(line):
+            devs.append(
+                Device(
+                    id=m["id"], name=m["ep"], total=int(m["total"]) * MiB, free=int(m["free"]) * MiB,
+                    kind="rpc", source="rpc", endpoint=m["ep"],
+                )
+            )  # fmt: skip
+    return devs
+
+
+def discover_rpc(
+    endpoints: Sequence[str],
+    server: str | None,
+    env: dict[str, str] | None = None,
+    *,
+    optional: bool = False,
+    timeout: float = CONNECT_TIMEOUT,
+) -> RpcDevices:
+    """The RPC devices behind ``endpoints`` as llama-server will number them."""
+    if not endpoints:
+        return RpcDevices(())
+    down = [(ep, why) for ep in endpoints if (why := reachable(ep, timeout)) is not None]
+    if down and not optional:
+        ep, why = down[0]
+        raise NetworkError(
+            f"the RPC server {ep} cannot be reached ({why})",
+            hint="start `ggml-rpc-server -H <its address> -p <port>` there, check the address and firewall, "
+            "or pass --rpc-optional to plan without it",
+        )
+    up = [ep for ep in endpoints if ep not in {d for d, _ in down}]
+    if not up:
+        return RpcDevices((), tuple(d for d, _ in down))
+    if server is None:
+        raise ServerNotFoundError(
+            "listing RPC devices needs a llama-server built with RPC support",
+            hint="install llamafit[server] or pass --server PATH",
+        )
+    try:
+        r = subprocess.run([server, "--rpc", ",".join(up), "--list-devices"], capture_output=True, text=True,
+                           env=env, timeout=LIST_TIMEOUT, errors="replace", stdin=subprocess.DEVNULL)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        raise NetworkError(f"listing the devices of {', '.join(up)} took over {LIST_TIMEOUT:.0f} s") from None
+    except OSError as e:
+        raise ServerNotFoundError(f"could not run {server}: {e.strerror or e}") from None
+    devs = parse_device_list(r.stdout)
+    if r.returncode != 0 or not devs:
+        tail = (r.stderr.strip().splitlines() or ["no output"])[-1][:200]
+        if "failed to find RPC backend" in r.stderr:
+            raise ServerNotFoundError(
+                "this llama-server was built without RPC support", hint="rebuild it with -DGGML_RPC=ON"
+            )
+        raise NetworkError(f"llama-server could not list the devices of {', '.join(up)}: {tail}")
+    return RpcDevices(tuple(devs), tuple(d for d, _ in down))
