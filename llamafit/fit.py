@@ -241,7 +241,7 @@ class _Fitter:
 
     # -- layer packing across GPUs -------------------------------------------------------------
 
-    def pack(self, s: LoadSettings, n_gpu_layers: int) -> LoadSettings | None:
+    def pack(self, s: LoadSettings, n_gpu_layers: int, cuts: dict[str, int] | None = None) -> LoadSettings | None:
         """Choose per-GPU layer counts (-ts) for the top ``n_gpu_layers`` layers, back to front.
 
         Each card gets what its own budget holds after its fixed costs (runtime overhead, compute
@@ -274,10 +274,15 @@ class _Fitter:
         first = n_units - ngl
         budgets = [
             self.usable[dev] - overhead[dev] - compute - probe_draft.get(dev, Use()).total
-            - self.fixed.get(dev, Use()).total
+            - self.fixed.get(dev, Use()).total - (cuts or {}).get(dev, 0)
             for dev in self.ids
         ]  # fmt: skip
-        counts = _split_balanced(cost[first:], budgets) or _split_greedy(cost[first:], budgets)
+        if any(backends.kind(d) == "rpc" for d in self.ids):
+            # over RPC the local cards are last in llama.cpp's order: filling back to front keeps as much
+            # as possible on this machine and sends only the overflow over the network
+            counts = _split_greedy(cost[first:], budgets)
+        else:
+            counts = _split_balanced(cost[first:], budgets) or _split_greedy(cost[first:], budgets)
         if counts is None:
             return None
         return replace(s, n_gpu_layers=ngl if ngl < n_units else -1, tensor_split=tuple(float(c) for c in counts))
@@ -286,7 +291,19 @@ class _Fitter:
         packed = self.pack(s, n_gpu_layers)
         if packed is None:
             return None
-        return self.run(packed)
+        t = self.run(packed)
+        # the packing prices each card's compute buffer from an even split; where the real split makes
+        # one larger (the output card, pipeline copies), take the overflow off that card and pack again
+        cuts: dict[str, int] = {}
+        for _ in range(3):
+            if t.ok or len(self.ids) < 2 or t.worst not in self.ids:
+                break
+            cuts[t.worst] = cuts.get(t.worst, 0) + t.over
+            again = self.pack(s, n_gpu_layers, cuts)
+            if again is None:
+                break
+            t = self.run(again)
+        return t
 
     # -- context search --------------------------------------------------------------------------
 
@@ -434,7 +451,7 @@ def _split_balanced(cost: Sequence[int], budgets: Sequence[int]) -> list[int] | 
             used += cost[il]
             counts[d] += 1
             il -= 1
-        if used > budgets[d]:
+        if used > 0 and used > budgets[d]:
             return None
     return counts
 

