@@ -1,6 +1,12 @@
 #!/usr/bin/env python3
-"""How fast llamafit plans: wall time of `llamafit plan --json` and `llamafit --help`, next to
-`llama-fit-params -fitp on` on the same file and settings when that binary is available.
+"""How fast llamafit plans, and how little it reads to plan a Hub model.
+
+* wall time of ``llamafit plan --json`` for a single-file 8B shape and a 5-shard 70B-class shape,
+  beside ``llama-fit-params -fitp on`` on the same files and settings (a CPU-only plan here: both
+  answer for host memory; on a GPU machine fit-params measures every candidate placement);
+* bytes and requests needed to plan the same files as a Hub model, through a loopback Hub
+  (tests/hubserver.py) and the real huggingface_hub client;
+* ``llamafit --help`` and the shell-completion path.
 
 Usage: python bench/speed.py [--runs N] [--keep DIR]
 
@@ -23,6 +29,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 
 import factory  # noqa: E402
+import shapes  # noqa: E402
 
 LLAMAFIT = [sys.executable, "-m", "llamafit"]
 
@@ -56,9 +63,16 @@ def main() -> None:
     a = ap.parse_args()
     d = a.keep or Path(tempfile.mkdtemp())
     d.mkdir(parents=True, exist_ok=True)
+    split_dir = d / "split70b"
+    split_dir.mkdir(exist_ok=True)
+    if not (split_dir / "Llama-3.1-70B-Q4_K-00001-of-00005.gguf").exists():
+        factory.write_split(split_dir, "Llama-3.1-70B-Q4_K", shapes.llama31_70b(), 5)
+    single = d / "Llama-3.1-8B-Q4_K.gguf"
+    if not single.exists():
+        factory.llama31_8b().write(single)
     models = {
-        "llama-3.1-8B Q4_K (128k vocab)": factory.llama31_8b(),
-        "GLM-4.5-Air Q4_K (151k vocab, 72 GB)": factory.glm45_air(),
+        "Llama-3.1-8B Q4_K (1 file)": single,
+        "Llama-3.1-70B Q4_K (5 shards, 40 GB)": split_dir / "Llama-3.1-70B-Q4_K-00001-of-00005.gguf",
     }
     rows = []
     fitp = fit_params_binary()
@@ -66,12 +80,10 @@ def main() -> None:
     # compiler instead of llamafit. One untimed warm-up run writes the caches.
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     subprocess.run([*LLAMAFIT, "--help"], capture_output=True, env=env)
-    for label, shape in models.items():
-        path = d / (label.split()[0] + ".gguf")
-        if not path.exists():
-            shape.write(path)
-        size = path.stat().st_size
-        plan_cmd = [*LLAMAFIT, "plan", str(path), "--json", "--gpu", "80GiB"]
+    settings = ["-c", "4096", "-np", "4"]
+    for label, path in models.items():
+        size = sum(p.stat().st_size for p in path.parent.glob(path.name.split("-00001-")[0] + "*.gguf"))
+        plan_cmd = [*LLAMAFIT, "plan", str(path), "--json", "--cpu-only", "--", *settings]
         subprocess.run(plan_cmd, capture_output=True, env=env)
         t_plan, rc = timed(plan_cmd, a.runs, env)
         row = {"model": label, "file_size": size, "plan_s": round(t_plan, 3), "plan_rc": rc}
@@ -79,10 +91,11 @@ def main() -> None:
             from llamafit.server import find_server
 
             srv = find_server()
-            t_fp, rc_fp = timed([fitp, "-m", str(path), "-fitp", "on", "-np", "4", "-c", "4096"], max(1, a.runs // 2),
-                                srv.env())  # fmt: skip
+            t_fp, rc_fp = timed([fitp, "-m", str(path), "-fitp", "on", "-dev", "none", *settings],
+                                max(1, a.runs // 2), srv.env())  # fmt: skip
             row.update({"fit_params_s": round(t_fp, 3), "fit_params_rc": rc_fp, "ratio": round(t_plan / t_fp, 3)})
         rows.append(row)
+    hub = hub_bytes(models, env)
     t_help, _ = timed([*LLAMAFIT, "--help"], a.runs, env)
     # what a shell runs on Tab for a model argument (commands and options need no Python at all)
     t_complete, _ = timed([*LLAMAFIT, "__complete", "repos"], a.runs, env)
@@ -92,7 +105,14 @@ def main() -> None:
         "help_s": round(t_help, 3),
         "complete_s": round(t_complete, 3),
         "models": rows,
-        "targets": {"plan_s": 0.3, "help_s": 0.25, "complete_s": 0.15, "ratio_vs_fit_params": 0.25},
+        "hub": hub,
+        "targets": {
+            "plan_s": 0.3,
+            "help_s": 0.25,
+            "complete_s": 0.15,
+            "ratio_vs_fit_params": 0.25,
+            "hub_bytes_per_file": 2 << 20,
+        },
     }
     out = HERE / "results" / "speed.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
@@ -104,7 +124,38 @@ def main() -> None:
         if "fit_params_s" in r:
             line += f"   llama-fit-params -fitp on {r['fit_params_s'] * 1000:6.0f} ms   ratio {r['ratio']:.2f}"
         print(line)
+    for h in hub:
+        print(f"plan from the Hub {h['model']:<38} {h['requests']:3} requests  {h['bytes'] / 2**20:7.2f} MiB read "
+              f"({h['bytes_per_file'] / 2**20:.2f} MiB per file, {h['files']} files of {h['size'] / 2**30:.1f} GiB; "
+              "target 2 MiB per file)")  # fmt: skip
     print(f"results: {out}")
+
+
+def hub_bytes(models: dict[str, Path], env: dict[str, str]) -> list[dict[str, object]]:
+    """Plan each model as a Hub repo through a loopback Hub: requests and bytes the plan needs."""
+    from hubserver import FakeHub
+
+    out = []
+    hub = FakeHub().start()
+    try:
+        for label, path in models.items():
+            files = sorted(path.parent.glob(path.name.split("-00001-")[0] + "*.gguf"))
+            repo = "bench/" + path.name.split("-00001-")[0].replace(".gguf", "").lower()
+            hub.add(repo, {f.name: f for f in files})
+            hub.reset_counts()
+            with tempfile.TemporaryDirectory() as cache:
+                e = dict(env, HF_ENDPOINT=hub.url, HF_HUB_CACHE=cache + "/hub", LLAMAFIT_CACHE=cache + "/lf")
+                r = subprocess.run([*LLAMAFIT, "plan", repo, "--json", "--cpu-only"], capture_output=True, env=e)
+            reads = [q for q in hub.requests if "/resolve/" in q.path]
+            read = sum(q.sent for q in reads)
+            out.append({
+                "model": label, "rc": r.returncode, "requests": len(hub.requests), "range_requests": len(reads),
+                "bytes": read, "files": len(files), "bytes_per_file": read // len(files),
+                "size": sum(f.stat().st_size for f in files),
+            })  # fmt: skip
+    finally:
+        hub.stop()
+    return out
 
 
 if __name__ == "__main__":

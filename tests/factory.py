@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from llamafit.ggml import by_name
 from llamafit.gguf.writer import TensorSpec, spm_vocab, write_gguf
 
@@ -32,7 +34,9 @@ def write_split(directory: Path, prefix: str, shape: Shape, n: int) -> list[Path
     paths = []
     for i, ts in enumerate(chunks):
         kv = dict(shape.kv) if i == 0 else {}
-        kv.update({"split.no": i, "split.count": n, "split.tensors.count": len(shape.tensors)})
+        # the types gguf-split writes (examples/gguf-split: u16, u16, i32); llama.cpp checks them
+        kv.update({"split.no": np.uint16(i), "split.count": np.uint16(n),
+                   "split.tensors.count": np.int32(len(shape.tensors))})  # fmt: skip
         p = directory / f"{prefix}-{i + 1:05d}-of-{n:05d}.gguf"
         write_gguf(p, shape.arch, kv, [_fallback(t) for t in ts])
         paths.append(p)

@@ -62,8 +62,8 @@ def test_detection_follows_llama_cpp(models: dict[str, Path]) -> None:
 
 
 def test_auto_drops_the_drafter_when_only_the_target_fits(models: dict[str, Path]) -> None:
-    alone = plan(models["glm"], [gpu(0, 96)], spec="off")
-    p = plan(models["glm"], [gpu(0, 96)])
+    alone = plan(models["glm"], [gpu(0, 96.5)], spec="off")
+    p = plan(models["glm"], [gpu(0, 96.5)])
     s = p.speculative
     assert s is not None and s.fallback_reason == "drafter_no_vram"
     assert p.n_ctx == alone.n_ctx == 131072  # the context is kept
@@ -75,9 +75,9 @@ def test_auto_drops_the_drafter_when_only_the_target_fits(models: dict[str, Path
 
 
 def test_the_drop_releases_what_the_fit_charged(models: dict[str, Path]) -> None:
-    alone = plan(models["glm"], [gpu(0, 96)], spec="off")
-    dropped = plan(models["glm"], [gpu(0, 96)])
-    forced = plan(models["glm"], [gpu(0, 96)], spec="draft-mtp")
+    alone = plan(models["glm"], [gpu(0, 96.5)], spec="off")
+    dropped = plan(models["glm"], [gpu(0, 96.5)])
+    forced = plan(models["glm"], [gpu(0, 96.5)], spec="draft-mtp")
     assert draft_bytes(dropped) == 0 and draft_bytes(forced) > 0
     # the NextN weights are not loaded once the drafter is gone, and no drafter context remains
     assert dropped.devices[0].use.model == alone.devices[0].use.model
@@ -121,7 +121,7 @@ def test_prefer_speed_gives_the_drafter_up_when_even_min_ctx_fails(models: dict[
 
 
 def test_the_vram_drop_does_not_emit_ngram_mod_on_a_build_without_it(models: dict[str, Path]) -> None:
-    p = plan(models["glm"], [gpu(0, 96)], caps=NO_NGRAM_MOD)
+    p = plan(models["glm"], [gpu(0, 96.5)], caps=NO_NGRAM_MOD)
     assert p.speculative is not None and p.speculative.chosen == "none"
     assert "--spec-type" not in argv(p)
     assert "ngram-mod" not in p.speculative.message
@@ -208,7 +208,7 @@ def test_sidecars_beside_the_model_are_found(models: dict[str, Path], tmp_path: 
 
 def test_spec_type_in_extras_is_never_duplicated(models: dict[str, Path]) -> None:
     extra = ["--spec-type", "ngram-mod"]
-    p = plan(models["glm"], [gpu(0, 96)], extra)
+    p = plan(models["glm"], [gpu(0, 96.5)], extra)
     a = argv(p, extra)
     assert a.count("--spec-type") == 1
     assert p.speculative is not None and p.speculative.chosen == "ngram-mod"
@@ -238,7 +238,7 @@ def test_checkpoints_warn_when_host_ram_would_run_out(tmp_path: Path) -> None:
 def test_json_carries_the_speculative_block(models: dict[str, Path]) -> None:
     from llamafit.plan import to_json
 
-    p = plan(models["glm"], [gpu(0, 96)])
+    p = plan(models["glm"], [gpu(0, 96.5)])
     doc = to_json(p, argv(p))
     spec = doc["speculative"]
     assert set(spec) >= {"requested", "chosen", "drafter", "n_rs_seq", "fallback_reason", "message"}

@@ -53,8 +53,14 @@ def spm_vocab(n_vocab: int) -> dict[str, Any]:
 
 def _add_kv(w: Any, key: str, val: Any) -> None:
     import gguf
+    import numpy as np
 
-    if isinstance(val, bool):
+    if isinstance(val, np.integer):
+        # an explicitly sized integer: gguf-split writes split.no/split.count as u16 and
+        # split.tensors.count as i32, and llama.cpp checks the stored type
+        adders = {np.uint16: w.add_uint16, np.int32: w.add_int32, np.uint32: w.add_uint32, np.uint64: w.add_uint64}
+        adders[type(val)](key, int(val))
+    elif isinstance(val, bool):
         w.add_bool(key, val)
     elif isinstance(val, int):
         # llama.cpp reads scalar hparams as uint32 and checks the stored type; ids and counts are

