@@ -66,7 +66,9 @@ def logged_on(log: LoadLog, device: str, aliases: dict[str, str]) -> float:
 def plan(
     model: Path, srv: ServerBinary, margin_mib: int, rpc: str | None, extra: list[str]
 ) -> tuple[int, int, dict[str, str]]:
-    o = Options(server_args=extra, margin=str(margin_mib), cpu_only=rpc is None, server=srv.path, calibrate=False,
+    # the budget is set on the measured device alone (RPC0, or host RAM for a CPU-only plan)
+    margin = str(margin_mib) if rpc is None else f"RPC0={margin_mib}"
+    o = Options(server_args=extra, margin=margin, cpu_only=rpc is None, server=srv.path, calibrate=False,
                 spec="off", rpc=[rpc] if rpc else [])  # fmt: skip
     p = prepare(str(model), o)
     usable = p.plan.host.usable if rpc is None else p.plan.devices[0].usable

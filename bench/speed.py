@@ -82,7 +82,7 @@ def main() -> None:
     subprocess.run([*LLAMAFIT, "--help"], capture_output=True, env=env)
     settings = ["-c", "4096", "-np", "4"]
     for label, path in models.items():
-        size = sum(p.stat().st_size for p in path.parent.glob(path.name.split("-00001-")[0] + "*.gguf"))
+        size = sum(p.stat().st_size for p in files_of(path))
         plan_cmd = [*LLAMAFIT, "plan", str(path), "--json", "--cpu-only", "--", *settings]
         subprocess.run(plan_cmd, capture_output=True, env=env)
         t_plan, rc = timed(plan_cmd, a.runs, env)
@@ -131,6 +131,13 @@ def main() -> None:
     print(f"results: {out}")
 
 
+def files_of(path: Path) -> list[Path]:
+    """A model's files: every shard of a split set, else the file itself."""
+    if "-00001-of-" not in path.name:
+        return [path]
+    return sorted(path.parent.glob(path.name.split("-00001-of-")[0] + "-*-of-*.gguf"))
+
+
 def hub_bytes(models: dict[str, Path], env: dict[str, str]) -> list[dict[str, object]]:
     """Plan each model as a Hub repo through a loopback Hub: requests and bytes the plan needs."""
     from hubserver import FakeHub
@@ -139,7 +146,7 @@ def hub_bytes(models: dict[str, Path], env: dict[str, str]) -> list[dict[str, ob
     hub = FakeHub().start()
     try:
         for label, path in models.items():
-            files = sorted(path.parent.glob(path.name.split("-00001-")[0] + "*.gguf"))
+            files = files_of(path)
             repo = "bench/" + path.name.split("-00001-")[0].replace(".gguf", "").lower()
             hub.add(repo, {f.name: f for f in files})
             hub.reset_counts()

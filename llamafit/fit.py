@@ -163,10 +163,10 @@ class _Fitter:
         self.opts = opts
         self.gpus = gpus
         self.ids = [g.id for g in gpus]
-        self.usable = {g.id: g.free - req.margin for g in gpus}
+        self.usable = {g.id: g.free - req.margins.get(g.id, req.margin) for g in gpus}
         self.total = {g.id: g.total for g in gpus}
         self.host = machine.host
-        self.host_usable = machine.host.available - req.margin
+        self.host_usable = machine.host.available - req.margins.get("host", req.margin)
         self.spec = _Spec()
         self.n_tries = 0
         self.calib = Corrections()

@@ -145,7 +145,7 @@ def to_json(plan: Plan, argv: list[str]) -> dict[str, Any]:
                 "total": d.device.total,
                 "free": d.device.free,
                 "usable": d.usable,
-                "margin": plan.margin,
+                "margin": d.device.free - d.usable,
                 "layers": d.layers,
                 "use": d.use.as_dict(),
                 "fits": d.fits,

@@ -28,11 +28,10 @@ from llamafit.hub.resolve import Hub, RepoState, is_hub_ref, offline_from_env
 from llamafit.hub.select import HubFile
 from llamafit.memory.footprint import LoadSettings
 from llamafit.plan import Plan
-from llamafit.request import Request, build_request
+from llamafit.request import Request, build_request, parse_margins
 from llamafit.rpc import discover_rpc
 from llamafit.server import ServerBinary, find_server
 from llamafit.speculative import spec_options
-from llamafit.units import parse_size
 
 
 @dataclass(frozen=True)
@@ -120,7 +119,8 @@ def prepare(
         args = [*parse_server_args(args).without(["--spec-draft-hf"]).tokens(), "-md", path]
         notes.append(f"-hfd {occ.value} is passed as -md {path} (llamafit downloads it)")
         user = parse_server_args(args)
-    req = build_request(user, margin=parse_size(o.margin), min_ctx=o.min_ctx, cpu_only=o.cpu_only)
+    margin, margins = parse_margins(o.margin)
+    req = build_request(user, margin=margin, margins=margins, min_ctx=o.min_ctx, cpu_only=o.cpu_only)
     draft = o.draft
     if draft and not os.path.exists(draft) and is_hub_ref(draft):
         draft = the_hub().resolve_draft(draft, kinds=[o.spec] if o.spec.startswith("draft-") else [])

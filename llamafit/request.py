@@ -61,6 +61,7 @@ class Request:
     image_max_tokens: int = -1  # --image-max-tokens (changes the warmup image)
     rpc: tuple[str, ...] = ()  # --rpc endpoints (every occurrence accumulates)
     margin: int = DEFAULT_MARGIN_MIB << 20
+    margins: dict[str, int] = field(default_factory=dict)  # per device ("host" for RAM), over ``margin``
     min_ctx: int = DEFAULT_MIN_CTX
     cpu_only: bool = False
 
@@ -135,10 +136,34 @@ def n_cpu_moe_overrides(n: int) -> tuple[Override, ...]:
     return tuple(Override(rf"blk\.{i}{FFN_EXPS_REGEX}", "CPU") for i in range(n))
 
 
+def parse_margins(text: str) -> tuple[int, dict[str, int]]:
+    """``--margin SIZE`` or ``--margin DEV=SIZE,...`` (``host`` for RAM; others keep the default), like
+    llama.cpp's per-device ``--fit-target``."""
+    from llamafit.units import parse_size
+
+    if "=" not in text:
+        return parse_size(text), {}
+    default = DEFAULT_MARGIN_MIB << 20
+    out: dict[str, int] = {}
+    for part in text.split(","):
+        dev, sep, size = part.partition("=")
+        if not sep or not dev.strip():
+            if part.strip() and not sep:
+                default = parse_size(part)
+                continue
+            raise UsageError(
+                f"--margin {text!r}: expected SIZE or DEVICE=SIZE,...", hint="e.g. --margin CUDA0=2GiB,host=4GiB"
+            )
+        key = dev.strip()
+        out["host" if key.lower() == "host" else key.upper()] = parse_size(size)
+    return default, out
+
+
 def build_request(
     args: ServerArgs,
     *,
     margin: int = DEFAULT_MARGIN_MIB << 20,
+    margins: dict[str, int] | None = None,
     min_ctx: int = DEFAULT_MIN_CTX,
     cpu_only: bool = False,
 ) -> Request:
@@ -213,4 +238,5 @@ def build_request(
         kw["rpc"] = tuple(parse_endpoints(rpc_values))
     if (o := args.last("--image-max-tokens")) is not None:
         kw["image_max_tokens"] = _int(o.value, o.tokens[0], -1)
-    return Request(server_args=args, margin=margin, min_ctx=min_ctx, cpu_only=cpu_only, **kw)  # type: ignore[arg-type]
+    return Request(server_args=args, margin=margin, margins=dict(margins or {}), min_ctx=min_ctx, cpu_only=cpu_only,
+                   **kw)  # type: ignore[arg-type]  # fmt: skip

@@ -13,8 +13,10 @@ from typing import Any
 
 import numpy as np
 
+from llamafit.devices import Device
 from llamafit.ggml import by_name
 from llamafit.gguf.writer import TensorSpec, spm_vocab, write_gguf
+from llamafit.units import GiB
 
 
 @dataclass
@@ -597,3 +599,9 @@ def gemma3_siglip_896(text_embd: int) -> Shape:
     """google/gemma-3-4b-it's vision tower: SigLIP So400m (27 layers, 1152 embd, 16 heads, 4304 FFN), 896 px."""
     return siglip_mmproj(text_embd=text_embd, name="gemma-3 mmproj (shape)", n_layer=27, n_embd=1152, n_head=16,
                          n_ff=4304, image_size=896, patch_size=14, merge=4)  # fmt: skip
+
+
+def gpu(i: int, total_gib: float, free_gib: float | None = None, name: str | None = None) -> Device:
+    """A GPU as the planner sees it (the NVML seam's output), described in GiB."""
+    free = free_gib if free_gib is not None else total_gib
+    return Device(f"CUDA{i}", name or f"gpu{i}", int(total_gib * GiB), int(free * GiB))

@@ -30,9 +30,7 @@ def moe30(tmp_path_factory: pytest.TempPathFactory) -> ModelInfo:
     return load_model(shape.write(tmp_path_factory.mktemp("m") / "qwen3-30b-a3b.gguf"))
 
 
-def gpu(i: int, total_gib: float, free_gib: float | None = None) -> Device:
-    total = int(total_gib * GiB)
-    return Device(f"CUDA{i}", f"gpu{i}", total, int((free_gib if free_gib is not None else total_gib) * GiB))
+gpu = factory.gpu
 
 
 HOST = Host(total=128 * GiB, available=120 * GiB)
@@ -174,3 +172,16 @@ def test_unknown_device_is_a_usage_error(l8b: ModelInfo) -> None:
 def test_dev_subset_plans_on_the_named_card_only(l8b: ModelInfo, tmp_path: Path) -> None:
     p = plan(l8b, [gpu(0, 24), gpu(1, 24)], ["-dev", "CUDA1"])
     assert [d.device.id for d in p.devices] == ["CUDA1"]
+
+
+def test_margins_per_device(l8b: ModelInfo) -> None:
+    from llamafit.request import parse_margins
+
+    assert parse_margins("2048") == (2048 * MiB, {})
+    default, per = parse_margins("cuda1=4GiB,host=512")
+    assert default == 1024 * MiB and per == {"CUDA1": 4 * GiB, "host": 512 * MiB}
+    req = build_request(parse_server_args([]), margin=default, margins=per)
+    p = make_plan(l8b, Machine((gpu(0, 24), gpu(1, 24)), HOST), req)
+    usable = {d.device.id: d.usable for d in p.devices}
+    assert usable == {"CUDA0": 23 * GiB, "CUDA1": 20 * GiB}
+    assert p.host.usable == HOST.available - 512 * MiB

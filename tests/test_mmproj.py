@@ -83,8 +83,7 @@ def test_compute_terms() -> None:
     assert vit_compute_bytes(_proj(gated=True), 896, True) == 3 * row + 2 * n_pos * 4304 * 4
 
 
-def _gpu(i: int, gib: float) -> Device:
-    return Device(f"CUDA{i}", f"gpu{i}", int(gib * GiB), int(gib * GiB))
+_gpu = factory.gpu
 
 
 def _plan(files: dict[str, Path], gpus: list[Device], args: list[str], mm: str = "g3_896"):  # type: ignore[no-untyped-def]

@@ -38,8 +38,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     }
 
 
-def gpu(i: int, total: float, free: float | None = None) -> Device:
-    return Device(f"CUDA{i}", f"gpu{i}", int(total * GiB), int((free if free is not None else total) * GiB))
+gpu = factory.gpu
 
 
 def plan(model: Path, gpus: list[Device], args: list[str] = (), caps=ASSUMED, **kw: str):  # type: ignore[no-untyped-def,assignment]
@@ -168,7 +167,7 @@ def test_a_busy_second_gpu_does_not_condemn_a_drafter_the_first_one_holds(tmp_pa
     head.kv["qwen3.nextn_predict_layers"] = 1  # make it an MTP sidecar by name and by tensor
     head.tensors.append(factory.TensorSpec("blk.27.nextn.eh_proj.weight", (2048, 1024), "q8_0"))
     head.write(tmp_path / "mtp-Qwen3-8B-Q8_0.gguf")
-    cards = [gpu(0, 24), gpu(1, 24, free=6.8)]
+    cards = [gpu(0, 24), gpu(1, 24, free_gib=6.8)]
     split = ["-ts", "1,1"]  # the target spans both cards; the second has room for its half only
     p = plan(target, cards, split)
     assert p.speculative is not None and p.speculative.chosen == "draft-mtp", p.speculative.message

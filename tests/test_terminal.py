@@ -32,7 +32,7 @@ DOCUMENTED = {int(c) for c in ExitCode}
 
 
 def gpu(i: int, total: float, free: float | None = None) -> Device:
-    return Device(f"CUDA{i}", f"NVIDIA RTX {4090 + i}", int(total * GiB), int((free or total) * GiB))
+    return factory.gpu(i, total, free, name=f"NVIDIA RTX {4090 + i}")
 
 
 def render(plan: object, width: int = 80) -> str:

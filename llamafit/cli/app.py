@@ -51,7 +51,9 @@ CpuOnlyOpt = Annotated[bool, typer.Option("--cpu-only", help="Plan a CPU-only lo
 MarginOpt = Annotated[
     str,
     typer.Option(
-        "--margin", help="Memory to leave free on every device (MiB, or a size like 2GiB). Default: 1024 MiB."
+        "--margin",
+        help="Memory to leave free on every device (MiB, or a size like 2GiB), or per device: "
+        "CUDA0=2GiB,host=4GiB (the others keep 1024 MiB). Default: 1024 MiB.",
     ),
 ]
 MinCtxOpt = Annotated[int, typer.Option("--min-ctx", help="Never choose a context below this.", min=256)]

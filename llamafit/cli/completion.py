@@ -85,6 +85,29 @@ def commands(app: Any = None) -> list[Cmd]:
     return out
 
 
+# how each shell completes an option's value, by the value's kind ("" = free text: nothing to offer)
+_VALUE = {
+    "bash": {
+        "model": "_llamafit_models",
+        "file": 'COMPREPLY=($(compgen -f -- "$cur")); compopt -o filenames 2>/dev/null',
+        "": ":",
+    },
+    "zsh": {"model": ":model:_llamafit_models", "file": ":file:_files", "": ":value: "},
+    "fish": {"model": " -x -a '(__llamafit_models)'", "file": " -r -F", "": " -x"},
+}
+
+
+def value_action(shell: str, o: Opt) -> str:
+    if o.choices:
+        words = " ".join(o.choices)
+        return {
+            "bash": f'COMPREPLY=($(compgen -W "{words}" -- "$cur"))',
+            "zsh": f":value:({words})",
+            "fish": f" -x -a {_fq(words)}",
+        }[shell]
+    return _VALUE[shell][o.kind]
+
+
 # -- bash ------------------------------------------------------------------------------------------
 
 
@@ -128,15 +151,7 @@ def bash(cmds: list[Cmd]) -> str:
             if not o.takes_value:
                 continue
             pat = "|".join(o.names)
-            if o.choices:
-                action = f'COMPREPLY=($(compgen -W "{" ".join(o.choices)}" -- "$cur"))'
-            elif o.kind == "model":
-                action = "_llamafit_models"
-            elif o.kind == "file":
-                action = 'COMPREPLY=($(compgen -f -- "$cur")); compopt -o filenames 2>/dev/null'
-            else:
-                action = ":"  # free text: nothing to offer
-            lines.append(f"                {pat}) {action}; return 0 ;;")
+            lines.append(f"                {pat}) {value_action('bash', o)}; return 0 ;;")
         lines.append("            esac")
         opts = " ".join(n for o in c.options for n in o.names)
         lines.append('            if [[ "$cur" == -* ]]; then')
@@ -199,15 +214,7 @@ def zsh(cmds: list[Cmd]) -> str:
             if not o.takes_value:
                 specs.append(f"'{excl}'{names}'{desc}'")
                 continue
-            if o.choices:
-                action = f":value:({' '.join(o.choices)})"
-            elif o.kind == "model":
-                action = ":model:_llamafit_models"
-            elif o.kind == "file":
-                action = ":file:_files"
-            else:
-                action = ":value: "
-            specs.append(f"'{excl}'{names}'{desc}{action}'")
+            specs.append(f"'{excl}'{names}'{desc}{value_action('zsh', o)}'")
         if c.positional == "model":
             specs.append("'1:model:_llamafit_models'")
         elif c.positional == "shell":
@@ -248,16 +255,7 @@ def fish(cmds: list[Cmd]) -> str:
         cond = f"'__fish_seen_subcommand_from {c.name}'"
         for o in c.options:
             flags = " ".join(f"-l {n[2:]}" if n.startswith("--") else f"-s {n[1:]}" for n in o.names)
-            extra = ""
-            if o.takes_value:
-                if o.choices:
-                    extra = f" -x -a {_fq(' '.join(o.choices))}"
-                elif o.kind == "model":
-                    extra = " -x -a '(__llamafit_models)'"
-                elif o.kind == "file":
-                    extra = " -r -F"
-                else:
-                    extra = " -x"
+            extra = value_action("fish", o) if o.takes_value else ""
             lines.append(f"complete -c llamafit -n {cond} {flags}{extra} -d {_fq(o.help)}")
         if c.positional == "model":
             lines.append(f"complete -c llamafit -n {cond} -a '(__llamafit_models)'")

@@ -203,14 +203,14 @@ def plan_view(plan: Any, width: int = 80) -> list[Text]:
     for d in plan.devices:
         dev = d.device
         others = max(dev.total - dev.free, 0)
-        margin = min(plan.margin, max(dev.free, 0))
+        margin = min(dev.free - d.usable, max(dev.free, 0))
         free_after = dev.free - margin - d.use.total
         out += device_block(dev.id, safe_plain(dev.name), dev.total, _parts(d.use, others, margin, free_after),
                             d.use.total - d.usable, width)  # fmt: skip
         out.append(Text(""))
     h = plan.host
     others = max(h.host.total - h.host.available, 0)
-    margin = min(plan.margin, max(h.host.available, 0))
+    margin = min(h.host.available - h.usable, max(h.host.available, 0))
     out += device_block("host", "RAM", h.host.total, _parts(h.use, others, margin, h.host.available - margin -
                         h.use.total), h.use.total - h.usable, width)  # fmt: skip
     out += [Text(line.plain, style="dim") for line in pack_items(
