@@ -94,5 +94,5 @@ def run_demo(server: str | None, json_out: bool) -> int:
             mark = "" if r.within else " [red]!"
             t.add_row(r.buft, r.kind, f"{r.predicted / MiB:.2f}", actual, diff + mark)
         con.print(t)
-        err.print(f"[dim]server stopped (exit {rc}); argv was:[/] {safe(shlex.join(argv))}")
+        err.print(f"[dim]server stopped (exit {rc}); argv was:[/] {safe(shlex.join(argv))}", soft_wrap=True)
     return 0 if rc == 0 else rc
