@@ -29,7 +29,7 @@ from llamafit.errors import DoesNotFitError, UsageError
 from llamafit.gguf.mmproj import Projector
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory import backends
-from llamafit.memory.context import check_cache_types, checkpoint_bytes, per_layer_memory, resolve_context
+from llamafit.memory.context import check_cache_types, checkpoint_bytes, per_layer_memory
 from llamafit.memory.footprint import RUNTIME_OVERHEAD, Footprint, LoadSettings, Use, estimate
 from llamafit.memory.mmproj import MmprojUse, mmproj_device, mmproj_use
 from llamafit.memory.placement import CPU
@@ -253,14 +253,10 @@ class _Fitter:
         ngl = min(n_gpu_layers, n_units)
         if len(self.ids) == 1:
             return replace(s, n_gpu_layers=ngl if ngl < n_units else -1, tensor_split=())
-        cp = resolve_context(
-            hp, n_ctx=s.n_ctx, n_seq_max=s.n_seq, kv_unified=s.kv_unified, n_batch=s.n_batch,
-            n_ubatch=s.n_ubatch, type_k=s.type_k, type_v=s.type_v, flash_attn=s.flash_attn,
-            offload_kqv=s.offload_kqv, swa_full=s.swa_full, n_rs_seq=s.n_rs_seq,
-        )  # fmt: skip
-        mem = per_layer_memory(hp, cp) if s.offload_kqv else [0] * hp.n_layer_all
         probe_s = replace(s, n_gpu_layers=-1, tensor_split=(1.0,) * len(self.ids))
         probe = self.estimate(self.model, probe_s, self.ids)
+        # the placement does not change the context: the probe's is the one every split gets
+        mem = per_layer_memory(hp, probe.context) if s.offload_kqv else [0] * hp.n_layer_all
         _, probe_draft = self.draft(probe_s, probe)
         cost = [0] * n_units
         for p in probe.placement.tensors:

@@ -106,7 +106,7 @@ def prepare(
     def the_hub() -> Hub:
         nonlocal hub
         if hub is None:
-            hub = Hub(offline=o.offline or offline_from_env(), client=HubClient(cache_dir=cache_dir()))
+            hub = new_hub(o.offline)
         return hub
 
     user = parse_server_args(args)
@@ -176,12 +176,17 @@ def _with_rpc(
     return Machine((*found.devices, *mach.gpus), mach.host, mach.notes), user, req
 
 
+def new_hub(offline: bool) -> Hub:
+    """The Hub resolver: offline with --offline or HF_HUB_OFFLINE, headers cached in the user cache."""
+    return Hub(offline=offline or offline_from_env(), client=HubClient(cache_dir=cache_dir()))
+
+
 def load_any_model(
     ref: str, *, hf_file: str | None = None, revision: str | None = None, offline: bool = False
 ) -> ModelInfo:
     """A local GGUF, or a Hub repo's model (its headers only), for ``inspect``."""
     if not os.path.exists(ref) and is_hub_ref(ref):
-        hub = Hub(offline=offline or offline_from_env(), client=HubClient(cache_dir=cache_dir()))
+        hub = new_hub(offline)
         return hub.resolve_model(ref, hf_file=hf_file, revision=revision, mmproj=False).model
     if hf_file or revision:
         raise UsageError("--hf-file and --revision apply to a Hub repo, not to a local file")

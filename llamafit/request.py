@@ -147,14 +147,12 @@ def parse_margins(text: str) -> tuple[int, dict[str, int]]:
     out: dict[str, int] = {}
     for part in text.split(","):
         dev, sep, size = part.partition("=")
-        if not sep or not dev.strip():
-            if part.strip() and not sep:
-                default = parse_size(part)
-                continue
-            raise UsageError(
-                f"--margin {text!r}: expected SIZE or DEVICE=SIZE,...", hint="e.g. --margin CUDA0=2GiB,host=4GiB"
-            )
+        if not sep:
+            default = parse_size(part)  # a bare size among the pairs: the other devices' margin
+            continue
         key = dev.strip()
+        if not key:
+            raise UsageError(f"--margin {text!r}: expected DEVICE=SIZE", hint="e.g. --margin CUDA0=2GiB,host=4GiB")
         out["host" if key.lower() == "host" else key.upper()] = parse_size(size)
     return default, out
 

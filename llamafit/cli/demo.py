@@ -6,11 +6,9 @@ import json
 import shlex
 from typing import Any
 
-from rich.table import Table
-
 from llamafit.argv import compose, parse_server_args
 from llamafit.cli.app import err_console, out_console, progress_console
-from llamafit.cli.render import print_plan, safe
+from llamafit.cli.render import memory_tables, print_plan, rows_json, safe
 from llamafit.compare import compare
 from llamafit.demo import ensure_demo_model
 from llamafit.devices import discover
@@ -21,7 +19,6 @@ from llamafit.logparse import parse
 from llamafit.plan import to_json
 from llamafit.request import build_request
 from llamafit.server import GET_SERVER_HINT, find_server, free_port, start_background
-from llamafit.units import MiB
 
 PROMPT = "The llama"
 
@@ -69,30 +66,13 @@ def run_demo(server: str | None, json_out: bool) -> int:
             "plan": to_json(plan, argv),
             "server": {"path": srv.path, "exit_code": rc, "url": running.url},
             "completion": {"prompt": PROMPT, "content": text, "tokens": reply.get("tokens_predicted")},
-            "memory": [
-                {
-                    "context": r.context,
-                    "kind": r.kind,
-                    "buffer": r.buft,
-                    "predicted": r.predicted,
-                    "actual_mib": r.actual_mib,
-                    "within_tolerance": r.within,
-                }
-                for r in rows
-            ],
+            "memory": rows_json(rows),
         }
         print(json.dumps(doc, indent=2))
     else:
         con = out_console()
         con.print(f"completion of {PROMPT!r}: {safe(text)!r} (random weights: noise is the right answer)")
-        t = Table(title="Predicted vs actual (llama-server's own log)", title_justify="left")
-        for col in ("buffer", "kind", "predicted MiB", "actual MiB", "diff"):
-            t.add_column(col, justify="left" if col in ("buffer", "kind") else "right")
-        for r in rows:
-            actual = "-" if r.actual_mib is None else f"{r.actual_mib:.2f}"
-            diff = "" if r.diff_mib is None else f"{r.diff_mib:+.2f}"
-            mark = "" if r.within else " [red]!"
-            t.add_row(r.buft, r.kind, f"{r.predicted / MiB:.2f}", actual, diff + mark)
-        con.print(t)
+        for table in memory_tables(rows):
+            con.print(table)
         err.print(f"[dim]server stopped (exit {rc}); argv was:[/] {safe(shlex.join(argv))}", soft_wrap=True)
     return 0 if rc == 0 else rc

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import re
 import shlex
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from llamafit.units import fmt_bytes
+from llamafit.units import MiB, fmt_bytes
+
+if TYPE_CHECKING:
+    from llamafit.compare import Row
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
@@ -236,3 +239,47 @@ def print_plan(console: Console, plan: Any, argv: list[str]) -> None:
         console.print(line, soft_wrap=True)
     console.print(Text(""))
     console.print(Text(shlex.join(argv)), soft_wrap=True)
+
+
+# -- predicted vs actual (run, demo) ------------------------------------------------------------------
+
+
+def device_of(buft: str) -> str:
+    """The device a logged buffer lives on: host buffers (CPU, CPU_Mapped, CUDA_Host, CPU_REPACK) are the host."""
+    from llamafit.memory import backends
+
+    return buft.split("_")[0] if backends.is_device_buffer(buft) else "host"
+
+
+def memory_tables(rows: list[Row]) -> list[Table]:
+    """One table per device: each buffer llamafit predicted or the server logged there."""
+    by_dev: dict[str, list[Row]] = {}
+    for r in rows:
+        by_dev.setdefault(device_of(r.buft), []).append(r)
+    tables = []
+    for dev in sorted(by_dev, key=lambda d: (d == "host", d)):
+        t = Table(title=f"{dev}: Predicted vs actual (from llama-server's log)", title_justify="left")
+        for col in ("context", "buffer", "kind", "predicted MiB", "actual MiB", "diff"):
+            t.add_column(col, justify="right" if "MiB" in col or col == "diff" else "left")
+        for r in by_dev[dev]:
+            actual = "-" if r.actual_mib is None else f"{r.actual_mib:.2f}"
+            diff = "" if r.diff_mib is None else f"{r.diff_mib:+.2f}"
+            t.add_row(
+                r.context, r.buft, r.kind, f"{r.predicted / MiB:.2f}", actual, diff + ("" if r.within else " [red]!")
+            )
+        tables.append(t)
+    return tables
+
+
+def rows_json(rows: list[Row]) -> list[dict[str, Any]]:
+    return [
+        {
+            "context": r.context,
+            "kind": r.kind,
+            "buffer": r.buft,
+            "predicted": r.predicted,
+            "actual_mib": r.actual_mib,
+            "within_tolerance": r.within,
+        }
+        for r in rows
+    ]

@@ -5,13 +5,10 @@ from __future__ import annotations
 import json
 import shlex
 from pathlib import Path
-from typing import Any
-
-from rich.table import Table
 
 from llamafit.calibration import record
 from llamafit.cli.app import err_console, out_console, progress_console
-from llamafit.cli.render import safe
+from llamafit.cli.render import device_of, memory_tables, rows_json, safe  # noqa: F401 - device_of: tests
 from llamafit.compare import Row, compare, compare_mmproj
 from llamafit.errors import ExitCode
 from llamafit.logparse import LoadLog, is_error
@@ -31,47 +28,6 @@ def compare_all(prep: Prepared, log: LoadLog) -> list[Row]:
     if prep.plan.mmproj is not None:
         rows += compare_mmproj(prep.plan.mmproj, log, aliases)
     return rows
-
-
-def device_of(buft: str) -> str:
-    """The device a logged buffer lives on: host buffers (CPU, CPU_Mapped, CUDA_Host, CPU_REPACK) are the host."""
-    if buft.startswith("CPU") or buft.endswith("_Host"):
-        return "host"
-    return buft.split("_")[0]
-
-
-def memory_tables(rows: list[Row]) -> list[Table]:
-    """One table per device: each buffer llamafit predicted or the server logged there."""
-    by_dev: dict[str, list[Row]] = {}
-    for r in rows:
-        by_dev.setdefault(device_of(r.buft), []).append(r)
-    tables = []
-    for dev in sorted(by_dev, key=lambda d: (d == "host", d)):
-        t = Table(title=f"{dev}: predicted vs actual (from llama-server's log)", title_justify="left")
-        for col in ("context", "buffer", "kind", "predicted MiB", "actual MiB", "diff"):
-            t.add_column(col, justify="right" if "MiB" in col or col == "diff" else "left")
-        for r in by_dev[dev]:
-            actual = "-" if r.actual_mib is None else f"{r.actual_mib:.2f}"
-            diff = "" if r.diff_mib is None else f"{r.diff_mib:+.2f}"
-            t.add_row(
-                r.context, r.buft, r.kind, f"{r.predicted / MiB:.2f}", actual, diff + ("" if r.within else " [red]!")
-            )
-        tables.append(t)
-    return tables
-
-
-def rows_json(rows: list[Row]) -> list[dict[str, Any]]:
-    return [
-        {
-            "context": r.context,
-            "kind": r.kind,
-            "buffer": r.buft,
-            "predicted": r.predicted,
-            "actual_mib": r.actual_mib,
-            "within_tolerance": r.within,
-        }
-        for r in rows
-    ]
 
 
 def free_drift(prep: Prepared, log: LoadLog) -> list[str]:
