@@ -35,7 +35,8 @@ from realserver import run_argv  # noqa: E402
 
 from llamafit.cli.supervise import compare_all  # noqa: E402
 from llamafit.compare import Row  # noqa: E402
-from llamafit.prepare import Options, prepare  # noqa: E402
+from llamafit.options import Options  # noqa: E402
+from llamafit.prepare import prepare  # noqa: E402
 from llamafit.server import find_server  # noqa: E402
 from llamafit.units import MiB  # noqa: E402
 

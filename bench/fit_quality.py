@@ -32,7 +32,8 @@ from realserver import run_argv  # noqa: E402
 
 from llamafit.logparse import LoadLog  # noqa: E402
 from llamafit.memory import backends  # noqa: E402
-from llamafit.prepare import Options, prepare  # noqa: E402
+from llamafit.options import Options  # noqa: E402
+from llamafit.prepare import prepare  # noqa: E402
 from llamafit.server import ServerBinary, find_server  # noqa: E402
 from llamafit.units import MiB  # noqa: E402
 

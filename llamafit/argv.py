@@ -2,8 +2,8 @@
 
 The table (``llamafit.server_options``) is generated from llama.cpp's ``common/arg.cpp``: every alias,
 negated alias, arity and env name. Tokens are matched the way llama.cpp matches them (exact, with
-``_`` -> ``-`` for ``--`` tokens only, no ``--flag=value``; reference §1.2). Repeats follow §1.3:
-most options are last-wins, a few accumulate.
+``_`` -> ``-`` for ``--`` tokens only, no ``--flag=value``; docs/server-cli.md §1.2). Repeats follow
+docs/server-cli.md §1.3: most options are last-wins, a few accumulate.
 
 The user wins per option *family* by removal: when the extra args set any member of a family, the
 planned occurrence of that family is dropped rather than overridden by appending a duplicate (which
@@ -48,7 +48,7 @@ def _build() -> tuple[dict[str, Option], dict[str, tuple[Option, bool]]]:
 OPTIONS, _TOKENS = _build()
 
 # Option families: setting any member in the extra args suppresses everything llamafit planned for
-# the family (reference checklist 4-6).
+# the family (docs/server-cli.md, launcher checklist 4-6).
 FAMILIES: dict[str, frozenset[str]] = {
     "model": frozenset({"--model", "--hf-repo", "--hf-file", "--model-url", "--docker-repo"}),
     "ctx": frozenset({"--ctx-size"}),
@@ -195,7 +195,7 @@ def compose(binary: str, planned: Sequence[Planned], user: ServerArgs) -> list[s
     """The final argv: planned options whose family the user did not set, then the user's args."""
     out = [binary]
     user_rpc = [t for o in user.items if o.key == "--rpc" for t in o.tokens]
-    # --rpc registers devices at parse time; -dev/-ot naming them must come later (reference §1.3)
+    # --rpc registers devices at parse time; -dev/-ot naming them must come later (docs/server-cli.md §1.3)
     out += user_rpc
     for p in planned:
         if user.sets_family(p.family):

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -23,18 +22,11 @@ from llamafit.gguf.mmproj import Projector
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory.footprint import Footprint, LoadSettings
 from llamafit.memory.mmproj import MmprojUse
+from llamafit.paths import data_dir
 from llamafit.units import MiB
 
 SCHEMA = "llamafit.history/1"
 MAX_READ = 20000  # lines read back, newest last
-
-
-def data_dir() -> Path:
-    env = os.environ.get("LLAMAFIT_DATA")
-    if env:
-        return Path(env)
-    xdg = os.environ.get("XDG_DATA_HOME")
-    return Path(xdg) / "llamafit" if xdg else Path.home() / ".local" / "share" / "llamafit"
 
 
 def history_file() -> Path:

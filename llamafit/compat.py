@@ -1,7 +1,7 @@
 """Make an argv fit the binary that will run it: renamed flags translated, unknown planned flags dropped.
 
 The flags a binary accepts come from its own ``--completion-bash`` (``llamafit.capabilities``), not
-from a version number. Renames known across llama.cpp builds (reference §3.2):
+from a version number. Renames known across llama.cpp builds (docs/server-cli.md §3.2):
 
 * ``--draft``/``--draft-n``/``--draft-max`` <-> ``--spec-draft-n-max``; ``--draft-min`` <-> ``--spec-draft-n-min``
 * ``--no-mmap`` -> ``-lm none``; ``--mlock`` -> ``-lm mlock`` (removed in b11434)

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 from llamafit.gguf.writer import TensorSpec, spm_vocab, write_gguf
+from llamafit.paths import cache_dir
 
 DEMO_VERSION = 1
 N_VOCAB = 384
@@ -20,15 +21,6 @@ N_HEAD_KV = 2
 N_FF = 256
 N_LAYER = 4
 N_CTX_TRAIN = 4096
-
-
-def cache_dir() -> Path:
-    """llamafit's cache dir: ``$LLAMAFIT_CACHE``, else ``$XDG_CACHE_HOME/llamafit``, else ``~/.cache/llamafit``."""
-    env = os.environ.get("LLAMAFIT_CACHE")
-    if env:
-        return Path(env)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return Path(xdg) / "llamafit" if xdg else Path.home() / ".cache" / "llamafit"
 
 
 def demo_tensors() -> list[TensorSpec]:

@@ -2,7 +2,7 @@
 
 llama-server applies, before its command line, ``/etc/llama.cpp/config.ini`` then
 ``${XDG_CONFIG_HOME:-~/.config}/llama.cpp/config.ini`` and every ``LLAMA_ARG_*`` variable
-(reference §1.1). List-valued options *add* to the command line's, so an inherited
+(docs/server-cli.md §1.1). List-valued options *add* to the command line's, so an inherited
 ``LLAMA_ARG_OVERRIDE_TENSOR`` would move weights the plan placed. The child therefore gets the
 environment without them (reported), and config-file keys that would change the plan are reported.
 """

@@ -1,6 +1,6 @@
 """Why llama-server did not come up: one actionable message per failure class, read from its own lines.
 
-The strings are llama.cpp b11434's (reference llama-server-cli.md §7); each class says what happened,
+The strings are llama.cpp b11434's (docs/server-cli.md §7); each class says what happened,
 on which device, how much was asked for, what the plan predicted there, and what to try.
 """
 

@@ -1,8 +1,8 @@
-"""Parse llama-server's memory log lines (reference §7) into what each context really allocated.
+"""Parse llama-server's memory log lines (docs/memory-model.md §7) into what each context really allocated.
 
 The lines need ``-lv 4`` (llama's INFO maps to TRACE). Every line may carry a timestamp and level
 prefix and ANSI colours; they are stripped first. Sizes are printed in MiB with two decimals, so an
-observed buffer is known to +-0.005 MiB; :func:`same_mib` compares a prediction at that precision.
+observed buffer is known to +-0.005 MiB (llamafit.compare holds predictions to that precision).
 """
 
 from __future__ import annotations
@@ -10,8 +10,6 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-
-from llamafit.units import MiB
 
 _PREFIX = re.compile(
     r"^(?:\x1b\[[0-9;]*m)*(?:\d+\.\d{2}\.\d{3}\.\d{3} )?(?:\x1b\[[0-9;]*m)*(?:[IWED] )?(?:\x1b\[[0-9;]*m)*"
@@ -26,19 +24,19 @@ _OUTPUT = re.compile(r"llama_context: +(?P<buft>\S+) +output buffer size = +(?P<
 _CTXVAL = re.compile(r"llama_context: (?P<key>n_ctx|n_ctx_seq|n_seq_max|n_batch|n_ubatch|n_rs_seq|n_outputs_max)"
                      r" +=\s+(?P<val>\d+)")  # fmt: skip
 _FA = re.compile(r"resolve_fused_ops: Flash Attention (?P<state>enabled|not supported)")
-# tools/mtmd/clip.cpp:202-207, 2125, 3815, 3773 (reference §7.6)
+# tools/mtmd/clip.cpp:202-207, 2125, 3815, 3773 (docs/memory-model.md §7.6)
 _CLIP_BACKEND = re.compile(r"clip_ctx: CLIP using (?P<backend>\S+) backend")
 _CLIP_MODEL = re.compile(r"load_hparams: model size: +(?P<mib>[\d.]+) MiB")
 _CLIP_COMPUTE = re.compile(r"reserve_compute_meta: +(?P<buft>\S+) compute buffer size = +(?P<mib>[\d.]+) MiB")
 _CLIP_FA = re.compile(r"warmup: flash attention is (?P<state>enabled|disabled)")
-# src/llama.cpp:306 and common/fit.cpp (reference §7.2, §7.7)
+# src/llama.cpp:306 and common/fit.cpp (docs/memory-model.md §7.2, docs/memory-model.md §7.7)
 _USING_DEVICE = re.compile(r"using device (?P<name>\S+) \((?P<desc>[^)]*)\).* - (?P<free>\d+) MiB free")
 _FIT_LINE = re.compile(
     r"(?:common|llama)_(?:params_fit_impl|fit_params|params_fit): (?P<text>(?:projected to use|context size reduced"
     r"|successfully fit|failed to fit|cannot meet|cannot fulfill|entire model can be fit).*)"
 )
 _SLOTS = re.compile(r"initializing, n_slots = (?P<n>\d+), n_ctx_slot = (?P<ctx>\d+)")
-# common_memory_breakdown_print's GPU row (common/fit.cpp:906-1086; reference §7.8)
+# common_memory_breakdown_print's GPU row (common/fit.cpp:906-1086; docs/memory-model.md §7.8)
 _BREAKDOWN_GPU = re.compile(
     r"\|\s+-\s+(?P<name>\S+) \((?P<desc>.*)\)\s+\|\s+(?P<total>\d+) = +(?P<free>-?\d+) \+ \((?P<self>\d+) = +"
     r"(?P<model>\d+) \+ +(?P<context>\d+) \+ +(?P<compute>\d+)\) \+ +(?P<unacc>-?\d+) \|"
@@ -167,8 +165,3 @@ def parse(lines: Iterable[str]) -> LoadLog:
         if "model loaded" in line:
             log.loaded = True
     return log
-
-
-def same_mib(predicted_bytes: int, logged_mib: float) -> bool:
-    """True when a prediction prints as the logged ``%.2f`` MiB value."""
-    return abs(predicted_bytes / MiB - logged_mib) <= 0.0051

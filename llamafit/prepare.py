@@ -16,7 +16,6 @@ from llamafit.argv import ServerArgs, compose, parse_server_args
 from llamafit.calibration import Corrections, corrections, measured_mmproj_compute
 from llamafit.capabilities import ASSUMED, Capabilities, probe
 from llamafit.compat import normalize_bare_flash_attn, supported, translate_user_args
-from llamafit.demo import cache_dir
 from llamafit.devices import Machine, discover
 from llamafit.environment import ChildEnv, child_env, config_findings
 from llamafit.errors import LlamafitError, UsageError
@@ -27,32 +26,13 @@ from llamafit.hub.remote import HubClient
 from llamafit.hub.resolve import Hub, RepoState, is_hub_ref, offline_from_env
 from llamafit.hub.select import HubFile
 from llamafit.memory.footprint import LoadSettings
+from llamafit.options import Options
+from llamafit.paths import cache_dir
 from llamafit.plan import Plan
 from llamafit.request import Request, build_request, parse_margins
 from llamafit.rpc import discover_rpc
 from llamafit.server import ServerBinary, find_server
 from llamafit.speculative import spec_options
-
-
-@dataclass(frozen=True)
-class Options:
-    """llamafit's own options of plan/run/demo."""
-
-    server_args: Sequence[str] = ()
-    gpu: Sequence[str] = ()
-    cpu_only: bool = False
-    margin: str = "1024"
-    min_ctx: int = 4096
-    spec: str = "auto"
-    prefer: str = "context"
-    draft: str | None = None
-    server: str | None = None
-    calibrate: bool = True
-    hf_file: str | None = None  # --hf-file: an exact file of the Hub repo
-    revision: str | None = None  # --revision: a branch or commit of the Hub repo
-    offline: bool = False  # --offline (or HF_HUB_OFFLINE=1): the Hugging Face cache only
-    rpc: Sequence[str] = ()  # --rpc host:port[,...] (llamafit's option; passed on as the server's --rpc)
-    rpc_optional: bool = False  # --rpc-optional: plan without an unreachable RPC server
 
 
 @dataclass(frozen=True)
@@ -113,7 +93,7 @@ def prepare(
     if user.has("--hf-repo"):
         raise UsageError("give the Hub repo as the model argument, not -hf", hint="llamafit run owner/repo:Q4_K_M")
     if (occ := user.last("--spec-draft-hf")) is not None and not user.has("--spec-draft-model"):
-        # llama-server downloads a draft repo only when the model is -hf too (reference §4.5): resolve it here
+        # llama-server downloads a draft repo only when the model is -hf too (docs/server-cli.md §4.5): resolve it here
         kinds = [t for o_ in user.items if o_.key == "--spec-type" for t in (o_.value or "").split(",")]
         path = the_hub().resolve_draft(occ.value or "", kinds=kinds)
         args = [*parse_server_args(args).without(["--spec-draft-hf"]).tokens(), "-md", path]
@@ -165,15 +145,24 @@ def _with_rpc(
 ) -> tuple[Machine, ServerArgs, Request]:
     """The RPC servers' devices in front of the local GPUs, as llama.cpp orders them; an unreachable
     server under --rpc-optional is left out of the plan and of the server's --rpc."""
-    if o.cpu_only:
-        raise UsageError("--cpu-only plans a load without offload devices, RPC ones included", hint="drop one")
-    found = discover_rpc(req.rpc, srv.path if srv else None, srv.env() if srv else None, optional=o.rpc_optional)
-    if found.unreachable:
-        up = [ep for ep in req.rpc if ep not in found.unreachable]
-        notes.append(f"RPC server(s) {', '.join(found.unreachable)} unreachable: planned without them (--rpc-optional)")
+    mach, unreachable = machine_with_rpc(mach, req.rpc, srv, optional=o.rpc_optional, cpu_only=o.cpu_only)
+    if unreachable:
+        up = [ep for ep in req.rpc if ep not in unreachable]
+        notes.append(f"RPC server(s) {', '.join(unreachable)} unreachable: planned without them (--rpc-optional)")
         user = parse_server_args([*(["--rpc", ",".join(up)] if up else []), *user.without(["--rpc"]).tokens()])
         req = replace(req, server_args=user, rpc=tuple(up))
-    return Machine((*found.devices, *mach.gpus), mach.host, mach.notes), user, req
+    return mach, user, req
+
+
+def machine_with_rpc(
+    mach: Machine, endpoints: Sequence[str], srv: ServerBinary | None, *, optional: bool, cpu_only: bool
+) -> tuple[Machine, tuple[str, ...]]:
+    """The RPC servers' devices in front of the local GPUs, as llama.cpp orders them (src/llama.cpp:272),
+    and the endpoints left out as unreachable (only with ``optional``)."""
+    if cpu_only:
+        raise UsageError("--cpu-only plans a load without offload devices, RPC ones included", hint="drop one")
+    found = discover_rpc(endpoints, srv.path if srv else None, srv.env() if srv else None, optional=optional)
+    return Machine((*found.devices, *mach.gpus), mach.host, mach.notes), tuple(found.unreachable)
 
 
 def new_hub(offline: bool) -> Hub:

@@ -7,6 +7,7 @@ server. Values are validated here, once, with messages that say what to type ins
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -14,13 +15,12 @@ from llamafit.argv import ServerArgs
 from llamafit.errors import UsageError
 from llamafit.ggml import KV_CACHE_TYPES
 from llamafit.memory.placement import Override
+from llamafit.options import DEFAULT_MARGIN_MIB, DEFAULT_MIN_CTX
 
 # common/common.h:1224-1230
 FFN_EXPS_REGEX = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"
 FFN_DENSE_REGEX = r"\.ffn_(up|down|gate)\."
 
-DEFAULT_MIN_CTX = 4096  # same floor as llama.cpp's --fit-ctx
-DEFAULT_MARGIN_MIB = 1024  # same as llama.cpp's --fit-target; covers CUDA pool growth at run time
 
 _TRUTHY = {"on", "enabled", "true", "1"}
 _FALSY = {"off", "disabled", "false", "0"}
@@ -66,7 +66,7 @@ class Request:
     cpu_only: bool = False
 
 
-def _int(value: str | None, flag: str, minimum: int | None = None) -> int:
+def int_value(value: str | None, flag: str, minimum: int | None = None) -> int:
     if value is None or not re.fullmatch(r"-?\d+", value.strip()):
         raise UsageError(f"{flag} expects an integer, got {value!r}", hint=f"e.g. {flag} 8192")
     v = int(value)
@@ -87,7 +87,7 @@ def parse_bool_value(value: str | None, flag: str, *, allow_auto: bool = False) 
     raise UsageError(f"{flag} expects {choices}, got {value!r}")
 
 
-def _kv_type(value: str | None, flag: str) -> str:
+def kv_type_value(value: str | None, flag: str) -> str:
     if value not in KV_CACHE_TYPES:
         raise UsageError(f"{flag}: unsupported cache type {value!r}", hint="one of " + ", ".join(KV_CACHE_TYPES))
     return value
@@ -99,9 +99,27 @@ def _split(value: str | None, flag: str) -> tuple[float, ...]:
         vals = tuple(float(p) for p in parts)
     except ValueError:
         raise UsageError(f"{flag} expects proportions like 3,1 got {value!r}") from None
-    if not vals or len(vals) >= 16 or any(v < 0 for v in vals):
+    if not vals or len(vals) >= 16 or any(not math.isfinite(v) or v < 0 for v in vals):
         raise UsageError(f"{flag} expects 1 to 15 non-negative proportions, got {value!r}")
     return vals
+
+
+def override_entries(value: str | None, flag: str) -> list[Override]:
+    """``<regex>=<buffer type>[,...]`` of ``-ot`` and ``-otd``, checked as llama.cpp would (a valid regex,
+    both halves present)."""
+    out: list[Override] = []
+    for entry in (value or "").split(","):
+        if not entry:
+            continue
+        pat, sep, buft = entry.partition("=")
+        if not sep or not pat or not buft:
+            raise UsageError(f"{flag} expects <regex>=<buffer type>, got {entry!r}", hint=f"e.g. {flag} 'exps=CPU'")
+        try:
+            re.compile(pat)
+        except re.error as e:
+            raise UsageError(f"{flag} pattern {pat!r} is not a valid regex: {e}") from None
+        out.append(Override(pat, buft))
+    return out
 
 
 def _overrides(args: ServerArgs) -> tuple[Override, ...] | None:
@@ -110,25 +128,16 @@ def _overrides(args: ServerArgs) -> tuple[Override, ...] | None:
     for o in args.items:
         if o.key == "--override-tensor":
             seen = True
-            for entry in (o.value or "").split(","):
-                if not entry:
-                    continue
-                pat, sep, buft = entry.partition("=")
-                if not sep or not pat or not buft:
-                    raise UsageError(f"-ot expects <regex>=<buffer type>, got {entry!r}", hint="e.g. -ot 'exps=CPU'")
-                try:
-                    re.compile(pat)
-                except re.error as e:
-                    raise UsageError(f"-ot pattern {pat!r} is not a valid regex: {e}") from None
-                out.append(Override(pat, buft))
+            out += override_entries(o.value, "-ot")
         elif o.key == "--cpu-moe":
             seen = True
             out.append(Override(FFN_EXPS_REGEX, "CPU"))
-        elif o.key in ("--n-cpu-moe", "--n-cpu-ffn"):
+        elif o.key == "--n-cpu-moe":
             seen = True
-            n = _int(o.value, o.tokens[0], 0)
-            rx = FFN_EXPS_REGEX if o.key == "--n-cpu-moe" else FFN_DENSE_REGEX
-            out += [Override(rf"blk\.{i}{rx}", "CPU") for i in range(n)]
+            out += n_cpu_moe_overrides(int_value(o.value, o.tokens[0], 0))
+        elif o.key == "--n-cpu-ffn":
+            seen = True
+            out += [Override(rf"blk\.{i}{FFN_DENSE_REGEX}", "CPU") for i in range(int_value(o.value, o.tokens[0], 0))]
     return tuple(out) if seen else None
 
 
@@ -168,26 +177,26 @@ def build_request(
     """Resolve the extra args into a Request (last occurrence wins, as in llama.cpp)."""
     kw: dict[str, object] = {}
     if (o := args.last("--ctx-size")) is not None:
-        c = _int(o.value, o.tokens[0], 0)
+        c = int_value(o.value, o.tokens[0], 0)
         kw["ctx_full"] = c == 0
         kw["ctx"] = c or None
     if (o := args.last("--parallel")) is not None:
-        kw["n_seq"] = _int(o.value, o.tokens[0], 1)
+        kw["n_seq"] = int_value(o.value, o.tokens[0], 1)
     if (f := args.flag("--kv-unified")) is not None:
         kw["kv_unified"] = f
     if (o := args.last("--batch-size")) is not None:
-        kw["n_batch"] = _int(o.value, o.tokens[0], 1)
+        kw["n_batch"] = int_value(o.value, o.tokens[0], 1)
     if (o := args.last("--ubatch-size")) is not None:
-        kw["n_ubatch"] = _int(o.value, o.tokens[0], 1)
+        kw["n_ubatch"] = int_value(o.value, o.tokens[0], 1)
     if (o := args.last("--flash-attn")) is not None:
         kw["flash_attn"] = parse_bool_value(o.value, o.tokens[0], allow_auto=True)
     if (o := args.last("--cache-type-k")) is not None:
-        kw["type_k"] = _kv_type(o.value, o.tokens[0])
+        kw["type_k"] = kv_type_value(o.value, o.tokens[0])
     if (o := args.last("--cache-type-v")) is not None:
-        kw["type_v"] = _kv_type(o.value, o.tokens[0])
+        kw["type_v"] = kv_type_value(o.value, o.tokens[0])
     if (o := args.last("--gpu-layers")) is not None:
         v = (o.value or "").strip().lower()
-        kw["n_gpu_layers"] = -1 if v == "auto" else -2 if v == "all" else _int(o.value, o.tokens[0], -2)
+        kw["n_gpu_layers"] = -1 if v == "auto" else -2 if v == "all" else int_value(o.value, o.tokens[0], -2)
     if (o := args.last("--tensor-split")) is not None:
         kw["tensor_split"] = _split(o.value, o.tokens[0])
     ov = _overrides(args)
@@ -201,7 +210,7 @@ def build_request(
             raise UsageError(f"{o.tokens[0]} expects none, layer, row or tensor, got {o.value!r}")
         kw["split_mode"] = o.value
     if (o := args.last("--main-gpu")) is not None:
-        kw["main_gpu"] = _int(o.value, o.tokens[0], 0)
+        kw["main_gpu"] = int_value(o.value, o.tokens[0], 0)
     if (f := args.flag("--kv-offload")) is not None:
         kw["offload_kqv"] = f
     if args.has("--swa-full"):
@@ -235,6 +244,6 @@ def build_request(
 
         kw["rpc"] = tuple(parse_endpoints(rpc_values))
     if (o := args.last("--image-max-tokens")) is not None:
-        kw["image_max_tokens"] = _int(o.value, o.tokens[0], -1)
+        kw["image_max_tokens"] = int_value(o.value, o.tokens[0], -1)
     return Request(server_args=args, margin=margin, margins=dict(margins or {}), min_ctx=min_ctx, cpu_only=cpu_only,
                    **kw)  # type: ignore[arg-type]  # fmt: skip

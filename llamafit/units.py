@@ -57,10 +57,6 @@ def fmt_bytes(n: int | float) -> str:
     return f"{sign}{int(v)} B"
 
 
-def mib(n: int | float) -> float:
-    return float(n) / MiB
-
-
 def pad(x: int, n: int) -> int:
     """``GGML_PAD``: round ``x`` up to a multiple of ``n``."""
     return ((x + n - 1) // n) * n

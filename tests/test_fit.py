@@ -55,9 +55,10 @@ def test_a_smaller_card_cuts_the_context_to_what_fits(l8b: ModelInfo) -> None:
     assert p.decision("context.reduced")
     dev = p.devices[0]
     assert dev.use.total <= dev.usable
-    # the next context step would not fit: the search found the largest
+    # the next context step would not fit with every layer on the card: the search found the largest
     bigger = plan(l8b, [gpu(0, 12)], ["-c", str(p.n_ctx + 256)], margin=1024 * MiB)
-    assert not bigger.devices[0].fits or bigger.decision("placement.partial")
+    assert bigger.decision("placement.partial") and not bigger.decision("placement.all_gpu")
+    assert bigger.settings.n_gpu_layers < l8b.hparams.n_layer_all + 1
 
 
 def test_the_margin_is_left_free(l8b: ModelInfo) -> None:
@@ -92,7 +93,8 @@ def test_the_pooled_sum_is_not_enough(l8b: ModelInfo) -> None:
     single = plan(l8b, [gpu(0, 10)])
     assert pair.fits
     assert all(d.use.overhead > 0 for d in pair.devices)  # each card pays its runtime overhead
-    assert pair.n_ctx < single.n_ctx or pair.decision("placement.partial")
+    assert pair.decision("placement.all_gpu") and single.decision("placement.all_gpu")
+    assert pair.n_ctx < single.n_ctx  # the second card's overhead and compute buffer cost context
 
 
 def test_no_gpu_plans_for_host_memory(l8b: ModelInfo) -> None:

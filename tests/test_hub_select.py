@@ -5,15 +5,14 @@ from __future__ import annotations
 import pytest
 
 from llamafit.errors import UsageError
+from llamafit.gguf.naming import quant_bits, split_info
 from llamafit.hub.select import (
     HubFile,
     find_best_sibling,
     is_valid_repo_id,
     missing_shards,
-    quant_bits,
     quants,
     select,
-    split_info,
     split_repo_tag,
 )
 

@@ -1,4 +1,4 @@
-"""The memory model on published model shapes, against the worked examples of the reference (§2.10)
+"""The memory model on published model shapes, against the worked examples of docs/memory-model.md §2.10
 and llama.cpp's placement rules (§1.3-1.5). These need no server: they pin the arithmetic."""
 
 from __future__ import annotations
@@ -23,13 +23,13 @@ def _kv_mib(model_path: Path, **kw: object) -> float:
 
 def test_llama31_8b_kv_at_training_context(tmp_path: Path) -> None:
     p = factory.llama31_8b().write(tmp_path / "l.gguf")
-    # 32 layers x 2 x 1024 x 2 B per cell = 128 KiB per cell; 131072 cells (reference §2.10)
+    # 32 layers x 2 x 1024 x 2 B per cell = 128 KiB per cell; 131072 cells (docs/memory-model.md §2.10)
     assert _kv_mib(p) == 16384
     assert _kv_mib(p, type_k="q8_0", type_v="q8_0") == 8704
 
 
 def test_gpt_oss_120b_iswa_kv(tmp_path: Path) -> None:
-    """36 blocks, pattern 2, window 128, 8 KV heads x 64: base 4608 MiB + SWA 36 MiB (reference §2.10)."""
+    """36 blocks, pattern 2, window 128, 8 KV heads x 64: base 4608 MiB + SWA 36 MiB (docs/memory-model.md §2.10)."""
     shape = factory.dense(arch="gpt-oss", n_layer=36, n_embd=2880, n_head=64, n_head_kv=8, head_dim=64, n_ff=2880,
                           ctx=131072)  # fmt: skip
     shape.kv["gpt-oss.attention.sliding_window"] = 128
@@ -44,7 +44,7 @@ def test_gpt_oss_120b_iswa_kv(tmp_path: Path) -> None:
 
 
 def test_qwen3_next_kv_and_recurrent_state(tmp_path: Path) -> None:
-    """48 blocks, full attention every 4th: KV 6144 MiB, RS 301.5 MiB at 4 slots (reference §2.10)."""
+    """48 blocks, full attention every 4th: KV 6144 MiB, RS 301.5 MiB at 4 slots (docs/memory-model.md §2.10)."""
     shape = factory.qwen35(n_layer=48, n_embd=2048, n_head=16, n_head_kv=2, head_dim=256, n_ff=512, d_conv=4,
                            d_state=128, n_group=16, dt_rank=32, interval=4, ctx=262144)  # fmt: skip
     shape.arch = "qwen3next"
@@ -71,7 +71,7 @@ def test_qwen35_rollback_rows_multiply_the_state(tmp_path: Path) -> None:
 
 
 def test_deepseek_v3_mla_kv(tmp_path: Path) -> None:
-    """61 trunk layers x 576 x 2 B = 10980 MiB at 163840 cells, K only (reference §2.10)."""
+    """61 trunk layers x 576 x 2 B = 10980 MiB at 163840 cells, K only (docs/memory-model.md §2.10)."""
     shape = factory.deepseek2(n_layer=62, n_embd=512, n_head=4, kv_lora_rank=512, rope_dim=64, nope_dim=128,
                               v_dim=128, ctx=163840)  # fmt: skip
     shape.kv["deepseek2.nextn_predict_layers"] = 1

@@ -21,14 +21,15 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 
-import shapes  # noqa: E402
+import shapes
 
-from llamafit.capabilities import ASSUMED  # noqa: E402
-from llamafit.devices import Device, Host, Machine  # noqa: E402
-from llamafit.errors import LlamafitError  # noqa: E402
-from llamafit.plan import to_json  # noqa: E402
-from llamafit.prepare import Options, prepare  # noqa: E402
-from llamafit.units import GiB  # noqa: E402
+from llamafit.capabilities import ASSUMED
+from llamafit.devices import Device, Host, Machine
+from llamafit.errors import LlamafitError
+from llamafit.options import Options
+from llamafit.plan import to_json
+from llamafit.prepare import prepare
+from llamafit.units import GiB
 
 GOLDEN = Path(__file__).parent / "golden" / "plans.json"
 HOST = Host(total=64 * GiB, available=56 * GiB)

@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar, cast
 
 from llamafit.errors import BadModelFileError, ModelNotFoundError
 from llamafit.gguf.hparams import Hparams, resolve_hparams
 from llamafit.gguf.reader import GGUFHeader, TensorInfo, read_file_header
 from llamafit.gguf.tensors import is_matmul_weight, layer_of
+
+T = TypeVar("T")
 
 SPLIT_RE = re.compile(r"^(?P<prefix>.+)-(?P<idx>\d{5})-of-(?P<cnt>\d{5})\.gguf$")
 
@@ -43,6 +46,16 @@ class ModelInfo:
     hparams: Hparams
     kv: dict[str, object] = field(repr=False)
     tensors: tuple[Tensor, ...] = field(repr=False)
+    # values derived from this model, computed once per model object (the fit asks for them many times)
+    _memo: dict[Hashable, object] = field(default_factory=dict, repr=False, compare=False)
+
+    def memo(self, key: Hashable, make: Callable[[], T]) -> T:
+        """``make()``, computed once per model object and ``key`` (bounded: an old entry may be recomputed)."""
+        if key not in self._memo:
+            if len(self._memo) >= 128:
+                self._memo.clear()
+            self._memo[key] = make()
+        return cast(T, self._memo[key])
 
     @property
     def arch(self) -> str:

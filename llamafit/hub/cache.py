@@ -1,4 +1,4 @@
-"""The Hugging Face cache shared with llama.cpp and huggingface_hub (reference llama-server-cli.md §5).
+"""The Hugging Face cache shared with llama.cpp and huggingface_hub (docs/server-cli.md §5).
 
 The directory is found with llama.cpp's precedence (``common/hf-cache.cpp:33-62``): ``LLAMA_CACHE``
 (itself, no ``/hub``), ``HF_HUB_CACHE``, ``HUGGINGFACE_HUB_CACHE``, ``$HF_HOME/hub``,

@@ -128,7 +128,6 @@ class HubClient:
     def __init__(self, endpoint: str | None = None, cache_dir: Path | None = None) -> None:
         self.endpoint = endpoint or endpoint_from_env()
         self.cache_dir = cache_dir
-        self.header_requests = 0  # Range requests made (for the bench and the tests)
         self.header_bytes = 0
 
     def _api(self) -> Any:
@@ -201,7 +200,6 @@ class HubClient:
                     out += chunk
                     if len(out) >= n:
                         break  # a server that ignored Range does not get to send the whole file
-            self.header_requests += 1
             self.header_bytes += min(len(out), n)
             return bytes(out[:n])
 

@@ -18,11 +18,11 @@ from pathlib import Path
 from llamafit.errors import AccessError, LlamafitError, ModelNotFoundError, NetworkError
 from llamafit.gguf.mmproj import Projector, projector_from_header
 from llamafit.gguf.model import ModelInfo, load_model, model_from_headers
+from llamafit.gguf.naming import SIDECARS
 from llamafit.gguf.reader import GGUFHeader, read_file_header
 from llamafit.hub.cache import cached_commit, cached_files, hub_cache_dir, is_cached, snapshot_path
 from llamafit.hub.remote import HubClient, write_ref
 from llamafit.hub.select import (
-    SIDECARS,
     HubFile,
     find_best_model,
     gguf_names,
@@ -123,7 +123,9 @@ class Hub:
 
     # -- files -------------------------------------------------------------------------------------
 
-    def local_path(self, st: RepoState, f: HubFile) -> str:
+    def remember(self, st: RepoState, f: HubFile) -> str:
+        """The path a Hub file will have in the cache, remembered as one this plan may use (``pending``,
+        ``exists``, ``size`` and ``open`` answer for it before it is downloaded)."""
         p = str(snapshot_path(self.hub_dir, st.repo, st.commit, f.path))
         self.known[p] = (st, f)
         return p
@@ -151,7 +153,7 @@ class Hub:
                 hint="the upload may be incomplete; pick another quant or wait for it",
             )
         headers = [self.header(st, f) for f in shards]
-        return model_from_headers(headers, [self.local_path(st, f) for f in shards])
+        return model_from_headers(headers, [self.remember(st, f) for f in shards])
 
     # -- references --------------------------------------------------------------------------------
 
@@ -178,7 +180,7 @@ class Hub:
         projector = None
         if sel.mmproj is not None:
             try:
-                projector = projector_from_header(self.header(st, sel.mmproj), self.local_path(st, sel.mmproj))
+                projector = projector_from_header(self.header(st, sel.mmproj), self.remember(st, sel.mmproj))
             except LlamafitError as e:
                 self.notes.append(f"the projector {sel.mmproj.path} was left out: {e.message}")
         return HubModel(st, tag, model, sel.model_files, projector, sel.mmproj if projector else None,
@@ -194,14 +196,14 @@ class Hub:
         sel = select(st.files, repo, tag, mmproj=False, sidecar_kinds=kinds or [k for k, _ in SIDECARS])
         for kind, _ in SIDECARS:
             if kind in sel.sidecars:
-                return self.local_path(st, sel.sidecars[kind])
+                return self.remember(st, sel.sidecars[kind])
         if primary is None:
             raise ModelNotFoundError(
                 f"{repo} has no {tag or 'usable'} draft model", hint="quants there: " + ", ".join(quants(st.files))
             )
         for f in split_files(st.files, primary):
-            self.local_path(st, f)
-        return self.local_path(st, primary)
+            self.remember(st, f)
+        return self.remember(st, primary)
 
     # -- drafters (speculative.DrafterFiles) -------------------------------------------------------
 
@@ -221,7 +223,7 @@ class Hub:
             mmproj=False,
             sidecar_kinds=[k for k, _ in SIDECARS],
         )
-        return {kind: self.local_path(st, hf) for kind, hf in sel.sidecars.items()}
+        return {kind: self.remember(st, hf) for kind, hf in sel.sidecars.items()}
 
     def exists(self, path: str) -> bool:
         return path in self.known or os.path.exists(path)

@@ -1,6 +1,6 @@
 """Which files of a Hub repo llama-server's ``-hf`` would use, decided exactly as llama.cpp b11434 does.
 
-Mirrors ``common/download.cpp:464-766`` (reference llama-server-cli.md §4): the ``owner/repo[:QUANT]``
+Mirrors ``common/download.cpp:464-766`` (docs/server-cli.md §4): the ``owner/repo[:QUANT]``
 split, the repo-id check (``common/hf-cache.cpp:117-141``), ``find_best_model`` (the tag as a
 case-insensitive regex followed by ``[.-]``; no tag tries Q4_K_M then Q8_0, then the first model
 file; only first shards), split sets kept together, and ``find_best_sibling`` for the projector and
@@ -15,15 +15,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from llamafit.errors import UsageError
+from llamafit.gguf.naming import SIDECARS, quant_bits, split_info, tag_bits
 
-_SPLIT = re.compile(r"^(.+)-([0-9]{5})-of-([0-9]{5})$", re.IGNORECASE)
-_TAG = re.compile(r"[-.]([A-Z0-9_]+)$", re.IGNORECASE)
 NOT_MODELS = ("mmproj", "imatrix", "mtp-", "eagle3-", "dflash-", "dspark-")
 DEFAULT_TAGS = ("Q4_K_M", "Q8_0")
-# drafter kind -> the keyword its sidecar file contains (case-sensitive), in llama.cpp's priority
-# when a draft repo ships several (common/arg.cpp:546-565)
-SIDECARS = (("draft-mtp", "mtp-"), ("draft-dspark", "dspark-"), ("draft-dflash", "dflash-"),
-            ("draft-eagle3", "eagle3-"))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -31,14 +26,6 @@ class HubFile:
     path: str  # repo-relative
     size: int
     oid: str | None = None  # LFS sha256, else the git blob id
-
-
-@dataclass(frozen=True)
-class SplitInfo:
-    prefix: str  # directory and quant tag included
-    tag: str  # upper-cased, e.g. Q4_K_M
-    index: int
-    count: int
 
 
 def is_valid_repo_id(repo: str) -> bool:
@@ -70,25 +57,6 @@ def split_repo_tag(ref: str) -> tuple[str, str]:
             hint="give a GGUF path, or owner/repo[:QUANT] such as Qwen/Qwen3-8B-GGUF:Q4_K_M",
         )
     return repo, tag
-
-
-def split_info(path: str) -> SplitInfo | None:
-    """Prefix, quant tag and shard numbers of a ``.gguf`` path (None for other files)."""
-    if not path.endswith(".gguf"):
-        return None
-    prefix = path[: -len(".gguf")]
-    index = count = 1
-    if m := _SPLIT.match(prefix):
-        prefix, index, count = m.group(1), int(m.group(2)), int(m.group(3))
-    t = _TAG.search(prefix)
-    return SplitInfo(prefix, t.group(1).upper() if t else "", index, count)
-
-
-def quant_bits(path: str) -> int:
-    """Q4_K_M -> 4, F16/BF16 -> 16, MXFP4 -> 4; 0 when the tag has no digit (download.cpp:501-511)."""
-    info = split_info(path)
-    m = re.search(r"\d+", info.tag) if info else None
-    return int(m.group()) if m else 0
 
 
 def is_model_file(path: str) -> bool:
@@ -144,11 +112,7 @@ def missing_shards(shards: Sequence[HubFile]) -> list[int]:
 def find_best_sibling(files: Sequence[HubFile], model: str, keyword: str, tag: str = "") -> HubFile | None:
     """The sidecar (``mmproj``, ``mtp-``, ...) that goes with ``model`` (download.cpp:531-624)."""
     tag_upper = tag.upper()
-    if tag_upper:
-        m = re.search(r"\d+", tag_upper)
-        model_bits = int(m.group()) if m else 0
-    else:
-        model_bits = quant_bits(model)
+    model_bits = tag_bits(tag_upper) if tag_upper else quant_bits(model)
     model_dir = model.split("/")[:-1]
     best: HubFile | None = None
     best_depth = best_diff = 0

@@ -15,13 +15,11 @@ buffers are named after it in the plan. Per kind:
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 
 CPU = "CPU"
 CUDA_HOST = "CUDA_Host"
 _DEVICE_PREFIXES = ("CUDA", "RPC", "ROCm", "Vulkan", "Metal", "SYCL", "MUSA")
-_RPC_BUFT = re.compile(r"^RPC(?P<local>\d+)\[(?P<endpoint>[^\]]+)\]$")
 
 
 def kind(device: str) -> str:
@@ -61,7 +59,3 @@ def rpc_buffer_aliases(endpoints: Mapping[str, str]) -> dict[str, str]:
         seen[ep] = k + 1
         out[f"RPC{k}[{ep}]"] = dev
     return out
-
-
-def is_rpc_buffer_name(name: str) -> bool:
-    return bool(_RPC_BUFT.match(name))

@@ -16,7 +16,7 @@ of a transformer block, in floats per token of the micro-batch ``U`` (= n_ubatch
 
 The coefficients come from reading the graph (``src/llama-graph.cpp`` build_ffn/build_attn) and were
 checked against the CPU build's ``sched_reserve`` lines across model shapes; ``bench/accuracy.py``
-prints the measured error (README "Accuracy"). GPU-only terms follow the reference (§3.2): F16 copies
+prints the measured error (README "Accuracy"). GPU-only terms follow docs/memory-model.md §3.2: F16 copies
 of a quantized K/V layer for CUDA flash attention, op-offload staging of the largest CPU-resident
 matmul weight on the first GPU, and pipeline-parallel input copies (x4).
 """
@@ -30,7 +30,7 @@ from llamafit.ggml import by_name
 from llamafit.gguf.hparams import Hparams
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory import backends
-from llamafit.memory.context import ContextParams, _attention_filter, _recurrent_layers, swa_cells
+from llamafit.memory.context import ContextParams, attention_layers, recurrent_layers, swa_cells
 from llamafit.memory.placement import CPU, WeightPlacement
 
 SMALL_INPUT_FLOATS = 10  # positions, token ids, output ids per token
@@ -65,19 +65,9 @@ class LayerDims:
     moe_out: tuple[int, ...] = ()  # n_expert_used x n_embd on MoE layers (the experts' outputs), else 0
 
 
-_DIMS_CACHE: dict[int, tuple[ModelInfo, LayerDims]] = {}
-
-
 def layer_dims(model: ModelInfo) -> LayerDims:
-    """Cached per model object: the fit calls the memory model many times for one model."""
-    hit = _DIMS_CACHE.get(id(model))
-    if hit is not None and hit[0] is model:
-        return hit[1]
-    dims = _layer_dims(model)
-    if len(_DIMS_CACHE) > 16:
-        _DIMS_CACHE.clear()
-    _DIMS_CACHE[id(model)] = (model, dims)
-    return dims
+    """Once per model object: the fit calls the memory model many times for one model."""
+    return model.memo("layer_dims", lambda: _layer_dims(model))
 
 
 def _layer_dims(model: ModelInfo) -> LayerDims:
@@ -140,10 +130,10 @@ def compute_buffers(
     U = cp.n_ubatch
     E = hp.n_embd
     layer_dev = placement.layer_device
-    attn_layers = set(_attention_filter(hp, cp.mtp)) if hp.has_memory and not hp.is_recurrent_arch else set()
+    attn_layers = set(attention_layers(hp, cp.mtp)) if hp.has_memory and not hp.is_recurrent_arch else set()
     if not hp.has_memory:
         attn_layers = set(range(hp.n_layer_all))
-    recr_layers = set(_recurrent_layers(hp, cp.mtp))
+    recr_layers = set(recurrent_layers(hp, cp.mtp))
     n_kv_full = cp.n_ctx_seq
     n_kv_swa = swa_cells(hp, cp) if hp.swa_type != "none" else 0
     mask_bytes = 2 if fa else 4

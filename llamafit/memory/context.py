@@ -101,7 +101,7 @@ def _align(buft: str) -> int:
     return CUDA_ALIGN if backends.kind(buft) == "cuda" else CPU_ALIGN
 
 
-def _attention_filter(hp: Hparams, mtp: bool) -> list[int]:
+def attention_layers(hp: Hparams, mtp: bool) -> list[int]:
     """Layers that own attention KV in this context (create_memory's filters)."""
     n_all, n_layer = hp.n_layer_all, hp.n_layer
     arch = hp.arch
@@ -121,7 +121,7 @@ def _attention_filter(hp: Hparams, mtp: bool) -> list[int]:
     return list(range(n_all))
 
 
-def _recurrent_layers(hp: Hparams, mtp: bool) -> list[int]:
+def recurrent_layers(hp: Hparams, mtp: bool) -> list[int]:
     if hp.is_recurrent_arch:
         return list(range(hp.n_layer))
     if not hp.is_hybrid_arch or mtp:
@@ -221,7 +221,7 @@ def memory_allocs(hp: Hparams, cp: ContextParams) -> list[_Alloc]:
         return out
 
     if cls != "recurrent":
-        layers = [il for il in _attention_filter(hp, cp.mtp) if hp.has_kv(il)]
+        layers = [il for il in attention_layers(hp, cp.mtp) if hp.has_kv(il)]
         if cls in ("dsa", "dsa_iswa") and hp.n_nextn > 0:
             layers = [il for il in layers if il < hp.n_layer]
         swa_size = swa_cells(hp, cp) if hp.swa_type != "none" else cp.n_ctx_seq
@@ -251,7 +251,7 @@ def memory_allocs(hp: Hparams, cp: ContextParams) -> list[_Alloc]:
                     v = row_size(by_name(cp.type_v), v_w or hp.head_v_at(il)) * cp.n_ctx_seq * ns
                     out.append(_Alloc("kv", "idx", il, (k, v), cp.n_ctx_seq))
 
-    rlayers = _recurrent_layers(hp, cp.mtp)
+    rlayers = recurrent_layers(hp, cp.mtp)
     if rlayers:
         rs_size = max(1, cp.n_seq_max)
         n_rs_seq = cp.n_rs_seq if hp.supports_rs_rollback else 0
@@ -293,11 +293,11 @@ def checkpoint_bytes(hp: Hparams, cp: ContextParams) -> int:
     total = 0
     if hp.swa_type != "none" and not cp.swa_full:
         cells = swa_cells(hp, cp)
-        for il in _attention_filter(hp, cp.mtp):
+        for il in attention_layers(hp, cp.mtp):
             if hp.has_kv(il) and hp.is_swa[il]:
                 kb, vb = kv_row_bytes(hp, il, cp.type_k, cp.type_v, cp.v_trans)
                 total += (kb + vb) * cells
-    for _ in _recurrent_layers(hp, cp.mtp):
+    for _ in recurrent_layers(hp, cp.mtp):
         total += 4 * (hp.n_embd_r() + hp.n_embd_s())
     return total
 
@@ -330,7 +330,7 @@ def kv_bytes_per_cell(hp: Hparams, type_k: str = "f16", type_v: str = "f16") -> 
     if memory_class(hp, False) in ("none", "recurrent", "dsv4"):
         return 0
     total = 0
-    for il in _attention_filter(hp, False):
+    for il in attention_layers(hp, False):
         if hp.has_kv(il) and not (hp.swa_type != "none" and hp.is_swa[il]):
             k, v = kv_row_bytes(hp, il, type_k, type_v, False)
             total += k + v

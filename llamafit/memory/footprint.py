@@ -19,7 +19,7 @@ from llamafit.units import MiB
 
 # CUDA context, cuBLAS/cuBLASLt workspaces and the initial memory pool of one GPU: memory the
 # runtime takes that no llama.cpp buffer reports ("unaccounted" in common_memory_breakdown_print,
-# reference §3.4). A few hundred MiB on current drivers; calibration (issue 5) refines it per machine.
+# docs/memory-model.md §3.4). A few hundred MiB on current drivers; calibration (issue 5) refines it per machine.
 RUNTIME_OVERHEAD = 384 * MiB
 
 
@@ -104,9 +104,6 @@ class Footprint:
         return self.placement.layer_device
 
 
-_PLACEMENTS: dict[tuple[object, ...], tuple[ModelInfo, WeightPlacement]] = {}
-
-
 def _buft_device(buft: str) -> str:
     return buft if backends.is_device_buffer(buft) else CPU
 
@@ -135,28 +132,16 @@ def estimate(
         gpu_ids = [gpu_ids[min(s.main_gpu, len(gpu_ids) - 1)]]
     splits = list(s.tensor_split) if any(s.tensor_split) else (list(free) if free else [1.0] * len(gpu_ids))
     splits = (splits + [0.0] * len(gpu_ids))[: len(gpu_ids)]
-    key = (id(model), tuple(gpu_ids), tuple(splits), s.n_gpu_layers, s.overrides, s.use_mmap, s.no_host, s.repack,
+    key = ("placement", tuple(gpu_ids), tuple(splits), s.n_gpu_layers, s.overrides, s.use_mmap, s.no_host, s.repack,
            s.load_nextn, profile)  # fmt: skip
-    hit = _PLACEMENTS.get(key)
-    if hit is not None and hit[0] is model:
-        placement = hit[1]
-    else:
-        # the fit asks for the same placement at many contexts: it is computed once
-        placement = place_weights(
-            model,
-            gpus=gpu_ids,
-            splits=splits,
-            n_gpu_layers=s.n_gpu_layers,
-            overrides=s.overrides,
-            use_mmap=s.use_mmap,
-            no_host=s.no_host,
-            repack=s.repack,
-            load_nextn=s.load_nextn,
-            profile=profile,
-        )
-        if len(_PLACEMENTS) > 64:
-            _PLACEMENTS.clear()
-        _PLACEMENTS[key] = (model, placement)
+    # the fit asks for the same placement at many contexts: it is computed once per model and key
+    placement = model.memo(
+        key,
+        lambda: place_weights(
+            model, gpus=gpu_ids, splits=splits, n_gpu_layers=s.n_gpu_layers, overrides=s.overrides,
+            use_mmap=s.use_mmap, no_host=s.no_host, repack=s.repack, load_nextn=s.load_nextn, profile=profile,
+        ),
+    )  # fmt: skip
     fa = resolve_flash_attn(
         s.flash_attn, offload_kqv=s.offload_kqv, have_gpu=bool(gpu_ids), quantized_v=by_name(s.type_v).quantized
     )

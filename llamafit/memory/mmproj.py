@@ -1,6 +1,6 @@
 """The multimodal projector's memory: its weights on one device, and the compute buffer its warmup reserves.
 
-Where (reference §6, ``tools/mtmd/clip.cpp:188-208``): ``--no-mmproj-offload`` keeps it on the CPU;
+Where (docs/memory-model.md §6, ``tools/mtmd/clip.cpp:188-208``): ``--no-mmproj-offload`` keeps it on the CPU;
 ``-mmdev DEV`` picks a device (``none`` = CPU); otherwise the first ``-dev`` device, otherwise the
 first GPU. All of its weights go to that backend's buffer (no partial offload, ``clip.cpp:3641``).
 

@@ -17,7 +17,7 @@ from llamafit.gguf.model import ModelInfo, Tensor
 from llamafit.memory import backends
 from llamafit.units import pad
 
-CPU = "CPU"
+CPU = backends.CPU
 CUDA_ALIGN = 128  # ggml-cuda.cu:897-901
 CPU_ALIGN = 32  # TENSOR_ALIGNMENT, ggml-impl.h:44
 MATRIX_ROW_PADDING = 512  # ggml-cuda/common.cuh:186
@@ -105,12 +105,6 @@ class WeightPlacement:
     tensors: tuple[PlacedTensor, ...]
     layer_device: tuple[str, ...]  # per layer, output layer last
     buffers: tuple[tuple[str, int], ...]  # (buffer name, bytes) as `model buffer size` lines report
-
-    def bytes_on(self, device: str) -> int:
-        """Weight bytes resident on ``device`` (for CPU: sum of host model buffers)."""
-        if device == CPU:
-            return sum(b for n, b in self.buffers if not backends.is_device_buffer(n))
-        return sum(b for n, b in self.buffers if n == device)
 
 
 def _repackable(t: Tensor, profile: RepackProfile) -> bool:

@@ -1,0 +1,162 @@
+"""The fit: choose context, GPU layers, tensor split, expert offload and the drafter.
+
+Policy (README "How llamafit decides"):
+
+* a user's ``-c N`` is a hard requirement (``-c 0`` means the training context, never reduced);
+  otherwise the training context if it fits, else the largest that fits, rounded down to 256 and
+  not below ``--min-ctx``;
+* everything on the GPUs first, each card checked on its own share (``search``);
+* when the weights do not fit even at the minimum context: MoE experts to the CPU first, then fewer
+  GPU layers, then refuse with the numbers; placement the user pinned is kept as is;
+* speculative decoding is a speed option: under Auto the drafter is given up *before* the context
+  is cut (``policy``); an explicit drafter is always honoured;
+* every choice is recorded as a ``Decision(code, message)`` (``messages``).
+
+Modules: ``search`` (placement and context for one speculative configuration), ``split`` (layers per
+card), ``policy`` (the drafter), ``projector`` (the multimodal projector), ``messages`` (every text),
+``argv_plan`` (the server's defaults and the flags a plan passes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from llamafit.calibration import Corrections
+from llamafit.capabilities import ASSUMED, Capabilities
+from llamafit.devices import Machine
+from llamafit.errors import UsageError
+from llamafit.fit import messages
+from llamafit.fit.argv_plan import planned_argv, server_defaults
+from llamafit.fit.policy import Outcome, fit_with_policy
+from llamafit.fit.projector import place_projector
+from llamafit.fit.search import CTX_STEP, Search, Trial, select_gpus
+from llamafit.gguf.hparams import UNVERIFIED_MEMORY_ARCHS
+from llamafit.gguf.mmproj import Projector
+from llamafit.gguf.model import ModelInfo
+from llamafit.memory import backends
+from llamafit.memory.context import check_cache_types, checkpoint_bytes
+from llamafit.memory.footprint import LoadSettings, Use
+from llamafit.memory.mmproj import MmprojUse
+from llamafit.memory.placement import CPU
+from llamafit.plan import Decision, DevicePlan, HostPlan, Plan
+from llamafit.request import Request
+from llamafit.speculative import Drafter, DrafterFiles, SpecOptions, choose
+from llamafit.units import MiB, pad
+
+__all__ = ["CTX_STEP", "make_plan", "select_gpus"]
+
+
+def make_plan(
+    model: ModelInfo,
+    machine: Machine,
+    req: Request,
+    opts: SpecOptions | None = None,
+    caps: Capabilities | Callable[[], Capabilities] = ASSUMED,
+    calibrate: Callable[[LoadSettings, tuple[str, ...]], Corrections] | None = None,
+    mmproj: Projector | None = None,
+    mmproj_measured: Callable[[MmprojUse], int | None] | None = None,
+    drafter_files: DrafterFiles | None = None,
+) -> Plan:
+    """Fit ``model`` (and its drafter) onto ``machine`` under ``req``; DoesNotFitError when nothing fits.
+
+    ``caps`` may be a callable: the server binary is then probed only if a decision needs it.
+    ``calibrate`` returns corrections from past launches for the base settings (llamafit.calibration);
+    ``mmproj_measured`` what a past launch measured for the projector's compute buffer.
+    """
+    opts = opts or SpecOptions(mode="off")
+    hp = model.hparams
+    if problem := check_cache_types(hp, req.type_k, req.type_v, req.flash_attn):
+        raise UsageError(f"llama-server would refuse this: {problem}", hint="adjust -ctk/-ctv/-fa")
+    gpus = select_gpus(machine, req)
+    base = server_defaults(req)
+    calib = calibrate(base, tuple(g.id for g in gpus)) if calibrate is not None else Corrections()
+    projector = place_projector(req, machine, [g.id for g in gpus], mmproj, mmproj_measured)
+    search = Search(model, machine, req, gpus, opts, calib, projector.fixed)
+    lo, hi = _context_bounds(model, req, base)
+    choice = choose(model, opts, drafter_files)
+    pinned = req.n_gpu_layers is not None or req.tensor_split is not None or req.overrides is not None
+    out = fit_with_policy(search, base, lo, hi, pinned, choice, opts, caps)
+    if out.trial is None or out.placement is None:
+        raise search.refusal(base, lo, out.spec)
+    t = out.trial
+    planned = planned_argv(model, t.settings, t.fp.context.n_ctx, gpus, req, machine, out.spec, opts)
+
+    decisions = [*_context_decisions(model, req, t), *filter(None, [messages.calibration_applied(calib)])]
+    decisions += [*projector.decisions, out.placement]
+    if out.report.message:
+        decisions.append(Decision(out.report.code, out.report.message))
+    if req.n_seq is None:
+        decisions.append(messages.slots_auto(t.fp.context.n_ctx))
+    if any(p.family == "fit" for p in planned):
+        decisions.append(messages.fit_off())
+    if any(backends.kind(dev) == "rpc" for dev in t.fp.layer_device):
+        decisions.append(messages.rpc_network(t.fp.layer_device, machine))
+    warnings = [*projector.warnings, *_model_warnings(model, mmproj, choice.notes, choice.drafter)]
+    warnings += _load_warnings(model, t, out, opts, search)
+
+    layers_on = {g.id: sum(1 for d in t.fp.layer_device if d == g.id) for g in gpus}
+    return Plan(
+        model=model, settings=t.settings, footprint=t.fp,
+        devices=tuple(DevicePlan(g, search.usable[g.id], t.fp.gpus[g.id] + t.extra.get(g.id, Use()),
+                                 layers_on[g.id]) for g in gpus),
+        host=HostPlan(machine.host, search.host_usable, t.fp.host + t.extra.get(CPU, Use())),
+        decisions=tuple(decisions), warnings=tuple(warnings), planned=tuple(planned), margin=req.margin,
+        notes=machine.notes, draft_footprint=t.draft, speculative=out.report, mmproj=projector.use,
+        buffer_aliases=backends.rpc_buffer_aliases({g.id: g.endpoint for g in machine.gpus if g.endpoint}),
+    )  # fmt: skip
+
+
+def _context_bounds(model: ModelInfo, req: Request, base: LoadSettings) -> tuple[int, int]:
+    """The contexts the search may choose from: [--min-ctx, training context], or exactly the user's -c."""
+    train = model.hparams.n_ctx_train or 4096
+    if req.ctx_full:
+        lo = hi = train
+    elif req.ctx:
+        lo = hi = req.ctx
+    else:
+        hi = pad(train, CTX_STEP)
+        lo = min(pad(req.min_ctx, CTX_STEP), hi)
+    if base.n_seq and not base.kv_unified:
+        lo = max(lo, base.n_seq * CTX_STEP)  # every slot gets at least one step of its own
+        hi = max(hi, lo)
+    return lo, hi
+
+
+def _context_decisions(model: ModelInfo, req: Request, t: Trial) -> list[Decision]:
+    train = model.hparams.n_ctx_train or 4096
+    if req.ctx_full:
+        return [messages.context_user(train, full=True)]
+    if req.ctx:
+        return [messages.context_user(pad(req.ctx, CTX_STEP), full=False)]
+    return [messages.context_chosen(t.fp.context.n_ctx, train, req.min_ctx, req.margin)]
+
+
+def _model_warnings(
+    model: ModelInfo, mmproj: Projector | None, notes: tuple[str, ...], drafter: Drafter | None
+) -> list[str]:
+    out = []
+    if model.arch in UNVERIFIED_MEMORY_ARCHS:
+        out.append(messages.unverified_arch(model.arch))
+    if mmproj is not None and mmproj.projection_dim and mmproj.projection_dim != model.hparams.n_embd:
+        out.append(messages.projector_mismatch(mmproj.projection_dim, model.hparams.n_embd))
+    out += notes
+    if drafter is not None and not drafter.sized:
+        out.append(messages.unsized_drafter(drafter))
+    return out
+
+
+def _load_warnings(model: ModelInfo, t: Trial, out: Outcome, opts: SpecOptions, search: Search) -> list[str]:
+    """What the chosen load implies: a context past training, host RAM that grows at run time."""
+    hp = model.hparams
+    cp = t.fp.context
+    train = hp.n_ctx_train or 4096
+    warnings = [messages.seq_exceeds_train(cp.n_ctx_seq, train)] if cp.n_ctx_seq > train and train else []
+    # context checkpoints (sliding-window and recurrent models) and the prompt cache (docs/memory-model.md §5.5)
+    checkpoints = (hp.swa_type != "none" and not cp.swa_full) or any(hp.is_recr)
+    ckpt = checkpoint_bytes(hp, cp) if checkpoints else 0
+    n_ckpt = opts.ctx_checkpoints + (1 if out.spec.drafter is not None and any(hp.is_recr) else 0)
+    cache = 0 if opts.cache_ram_mib < 0 else opts.cache_ram_mib * MiB
+    room = search.host.available - (t.fp.host.total + t.extra.get(CPU, Use()).total)
+    return warnings + messages.runtime_host(
+        cp.n_seq_max, n_ckpt, ckpt, cache, room, opts.ctx_checkpoints, opts.cache_ram_mib < 0
+    )

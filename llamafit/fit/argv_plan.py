@@ -1,0 +1,82 @@
+"""From a fit to llama-server's options: the server's defaults before the fit, and the flags a plan passes.
+
+The flags are ``Planned`` entries with the family the user can override them by; ``llamafit.argv.compose``
+puts the user's own flags last (last wins) and never adds an accumulating flag the user already gave.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from llamafit.argv import Planned
+from llamafit.devices import Device, Machine
+from llamafit.gguf.model import ModelInfo
+from llamafit.memory.footprint import LoadSettings
+from llamafit.request import Request
+from llamafit.speculative import SpecConfig, SpecOptions
+
+
+def server_defaults(req: Request) -> LoadSettings:
+    """llama-server's effective parameters before the fit chooses anything (docs/memory-model.md §9)."""
+    if req.n_seq is None:
+        n_seq, kvu = 4, True  # server auto: 4 slots, unified KV (server.cpp:167-173)
+    else:
+        n_seq, kvu = req.n_seq, bool(req.kv_unified)
+    return LoadSettings(
+        n_ctx=req.ctx or 0,
+        n_seq=n_seq,
+        kv_unified=kvu,
+        n_batch=req.n_batch,
+        n_ubatch=req.n_ubatch,
+        flash_attn=req.flash_attn,
+        type_k=req.type_k,
+        type_v=req.type_v,
+        n_gpu_layers=req.n_gpu_layers if req.n_gpu_layers is not None else -1,
+        tensor_split=req.tensor_split or (),
+        overrides=req.overrides or (),
+        offload_kqv=req.offload_kqv,
+        swa_full=req.swa_full,
+        use_mmap=req.use_mmap,
+        no_host=req.no_host,
+        repack=req.repack,
+        op_offload=req.op_offload,
+        n_outputs_max=max(1, min(req.n_batch, n_seq)),
+        split_mode=req.split_mode,
+        main_gpu=req.main_gpu,
+    )
+
+
+def planned_argv(
+    model: ModelInfo,
+    s: LoadSettings,
+    n_ctx: int,
+    gpus: Sequence[Device],
+    req: Request,
+    machine: Machine,
+    spec: SpecConfig,
+    opts: SpecOptions,
+) -> list[Planned]:
+    out = [Planned("model", ("-m", model.path)), Planned("ctx", ("-c", str(n_ctx)))]
+    if gpus:
+        out.append(Planned("ngl", ("-ngl", "all" if s.n_gpu_layers < 0 else str(s.n_gpu_layers))))
+        if len(gpus) > 1 and s.tensor_split:
+            out.append(Planned("split", ("-ts", ",".join(str(int(x)) for x in s.tensor_split))))
+        if s.overrides and req.overrides is None:
+            out.append(Planned("overrides", ("--n-cpu-moe", str(len(s.overrides)))))
+        if req.devices is None and len(gpus) < len(machine.gpus):
+            out.append(Planned("device", ("-dev", ",".join(g.id for g in gpus))))
+    elif machine.gpus:
+        out.append(Planned("device", ("-dev", "none")))
+    # --spec-type accumulates in llama-server: never add one when the user gave one
+    if not opts.user_types and spec.types:
+        out.append(Planned("spec-type", ("--spec-type", ",".join(spec.types))))
+    d = spec.drafter
+    if d is not None and d.path is not None and not opts.user_draft and not opts.user_draft_hf:
+        out.append(Planned("draft-model", ("-md", d.path)))
+    if d is not None and spec.draft_devices is not None and opts.devices is None:
+        out.append(Planned("draft-device", ("-devd", ",".join(spec.draft_devices) or "none")))
+    if req.mmproj and not req.server_args.sets_family("mmproj"):
+        out.append(Planned("mmproj", ("-mm", req.mmproj)))  # a Hub projector, resolved by llamafit
+    if req.fit is None:
+        out.append(Planned("fit", ("-fit", "off")))
+    return out

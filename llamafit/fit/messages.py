@@ -1,0 +1,293 @@
+"""Every text the fit says: decisions (a code and a sentence), warnings, and the "does not fit" refusal.
+
+Codes are part of the ``llamafit.plan/1`` contract (README "JSON plan"); the sentences may improve.
+Nothing here computes memory: callers pass the numbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from llamafit.calibration import Corrections
+from llamafit.devices import Machine
+from llamafit.errors import DoesNotFitError
+from llamafit.memory.footprint import LoadSettings
+from llamafit.memory.mmproj import MmprojUse
+from llamafit.memory.placement import CPU
+from llamafit.plan import Decision
+from llamafit.speculative import DRAFT_GRAPH_RESERVE, Drafter
+from llamafit.units import MiB, fmt_bytes
+
+# -- placement -------------------------------------------------------------------------------------
+
+
+def where(s: LoadSettings, ids: Sequence[str]) -> str:
+    """The cards a placement uses, with their layer counts when there are several."""
+    if len(ids) <= 1 or not s.tensor_split:
+        return ", ".join(ids)
+    used = [(d, int(n)) for d, n in zip(ids, s.tensor_split, strict=False) if n > 0]
+    if len(used) == 1:
+        return used[0][0]
+    return " and ".join(f"{d} ({n})" for d, n in used)
+
+
+def placement_cpu(n_layer: int, why: str) -> Decision:
+    return Decision("placement.cpu", f"All {n_layer} layers on the CPU ({why}).")
+
+
+def placement_user() -> Decision:
+    return Decision("placement.user", "Placement pinned by your -ngl/-ts/-ot flags; only the context was chosen.")
+
+
+def placement_all_gpu(n_layer: int, on: str) -> Decision:
+    return Decision("placement.all_gpu", f"All {n_layer} layers and the output on {on}.")
+
+
+def placement_cpu_moe(k: int, n_layer: int) -> Decision:
+    return Decision(
+        "placement.cpu_moe",
+        f"The experts of the first {k} of {n_layer} layers stay on the CPU (--n-cpu-moe {k}); "
+        "everything else is on the GPU.",
+    )
+
+
+def placement_partial(ngl: int, n_units: int, on: str) -> Decision:
+    return Decision("placement.partial", f"{ngl} of {n_units} layers on {on} (-ngl {ngl}); the rest run on the CPU.")
+
+
+# -- context, slots, calibration, flags -------------------------------------------------------------
+
+
+def context_user(n_ctx: int, full: bool) -> Decision:
+    if full:
+        return Decision("context.user", f"Context {n_ctx} (-c 0: the model's training context).")
+    return Decision("context.user", f"Context {n_ctx} as requested with -c.")
+
+
+def context_chosen(n_ctx: int, train: int, min_ctx: int, margin: int) -> Decision:
+    if n_ctx >= train:
+        return Decision("context.train", f"Context {n_ctx}: the model's training context fits.")
+    return Decision(
+        "context.reduced",
+        f"Context reduced from {train} to {n_ctx}: the largest that fits "
+        f"(--min-ctx {min_ctx}, margin {fmt_bytes(margin)} per device).",
+    )
+
+
+def slots_auto(n_ctx: int) -> Decision:
+    return Decision(
+        "slots.auto",
+        f"4 slots sharing one unified KV cache of {n_ctx} cells (llama-server's default); pass -np N to change it.",
+    )
+
+
+def calibration_applied(c: Corrections) -> Decision | None:
+    if c.empty:
+        return None
+    parts = []
+    if c.compute_scale:
+        parts.append("compute buffers x " + ", ".join(f"{v:.2f} ({k})" for k, v in c.compute_scale.items()))
+    if c.overhead:
+        parts.append("runtime overhead " + ", ".join(f"{fmt_bytes(v)} ({k})" for k, v in c.overhead.items()))
+    return Decision("calibration.applied", f"Calibrated from {c.source}: " + "; ".join(parts) + ".")
+
+
+def fit_off() -> Decision:
+    return Decision("fit.off", "Passing -fit off: the placement is planned, the server should not change it.")
+
+
+def rpc_network(layer_device: Sequence[str], machine: Machine) -> Decision:
+    """Where layers sit across machines, and which layer boundaries send activations over the network."""
+    where_ = {g.id: g.endpoint or "this machine" for g in machine.gpus}
+    runs: list[tuple[str, int, int]] = []  # (device, first layer, last layer)
+    for il, dev in enumerate(layer_device):
+        if runs and runs[-1][0] == dev:
+            runs[-1] = (dev, runs[-1][1], il)
+        else:
+            runs.append((dev, il, il))
+    n = len(layer_device) - 1  # the output layer's index
+
+    def span(a: int, b: int) -> str:
+        hi = "output" if b == n else str(b)
+        if a == n:
+            return "the output layer"
+        return f"layer {a}" if a == b else f"layers {a}-{hi}"
+
+    parts = [f"{span(a, b)} on {dev} ({where_.get(dev, 'this machine')})" for dev, a, b in runs]
+    crossings = [
+        f"{runs[i][0]}->{runs[i + 1][0]}"
+        for i in range(len(runs) - 1)
+        if where_.get(runs[i][0], "this machine") != where_.get(runs[i + 1][0], "this machine")
+    ]
+    cost = (
+        f"activations cross the network at {len(crossings)} layer boundar{'y' if len(crossings) == 1 else 'ies'} "
+        f"per token ({', '.join(crossings)}), plus the input and the logits"
+        if crossings
+        else "the layers on remote devices exchange activations with this machine once per token"
+    )
+    return Decision("rpc.network", "Over RPC: " + "; ".join(parts) + f"; {cost}.")
+
+
+# -- speculative decoding -------------------------------------------------------------------------
+
+
+def drafter_name(d: Drafter) -> str:
+    return f"its drafter ({d.kind}{', ' + d.path if d.path else ', the NextN head'})"
+
+
+def context_cost(with_drafter: int, without: int) -> str:
+    return f" It costs context: {with_drafter} instead of {without} without it." if without > with_drafter else ""
+
+
+def spec_ngram(ngram: str, host_bytes: int) -> str:
+    return f"Speculative decoding with {ngram}: no device memory, {fmt_bytes(host_bytes)} of host RAM."
+
+
+def spec_explicit(d: Drafter, cut: str) -> str:
+    return f"Speculative decoding with {drafter_name(d)}, as you asked.{cut}"
+
+
+def spec_speed(d: Drafter, cut: str) -> str:
+    return f"Speculative decoding with {drafter_name(d)}, --prefer speed.{cut}"
+
+
+def spec_speed_dropped(d: Drafter, min_ctx: int, fallback: str | None) -> str:
+    return (
+        f"Speculative decoding disabled: the model does not fit with {drafter_name(d)} even at --min-ctx {min_ctx}"
+        + (f"; using {fallback} instead (no device memory)." if fallback else ".")
+    )
+
+
+def spec_auto_kept(d: Drafter, n_ctx: int, on: str | None) -> str:
+    return (
+        f"Speculative decoding with {drafter_name(d)}: it fits beside the model at context {n_ctx}"
+        + (f" (drafter on {on})" if on else "")
+        + "."
+    )
+
+
+def spec_auto_dropped(d: Drafter, n_ctx: int, need: tuple[str, int, int] | None, fallback: str | None) -> str:
+    """``need``: the device that overflows with the drafter, what it would need and its budget."""
+    needs = ""
+    if need is not None:
+        dev, total, budget = need
+        needs = f" (needs {fmt_bytes(total)} of a {fmt_bytes(budget)} budget on {dev if dev != CPU else 'the host'})"
+    return (
+        f"Speculative decoding disabled for this load: the model fits at context {n_ctx} but {drafter_name(d)} "
+        f"does not{needs}. Keeping the context"
+        + (f"; using {fallback} instead (no device memory)" if fallback else "")
+        + f". Use --spec {d.kind} to force the drafter or --prefer speed to trade context for it."
+    )
+
+
+def unsized_drafter(d: Drafter) -> str:
+    weights = fmt_bytes(d.known_bytes) + " of weights" if d.known_bytes else "5 % of the card"
+    return (
+        f"the drafter {d.path} could not be sized; it is priced with a flat reserve "
+        f"({weights} + {DRAFT_GRAPH_RESERVE // MiB} MiB for its graph)"
+    )
+
+
+# -- projector --------------------------------------------------------------------------------------
+
+
+def projector_placed(use: MmprojUse, why: str) -> Decision:
+    where_ = "the CPU" if use.device == CPU else use.device
+    image = f" for its {use.warmup_side}x{use.warmup_side} px warmup image" if use.warmup_side else ""
+    source = " (measured at your last launch)" if use.calibrated else ""
+    return Decision(
+        "mmproj.placed",
+        f"Projector {use.projector.name} on {where_} ({why}): {fmt_bytes(use.weights)} of weights + "
+        f"{fmt_bytes(use.compute)} of compute{image}{source}.",
+    )
+
+
+def projector_warnings(use: MmprojUse) -> list[str]:
+    out = []
+    if not use.modelled and not use.calibrated:
+        p = use.projector
+        out.append(
+            f"the compute buffer of the {p.audio_projector or p.projector or 'audio'} encoder is "
+            "not modelled; the margin covers it until a launch measures it"
+        )
+    if not use.flash_attn and use.warmup_side:
+        out.append("flash attention is off: the projector's attention scores are allocated in full")
+    return out
+
+
+def projector_unsized(url: str) -> str:
+    return f"the projector at {url} is not sized (download it and pass --mmproj FILE to plan for it)"
+
+
+def projector_mismatch(projection_dim: int, n_embd: int) -> str:
+    return (
+        f"the projector was made for a text model with n_embd {projection_dim}, this one has {n_embd}: "
+        "llama-server will refuse it (mtmd.cpp checks the sizes)"
+    )
+
+
+# -- warnings and the refusal -----------------------------------------------------------------------
+
+
+def unverified_arch(arch: str) -> str:
+    return (
+        f"the cache layout of {arch} is modelled from llama.cpp's source but not yet checked against a real load; "
+        "the margin covers a difference until your first launch calibrates it"
+    )
+
+
+def seq_exceeds_train(n_ctx_seq: int, train: int) -> str:
+    return f"n_ctx_seq {n_ctx_seq} exceeds the training context {train}"
+
+
+def runtime_host(
+    n_seq: int, n_ckpt: int, ckpt: int, cache: int, room: int, ctx_checkpoints: int, unbounded_cache: bool
+) -> list[str]:
+    """Host memory that grows at run time: context checkpoints and the prompt cache (docs/memory-model.md §5.5)."""
+    worst_ckpt = n_seq * n_ckpt * ckpt
+    out = []
+    if worst_ckpt + cache > room and (worst_ckpt or cache):
+        parts = []
+        if worst_ckpt:
+            parts.append(
+                f"{fmt_bytes(worst_ckpt)} of context checkpoints ({n_seq} slots x {n_ckpt} x {fmt_bytes(ckpt)})"
+            )
+        if cache:
+            parts.append(f"{fmt_bytes(cache)} of prompt cache")
+        msg = (
+            f"host RAM grows at run time: up to {' and '.join(parts)}, but only {fmt_bytes(max(room, 0))} is left "
+            "after the load"
+        )
+        hints = []
+        if worst_ckpt:
+            fit_ckpt = max(0, (room - cache) // max(1, n_seq * ckpt)) if room > cache else 0
+            hints.append(f"--ctx-checkpoints {min(fit_ckpt, ctx_checkpoints)}")
+        if cache:
+            hints.append(f"--cache-ram {max(0, (room - worst_ckpt) // MiB)}")
+        out.append(msg + "; consider " + " and ".join(hints))
+    if unbounded_cache:
+        out.append("--cache-ram -1: the prompt cache may grow without limit")
+    return out
+
+
+def does_not_fit(
+    name: str, with_drafter: bool, n_ctx: int, gpu_needs: Sequence[tuple[str, int, int]], host_need: tuple[int, int],
+    has_gpus: bool, projector_on_gpu: bool,
+) -> DoesNotFitError:  # fmt: skip
+    """The refusal, with the two ends: everything on the GPUs (``gpu_needs``: device, need, usable),
+    and everything the GPUs cannot hold on the host (need, usable)."""
+    parts = [f"on the GPU {dev} needs {fmt_bytes(need)} of {fmt_bytes(max(usable, 0))} usable"
+             for dev, need, usable in gpu_needs]  # fmt: skip
+    need, usable = host_need
+    parts.append(
+        f"{'offloaded to the CPU' if has_gpus else 'on the CPU'} it needs {fmt_bytes(need)} of host RAM "
+        f"({fmt_bytes(max(usable, 0))} usable)"
+    )
+    hint = "try a smaller quant, a smaller -c or --min-ctx, -ctk q8_0 -ctv q8_0, --spec off, or a smaller --margin"
+    if projector_on_gpu:
+        hint += "; --no-mmproj-offload keeps the projector on the CPU"
+    return DoesNotFitError(
+        f"{name}{' with its drafter' if with_drafter else ''} does not fit this machine at context {n_ctx}: "
+        + "; ".join(parts),
+        hint=hint,
+    )

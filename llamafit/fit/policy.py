@@ -1,0 +1,147 @@
+"""The speculative policy: whether the drafter stays, and what it may cost.
+
+Speculative decoding is a speed option. Under Auto the drafter is priced at the context the target
+alone gets and given up *before* that context is cut (``--prefer speed`` trades context for it); an
+explicit drafter is always honoured, and the plan says what it costs. The drafter's bytes come from
+``llamafit.speculative.cost``, the only place a drafter is priced.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from llamafit.capabilities import Capabilities
+from llamafit.fit import messages
+from llamafit.fit.search import Search, Trial
+from llamafit.memory import backends
+from llamafit.memory.footprint import LoadSettings
+from llamafit.plan import Decision, SpecReport
+from llamafit.speculative import SpecChoice, SpecConfig, SpecOptions, ngram_host_bytes, rollback_rows, target_settings
+
+
+@dataclass(frozen=True)
+class Outcome:
+    trial: Trial | None  # None: nothing fits
+    placement: Decision | None
+    spec: SpecConfig  # what runs (or, when nothing fits, what was tried last)
+    report: SpecReport
+
+
+def fallback_type(caps: Capabilities | Callable[[], Capabilities]) -> str | None:
+    """ngram-mod costs no device memory; only if this server build knows it (probed --help)."""
+    c = caps() if callable(caps) else caps
+    return "ngram-mod" if c.supports_spec("ngram-mod") else None
+
+
+def fit_with_policy(
+    search: Search,
+    base: LoadSettings,
+    lo: int,
+    hi: int,
+    pinned: bool,
+    choice: SpecChoice,
+    opts: SpecOptions,
+    caps: Capabilities | Callable[[], Capabilities],
+) -> Outcome:
+    model = search.model
+    requested = opts.mode if not opts.user_types else "extra args: --spec-type " + ",".join(opts.user_types)
+    d = choice.drafter
+
+    def fit(spec: SpecConfig, lo_: int, hi_: int) -> tuple[Trial | None, Decision | None]:
+        return search.fit(target_settings(model, base, spec, opts), lo_, hi_, pinned, spec)
+
+    def outcome(
+        t: Trial | None, placement: Decision | None, spec: SpecConfig, code: str, message: str,
+        reason: str | None = None,
+    ) -> Outcome:  # fmt: skip
+        """``drafter`` in the report is the one considered, kept or dropped; ``chosen`` what runs."""
+        chosen = ",".join(spec.types) or "none"
+        n_rs = rollback_rows(model, spec, opts)
+        return Outcome(t, placement, spec, SpecReport(requested, chosen, d, reason, n_rs, message, code,
+                                                      spec.draft_devices))  # fmt: skip
+
+    if d is None:
+        spec = SpecConfig(None, choice.ngram)
+        r, dec = fit(spec, lo, hi)
+        if choice.ngram:
+            msg = messages.spec_ngram(choice.ngram, ngram_host_bytes(choice.ngram, base.n_seq))
+            return outcome(r, dec, spec, "speculative.ngram", msg)
+        return outcome(r, dec, spec, "speculative.none", "")
+
+    # placements to try for a separate drafter on several cards: following the target's split, or
+    # whole on one card (-devd), so a busy card does not condemn a drafter another card holds
+    options: list[tuple[str, ...] | None] = [opts.devices]
+    local = tuple(i for i in search.ids if backends.kind(i) != "rpc")
+    if opts.devices is None and not d.embedded and len(local) < len(search.ids):
+        # never on a remote device unless the user says so (-devd): the local cards, or the CPU
+        options = [local, *(((g,) for g in local) if len(local) > 1 else ())]
+    elif opts.devices is None and not d.embedded and len(search.ids) > 1:
+        options += [(g,) for g in search.ids]
+
+    def beside(spec: SpecConfig, alone: Trial, lo_: int, hi_: int) -> Trial | None:
+        """The drafter beside the target's own placement (its GPU layers and experts), at the largest
+        context in [lo_, hi_]: the drafter may take what is left, never push the target off the GPU."""
+        s_a = alone.settings
+        ngl = model.hparams.n_layer_all + 1 if s_a.n_gpu_layers < 0 else s_a.n_gpu_layers
+        s_base = replace(target_settings(model, base, spec, opts), overrides=s_a.overrides)
+
+        def attempt(ctx: int) -> Trial | None:
+            s2 = replace(s_base, n_ctx=ctx)
+            if not search.ids:
+                return search.run(replace(s2, n_gpu_layers=0), spec)
+            if pinned:
+                return search.run(s2, spec)
+            return search.place(s2, ngl, spec)
+
+        return search.max_ctx(lo_, hi_, attempt)
+
+    if choice.explicit:
+        # always honoured: the whole cascade, the context cut if needed, and the plan says by how much
+        for devs in options:
+            spec = SpecConfig(d, choice.ngram, devs)
+            r, dec = fit(spec, lo, hi)
+            if r is not None:
+                alone, _ = fit(SpecConfig(None, choice.ngram), lo, hi)
+                cut = messages.context_cost(r.fp.context.n_ctx, alone.fp.context.n_ctx) if alone else ""
+                return outcome(r, dec, spec, "speculative.drafter", messages.spec_explicit(d, cut))
+        return outcome(None, None, SpecConfig(d, choice.ngram, opts.devices), "speculative.drafter", "")
+
+    alone_spec = SpecConfig(None, None)
+    alone, alone_dec = fit(alone_spec, lo, hi)
+    if alone is None:
+        return outcome(None, None, alone_spec, "speculative.none", "")
+    ctx_alone = alone.fp.context.n_ctx
+
+    if opts.prefer == "speed":
+        # keep the drafter and cut the context, not below --min-ctx; if even that fails, drop it
+        for devs in options:
+            spec = SpecConfig(d, None, devs)
+            r = beside(spec, alone, lo, ctx_alone)
+            if r is not None:
+                cut = messages.context_cost(r.fp.context.n_ctx, ctx_alone)
+                return outcome(r, alone_dec, spec, "speculative.drafter", messages.spec_speed(d, cut))
+        fallback = fallback_type(caps)
+        spec = SpecConfig(None, fallback)
+        r, dec = fit(spec, lo, hi)
+        msg = messages.spec_speed_dropped(d, lo, fallback)
+        return outcome(r, dec, spec, "speculative.dropped", msg, "drafter_no_vram")
+
+    # Auto, --prefer context: price the load at the context the target alone gets, with and without
+    for devs in options:
+        spec = SpecConfig(d, None, devs)
+        r = beside(spec, alone, ctx_alone, ctx_alone)
+        if r is not None:
+            on = devs[0] if devs and len(search.ids) > 1 else None
+            return outcome(r, alone_dec, spec, "speculative.drafter", messages.spec_auto_kept(d, ctx_alone, on))
+    # the numbers for the message: the drafter beside the target, following its placement
+    tried_spec = SpecConfig(d, None, options[0])
+    tried = search.run(replace(target_settings(model, alone.settings, tried_spec, opts), n_ctx=ctx_alone), tried_spec)
+    need = (tried.worst, tried.total(tried.worst), search.budget(tried.worst)) if tried.worst else None
+    fallback = fallback_type(caps)
+    spec = SpecConfig(None, fallback)
+    r_fb, dec_fb = fit(spec, ctx_alone, ctx_alone) if fallback else (alone, alone_dec)
+    if r_fb is None:  # pragma: no cover - an ngram type costs no device memory
+        r_fb, dec_fb, spec = alone, alone_dec, alone_spec
+    msg = messages.spec_auto_dropped(d, ctx_alone, need, fallback)
+    return outcome(r_fb, dec_fb, spec, "speculative.dropped", msg, "drafter_no_vram")

@@ -1,0 +1,300 @@
+"""The search: for one speculative configuration, the largest context and the placement that fit.
+
+Everything on the GPUs first; then MoE experts to the CPU (the smallest ``--n-cpu-moe``); then fewer
+GPU layers (``-ngl``); placement the user pinned is kept. Across several GPUs each card is checked on
+its own share plus its own runtime overhead and margin, never only the pooled sum. The speculative
+configuration is an argument of every call: a result never depends on what was tried before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from llamafit.calibration import Corrections
+from llamafit.devices import Device, Machine
+from llamafit.errors import DoesNotFitError, UsageError
+from llamafit.fit import messages
+from llamafit.fit.split import split_balanced, split_greedy
+from llamafit.gguf.model import ModelInfo
+from llamafit.memory import backends
+from llamafit.memory.context import per_layer_memory
+from llamafit.memory.footprint import RUNTIME_OVERHEAD, Footprint, LoadSettings, Use, estimate
+from llamafit.memory.placement import CPU
+from llamafit.plan import Decision
+from llamafit.request import Request, n_cpu_moe_overrides
+from llamafit.speculative import SpecConfig, SpecOptions, drafter_use
+
+CTX_STEP = 256
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One priced load: the target's footprint, the drafter's, and whether every device holds it."""
+
+    settings: LoadSettings
+    fp: Footprint
+    draft: Footprint | None
+    extra: dict[str, Use]  # per device (and "CPU") what rides along the target: drafter, projector
+    ok: bool
+    worst: str  # device that overflows most ("" when ok)
+    over: int  # bytes over budget on the tightest device (negative: the smallest slack left)
+
+    def total(self, dev: str) -> int:
+        base = self.fp.host if dev == CPU else self.fp.gpus[dev]
+        return base.total + self.extra.get(dev, Use()).total
+
+
+def select_gpus(machine: Machine, req: Request) -> list[Device]:
+    """The devices the server will offload to: all, the ``-dev`` ones, or the main one with ``-sm none``."""
+    if req.cpu_only:
+        return []
+    gpus = list(machine.gpus)
+    if req.devices is not None:
+        by_id = {g.id: g for g in gpus}
+        chosen = []
+        for name in req.devices:
+            if name not in by_id:
+                raise UsageError(
+                    f"-dev {name}: no such device", hint="devices: " + (", ".join(by_id) or "none (CPU only)")
+                )
+            chosen.append(by_id[name])
+        gpus = chosen
+    if req.split_mode == "none" and gpus:
+        gpus = [gpus[min(req.main_gpu, len(gpus) - 1)]]
+    return gpus
+
+
+class Search:
+    def __init__(
+        self,
+        model: ModelInfo,
+        machine: Machine,
+        req: Request,
+        gpus: Sequence[Device],
+        opts: SpecOptions,
+        calib: Corrections,
+        fixed: Mapping[str, Use],
+    ) -> None:
+        self.model = model
+        self.req = req
+        self.opts = opts
+        self.gpus = list(gpus)
+        self.ids = [g.id for g in gpus]
+        self.usable = {g.id: g.free - req.margins.get(g.id, req.margin) for g in gpus}
+        self.total = {g.id: g.total for g in gpus}
+        self.free = {g.id: g.free for g in gpus}
+        self.host = machine.host
+        self.host_usable = machine.host.available - req.margins.get("host", req.margin)
+        self.calib = calib
+        self.fixed = dict(fixed)  # what does not depend on the fit: the multimodal projector
+
+    def estimate(
+        self,
+        model: ModelInfo,
+        s: LoadSettings,
+        ids: Sequence[str],
+        *,
+        context_label: str = "target",
+        share_weights: bool = False,
+    ) -> Footprint:
+        """The memory model with this machine's calibration applied (compute scale, runtime overhead)."""
+        overhead = {i: RUNTIME_OVERHEAD if backends.has_runtime_overhead(i) else 0 for i in ids}
+        return estimate(
+            model, s, ids, free=[self.free[i] for i in ids], compute_scale=self.calib.compute_scale or None,
+            overhead={**overhead, **self.calib.overhead}, context_label=context_label, share_weights=share_weights,
+        )  # fmt: skip
+
+    def card_total(self, dev: str) -> int:
+        return self.total.get(dev, self.host.total)
+
+    def budget(self, dev: str) -> int:
+        return self.usable.get(dev, self.host_usable)
+
+    def run(self, s: LoadSettings, spec: SpecConfig) -> Trial:
+        fp = self.estimate(self.model, s, self.ids)
+        dfp, extra = drafter_use(self.model, spec, self.opts, s, fp, self.ids, self.estimate, self.card_total)
+        for dev, u in self.fixed.items():
+            extra[dev] = extra.get(dev, Use()) + u
+        worst, over = CPU, fp.host.total + extra.get(CPU, Use()).total - self.host_usable
+        for g in self.ids:
+            o = fp.gpus[g].total + extra.get(g, Use()).total - self.usable[g]
+            if o > over:
+                worst, over = g, o
+        return Trial(s, fp, dfp, extra, over <= 0, worst if over > 0 else "", over)
+
+    # -- layer packing across GPUs -------------------------------------------------------------
+
+    def pack(
+        self, s: LoadSettings, n_gpu_layers: int, spec: SpecConfig, cuts: Mapping[str, int] | None = None
+    ) -> LoadSettings | None:
+        """Choose per-GPU layer counts (-ts) for the top ``n_gpu_layers`` layers, back to front.
+
+        Each card gets what its own budget holds after its fixed costs (runtime overhead, compute
+        buffer, the drafter's share, and for the last card the output layer), like llama.cpp's fit
+        (common/fit.cpp:647-729), less ``cuts`` (bytes a card overflowed by in an earlier pass).
+        """
+        hp = self.model.hparams
+        n_units = hp.n_layer_all + 1
+        ngl = min(n_gpu_layers, n_units)
+        if len(self.ids) == 1:
+            return replace(s, n_gpu_layers=ngl if ngl < n_units else -1, tensor_split=())
+        probe_s = replace(s, n_gpu_layers=-1, tensor_split=(1.0,) * len(self.ids))
+        probe = self.estimate(self.model, probe_s, self.ids)
+        # the placement does not change the context: the probe's is the one every split gets
+        mem = per_layer_memory(hp, probe.context) if s.offload_kqv else [0] * hp.n_layer_all
+        _, probe_draft = drafter_use(self.model, spec, self.opts, probe_s, probe, self.ids, self.estimate,
+                                     self.card_total)  # fmt: skip
+        cost = [0] * n_units
+        for p in probe.placement.tensors:
+            il = p.tensor.layer
+            if il is not None and p.device != CPU:
+                cost[il] += p.alloc
+        for il in range(hp.n_layer_all):
+            cost[il] += mem[il]
+        # a card's compute buffer depends on where the split puts it (first after the CPU layers, the
+        # output card, the scheduler's input copies), which the split decides: price the largest here
+        compute = max((probe.gpus[g].compute for g in self.ids), default=0)
+        first = n_units - ngl
+        budgets = [
+            self.usable[dev] - probe.gpus[dev].overhead - compute - probe_draft.get(dev, Use()).total
+            - self.fixed.get(dev, Use()).total - (cuts or {}).get(dev, 0)
+            for dev in self.ids
+        ]  # fmt: skip
+        if any(backends.kind(d) == "rpc" for d in self.ids):
+            # over RPC the local cards are last in llama.cpp's order: filling back to front keeps as much
+            # as possible on this machine and sends only the overflow over the network
+            counts = split_greedy(cost[first:], budgets)
+        else:
+            counts = split_balanced(cost[first:], budgets) or split_greedy(cost[first:], budgets)
+        if counts is None:
+            return None
+        return replace(s, n_gpu_layers=ngl if ngl < n_units else -1, tensor_split=tuple(float(c) for c in counts))
+
+    def place(self, s: LoadSettings, n_gpu_layers: int, spec: SpecConfig) -> Trial | None:
+        packed = self.pack(s, n_gpu_layers, spec)
+        if packed is None:
+            return None
+        t = self.run(packed, spec)
+        # where the real split makes one card's compute buffer larger than the packing priced it, take
+        # the overflow off that card and pack again (at most three passes)
+        cuts: dict[str, int] = {}
+        for _ in range(3):
+            if t.ok or len(self.ids) < 2 or t.worst not in self.ids:
+                break
+            cuts[t.worst] = cuts.get(t.worst, 0) + t.over
+            again = self.pack(s, n_gpu_layers, spec, cuts)
+            if again is None:
+                break
+            t = self.run(again, spec)
+        return t
+
+    # -- context search --------------------------------------------------------------------------
+
+    def max_ctx(self, lo: int, hi: int, attempt: Callable[[int], Trial | None]) -> Trial | None:
+        """Largest context in [lo, hi] (multiples of 256) for which ``attempt`` fits.
+
+        Memory grows almost linearly with the context, so the next probe is interpolated from the
+        slack at both ends (false position), with a bisection step whenever an end stalls; a plan
+        typically needs four or five memory-model evaluations instead of a dozen.
+        """
+        hi_t = attempt(hi)
+        if hi_t is not None and hi_t.ok:
+            return hi_t
+        lo_t = attempt(lo)
+        if lo_t is None or not lo_t.ok:
+            return None
+        a, b = lo // CTX_STEP, hi // CTX_STEP  # a fits, b does not
+        best = lo_t
+        fa, fb = -lo_t.over, (hi_t.over if hi_t is not None else None)  # slack at a, overflow at b
+        bisect = fb is None
+        while b - a > 1:
+            if bisect or fb is None or fa + fb <= 0:
+                m = (a + b) // 2
+            else:
+                m = a + int((b - a) * fa / (fa + fb))
+                m = min(max(m, a + 1), b - 1)
+            t = attempt(m * CTX_STEP)
+            if t is not None and t.ok:
+                bisect = m == a + 1 and b - a > 2
+                a, best, fa = m, t, -t.over
+            else:
+                bisect = m == b - 1 and b - a > 2
+                b, fb = m, (t.over if t is not None else None)
+        return best
+
+    def attempt_at(self, s: LoadSettings, n_gpu_layers: int, spec: SpecConfig) -> Callable[[int], Trial | None]:
+        """Price ``s`` at a given context with the top ``n_gpu_layers`` layers packed over the GPUs."""
+
+        def attempt(ctx: int) -> Trial | None:
+            s2 = replace(s, n_ctx=ctx)
+            if not self.ids:
+                return self.run(replace(s2, n_gpu_layers=0), spec)
+            return self.place(s2, n_gpu_layers, spec)
+
+        return attempt
+
+    # -- the placement cascade -------------------------------------------------------------------
+
+    def fit(
+        self, base: LoadSettings, lo: int, hi: int, pinned: bool, spec: SpecConfig
+    ) -> tuple[Trial | None, Decision | None]:
+        """Context and placement for ``base`` with the speculative configuration ``spec``."""
+        hp = self.model.hparams
+        n_units = hp.n_layer_all + 1
+        at = self.attempt_at
+        if not self.ids:
+            r = self.max_ctx(lo, hi, at(base, 0, spec))
+            return r, messages.placement_cpu(hp.n_layer_all, "--cpu-only" if self.req.cpu_only else "no GPU")
+        if pinned:
+            r = self.max_ctx(lo, hi, lambda ctx: self.run(replace(base, n_ctx=ctx), spec))
+            return r, messages.placement_user()
+        r = self.max_ctx(lo, hi, at(base, n_units, spec))
+        if r is not None:
+            return r, messages.placement_all_gpu(hp.n_layer_all, messages.where(r.settings, self.ids))
+        if hp.n_expert > 0:
+            # experts to CPU, smallest count first: attention and dense weights stay on the GPU
+            # more expert layers on the CPU means less on the GPUs and more on the host: the smallest
+            # count the GPUs hold is also the one the host holds best, so find it on the GPU side alone
+            def with_experts_on_cpu(k: int) -> LoadSettings:
+                return replace(base, overrides=n_cpu_moe_overrides(k))
+
+            def gpus_hold(k: int) -> bool:
+                t = at(with_experts_on_cpu(k), n_units, spec)(lo)
+                return t is not None and all(t.total(g) <= self.usable[g] for g in self.ids)
+
+            a, b = -1, hp.n_layer
+            if gpus_hold(b):
+                while b - a > 1:
+                    m = (a + b) // 2
+                    a, b = (a, m) if gpus_hold(m) else (m, b)
+            t = at(with_experts_on_cpu(b), n_units, spec)(lo) if a < b else None
+            if t is not None and t.ok:
+                r = self.max_ctx(lo, hi, at(with_experts_on_cpu(b), n_units, spec))
+                if r is not None:
+                    return r, messages.placement_cpu_moe(b, hp.n_layer)
+        # fewer GPU layers: the largest -ngl that fits at the minimum context
+        a, b = 0, n_units
+        while b - a > 1:
+            m = (a + b) // 2
+            t = at(base, m, spec)(lo)
+            a, b = (m, b) if t is not None and t.ok else (a, m)
+        if a > 0:
+            r = self.max_ctx(lo, hi, at(base, a, spec))
+            if r is not None:
+                return r, messages.placement_partial(a, n_units, messages.where(r.settings, self.ids))
+        return None, None
+
+    def refusal(self, base: LoadSettings, ctx: int, spec: SpecConfig) -> DoesNotFitError:
+        """Why nothing fits, with the two ends: everything on the GPUs, and everything the GPUs cannot
+        hold on the host."""
+        s = replace(base, n_ctx=ctx)
+        needs = []
+        if self.ids:
+            on_gpu = self.run(replace(s, n_gpu_layers=-1) if base.n_gpu_layers == -1 else s, spec)
+            needs = [(g, on_gpu.total(g), self.usable[g]) for g in self.ids]
+        on_host = self.run(replace(s, n_gpu_layers=0, overrides=()) if base.overrides == () else s, spec)
+        return messages.does_not_fit(
+            self.model.name, spec.drafter is not None, on_host.fp.context.n_ctx, needs,
+            (on_host.total(CPU), self.host_usable), bool(self.ids), any(dev != CPU for dev in self.fixed),
+        )  # fmt: skip
