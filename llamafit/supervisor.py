@@ -1,22 +1,31 @@
 """Run llama-server under supervision: stream its log, notice when it is ready, forward signals.
 
-Silent like the rest of the core: what to show is decided by the callbacks the CLI passes. The
-server's stdout and stderr are read as one stream, line by line, as they come; ``--log-file`` keeps
-every raw line. SIGINT and SIGTERM are forwarded to the server; its exit status is returned the way a
-shell reports it (a signal N becomes 128 + N, so SIGABRT is 134).
+The one process runner of llamafit (``run``, ``demo``, the tests and the benchmarks). Silent like the
+rest of the core: what to show is decided by the callbacks the CLI passes. The server's stdout and
+stderr are read as one stream, line by line as they come, on a reader thread, so the caller can talk
+to a ready server (``complete``) while its log keeps flowing; ``--log-file`` keeps every raw line.
+Readiness is llama-server's own ``listening on`` line, which it prints after the model is loaded and
+its signal handlers are installed (tools/server/server.cpp:498-527). A server killed by a signal is
+reported the way a shell does (128 + N, so SIGABRT is 134).
 """
 
 from __future__ import annotations
 
+import http.client
+import json
 import os
 import re
 import signal
 import subprocess
+import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
+from urllib.parse import urlsplit
 
+from llamafit.errors import ServerLoadError
 from llamafit.failures import Failure, classify
 from llamafit.logparse import LoadLog, parse
 
@@ -43,6 +52,11 @@ def is_key_line(raw: str) -> bool:
     if not lvl and raw.strip():
         return "error" in raw.lower() or "warn" in raw.lower()
     return any(k in raw for k in KEY_EVENTS)
+
+
+def exit_status(returncode: int) -> int:
+    """A child's exit status as a shell reports it: killed by signal N is 128 + N."""
+    return 128 - returncode if returncode < 0 else returncode
 
 
 @dataclass
@@ -75,55 +89,159 @@ class Supervisor:
         self.on_ready = on_ready
         self.predicted = predicted
         self.usable = usable
+        self.lines: list[str] = []
+        self.url: str | None = None
+        self.interrupted = False
+        self._proc: subprocess.Popen[str] | None = None
+        self._reader: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._sink: IO[str] | None = None
 
-    def run(self) -> Outcome:
-        proc = subprocess.Popen(
+    # -- the process ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self.log_file is not None:
+            self._sink = open(self.log_file, "a", encoding="utf-8", errors="replace")  # noqa: SIM115
+        self._proc = subprocess.Popen(
             self.argv, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             text=True, errors="replace", bufsize=1,
         )  # fmt: skip
-        interrupted = False
+        self._reader = threading.Thread(target=self._pump, name="llama-server log", daemon=True)
+        self._reader.start()
+
+    def _pump(self) -> None:
+        assert self._proc is not None and self._proc.stdout is not None
+        for raw in self._proc.stdout:
+            self.lines.append(raw)
+            if self._sink is not None:
+                self._sink.write(raw)
+                self._sink.flush()
+            if self.on_line:
+                self.on_line(raw.rstrip("\n"))
+            if not self._ready.is_set() and (m := _LISTEN.search(raw)):
+                self.url = m.group("url") or m.group("old")
+                self._ready.set()
+                if self.on_ready:
+                    self.on_ready(self.url, parse(self.lines))
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def wait_ready(self, timeout: float) -> str:
+        """The server's URL once it listens; ServerLoadError if it exits first or ``timeout`` passes."""
+        deadline = time.monotonic() + timeout
+        while not self._ready.wait(0.1):
+            if not self.running:
+                assert self._reader is not None
+                self._reader.join(timeout=5)
+                if self._ready.is_set():
+                    break
+                rc = exit_status(self._proc.returncode if self._proc else 0)
+                tail = "".join(self.lines[-8:]).strip()
+                raise ServerLoadError(
+                    f"llama-server exited with code {rc} before it was ready" + (f":\n{tail}" if tail else ""),
+                    hint="run with --verbose to see the whole log",
+                )
+            if time.monotonic() > deadline:
+                raise ServerLoadError(f"llama-server was not ready after {timeout:.0f} s")
+        assert self.url is not None
+        self._await_task_loop(deadline)
+        return self.url
+
+    def _await_task_loop(self, deadline: float) -> None:
+        """llama-server prints ``listening on`` just before its task loop starts, and a shutdown asked for
+        in between is lost (start_loop sets ``running``, server-queue.cpp:279). ``/slots`` is answered by
+        that loop (server-context.cpp:5085-5100), so an answer means a stop will be heard."""
+        u = urlsplit(self.url or "")
+        if u.scheme != "http" or u.port is None:
+            return
+        while self.running and time.monotonic() < deadline:
+            try:
+                conn = http.client.HTTPConnection(u.hostname or "127.0.0.1", u.port, timeout=2)
+                try:
+                    conn.request("GET", "/slots")
+                    if conn.getresponse().status in (200, 501):  # 501: --no-slots, nothing to wait for
+                        return
+                finally:
+                    conn.close()
+            except OSError:
+                pass
+            time.sleep(0.05)
+
+    def stop(self, timeout: float = 30.0) -> Outcome:
+        """SIGINT (llama-server's graceful shutdown), then SIGKILL if it lingers."""
+        if self.running:
+            assert self._proc is not None
+            self._proc.send_signal(signal.SIGINT)
+            try:
+                self._proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+        return self._finish()
+
+    def run(self) -> Outcome:
+        """Start the server and supervise it until it exits; SIGINT and SIGTERM are forwarded to it."""
+        self.start()
+        assert self._proc is not None
+        proc = self._proc
 
         def forward(signum: int, _frame: object) -> None:
-            nonlocal interrupted
-            interrupted = True
+            self.interrupted = True
             if proc.poll() is None:
                 proc.send_signal(signum)
 
         old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
-        lines: list[str] = []
-        ready = False
-        url: str | None = None
-        sink: IO[str] | None = None
         try:
-            if self.log_file is not None:
-                sink = open(self.log_file, "a", encoding="utf-8", errors="replace")  # noqa: SIM115
-            assert proc.stdout is not None
-            for raw in proc.stdout:
-                lines.append(raw)
-                if sink is not None:
-                    sink.write(raw)
-                    sink.flush()
-                if self.on_line:
-                    self.on_line(raw.rstrip("\n"))
-                if not ready and (m := _LISTEN.search(raw)):
-                    ready = True
-                    url = m.group("url") or m.group("old")
-                    if self.on_ready:
-                        self.on_ready(url, parse(lines))
-            rc = proc.wait()
+            while proc.poll() is None:
+                try:
+                    proc.wait(timeout=0.2)  # a short wait keeps the signal handlers running
+                except subprocess.TimeoutExpired:
+                    continue
         finally:
             for s, h in old.items():
                 signal.signal(s, h)
-            if sink is not None:
-                sink.close()
-            if proc.poll() is None:  # pragma: no cover - only on an exception while reading
-                proc.kill()
-                proc.wait()
-        code = 128 - rc if rc < 0 else rc
-        failure = None
-        if not ready:
-            failure = classify(lines, rc, self.predicted, self.usable)
-        return Outcome(ready, url, code, failure, parse(lines), lines, interrupted)
+        return self._finish()
+
+    def _finish(self) -> Outcome:
+        assert self._proc is not None
+        try:
+            self._proc.wait()
+        finally:
+            if self._proc.poll() is None:  # pragma: no cover - only on an exception while waiting
+                self._proc.kill()
+                self._proc.wait()
+        if self._reader is not None:
+            self._reader.join()
+        if self._sink is not None:
+            self._sink.close()
+            self._sink = None
+        code = exit_status(self._proc.returncode)
+        ready = self._ready.is_set()
+        failure = None if ready else classify(self.lines, self._proc.returncode, self.predicted, self.usable)
+        return Outcome(ready, self.url, code, failure, parse(self.lines), self.lines, self.interrupted)
+
+    # -- talking to it ----------------------------------------------------------------------------
+
+    def complete(self, prompt: str, n_predict: int = 8, timeout: float = 120.0) -> dict[str, Any]:
+        """One /completion request to the ready server."""
+        if self.url is None:
+            raise ServerLoadError("llama-server is not ready")
+        u = urlsplit(self.url)
+        conn = http.client.HTTPConnection(u.hostname or "127.0.0.1", u.port or 80, timeout=timeout)
+        body = json.dumps({"prompt": prompt, "n_predict": n_predict, "temperature": 0, "ignore_eos": True})
+        try:
+            conn.request("POST", "/completion", body=body, headers={"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            data = resp.read()
+        except OSError as e:
+            raise ServerLoadError(f"/completion at {self.url} failed: {e}") from None
+        finally:
+            conn.close()
+        if resp.status != 200:
+            raise ServerLoadError(f"/completion answered HTTP {resp.status}: {data[:200]!r}")
+        out: dict[str, Any] = json.loads(data)
+        return out
 
 
 def exec_server(argv: Sequence[str], env: dict[str, str]) -> None:  # pragma: no cover - replaces the process

@@ -7,8 +7,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
-from llamafit.logparse import LoadLog, parse
-from llamafit.server import ServerBinary, free_port, start_background
+from llamafit.logparse import LoadLog
+from llamafit.server import ServerBinary, free_port
+from llamafit.supervisor import Supervisor
 
 
 def load_log(server: ServerBinary, model: Path | str, args: Sequence[str] = (), timeout: float = 180) -> LoadLog:
@@ -30,15 +31,15 @@ def run_argv(server: ServerBinary, args: Sequence[str], timeout: float = 180, wa
         server.path, *args, "--host", "127.0.0.1", "--port", str(port), *([] if warmup else ["--no-warmup"]),
         "-lv", "4", "--log-colors", "off",
     ]  # fmt: skip
-    running = start_background(argv, server.env(), "127.0.0.1", port)
+    running = Supervisor(argv, server.env())
+    running.start()
     try:
         running.wait_ready(timeout=timeout)
     finally:
-        rc = running.stop()
-    log = parse(running.lines)
-    assert log.loaded, "".join(running.lines[-20:])
-    assert rc == 0, f"server exit code {rc}"
-    return log
+        out = running.stop()
+    assert out.log.loaded, "".join(out.lines[-20:])
+    assert out.returncode == 0, f"server exit code {out.returncode}"
+    return out.log
 
 
 def read_until(stream: IO[str], marker: str, timeout: float = 120) -> tuple[bool, list[str]]:

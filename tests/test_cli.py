@@ -158,3 +158,25 @@ def test_every_command_has_working_help(command: str) -> None:
     r = CliRunner().invoke(app, [command, "--help"])
     assert r.exit_code == 0, r.output
     assert "Usage" in r.output and "internal error" not in r.output
+
+
+def test_an_unexpected_error_is_reported_as_one_line_with_its_type(l8b: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The last-resort handler names the real exception (it once hid it behind its own UnboundLocalError)."""
+    import llamafit.prepare
+
+    def broken(*_a: object, **_k: object) -> None:
+        raise ZeroDivisionError("a bug \x1b]0;title\x07 here")
+
+    monkeypatch.setattr(llamafit.prepare, "prepare", broken)
+    r = invoke("plan", str(l8b), "--gpu", "24GiB")
+    assert r.exit_code == ExitCode.INTERNAL
+    assert "internal error: ZeroDivisionError: a bug" in r.stderr and "LLAMAFIT_DEBUG=1" in r.stderr
+    assert "UnboundLocalError" not in r.output and "Traceback" not in r.output
+    assert "\x1b]0;" not in r.stderr  # escaped like any other text
+
+
+def test_a_tensor_split_that_is_not_a_number_is_a_usage_error(l8b: Path) -> None:
+    for ts in ("nan,1", "inf,1", "1,x"):
+        r = invoke("plan", str(l8b), "--gpu", "24GiB", "--gpu", "24GiB", "--", "-ts", ts)
+        assert r.exit_code == ExitCode.USAGE, (ts, r.output)
+        assert "-ts" in r.stderr and "internal error" not in r.stderr

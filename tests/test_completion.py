@@ -25,13 +25,13 @@ SPEC_VALUES = ["auto", "off", "draft-simple", "draft-mtp", "draft-eagle3", "draf
 @pytest.mark.parametrize("shell", SHELLS)
 def test_committed_scripts_match_the_app(shell: str) -> None:
     committed = (ROOT / "completions" / FILES[shell]).read_text()
-    assert committed == script(shell), f"completions/{FILES[shell]} is out of date: run `{REGEN}`"
+    assert committed == script(shell, app), f"completions/{FILES[shell]} is out of date: run `{REGEN}`"
 
 
 @pytest.mark.parametrize("shell", SHELLS)
 def test_the_completion_command_prints_the_script(shell: str) -> None:
     r = CliRunner().invoke(app, ["completion", shell])
-    assert r.exit_code == 0 and r.stdout == script(shell)
+    assert r.exit_code == 0 and r.stdout == script(shell, app)
 
 
 def test_bash_script_is_valid_bash() -> None:
@@ -68,7 +68,7 @@ def bash_complete(line: str, cwd: Path) -> list[str]:
 
 
 def test_bash_completes_commands_options_and_values(workdir: Path) -> None:
-    names = [c.name for c in commands()]
+    names = [c.name for c in commands(app)]
     assert bash_complete("llamafit ", workdir) == [*names, "--help", "--version"]
     assert bash_complete("llamafit pl", workdir) == ["plan"]
     assert "--spec" in bash_complete("llamafit plan --sp", workdir)
@@ -94,7 +94,7 @@ def test_after_the_separator_only_files_are_offered(workdir: Path) -> None:
 
 
 def _options_by_command(text: str, shell: str) -> None:
-    for c in commands():
+    for c in commands(app):
         for o in c.options:
             for n in o.names:
                 flag = n if shell == "zsh" else (f"-l {n[2:]}" if n.startswith("--") else f"-s {n[1:]}")
@@ -102,18 +102,18 @@ def _options_by_command(text: str, shell: str) -> None:
 
 
 def test_zsh_offers_every_option_and_the_values() -> None:
-    text = script("zsh")
+    text = script("zsh", app)
     _options_by_command(text, "zsh")
     spec_lines = [line for line in text.splitlines() if "--spec'" in line]
     assert spec_lines and all(f"({' '.join(SPEC_VALUES)})" in line for line in spec_lines)
     assert "'1:model:_llamafit_models'" in text and "_files -g '*.gguf'" in text
     assert "'*'--gpu" in text  # repeatable
-    for c in commands():
+    for c in commands(app):
         assert re.search(rf"^\s+'{c.name}:", text, re.M), c.name
 
 
 def test_fish_offers_every_option_and_the_values() -> None:
-    text = script("fish")
+    text = script("fish", app)
     _options_by_command(text, "fish")
     assert f"-l spec -x -a '{' '.join(SPEC_VALUES)}'" in text
     assert "-l prefer -x -a 'context speed'" in text

@@ -39,7 +39,12 @@ def test_demo_runs_the_whole_pipeline(server_bin: ServerBinary) -> None:
 def test_demo_human_output(server_bin: ServerBinary) -> None:
     r = subprocess.run([*LLAMAFIT, "demo", "--server", server_bin.path], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
-    assert "Predicted vs actual" in r.stdout and "completion of" in r.stdout
+    assert "completion of" in r.stdout
+    # the predicted-vs-actual tables go where `run` puts them: stderr, beside the server's progress
+    assert "Predicted vs actual" in r.stderr and "Predicted vs actual" not in r.stdout
+    # the demo goes through run's pipeline, so its launch is in the history
+    h = subprocess.run([*LLAMAFIT, "history", "--json"], capture_output=True, text=True, timeout=60)
+    assert h.returncode == 0 and json.loads(h.stdout)["launches"], h.stderr
 
 
 def _health(port: int) -> int:

@@ -16,7 +16,8 @@ from typer.testing import CliRunner
 from llamafit.cli.app import app
 from llamafit.compare import compare
 from llamafit.errors import UsageError
-from llamafit.prepare import Options, prepare
+from llamafit.options import Options
+from llamafit.prepare import prepare
 from llamafit.rpc import parse_device_list, parse_endpoints, reachable
 from llamafit.server import ServerBinary, free_port
 from tests import factory

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from llamafit.cli.app import app
 from llamafit.cli.completion import FILES, SHELLS, script
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -14,5 +15,5 @@ ROOT = Path(__file__).resolve().parent.parent
 if __name__ == "__main__":
     for shell in SHELLS:
         path = ROOT / "completions" / FILES[shell]
-        path.write_text(script(shell))
+        path.write_text(script(shell, app))
         print(f"wrote {path.relative_to(ROOT)}")

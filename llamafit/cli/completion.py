@@ -49,14 +49,11 @@ def _first_sentence(text: str | None) -> str:
     return t if len(t) <= 72 else t[:72].rsplit(" ", 1)[0] + " ..."
 
 
-def commands(app: Any = None) -> list[Cmd]:
-    """The app's command model, read through Typer's public API."""
+def commands(app: Any) -> list[Cmd]:
+    """The app's command model, read through Typer's public API (the app is passed in: this module is
+    what the app imports to print its scripts, never the other way round)."""
     import typer.main
 
-    if app is None:
-        from llamafit.cli.app import app as the_app
-
-        app = the_app
     root = typer.main.get_command(app)
     out = []
     for name, cmd in sorted(root.commands.items()):  # type: ignore[attr-defined]
@@ -265,6 +262,6 @@ def fish(cmds: list[Cmd]) -> str:
     return "\n".join(lines)
 
 
-def script(shell: str, app: Any = None) -> str:
+def script(shell: str, app: Any) -> str:
     cmds = commands(app)
     return {"bash": bash, "zsh": zsh, "fish": fish}[shell](cmds)

@@ -1,78 +1,82 @@
-"""``llamafit demo``: the full pipeline on the embedded model, against the real llama-server."""
+"""``llamafit demo``: the full pipeline on the embedded model, against the real llama-server.
+
+The same pipeline as ``run`` (``prepare``: capability probe, flag translation, calibration; the one
+process runner; the launch recorded in the history), plus one completion request and a clean stop.
+"""
 
 from __future__ import annotations
 
-import json
 import shlex
 from typing import Any
 
-from llamafit.argv import compose, parse_server_args
-from llamafit.cli.app import err_console, out_console, progress_console
-from llamafit.cli.render import memory_tables, print_plan, rows_json, safe
-from llamafit.compare import compare
+from llamafit.capabilities import ASSUMED, Capabilities
+from llamafit.cli.output import err_console, note, out_console, print_json, progress_console, safe
+from llamafit.cli.render import memory_tables, print_plan, rows_json
+from llamafit.cli.supervise import compare_all, record_launch
 from llamafit.demo import ensure_demo_model
 from llamafit.devices import discover
 from llamafit.errors import ExitCode, LlamafitError
-from llamafit.fit import make_plan
-from llamafit.gguf.model import load_model
-from llamafit.logparse import parse
+from llamafit.options import Options
 from llamafit.plan import to_json
-from llamafit.request import build_request
-from llamafit.server import GET_SERVER_HINT, find_server, free_port, start_background
+from llamafit.prepare import launch_env, prepare, server_and_caps
+from llamafit.server import GET_SERVER_HINT, ServerBinary, free_port
+from llamafit.supervisor import Supervisor
 
 PROMPT = "The llama"
+READY_TIMEOUT = 120.0  # the demo model loads in about a second; a server this slow is broken
 
 
 def run_demo(server: str | None, json_out: bool) -> int:
     err = progress_console()
     path = ensure_demo_model()
     err.print(f"[dim]demo model:[/] {safe(path)}")
-    model = load_model(path)
-    machine = discover()
-    port = free_port()
-    # -lv 4 makes llama.cpp print the buffer sizes we compare with; the port is a free loopback one
-    extra = parse_server_args(["--host", "127.0.0.1", "--port", str(port), "-lv", "4", "--log-colors", "off"])
-    req = build_request(extra)
-    plan = make_plan(model, machine, req)
+    missing: LlamafitError | None = None
     try:
-        srv = find_server(server)
-    except LlamafitError as e:
-        argv = compose("llama-server", plan.planned, extra)
+        found: tuple[ServerBinary | None, Capabilities] = server_and_caps(server)
+    except LlamafitError as e:  # a --server that is not one: plan anyway, then say so
+        found, missing = (None, ASSUMED), e
+    # -lv 4 makes llama.cpp print the buffer sizes we compare with; the port is a free loopback one
+    args = ("--host", "127.0.0.1", "--port", str(free_port()), "-lv", "4", "--log-colors", "off")
+    prep = prepare(str(path), Options(server_args=args, server=server), machine=discover(), server=found)
+    for n in prep.notes:
+        note(n)
+    if prep.server is None:
         if json_out:
-            print(json.dumps({"schema": "llamafit.demo/1", "plan": to_json(plan, argv), "server": None}, indent=2))
+            print_json({"schema": "llamafit.demo/1", "plan": to_json(prep.plan, prep.argv), "server": None})
         else:
-            print_plan(out_console(), plan, argv)
-        err_console().print(f"[yellow]no llama-server to launch:[/] {safe(e.message)}")
+            print_plan(out_console(), prep.plan, prep.argv)
+        why = missing.message if missing else "no llama-server found"
+        err_console().print(f"[yellow]no llama-server to launch:[/] {safe(why)}")
         err_console().print(f"[dim]hint:[/] {safe(GET_SERVER_HINT)}", soft_wrap=True)
         return int(ExitCode.SERVER_NOT_FOUND)
 
-    argv = compose(srv.path, plan.planned, extra)
     if not json_out:
-        print_plan(out_console(), plan, argv)
+        print_plan(out_console(), prep.plan, prep.argv)
     err.print("[dim]starting llama-server ...[/]")
-    running = start_background(argv, srv.env(), "127.0.0.1", port)
+    running = Supervisor(prep.argv, launch_env(prep.server).env)
+    running.start()
     try:
-        running.wait_ready(timeout=120)
-        err.print(f"[green]ready[/] at {running.url}")
+        url = running.wait_ready(timeout=READY_TIMEOUT)
+        err.print(f"[green]ready[/] at {safe(url)}")
         reply = running.complete(PROMPT, n_predict=8)
     finally:
-        rc = running.stop()
-    log = parse(running.lines)
-    rows = compare(plan.footprint, log)
+        outcome = running.stop()
+    rows = compare_all(prep, outcome.log)
+    record_launch(prep, outcome.log)
     text = str(reply.get("content", ""))
+    rc = outcome.returncode
     if json_out:
         doc: dict[str, Any] = {
             "schema": "llamafit.demo/1",
-            "plan": to_json(plan, argv),
-            "server": {"path": srv.path, "exit_code": rc, "url": running.url},
+            "plan": to_json(prep.plan, prep.argv),
+            "server": {"path": prep.server.path, "exit_code": rc, "url": url},
             "completion": {"prompt": PROMPT, "content": text, "tokens": reply.get("tokens_predicted")},
             "memory": rows_json(rows),
         }
-        print(json.dumps(doc, indent=2))
+        print_json(doc)
     else:
-        con = out_console()
-        con.print(f"completion of {PROMPT!r}: {safe(text)!r} (random weights: noise is the right answer)")
+        out_console().print(f"completion of {PROMPT!r}: {safe(text)!r} (random weights: noise is the right answer)")
         for table in memory_tables(rows):
-            con.print(table)
-        err.print(f"[dim]server stopped (exit {rc}); argv was:[/] {safe(shlex.join(argv))}", soft_wrap=True)
+            err.print(table)  # the same stream as `run`'s predicted-vs-actual tables
+        err.print(f"[dim]server stopped (exit {rc}); argv was:[/] {safe(shlex.join(prep.argv))}", soft_wrap=True)
     return 0 if rc == 0 else rc

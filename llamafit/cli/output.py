@@ -1,0 +1,112 @@
+"""Where the CLI's words go: stdout carries data (JSON, the argv, reports), stderr progress, hints and errors.
+
+Consoles, ``--quiet``, terminal-safe text, JSON (printed one way), notes, and the translation of errors
+into one message and a documented exit code. Every command and view prints through here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+from llamafit.errors import ExitCode, LlamafitError
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_QUIET = {"on": False}
+
+
+def set_quiet(value: bool) -> bool:
+    """The ``--quiet`` callback: set on every invocation (also back to False)."""
+    _QUIET["on"] = bool(value)
+    return value
+
+
+def safe_plain(text: object) -> str:
+    """Text from a GGUF header, the Hub or the server, harmless on a terminal: control characters
+    (so escape sequences, OSC 8/52 included) are shown as ``\\xNN``."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(text))
+
+
+def safe(text: object) -> str:
+    """``safe_plain`` for text printed as rich markup: also no markup of its own."""
+    from rich.markup import escape
+
+    return escape(safe_plain(text))
+
+
+def _console(**kw: Any) -> Console:
+    """Colour on terminals only (rich's detection, FORCE_COLOR); NO_COLOR turns off every escape
+    sequence, bold included, not just the colours."""
+    from rich.console import Console
+
+    plain = bool(os.environ.get("NO_COLOR"))
+    return Console(highlight=False, color_system=None if plain else "auto", **kw)
+
+
+def err_console() -> Console:
+    """Errors and hints: always shown."""
+    return _console(stderr=True)
+
+
+def progress_console() -> Console:
+    """Notes, progress, the server's passthrough and predicted-vs-actual tables on stderr: silent under --quiet."""
+    return _console(stderr=True, quiet=_QUIET["on"])
+
+
+def out_console() -> Console:
+    """The command's result on stdout."""
+    return _console()
+
+
+def print_json(doc: dict[str, Any]) -> None:
+    """One JSON document on stdout, the only way the CLI prints JSON."""
+    sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+    sys.stdout.flush()
+
+
+def note(text: str) -> None:
+    """A progress note: one line (the terminal wraps it), so an argv stays copyable and a path greppable."""
+    progress_console().print(f"[dim]llamafit:[/] {safe(text)}", soft_wrap=True)
+
+
+def error(message: str, hint: str | None = None) -> None:
+    con = err_console()
+    con.print(f"[bold red]error:[/] {safe(message)}", soft_wrap=True)
+    if hint:
+        con.print(f"[dim]hint:[/] {safe(hint)}", soft_wrap=True)
+
+
+@contextmanager
+def handled() -> Iterator[None]:
+    """Translate core errors into one message and an exit code; never a raw traceback (LLAMAFIT_DEBUG=1
+    shows it)."""
+    try:
+        yield
+    except typer.Exit:
+        raise
+    except LlamafitError as e:
+        error(e.message, e.hint)
+        if os.environ.get("LLAMAFIT_DEBUG"):
+            traceback.print_exc()
+        raise typer.Exit(int(e.exit_code)) from None
+    except KeyboardInterrupt:
+        raise typer.Exit(int(ExitCode.INTERRUPTED)) from None
+    except Exception as e:
+        if os.environ.get("LLAMAFIT_DEBUG"):
+            traceback.print_exc()
+        error(
+            f"internal error: {type(e).__name__}: {e}",
+            "this is a bug in llamafit; run again with LLAMAFIT_DEBUG=1 and report the traceback",
+        )
+        raise typer.Exit(int(ExitCode.INTERNAL)) from None
