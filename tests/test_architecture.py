@@ -1,0 +1,114 @@
+"""The shape of the house (docs/architecture.md): no import cycle, the core never imports the CLI, no
+module reaches for another's private names, and no hand-written module grows past 500 lines."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PKG = ROOT / "llamafit"
+GENERATED = {"llamafit.server_options"}
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES = {module_name(p): p for p in PKG.rglob("*.py")}
+
+
+def imports(name: str) -> list[tuple[str, list[str]]]:
+    """(module imported, names taken from it) for every import in ``name``, lazy ones included."""
+    path = MODULES[name]
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out: list[tuple[str, list[str]]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(a.name, []) for a in node.names if a.name.startswith("llamafit")]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parent, *([base] if base else [])])
+            if not base.startswith("llamafit"):
+                continue
+            names = [a.name for a in node.names]
+            subs = [n for n in names if f"{base}.{n}" in MODULES]
+            if subs:
+                out += [(f"{base}.{n}", []) for n in subs]
+            rest = [n for n in names if n not in subs]
+            if rest:
+                out.append((base, rest))
+    return out
+
+
+def graph() -> dict[str, set[str]]:
+    return {m: {t for t, _ in imports(m) if t in MODULES and t != m} for m in MODULES}
+
+
+def find_cycle(g: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(n: str) -> list[str] | None:
+        state[n] = 1
+        stack.append(n)
+        for t in sorted(g[n]):
+            if state.get(t) == 1:
+                return [*stack[stack.index(t) :], t]
+            if t not in state and (c := visit(t)):
+                return c
+        stack.pop()
+        state[n] = 2
+        return None
+
+    for n in sorted(g):
+        if n not in state and (c := visit(n)):
+            return c
+    return None
+
+
+def test_the_import_graph_has_no_cycle() -> None:
+    assert find_cycle(graph()) is None, " -> ".join(find_cycle(graph()) or [])
+
+
+def test_a_cycle_is_found_when_there_is_one() -> None:
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_the_core_never_imports_the_cli() -> None:
+    core = {m: ts for m, ts in graph().items() if not m.startswith("llamafit.cli") and m != "llamafit.__main__"}
+    bad = [(m, t) for m, ts in core.items() for t in ts
+           if t.startswith("llamafit.cli")]  # fmt: skip
+    assert not bad
+
+
+def test_only_the_cli_imports_typer_and_rich() -> None:
+    bad = []
+    for m, path in MODULES.items():
+        if m.startswith("llamafit.cli"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            bad += [(m, n) for n in names if n.split(".")[0] in ("typer", "rich", "click")]
+    assert not bad
+
+
+def test_no_private_names_across_modules() -> None:
+    bad = [(m, t, n) for m in MODULES for t, names in imports(m) for n in names
+           if n.startswith("_") and not n.startswith("__")]  # fmt: skip
+    assert not bad
+
+
+def test_no_hand_written_module_is_over_500_lines() -> None:
+    long = {m: n for m, p in MODULES.items() if m not in GENERATED and (n := len(p.read_text().splitlines())) > 500}
+    assert not long

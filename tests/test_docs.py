@@ -1,0 +1,46 @@
+"""Every citation of the shipped references resolves: ``docs/NAME.md §N`` names a file and a section in it."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CITATION = re.compile(r"docs/([a-z-]+\.md) §(\d+(?:\.\d+)*)")
+# an old-style citation that names no file
+BARE = re.compile(r"\breference (?:\S+\.md )?\(?§\d")
+HEADING = re.compile(r"^#+ (\d+(?:\.\d+)*)\.? ", re.MULTILINE)
+
+
+def sources() -> list[Path]:
+    files = [p for d in ("llamafit", "tests", "tools", "bench") for p in (ROOT / d).rglob("*.py")]
+    return [*files, ROOT / "README.md", ROOT / ".ci" / "run", *(ROOT / "docs").glob("*.md")]
+
+
+def sections(doc: Path) -> set[str]:
+    return set(HEADING.findall(doc.read_text(encoding="utf-8")))
+
+
+def test_every_cited_section_exists() -> None:
+    cited = 0
+    bad = []
+    for src in sources():
+        text = src.read_text(encoding="utf-8")
+        for m in CITATION.finditer(text):
+            cited += 1
+            doc = ROOT / "docs" / m.group(1)
+            if not doc.is_file() or m.group(2) not in sections(doc):
+                bad.append(f"{src.relative_to(ROOT)}: {m.group(0)}")
+    assert cited > 20, "the code cites the references: the pattern must find them"
+    assert not bad, "citations of sections that do not exist:\n" + "\n".join(bad)
+
+
+def test_no_citation_without_a_file() -> None:
+    bare = [f"{p.relative_to(ROOT)}: {m.group(0)}" for p in sources() if p.suffix == ".py"
+            for m in BARE.finditer(p.read_text(encoding="utf-8"))]  # fmt: skip
+    assert not bare, "cite docs/NAME.md §N:\n" + "\n".join(bare)
+
+
+def test_a_missing_section_is_caught(tmp_path: Path) -> None:
+    doc = ROOT / "docs" / "memory-model.md"
+    assert "5.5" in sections(doc) and "5.55" not in sections(doc) and "99" not in sections(doc)
