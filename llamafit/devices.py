@@ -1,21 +1,33 @@
-"""What the machine has: GPUs through NVML, host RAM through psutil, or hardware described by --gpu.
+"""What the machine has: the devices llama-server will use, host RAM through psutil, or hardware
+described by --gpu.
 
-NVML is the one boundary the tests cannot have for real, so it sits behind :class:`GpuProbe`; the
-tests pass their own probe, the product uses :class:`NvmlProbe`. There is no other seam.
+The server binary is asked (``llama-server --list-devices``, llamafit.device_list): every backend it
+was built with, named and ordered as llama.cpp does (CUDA0, ROCm0, Vulkan0, MTL0, SYCL0, ...). NVML is
+the fast path for NVIDIA cards (bytes rather than MiB, other processes' use, UUIDs) and is reconciled
+with the server's CUDA list; without a server binary NVML alone is asked. NVML is the one boundary the
+tests cannot have for real, so it sits behind :class:`GpuProbe`; the product uses :class:`NvmlProbe`.
 
 CUDA_VISIBLE_DEVICES is honoured the way the CUDA runtime applies it: the listed indices or UUIDs,
 in the listed order, stopping at the first entry that does not resolve; the visible devices are
 renamed CUDA0, CUDA1, ... in that order, which is how llama.cpp names them.
+
+Unified memory: a device whose memory is host RAM (Apple Silicon's Metal device, an integrated GPU,
+lavapipe, a CUDA device as large as the host such as Jetson or GB10) is marked ``uma``; the fit then
+checks it and the host as one pool (docs/backends.md). A device the server will use but llamafit
+cannot size makes the machine ``blind``: the plan then leaves placement to llama.cpp's own fit.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Protocol
 
+from llamafit.device_list import DeviceListError, ListedDevice, cached_device_set, list_devices, remember_device_set
 from llamafit.errors import UsageError
 from llamafit.units import parse_size
 
@@ -40,8 +52,11 @@ class Device:
     uuid: str = ""
     nvml_index: int | None = None
     kind: str = "gpu"  # "gpu" | "rpc"
-    source: str = "nvml"  # "nvml" | "override" | "rpc"
+    source: str = "nvml"  # "nvml" | "override" | "rpc" | "server" (llama-server --list-devices)
     endpoint: str | None = None  # host:port of an RPC device
+    backend: str = "CUDA"  # CUDA, ROCm, MUSA, Vulkan, Metal, SYCL, RPC
+    uma: bool = False  # its memory is host RAM: checked with the host as one pool
+    max_tensor: int = 0  # the largest tensor its backend accepts (0: no limit known)
 
 
 @dataclass(frozen=True)
@@ -55,6 +70,7 @@ class Machine:
     gpus: tuple[Device, ...]
     host: Host
     notes: tuple[str, ...] = field(default=())
+    blind: tuple[str, ...] = ()  # why the server will use memory llamafit cannot size (placement left to --fit)
 
 
 class GpuProbe(Protocol):
@@ -153,11 +169,17 @@ def discover(
     probe: GpuProbe | None = None,
     environ: dict[str, str] | None = None,
     host: Host | None = None,
+    server: str | None = None,
+    server_env: dict[str, str] | None = None,
+    cache: Path | None = None,
 ) -> Machine:
-    """The devices a plan is made for. ``--gpu`` specs replace detection; ``--cpu-only`` ignores GPUs."""
+    """The devices a plan is made for. ``--gpu`` specs replace detection; ``--cpu-only`` ignores GPUs.
+
+    ``server`` is the llama-server binary that will run (``server_env`` its environment): its device
+    list is the truth; ``cache`` keeps its device set between plans.
+    """
     env = os.environ if environ is None else environ
     h = host if host is not None else host_memory()
-    notes: list[str] = []
     if cpu_only:
         return Machine((), h, ("--cpu-only: planning for host memory only",))
     if gpu_specs:
@@ -166,12 +188,29 @@ def discover(
             free, total = parse_gpu_spec(spec)
             devs.append(Device(id=f"CUDA{i}", name=f"--gpu {spec}", total=total, free=free, source="override"))
         return Machine(tuple(devs), h, ("planning for the GPUs given with --gpu",))
-    p = probe if probe is not None else NvmlProbe()
+    nvml, notes = _nvml_devices(probe if probe is not None else NvmlProbe(), env)
+    if server is None:
+        if not nvml:
+            notes.append("no llama-server to ask for its devices: only NVIDIA GPUs (NVML) are seen")
+        return Machine(tuple(_with_uma(nvml or [], h)), h, tuple(notes))
+    senv = dict(env) if server_env is None else server_env
     try:
-        phys = p.gpus()
+        listed = _listed(server, senv, cache, nvml_ok=nvml is not None)
+    except DeviceListError as e:
+        notes.append(f"could not read llama-server's devices: {e}")
+        why = f"llama-server's device list could not be read ({e})"
+        return Machine(tuple(_with_uma(nvml or [], h)), h, tuple(notes), (why,))
+    devs, more, blind = merge_listed(listed, nvml)
+    return Machine(tuple(_with_uma(devs, h)), h, (*notes, *more), tuple(blind))
+
+
+def _nvml_devices(probe: GpuProbe, env: Mapping[str, str]) -> tuple[list[Device] | None, list[str]]:
+    """NVIDIA GPUs as CUDA will number them, or None when NVML cannot be used (with why in the notes)."""
+    try:
+        phys = probe.gpus()
     except GpuProbeError as e:
-        notes.append(f"no NVIDIA GPU found (NVML: {e})")
-        return Machine((), h, tuple(notes))
+        return None, [f"no NVIDIA GPU found (NVML: {e})"]
+    notes = []
     visible = apply_cuda_visible(phys, env.get("CUDA_VISIBLE_DEVICES"))
     if len(visible) < len(phys):
         notes.append(f"CUDA_VISIBLE_DEVICES={env.get('CUDA_VISIBLE_DEVICES')} shows {len(visible)} of {len(phys)} GPUs")
@@ -181,4 +220,79 @@ def discover(
         Device(id=f"CUDA{i}", name=g.name, total=g.total, free=g.free, uuid=g.uuid, nvml_index=g.index)
         for i, g in enumerate(visible)
     ]
-    return Machine(tuple(devs), h, tuple(notes))
+    return devs, notes
+
+
+def _listed(server: str, env: dict[str, str], cache: Path | None, *, nvml_ok: bool) -> list[ListedDevice]:
+    """The server's devices: from the cached set when NVML can give the live numbers of all of them
+    (a CPU-only or CUDA-only build), else from a live --list-devices (free memory is read now)."""
+    if cache is not None:
+        known = cached_device_set(server, env, cache)
+        if known is not None and all(d.backend == "CUDA" for d in known) and (nvml_ok or not known):
+            return known
+    listed = list_devices(server, env)
+    if cache is not None:
+        remember_device_set(server, env, cache, listed)
+    return listed
+
+
+def merge_listed(
+    listed: Sequence[ListedDevice], nvml: Sequence[Device] | None
+) -> tuple[list[Device], list[str], list[str]]:
+    """The server's devices with NVML's live numbers for its CUDA ones, as llama.cpp will use them:
+    (devices, notes, reasons the plan is blind)."""
+    notes: list[str] = []
+    blind: list[str] = []
+    cuda = [d for d in listed if d.backend == "CUDA"]
+    by_order: dict[str, Device] = {}
+    if cuda and nvml is not None:
+        if len(nvml) == len(cuda):
+            by_order = {ld.name: replace(nv, id=ld.name) for ld, nv in zip(cuda, nvml, strict=True)}
+        else:
+            notes.append(f"NVML sees {len(nvml)} NVIDIA GPU(s), llama-server {len(cuda)}: using the server's numbers")
+    devs: list[Device] = []
+    for d in listed:
+        if not d.backend:
+            blind.append(f"llama-server will use {d.name} ({d.description}), a device llamafit cannot size")
+            continue
+        if d.backend == "Vulkan" and any(c.description == d.description and c.total == d.total for c in cuda):
+            # the same card seen by two backends: llama.cpp keeps the first (same device id, llama.cpp:236-253)
+            notes.append(f"{d.name} is {d.description} again (as a Vulkan device): llama.cpp uses it once")
+            continue
+        devs.append(
+            by_order.get(d.name)
+            or Device(d.name, d.description, d.total, d.free, source="server", backend=d.backend,
+                      kind="rpc" if d.backend == "RPC" else "gpu", uma=d.integrated or _shares_host(d),
+                      max_tensor=_max_tensor(d))
+        )  # fmt: skip
+    discrete = [d for d in devs if d.kind == "gpu" and not any(ld.name == d.id and ld.integrated for ld in listed)]
+    if discrete and len(discrete) < len([d for d in devs if d.kind == "gpu"]):
+        dropped = [d.id for d in devs if d.kind == "gpu" and d not in discrete]
+        notes.append(f"integrated GPU(s) {', '.join(dropped)} not used beside a discrete one (llama.cpp:280-286)")
+        devs = [d for d in devs if d.kind != "gpu" or d in discrete]
+    return devs, notes, blind
+
+
+# Devices whose memory is host RAM, by the names their backends give them: Apple Silicon (Metal),
+# NVIDIA's Jetson/Thor/GB10 (CUDA reports MemTotal/MemAvailable there), AMD APUs (HIP), and Mesa's
+# software Vulkan device. A discrete card is never matched by size alone: a 24 GiB card in a 24 GiB
+# machine is as common as a GB10. Vulkan also says so itself (ggml_vulkan's "uma: 1").
+_UNIFIED = re.compile(
+    r"^Apple |Orin|Jetson|Xavier|Tegra|Thor|GB10|llvmpipe|Radeon(?:\(TM\))? (?:\d{3,4}[MS]|Graphics)|Ryzen AI",
+    re.IGNORECASE,
+)
+
+
+def _max_tensor(d: ListedDevice) -> int:
+    """Vulkan's maxStorageBufferRange where the device is known to have a small one: lavapipe's is
+    128 MiB (vulkaninfo); desktop drivers report 2-4 GiB or index 64-bit, beyond any single weight."""
+    return 128 << 20 if d.backend == "Vulkan" and "llvmpipe" in d.description else 0
+
+
+def _shares_host(d: ListedDevice) -> bool:
+    return bool(_UNIFIED.search(d.description))
+
+
+def _with_uma(devs: Sequence[Device], host: Host) -> list[Device]:
+    """NVML's devices by name (Jetson has no NVML; a GB10 has)."""
+    return [replace(d, uma=True) if not d.uma and d.kind == "gpu" and _UNIFIED.search(d.name) else d for d in devs]

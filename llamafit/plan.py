@@ -42,10 +42,11 @@ class HostPlan:
     host: Host
     usable: int
     use: Use
+    unified: int = 0  # what devices that share host memory (unified memory) take from it
 
     @property
     def fits(self) -> bool:
-        return self.use.total <= self.usable
+        return self.use.total + self.unified <= self.usable
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,7 @@ class Plan:
     speculative: SpecReport | None = None
     mmproj: MmprojUse | None = None
     buffer_aliases: dict[str, str] = field(default_factory=dict)  # logged buffer name -> device id (RPC)
+    blind: tuple[str, ...] = ()  # devices the server will use that llamafit cannot size (llama.cpp's fit places)
 
     @property
     def fits(self) -> bool:
@@ -140,6 +142,8 @@ def to_json(plan: Plan, argv: list[str]) -> dict[str, Any]:
             {
                 "id": d.device.id,
                 "kind": d.device.kind,
+                "backend": d.device.backend,
+                "uma": d.device.uma,
                 "endpoint": d.device.endpoint,
                 "name": d.device.name,
                 "total": d.device.total,
@@ -157,6 +161,7 @@ def to_json(plan: Plan, argv: list[str]) -> dict[str, Any]:
             "available": plan.host.host.available,
             "usable": plan.host.usable,
             "use": plan.host.use.as_dict(),
+            "unified": plan.host.unified,
             "fits": plan.host.fits,
         },
         "fits": plan.fits,
@@ -165,6 +170,7 @@ def to_json(plan: Plan, argv: list[str]) -> dict[str, Any]:
         "decisions": [{"code": d.code, "message": d.message} for d in plan.decisions],
         "warnings": list(plan.warnings),
         "notes": list(plan.notes),
+        "blind": list(plan.blind),
     }
 
 

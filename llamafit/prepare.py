@@ -105,7 +105,7 @@ def prepare(
     if draft and not os.path.exists(draft) and is_hub_ref(draft):
         draft = the_hub().resolve_draft(draft, kinds=[o.spec] if o.spec.startswith("draft-") else [])
     opts = spec_options(user, mode=o.spec, prefer=o.prefer, draft=draft)
-    mach = machine if machine is not None else discover(gpu_specs=o.gpu, cpu_only=o.cpu_only)
+    mach = machine if machine is not None else discover_for(o, srv)
     if req.rpc:
         mach, user, req = _with_rpc(mach, user, req, srv, o, notes)
     projector = read_projector(req.mmproj) if req.mmproj else None
@@ -154,6 +154,13 @@ def _with_rpc(
     return mach, user, req
 
 
+def discover_for(o: Options, srv: ServerBinary | None) -> Machine:
+    """The machine as the server that will run sees it (its device list, in its environment)."""
+    if o.gpu or o.cpu_only or srv is None:
+        return discover(gpu_specs=o.gpu, cpu_only=o.cpu_only)
+    return discover(server=srv.path, server_env=launch_env(srv).env, cache=cache_dir())
+
+
 def machine_with_rpc(
     mach: Machine, endpoints: Sequence[str], srv: ServerBinary | None, *, optional: bool, cpu_only: bool
 ) -> tuple[Machine, tuple[str, ...]]:
@@ -162,7 +169,7 @@ def machine_with_rpc(
     if cpu_only:
         raise UsageError("--cpu-only plans a load without offload devices, RPC ones included", hint="drop one")
     found = discover_rpc(endpoints, srv.path if srv else None, srv.env() if srv else None, optional=optional)
-    return Machine((*found.devices, *mach.gpus), mach.host, mach.notes), tuple(found.unreachable)
+    return Machine((*found.devices, *mach.gpus), mach.host, mach.notes, mach.blind), tuple(found.unreachable)
 
 
 def new_hub(offline: bool) -> Hub:

@@ -17,14 +17,14 @@ import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from llamafit.device_list import parse_device_list
 from llamafit.devices import Device
 from llamafit.errors import NetworkError, ServerNotFoundError, UsageError
+from llamafit.subprocs import run_bounded
 
 CONNECT_TIMEOUT = 3.0
 LIST_TIMEOUT = 30.0
 _ENDPOINT = re.compile(r"^(?P<host>\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+):(?P<port>\d{1,5})$")
-_DEVICE_LINE = re.compile(r"^\s*(?P<id>RPC\d+): (?P<ep>\S+) \((?P<total>\d+) MiB, (?P<free>\d+) MiB free\)")
-MiB = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -60,17 +60,13 @@ def reachable(endpoint: str, timeout: float = CONNECT_TIMEOUT) -> str | None:
         return e.strerror or type(e).__name__
 
 
-def parse_device_list(text: str) -> list[Device]:
-    devs = []
-    for line in text.splitlines():
-        if m := _DEVICE_LINE.match(line):
-            devs.append(
-                Device(
-                    id=m["id"], name=m["ep"], total=int(m["total"]) * MiB, free=int(m["free"]) * MiB,
-                    kind="rpc", source="rpc", endpoint=m["ep"],
-                )
-            )  # fmt: skip
-    return devs
+def rpc_devices(text: str) -> list[Device]:
+    """The RPC devices of ``--list-devices`` output; the description of an RPC device is its endpoint."""
+    return [
+        Device(d.name, d.description, d.total, d.free, kind="rpc", source="rpc", endpoint=d.description, backend="RPC")
+        for d in parse_device_list(text)
+        if d.backend == "RPC"
+    ]
 
 
 def discover_rpc(
@@ -101,13 +97,12 @@ def discover_rpc(
             hint="install llamafit[server] or pass --server PATH",
         )
     try:
-        r = subprocess.run([server, "--rpc", ",".join(up), "--list-devices"], capture_output=True, text=True,
-                           env=env, timeout=LIST_TIMEOUT, errors="replace", stdin=subprocess.DEVNULL)  # fmt: skip
+        r = run_bounded([server, "--rpc", ",".join(up), "--list-devices"], env=env, timeout=LIST_TIMEOUT)
     except subprocess.TimeoutExpired:
         raise NetworkError(f"listing the devices of {', '.join(up)} took over {LIST_TIMEOUT:.0f} s") from None
     except OSError as e:
         raise ServerNotFoundError(f"could not run {server}: {e.strerror or e}") from None
-    devs = parse_device_list(r.stdout)
+    devs = rpc_devices(r.stdout)
     if r.returncode != 0 or not devs:
         tail = (r.stderr.strip().splitlines() or ["no output"])[-1][:200]
         if "failed to find RPC backend" in r.stderr:

@@ -38,6 +38,9 @@ KEY_EVENTS = (
 )  # fmt: skip
 
 
+CONFIRM_TIMEOUT = 30.0  # from `listening on` to the task loop answering: milliseconds on a healthy server
+
+
 def line_level(raw: str) -> str:
     """I, W, E or D for a prefixed llama.cpp log line, "" for anything else."""
     m = _LEVEL.match(raw)
@@ -95,6 +98,7 @@ class Supervisor:
         self._proc: subprocess.Popen[str] | None = None
         self._reader: threading.Thread | None = None
         self._ready = threading.Event()
+        self._announcer: threading.Thread | None = None
         self._sink: IO[str] | None = None
 
     # -- the process ------------------------------------------------------------------------------
@@ -118,18 +122,30 @@ class Supervisor:
                 self._sink.flush()
             if self.on_line:
                 self.on_line(raw.rstrip("\n"))
-            if not self._ready.is_set() and (m := _LISTEN.search(raw)):
+            if self.url is None and (m := _LISTEN.search(raw)):
                 self.url = m.group("url") or m.group("old")
-                self._ready.set()
-                if self.on_ready:
-                    self.on_ready(self.url, parse(self.lines))
+                # confirmed on its own thread, so the log keeps flowing meanwhile
+                self._announcer = threading.Thread(target=self._announce, name="llama-server ready", daemon=True)
+                self._announcer.start()
+
+    def _announce(self) -> None:
+        """Ready once the task loop answers: llama-server prints ``listening on`` just before its task
+        loop starts, and a shutdown asked for in between is lost (start_loop sets ``running``,
+        server-queue.cpp:279); ``/slots`` is answered by that loop (server-context.cpp:5085-5100)."""
+        self._await_task_loop(time.monotonic() + CONFIRM_TIMEOUT)
+        if not self.running:
+            return
+        self._ready.set()
+        if self.on_ready:
+            assert self.url is not None
+            self.on_ready(self.url, parse(list(self.lines)))
 
     @property
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
     def wait_ready(self, timeout: float) -> str:
-        """The server's URL once it listens; ServerLoadError if it exits first or ``timeout`` passes."""
+        """The server's URL once it serves; ServerLoadError if it exits first or ``timeout`` passes."""
         deadline = time.monotonic() + timeout
         while not self._ready.wait(0.1):
             if not self.running:
@@ -146,27 +162,25 @@ class Supervisor:
             if time.monotonic() > deadline:
                 raise ServerLoadError(f"llama-server was not ready after {timeout:.0f} s")
         assert self.url is not None
-        self._await_task_loop(deadline)
         return self.url
 
     def _await_task_loop(self, deadline: float) -> None:
-        """llama-server prints ``listening on`` just before its task loop starts, and a shutdown asked for
-        in between is lost (start_loop sets ``running``, server-queue.cpp:279). ``/slots`` is answered by
-        that loop (server-context.cpp:5085-5100), so an answer means a stop will be heard."""
         u = urlsplit(self.url or "")
         if u.scheme != "http" or u.port is None:
             return
         while self.running and time.monotonic() < deadline:
+            conn = http.client.HTTPConnection(u.hostname or "127.0.0.1", u.port, timeout=2)
             try:
-                conn = http.client.HTTPConnection(u.hostname or "127.0.0.1", u.port, timeout=2)
-                try:
-                    conn.request("GET", "/slots")
-                    if conn.getresponse().status in (200, 501):  # 501: --no-slots, nothing to wait for
-                        return
-                finally:
-                    conn.close()
+                conn.request("GET", "/slots")
+                # 200: the loop answered; 501: --no-slots; 401/403: an API key: nothing more to learn
+                if conn.getresponse().status in (200, 401, 403, 501):
+                    return
+            except ConnectionRefusedError:
+                return  # nothing listens there (llama-server listens before it loads): not ours to wait for
             except OSError:
                 pass
+            finally:
+                conn.close()
             time.sleep(0.05)
 
     def stop(self, timeout: float = 30.0) -> Outcome:
@@ -213,6 +227,8 @@ class Supervisor:
                 self._proc.wait()
         if self._reader is not None:
             self._reader.join()
+        if self._announcer is not None:
+            self._announcer.join(timeout=CONFIRM_TIMEOUT)
         if self._sink is not None:
             self._sink.close()
             self._sink = None

@@ -41,7 +41,7 @@ def test_gpus_json_for_described_hardware() -> None:
     assert doc["schema"] == "llamafit.gpus/1"
     assert doc["gpus"][0] == {
         "id": "CUDA0", "kind": "gpu", "name": "--gpu 22GiB/24GiB", "uuid": "", "total": 24 << 30,
-        "free": 22 << 30, "source": "override", "endpoint": None,
+        "free": 22 << 30, "source": "override", "endpoint": None, "backend": "CUDA", "uma": False,
     }  # fmt: skip
     assert doc["host"]["total"] > 0
 

@@ -36,6 +36,8 @@ if args[:1] == ["--completion-bash"]:
     print('opts="{flags}"'); sys.exit(0)
 if args[:1] == ["--help"]:
     print("--spec-type none,draft-simple,draft-mtp,ngram-mod\n   types"); sys.exit(0)
+if "--list-devices" in args:
+    print("Available devices:\n  (none)"); sys.exit(0)
 if args[:1] == ["--version"]:
     print("version: 0.6.0 (build 11434, commit deadbee)", file=sys.stderr); sys.exit(0)
 with open({argv_log!r}, "w") as fh:

@@ -18,7 +18,7 @@ from llamafit.compare import compare
 from llamafit.errors import UsageError
 from llamafit.options import Options
 from llamafit.prepare import prepare
-from llamafit.rpc import parse_device_list, parse_endpoints, reachable
+from llamafit.rpc import parse_endpoints, reachable, rpc_devices
 from llamafit.server import ServerBinary, free_port
 from tests import factory
 from tests.realserver import read_until, run_argv
@@ -67,7 +67,7 @@ def test_endpoints_accumulate_and_are_checked() -> None:
         "Available devices:\n  RPC0: 10.0.0.2:50052 (24105 MiB, 23000 MiB free)\n"
         "  CUDA0: NVIDIA H200 (143 MiB, 1 MiB free)"
     )
-    (dev,) = parse_device_list(text)
+    (dev,) = rpc_devices(text)
     assert (dev.id, dev.kind, dev.endpoint, dev.total, dev.free) == ("RPC0", "rpc", "10.0.0.2:50052", 24105 << 20,
                                                                      23000 << 20)  # fmt: skip
 
@@ -78,7 +78,7 @@ def test_devices_are_discovered_with_what_they_report(rpc_servers: list[str], se
     devs = [g for g in json.loads(r.stdout)["gpus"] if g["kind"] == "rpc"]
     listed = subprocess.run([server_bin.path, "--rpc", ",".join(rpc_servers), "--list-devices"], env=server_bin.env(),
                             capture_output=True, text=True, timeout=60).stdout  # fmt: skip
-    expected = parse_device_list(listed)
+    expected = rpc_devices(listed)
     assert [(g["id"], g["endpoint"], g["total"]) for g in devs] == [(d.id, d.endpoint, d.total) for d in expected]
     assert [g["endpoint"] for g in devs] == rpc_servers
 

@@ -43,7 +43,6 @@ from llamafit.errors import ExitCode
 from llamafit.options import DEFAULTS, Options
 
 if TYPE_CHECKING:
-    from llamafit.devices import Machine
     from llamafit.prepare import Prepared
 
 app = typer.Typer(
@@ -73,22 +72,19 @@ def _root(
     """Plan and launch llama-server so the model fits: context, GPU layers, split, drafter."""
 
 
-def _machine(gpu: list[str] | None, cpu_only: bool) -> Machine:
-    from llamafit.devices import discover
-
-    return discover(gpu_specs=gpu or (), cpu_only=cpu_only)
-
-
 def _prepare(model: str, o: Options) -> Prepared:
     from llamafit.devices import discover
-    from llamafit.prepare import prepare, server_and_caps
+    from llamafit.prepare import discover_for, prepare, server_and_caps
 
-    machine = discover(gpu_specs=o.gpu, cpu_only=o.cpu_only)  # usage errors (--gpu) before touching files
-    return prepare(model, o, machine=machine, server=server_and_caps(o.server))
+    if o.gpu:
+        discover(gpu_specs=o.gpu)  # usage errors (--gpu) before touching files or binaries
+    found = server_and_caps(o.server)
+    return prepare(model, o, machine=discover_for(o, found[0]), server=found)
 
 
 @app.command()
 def gpus(
+    ctx: typer.Context,
     gpu: GpuOpt = None,
     cpu_only: CpuOnlyOpt = False,
     rpc: RpcOpt = None,
@@ -99,16 +95,18 @@ def gpus(
 ) -> None:
     """Show what llamafit sees: each GPU (name, total, free), RPC devices, and host RAM."""
     with handled():
-        m = _machine(gpu, cpu_only)
+        from llamafit.devices import Machine
+        from llamafit.prepare import discover_for, machine_with_rpc, server_and_caps
+
+        o = Options.from_params(ctx.params)
+        srv = server_and_caps(server)[0] if not (gpu or cpu_only) or rpc else None
+        m = discover_for(o, srv)
         if rpc:
-            from llamafit.devices import Machine
-            from llamafit.prepare import machine_with_rpc, server_and_caps
             from llamafit.rpc import parse_endpoints
 
-            srv, _ = server_and_caps(server)
             m, unreachable = machine_with_rpc(m, parse_endpoints(rpc), srv, optional=rpc_optional, cpu_only=cpu_only)
             notes = [f"RPC server {ep} unreachable (--rpc-optional)" for ep in unreachable]
-            m = Machine(m.gpus, m.host, (*m.notes, *notes))
+            m = Machine(m.gpus, m.host, (*m.notes, *notes), m.blind)
         if json_out:
             doc = {
                 "schema": "llamafit.gpus/1",
@@ -122,11 +120,14 @@ def gpus(
                         "free": g.free,
                         "source": g.source,
                         "endpoint": g.endpoint,
+                        "backend": g.backend,
+                        "uma": g.uma,
                     }
                     for g in m.gpus
                 ],
                 "host": {"total": m.host.total, "available": m.host.available},
                 "notes": list(m.notes),
+                "blind": list(m.blind),
             }
             print_json(doc)
             return
@@ -135,6 +136,8 @@ def gpus(
         out_console().print(machine_table(m))
         for n in m.notes:
             progress_console().print(f"[dim]note:[/] {safe(n)}")
+        for n in m.blind:
+            progress_console().print(f"[yellow]note:[/] {safe(n)}: plans leave placement to llama.cpp's --fit")
 
 
 @app.command()

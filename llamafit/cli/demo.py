@@ -14,11 +14,10 @@ from llamafit.cli.output import err_console, note, out_console, print_json, prog
 from llamafit.cli.render import memory_tables, print_plan, rows_json
 from llamafit.cli.supervise import compare_all, record_launch
 from llamafit.demo import ensure_demo_model
-from llamafit.devices import discover
 from llamafit.errors import ExitCode, LlamafitError
 from llamafit.options import Options
 from llamafit.plan import to_json
-from llamafit.prepare import launch_env, prepare, server_and_caps
+from llamafit.prepare import discover_for, launch_env, prepare, server_and_caps
 from llamafit.server import GET_SERVER_HINT, ServerBinary, free_port
 from llamafit.supervisor import Supervisor
 
@@ -37,7 +36,8 @@ def run_demo(server: str | None, json_out: bool) -> int:
         found, missing = (None, ASSUMED), e
     # -lv 4 makes llama.cpp print the buffer sizes we compare with; the port is a free loopback one
     args = ("--host", "127.0.0.1", "--port", str(free_port()), "-lv", "4", "--log-colors", "off")
-    prep = prepare(str(path), Options(server_args=args, server=server), machine=discover(), server=found)
+    o = Options(server_args=args, server=server)
+    prep = prepare(str(path), o, machine=discover_for(o, found[0]), server=found)
     for n in prep.notes:
         note(n)
     if prep.server is None:

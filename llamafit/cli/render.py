@@ -22,11 +22,11 @@ def b(n: int) -> str:
 
 def machine_table(m: Any) -> Table:
     t = Table(title="Devices", title_justify="left", expand=False)
-    for col in ("device", "name", "total", "free"):
+    for col in ("device", "backend", "name", "total", "free"):
         t.add_column(col, justify="right" if col in ("total", "free") else "left")
     for g in m.gpus:
-        t.add_row(g.id, safe(g.name), b(g.total), b(g.free))
-    t.add_row("host", "RAM", b(m.host.total), b(m.host.available) + " avail")
+        t.add_row(g.id, g.backend + (" (unified memory)" if g.uma else ""), safe(g.name), b(g.total), b(g.free))
+    t.add_row("host", "", "RAM", b(m.host.total), b(m.host.available) + " avail")
     return t
 
 

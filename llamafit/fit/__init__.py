@@ -91,6 +91,12 @@ def make_plan(
         decisions.append(messages.fit_off())
     if any(backends.kind(dev) == "rpc" for dev in t.fp.layer_device):
         decisions.append(messages.rpc_network(t.fp.layer_device, machine))
+    unified = sum(t.fp.gpus[g].total + t.extra.get(g, Use()).total for g in search.unified)
+    if search.unified:
+        host_use = t.fp.host.total + t.extra.get(CPU, Use()).total
+        decisions.append(messages.unified_memory(search.unified, unified, host_use, search.host_usable))
+    if machine.blind:
+        decisions.append(messages.left_to_llama_cpp(machine.blind))
     warnings = [*projector.warnings, *_model_warnings(model, mmproj, choice.notes, choice.drafter)]
     warnings += _load_warnings(model, t, out, opts, search)
 
@@ -99,10 +105,11 @@ def make_plan(
         model=model, settings=t.settings, footprint=t.fp,
         devices=tuple(DevicePlan(g, search.usable[g.id], t.fp.gpus[g.id] + t.extra.get(g.id, Use()),
                                  layers_on[g.id]) for g in gpus),
-        host=HostPlan(machine.host, search.host_usable, t.fp.host + t.extra.get(CPU, Use())),
+        host=HostPlan(machine.host, search.host_usable, t.fp.host + t.extra.get(CPU, Use()), unified),
         decisions=tuple(decisions), warnings=tuple(warnings), planned=tuple(planned), margin=req.margin,
         notes=machine.notes, draft_footprint=t.draft, speculative=out.report, mmproj=projector.use,
         buffer_aliases=backends.rpc_buffer_aliases({g.id: g.endpoint for g in machine.gpus if g.endpoint}),
+        blind=machine.blind,
     )  # fmt: skip
 
 

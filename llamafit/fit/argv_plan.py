@@ -56,8 +56,12 @@ def planned_argv(
     spec: SpecConfig,
     opts: SpecOptions,
 ) -> list[Planned]:
-    out = [Planned("model", ("-m", model.path)), Planned("ctx", ("-c", str(n_ctx)))]
-    if gpus:
+    out = [Planned("model", ("-m", model.path))]
+    # a device llamafit cannot size: context and placement are left to llama.cpp's fit, which sees it
+    placed = not machine.blind
+    if placed:
+        out.append(Planned("ctx", ("-c", str(n_ctx))))
+    if gpus and placed:
         out.append(Planned("ngl", ("-ngl", "all" if s.n_gpu_layers < 0 else str(s.n_gpu_layers))))
         if len(gpus) > 1 and s.tensor_split:
             out.append(Planned("split", ("-ts", ",".join(str(int(x)) for x in s.tensor_split))))
@@ -65,7 +69,7 @@ def planned_argv(
             out.append(Planned("overrides", ("--n-cpu-moe", str(len(s.overrides)))))
         if req.devices is None and len(gpus) < len(machine.gpus):
             out.append(Planned("device", ("-dev", ",".join(g.id for g in gpus))))
-    elif machine.gpus:
+    elif machine.gpus and placed:
         out.append(Planned("device", ("-dev", "none")))
     # --spec-type accumulates in llama-server: never add one when the user gave one
     if not opts.user_types and spec.types:
@@ -77,6 +81,6 @@ def planned_argv(
         out.append(Planned("draft-device", ("-devd", ",".join(spec.draft_devices) or "none")))
     if req.mmproj and not req.server_args.sets_family("mmproj"):
         out.append(Planned("mmproj", ("-mm", req.mmproj)))  # a Hub projector, resolved by llamafit
-    if req.fit is None:
+    if req.fit is None and placed:
         out.append(Planned("fit", ("-fit", "off")))
     return out

@@ -92,6 +92,23 @@ def calibration_applied(c: Corrections) -> Decision | None:
     return Decision("calibration.applied", f"Calibrated from {c.source}: " + "; ".join(parts) + ".")
 
 
+def unified_memory(devices: Sequence[str], on_devices: int, on_host: int, usable: int) -> Decision:
+    return Decision(
+        "memory.unified",
+        f"{', '.join(devices)} share{'s' if len(devices) == 1 else ''} host memory: {fmt_bytes(on_devices)} there "
+        f"and {fmt_bytes(on_host)} on the host are checked together against {fmt_bytes(usable)} of RAM "
+        "(available less the margin), counting no byte twice.",
+    )
+
+
+def left_to_llama_cpp(reasons: Sequence[str]) -> Decision:
+    return Decision(
+        "fit.llama_cpp",
+        "Leaving context and placement to llama.cpp's own --fit: " + "; ".join(reasons) + ". The numbers here "
+        "cover only the memory llamafit can size; no -c, -ngl, -ts or -fit off is passed.",
+    )
+
+
 def fit_off() -> Decision:
     return Decision("fit.off", "Passing -fit off: the placement is planned, the server should not change it.")
 

@@ -19,7 +19,7 @@ from llamafit.fit.split import split_balanced, split_greedy
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory import backends
 from llamafit.memory.context import per_layer_memory
-from llamafit.memory.footprint import RUNTIME_OVERHEAD, Footprint, LoadSettings, Use, estimate
+from llamafit.memory.footprint import Footprint, LoadSettings, Use, estimate
 from llamafit.memory.placement import CPU
 from llamafit.plan import Decision
 from llamafit.request import Request, n_cpu_moe_overrides
@@ -81,11 +81,17 @@ class Search:
         self.opts = opts
         self.gpus = list(gpus)
         self.ids = [g.id for g in gpus]
-        self.usable = {g.id: g.free - req.margins.get(g.id, req.margin) for g in gpus}
-        self.total = {g.id: g.total for g in gpus}
-        self.free = {g.id: g.free for g in gpus}
         self.host = machine.host
         self.host_usable = machine.host.available - req.margins.get("host", req.margin)
+        self.usable = {g.id: g.free - req.margins.get(g.id, req.margin) for g in gpus}
+        # unified memory: the device's memory is host RAM, so the host's budget bounds it too, and
+        # device and host use are checked together against it (docs/backends.md)
+        self.unified = [g.id for g in gpus if g.uma]
+        for g in self.unified:
+            self.usable[g] = min(self.usable[g], self.host_usable)
+        self.total = {g.id: g.total for g in gpus}
+        self.free = {g.id: g.free for g in gpus}
+        self.limits = {g.id: g.max_tensor for g in gpus if g.max_tensor}
         self.calib = calib
         self.fixed = dict(fixed)  # what does not depend on the fit: the multimodal projector
 
@@ -99,10 +105,10 @@ class Search:
         share_weights: bool = False,
     ) -> Footprint:
         """The memory model with this machine's calibration applied (compute scale, runtime overhead)."""
-        overhead = {i: RUNTIME_OVERHEAD if backends.has_runtime_overhead(i) else 0 for i in ids}
         return estimate(
             model, s, ids, free=[self.free[i] for i in ids], compute_scale=self.calib.compute_scale or None,
-            overhead={**overhead, **self.calib.overhead}, context_label=context_label, share_weights=share_weights,
+            overhead=self.calib.overhead, context_label=context_label, share_weights=share_weights,
+            limits=self.limits,
         )  # fmt: skip
 
     def card_total(self, dev: str) -> int:
@@ -116,7 +122,8 @@ class Search:
         dfp, extra = drafter_use(self.model, spec, self.opts, s, fp, self.ids, self.estimate, self.card_total)
         for dev, u in self.fixed.items():
             extra[dev] = extra.get(dev, Use()) + u
-        worst, over = CPU, fp.host.total + extra.get(CPU, Use()).total - self.host_usable
+        unified = sum(fp.gpus[g].total + extra.get(g, Use()).total for g in self.unified)
+        worst, over = CPU, fp.host.total + extra.get(CPU, Use()).total + unified - self.host_usable
         for g in self.ids:
             o = fp.gpus[g].total + extra.get(g, Use()).total - self.usable[g]
             if o > over:

@@ -30,7 +30,7 @@ from llamafit.ggml import by_name
 from llamafit.gguf.hparams import Hparams
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory import backends
-from llamafit.memory.context import ContextParams, attention_layers, recurrent_layers, swa_cells
+from llamafit.memory.context import ContextParams, attention_layers, per_layer_memory, recurrent_layers, swa_cells
 from llamafit.memory.placement import CPU, WeightPlacement
 
 SMALL_INPUT_FLOATS = 10  # positions, token ids, output ids per token
@@ -145,8 +145,18 @@ def compute_buffers(
     attn_dev = CPU if not cp.offload_kqv else None
     n_layers = hp.n_layer if not cp.mtp else hp.n_layer_all
     first = hp.n_layer if cp.mtp else 0
+    # op offload (ggml-backend.cpp:1100-1118): an op whose weight sits in host memory runs on the first
+    # GPU when its batch is large enough (CUDA and Vulkan: >= 32 rows), and the scheduler's expansion
+    # passes follow it with the layer's other ops, its attention included (the layer's K/V cache is
+    # copied in as a split input, seen with GGML_SCHED_DEBUG): the CPU layers' activations are the GPU's
+    offload_to = (
+        gpus[0]
+        if gpus and op_offload and U >= OP_OFFLOAD_MIN_BATCH and backends.kind(gpus[0]) == "gpu" and cp.offload_kqv
+        else None
+    )
+    cpu_layers = [il for il in range(first, n_layers) if layer_dev[il] == CPU] if offload_to else []
     for il in range(first, n_layers):
-        d = layer_dev[il]
+        d = offload_to if il in cpu_layers and offload_to else layer_dev[il]
         ffn = 3 * dims.ffn[il] + 5 * E
         if dims.moe_out and dims.moe_out[il]:
             # build_moe_ffn (llama-graph.cpp): the experts' outputs [E, n_used] and their weighted copy are
@@ -202,8 +212,12 @@ def compute_buffers(
         size += mask_of[d] + U * 4 * SMALL_INPUT_FLOATS
         out[d] = int(size)
 
-    # output phase on the output layer's device: logits of the pp outputs + the normed hidden states
+    # output phase on the output layer's device: logits of the pp outputs + the normed hidden states;
+    # on the host when the output weight stayed there and no device takes the matmul (a weight larger
+    # than the device accepts, ggml-vulkan.cpp:15331-15352, cannot be offloaded either)
     out_dev = layer_dev[hp.n_layer_all]
+    if out_dev != CPU and _output_weight_device(placement, out_dev) == CPU:
+        out_dev = CPU
     n_out = min(U, n_outputs)
     logits = hp.n_vocab * n_out * 4 + U * 4 * 2 * E
     out[out_dev] = max(out.get(out_dev, 0), logits + U * 4 * SMALL_INPUT_FLOATS)
@@ -241,21 +255,35 @@ def compute_buffers(
         else:
             host = host_masks + 4 * row + small
         out[CPU] = max(out.get(CPU, 0), host)
-        if op_offload and U >= OP_OFFLOAD_MIN_BATCH and backends.kind(gpus[0]) == "cuda":
+        if offload_to is not None:
+            # one split at a time holds the copies it reads: a host weight, or a CPU layer's whole K/V
+            # cache (its attention runs on the GPU too); splits on one backend never overlap
             staged = [
                 p.tensor.info.nbytes
                 for p in placement.tensors
                 if p.device == CPU and len(p.tensor.info.shape) >= 2 and not p.tensor.name.startswith("token_embd")
             ]
-            if staged:
-                out[gpus[0]] = out.get(gpus[0], 0) + max(staged)
+            cache = per_layer_memory(hp, cp)
+            copies = max([*staged, *(cache[il] for il in cpu_layers)], default=0)
+            if copies:
+                out[offload_to] = out.get(offload_to, 0) + copies
         if fa and (by_name(cp.type_k).quantized or by_name(cp.type_v).quantized):
             # CUDA FA converts one layer's quantized K/V to F16 inside the compute buffer
             worst = max((hp.n_embd_k_gqa(il) + hp.n_embd_v_gqa(il) for il in attn_layers), default=0)
             for d in {layer_dev[il] for il in attn_layers if layer_dev[il] != CPU}:
-                if backends.kind(d) == "cuda":
+                if backends.cuda_like(d):
                     out[d] = out.get(d, 0) + n_kv_full * worst * 2
     return ComputeEstimate({k: v for k, v in out.items() if v > 0}, fa, pipeline_parallel)
+
+
+def _output_weight_device(placement: WeightPlacement, out_dev: str) -> str:
+    """Where the output matmul's weight is: ``output.weight``, or with tied embeddings the copy of
+    ``token_embd`` on the output device when there is one, else the input's (shared)."""
+    mine = [p for p in placement.tensors if p.tensor.name == "output.weight"]
+    if not mine:
+        emb = [p for p in placement.tensors if p.tensor.name == "token_embd.weight"]
+        mine = [p for p in emb if p.device == out_dev] or emb
+    return mine[0].device if mine else out_dev
 
 
 def output_buffer_bytes(hp: Hparams, n_outputs_max: int, n_seq_max: int, *, initial: bool = False) -> int:

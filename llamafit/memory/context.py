@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from llamafit.ggml import by_name, row_size
 from llamafit.gguf.hparams import Hparams
 from llamafit.memory import backends
-from llamafit.memory.placement import CPU, CPU_ALIGN, CUDA_ALIGN
+from llamafit.memory.placement import CPU, CPU_ALIGN
 from llamafit.units import pad
 
 N_CTX_PAD = 256  # llama-context.cpp:292
@@ -98,7 +98,7 @@ class MemBuffer:
 
 
 def _align(buft: str) -> int:
-    return CUDA_ALIGN if backends.kind(buft) == "cuda" else CPU_ALIGN
+    return backends.alignment(buft, CPU_ALIGN)
 
 
 def attention_layers(hp: Hparams, mtp: bool) -> list[int]:

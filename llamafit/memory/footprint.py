@@ -15,12 +15,6 @@ from llamafit.memory import backends
 from llamafit.memory.compute import compute_buffers, output_buffer_bytes, resolve_flash_attn
 from llamafit.memory.context import ContextParams, memory_buffers, resolve_context
 from llamafit.memory.placement import CPU, Override, RepackProfile, WeightPlacement, place_weights
-from llamafit.units import MiB
-
-# CUDA context, cuBLAS/cuBLASLt workspaces and the initial memory pool of one GPU: memory the
-# runtime takes that no llama.cpp buffer reports ("unaccounted" in common_memory_breakdown_print,
-# docs/memory-model.md §3.4). A few hundred MiB on current drivers; calibration (issue 5) refines it per machine.
-RUNTIME_OVERHEAD = 384 * MiB
 
 
 @dataclass(frozen=True)
@@ -105,7 +99,7 @@ class Footprint:
 
 
 def _buft_device(buft: str) -> str:
-    return buft if backends.is_device_buffer(buft) else CPU
+    return backends.device_of_buffer(buft)
 
 
 def estimate(
@@ -114,11 +108,12 @@ def estimate(
     gpus: Sequence[str] = (),
     *,
     free: Sequence[int] = (),
-    overhead: int | Mapping[str, int] = RUNTIME_OVERHEAD,
+    overhead: Mapping[str, int] | None = None,
     profile: RepackProfile | None = None,
     context_label: str = "target",
     share_weights: bool = False,
     compute_scale: Mapping[str, float] | None = None,
+    limits: Mapping[str, int] | None = None,
 ) -> Footprint:
     """Predict every buffer of one llama_context over ``model`` with settings ``s`` on ``gpus``.
 
@@ -133,13 +128,14 @@ def estimate(
     splits = list(s.tensor_split) if any(s.tensor_split) else (list(free) if free else [1.0] * len(gpu_ids))
     splits = (splits + [0.0] * len(gpu_ids))[: len(gpu_ids)]
     key = ("placement", tuple(gpu_ids), tuple(splits), s.n_gpu_layers, s.overrides, s.use_mmap, s.no_host, s.repack,
-           s.load_nextn, profile)  # fmt: skip
+           s.load_nextn, profile, tuple(sorted((limits or {}).items())))  # fmt: skip
     # the fit asks for the same placement at many contexts: it is computed once per model and key
     placement = model.memo(
         key,
         lambda: place_weights(
             model, gpus=gpu_ids, splits=splits, n_gpu_layers=s.n_gpu_layers, overrides=s.overrides,
             use_mmap=s.use_mmap, no_host=s.no_host, repack=s.repack, load_nextn=s.load_nextn, profile=profile,
+            limits=limits,
         ),
     )  # fmt: skip
     fa = resolve_flash_attn(
@@ -199,10 +195,10 @@ def estimate(
     )
     add(CPU, output=out_bytes)
     for g in gpu_ids:
-        if per[g].total > 0 and backends.has_runtime_overhead(g):
-            per[g] = replace(
-                per[g], overhead=overhead if isinstance(overhead, int) else overhead.get(g, RUNTIME_OVERHEAD)
-            )
+        # the backend's runtime memory no buffer reports (llamafit.memory.backends), unless measured
+        ov = (overhead or {}).get(g, backends.runtime_overhead(g))
+        if per[g].total > 0 and ov > 0:
+            per[g] = replace(per[g], overhead=ov)
     host = per.pop(CPU)
     return Footprint(
         context=cp,

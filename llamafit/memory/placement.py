@@ -10,7 +10,7 @@ from __future__ import annotations
 import platform
 import re
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from llamafit.gguf.model import ModelInfo, Tensor
@@ -18,7 +18,6 @@ from llamafit.memory import backends
 from llamafit.units import pad
 
 CPU = backends.CPU
-CUDA_ALIGN = 128  # ggml-cuda.cu:897-901
 CPU_ALIGN = 32  # TENSOR_ALIGNMENT, ggml-impl.h:44
 MATRIX_ROW_PADDING = 512  # ggml-cuda/common.cuh:186
 
@@ -138,8 +137,14 @@ def place_weights(
     repack: bool = True,
     load_nextn: bool = False,
     profile: RepackProfile | None = None,
+    limits: Mapping[str, int] | None = None,
 ) -> WeightPlacement:
-    """Assign every weight of ``model`` to a device and buffer type, as llama.cpp would load it."""
+    """Assign every weight of ``model`` to a device and buffer type, as llama.cpp would load it.
+
+    ``limits``: per device, the largest tensor its backend accepts (Vulkan's maxStorageBufferRange,
+    ggml-vulkan.cpp:15331-15352); a larger weight fails the loader's support check there and falls to
+    the next buffer type of the list, the host's (llama-model-loader.cpp:1067-1078, 1262-1276).
+    """
     hp = model.hparams
     prof = profile if profile is not None else host_repack_profile()
     devs = layer_devices(hp.n_layer_all, n_gpu_layers, gpus, splits)
@@ -168,8 +173,10 @@ def place_weights(
                 dev = CPU if on_cpu else target
                 buft = cpu_buft(t, matmul) if on_cpu else target
                 break
+        if buft is None and dev != CPU and limits and t.info.nbytes > limits.get(dev, t.info.nbytes):
+            dev = CPU
         if buft is None:
-            buft = cpu_buft(t, matmul) if dev == CPU else dev
+            buft = cpu_buft(t, matmul) if dev == CPU else backends.weights_buffer(dev, use_mmap)
         return PlacedTensor(t, dev, buft, _cuda_alloc(t) if backends.pads_rows(buft) else t.info.nbytes)
 
     n_layer = hp.n_layer
@@ -204,7 +211,7 @@ def _buffers(model: ModelInfo, placed: Sequence[PlacedTensor], use_mmap: bool) -
                     last = max(i.offset + i.nbytes for i in mine)
                     out.append(("CPU_Mapped", last - first))
             continue
-        align = CUDA_ALIGN if backends.kind(buft) == "cuda" else CPU_ALIGN
+        align = backends.alignment(buft, CPU_ALIGN)
         seen: set[str] = set()
         size = 0
         for p in items:

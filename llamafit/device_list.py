@@ -1,0 +1,128 @@
+"""The devices llama-server itself will use, as ``llama-server --list-devices`` prints them.
+
+``common_print_available_devices`` (common/arg.cpp:1144-1167, docs/backends.md) loads every backend
+the binary was built with and prints one line per non-CPU device, in llama.cpp's order::
+
+      Vulkan0: AMD Radeon RX 7900 XTX (RADV NAVI31) (24560 MiB, 23012 MiB free)
+
+or ``  (none)``. A description may hold parentheses, so the memory is read from the last group. The
+list honours the selection variables the server honours (``CUDA_VISIBLE_DEVICES``,
+``HIP_VISIBLE_DEVICES``, ``GGML_VK_VISIBLE_DEVICES``, ``ONEAPI_DEVICE_SELECTOR``, ...). Free memory comes
+from each backend at that moment: ``cudaMemGetInfo``, Vulkan's memory budget (or total when the driver
+has none), Metal's ``recommendedMaxWorkingSetSize`` less what is allocated.
+
+The device *set* of a binary (names, descriptions, totals) is cached by path, size, mtime and the
+selection variables; free memory is read live whenever a device is not an NVIDIA card NVML can read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from llamafit.subprocs import run_bounded
+
+MiB = 1 << 20
+LIST_TIMEOUT = 30.0
+CACHE_VERSION = 1
+_LINE = re.compile(
+    r"^\s+(?P<name>[A-Za-z][A-Za-z_]*\d+): (?P<desc>.*) \((?P<total>\d+) MiB, (?P<free>\d+) MiB free\)\s*$"
+)
+# ggml-vulkan's device line at debug verbosity (ggml-vulkan.cpp:5168): "uma" is an integrated GPU
+_VK_INFO = re.compile(r"ggml_vulkan: (?P<i>\d+) = .* \| uma: (?P<uma>[01]) \|")
+# device name prefix -> backend, as each backend names its devices (GGML_CUDA_NAME, GGML_VK_NAME, ...)
+PREFIXES = {"CUDA": "CUDA", "ROCm": "ROCm", "MUSA": "MUSA", "Vulkan": "Vulkan", "SYCL": "SYCL", "MTL": "Metal",
+            "Metal": "Metal", "RPC": "RPC"}  # fmt: skip
+# variables that change which devices a backend shows (docs/backends.md)
+SELECTION_VARS = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL",
+                  "GGML_VK_VISIBLE_DEVICES", "ONEAPI_DEVICE_SELECTOR", "MUSA_VISIBLE_DEVICES")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ListedDevice:
+    name: str  # llama.cpp's device name: CUDA0, Vulkan1, MTL0, RPC0, ...
+    description: str
+    total: int  # bytes (the server prints MiB, rounded down)
+    free: int
+    backend: str  # CUDA, ROCm, MUSA, Vulkan, SYCL, Metal, RPC, or "" when llamafit does not know it
+    integrated: bool = False  # the backend says it is an integrated GPU (shares host memory)
+
+
+def backend_of(name: str) -> str:
+    prefix = re.sub(r"\d+$", "", name)
+    return PREFIXES.get(prefix, "")
+
+
+def parse_device_list(text: str, debug: str = "") -> list[ListedDevice]:
+    """The devices of ``--list-devices`` output; ``debug`` is the stderr of the same run (Vulkan's
+    per-device lines say which devices are integrated). Devices with no memory (BLAS and other
+    pseudo-devices) are left out."""
+    vk_uma = {int(m["i"]): m["uma"] == "1" for m in _VK_INFO.finditer(debug)}
+    out = []
+    for line in text.splitlines():
+        m = _LINE.match(line)
+        if not m or int(m["total"]) == 0:
+            continue
+        name, backend = m["name"], backend_of(m["name"])
+        integrated = backend == "Vulkan" and vk_uma.get(int(re.sub(r"^\D+", "", name)), False)
+        out.append(ListedDevice(name, m["desc"], int(m["total"]) * MiB, int(m["free"]) * MiB, backend, integrated))
+    return out
+
+
+class DeviceListError(Exception):
+    pass
+
+
+def list_devices(
+    server: str, env: dict[str, str], *, extra: tuple[str, ...] = (), timeout: float = LIST_TIMEOUT
+) -> list[ListedDevice]:
+    """Run ``server [extra] --list-devices`` (bounded); DeviceListError when it cannot say."""
+    try:
+        r = run_bounded([server, *extra, "-lv", "5", "--list-devices"], env=env, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise DeviceListError(f"`{server} --list-devices` did not answer in {timeout:.0f} s") from None
+    except OSError as e:
+        raise DeviceListError(f"could not run {server}: {e.strerror or e}") from None
+    if r.returncode != 0 or "Available devices" not in r.stdout + r.stderr:
+        tail = ((r.stderr or r.stdout).strip().splitlines() or ["no output"])[-1][:200]
+        raise DeviceListError(f"`{server} --list-devices` failed (exit {r.returncode}): {tail}")
+    return parse_device_list(r.stdout, r.stderr)
+
+
+def _key(server: str, env: dict[str, str]) -> str:
+    st = os.stat(server)
+    sel = ",".join(f"{k}={env[k]}" for k in SELECTION_VARS if k in env)
+    return f"{os.path.realpath(server)}|{st.st_size}|{st.st_mtime_ns}|{sel}|{CACHE_VERSION}"
+
+
+def cached_device_set(server: str, env: dict[str, str], cache_dir: Path) -> list[ListedDevice] | None:
+    """The device set last listed for this binary and selection, or None (a cache we wrote earlier is
+    input like any other: anything malformed is a miss)."""
+    try:
+        doc = json.loads((cache_dir / "devices.json").read_text())
+        rows = doc[_key(server, env)]
+        return [ListedDevice(**{k: r[k] for k in ListedDevice.__dataclass_fields__}) for r in rows]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def remember_device_set(server: str, env: dict[str, str], cache_dir: Path, devices: list[ListedDevice]) -> None:
+    path = cache_dir / "devices.json"
+    try:
+        doc = json.loads(path.read_text()) if path.is_file() else {}
+        if not isinstance(doc, dict):
+            doc = {}
+    except (OSError, ValueError):
+        doc = {}
+    doc[_key(server, env)] = [asdict(d) for d in devices]
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(doc))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a cache that cannot be written costs one --list-devices per plan, nothing more

@@ -1,0 +1,40 @@
+"""Short child processes with a bound: a probe of a binary that never answers must not hang a plan.
+
+The child gets its own process group, so a timeout kills it and everything it started (a wrapper
+script's children too), and ``subprocess.TimeoutExpired`` reaches the caller within the bound.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+from collections.abc import Sequence
+
+
+def run_bounded(argv: Sequence[str], *, env: dict[str, str] | None, timeout: float) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` with no stdin, capture its output (text), and kill its process group at ``timeout``."""
+    proc = subprocess.Popen(
+        list(argv), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        errors="replace", start_new_session=True,
+    )  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_group(proc)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.communicate(timeout=2)  # a grandchild that left the group may still hold the pipes
+        raise
+    except BaseException:
+        kill_group(proc)
+        raise
+    return subprocess.CompletedProcess(list(argv), proc.returncode, out, err)
+
+
+def kill_group(proc: subprocess.Popen[str]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        proc.kill()
+    proc.wait()
