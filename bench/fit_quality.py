@@ -6,16 +6,19 @@ device away), and the real llama-server is loaded at growing contexts (binary se
 256) to find the largest one whose logged buffers on that device stay within the same budget. The
 ratio pick / largest should be close to 1 and must never exceed it (that would be an OOM).
 
-Two devices are measured: host RAM (a CPU-only load) and, when ``ggml-rpc-server`` is beside the
-server, one RPC device (the offload path a GPU takes: device buffers, host-side inputs).
+Three devices are measured: host RAM (a CPU-only load); when ``ggml-rpc-server`` is beside the
+server, one RPC device (the offload path a GPU takes: device buffers, host-side inputs); and with
+``--vulkan-server`` (or ``LLAMAFIT_VULKAN_SERVER``), one Vulkan device on Mesa's software driver
+(``GGML_VK_VISIBLE_DEVICES=0``; tools/build_vulkan_server.sh builds that server).
 
-Usage: python bench/fit_quality.py [--server PATH]. Writes bench/results/fit_quality.json.
+Usage: python bench/fit_quality.py [--server PATH] [--vulkan-server PATH]. Writes bench/results/fit_quality.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -64,23 +67,27 @@ def logged_on(log: LoadLog, device: str, aliases: dict[str, str]) -> float:
     return total
 
 
+def options(dev: str, srv: ServerBinary, rpc: str | None, extra: list[str], margin: str = "1024") -> Options:
+    return Options(server_args=extra, margin=margin, cpu_only=dev == "host", server=srv.path, calibrate=False,
+                   spec="off", rpc=[rpc] if dev == "rpc" and rpc else [])  # fmt: skip
+
+
 def plan(
-    model: Path, srv: ServerBinary, margin_mib: int, rpc: str | None, extra: list[str]
+    model: Path, srv: ServerBinary, margin_mib: int, dev: str, rpc: str | None, extra: list[str]
 ) -> tuple[int, int, dict[str, str]]:
-    # the budget is set on the measured device alone (RPC0, or host RAM for a CPU-only plan)
-    margin = str(margin_mib) if rpc is None else f"RPC0={margin_mib}"
-    o = Options(server_args=extra, margin=margin, cpu_only=rpc is None, server=srv.path, calibrate=False,
-                spec="off", rpc=[rpc] if rpc else [])  # fmt: skip
-    p = prepare(str(model), o)
-    usable = p.plan.host.usable if rpc is None else p.plan.devices[0].usable
+    # the budget is set on the measured device alone (RPC0, Vulkan0, or host RAM for a CPU-only plan)
+    margin = {"host": str(margin_mib), "rpc": f"RPC0={margin_mib}", "vulkan": f"Vulkan0={margin_mib}"}[dev]
+    p = prepare(str(model), options(dev, srv, rpc, extra, margin))
+    usable = p.plan.host.usable if dev == "host" else p.plan.devices[0].usable
     return p.plan.n_ctx, usable, p.plan.buffer_aliases
 
 
-def largest_that_fits(model: Path, srv: ServerBinary, budget: int, hi: int, rpc: str | None, extra: list[str],
-                      aliases: dict[str, str]) -> tuple[int, int]:  # fmt: skip
+def largest_that_fits(model: Path, srv: ServerBinary, budget: int, hi: int, dev: str, rpc: str | None,
+                      extra: list[str], aliases: dict[str, str]) -> tuple[int, int]:  # fmt: skip
     """Binary search over real loads; returns (context, loads)."""
-    device = "host" if rpc is None else "RPC0"
-    base = ["-m", str(model), "-fit", "off", *extra] + (["--rpc", rpc, "-ngl", "all"] if rpc else ["-dev", "none"])
+    device = {"host": "host", "rpc": "RPC0", "vulkan": "Vulkan0"}[dev]
+    place = {"host": ["-dev", "none"], "rpc": ["--rpc", rpc or "", "-ngl", "all"], "vulkan": ["-ngl", "all"]}[dev]
+    base = ["-m", str(model), "-fit", "off", *extra, *place]
     lo_ok, hi_bad, loads = 0, hi + STEP, 0
     while hi_bad - lo_ok > STEP:
         mid = (lo_ok + hi_bad) // 2 // STEP * STEP
@@ -103,8 +110,10 @@ def free_port() -> int:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--server")
+    ap.add_argument("--vulkan-server", default=os.environ.get("LLAMAFIT_VULKAN_SERVER"))
     a = ap.parse_args()
     srv = find_server(a.server)
+    vk = ServerBinary(a.vulkan_server, "--server", str(Path(a.vulkan_server).parent)) if a.vulkan_server else None
     d = Path(tempfile.mkdtemp(prefix="llamafit-fitq-"))
     models = {
         "Qwen3-0.6B": (factory.qwen3_0_6b().write(d / "q06.gguf"), 40960, ["-np", "1"]),
@@ -121,21 +130,24 @@ def main() -> None:
         time.sleep(1.0)
     rows = []
     try:
+        devices = ["host", *(["rpc"] if rpc else []), *(["vulkan"] if vk else [])]
         for name, (path, train, extra) in models.items():
-            for dev in ("host", "rpc") if rpc else ("host",):
-                endpoint = rpc if dev == "rpc" else None
+            for dev in devices:
+                s = vk if dev == "vulkan" and vk else srv
+                if dev == "vulkan":
+                    os.environ["GGML_VK_VISIBLE_DEVICES"] = "0"  # one lavapipe device
+                else:
+                    os.environ.pop("GGML_VK_VISIBLE_DEVICES", None)
                 # budgets: what the plan itself would need at 1/8, 1/4 and 1/2 of the training context
                 for frac in (8, 4, 2):
                     target = train // frac
-                    _, usable0, _ = plan(path, srv, 1024, endpoint, [*extra, "-c", str(target)])
-                    p0 = prepare(str(path), Options(server_args=[*extra, "-c", str(target)], cpu_only=endpoint is None,
-                                                    server=srv.path, calibrate=False, spec="off",
-                                                    rpc=[endpoint] if endpoint else []))  # fmt: skip
-                    need = p0.plan.host.use.total if endpoint is None else p0.plan.devices[0].use.total
+                    _, usable0, _ = plan(path, s, 1024, dev, rpc, [*extra, "-c", str(target)])
+                    p0 = prepare(str(path), options(dev, s, rpc, [*extra, "-c", str(target)]))
+                    need = p0.plan.host.use.total if dev == "host" else p0.plan.devices[0].use.total
                     budget_goal = need + 37 * MiB  # a little over, so the answer is not a boundary
                     margin = (usable0 + 1024 * MiB - budget_goal) // MiB
-                    ctx, usable, aliases = plan(path, srv, int(margin), endpoint, extra)
-                    best, loads = largest_that_fits(path, srv, usable, train, endpoint, extra, aliases)
+                    ctx, usable, aliases = plan(path, s, int(margin), dev, rpc, extra)
+                    best, loads = largest_that_fits(path, s, usable, train, dev, rpc, extra, aliases)
                     ratio = ctx / best if best else float("nan")
                     row = {"model": name, "device": dev, "budget_mib": round(usable / MiB, 1), "llamafit_ctx": ctx,
                            "largest_ctx": best, "ratio": round(ratio, 4), "loads": loads}  # fmt: skip

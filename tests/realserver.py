@@ -72,3 +72,36 @@ def read_until(stream: IO[str], marker: str, timeout: float = 120) -> tuple[bool
         if marker in line:
             return True, seen
     return False, seen
+
+
+def run_until_ready_then_interrupt(
+    argv: Sequence[str], port: int, timeout: float = 300, env: dict[str, str] | None = None
+) -> tuple[int, str, str]:
+    """Start ``argv`` (a llamafit command that launches a server on ``port``), wait until that server
+    answers /health with 200, send SIGINT to llamafit, and return (exit code, stdout, stderr)."""
+    import http.client
+    import signal
+    import subprocess
+
+    def health() -> int:
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
+            c.request("GET", "/health")
+            return c.getresponse().status
+        except OSError:
+            return 0
+
+    p = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.monotonic() + timeout
+        while health() != 200:
+            assert p.poll() is None, p.communicate()[1]
+            assert time.monotonic() < deadline, "the server never became ready"
+            time.sleep(0.2)
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    return p.returncode, out, err

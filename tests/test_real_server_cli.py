@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +13,7 @@ import pytest
 from llamafit.argv import OPTIONS
 from llamafit.demo import ensure_demo_model
 from llamafit.server import ServerBinary, free_port
+from tests.realserver import run_until_ready_then_interrupt
 
 pytestmark = pytest.mark.server
 
@@ -47,33 +45,16 @@ def test_demo_human_output(server_bin: ServerBinary) -> None:
     assert h.returncode == 0 and json.loads(h.stdout)["launches"], h.stderr
 
 
-def _health(port: int) -> int:
-    try:
-        c = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
-        c.request("GET", "/health")
-        return c.getresponse().status
-    except OSError:
-        return 0
-
-
 def test_run_passes_through_and_forwards_ctrl_c(server_bin: ServerBinary, tmp_path: Path) -> None:
     model = ensure_demo_model(tmp_path)
     port = free_port()
-    env = dict(os.environ, LLAMAFIT_SERVER=server_bin.path)
-    p = subprocess.Popen([*LLAMAFIT, "run", str(model), "--", "--port", str(port)], env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
-    try:
-        deadline = time.monotonic() + 120
-        while _health(port) != 200:
-            assert p.poll() is None, p.communicate()[1]
-            assert time.monotonic() < deadline, "server never became ready"
-            time.sleep(0.2)
-        p.send_signal(signal.SIGINT)
-        _out, err = p.communicate(timeout=60)
-    finally:
-        if p.poll() is None:
-            p.kill()
-    assert p.returncode == 0, err
+    rc, _out, err = run_until_ready_then_interrupt(
+        [*LLAMAFIT, "run", str(model), "--", "--port", str(port)],
+        port,
+        timeout=120,
+        env=dict(os.environ, LLAMAFIT_SERVER=server_bin.path),
+    )
+    assert rc == 0, err
     assert "llamafit:" in err and "-fit off" in err  # the decisions and the argv, then the server's own log
     assert "model loaded" in err or "listening" in err
 
