@@ -10,8 +10,12 @@ predicted) and the per-GPU runtime overhead (the breakdown's "unaccounted" colum
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
+import math
+import os
+import stat
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -64,15 +68,27 @@ def settings_key(s: LoadSettings, devices: tuple[str, ...]) -> str:
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:24]
 
 
+# A correction further than this from the model is not applied: it says more about the record (another
+# model launched under this one's name, a hand-edited file) than about the memory model.
+SANE_SCALE = (0.5, 2.0)
+MAX_OVERHEAD = 8 << 30
+MAX_HISTORY_BYTES = 16 << 20  # read back at most the newest 16 MiB of history
+
+
 @dataclass(frozen=True)
 class Corrections:
     compute_scale: Mapping[str, float] = field(default_factory=dict)  # buffer type -> actual / predicted
     overhead: Mapping[str, int] = field(default_factory=dict)  # GPU id -> observed runtime overhead bytes
     source: str = ""  # when and what it came from, for the decision message
+    notes: tuple[str, ...] = ()  # records and corrections that were ignored, and why
 
     @property
     def empty(self) -> bool:
         return not self.compute_scale and not self.overhead
+
+
+class HistoryNotWritten(Exception):
+    """The launch could not be recorded (the data directory or its history file is not usable)."""
 
 
 def record(
@@ -85,7 +101,7 @@ def record(
     extra: Mapping[str, Any] | None = None,
     mmproj: tuple[MmprojUse, Mapping[str, float]] | None = None,
 ) -> dict[str, Any] | None:
-    """Append one launch; returns the record, or None when the data directory is not writable."""
+    """Append one launch and return it; HistoryNotWritten says why it could not be recorded."""
     predicted: dict[str, dict[str, int]] = {}
     for b in fp.buffers:
         predicted.setdefault(b.kind, {})
@@ -128,23 +144,49 @@ def record(
         }
     if extra:
         entry.update(extra)
-    path = history_file()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(entry, sort_keys=True) + "\n")
-    except OSError:
-        return None
+    append_line(history_file(), json.dumps(entry, sort_keys=True))
     return entry
 
 
-def read_history(limit: int | None = None) -> list[dict[str, Any]]:
+def append_line(path: Path, line: str) -> None:
+    """Append one whole line: on a fresh line even after a torn one (a launch killed mid-write), in one
+    write under O_APPEND and an exclusive lock, so two launches never interleave."""
     try:
-        lines = history_file().read_text(encoding="utf-8", errors="replace").splitlines()[-MAX_READ:]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as e:
+        raise HistoryNotWritten(f"{path}: {e.strerror or e}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise HistoryNotWritten(f"{path} is not a regular file")
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        size = os.fstat(fd).st_size
+        torn = size > 0 and os.pread(fd, 1, size - 1) != b"\n"
+        os.write(fd, (("\n" if torn else "") + line + "\n").encode("utf-8"))
+    except OSError as e:
+        raise HistoryNotWritten(f"{path}: {e.strerror or e}") from None
+    finally:
+        os.close(fd)
+
+
+def read_history(limit: int | None = None) -> list[dict[str, Any]]:
+    """The records of the history file, oldest first: a torn or foreign line is skipped, and a file that
+    is not a regular file (a FIFO, a device) is not read."""
+    path = history_file()
+    try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            return []
+        with open(path, "rb") as fh:
+            if st.st_size > MAX_HISTORY_BYTES:
+                fh.seek(st.st_size - MAX_HISTORY_BYTES)
+                fh.readline()  # the rest of a line cut by the seek
+            raw = fh.read(MAX_HISTORY_BYTES)
     except OSError:
         return []
     out = []
-    for line in lines:
+    for line in raw.decode("utf-8", errors="replace").splitlines()[-MAX_READ:]:
         try:
             d = json.loads(line)
         except ValueError:
@@ -154,28 +196,77 @@ def read_history(limit: int | None = None) -> list[dict[str, Any]]:
     return out[-limit:] if limit else out
 
 
+def _number(v: object) -> float | None:
+    """A finite, positive number, or None."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    f = float(v)
+    return f if math.isfinite(f) and f > 0 else None
+
+
+def _record_problem(entry: Mapping[str, Any], model: ModelInfo) -> str | None:
+    """Why a record must not be used, or None. Records are input like any other: a hand edit, a torn
+    write or a launch of another model under this one's name must not move a plan."""
+    m, st = entry.get("model"), entry.get("settings")
+    if not isinstance(m, dict) or not isinstance(st, dict):
+        return "no model or settings"
+    argv = entry.get("argv")
+    if isinstance(argv, list) and "-m" in argv[:-1] and argv[argv.index("-m") + 1] != m.get("path"):
+        return "it launched another model than it records"
+    for part in ("predicted_bytes", "actual_mib"):
+        comp = entry.get(part, {}).get("compute") if isinstance(entry.get(part), dict) else None
+        if not isinstance(comp, dict) or any(_number(v) is None for v in comp.values()):
+            return f"its {part.replace('_', ' ')} compute buffers are not positive numbers"
+    bd = entry.get("breakdown_mib", {})
+    if not isinstance(bd, dict) or any(not isinstance(r, dict) for r in bd.values()):
+        return "its memory breakdown is malformed"
+    for row in bd.values():
+        un = row.get("unacc", 0)
+        if isinstance(un, bool) or not isinstance(un, (int, float)) or not math.isfinite(un) or un < 0:
+            return "its memory breakdown is malformed"
+    return None
+
+
 def corrections(model: ModelInfo, s: LoadSettings, devices: tuple[str, ...]) -> Corrections:
-    """The newest matching launch's corrections (same model, same settings key), or none."""
+    """The newest usable launch's corrections (same model, same settings key), or none; what was ignored
+    and why is in ``notes``."""
     mid = model_id(model)
     key = settings_key(s, devices)
+    notes: list[str] = []
     for entry in reversed(read_history()):
-        if entry.get("model", {}).get("id") != mid or entry.get("settings", {}).get("key") != key:
+        m, st = entry.get("model"), entry.get("settings")
+        if not isinstance(m, dict) or not isinstance(st, dict) or m.get("id") != mid or st.get("key") != key:
             continue
-        pred = entry.get("predicted_bytes", {}).get("compute", {})
-        act = entry.get("actual_mib", {}).get("compute", {})
-        scale = {
-            buft: float(act[buft]) * MiB / float(p)
-            for buft, p in pred.items()
-            if buft in act and isinstance(p, (int, float)) and p > 0
-        }
-        overhead = {
-            dev: max(0, int(row.get("unacc", 0))) * MiB
-            for dev, row in entry.get("breakdown_mib", {}).items()
-            if dev in devices and isinstance(row, dict)
-        }
-        return Corrections(scale, overhead, f"your launch of {entry['model'].get('name', 'this model')} at "
-                                            f"{entry.get('time', '?')}")  # fmt: skip
-    return Corrections()
+        when = str(entry.get("time", "?"))[:40]
+        if problem := _record_problem(entry, model):
+            notes.append(f"ignored the launch record of {when} in {history_file()}: {problem}")
+            continue
+        pred, act = entry["predicted_bytes"]["compute"], entry["actual_mib"]["compute"]
+        scale: dict[str, float] = {}
+        for buft, p in pred.items():
+            if buft not in act:
+                continue
+            ratio = float(act[buft]) * MiB / float(p)
+            if SANE_SCALE[0] <= ratio <= SANE_SCALE[1]:
+                scale[str(buft)] = ratio
+            else:
+                notes.append(
+                    f"the launch of {when} measured the {str(buft)[:40]} compute buffer at {ratio:.2f}x the model's "
+                    f"estimate, outside {SANE_SCALE[0]}-{SANE_SCALE[1]}x: not applied"
+                )
+        overhead = {}
+        for dev, row in entry.get("breakdown_mib", {}).items():
+            if dev in devices:
+                ov = int(row.get("unacc", 0)) * MiB
+                if ov <= MAX_OVERHEAD:
+                    overhead[dev] = ov
+                else:
+                    notes.append(
+                        f"the launch of {when} measured {ov >> 20} MiB of runtime overhead on {dev}: not applied"
+                    )
+        name = str(m.get("name", "this model"))[:80]
+        return Corrections(scale, overhead, f"your launch of {name} at {when}", tuple(notes))
+    return Corrections(notes=tuple(notes))
 
 
 def measured_mmproj_compute(m: MmprojUse) -> int | None:
@@ -186,6 +277,9 @@ def measured_mmproj_compute(m: MmprojUse) -> int | None:
         if not isinstance(rec, dict) or rec.get("id") != pid or rec.get("key") != key:
             continue
         act = rec.get("actual_compute_mib", {})
-        if isinstance(act, dict) and isinstance(act.get(m.buft), (int, float)):
-            return int(float(act[m.buft]) * MiB)
+        if isinstance(act, dict) and (v := _number(act.get(m.buft))) is not None:
+            got = int(v * MiB)
+            # like the target's corrections: a measurement far from a modelled buffer is not taken
+            sane = not m.modelled or SANE_SCALE[0] * m.compute <= got <= SANE_SCALE[1] * m.compute
+            return got if sane else None
     return None

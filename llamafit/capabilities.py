@@ -19,6 +19,9 @@ from pathlib import Path
 from typing import cast
 
 from llamafit.argv import OPTIONS
+from llamafit.errors import ServerNotFoundError
+from llamafit.server import GET_SERVER_HINT
+from llamafit.subprocs import run_bounded
 
 ALL_SPEC_TYPES = (
     "none", "draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark", "ngram-simple",
@@ -110,11 +113,15 @@ def parse_probe(completion_bash: str, help_text: str, version_text: str, path: s
     )
 
 
+PROBE_TIMEOUT = 10.0  # per question; llama-server answers each in well under a second
+
+
 def probe(
-    path: str, env: dict[str, str] | None = None, cache_dir: Path | None = None, timeout: float = 30
+    path: str, env: dict[str, str] | None = None, cache_dir: Path | None = None, timeout: float = PROBE_TIMEOUT
 ) -> Capabilities:
-    """Ask the binary (or the cache) what it accepts. Never raises for a misbehaving binary: the
-    result then has empty flag and type sets, and the plan falls back to what needs no flags."""
+    """Ask the binary (or the cache) what it accepts. A binary that answers but lists nothing gets
+    empty flag and type sets (the plan falls back to what needs no flags); one that cannot be run, or
+    does not answer within ``timeout`` (its process group is killed), is ServerNotFoundError."""
     key = None
     cached: dict[str, dict[str, object]] = {}
     if cache_dir is not None:
@@ -136,10 +143,15 @@ def probe(
 
     def run(arg: str) -> subprocess.CompletedProcess[str]:
         try:
-            return subprocess.run([path, arg], capture_output=True, text=True, env=env, timeout=timeout,
-                                  errors="replace", stdin=subprocess.DEVNULL)  # fmt: skip
-        except (OSError, subprocess.TimeoutExpired):
-            return subprocess.CompletedProcess([path, arg], 1, "", "")
+            return run_bounded([path, arg], env=env, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise ServerNotFoundError(
+                f"{path} did not answer {arg} within {timeout:.0f} s", hint="is it a llama-server? " + GET_SERVER_HINT
+            ) from None
+        except OSError as e:
+            raise ServerNotFoundError(
+                f"{path} cannot be run: {e.strerror or e}", hint="is it a llama-server binary? " + GET_SERVER_HINT
+            ) from None
 
     comp = run("--completion-bash")
     helpx = run("--help")

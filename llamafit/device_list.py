@@ -27,7 +27,7 @@ from pathlib import Path
 from llamafit.subprocs import run_bounded
 
 MiB = 1 << 20
-LIST_TIMEOUT = 30.0
+LIST_TIMEOUT = 10.0
 CACHE_VERSION = 1
 _LINE = re.compile(
     r"^\s+(?P<name>[A-Za-z][A-Za-z_]*\d+): (?P<desc>.*) \((?P<total>\d+) MiB, (?P<free>\d+) MiB free\)\s*$"

@@ -92,6 +92,14 @@ def prepare(
     user = parse_server_args(args)
     if user.has("--hf-repo"):
         raise UsageError("give the Hub repo as the model argument, not -hf", hint="llamafit run owner/repo:Q4_K_M")
+    for key in ("--model", "--model-url", "--hf-file", "--docker-repo"):
+        if (occ := user.last(key)) is not None:
+            # one model per plan: a second one among the server flags would be launched but not planned,
+            # and its measurements stored as the planned model's
+            raise UsageError(
+                f"{occ.tokens[0]} among the server flags names a second model; llamafit plans its MODEL argument",
+                hint=f"give it as MODEL: llamafit run {occ.value or 'MODEL'} -- <other flags>",
+            )
     if (occ := user.last("--spec-draft-hf")) is not None and not user.has("--spec-draft-model"):
         # llama-server downloads a draft repo only when the model is -hf too (docs/server-cli.md §4.5): resolve it here
         kinds = [t for o_ in user.items if o_.key == "--spec-type" for t in (o_.value or "").split(",")]

@@ -11,12 +11,16 @@ reported the way a shell does (128 + N, so SIGABRT is 134).
 
 from __future__ import annotations
 
+import collections
+import contextlib
+import ctypes
 import http.client
 import json
 import os
 import re
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -39,6 +43,9 @@ KEY_EVENTS = (
 
 
 CONFIRM_TIMEOUT = 30.0  # from `listening on` to the task loop answering: milliseconds on a healthy server
+MAX_LINE = 16384  # characters kept of one log line (the --log-file keeps it whole)
+MAX_LOAD_BYTES = 32 << 20  # log kept up to ready: the memory lines are there
+TAIL_LINES = 400  # log kept after ready, for classifying a crash
 
 
 def line_level(raw: str) -> str:
@@ -95,30 +102,37 @@ class Supervisor:
         self.lines: list[str] = []
         self.url: str | None = None
         self.interrupted = False
+        self.timed_out: float | None = None
         self._proc: subprocess.Popen[str] | None = None
         self._reader: threading.Thread | None = None
         self._ready = threading.Event()
+        self._tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self._kept_bytes = 0
         self._announcer: threading.Thread | None = None
         self._sink: IO[str] | None = None
 
     # -- the process ------------------------------------------------------------------------------
 
     def start(self) -> None:
+        """Start the server in a session of its own (the terminal's Ctrl-C reaches llamafit alone, which
+        forwards one interrupt), tied to llamafit's life (it gets SIGTERM when llamafit dies, even by
+        SIGKILL: PR_SET_PDEATHSIG on Linux)."""
         if self.log_file is not None:
             self._sink = open(self.log_file, "a", encoding="utf-8", errors="replace")  # noqa: SIM115
         self._proc = subprocess.Popen(
             self.argv, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            text=True, errors="replace", bufsize=1,
+            text=True, errors="replace", bufsize=1, start_new_session=True, preexec_fn=_die_with_parent(),
         )  # fmt: skip
         self._reader = threading.Thread(target=self._pump, name="llama-server log", daemon=True)
         self._reader.start()
 
     def _pump(self) -> None:
         assert self._proc is not None and self._proc.stdout is not None
-        for raw in self._proc.stdout:
-            self.lines.append(raw)
+        for whole in self._proc.stdout:
+            raw = whole if len(whole) <= MAX_LINE else whole[:MAX_LINE] + f" ... ({len(whole) - MAX_LINE} more)\n"
+            self._keep(raw)
             if self._sink is not None:
-                self._sink.write(raw)
+                self._sink.write(whole)  # the log file keeps every byte
                 self._sink.flush()
             if self.on_line:
                 self.on_line(raw.rstrip("\n"))
@@ -127,6 +141,15 @@ class Supervisor:
                 # confirmed on its own thread, so the log keeps flowing meanwhile
                 self._announcer = threading.Thread(target=self._announce, name="llama-server ready", daemon=True)
                 self._announcer.start()
+
+    def _keep(self, raw: str) -> None:
+        """What the load report and the failure classification need, bounded: the lines up to ready (the
+        memory lines are there) within MAX_LOAD_BYTES, then a tail."""
+        if not self._ready.is_set() and self._kept_bytes + len(raw) <= MAX_LOAD_BYTES:
+            self.lines.append(raw)
+            self._kept_bytes += len(raw)
+        else:
+            self._tail.append(raw)
 
     def _announce(self) -> None:
         """Ready once the task loop answers: llama-server prints ``listening on`` just before its task
@@ -194,24 +217,29 @@ class Supervisor:
                 self._proc.kill()
         return self._finish()
 
-    def run(self) -> Outcome:
-        """Start the server and supervise it until it exits; SIGINT and SIGTERM are forwarded to it."""
+    def run(self, ready_timeout: float | None = None) -> Outcome:
+        """Start the server and supervise it until it exits. SIGINT and SIGTERM are forwarded to it once
+        each (a second Ctrl-C is the user insisting: llama-server then stops at once); SIGHUP, a closed
+        terminal, stops it like SIGTERM. A server not ready after ``ready_timeout`` seconds is stopped."""
         self.start()
         assert self._proc is not None
         proc = self._proc
+        started = time.monotonic()
 
         def forward(signum: int, _frame: object) -> None:
             self.interrupted = True
             if proc.poll() is None:
-                proc.send_signal(signum)
+                proc.send_signal(signal.SIGTERM if signum == signal.SIGHUP else signum)
 
-        old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+        old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         try:
             while proc.poll() is None:
                 try:
                     proc.wait(timeout=0.2)  # a short wait keeps the signal handlers running
                 except subprocess.TimeoutExpired:
-                    continue
+                    if ready_timeout and not self._ready.is_set() and time.monotonic() - started > ready_timeout:
+                        self.timed_out = ready_timeout
+                        self.stop(timeout=10)
         finally:
             for s, h in old.items():
                 signal.signal(s, h)
@@ -225,8 +253,11 @@ class Supervisor:
             if self._proc.poll() is None:  # pragma: no cover - only on an exception while waiting
                 self._proc.kill()
                 self._proc.wait()
+        # whatever the server left behind in its session (a child holding the log pipe open) goes with it
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self._proc.pid, signal.SIGKILL)
         if self._reader is not None:
-            self._reader.join()
+            self._reader.join(timeout=5)
         if self._announcer is not None:
             self._announcer.join(timeout=CONFIRM_TIMEOUT)
         if self._sink is not None:
@@ -234,8 +265,15 @@ class Supervisor:
             self._sink = None
         code = exit_status(self._proc.returncode)
         ready = self._ready.is_set()
-        failure = None if ready else classify(self.lines, self._proc.returncode, self.predicted, self.usable)
-        return Outcome(ready, self.url, code, failure, parse(self.lines), self.lines, self.interrupted)
+        lines = [*self.lines, *self._tail]
+        failure = None if ready else classify(lines, self._proc.returncode, self.predicted, self.usable)
+        if failure is not None and self.timed_out:
+            failure = Failure(
+                "timeout",
+                f"llama-server was not ready after {self.timed_out:.0f} s and was stopped",
+                "raise --ready-timeout for a slow disk or a large model, or run with --verbose",
+            )
+        return Outcome(ready, self.url, code, failure, parse(self.lines), lines, self.interrupted)
 
     # -- talking to it ----------------------------------------------------------------------------
 
@@ -258,6 +296,26 @@ class Supervisor:
             raise ServerLoadError(f"/completion answered HTTP {resp.status}: {data[:200]!r}")
         out: dict[str, Any] = json.loads(data)
         return out
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A preexec function asking Linux to send the child SIGTERM when llamafit dies (PR_SET_PDEATHSIG);
+    None elsewhere. It runs between fork and exec, so it only calls prctl and getppid."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        prctl = libc.prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # llamafit died before prctl took effect
+            os._exit(1)
+
+    return preexec
 
 
 def exec_server(argv: Sequence[str], env: dict[str, str]) -> None:  # pragma: no cover - replaces the process

@@ -197,6 +197,9 @@ def test_rocm_devices_are_planned_with_their_names(tmp_path: Path, server_bin: S
     assert all(d["backend"] == "ROCm" and not d["uma"] for d in doc["devices"])
     assert doc["argv"][doc["argv"].index("-fit") + 1] == "off" and "-ts" in doc["argv"]
     assert all(sum(d["use"].values()) <= d["usable"] for d in doc["devices"])  # each card on its own
+    # a margin names a device as llama.cpp does, whatever the case
+    tight = plan_json(srv, model, "--margin", "rocm1=4GiB", "--", "-c", "131072")
+    assert tight["devices"][1]["usable"] == doc["devices"][1]["usable"] - 3 * GiB
 
 
 def test_the_device_set_of_a_cpu_build_is_listed_once(tmp_path: Path, server_bin: ServerBinary, model: Path) -> None:

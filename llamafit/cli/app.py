@@ -256,6 +256,14 @@ def run(
         Optional[Path],  # noqa: UP045
         typer.Option("--log-file", help="Also keep the server's raw log in this file.", dir_okay=False),
     ] = None,
+    ready_timeout: Annotated[
+        float,
+        typer.Option(
+            "--ready-timeout",
+            help="Stop the server if it is not ready after this many seconds (0: wait forever).",
+            min=0,
+        ),
+    ] = 1800,
     server: ServerOpt = None,
     gpu: GpuOpt = None,
     cpu_only: CpuOnlyOpt = False,
@@ -308,7 +316,16 @@ def run(
 
             note(shlex.join(prep.argv))
             exec_server(prep.argv, env.env)
-        raise typer.Exit(supervise(prep, env.env, verbose=verbose, log_file=log_file, json_out=json_out))
+        raise typer.Exit(
+            supervise(
+                prep,
+                env.env,
+                verbose=verbose,
+                log_file=log_file,
+                json_out=json_out,
+                ready_timeout=ready_timeout or None,
+            )
+        )
 
 
 def _download_summary(pending: list[Any], verb: str) -> str:

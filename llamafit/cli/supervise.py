@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import shlex
+import signal
 from pathlib import Path
 
-from llamafit.calibration import record
+from llamafit.calibration import HistoryNotWritten, record
 from llamafit.cli.output import err_console, error, print_json, progress_console, safe
 from llamafit.cli.render import memory_tables, rows_json
 from llamafit.compare import Row, compare, compare_mmproj
@@ -46,7 +47,18 @@ def free_drift(prep: Prepared, log: LoadLog) -> list[str]:
     return out
 
 
-def supervise(prep: Prepared, env: dict[str, str], *, verbose: bool, log_file: Path | None, json_out: bool) -> int:
+SHOWN_LINE = 2000  # characters of one server line shown on the terminal (--log-file keeps it whole)
+
+
+def supervise(
+    prep: Prepared,
+    env: dict[str, str],
+    *,
+    verbose: bool,
+    log_file: Path | None,
+    json_out: bool,
+    ready_timeout: float | None = None,
+) -> int:
     """Run the server, show what matters, and return llamafit's exit code."""
     argv = list(prep.argv)
     if not prep.user.sets_family("verbosity") and prep.caps.accepts("-lv"):
@@ -58,6 +70,8 @@ def supervise(prep: Prepared, env: dict[str, str], *, verbose: bool, log_file: P
     def on_line(line: str) -> None:
         if verbose or is_key_line(line):
             con = err_console() if is_error(line) else err  # the server's errors even under --quiet
+            if len(line) > SHOWN_LINE:
+                line = line[:SHOWN_LINE] + f" ... ({len(line) - SHOWN_LINE} more characters)"
             con.print(safe(line), highlight=False, soft_wrap=True)
 
     def on_ready(url: str, log: LoadLog) -> None:
@@ -88,9 +102,14 @@ def supervise(prep: Prepared, env: dict[str, str], *, verbose: bool, log_file: P
     predicted = {d.device.id: d.use.total for d in prep.plan.devices}
     outcome = Supervisor(
         argv, env, log_file=log_file, on_line=on_line, on_ready=on_ready, predicted=predicted, usable=usable
-    ).run()
+    ).run(ready_timeout)
     if outcome.ready:
         record_launch(prep, outcome.log)
+        if outcome.returncode != 0 and not outcome.interrupted:
+            error(
+                f"llama-server stopped after it was ready: {exit_reason(outcome.returncode)}",
+                "run with --verbose (or --log-file) to see its last lines",
+            )
         return outcome.returncode
     f = outcome.failure
     if outcome.interrupted and f is not None and f.kind in ("abort", "unknown"):
@@ -99,6 +118,16 @@ def supervise(prep: Prepared, env: dict[str, str], *, verbose: bool, log_file: P
     assert f is not None
     error(f.message, f.hint)
     return int(ExitCode.SERVER_LOAD_FAILED)
+
+
+def exit_reason(code: int) -> str:
+    """How a shell-style exit status reads: 134 is SIGABRT."""
+    if code > 128:
+        try:
+            return f"killed by {signal.Signals(code - 128).name} (exit {code})"
+        except ValueError:
+            pass
+    return f"exit {code}"
 
 
 def record_launch(prep: Prepared, log: LoadLog) -> None:
@@ -122,5 +151,8 @@ def record_launch(prep: Prepared, log: LoadLog) -> None:
             for buft, mib in c.compute.items():
                 compute[buft] = compute.get(buft, 0.0) + mib
         mm = (prep.plan.mmproj, compute)
-    record(prep.plan.model, prep.plan.settings, devices, prep.plan.footprint, actual, log.breakdown,
-           {"argv": prep.argv, "server": prep.server.path if prep.server else None}, mmproj=mm)  # fmt: skip
+    try:
+        record(prep.plan.model, prep.plan.settings, devices, prep.plan.footprint, actual, log.breakdown,
+               {"argv": prep.argv, "server": prep.server.path if prep.server else None}, mmproj=mm)  # fmt: skip
+    except HistoryNotWritten as e:
+        progress_console().print(f"[yellow]llamafit: this launch was not recorded for calibration:[/] {safe(e)}")

@@ -97,7 +97,7 @@ def make_plan(
         decisions.append(messages.unified_memory(search.unified, unified, host_use, search.host_usable))
     if machine.blind:
         decisions.append(messages.left_to_llama_cpp(machine.blind))
-    warnings = [*projector.warnings, *_model_warnings(model, mmproj, choice.notes, choice.drafter)]
+    warnings = [*calib.notes, *projector.warnings, *_model_warnings(model, mmproj, choice.notes, choice.drafter)]
     warnings += _load_warnings(model, t, out, opts, search)
 
     layers_on = {g.id: sum(1 for d in t.fp.layer_device if d == g.id) for g in gpus}

@@ -83,7 +83,8 @@ class Search:
         self.ids = [g.id for g in gpus]
         self.host = machine.host
         self.host_usable = machine.host.available - req.margins.get("host", req.margin)
-        self.usable = {g.id: g.free - req.margins.get(g.id, req.margin) for g in gpus}
+        # --margin DEV=SIZE names devices case-insensitively (Vulkan0, VULKAN0 and vulkan0 are one device)
+        self.usable = {g.id: g.free - req.margins.get(g.id.upper(), req.margin) for g in gpus}
         # unified memory: the device's memory is host RAM, so the host's budget bounds it too, and
         # device and host use are checked together against it (docs/backends.md)
         self.unified = [g.id for g in gpus if g.uma]

@@ -1,0 +1,204 @@
+"""Never hang, never leave a server behind: real processes, real signals, stand-in servers for the faults.
+
+A stand-in here is a small script in the server's place that misbehaves in one precise way (never
+answers --help, never gets ready, keeps the log pipe open after it exits, crashes after ready, floods
+the log); the rest runs against the real llama-server.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from llamafit.demo import ensure_demo_model
+from llamafit.errors import ExitCode
+from llamafit.server import ServerBinary, free_port
+from llamafit.supervisor import Supervisor
+
+LLAMAFIT = [sys.executable, "-m", "llamafit"]
+
+# answers the probes like a llama-server (so plans use it), then does what the test asks
+HEADER = r"""#!{python}
+import os, sys, signal, time
+args = sys.argv[1:]
+if "--list-devices" in args:
+    print("Available devices:\n  (none)"); sys.exit(0)
+if args[:1] == ["--completion-bash"]:
+    print('opts="-m -c -ngl -fit -lv --port --host -np"'); sys.exit(0)
+if args[:1] in (["--help"], ["--version"]):
+    print("version: 1 (build 11434, commit deadbee)", file=sys.stderr); sys.exit(0)
+"""
+
+
+READY = 'print("0.00.000.000 I srv  main: listening on http://127.0.0.1:1", file=sys.stderr, flush=True)\n'
+
+
+def stand_in(tmp_path: Path, body: str, header: str = HEADER) -> str:
+    exe = tmp_path / "llama-server"
+    exe.write_text(header.format(python=sys.executable) + body)
+    exe.chmod(0o755)
+    return str(exe)
+
+
+@pytest.fixture
+def model(tmp_path: Path) -> Path:
+    return ensure_demo_model(tmp_path / "m")
+
+
+def wait_for(pred, timeout: float = 30.0) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def children_named(pid: int, name: str) -> list[psutil.Process]:
+    try:
+        return [c for c in psutil.Process(pid).children(recursive=True) if name in " ".join(c.cmdline())]
+    except psutil.NoSuchProcess:
+        return []
+
+
+# -- the server dies with llamafit --------------------------------------------------------------------
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGHUP, signal.SIGTERM])
+def test_the_server_does_not_outlive_llamafit(server_bin: ServerBinary, model: Path, sig: signal.Signals) -> None:
+    port = free_port()
+    p = subprocess.Popen([*LLAMAFIT, "run", str(model), "--server", server_bin.path, "--", "--port", str(port)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
+    try:
+        assert wait_for(lambda: children_named(p.pid, "--port"), 60), "no server started"
+        (server,) = children_named(p.pid, "--port")
+        assert wait_for(lambda: port_open(port), 60)
+        os.kill(p.pid, sig)
+        assert wait_for(lambda: not server.is_running() or server.status() == psutil.STATUS_ZOMBIE, 30), (
+            f"llama-server still runs after llamafit got {sig.name}"
+        )
+    finally:
+        p.kill()
+        p.wait()
+
+
+def port_open(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.mark.server
+def test_ctrl_c_on_the_terminal_reaches_the_server_once(server_bin: ServerBinary, model: Path) -> None:
+    """A terminal's Ctrl-C signals the whole foreground group; the server must get one interrupt (its
+    clean shutdown), not two (its 'terminating immediately' path)."""
+    port = free_port()
+    p = subprocess.Popen([*LLAMAFIT, "run", str(model), "--server", server_bin.path, "--", "--port", str(port)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    try:
+        assert wait_for(lambda: port_open(port) and bool(children_named(p.pid, "--port")), 60)
+        time.sleep(0.5)
+        os.killpg(p.pid, signal.SIGINT)  # what the terminal does
+        _, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0, err
+    assert "second interrupt" not in err.lower()
+
+
+def test_a_script_that_ignores_sigint_still_stops_the_server(tmp_path: Path, model: Path) -> None:
+    body = (
+        f"{READY}signal.signal(signal.SIGINT, lambda *a: sys.exit(0))\n"
+        "signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))\nwhile True: time.sleep(0.05)\n"
+    )
+    srv = stand_in(tmp_path, body)
+    p = subprocess.Popen([*LLAMAFIT, "run", str(model), "--server", srv], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))  # fmt: skip
+    try:
+        assert wait_for(lambda: bool(children_named(p.pid, "llama-server")), 30)
+        time.sleep(0.5)
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0, err
+
+
+# -- every wait has a bound -------------------------------------------------------------------------------
+
+
+def test_a_server_that_never_answers_its_probe(tmp_path: Path, model: Path) -> None:
+    hang = "#!{python}\nimport time\nwhile True: time.sleep(1)\n"
+    srv = stand_in(tmp_path, "", header=hang)
+    t = time.monotonic()
+    r = subprocess.run([*LLAMAFIT, "plan", str(model), "--server", srv], capture_output=True, text=True, timeout=60)
+    assert r.returncode == ExitCode.SERVER_NOT_FOUND, r.stderr
+    assert time.monotonic() - t < 20 and "did not answer" in r.stderr
+    assert not [p for p in psutil.process_iter(["cmdline"]) if srv in " ".join(p.info["cmdline"] or [])]
+
+
+def test_a_text_file_with_x_is_not_a_server(tmp_path: Path, model: Path) -> None:
+    fake = tmp_path / "llama-server"
+    fake.write_text("this is not a program\n")
+    fake.chmod(0o755)
+    r = subprocess.run([*LLAMAFIT, "run", str(model), "--server", str(fake), "--dry-run"], capture_output=True,
+                       text=True, timeout=60)  # fmt: skip
+    assert r.returncode == ExitCode.SERVER_NOT_FOUND, r.stderr
+    assert "cannot be run" in r.stderr and "internal error" not in r.stderr
+
+
+def test_a_server_that_never_gets_ready(tmp_path: Path, model: Path) -> None:
+    srv = stand_in(tmp_path, "while True: time.sleep(0.05)\n")
+    t = time.monotonic()
+    r = subprocess.run([*LLAMAFIT, "run", str(model), "--server", srv, "--ready-timeout", "2"], capture_output=True,
+                       text=True, timeout=60)  # fmt: skip
+    assert r.returncode == ExitCode.SERVER_LOAD_FAILED, r.stderr
+    assert time.monotonic() - t < 20 and "not ready after 2 s" in r.stderr
+
+
+def test_a_child_that_holds_the_log_open_after_the_server_exits(tmp_path: Path, model: Path) -> None:
+    srv = stand_in(tmp_path, 'import subprocess\nsubprocess.Popen(["sleep", "300"])\n'
+                             'print("0.00.000.000 E srv  main: exiting due to model loading error", file=sys.stderr)\n'
+                             "sys.exit(1)\n")  # fmt: skip
+    t = time.monotonic()
+    r = subprocess.run([*LLAMAFIT, "run", str(model), "--server", srv], capture_output=True, text=True, timeout=60)
+    assert r.returncode == ExitCode.SERVER_LOAD_FAILED, r.stderr
+    assert time.monotonic() - t < 20
+    assert not [p for p in psutil.process_iter(["cmdline"]) if (p.info["cmdline"] or [])[:2] == ["sleep", "300"]]
+
+
+# -- after ready ------------------------------------------------------------------------------------------
+
+
+def test_a_crash_after_ready_is_said(tmp_path: Path, model: Path) -> None:
+    srv = stand_in(tmp_path, f"{READY}time.sleep(0.5)\nos.kill(os.getpid(), signal.SIGABRT)\n")
+    r = subprocess.run([*LLAMAFIT, "run", str(model), "--server", srv], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 134
+    assert "stopped after it was ready: killed by SIGABRT (exit 134)" in r.stderr
+
+
+def test_the_log_kept_in_memory_is_bounded(tmp_path: Path) -> None:
+    flood = (
+        'print("W " + "x" * 10_000_000, file=sys.stderr)\n'
+        'for i in range(200_000): print(f"I line {i}", file=sys.stderr)\n'
+    )
+    srv = stand_in(tmp_path, READY + flood)
+    shown: list[str] = []
+    out = Supervisor([srv], dict(os.environ), on_line=shown.append).run()
+    assert out.ready and out.returncode == 0
+    assert len(out.lines) <= 1000 and sum(map(len, out.lines)) < 1_000_000
+    assert "I line 199999\n" in out.lines[-1]
+    big = [line for line in shown if line.startswith("W ")]
+    assert len(big) == 1 and len(big[0]) < 20_000 and big[0].endswith("more)")
