@@ -75,18 +75,35 @@ def options(dev: str, srv: ServerBinary, rpc: str | None, extra: list[str], marg
 def plan(
     model: Path, srv: ServerBinary, margin_mib: int, dev: str, rpc: str | None, extra: list[str]
 ) -> tuple[int, int, dict[str, str]]:
-    # the budget is set on the measured device alone (RPC0, Vulkan0, or host RAM for a CPU-only plan)
+    """(context, the budget its logged buffers must fit, buffer aliases). The budget on the measured
+    device (RPC0, Vulkan0, or host RAM for a CPU-only plan) less the runtime overhead the plan keeps
+    there, which no buffer line reports."""
     margin = {"host": str(margin_mib), "rpc": f"RPC0={margin_mib}", "vulkan": f"Vulkan0={margin_mib}"}[dev]
     p = prepare(str(model), options(dev, srv, rpc, extra, margin))
-    usable = p.plan.host.usable if dev == "host" else p.plan.devices[0].usable
+    usable = p.plan.host.usable if dev == "host" else p.plan.devices[0].usable - p.plan.devices[0].use.overhead
+    PLACEMENT[model, dev] = placement_of(p.argv)
     return p.plan.n_ctx, usable, p.plan.buffer_aliases
+
+
+PLACEMENT: dict[tuple[Path, str], list[str]] = {}
+
+
+def placement_of(argv: list[str]) -> list[str]:
+    """The plan's placement flags: the largest context is searched with the layers where the plan puts
+    them (a partial offload and an all-GPU load are not the same budget)."""
+    out: list[str] = []
+    for flag in ("-ngl", "-ts", "--n-cpu-moe"):
+        if flag in argv:
+            out += [flag, argv[argv.index(flag) + 1]]
+    return out
 
 
 def largest_that_fits(model: Path, srv: ServerBinary, budget: int, hi: int, dev: str, rpc: str | None,
                       extra: list[str], aliases: dict[str, str]) -> tuple[int, int]:  # fmt: skip
     """Binary search over real loads; returns (context, loads)."""
     device = {"host": "host", "rpc": "RPC0", "vulkan": "Vulkan0"}[dev]
-    place = {"host": ["-dev", "none"], "rpc": ["--rpc", rpc or "", "-ngl", "all"], "vulkan": ["-ngl", "all"]}[dev]
+    planned = PLACEMENT.get((model, dev)) or ["-ngl", "all"]
+    place = {"host": ["-dev", "none"], "rpc": ["--rpc", rpc or "", *planned], "vulkan": planned}[dev]
     base = ["-m", str(model), "-fit", "off", *extra, *place]
     lo_ok, hi_bad, loads = 0, hi + STEP, 0
     while hi_bad - lo_ok > STEP:
@@ -143,7 +160,8 @@ def main() -> None:
                     target = train // frac
                     _, usable0, _ = plan(path, s, 1024, dev, rpc, [*extra, "-c", str(target)])
                     p0 = prepare(str(path), options(dev, s, rpc, [*extra, "-c", str(target)]))
-                    need = p0.plan.host.use.total if dev == "host" else p0.plan.devices[0].use.total
+                    d0 = p0.plan.host.use if dev == "host" else p0.plan.devices[0].use
+                    need = d0.total - d0.overhead  # what the logged buffers take
                     budget_goal = need + 37 * MiB  # a little over, so the answer is not a boundary
                     margin = (usable0 + 1024 * MiB - budget_goal) // MiB
                     ctx, usable, aliases = plan(path, s, int(margin), dev, rpc, extra)

@@ -89,6 +89,7 @@ _llamafit() {
         run)
             case "$prev" in
                 --log-file) COMPREPLY=($(compgen -f -- "$cur")); compopt -o filenames 2>/dev/null; return 0 ;;
+                --ready-timeout) :; return 0 ;;
                 --server) COMPREPLY=($(compgen -f -- "$cur")); compopt -o filenames 2>/dev/null; return 0 ;;
                 --gpu) :; return 0 ;;
                 --margin) :; return 0 ;;
@@ -101,7 +102,7 @@ _llamafit() {
                 --rpc) :; return 0 ;;
             esac
             if [[ "$cur" == -* ]]; then
-                COMPREPLY=($(compgen -W "--dry-run --exec --verbose -v --log-file --server --gpu --cpu-only --margin --min-ctx --spec --prefer --draft --hf-file --revision --offline --rpc --rpc-optional --json --quiet -q --help -h" -- "$cur")); return 0
+                COMPREPLY=($(compgen -W "--dry-run --exec --verbose -v --log-file --ready-timeout --server --gpu --cpu-only --margin --min-ctx --spec --prefer --draft --hf-file --revision --offline --rpc --rpc-optional --json --quiet -q --help -h" -- "$cur")); return 0
             fi
             _llamafit_models ;;
     esac

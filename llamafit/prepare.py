@@ -20,6 +20,7 @@ from llamafit.devices import Machine, discover
 from llamafit.environment import ChildEnv, child_env, config_findings
 from llamafit.errors import LlamafitError, UsageError
 from llamafit.fit import make_plan
+from llamafit.gguf.checks import check_model
 from llamafit.gguf.mmproj import read_projector
 from llamafit.gguf.model import ModelInfo, load_model
 from llamafit.hub.remote import HubClient
@@ -130,6 +131,9 @@ def prepare(
         if o.hf_file or o.revision:
             raise UsageError("--hf-file and --revision apply to a Hub repo, not to a local file")
         info = load_model(model_path)
+
+    # what llama-server would refuse or abort on, before a plan calls it fitting
+    check_model(info.kv, info.hparams, (t.name for t in info.tensors), info.path)
 
     def calib(s: LoadSettings, devices: tuple[str, ...]) -> Corrections:
         return corrections(info, s, devices)

@@ -70,6 +70,8 @@ def int_value(value: str | None, flag: str, minimum: int | None = None) -> int:
     if value is None or not re.fullmatch(r"-?\d+", value.strip()):
         raise UsageError(f"{flag} expects an integer, got {value!r}", hint=f"e.g. {flag} 8192")
     v = int(value)
+    if not -(2**31) <= v < 2**31:
+        raise UsageError(f"{flag} {value}: out of range (llama-server reads it as a 32-bit integer)")
     if minimum is not None and v < minimum:
         raise UsageError(f"{flag} must be at least {minimum}, got {v}")
     return v

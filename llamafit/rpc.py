@@ -39,7 +39,8 @@ def parse_endpoints(values: Sequence[str]) -> list[str]:
     for v in values:
         for ep in (x.strip() for x in v.split(",")):
             if not ep:
-                continue
+                # llama-server registers every comma-separated entry and fails on an empty one
+                raise UsageError(f"--rpc {v!r} has an empty endpoint", hint="e.g. --rpc 192.168.1.20:50052")
             m = _ENDPOINT.match(ep)
             if not m or not 0 < int(m["port"]) < 65536:
                 raise UsageError(f"--rpc {ep!r} is not host:port", hint="e.g. --rpc 192.168.1.20:50052")

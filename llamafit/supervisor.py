@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import IO, Any
 from urllib.parse import urlsplit
 
-from llamafit.errors import ServerLoadError
+from llamafit.errors import ServerLoadError, ServerNotFoundError
 from llamafit.failures import Failure, classify
 from llamafit.logparse import LoadLog, parse
 
@@ -320,4 +320,7 @@ def _die_with_parent() -> Callable[[], None] | None:
 
 def exec_server(argv: Sequence[str], env: dict[str, str]) -> None:  # pragma: no cover - replaces the process
     """Hand the process over to the server (``--exec``): for scripts and service managers."""
-    os.execvpe(argv[0], list(argv), env)
+    try:
+        os.execvpe(argv[0], list(argv), env)
+    except OSError as e:
+        raise ServerNotFoundError(f"could not start {argv[0]}: {e.strerror or e}") from None

@@ -12,6 +12,7 @@ import hashlib
 import json
 import re
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -38,6 +39,8 @@ class Request:
 
 class FakeHub:
     def __init__(self) -> None:
+        # a fault to inject: "html" (every answer is a web page), "stall_tree" (the tree listing never answers)
+        self.fault: str | None = None
         self.repos: dict[str, Repo] = {}
         self.requests: list[Request] = []
         self.lock = threading.Lock()
@@ -118,6 +121,12 @@ class FakeHub:
 
             def _dispatch(self) -> None:
                 path = unquote(urlparse(self.path).path)
+                if hub.fault == "html":
+                    return self._send(200, b"<!doctype html><html><body>Sign in</body></html>",
+                                      {"Content-Type": "text/html"})  # fmt: skip
+                if hub.fault == "stall_tree" and "/tree/" in path:
+                    time.sleep(600)  # the client must give up first (a daemon thread: gone with the test)
+                    return None
                 if m := re.fullmatch(r"/api/models/([^/]+/[^/]+)/tree/([^/]+)(?:/.*)?", path):
                     return self._tree(m.group(1), m.group(2))
                 if m := re.fullmatch(r"/api/models/([^/]+/[^/]+)(?:/revision/([^/]+))?", path):

@@ -187,3 +187,22 @@ def test_margins_per_device(l8b: ModelInfo) -> None:
     usable = {d.device.id: d.usable for d in p.devices}
     assert usable == {"CUDA0": 23 * GiB, "CUDA1": 20 * GiB}
     assert p.host.usable == HOST.available - 512 * MiB
+
+
+def test_several_small_cards_never_do_worse_than_one(l8b: ModelInfo) -> None:
+    one = plan(l8b, [gpu(0, 2)])
+    for n in (2, 4, 8):
+        many = plan(l8b, [gpu(i, 2) for i in range(n)])
+        assert many.fits and many.settings.n_gpu_layers != 0
+        on_gpus = sum(d.layers for d in many.devices)
+        assert on_gpus >= sum(d.layers for d in one.devices)
+
+
+def test_more_devices_than_llama_cpp_splits_over(l8b: ModelInfo) -> None:
+    p = plan(l8b, [gpu(i, 2) for i in range(20)])
+    argv = compose("llama-server", p.planned, parse_server_args([]))
+    assert len(argv[argv.index("-ts") + 1].split(",")) == 15
+    assert argv[argv.index("-dev") + 1] == ",".join(f"CUDA{i}" for i in range(15))
+    assert any("at most 15" in w for w in p.warnings)
+    with pytest.raises(UsageError, match="at most 15"):
+        plan(l8b, [gpu(i, 2) for i in range(20)], ["-dev", ",".join(f"CUDA{i}" for i in range(16))])

@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from typer.testing import CliRunner
 
 from llamafit.cli.app import app
 from llamafit.demo import ensure_demo_model
+from llamafit.errors import ExitCode
 from llamafit.gguf.writer import TensorSpec, write_gguf
 from llamafit.hub.cache import hub_cache_dir
 from llamafit.server import ServerBinary, free_port
@@ -312,3 +314,67 @@ def test_revisions(hub: FakeHub) -> None:
     assert r.exit_code == 4 and "no such revision" in r.output
     r = CliRunner().invoke(app, ["plan", str(hub.repos["acme/demo"].files["demo-Q8_0.gguf"]), "--revision", "x"])
     assert r.exit_code == 2
+
+
+@pytest.mark.parametrize(
+    ("fault", "said"),
+    [
+        ("stall_tree", "got no answer within 3 s"),
+        ("html", "did not answer listing the repo for acme/qwen3-0.6b like the Hub"),
+    ],
+)
+def test_a_hub_that_stalls_or_answers_html(
+    hub: FakeHub, monkeypatch: pytest.MonkeyPatch, fault: str, said: str
+) -> None:
+    monkeypatch.setenv("LLAMAFIT_HUB_TIMEOUT", "1")
+    hub.fault = fault
+    try:
+        t = time.monotonic()
+        r = CliRunner().invoke(app, ["plan", "acme/qwen3-0.6b", "--gpu", "8GiB"])
+        elapsed = time.monotonic() - t
+    finally:
+        hub.fault = None
+    assert r.exit_code == ExitCode.NETWORK, r.output
+    assert said in r.stderr and hub.url in r.stderr and "--offline" in r.stderr
+    assert "internal error" not in r.stderr and elapsed < 15
+
+
+def test_an_unreachable_hub_names_its_endpoint(monkeypatch: pytest.MonkeyPatch) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    monkeypatch.setenv("HF_ENDPOINT", dead)
+    r = CliRunner().invoke(app, ["plan", "acme/qwen3-0.6b", "--gpu", "8GiB"])
+    assert r.exit_code == ExitCode.NETWORK, r.output
+    assert dead in r.stderr and "--offline" in r.stderr
+
+
+def test_a_download_killed_midway_is_cleaned_and_never_used(hub: FakeHub, tmp_path: Path) -> None:
+    """huggingface_hub writes each download to a file of its own and cannot resume another process's:
+    what a SIGKILLed download left is removed before the next one, and the partial file is never a model."""
+    import os
+    import signal as sig
+    import subprocess
+    import sys
+
+    big = tmp_path / "big-Q8_0.gguf"
+    big.write_bytes(os.urandom(1 << 20) * 48)
+    hub.add("acme/big", {"big-Q8_0.gguf": big})
+    code = (
+        "from llamafit.hub.remote import HubClient\nfrom llamafit.hub.cache import hub_cache_dir\n"
+        "c = HubClient()\nl = c.listing('acme/big')\n"
+        "print(c.download('acme/big', l.commit, l.files[0], hub_cache_dir()))\n"
+    )
+    p = subprocess.Popen([sys.executable, "-c", code], env=dict(os.environ))
+    deadline = time.monotonic() + 60
+    while hub.bytes_sent("/resolve/") < (16 << 20):
+        assert p.poll() is None and time.monotonic() < deadline
+        time.sleep(0.01)
+    p.send_signal(sig.SIGKILL)
+    p.wait()
+    blobs = hub_cache_dir() / "models--acme--big" / "blobs"
+    assert list(blobs.glob("*.incomplete"))  # what the killed download left
+    # a partial file never becomes the snapshot's file, so nothing treats it as the model
+    assert not list((hub_cache_dir() / "models--acme--big").glob("snapshots/*/big-Q8_0.gguf"))
+    r = subprocess.run([sys.executable, "-c", code], env=dict(os.environ), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert Path(r.stdout.strip()).read_bytes() == big.read_bytes()
+    assert not list(blobs.glob("*.incomplete"))

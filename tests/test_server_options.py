@@ -53,3 +53,18 @@ def test_the_generator_reads_what_arg_cpp_declares(tmp_path: Path) -> None:
         ("--ctx-size", ("-c", "--ctx-size"), (), 1, False, "LLAMA_ARG_CTX_SIZE", ("common",), ()),
         ("--override-tensor", ("-ot", "--override-tensor"), (), 1, True, None, ("server",), ()),
     )
+
+
+def test_the_committed_architectures_match_a_fresh_generation() -> None:
+    from llamafit.gguf.archs import ARCHS
+
+    gen: dict[str, Any] = runpy.run_path(str(ROOT / "tools" / "gen_archs.py"))
+    fresh = table_of(gen["generate"](tree()), "ARCHS")
+    assert "llama" in fresh and "clip" not in fresh
+    assert fresh == ARCHS, "regenerate: python tools/gen_archs.py $LLAMA_CPP_SRC -o llamafit/gguf/archs.py"
+
+
+def table_of(text: str, name: str) -> Any:
+    ns: dict[str, Any] = {}
+    exec(compile(text, "generated.py", "exec"), ns)
+    return ns[name]

@@ -149,12 +149,13 @@ def test_a_server_that_never_answers_its_probe(tmp_path: Path, model: Path) -> N
     assert not [p for p in psutil.process_iter(["cmdline"]) if srv in " ".join(p.info["cmdline"] or [])]
 
 
-def test_a_text_file_with_x_is_not_a_server(tmp_path: Path, model: Path) -> None:
+@pytest.mark.parametrize("cmd", [["run", "--dry-run"], ["run", "--exec"], ["plan"], ["demo"]])
+def test_a_text_file_with_x_is_not_a_server(tmp_path: Path, model: Path, cmd: list[str]) -> None:
     fake = tmp_path / "llama-server"
     fake.write_text("this is not a program\n")
     fake.chmod(0o755)
-    r = subprocess.run([*LLAMAFIT, "run", str(model), "--server", str(fake), "--dry-run"], capture_output=True,
-                       text=True, timeout=60)  # fmt: skip
+    argv = [*LLAMAFIT, cmd[0], *([] if cmd[0] == "demo" else [str(model)]), *cmd[1:], "--server", str(fake)]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert r.returncode == ExitCode.SERVER_NOT_FOUND, r.stderr
     assert "cannot be run" in r.stderr and "internal error" not in r.stderr
 

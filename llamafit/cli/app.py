@@ -8,7 +8,6 @@ stderr. Core modules are imported inside the commands so ``--help`` and completi
 from __future__ import annotations
 
 import os
-import shlex
 import sys
 from enum import Enum
 from pathlib import Path
@@ -16,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
-from llamafit import __version__
+from llamafit import __version__, shellwords
 from llamafit.cli.options import (
     CpuOnlyOpt,
     DraftOpt,
@@ -293,7 +292,7 @@ def run(
         if dry_run:
             if pending:
                 note(_download_summary(pending, "run would download"))
-            typer.echo(shlex.join(prep.argv))
+            typer.echo(shellwords.join(prep.argv))
             return
         from llamafit.cli.supervise import supervise
         from llamafit.errors import ServerNotFoundError
@@ -314,7 +313,7 @@ def run(
         if exec_:
             from llamafit.supervisor import exec_server
 
-            note(shlex.join(prep.argv))
+            note(shellwords.join(prep.argv))
             exec_server(prep.argv, env.env)
         raise typer.Exit(
             supervise(

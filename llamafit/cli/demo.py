@@ -6,9 +6,9 @@ process runner; the launch recorded in the history), plus one completion request
 
 from __future__ import annotations
 
-import shlex
 from typing import Any
 
+from llamafit import shellwords
 from llamafit.capabilities import ASSUMED, Capabilities
 from llamafit.cli.output import err_console, note, out_console, print_json, progress_console, safe
 from llamafit.cli.render import memory_tables, print_plan, rows_json
@@ -78,5 +78,5 @@ def run_demo(server: str | None, json_out: bool) -> int:
         out_console().print(f"completion of {PROMPT!r}: {safe(text)!r} (random weights: noise is the right answer)")
         for table in memory_tables(rows):
             err.print(table)  # the same stream as `run`'s predicted-vs-actual tables
-        err.print(f"[dim]server stopped (exit {rc}); argv was:[/] {safe(shlex.join(prep.argv))}", soft_wrap=True)
+        err.print(f"[dim]server stopped (exit {rc}); argv was:[/] {safe(shellwords.join(prep.argv))}", soft_wrap=True)
     return 0 if rc == 0 else rc

@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from llamafit.errors import ExitCode, LlamafitError
+from llamafit.shellwords import UNSAFE
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _QUIET = {"on": False}
 
 
@@ -34,8 +34,13 @@ def set_quiet(value: bool) -> bool:
 
 def safe_plain(text: object) -> str:
     """Text from a GGUF header, the Hub or the server, harmless on a terminal: control characters
-    (so escape sequences, OSC 8/52 included) are shown as ``\\xNN``."""
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(text))
+    (so escape sequences, OSC 8/52 included) are shown as ``\\xNN``, bidirectional overrides as ``\\uNNNN``."""
+    return UNSAFE.sub(_escape, str(text))
+
+
+def _escape(m: re.Match[str]) -> str:
+    c = ord(m.group())
+    return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
 
 
 def safe(text: object) -> str:

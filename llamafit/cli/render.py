@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import shlex
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from llamafit import shellwords
 from llamafit.cli.output import safe, safe_plain
 from llamafit.units import MiB, fmt_bytes
 
@@ -223,7 +223,7 @@ def print_plan(console: Console, plan: Any, argv: list[str]) -> None:
     for line in plan_view(plan, min(console.width, 100)):
         console.print(line, soft_wrap=True)
     console.print(Text(""))
-    console.print(Text(shlex.join(argv)), soft_wrap=True)
+    console.print(Text(shellwords.join(argv)), soft_wrap=True)
 
 
 # -- predicted vs actual (run, demo) ------------------------------------------------------------------

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import shlex
 import signal
 from pathlib import Path
 
+from llamafit import shellwords
 from llamafit.calibration import HistoryNotWritten, record
 from llamafit.cli.output import err_console, error, print_json, progress_console, safe
 from llamafit.cli.render import memory_tables, rows_json
@@ -64,7 +64,7 @@ def supervise(
     if not prep.user.sets_family("verbosity") and prep.caps.accepts("-lv"):
         argv += ["-lv", "4"]  # the buffer lines are llama INFO messages, shown from verbosity 4
     err = progress_console()
-    err.print(f"[dim]llamafit:[/] {safe(shlex.join(argv))}", soft_wrap=True)  # one line, copyable
+    err.print(f"[dim]llamafit:[/] {safe(shellwords.join(argv))}", soft_wrap=True)  # one line, copyable
     err.print(f"[dim]llamafit:[/] loading {safe(prep.plan.model.name)} ...")
 
     def on_line(line: str) -> None:

@@ -29,7 +29,7 @@ from llamafit.fit import messages
 from llamafit.fit.argv_plan import planned_argv, server_defaults
 from llamafit.fit.policy import Outcome, fit_with_policy
 from llamafit.fit.projector import place_projector
-from llamafit.fit.search import CTX_STEP, Search, Trial, select_gpus
+from llamafit.fit.search import CTX_STEP, MAX_SPLIT_DEVICES, Search, Trial, select_gpus
 from llamafit.gguf.hparams import UNVERIFIED_MEMORY_ARCHS
 from llamafit.gguf.mmproj import Projector
 from llamafit.gguf.model import ModelInfo
@@ -68,6 +68,7 @@ def make_plan(
     if problem := check_cache_types(hp, req.type_k, req.type_v, req.flash_attn):
         raise UsageError(f"llama-server would refuse this: {problem}", hint="adjust -ctk/-ctv/-fa")
     gpus = select_gpus(machine, req)
+    check_buffer_types(req, opts, machine)
     base = server_defaults(req)
     calib = calibrate(base, tuple(g.id for g in gpus)) if calibrate is not None else Corrections()
     projector = place_projector(req, machine, [g.id for g in gpus], mmproj, mmproj_measured)
@@ -99,6 +100,8 @@ def make_plan(
         decisions.append(messages.left_to_llama_cpp(machine.blind))
     warnings = [*calib.notes, *projector.warnings, *_model_warnings(model, mmproj, choice.notes, choice.drafter)]
     warnings += _load_warnings(model, t, out, opts, search)
+    if len(gpus) < len(machine.gpus) and req.devices is None and len(gpus) == MAX_SPLIT_DEVICES:
+        warnings.append(messages.devices_capped(len(machine.gpus), MAX_SPLIT_DEVICES))
 
     layers_on = {g.id: sum(1 for d in t.fp.layer_device if d == g.id) for g in gpus}
     return Plan(
@@ -111,6 +114,22 @@ def make_plan(
         buffer_aliases=backends.rpc_buffer_aliases({g.id: g.endpoint for g in machine.gpus if g.endpoint}),
         blind=machine.blind,
     )  # fmt: skip
+
+
+def check_buffer_types(req: Request, opts: SpecOptions, machine: Machine) -> None:
+    """``-ot``/``-otd`` name a buffer type of a device llama-server has (CPU or a device's own), or it
+    refuses them ("unknown buffer type", common/arg.cpp:252-283); not checkable when the machine is blind."""
+    if machine.blind:
+        return
+    known = {"CPU", *(g.id for g in machine.gpus)}
+    known |= set(backends.rpc_buffer_aliases({g.id: g.endpoint for g in machine.gpus if g.endpoint}))
+    for flag, overrides in (("-ot", req.overrides or ()), ("-otd", opts.overrides)):
+        for o in overrides:
+            if o.buft not in known:
+                raise UsageError(
+                    f"{flag} {o.pattern}={o.buft}: llama-server has no buffer type {o.buft[:64]!r}",
+                    hint="buffer types here: " + ", ".join(sorted(known)),
+                )
 
 
 def _context_bounds(model: ModelInfo, req: Request, base: LoadSettings) -> tuple[int, int]:

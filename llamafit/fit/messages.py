@@ -253,6 +253,13 @@ def unverified_arch(arch: str) -> str:
     )
 
 
+def devices_capped(n: int, cap: int) -> str:
+    return (
+        f"{n} devices, but llama.cpp splits a model over at most {cap} (-ts takes fewer values than its 16-device "
+        f"limit): planned over the first {cap}, passed as -dev"
+    )
+
+
 def seq_exceeds_train(n_ctx_seq: int, train: int) -> str:
     return f"n_ctx_seq {n_ctx_seq} exceeds the training context {train}"
 

@@ -26,6 +26,8 @@ from llamafit.request import Request, n_cpu_moe_overrides
 from llamafit.speculative import SpecConfig, SpecOptions, drafter_use
 
 CTX_STEP = 256
+# -ts takes fewer values than llama_max_devices() = 16 (common/arg.cpp:2843, src/llama.cpp:86-88)
+MAX_SPLIT_DEVICES = 15
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,13 @@ def select_gpus(machine: Machine, req: Request) -> list[Device]:
         gpus = chosen
     if req.split_mode == "none" and gpus:
         gpus = [gpus[min(req.main_gpu, len(gpus) - 1)]]
+    if len(gpus) > MAX_SPLIT_DEVICES:
+        if req.devices is not None:
+            raise UsageError(
+                f"-dev names {len(gpus)} devices; llama.cpp splits a model over at most {MAX_SPLIT_DEVICES}",
+                hint="name fewer devices with -dev",
+            )
+        gpus = gpus[:MAX_SPLIT_DEVICES]  # the plan says so (messages.devices_capped)
     return gpus
 
 

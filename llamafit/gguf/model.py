@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TypeVar, cast
 
 from llamafit.errors import BadModelFileError, ModelNotFoundError
+from llamafit.gguf.checks import check_arch
 from llamafit.gguf.hparams import Hparams, resolve_hparams
 from llamafit.gguf.reader import GGUFHeader, TensorInfo, read_file_header
 from llamafit.gguf.tensors import is_matmul_weight, layer_of
@@ -153,6 +154,7 @@ def model_from_headers(headers: Sequence[GGUFHeader], names: Sequence[str]) -> M
                 f"{names[0]}: corrupted split set: {total} tensors expected but {found} found",
                 hint="one of the shards is from another conversion; download the set again",
             )
+    check_arch(first.kv, names[0])
     hp = resolve_hparams(first.kv, names[0])
     seen: set[str] = set()
     tensors: list[Tensor] = []

@@ -14,13 +14,16 @@ never reads, prints or logs it.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
 import os
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from llamafit.errors import AccessError, BadModelFileError, LlamafitError, ModelNotFoundError, NetworkError
 from llamafit.gguf.reader import GGUFHeader, read_header
@@ -29,7 +32,44 @@ from llamafit.hub.select import HubFile
 
 FIRST_RANGE = 64 << 10  # then doubling (gguf.reader), so a small header costs one or two requests
 MAX_REMOTE_HEADER = 64 << 20  # the largest real headers (262k-token vocabularies) are under 16 MiB
-TIMEOUT = 20.0  # seconds per request
+TIMEOUT = 20.0  # seconds per request (LLAMAFIT_HUB_TIMEOUT changes it)
+T = TypeVar("T")
+
+
+def hub_timeout() -> float:
+    """Seconds one Hub request may take: $LLAMAFIT_HUB_TIMEOUT, else TIMEOUT."""
+    raw = os.environ.get("LLAMAFIT_HUB_TIMEOUT", "")
+    try:
+        v = float(raw)
+    except ValueError:
+        return TIMEOUT
+    return v if 0 < v < 3600 else TIMEOUT
+
+
+def bounded(fn: Callable[[], T], seconds: float, what: str) -> T:
+    """``fn()`` with a deadline, for library calls that take no timeout (huggingface_hub's paginated
+    tree listing runs on a client without one): past it, a NetworkError; the worker is left to the
+    daemon thread it runs on."""
+    box: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # handed to the caller's thread as it is
+            box["error"] = e
+
+    t = threading.Thread(target=work, name=what, daemon=True)
+    t.start()
+    t.join(seconds)
+    if t.is_alive():
+        raise NetworkError(
+            f"{what} got no answer within {seconds:.0f} s",
+            hint="the Hub (HF_ENDPOINT) may be stalled: try again, raise LLAMAFIT_HUB_TIMEOUT, or plan from the "
+            "cache with --offline",
+        )
+    if "error" in box:
+        raise box["error"]
+    return cast(T, box["value"])
 
 
 def endpoint_from_env(env: dict[str, str] | None = None) -> str:
@@ -39,7 +79,7 @@ def endpoint_from_env(env: dict[str, str] | None = None) -> str:
 
 
 @contextmanager
-def translated(repo: str, what: str) -> Iterator[None]:
+def translated(repo: str, what: str, endpoint: str = "") -> Iterator[None]:
     """huggingface_hub's and the transport's exceptions, as llamafit errors with what to do next."""
     from huggingface_hub import errors as hf
 
@@ -71,12 +111,17 @@ def translated(repo: str, what: str) -> Iterator[None]:
         if status in (401, 403):
             raise AccessError(f"the Hub refused {what} for {repo} (HTTP {status})", hint="set HF_TOKEN") from None
         raise NetworkError(f"the Hub answered HTTP {status} to {what} for {repo}", hint="try again later") from None
+    except json.JSONDecodeError:  # a JSON body that is not one: a proxy's or a portal's page, not the Hub's API
+        raise NetworkError(
+            f"{endpoint or 'the Hub'} did not answer {what} for {repo} like the Hub (not its JSON API)",
+            hint="check HF_ENDPOINT / MODEL_ENDPOINT and proxies, or plan from the cache with --offline",
+        ) from None
     except Exception as e:
         mod = type(e).__module__
         if mod.startswith(("httpx", "httpcore", "requests", "urllib3", "ssl", "socket")) or isinstance(e, OSError):
             kind = "timed out" if "timeout" in type(e).__name__.lower() else "failed"
             raise NetworkError(
-                f"{what} for {repo} {kind}: {type(e).__name__}",
+                f"{what} for {repo} at {endpoint or 'the Hub'} {kind}: {type(e).__name__}",
                 hint="check the network (HF_ENDPOINT, proxies), or plan from the cache with --offline",
             ) from None
         raise
@@ -138,16 +183,22 @@ class HubClient:
     def listing(self, repo: str, revision: str | None = None) -> Listing:
         """The commit ``revision`` (default: the default branch) points at, and its files with sizes."""
         api = self._api()
-        with translated(repo, "listing the repo"):
-            info = api.model_info(repo, revision=revision, timeout=TIMEOUT)
+        timeout = hub_timeout()
+        with translated(repo, "listing the repo", self.endpoint):
+            info = api.model_info(repo, revision=revision, timeout=timeout)
             commit = str(info.sha)
-            files = []
-            for entry in api.list_repo_tree(repo, recursive=True, revision=commit):
-                if type(entry).__name__ != "RepoFile":
-                    continue
-                lfs = getattr(entry, "lfs", None)
-                oid = getattr(lfs, "sha256", None) if lfs is not None else getattr(entry, "blob_id", None)
-                files.append(HubFile(str(entry.path), int(entry.size), str(oid) if oid else None))
+
+            def tree() -> list[HubFile]:
+                files = []
+                for entry in api.list_repo_tree(repo, recursive=True, revision=commit):
+                    if type(entry).__name__ != "RepoFile":
+                        continue
+                    lfs = getattr(entry, "lfs", None)
+                    oid = getattr(lfs, "sha256", None) if lfs is not None else getattr(entry, "blob_id", None)
+                    files.append(HubFile(str(entry.path), int(entry.size), str(oid) if oid else None))
+                return files
+
+            files = bounded(tree, 3 * timeout, f"listing the files of {repo} at {self.endpoint}")
         return Listing(repo, commit, tuple(files), bool(getattr(info, "gated", False)))
 
     # -- headers -----------------------------------------------------------------------------------
@@ -187,8 +238,8 @@ class HubClient:
             headers["Range"] = f"bytes={offset}-{offset + n - 1}"
             headers["Accept-Encoding"] = "identity"
             with (
-                translated(repo, f"reading the header of {path}"),
-                get_session().stream("GET", url, headers=headers, timeout=TIMEOUT, follow_redirects=True) as r,
+                translated(repo, f"reading the header of {path}", self.endpoint),
+                get_session().stream("GET", url, headers=headers, timeout=hub_timeout(), follow_redirects=True) as r,
             ):
                 if r.status_code >= 400:
                     r.read()
@@ -222,11 +273,47 @@ class HubClient:
 
     # -- downloads ---------------------------------------------------------------------------------
 
-    def download(self, repo: str, commit: str, path: str, hub_dir: Path) -> str:
+    def download(self, repo: str, commit: str, f: HubFile, hub_dir: Path) -> str:
         from huggingface_hub import hf_hub_download
 
-        with translated(repo, f"downloading {path}"):
-            return str(hf_hub_download(repo, path, revision=commit, cache_dir=str(hub_dir), endpoint=self.endpoint))
+        if f.oid:
+            clean_stale_downloads(hub_dir, repo, f.oid)
+        with translated(repo, f"downloading {f.path}", self.endpoint):
+            return str(hf_hub_download(repo, f.path, revision=commit, cache_dir=str(hub_dir), endpoint=self.endpoint))
+
+
+def clean_stale_downloads(hub_dir: Path, repo: str, etag: str) -> list[Path]:
+    """Remove what an interrupted download of one blob left (``<etag>.<id>.incomplete``: huggingface_hub
+    writes to a file of its own per process and cannot resume another's), but only while no process
+    holds that blob's download lock (``.locks/<repo folder>/<etag>.lock``, the lock it takes)."""
+    import fcntl
+
+    folder = repo_folder(hub_dir, repo)
+    blobs = folder / "blobs"
+    stale = [p for p in blobs.glob(f"{etag}*.incomplete")] if blobs.is_dir() else []
+    if not stale:
+        return []
+    lock = hub_dir / ".locks" / folder.name / f"{etag}.lock"
+    try:
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        return []
+    removed = []
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return []  # a download of this blob is running now: its file is not stale
+    try:
+        for p in stale:
+            with contextlib.suppress(OSError):
+                p.unlink()
+                removed.append(p)
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+    return removed
 
 
 def write_ref(hub_dir: Path, repo: str, branch: str, commit: str) -> None:

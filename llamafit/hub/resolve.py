@@ -265,7 +265,7 @@ class Hub:
             )
         done: set[tuple[str, str]] = set()
         for st, f in items:
-            self.client.download(st.repo, st.commit, f.path, self.hub_dir)
+            self.client.download(st.repo, st.commit, f, self.hub_dir)
             done.add((st.repo, st.branch))
         for st, _ in items:
             if st.branch and (st.repo, st.branch) in done:

@@ -36,7 +36,8 @@ class LocalFiles:
         return find_sidecars(target_path)
 
     def exists(self, path: str) -> bool:
-        return os.path.exists(path)
+        # a regular file only: a folder or a FIFO given as a drafter is not one (and a FIFO would block)
+        return os.path.isfile(path)
 
     def size(self, path: str) -> int | None:
         try:
@@ -80,7 +81,8 @@ def _open_drafter(path: str, source: str, kind_hint: str | None, files: DrafterF
     part) is *unsized*: priced with a reserve and reported, rather than refused (llama-server, not
     llamafit, has the last word on it)."""
     if not files.exists(path):
-        raise ModelNotFoundError(f"drafter not found: {path}", hint="check the --draft / -md path")
+        what = "is not a file" if os.path.exists(path) else "not found"
+        raise ModelNotFoundError(f"drafter {path} {what}", hint="give a GGUF file with --draft / -md")
     try:
         m = files.open(path)
     except (AccessError, NetworkError):

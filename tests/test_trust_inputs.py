@@ -1,0 +1,103 @@
+"""Files and flags llama-server would refuse (or abort on) are caught at plan time, with the key, tensor
+or flag named: exit 7 for a model file, 2 for a flag, 4 for a drafter that is not a file."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import factory
+import pytest
+from typer.testing import CliRunner
+
+from llamafit.cli.app import app
+from llamafit.errors import ExitCode
+
+A = "llama"
+
+
+def drop(key: str) -> Callable[[factory.Shape], None]:
+    return lambda s: s.kv.pop(key)
+
+
+def setkv(key: str, value: object) -> Callable[[factory.Shape], None]:
+    return lambda s: s.kv.__setitem__(key, value)
+
+
+def no_block(il: int) -> Callable[[factory.Shape], None]:
+    return lambda s: s.tensors.__setitem__(slice(None), [t for t in s.tensors if not t.name.startswith(f"blk.{il}.")])
+
+
+BROKEN = {
+    "unknown architecture": (lambda s: setattr(s, "arch", "llama-nova"), "unknown model architecture 'llama-nova'"),
+    "no context_length": (drop(f"{A}.context_length"), f"{A}.context_length is missing"),
+    "context_length 0": (setkv(f"{A}.context_length", 0), "context_length = 0"),
+    "context_length absurd": (setkv(f"{A}.context_length", 1 << 40), "is not a usable training context"),
+    "head_count 0": (setkv(f"{A}.attention.head_count", 0), "head_count is 0"),
+    "key of the wrong type": (setkv(f"{A}.attention.head_count", "eight"), "head_count should be an integer"),
+    "array too short": (setkv(f"{A}.attention.head_count", [8, 8]), "head_count has 2 entries for 4 layers"),
+    "block_count past the tensors": (setkv(f"{A}.block_count", 6), "block 4 has no tensors"),
+    "a block missing": (no_block(2), "block 2 has no tensors"),
+    "more experts used than exist": (
+        lambda s: s.kv.update({f"{A}.expert_count": 4, f"{A}.expert_used_count": 8}),
+        "4 experts with 8 used",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BROKEN))
+def test_a_file_llama_server_would_refuse(tmp_path: Path, case: str) -> None:
+    shape = factory.dense()
+    change, said = BROKEN[case]
+    if case == "unknown architecture":
+        shape.kv = {k.replace(f"{A}.", "llama-nova."): v for k, v in shape.kv.items()}
+    change(shape)
+    path = shape.write(tmp_path / "m.gguf")
+    r = CliRunner().invoke(app, ["plan", str(path), "--gpu", "8GiB"])
+    assert r.exit_code == ExitCode.BAD_MODEL_FILE, r.output
+    assert said in r.stderr and "Traceback" not in r.output
+
+
+def test_a_projector_given_as_the_model(tmp_path: Path) -> None:
+    path = factory.gemma3_siglip_896(2560).write(tmp_path / "mmproj.gguf")
+    r = CliRunner().invoke(app, ["plan", str(path), "--gpu", "8GiB"])
+    assert r.exit_code == ExitCode.BAD_MODEL_FILE and "--mmproj" in r.stderr
+
+
+def test_a_sound_file_passes(tmp_path: Path) -> None:
+    r = CliRunner().invoke(app, ["plan", str(factory.dense().write(tmp_path / "m.gguf")), "--gpu", "8GiB"])
+    assert r.exit_code == 0, r.output
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["-ot", "exps=NOPE"], "no buffer type 'NOPE'"),
+        (["-ot", "exps=cpu"], "no buffer type 'cpu'"),  # llama.cpp matches buffer names exactly
+        (["-ngl", "99999999999999999999"], "out of range"),
+        (["-c", "4294967296"], "out of range"),
+        (["--rpc", ""], "empty endpoint"),
+        (["--rpc", "127.0.0.1:50052,"], "empty endpoint"),
+    ],
+)
+def test_a_flag_llama_server_would_refuse(tmp_path: Path, args: list[str], said: str) -> None:
+    path = factory.dense().write(tmp_path / "m.gguf")
+    r = CliRunner().invoke(app, ["plan", str(path), "--gpu", "8GiB", "--", *args])
+    assert r.exit_code == ExitCode.USAGE, r.output
+    assert said in r.stderr
+
+
+@pytest.mark.parametrize("kind", ["folder", "fifo"])
+def test_a_drafter_that_is_not_a_file(tmp_path: Path, kind: str) -> None:
+    path = factory.dense().write(tmp_path / "m.gguf")
+    draft = tmp_path / "draft"
+    if kind == "folder":
+        draft.mkdir()
+    else:
+        os.mkfifo(draft)
+    t = time.monotonic()
+    r = CliRunner().invoke(app, ["plan", str(path), "--gpu", "8GiB", "--draft", str(draft)])
+    assert r.exit_code == ExitCode.MODEL_NOT_FOUND, r.output
+    assert "is not a file" in r.stderr and time.monotonic() - t < 10
