@@ -144,7 +144,11 @@ def apply_cuda_visible(gpus: Sequence[PhysicalGpu], env: str | None) -> list[Phy
 
 
 def parse_gpu_spec(spec: str) -> tuple[int, int]:
-    """``--gpu FREE[/TOTAL]`` -> (free, total). A bare size is both."""
+    """``--gpu FREE[/TOTAL]`` -> (free, total). A bare size is both; each needs a unit (a bare number
+    would be MiB, and ``--gpu 24`` almost always meant GiB)."""
+    for part in spec.split("/", 1):
+        if re.fullmatch(r"\s*[\d.]+\s*", part):
+            raise UsageError(f"--gpu {spec}: give a unit", hint=f"e.g. --gpu {part.strip()}GiB (or MiB)")
     if "/" in spec:
         a, b = spec.split("/", 1)
         free, total = parse_size(a), parse_size(b)
@@ -180,9 +184,13 @@ def discover(
     """
     env = os.environ if environ is None else environ
     h = host if host is not None else host_memory()
-    if cpu_only:
+    if cpu_only and not gpu_specs:
         return Machine((), h, ("--cpu-only: planning for host memory only",))
     if gpu_specs:
+        if cpu_only:
+            raise UsageError(
+                "--cpu-only and --gpu: choose one", hint="--gpu describes GPUs; --cpu-only plans without any"
+            )
         devs = []
         for i, spec in enumerate(gpu_specs):
             free, total = parse_gpu_spec(spec)

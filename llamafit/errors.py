@@ -6,6 +6,7 @@ The CLI translates them once, at the edge (``llamafit.cli.app``); nothing in the
 from __future__ import annotations
 
 from enum import IntEnum
+from typing import Any
 
 
 class ExitCode(IntEnum):
@@ -39,6 +40,12 @@ class UsageError(LlamafitError):
 
 
 class DoesNotFitError(LlamafitError):
+    """``plan``: the plan that could not be made (the closest one tried), for --json; ``argv`` its
+    command line once composed."""
+
+    plan: Any = None
+    argv: list[str] | None = None
+
     exit_code = ExitCode.DOES_NOT_FIT
 
 

@@ -12,6 +12,8 @@ from enum import Enum
 
 DEFAULT_MIN_CTX = 4096  # same floor as llama.cpp's --fit-ctx
 DEFAULT_MARGIN_MIB = 1024  # same as llama.cpp's --fit-target; covers CUDA pool growth at run time
+# llama.cpp keeps the training context in 32 bits and sizes per cell; beyond this no real model goes
+MAX_CTX_TRAIN = 1 << 27
 
 
 @dataclass(frozen=True)

@@ -152,6 +152,7 @@ def to_json(plan: Plan, argv: list[str]) -> dict[str, Any]:
                 "margin": d.device.free - d.usable,
                 "layers": d.layers,
                 "use": d.use.as_dict(),
+                "need": d.use.total,
                 "fits": d.fits,
             }
             for d in plan.devices
@@ -162,9 +163,15 @@ def to_json(plan: Plan, argv: list[str]) -> dict[str, Any]:
             "usable": plan.host.usable,
             "use": plan.host.use.as_dict(),
             "unified": plan.host.unified,
+            "need": plan.host.use.total + plan.host.unified,
             "fits": plan.host.fits,
         },
         "fits": plan.fits,
+        # bytes each device that does not hold the plan misses by (empty when it fits)
+        "shortfall": {
+            **{d.device.id: d.use.total - d.usable for d in plan.devices if not d.fits},
+            **({"host": plan.host.use.total + plan.host.unified - plan.host.usable} if not plan.host.fits else {}),
+        },
         "speculative": plan.speculative.as_dict() if plan.speculative else None,
         "mmproj": _mmproj_json(plan.mmproj),
         "decisions": [{"code": d.code, "message": d.message} for d in plan.decisions],

@@ -18,7 +18,7 @@ from llamafit.capabilities import ASSUMED, Capabilities, probe
 from llamafit.compat import normalize_bare_flash_attn, supported, translate_user_args
 from llamafit.devices import Machine, discover
 from llamafit.environment import ChildEnv, child_env, config_findings
-from llamafit.errors import LlamafitError, UsageError
+from llamafit.errors import DoesNotFitError, LlamafitError, UsageError
 from llamafit.fit import make_plan
 from llamafit.gguf.checks import check_model
 from llamafit.gguf.mmproj import read_projector
@@ -138,10 +138,15 @@ def prepare(
     def calib(s: LoadSettings, devices: tuple[str, ...]) -> Corrections:
         return corrections(info, s, devices)
 
-    plan = make_plan(
-        info, mach, req, opts, caps, calib if o.calibrate else None, mmproj=projector,
-        mmproj_measured=measured_mmproj_compute if o.calibrate else None, drafter_files=hub,
-    )  # fmt: skip
+    try:
+        plan = make_plan(
+            info, mach, req, opts, caps, calib if o.calibrate else None, mmproj=projector,
+            mmproj_measured=measured_mmproj_compute if o.calibrate else None, drafter_files=hub,
+        )  # fmt: skip
+    except DoesNotFitError as e:
+        if e.plan is not None:
+            e.argv = compose(srv.path if srv else "llama-server", supported(e.plan.planned, caps)[0], user)
+        raise
     planned, dropped = supported(plan.planned, caps)
     argv = compose(srv.path if srv else "llama-server", planned, user)
     notes += [*dropped, *config_findings(os.environ, parse_server_args(argv[1:]))]

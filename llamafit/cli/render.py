@@ -180,11 +180,13 @@ def device_block(name: str, desc: str, total: int, parts: list[tuple[str, int]],
     return lines
 
 
-def plan_view(plan: Any, width: int = 80) -> list[Text]:
-    """The plan at a glance: a bar per device, then the decisions in plain sentences."""
+def plan_view(plan: Any, width: int = 80, text_width: int | None = None) -> list[Text]:
+    """The plan at a glance: a bar per device (``width`` columns), then the decisions in plain sentences
+    (wrapped at ``text_width``, default ``width``: a pipe gets them whole)."""
+    tw = text_width or width
     cp = plan.footprint.context
     out: list[Text] = []
-    out.append(Text(safe_plain(plan.model.name)[:width], style="bold"))
+    out.append(Text(safe_plain(plan.model.name)[:tw], style="bold"))
     slots = f"{cp.n_seq_max} slot{'s' if cp.n_seq_max != 1 else ''}" + (
         " sharing one KV cache" if cp.kv_unified and cp.n_seq_max > 1 else ""
     )
@@ -209,18 +211,19 @@ def plan_view(plan: Any, width: int = 80) -> list[Text]:
     out += [Text(line.plain, style="dim") for line in pack_items(
         [f"{ch} {name}" for ch, name, _ in SEGMENTS], width, indent="")]  # fmt: skip
     out.append(Text(""))
-    out.append(Text("Decisions", style="bold"))
+    if plan.decisions:
+        out.append(Text("Decisions", style="bold"))
     for dec in plan.decisions:
-        out += wrapped(safe_plain(dec.message), width, "  - ", "    ")
+        out += wrapped(safe_plain(dec.message), tw, "  - ", "    ")
     if plan.warnings:
         out.append(Text("Warnings", style="bold yellow"))
         for w in plan.warnings:
-            out += wrapped(safe_plain(w), width, "  ! ", "    ", style="yellow")
+            out += wrapped(safe_plain(w), tw, "  ! ", "    ", style="yellow")
     return out
 
 
 def print_plan(console: Console, plan: Any, argv: list[str]) -> None:
-    for line in plan_view(plan, min(console.width, 100)):
+    for line in plan_view(plan, min(console.width, 100), console.width):
         console.print(line, soft_wrap=True)
     console.print(Text(""))
     console.print(Text(shellwords.join(argv)), soft_wrap=True)
@@ -248,7 +251,8 @@ def memory_tables(rows: list[Row]) -> list[Table]:
             t.add_column(col, justify="right" if "MiB" in col or col == "diff" else "left")
         for r in by_dev[dev]:
             actual = "-" if r.actual_mib is None else f"{r.actual_mib:.2f}"
-            diff = "" if r.diff_mib is None else f"{r.diff_mib:+.2f}"
+            # a difference under the log's precision is no difference: never "-0.00"
+            diff = "" if r.diff_mib is None else f"{0.0 if abs(r.diff_mib) < 0.005 else r.diff_mib:+.2f}"
             t.add_row(
                 r.context, r.buft, r.kind, f"{r.predicted / MiB:.2f}", actual, diff + ("" if r.within else " [red]!")
             )

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from llamafit import shellwords
 from llamafit.calibration import HistoryNotWritten, record
-from llamafit.cli.output import err_console, error, print_json, progress_console, safe
+from llamafit.cli.output import err_console, error, print_json, print_line, progress_console, safe
 from llamafit.cli.render import memory_tables, rows_json
 from llamafit.compare import Row, compare, compare_mmproj
 from llamafit.errors import ExitCode
@@ -78,6 +78,8 @@ def supervise(
         rows = compare_all(prep, log)
         off = [r for r in rows if not r.within]
         err.print(f"[green]llamafit: ready[/] at {safe(url)}")
+        if not json_out:
+            print_line(url)  # data: where the server listens, for scripts (also under --quiet)
         drift = free_drift(prep, log)
         if json_out:
             doc = {
@@ -131,7 +133,18 @@ def exit_reason(code: int) -> str:
 
 
 def record_launch(prep: Prepared, log: LoadLog) -> None:
-    """What the server really allocated, beside what was predicted: the calibration of later plans."""
+    """What the server really allocated, beside what was predicted: the calibration of later plans.
+    Only when the server used the devices the plan was made for (a plan for a described --gpu, or a
+    card that vanished, would teach the next plan the wrong thing)."""
+    planned = {d.device.id for d in prep.plan.devices}
+    used = {prep.plan.buffer_aliases.get(n, n) for n in log.device_free_mib}
+    if planned != used:
+        was, now = ", ".join(sorted(planned)) or "no GPU", ", ".join(sorted(used)) or "no GPU"
+        progress_console().print(
+            f"[yellow]llamafit: not recorded for calibration:[/] the server used {safe(now)}, "
+            f"the plan was for {safe(was)}"
+        )
+        return
     actual: dict[str, dict[str, float]] = {}
     ctx = log.context("target")
     if ctx is not None:

@@ -21,14 +21,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from llamafit.argv import Planned
 from llamafit.calibration import Corrections
 from llamafit.capabilities import ASSUMED, Capabilities
-from llamafit.devices import Machine
+from llamafit.devices import Device, Machine
 from llamafit.errors import UsageError
 from llamafit.fit import messages
 from llamafit.fit.argv_plan import planned_argv, server_defaults
 from llamafit.fit.policy import Outcome, fit_with_policy
-from llamafit.fit.projector import place_projector
+from llamafit.fit.projector import ProjectorPlacement, place_projector
 from llamafit.fit.search import CTX_STEP, MAX_SPLIT_DEVICES, Search, Trial, select_gpus
 from llamafit.gguf.hparams import UNVERIFIED_MEMORY_ARCHS
 from llamafit.gguf.mmproj import Projector
@@ -38,7 +39,7 @@ from llamafit.memory.context import check_cache_types, checkpoint_bytes
 from llamafit.memory.footprint import LoadSettings, Use
 from llamafit.memory.mmproj import MmprojUse
 from llamafit.memory.placement import CPU
-from llamafit.plan import Decision, DevicePlan, HostPlan, Plan
+from llamafit.plan import Decision, DevicePlan, HostPlan, Plan, SpecReport
 from llamafit.request import Request
 from llamafit.speculative import Drafter, DrafterFiles, SpecOptions, choose
 from llamafit.units import MiB, pad
@@ -78,7 +79,12 @@ def make_plan(
     pinned = req.n_gpu_layers is not None or req.tensor_split is not None or req.overrides is not None
     out = fit_with_policy(search, base, lo, hi, pinned, choice, opts, caps)
     if out.trial is None or out.placement is None:
-        raise search.refusal(base, lo, out.spec)
+        err, closest = search.refusal(base, lo, out.spec)
+        planned = planned_argv(model, closest.settings, closest.fp.context.n_ctx, gpus, req, machine, out.spec, opts)
+        # the plan that could not be made, for --json: the closest end, with what each device misses by
+        err.plan = _assemble(model, machine, req, search, gpus, closest, out.report, planned, projector,
+                             [Decision("fit.none", err.message)], [*calib.notes, *projector.warnings])  # fmt: skip
+        raise err
     t = out.trial
     planned = planned_argv(model, t.settings, t.fp.context.n_ctx, gpus, req, machine, out.spec, opts)
 
@@ -100,9 +106,21 @@ def make_plan(
         decisions.append(messages.left_to_llama_cpp(machine.blind))
     warnings = [*calib.notes, *projector.warnings, *_model_warnings(model, mmproj, choice.notes, choice.drafter)]
     warnings += _load_warnings(model, t, out, opts, search)
+    train = hp.n_ctx_train or 4096
+    if not req.ctx and not req.ctx_full and req.min_ctx > train:
+        warnings.append(messages.min_ctx_above_training(req.min_ctx, train))
     if len(gpus) < len(machine.gpus) and req.devices is None and len(gpus) == MAX_SPLIT_DEVICES:
         warnings.append(messages.devices_capped(len(machine.gpus), MAX_SPLIT_DEVICES))
 
+    return _assemble(model, machine, req, search, gpus, t, out.report, planned, projector, decisions, warnings)
+
+
+def _assemble(
+    model: ModelInfo, machine: Machine, req: Request, search: Search, gpus: list[Device], t: Trial,
+    report: SpecReport, planned: list[Planned], projector: ProjectorPlacement, decisions: list[Decision],
+    warnings: list[str],
+) -> Plan:  # fmt: skip
+    unified = sum(t.fp.gpus[g].total + t.extra.get(g, Use()).total for g in search.unified)
     layers_on = {g.id: sum(1 for d in t.fp.layer_device if d == g.id) for g in gpus}
     return Plan(
         model=model, settings=t.settings, footprint=t.fp,
@@ -110,7 +128,7 @@ def make_plan(
                                  layers_on[g.id]) for g in gpus),
         host=HostPlan(machine.host, search.host_usable, t.fp.host + t.extra.get(CPU, Use()), unified),
         decisions=tuple(decisions), warnings=tuple(warnings), planned=tuple(planned), margin=req.margin,
-        notes=machine.notes, draft_footprint=t.draft, speculative=out.report, mmproj=projector.use,
+        notes=machine.notes, draft_footprint=t.draft, speculative=report, mmproj=projector.use,
         buffer_aliases=backends.rpc_buffer_aliases({g.id: g.endpoint for g in machine.gpus if g.endpoint}),
         blind=machine.blind,
     )  # fmt: skip
@@ -151,9 +169,9 @@ def _context_bounds(model: ModelInfo, req: Request, base: LoadSettings) -> tuple
 def _context_decisions(model: ModelInfo, req: Request, t: Trial) -> list[Decision]:
     train = model.hparams.n_ctx_train or 4096
     if req.ctx_full:
-        return [messages.context_user(train, full=True)]
+        return [messages.context_user(train, train, full=True)]
     if req.ctx:
-        return [messages.context_user(pad(req.ctx, CTX_STEP), full=False)]
+        return [messages.context_user(req.ctx, pad(req.ctx, CTX_STEP), full=False)]
     return [messages.context_chosen(t.fp.context.n_ctx, train, req.min_ctx, req.margin)]
 
 

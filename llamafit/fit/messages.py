@@ -58,10 +58,18 @@ def placement_partial(ngl: int, n_units: int, on: str) -> Decision:
 # -- context, slots, calibration, flags -------------------------------------------------------------
 
 
-def context_user(n_ctx: int, full: bool) -> Decision:
+def context_user(asked: int, n_ctx: int, full: bool) -> Decision:
     if full:
         return Decision("context.user", f"Context {n_ctx} (-c 0: the model's training context).")
-    return Decision("context.user", f"Context {n_ctx} as requested with -c.")
+    padded = f" (llama-server pads it to {n_ctx})" if n_ctx != asked else ""
+    return Decision("context.user", f"Context {asked} as requested with -c{padded}.")
+
+
+def min_ctx_above_training(min_ctx: int, train: int) -> str:
+    return (
+        f"--min-ctx {min_ctx} is above the model's training context {train}: planning {train} "
+        "(pass -c to ask for more, at the model's own risk)"
+    )
 
 
 def context_chosen(n_ctx: int, train: int, min_ctx: int, margin: int) -> Decision:

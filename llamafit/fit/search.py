@@ -302,16 +302,21 @@ class Search:
                 return r, messages.placement_partial(a, n_units, messages.where(r.settings, self.ids))
         return None, None
 
-    def refusal(self, base: LoadSettings, ctx: int, spec: SpecConfig) -> DoesNotFitError:
+    def refusal(self, base: LoadSettings, ctx: int, spec: SpecConfig) -> tuple[DoesNotFitError, Trial]:
         """Why nothing fits, with the two ends: everything on the GPUs, and everything the GPUs cannot
-        hold on the host."""
+        hold on the host; and the end that misses by less, as the plan that could not be made."""
         s = replace(base, n_ctx=ctx)
         needs = []
+        ends = []
         if self.ids:
             on_gpu = self.run(replace(s, n_gpu_layers=-1) if base.n_gpu_layers == -1 else s, spec)
             needs = [(g, on_gpu.total(g), self.usable[g]) for g in self.ids]
+            ends.append(on_gpu)
         on_host = self.run(replace(s, n_gpu_layers=0, overrides=()) if base.overrides == () else s, spec)
-        return messages.does_not_fit(
+        ends.append(on_host)
+        err = messages.does_not_fit(
             self.model.name, spec.drafter is not None, on_host.fp.context.n_ctx, needs,
             (on_host.total(CPU), self.host_usable), bool(self.ids), any(dev != CPU for dev in self.fixed),
         )  # fmt: skip
+        # an end that fits was ruled out by the user's placement (-ngl, -ot): not the plan to show
+        return err, min([t for t in ends if not t.ok] or ends, key=lambda t: t.over)

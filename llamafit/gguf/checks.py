@@ -15,10 +15,9 @@ from collections.abc import Iterable, Mapping
 from llamafit.errors import BadModelFileError
 from llamafit.gguf.archs import ARCHS
 from llamafit.gguf.hparams import Hparams
+from llamafit.options import MAX_CTX_TRAIN
 
 MAX_EXPERTS = 1024  # LLAMA_MAX_EXPERTS, src/llama-hparams.h:12
-# llama.cpp keeps the training context in 32 bits and sizes per cell; beyond this no real model goes
-MAX_CTX_TRAIN = 1 << 27
 
 
 def check_arch(kv: Mapping[str, object], src: str) -> None:
