@@ -65,8 +65,7 @@ def make_plan(
     ``mmproj_measured`` what a past launch measured for the projector's compute buffer.
     """
     opts = opts or SpecOptions(mode="off")
-    hp = model.hparams
-    if problem := check_cache_types(hp, req.type_k, req.type_v, req.flash_attn):
+    if problem := check_cache_types(model.hparams, req.type_k, req.type_v, req.flash_attn):
         raise UsageError(f"llama-server would refuse this: {problem}", hint="adjust -ctk/-ctv/-fa")
     gpus = select_gpus(machine, req)
     check_buffer_types(req, opts, machine)
@@ -87,9 +86,28 @@ def make_plan(
         raise err
     t = out.trial
     planned = planned_argv(model, t.settings, t.fp.context.n_ctx, gpus, req, machine, out.spec, opts)
+    decisions = _decisions(model, machine, req, search, t, out, planned, calib, projector)
+    warnings = [*calib.notes, *projector.warnings, *_model_warnings(model, mmproj, choice.notes, choice.drafter)]
+    warnings += _load_warnings(model, t, out, opts, search)
+    if not req.ctx and not req.ctx_full and req.min_ctx > _train(model):
+        warnings.append(messages.min_ctx_above_training(req.min_ctx, _train(model)))
+    if len(gpus) < len(machine.gpus) and req.devices is None and len(gpus) == MAX_SPLIT_DEVICES:
+        warnings.append(messages.devices_capped(len(machine.gpus), MAX_SPLIT_DEVICES))
+    return _assemble(model, machine, req, search, gpus, t, out.report, planned, projector, decisions, warnings)
 
+
+def _train(model: ModelInfo) -> int:
+    """The training context (llama.cpp's 4096 when a file has none)."""
+    return model.hparams.n_ctx_train or 4096
+
+
+def _decisions(
+    model: ModelInfo, machine: Machine, req: Request, search: Search, t: Trial, out: Outcome,
+    planned: list[Planned], calib: Corrections, projector: ProjectorPlacement,
+) -> list[Decision]:  # fmt: skip
+    """Every choice the plan made, context first, each with its reason."""
     decisions = [*_context_decisions(model, req, t), *filter(None, [messages.calibration_applied(calib)])]
-    decisions += [*projector.decisions, out.placement]
+    decisions += [*projector.decisions, out.placement] if out.placement else [*projector.decisions]
     if out.report.message:
         decisions.append(Decision(out.report.code, out.report.message))
     if req.n_seq is None:
@@ -98,21 +116,13 @@ def make_plan(
         decisions.append(messages.fit_off())
     if any(backends.kind(dev) == "rpc" for dev in t.fp.layer_device):
         decisions.append(messages.rpc_network(t.fp.layer_device, machine))
-    unified = sum(t.fp.gpus[g].total + t.extra.get(g, Use()).total for g in search.unified)
     if search.unified:
+        unified = sum(t.fp.gpus[g].total + t.extra.get(g, Use()).total for g in search.unified)
         host_use = t.fp.host.total + t.extra.get(CPU, Use()).total
         decisions.append(messages.unified_memory(search.unified, unified, host_use, search.host_usable))
     if machine.blind:
         decisions.append(messages.left_to_llama_cpp(machine.blind))
-    warnings = [*calib.notes, *projector.warnings, *_model_warnings(model, mmproj, choice.notes, choice.drafter)]
-    warnings += _load_warnings(model, t, out, opts, search)
-    train = hp.n_ctx_train or 4096
-    if not req.ctx and not req.ctx_full and req.min_ctx > train:
-        warnings.append(messages.min_ctx_above_training(req.min_ctx, train))
-    if len(gpus) < len(machine.gpus) and req.devices is None and len(gpus) == MAX_SPLIT_DEVICES:
-        warnings.append(messages.devices_capped(len(machine.gpus), MAX_SPLIT_DEVICES))
-
-    return _assemble(model, machine, req, search, gpus, t, out.report, planned, projector, decisions, warnings)
+    return decisions
 
 
 def _assemble(
@@ -152,7 +162,7 @@ def check_buffer_types(req: Request, opts: SpecOptions, machine: Machine) -> Non
 
 def _context_bounds(model: ModelInfo, req: Request, base: LoadSettings) -> tuple[int, int]:
     """The contexts the search may choose from: [--min-ctx, training context], or exactly the user's -c."""
-    train = model.hparams.n_ctx_train or 4096
+    train = _train(model)
     if req.ctx_full:
         lo = hi = train
     elif req.ctx:
@@ -167,7 +177,7 @@ def _context_bounds(model: ModelInfo, req: Request, base: LoadSettings) -> tuple
 
 
 def _context_decisions(model: ModelInfo, req: Request, t: Trial) -> list[Decision]:
-    train = model.hparams.n_ctx_train or 4096
+    train = _train(model)
     if req.ctx_full:
         return [messages.context_user(train, train, full=True)]
     if req.ctx:
@@ -193,7 +203,7 @@ def _load_warnings(model: ModelInfo, t: Trial, out: Outcome, opts: SpecOptions, 
     """What the chosen load implies: a context past training, host RAM that grows at run time."""
     hp = model.hparams
     cp = t.fp.context
-    train = hp.n_ctx_train or 4096
+    train = _train(model)
     warnings = [messages.seq_exceeds_train(cp.n_ctx_seq, train)] if cp.n_ctx_seq > train and train else []
     # context checkpoints (sliding-window and recurrent models) and the prompt cache (docs/memory-model.md §5.5)
     checkpoints = (hp.swa_type != "none" and not cp.swa_full) or any(hp.is_recr)
