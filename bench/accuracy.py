@@ -31,13 +31,13 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 
 import factory  # noqa: E402
 import shapes  # noqa: E402
-from realserver import run_argv  # noqa: E402
+from realserver import CREATED_CHECKPOINT, chat_log, run_argv  # noqa: E402
 
 from llamafit.cli.supervise import compare_all  # noqa: E402
 from llamafit.compare import Row  # noqa: E402
 from llamafit.options import Options  # noqa: E402
 from llamafit.prepare import prepare  # noqa: E402
-from llamafit.server import find_server  # noqa: E402
+from llamafit.server import ServerBinary, find_server  # noqa: E402
 from llamafit.units import MiB  # noqa: E402
 
 NR = ["--no-repack"]
@@ -150,6 +150,7 @@ def main() -> None:
             results.append({"case": c.label, "settings": settings, "context": r.context, "kind": r.kind,
                             "buffer": r.buft, "predicted_mib": round(r.predicted / MiB, 3),
                             "actual_mib": r.actual_mib, "rel_error": e, "within": r.within})  # fmt: skip
+    results += checkpoint_rows(files, srv)
     summary = summarize(results)
     print("\nSummary")
     for k, v in summary.items():
@@ -159,6 +160,41 @@ def main() -> None:
     out.write_text(json.dumps({"server": srv.path, "seconds": round(time.time() - t0), "summary": summary,
                                "rows": results}, indent=1))  # fmt: skip
     print(f"\nwrote {out.relative_to(HERE.parent)}")
+
+
+# run-time host memory: the largest context checkpoint the server logs over a growing chat, against
+# checkpoint_bytes (sliding window, hybrid, recurrent; one and two slots, unified or per-slot KV)
+CHECKPOINT_CASES = [
+    ("sliding window: Gemma-3-4B", "gemma3_4b", ["-c", "8192", "-np", "1"]),
+    ("sliding window: Gemma-3-4B", "gemma3_4b", ["-c", "8192", "-np", "2", "-no-kvu"]),
+    ("sliding window: Gemma-3-4B", "gemma3_4b", ["-c", "8192", "-np", "1", "-ctk", "q8_0", "-ctv", "q8_0"]),
+    ("hybrid recurrent: Qwen3.5-style", "hybrid", ["-c", "8192", "-np", "1"]),
+    ("hybrid recurrent: Qwen3.5-style", "hybrid", ["-c", "8192", "-np", "2"]),
+    ("pure recurrent: Mamba-130M", "mamba", ["-c", "4096", "-np", "1"]),
+]
+
+
+def checkpoint_rows(files: dict[str, Path], srv: ServerBinary) -> list[dict[str, object]]:
+    from llamafit.memory.context import checkpoint_bytes
+
+    rows: list[dict[str, object]] = []
+    print("\nContext checkpoints (host RAM at run time)")
+    for label, key, args in CHECKPOINT_CASES:
+        prep = prepare(str(files[key]), Options(server_args=[*NR, *args], spec="off", server=srv.path,
+                                                calibrate=False, cpu_only=True))  # fmt: skip
+        predicted = checkpoint_bytes(prep.plan.model.hparams, prep.plan.footprint.context)
+        prompts = [" hello world" * 60 * k for k in (1, 2, 3)]
+        lines = chat_log(srv, files[key], [*NR, *args, "--checkpoint-min-step", "64"], prompts)
+        logged = [float(m["mib"]) for line in lines if (m := CREATED_CHECKPOINT.search(line))]
+        actual = max(logged) if logged else None
+        e = None if not actual else (predicted / MiB - actual) / actual
+        print(f"  {label:34} [{' '.join(args)}]  predicted {predicted / MiB:.3f} MiB  logged {actual} MiB"
+              f"{'' if e is None else f'  {e * 100:+.2f}%'}")  # fmt: skip
+        within = actual is not None and abs(predicted / MiB - actual) <= 0.0006  # logged as %.3f MiB
+        rows.append({"case": label, "settings": " ".join(args), "context": "target", "kind": "checkpoint",
+                     "buffer": "host", "predicted_mib": round(predicted / MiB, 3), "actual_mib": actual,
+                     "rel_error": e, "within": within})  # fmt: skip
+    return rows
 
 
 def summarize(results: list[dict[str, object]]) -> dict[str, object]:
@@ -177,6 +213,7 @@ def summarize(results: list[dict[str, object]]) -> dict[str, object]:
         "KV exact (to 0.01 MiB)": exact_rate(("kv",)),
         "recurrent state exact": exact_rate(("rs",)),
         "output buffer exact": exact_rate(("output",)),
+        "context checkpoint exact": exact_rate(("checkpoint",)),
     }
     for kind, label in (("model", "weights"), ("compute", "compute")):
         e = errs(kind)

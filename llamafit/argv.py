@@ -77,6 +77,8 @@ FAMILIES: dict[str, frozenset[str]] = {
     "warmup": frozenset({"--warmup"}),
     "batch": frozenset({"--batch-size"}),
     "ubatch": frozenset({"--ubatch-size"}),
+    "ctx-checkpoints": frozenset({"--ctx-checkpoints"}),
+    "cache-ram": frozenset({"--cache-ram"}),
 }
 _FAMILY_OF: dict[str, str] = {k: fam for fam, keys in FAMILIES.items() for k in keys}
 

@@ -43,6 +43,7 @@ class HostPlan:
     usable: int
     use: Use
     unified: int = 0  # what devices that share host memory (unified memory) take from it
+    runtime: Any = None  # llamafit.fit.runtime.RuntimeHost: what grows after the load (checkpoints, prompt cache)
 
     @property
     def fits(self) -> bool:
@@ -164,6 +165,7 @@ def to_json(plan: Plan, argv: list[str]) -> dict[str, Any]:
             "use": plan.host.use.as_dict(),
             "unified": plan.host.unified,
             "need": plan.host.use.total + plan.host.unified,
+            "runtime": _runtime_json(plan.host.runtime),
             "fits": plan.host.fits,
         },
         "fits": plan.fits,
@@ -178,6 +180,21 @@ def to_json(plan: Plan, argv: list[str]) -> dict[str, Any]:
         "warnings": list(plan.warnings),
         "notes": list(plan.notes),
         "blind": list(plan.blind),
+    }
+
+
+def _runtime_json(r: Any) -> dict[str, Any] | None:
+    if r is None:
+        return None
+    return {
+        "checkpoint": r.checkpoint,
+        "checkpoints_per_slot": r.per_slot,
+        "slots": r.slots,
+        "checkpoints": r.checkpoints,
+        "prompt_cache": r.prompt_cache,
+        "total": r.total,
+        "available": r.room,
+        "fits": r.prompt_cache >= 0 and r.total <= r.room,
     }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -105,3 +106,31 @@ def run_until_ready_then_interrupt(
             p.kill()
             p.wait()
     return p.returncode, out, err
+
+
+CREATED_CHECKPOINT = re.compile(r"created context checkpoint \d+ of \d+ .*size = (?P<mib>[\d.]+) MiB")
+
+
+def chat_log(server: ServerBinary, model: Path | str, args: Sequence[str], prompts: Sequence[str]) -> list[str]:
+    """The server's log after it was sent ``prompts`` as completions (a growing chat when each extends the
+    last; alternating between two slots when ``args`` has -np), with the buffer and checkpoint lines."""
+    import http.client
+    import json
+
+    port = free_port()
+    argv = [server.path, "-m", str(model), "--port", str(port), "--host", "127.0.0.1", "--no-warmup", "-lv", "4",
+            "--log-colors", "off", *args]  # fmt: skip
+    sup = Supervisor(argv, server.env())
+    sup.start()
+    try:
+        sup.wait_ready(120)
+        for i, prompt in enumerate(prompts):
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+            body = {"prompt": prompt, "n_predict": 2, "id_slot": i % 2 if "-np" in args else 0, "cache_prompt": True}
+            c.request("POST", "/completion", json.dumps(body), {"Content-Type": "application/json"})
+            status = c.getresponse().status
+            c.close()
+            assert status == 200, f"/completion answered {status}"
+    finally:
+        out = sup.stop()
+    return out.lines

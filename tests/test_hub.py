@@ -127,7 +127,7 @@ def test_the_hub_plan_equals_the_local_plan(hub: FakeHub, files: dict[str, Path]
     for doc in (remote, local):
         for k in ("argv", "model", "downloads", "notes"):
             doc.pop(k, None)
-        for k in ("available", "usable"):  # host RAM moves between two calls of psutil
+        for k in ("available", "usable", "runtime"):  # host RAM moves between two calls of psutil
             doc["host"].pop(k)
     assert remote == local
 

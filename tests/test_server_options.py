@@ -47,11 +47,16 @@ def test_the_generator_reads_what_arg_cpp_declares(tmp_path: Path) -> None:
         ' params.n_ctx = value; }).set_env("LLAMA_ARG_CTX_SIZE"));\n'
         'add_opt(common_arg({"-ot", "--override-tensor"}, "P", "o", [](common_params & params, const std::string & v) {'
         " }).set_examples({LLAMA_EXAMPLE_SERVER}));\n"
+        # a markdown link in the help is not the handler's signature
+        'add_opt(common_arg({"-cram", "--cache-ram"}, "N", string_format("size (default: %d)"'
+        ' "[(more info)](https://github.com/ggml-org/llama.cpp/pull/16391)", 1),'
+        " [](common_params & params, int value) { params.cache_ram_mib = value; }));\n"
     )
     rows = table(GEN["generate"](tmp_path))
     assert rows == (
         ("--ctx-size", ("-c", "--ctx-size"), (), 1, False, "LLAMA_ARG_CTX_SIZE", ("common",), ()),
         ("--override-tensor", ("-ot", "--override-tensor"), (), 1, True, None, ("server",), ()),
+        ("--cache-ram", ("-cram", "--cache-ram"), (), 1, False, None, ("common",), ()),
     )
 
 

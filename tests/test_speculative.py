@@ -226,12 +226,13 @@ def test_rollback_rows_on_a_rollback_architecture(tmp_path: Path) -> None:
     assert mtp.devices[0].use.rs == 4 * off.devices[0].use.rs
 
 
-def test_checkpoints_warn_when_host_ram_would_run_out(tmp_path: Path) -> None:
+def test_checkpoints_and_cache_are_chosen_when_host_ram_would_run_out(tmp_path: Path) -> None:
     m = load_model(factory.gemma3(n_layer=6).write(tmp_path / "g.gguf"))
     small = Machine((gpu(0, 24),), Host(total=8 * GiB, available=int(0.3 * GiB)))
     a = parse_server_args(["-c", "16384"])
     p = make_plan(m, small, build_request(a, margin=64 * MiB), spec_options(a))
-    assert any("--cache-ram" in w for w in p.warnings)
+    assert p.decision("runtime.host") and "--cache-ram" in argv(p)
+    assert p.host.runtime is not None and p.host.runtime.total <= p.host.runtime.room
 
 
 def test_json_carries_the_speculative_block(models: dict[str, Path]) -> None:

@@ -80,7 +80,7 @@ def test_the_server_does_not_outlive_llamafit(server_bin: ServerBinary, model: P
     try:
         assert wait_for(lambda: children_named(p.pid, "--port"), 60), "no server started"
         (server,) = children_named(p.pid, "--port")
-        assert wait_for(lambda: port_open(port), 60)
+        assert wait_for(lambda: health(port) == 200, 60)
         os.kill(p.pid, sig)
         assert wait_for(lambda: not server.is_running() or server.status() == psutil.STATUS_ZOMBIE, 30), (
             f"llama-server still runs after llamafit got {sig.name}"
@@ -90,11 +90,15 @@ def test_the_server_does_not_outlive_llamafit(server_bin: ServerBinary, model: P
         p.wait()
 
 
-def port_open(port: int) -> bool:
-    import socket
+def health(port: int) -> int:
+    import http.client
 
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
+    try:
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
+        c.request("GET", "/health")
+        return c.getresponse().status
+    except OSError:
+        return 0
 
 
 @pytest.mark.server
@@ -105,7 +109,7 @@ def test_ctrl_c_on_the_terminal_reaches_the_server_once(server_bin: ServerBinary
     p = subprocess.Popen([*LLAMAFIT, "run", str(model), "--server", server_bin.path, "--", "--port", str(port)],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
     try:
-        assert wait_for(lambda: port_open(port) and bool(children_named(p.pid, "--port")), 60)
+        assert wait_for(lambda: health(port) == 200, 60)  # ready (the port opens before the model loads)
         time.sleep(0.5)
         os.killpg(p.pid, signal.SIGINT)  # what the terminal does
         _, err = p.communicate(timeout=60)

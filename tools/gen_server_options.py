@@ -94,7 +94,9 @@ def parse(block: str):
     m2 = re.match(r"\s*,\s*\{\s*((?:\"[^\"]*\"\s*,?\s*)+)\}", rest)
     if m2:
         neg = re.findall(r'"([^"]*)"', m2.group(1))
-    sig = re.search(r"\[[^\]]*\]\s*\(([^)]*)\)", re.sub(r"/\*.*?\*/", "", block))
+    # the handler lambda's parameters: "[](common_params & params, int value)"; a markdown link in the
+    # help text ("[(more info)](https://...)") must not be taken for it
+    sig = re.search(r"\[[^\]]*\]\s*\((\s*common_params[^)]*)\)", re.sub(r"/\*.*?\*/", "", block))
     params = sig.group(1) if sig else ""
     n_params = params.count(",")
     arity = 0 if "bool" in params else n_params

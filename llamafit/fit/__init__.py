@@ -30,19 +30,20 @@ from llamafit.fit import messages
 from llamafit.fit.argv_plan import planned_argv, server_defaults
 from llamafit.fit.policy import Outcome, fit_with_policy
 from llamafit.fit.projector import ProjectorPlacement, place_projector
+from llamafit.fit.runtime import RuntimeHost, plan_runtime
 from llamafit.fit.search import CTX_STEP, MAX_SPLIT_DEVICES, Search, Trial, select_gpus
 from llamafit.gguf.hparams import UNVERIFIED_MEMORY_ARCHS
 from llamafit.gguf.mmproj import Projector
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory import backends
-from llamafit.memory.context import check_cache_types, checkpoint_bytes
+from llamafit.memory.context import check_cache_types
 from llamafit.memory.footprint import LoadSettings, Use
 from llamafit.memory.mmproj import MmprojUse
 from llamafit.memory.placement import CPU
 from llamafit.plan import Decision, DevicePlan, HostPlan, Plan, SpecReport
 from llamafit.request import Request
 from llamafit.speculative import Drafter, DrafterFiles, SpecOptions, choose
-from llamafit.units import MiB, pad
+from llamafit.units import pad
 
 __all__ = ["CTX_STEP", "make_plan", "select_gpus"]
 
@@ -86,14 +87,18 @@ def make_plan(
         raise err
     t = out.trial
     planned = planned_argv(model, t.settings, t.fp.context.n_ctx, gpus, req, machine, out.spec, opts)
+    runtime = plan_runtime(model, t, out.spec, opts, req, search)
+    planned += runtime.flags
     decisions = _decisions(model, machine, req, search, t, out, planned, calib, projector)
+    decisions += [runtime.decision] if runtime.decision else []
     warnings = [*calib.notes, *projector.warnings, *_model_warnings(model, mmproj, choice.notes, choice.drafter)]
-    warnings += _load_warnings(model, t, out, opts, search)
+    warnings += [*_load_warnings(model, t), *runtime.warnings]
     if not req.ctx and not req.ctx_full and req.min_ctx > _train(model):
         warnings.append(messages.min_ctx_above_training(req.min_ctx, _train(model)))
     if len(gpus) < len(machine.gpus) and req.devices is None and len(gpus) == MAX_SPLIT_DEVICES:
         warnings.append(messages.devices_capped(len(machine.gpus), MAX_SPLIT_DEVICES))
-    return _assemble(model, machine, req, search, gpus, t, out.report, planned, projector, decisions, warnings)
+    return _assemble(model, machine, req, search, gpus, t, out.report, planned, projector, decisions, warnings,
+                     runtime)  # fmt: skip
 
 
 def _train(model: ModelInfo) -> int:
@@ -128,7 +133,7 @@ def _decisions(
 def _assemble(
     model: ModelInfo, machine: Machine, req: Request, search: Search, gpus: list[Device], t: Trial,
     report: SpecReport, planned: list[Planned], projector: ProjectorPlacement, decisions: list[Decision],
-    warnings: list[str],
+    warnings: list[str], runtime: RuntimeHost | None = None,
 ) -> Plan:  # fmt: skip
     unified = sum(t.fp.gpus[g].total + t.extra.get(g, Use()).total for g in search.unified)
     layers_on = {g.id: sum(1 for d in t.fp.layer_device if d == g.id) for g in gpus}
@@ -136,7 +141,7 @@ def _assemble(
         model=model, settings=t.settings, footprint=t.fp,
         devices=tuple(DevicePlan(g, search.usable[g.id], t.fp.gpus[g.id] + t.extra.get(g.id, Use()),
                                  layers_on[g.id]) for g in gpus),
-        host=HostPlan(machine.host, search.host_usable, t.fp.host + t.extra.get(CPU, Use()), unified),
+        host=HostPlan(machine.host, search.host_usable, t.fp.host + t.extra.get(CPU, Use()), unified, runtime),
         decisions=tuple(decisions), warnings=tuple(warnings), planned=tuple(planned), margin=req.margin,
         notes=machine.notes, draft_footprint=t.draft, speculative=report, mmproj=projector.use,
         buffer_aliases=backends.rpc_buffer_aliases({g.id: g.endpoint for g in machine.gpus if g.endpoint}),
@@ -199,18 +204,8 @@ def _model_warnings(
     return out
 
 
-def _load_warnings(model: ModelInfo, t: Trial, out: Outcome, opts: SpecOptions, search: Search) -> list[str]:
-    """What the chosen load implies: a context past training, host RAM that grows at run time."""
-    hp = model.hparams
+def _load_warnings(model: ModelInfo, t: Trial) -> list[str]:
+    """What the chosen load implies: a context past training."""
     cp = t.fp.context
     train = _train(model)
-    warnings = [messages.seq_exceeds_train(cp.n_ctx_seq, train)] if cp.n_ctx_seq > train and train else []
-    # context checkpoints (sliding-window and recurrent models) and the prompt cache (docs/memory-model.md §5.5)
-    checkpoints = (hp.swa_type != "none" and not cp.swa_full) or any(hp.is_recr)
-    ckpt = checkpoint_bytes(hp, cp) if checkpoints else 0
-    n_ckpt = opts.ctx_checkpoints + (1 if out.spec.drafter is not None and any(hp.is_recr) else 0)
-    cache = 0 if opts.cache_ram_mib < 0 else opts.cache_ram_mib * MiB
-    room = search.host.available - (t.fp.host.total + t.extra.get(CPU, Use()).total)
-    return warnings + messages.runtime_host(
-        cp.n_seq_max, n_ckpt, ckpt, cache, room, opts.ctx_checkpoints, opts.cache_ram_mib < 0
-    )
+    return [messages.seq_exceeds_train(cp.n_ctx_seq, train)] if cp.n_ctx_seq > train and train else []

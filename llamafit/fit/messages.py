@@ -272,34 +272,29 @@ def seq_exceeds_train(n_ctx_seq: int, train: int) -> str:
     return f"n_ctx_seq {n_ctx_seq} exceeds the training context {train}"
 
 
-def runtime_host(
-    n_seq: int, n_ckpt: int, ckpt: int, cache: int, room: int, ctx_checkpoints: int, unbounded_cache: bool
-) -> list[str]:
-    """Host memory that grows at run time: context checkpoints and the prompt cache (docs/memory-model.md §5.5)."""
-    worst_ckpt = n_seq * n_ckpt * ckpt
-    out = []
-    if worst_ckpt + cache > room and (worst_ckpt or cache):
-        parts = []
-        if worst_ckpt:
-            parts.append(
-                f"{fmt_bytes(worst_ckpt)} of context checkpoints ({n_seq} slots x {n_ckpt} x {fmt_bytes(ckpt)})"
-            )
-        if cache:
-            parts.append(f"{fmt_bytes(cache)} of prompt cache")
-        msg = (
-            f"host RAM grows at run time: up to {' and '.join(parts)}, but only {fmt_bytes(max(room, 0))} is left "
-            "after the load"
-        )
-        hints = []
-        if worst_ckpt:
-            fit_ckpt = max(0, (room - cache) // max(1, n_seq * ckpt)) if room > cache else 0
-            hints.append(f"--ctx-checkpoints {min(fit_ckpt, ctx_checkpoints)}")
-        if cache:
-            hints.append(f"--cache-ram {max(0, (room - worst_ckpt) // MiB)}")
-        out.append(msg + "; consider " + " and ".join(hints))
-    if unbounded_cache:
-        out.append("--cache-ram -1: the prompt cache may grow without limit")
-    return out
+def runtime_chosen(slots: int, per_slot: int, ckpt: int, cache: int, room: int, flags: Sequence[object]) -> Decision:
+    passed = " ".join(" ".join(getattr(f, "tokens", ())) for f in flags)
+    ckpts = f"{per_slot} context checkpoint(s) per slot ({slots} x {per_slot} x {fmt_bytes(ckpt)})" if ckpt else ""
+    parts = [p for p in (ckpts, f"a prompt cache of {fmt_bytes(cache)}" if cache else "no prompt cache") if p]
+    return Decision(
+        "runtime.host",
+        f"Host RAM at run time: {' and '.join(parts)}, within the {fmt_bytes(max(room, 0))} the load leaves "
+        f"(available less the margin); llama-server's defaults would not fit"
+        + (f": passing {passed}." if passed else "."),
+    )
+
+
+def runtime_over(slots: int, per_slot: int, ckpt: int, cache: int, room: int) -> str:
+    parts = []
+    if ckpt and per_slot:
+        parts.append(f"{fmt_bytes(slots * per_slot * ckpt)} of context checkpoints ({slots} slots x {per_slot} x "
+                     f"{fmt_bytes(ckpt)})")  # fmt: skip
+    if cache:
+        parts.append(f"{fmt_bytes(cache)} of prompt cache")
+    return (
+        f"host RAM grows at run time: up to {' and '.join(parts)}, but only {fmt_bytes(max(room, 0))} is left after "
+        "the load (your --ctx-checkpoints / --cache-ram are kept as given)"
+    )
 
 
 def does_not_fit(

@@ -285,20 +285,42 @@ def per_layer_memory(hp: Hparams, cp: ContextParams) -> list[int]:
     return out
 
 
-def checkpoint_bytes(hp: Hparams, cp: ContextParams) -> int:
-    """Host bytes of one context checkpoint of one sequence (server-context.cpp:2567-2570).
+# M-RoPE models keep a 2D position and a token id per cell (llama_kv_cell_ext, llama-kv-cells.h:13-20;
+# llama-kv-cache.cpp:1846-1849); their rope type comes from the architecture (llama-model.cpp:3203-3213)
+MROPE_ARCHS = frozenset({"qwen2vl", "paddleocr", "qwen3vl", "qwen3vlmoe", "qwen35", "qwen35moe", "clef", "qwen4exp",
+                         "qwen3tts"})  # fmt: skip
+CELL_EXT_BYTES = 12
 
-    iSWA: the sequence's SWA cells; recurrent/hybrid: one state row per recurrent layer.
+
+def checkpoint_bytes(hp: Hparams, cp: ContextParams) -> int:
+    """Host bytes of one context checkpoint of one sequence: what
+    ``llama_state_seq_get_data_ext(..., LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY)`` writes for the target
+    (server-context.cpp:2567-2570), field by field as the caches lay it out.
+
+    iSWA (llama-kv-cache-iswa.cpp:259-265): the SWA cache only, the sequence's cells the window has not
+    masked, which is ``n_swa`` of them once a prompt passes the window (llama-kv-cache.cpp:2071-2140):
+    a header per stream, per cell its position, sequence count, sequence id (and M-RoPE's extension),
+    then per layer a type and row size and the rows of K, then of V (2217-2348). Hybrid and recurrent
+    models (llama-memory-hybrid.cpp:190-195): the recurrent state, one cell per sequence, a header and
+    per layer the r and s rows (llama-memory-recurrent.cpp state_write*).
     """
     total = 0
-    if hp.swa_type != "none" and not cp.swa_full:
-        cells = swa_cells(hp, cp)
-        for il in attention_layers(hp, cp.mtp):
-            if hp.has_kv(il) and hp.is_swa[il]:
-                kb, vb = kv_row_bytes(hp, il, cp.type_k, cp.type_v, cp.v_trans)
-                total += (kb + vb) * cells
-    for _ in recurrent_layers(hp, cp.mtp):
-        total += 4 * (hp.n_embd_r() + hp.n_embd_s())
+    if hp.swa_type != "none" and not cp.swa_full and not any(hp.is_recr):
+        layers = [il for il in attention_layers(hp, cp.mtp) if hp.has_kv(il) and hp.is_swa[il]]
+        cells = min(hp.n_swa, cp.n_ctx_seq)
+        streams = 1 if cp.kv_unified else cp.n_seq_max
+        ext = CELL_EXT_BYTES if hp.arch in MROPE_ARCHS else 0
+        total += 4 + 4 * streams  # n_stream, then each stream's cell count
+        total += cells * (4 + 4 + ext + 4)  # pos, n_seq_id, ext, the one seq id
+        total += 4 * 4  # v_trans, n_layer, n_rot_k, n_rot_v
+        for il in layers:
+            kb, vb = kv_row_bytes(hp, il, cp.type_k, cp.type_v, cp.v_trans)
+            total += 4 + 8 + cells * kb  # K type, row size, rows
+            total += (4 + 4 + 4 if cp.v_trans else 4 + 8) + cells * vb  # V type, element or row size, rows
+    rec = recurrent_layers(hp, cp.mtp)
+    if rec:
+        total += 4 + (4 + 4) + 4 + 4  # cell count, the cell's pos and n_seq_id, s_trans, n_layer
+        total += len(rec) * ((4 + 8 + 4 * hp.n_embd_r()) + (4 + 8 + 4 * hp.n_embd_s()))
     return total
 
 
