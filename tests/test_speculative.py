@@ -19,7 +19,7 @@ from llamafit.gguf.model import load_model
 from llamafit.plan import Plan
 from llamafit.request import build_request
 from llamafit.speculative import detect_kind, find_sidecars, spec_options
-from llamafit.units import GiB, MiB
+from llamafit.units import GiB, MiB, fmt_bytes
 
 HOST = Host(total=256 * GiB, available=240 * GiB)
 NO_NGRAM_MOD = ASSUMED.__class__(
@@ -31,10 +31,17 @@ NO_NGRAM_MOD = ASSUMED.__class__(
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("spec")
+    q35_mtp = factory.qwen35(
+        name="Qwen3.5-style MTP", n_layer=24, n_nextn=1, n_embd=2048, n_head=16, n_head_kv=2, head_dim=256,
+        n_ff=6144, n_vocab=151936, w="q4_K",
+    )  # fmt: skip
     return {
         "glm": factory.glm45_air().write(d / "GLM-4.5-Air-Q4_K_M.gguf"),
         "qwen8b": factory.qwen3_8b().write(d / "Qwen3-8B-Q4_K_M.gguf"),
         "qwen06b": factory.qwen3_0_6b().write(d / "Qwen3-0.6B-Q8_0.gguf"),
+        # a dense hybrid with an MTP head and a real vocabulary: ngram-mod's verification batch (65
+        # output rows per slot) grows its device compute, so the fallback has a device cost
+        "q35mtp": q35_mtp.write(d / "q35-mtp.gguf"),
     }
 
 
@@ -124,6 +131,46 @@ def test_the_vram_drop_does_not_emit_ngram_mod_on_a_build_without_it(models: dic
     assert p.speculative is not None and p.speculative.chosen == "none"
     assert "--spec-type" not in argv(p)
     assert "ngram-mod" not in p.speculative.message
+
+
+def placement(p: Plan) -> list[str]:
+    a = argv(p)
+    return [x for i, x in enumerate(a) if a[i - 1] in ("-c", "-ngl", "--n-cpu-moe", "-ot", "-ts")]
+
+
+@pytest.mark.parametrize("gib", [2.3, 2.6])
+def test_the_fallback_never_costs_context_or_layers(models: dict[str, Path], gib: float) -> None:
+    """ngram-mod's verification batch needs device memory the kept plan does not leave: no speculation,
+    the plan of the target alone, and the message says what ngram-mod would have cost."""
+    alone = plan(models["q35mtp"], [gpu(0, gib)], spec="off")
+    ngram = plan(models["q35mtp"], [gpu(0, gib)], spec="ngram-mod")
+    p = plan(models["q35mtp"], [gpu(0, gib)])
+    s = p.speculative
+    assert s is not None and s.fallback_reason == "drafter_no_vram" and s.chosen == "none"
+    assert placement(p) == placement(alone)
+    assert placement(ngram) != placement(alone)  # what the old fallback did: ngram-mod fitted on its own
+    assert "--spec-type" not in argv(p)
+    assert "ngram-mod is not used either" in s.message and "MiB of device memory" in s.message
+    assert p.host.use.ngram == 0
+
+
+def test_a_free_fallback_states_its_real_cost(models: dict[str, Path]) -> None:
+    alone = plan(models["q35mtp"], [gpu(0, 2.7)], spec="off")
+    p = plan(models["q35mtp"], [gpu(0, 2.7)])
+    s = p.speculative
+    assert s is not None and s.fallback_reason == "drafter_no_vram" and s.chosen == "ngram-mod"
+    assert placement(p) == placement(alone)
+    grown = sum(d.use.compute + d.use.output for d in p.devices)
+    grown -= sum(d.use.compute + d.use.output for d in alone.devices)
+    assert grown > 0 and p.devices[0].fits
+    assert f"using ngram-mod ({fmt_bytes(grown)} of device memory" in s.message
+    assert "no device memory" not in s.message
+
+
+def test_an_explicit_ngram_type_states_its_device_cost(models: dict[str, Path]) -> None:
+    p = plan(models["qwen8b"], [gpu(0, 24)], spec="ngram-mod")
+    assert p.speculative is not None and p.speculative.chosen == "ngram-mod"
+    assert "of device memory" in p.speculative.message and "no device memory" not in p.speculative.message
 
 
 def test_a_standalone_model_draft_in_extras_is_not_auto_dropped(models: dict[str, Path]) -> None:

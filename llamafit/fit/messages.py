@@ -164,8 +164,20 @@ def context_cost(with_drafter: int, without: int) -> str:
     return f" It costs context: {with_drafter} instead of {without} without it." if without > with_drafter else ""
 
 
-def spec_ngram(ngram: str, host_bytes: int) -> str:
-    return f"Speculative decoding with {ngram}: no device memory, {fmt_bytes(host_bytes)} of host RAM."
+def ngram_cost(ngram: str, cost: tuple[int, int] | None) -> str:
+    """What an ngram type really costs: its verification batch (more output rows and a larger compute
+    graph) on the devices, its own tables and that batch in host RAM."""
+    if cost is None:
+        return ngram
+    gpus, host = cost
+    parts = ([f"{fmt_bytes(gpus)} of device memory"] if gpus > 0 else []) + [f"{fmt_bytes(max(host, 0))} of host RAM"]
+    return f"{ngram} ({' and '.join(parts)} for its verification batch and tables)"
+
+
+def spec_ngram(ngram: str, host_bytes: int, cost: tuple[int, int] | None) -> str:
+    if cost is None:
+        return f"Speculative decoding with {ngram}: {fmt_bytes(host_bytes)} of host RAM for its tables."
+    return f"Speculative decoding with {ngram_cost(ngram, cost)}."
 
 
 def spec_explicit(d: Drafter, cut: str) -> str:
@@ -176,10 +188,10 @@ def spec_speed(d: Drafter, cut: str) -> str:
     return f"Speculative decoding with {drafter_name(d)}, --prefer speed.{cut}"
 
 
-def spec_speed_dropped(d: Drafter, min_ctx: int, fallback: str | None) -> str:
+def spec_speed_dropped(d: Drafter, min_ctx: int, fallback: str | None, cost: tuple[int, int] | None) -> str:
     return (
         f"Speculative decoding disabled: the model does not fit with {drafter_name(d)} even at --min-ctx {min_ctx}"
-        + (f"; using {fallback} instead (no device memory)." if fallback else ".")
+        + (f"; using {ngram_cost(fallback, cost)} instead, at the same context and placement." if fallback else ".")
     )
 
 
@@ -191,7 +203,9 @@ def spec_auto_kept(d: Drafter, n_ctx: int, on: str | None) -> str:
     )
 
 
-def spec_auto_dropped(d: Drafter, n_ctx: int, need: tuple[str, int, int] | None, fallback: str | None) -> str:
+def spec_auto_dropped(
+    d: Drafter, n_ctx: int, need: tuple[str, int, int] | None, fallback: str | None, cost: tuple[int, int] | None
+) -> str:
     """``need``: the device that overflows with the drafter, what it would need and its budget."""
     needs = ""
     if need is not None:
@@ -200,8 +214,17 @@ def spec_auto_dropped(d: Drafter, n_ctx: int, need: tuple[str, int, int] | None,
     return (
         f"Speculative decoding disabled for this load: the model fits at context {n_ctx} but {drafter_name(d)} "
         f"does not{needs}. Keeping the context"
-        + (f"; using {fallback} instead (no device memory)" if fallback else "")
+        + (f"; using {ngram_cost(fallback, cost)} instead, at the same placement" if fallback else "")
         + f". Use --spec {d.kind} to force the drafter or --prefer speed to trade context for it."
+    )
+
+
+def fallback_refused(ngram: str, cost: tuple[int, int], worst: str | None) -> str:
+    """ngram-mod was not used: its verification batch would have cost context or layers."""
+    where = f" on {worst if worst != CPU else 'the host'}" if worst else ""
+    return (
+        f"{ngram} is not used either: its verification batch ({fmt_bytes(max(cost[0], 0))} of device memory) "
+        f"does not fit beside this plan{where} without cutting the context or moving layers off the GPUs."
     )
 
 

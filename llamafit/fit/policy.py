@@ -16,6 +16,7 @@ from llamafit.fit import messages
 from llamafit.fit.search import Search, Trial
 from llamafit.memory import backends
 from llamafit.memory.footprint import LoadSettings
+from llamafit.memory.placement import CPU
 from llamafit.plan import Decision, SpecReport
 from llamafit.speculative import SpecChoice, SpecConfig, SpecOptions, ngram_host_bytes, rollback_rows, target_settings
 
@@ -29,9 +30,18 @@ class Outcome:
 
 
 def fallback_type(caps: Capabilities | Callable[[], Capabilities]) -> str | None:
-    """ngram-mod costs no device memory; only if this server build knows it (probed --help)."""
+    """The drafter-free fallback (no weights, a larger verification batch), when this server build
+    knows it (probed --help)."""
     c = caps() if callable(caps) else caps
     return "ngram-mod" if c.supports_spec("ngram-mod") else None
+
+
+def ngram_cost(search: Search, opts: SpecOptions, t: Trial) -> tuple[int, int]:
+    """What an ngram type adds to ``t`` over no speculation at the same context and placement: bytes
+    on the GPUs (the larger verification batch: output rows and compute) and on the host."""
+    ref = search.run(target_settings(search.model, t.settings, SpecConfig(), opts), SpecConfig())
+    gpus = sum(t.total(g) for g in search.ids) - sum(ref.total(g) for g in search.ids)
+    return gpus, t.total(CPU) - ref.total(CPU)
 
 
 def fit_with_policy(
@@ -65,7 +75,8 @@ def fit_with_policy(
         spec = SpecConfig(None, choice.ngram)
         r, dec = fit(spec, lo, hi)
         if choice.ngram:
-            msg = messages.spec_ngram(choice.ngram, ngram_host_bytes(choice.ngram, base.n_seq))
+            cost = ngram_cost(search, opts, r) if r is not None else None
+            msg = messages.spec_ngram(choice.ngram, ngram_host_bytes(choice.ngram, base.n_seq), cost)
             return outcome(r, dec, spec, "speculative.ngram", msg)
         return outcome(r, dec, spec, "speculative.none", "")
 
@@ -78,6 +89,26 @@ def fit_with_policy(
         options = [local, *(((g,) for g in local) if len(local) > 1 else ())]
     elif opts.devices is None and not d.embedded and len(search.ids) > 1:
         options += [(g,) for g in search.ids]
+
+    def fallback(alone: Trial, alone_dec: Decision | None, dropped: Callable[[str | None, tuple[int, int] | None],
+                 str]) -> Outcome:  # fmt: skip
+        """The drafter is dropped and the target keeps ``alone``. ngram-mod (when this build has it)
+        runs only if its verification batch fits beside that plan for free: the same context, the same
+        layers and experts on the GPUs; else no speculation. The message states its cost either way."""
+        ngram = fallback_type(caps)
+        if ngram is None:
+            msg = dropped(None, None)
+            return outcome(alone, alone_dec, SpecConfig(), "speculative.dropped", msg, "drafter_no_vram")
+        spec = SpecConfig(None, ngram)
+        ctx = alone.fp.context.n_ctx
+        r = beside(spec, alone, ctx, ctx)
+        if r is not None and r.settings.n_gpu_layers == alone.settings.n_gpu_layers:
+            msg = dropped(ngram, ngram_cost(search, opts, r))
+            return outcome(r, alone_dec, spec, "speculative.dropped", msg, "drafter_no_vram")
+        priced = search.run(target_settings(model, alone.settings, spec, opts), spec)
+        msg = dropped(None, None) + " " + messages.fallback_refused(ngram, ngram_cost(search, opts, priced),
+                                                                     priced.worst or None)  # fmt: skip
+        return outcome(alone, alone_dec, SpecConfig(), "speculative.dropped", msg, "drafter_no_vram")
 
     def beside(spec: SpecConfig, alone: Trial, lo_: int, hi_: int) -> Trial | None:
         """The drafter beside the target's own placement (its GPU layers and experts), at the largest
@@ -121,11 +152,7 @@ def fit_with_policy(
             if r is not None:
                 cut = messages.context_cost(r.fp.context.n_ctx, ctx_alone)
                 return outcome(r, alone_dec, spec, "speculative.drafter", messages.spec_speed(d, cut))
-        fallback = fallback_type(caps)
-        spec = SpecConfig(None, fallback)
-        r, dec = fit(spec, lo, hi)
-        msg = messages.spec_speed_dropped(d, lo, fallback)
-        return outcome(r, dec, spec, "speculative.dropped", msg, "drafter_no_vram")
+        return fallback(alone, alone_dec, lambda ngram, cost: messages.spec_speed_dropped(d, lo, ngram, cost))
 
     # Auto, --prefer context: price the load at the context the target alone gets, with and without
     for devs in options:
@@ -138,10 +165,4 @@ def fit_with_policy(
     tried_spec = SpecConfig(d, None, options[0])
     tried = search.run(replace(target_settings(model, alone.settings, tried_spec, opts), n_ctx=ctx_alone), tried_spec)
     need = (tried.worst, tried.total(tried.worst), search.budget(tried.worst)) if tried.worst else None
-    fallback = fallback_type(caps)
-    spec = SpecConfig(None, fallback)
-    r_fb, dec_fb = fit(spec, ctx_alone, ctx_alone) if fallback else (alone, alone_dec)
-    if r_fb is None:  # pragma: no cover - an ngram type costs no device memory
-        r_fb, dec_fb, spec = alone, alone_dec, alone_spec
-    msg = messages.spec_auto_dropped(d, ctx_alone, need, fallback)
-    return outcome(r_fb, dec_fb, spec, "speculative.dropped", msg, "drafter_no_vram")
+    return fallback(alone, alone_dec, lambda ngram, cost: messages.spec_auto_dropped(d, ctx_alone, need, ngram, cost))

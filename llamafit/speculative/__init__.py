@@ -10,7 +10,8 @@ Kinds and their memory (docs/memory-model.md §5, ``common/speculative.cpp:2527-
   recurrent state grows to ``rs_size x (1 + n_rs_seq)`` rows on rollback architectures.
 * ``draft-eagle3`` / ``draft-dflash`` / ``draft-dspark``: sidecar weights, their KV and compute, the
   target's hidden-state extraction buffers, and the same rollback rows.
-* ``ngram-*``: no device memory; host structures (ngram-mod 16 MiB) and a larger verification batch.
+* ``ngram-*``: no weights; host structures (ngram-mod 16 MiB) and a larger verification batch (more
+  output rows, a larger compute graph on the devices).
 
 Detection follows ``common_speculative_types_from_gguf`` (``speculative.cpp:2351-2386``). Nothing
 here prints; decisions come back as data for the fit to record.
