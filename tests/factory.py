@@ -30,6 +30,45 @@ class Shape:
         return path
 
 
+def bpe_vocab(n_vocab: int, n_merges: int, seed: int = 0) -> dict[str, Any]:
+    """A GPT-2 style byte-level BPE tokenizer block as convert_hf_to_gguf writes it (tokens, token_type,
+    merges), with the length profile of real ones: the 256 byte symbols first, then merges that grow
+    longer with rank, half of them word-initial ("Ġ"). For measuring header reads: the strings are
+    plausible, not a trained vocabulary, so llama-server is not asked to tokenize with it."""
+    rng = np.random.default_rng(seed)
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    # GPT-2's byte-to-unicode table: printable bytes as themselves, the rest from U+0100 on
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    extra = iter(range(256, 512))
+    byte_syms = [chr(b) if b in printable else chr(next(extra)) for b in range(256)]
+    tokens = list(byte_syms)
+    while len(tokens) < n_vocab:
+        rank = len(tokens) / n_vocab
+        n = 2 + int(rng.integers(0, 3 + int(8 * rank)))
+        word = "".join(letters[int(c)] for c in rng.integers(0, 26, n))
+        tokens.append(("Ġ" if rng.random() < 0.5 else "") + word)
+    merges = []
+    for i in range(n_merges):
+        t = tokens[256 + i % (n_vocab - 256)]
+        cut = max(1, len(t) // 2)
+        merges.append(t[:cut] + " " + t[cut:])
+    return {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": "qwen2",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": [1] * n_vocab,
+        "tokenizer.ggml.merges": merges,
+        "tokenizer.ggml.bos_token_id": 0,
+        "tokenizer.ggml.eos_token_id": 1,
+    }
+
+
+def with_vocab(shape: Shape, vocab: dict[str, Any]) -> Shape:
+    """``shape`` with its tokenizer block replaced (the metadata keys before it keep their order)."""
+    kv = {k: v for k, v in shape.kv.items() if not k.startswith("tokenizer.")}
+    return Shape(shape.arch, kv | vocab, shape.tensors)
+
+
 def write_split(directory: Path, prefix: str, shape: Shape, n: int) -> list[Path]:
     """Write ``shape`` as ``n`` shards the way gguf-split does: all metadata in shard 1, split.* everywhere."""
     chunks = [shape.tensors[i::n] for i in range(n)]

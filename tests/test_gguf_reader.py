@@ -141,3 +141,29 @@ def test_tensor_offsets_out_of_order_are_rejected(tmp_path: Path) -> None:
     p.write_bytes(bytes(data))
     with pytest.raises(BadModelFileError, match="offset"):
         read_file_header(p)
+
+
+def test_a_hostile_count_cannot_make_one_network_read_large(tmp_path: Path) -> None:
+    """The network reader asks for what the rest of the header needs; a vocabulary that claims 100M
+    tokens over a 1 GiB file (zeros: empty strings) is read in bounded requests and refused."""
+    from llamafit.gguf.reader import AHEAD_MAX, read_header
+    from llamafit.hub.remote import FIRST_RANGE, MAX_REMOTE_HEADER, RemoteSource
+
+    key = b"tokenizer.ggml.tokens"
+    head = b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", len(key)) + key
+    head += struct.pack("<IIQ", 9, 8, 100_000_000)  # an array of 100M strings
+    path = tmp_path / "hostile.gguf"
+    with path.open("wb") as f:
+        f.write(head)
+        f.truncate(1 << 30)
+    asked: list[int] = []
+
+    def fetch(offset: int, n: int) -> bytes:
+        asked.append(n)
+        with path.open("rb") as f:
+            f.seek(offset)
+            return f.read(n)
+
+    with pytest.raises(BadModelFileError, match="runs past"):
+        read_header(RemoteSource(fetch, "hostile.gguf", 1 << 30), first_read=FIRST_RANGE)
+    assert max(asked) <= AHEAD_MAX and sum(asked) <= MAX_REMOTE_HEADER

@@ -382,3 +382,31 @@ def test_a_download_killed_midway_is_cleaned_and_never_used(hub: FakeHub, tmp_pa
     assert r.returncode == 0, r.stderr
     assert Path(r.stdout.strip()).read_bytes() == big.read_bytes()
     assert not list(blobs.glob("*.incomplete"))
+
+
+@pytest.mark.parametrize(
+    "label",
+    ["byte-level BPE, more merges than tokens (Llama 3)", "byte-level BPE, 47 layers of MoE tensors (GLM-4.5-Air)",
+     "SentencePiece, 262k tokens (Gemma 3)"],
+)  # fmt: skip
+def test_a_header_is_read_in_a_few_requests_and_not_far_past_its_end(hub: FakeHub, tmp_path: Path, label: str) -> None:
+    """Every byte before the tensor data is the floor; the reader asks for what the rest of the header
+    needs at least (the vocabulary's count, the arrays beside it, the tensor table's count)."""
+    from llamafit.gguf.reader import read_file_header
+
+    shape = {
+        "byte-level BPE, more merges than tokens (Llama 3)":
+            factory.with_vocab(factory.llama31_8b(), factory.bpe_vocab(128256, 280147)),
+        "byte-level BPE, 47 layers of MoE tensors (GLM-4.5-Air)":
+            factory.with_vocab(factory.glm45_air(), factory.bpe_vocab(151552, 151552 - 256, seed=1)),
+        "SentencePiece, 262k tokens (Gemma 3)": factory.gemma3(n_vocab=262144),
+    }[label]  # fmt: skip
+    path = shape.write(tmp_path / "model-Q4_K_M.gguf")
+    floor = read_file_header(path).data_offset
+    repo = "acme/header-" + str(abs(hash(label)) % 10**6)
+    hub.add(repo, {path.name: path})
+    plan_json(repo, "--gpu", "200GiB")
+    reads = [r for r in hub.file_requests() if r.method == "GET"]
+    sent = hub.bytes_sent("/resolve/")
+    assert len(reads) <= 6, [r.range for r in reads]
+    assert floor <= sent <= 1.10 * floor, (sent, floor)
