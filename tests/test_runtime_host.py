@@ -15,13 +15,14 @@ from llamafit.argv import compose, parse_server_args
 from llamafit.devices import Device, Host, Machine
 from llamafit.fit import make_plan
 from llamafit.gguf.model import ModelInfo, load_model
-from llamafit.memory.context import checkpoint_bytes
+from llamafit.memory.context import checkpoint_bytes, draft_checkpoint_bytes
 from llamafit.plan import Plan, to_json
 from llamafit.request import build_request
 from llamafit.server import ServerBinary
 from llamafit.speculative import spec_options
 from llamafit.units import GiB, MiB
 
+CHECKPOINT_TOKENS = re.compile(r"created context checkpoint .*n_tokens = (?P<n>\d+), size = (?P<mib>[\d.]+) MiB")
 CACHE_STATE = re.compile(r"cache state: (?P<n>\d+) prompts, (?P<mib>[\d.]+) MiB \(limits: (?P<limit>[\d.]+) MiB")
 
 
@@ -71,6 +72,33 @@ def test_a_checkpoint_is_the_size_the_server_logs(
     assert p.host.runtime is not None and p.host.runtime.checkpoint == checkpoint_bytes(
         model.hparams, p.footprint.context
     )
+
+
+@pytest.mark.server
+def test_a_draft_models_sequence_is_saved_with_each_checkpoint(
+    server_bin: ServerBinary, shapes: dict[str, Path], tmp_path: Path
+) -> None:
+    """With a separate draft model the checkpoint also holds the drafter's state; a plain KV cache has no
+    partial state, so its whole sequence is written: it grows with the prompt, and the plan prices it at
+    a full context."""
+    draft = factory.dense(name="draft").write(tmp_path / "draft.gguf")  # the same vocabulary as gemma3
+    args = ["-c", "8192", "-np", "1", "-md", str(draft), "--spec-type", "draft-simple"]
+    user = parse_server_args(args)
+    target = load_model(shapes["gemma3"])
+    p = make_plan(target, Machine((), Host(64 * GiB, 60 * GiB)), build_request(user), spec_options(user, mode="auto"))
+    assert p.draft_footprint is not None
+    dhp, dcp = load_model(draft).hparams, p.draft_footprint.context
+    lines = chat_log(server_bin, shapes["gemma3"], [*args, "--checkpoint-min-step", "64"], GROWING)
+    found = [(int(m["n"]), float(m["mib"])) for line in lines if (m := CHECKPOINT_TOKENS.search(line))]
+    # once a prompt passes the window the target's part is its window (the test above), the drafter's grows
+    found = [(n, mib) for n, mib in found if n >= target.hparams.n_swa]
+    assert len(found) >= 3, "too few checkpoints were created"
+    own = checkpoint_bytes(target.hparams, p.footprint.context)
+    for n_tokens, mib in found:
+        predicted = own + draft_checkpoint_bytes(dhp, dcp, n_tokens)
+        assert mib == pytest.approx(predicted / MiB, abs=0.0006), (n_tokens, mib, predicted / MiB)
+    assert p.host.runtime is not None
+    assert p.host.runtime.checkpoint == own + draft_checkpoint_bytes(dhp, dcp) > max(m for _, m in found) * MiB
 
 
 @pytest.mark.server

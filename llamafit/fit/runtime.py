@@ -18,7 +18,7 @@ from llamafit.argv import Planned
 from llamafit.fit import messages
 from llamafit.fit.search import Search, Trial
 from llamafit.gguf.model import ModelInfo
-from llamafit.memory.context import checkpoint_bytes, kv_bytes_per_cell
+from llamafit.memory.context import checkpoint_bytes, draft_checkpoint_bytes
 from llamafit.memory.footprint import Use
 from llamafit.memory.placement import CPU
 from llamafit.plan import Decision
@@ -94,10 +94,8 @@ def plan_runtime(
 
 
 def _drafter_state(spec: SpecConfig, t: Trial) -> int:
-    """A separate draft model's part of a checkpoint: its whole sequence, since a plain KV cache writes
-    every cell of the sequence whatever the flags (llama-kv-cache.cpp:2071-2140)."""
+    """A separate draft model's part of a checkpoint, at its largest (a full context)."""
     d = spec.drafter
     if d is None or d.embedded or d.model is None or t.draft is None:
         return 0
-    dcp = t.draft.context
-    return dcp.n_ctx_seq * kv_bytes_per_cell(d.model.hparams, dcp.type_k, dcp.type_v)
+    return draft_checkpoint_bytes(d.model.hparams, t.draft.context)

@@ -292,36 +292,56 @@ MROPE_ARCHS = frozenset({"qwen2vl", "paddleocr", "qwen3vl", "qwen3vlmoe", "qwen3
 CELL_EXT_BYTES = 12
 
 
+def _kv_seq_bytes(hp: Hparams, cp: ContextParams, layers: Sequence[int], cells: int) -> int:
+    """What ``llama_kv_cache::state_write`` writes for one sequence holding ``cells`` cells of
+    ``layers`` (llama-kv-cache.cpp:2071-2140, 2217-2348): a header per stream, per cell its position,
+    sequence count, sequence id (and M-RoPE's extension), then per layer a type and row size and the
+    rows of K, then of V."""
+    streams = 1 if cp.kv_unified else cp.n_seq_max
+    ext = CELL_EXT_BYTES if hp.arch in MROPE_ARCHS else 0
+    total = 4 + 4 * streams  # n_stream, then each stream's cell count
+    total += cells * (4 + 4 + ext + 4)  # pos, n_seq_id, ext, the one seq id
+    total += 4 * 4  # v_trans, n_layer, n_rot_k, n_rot_v
+    for il in layers:
+        kb, vb = kv_row_bytes(hp, il, cp.type_k, cp.type_v, cp.v_trans)
+        total += 4 + 8 + cells * kb  # K type, row size, rows
+        total += (4 + 4 + 4 if cp.v_trans else 4 + 8) + cells * vb  # V type, element or row size, rows
+    return total
+
+
 def checkpoint_bytes(hp: Hparams, cp: ContextParams) -> int:
     """Host bytes of one context checkpoint of one sequence: what
     ``llama_state_seq_get_data_ext(..., LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY)`` writes for the target
     (server-context.cpp:2567-2570), field by field as the caches lay it out.
 
     iSWA (llama-kv-cache-iswa.cpp:259-265): the SWA cache only, the sequence's cells the window has not
-    masked, which is ``n_swa`` of them once a prompt passes the window (llama-kv-cache.cpp:2071-2140):
-    a header per stream, per cell its position, sequence count, sequence id (and M-RoPE's extension),
-    then per layer a type and row size and the rows of K, then of V (2217-2348). Hybrid and recurrent
-    models (llama-memory-hybrid.cpp:190-195): the recurrent state, one cell per sequence, a header and
-    per layer the r and s rows (llama-memory-recurrent.cpp state_write*).
+    masked, which is ``n_swa`` of them once a prompt passes the window. Hybrid and recurrent models
+    (llama-memory-hybrid.cpp:190-195): the recurrent state, one cell per sequence, a header and per
+    layer the r and s rows (llama-memory-recurrent.cpp state_write*). A plain KV cache has no partial
+    state: 0 (its models need no checkpoints).
     """
     total = 0
     if hp.swa_type != "none" and not cp.swa_full and not any(hp.is_recr):
         layers = [il for il in attention_layers(hp, cp.mtp) if hp.has_kv(il) and hp.is_swa[il]]
-        cells = min(hp.n_swa, cp.n_ctx_seq)
-        streams = 1 if cp.kv_unified else cp.n_seq_max
-        ext = CELL_EXT_BYTES if hp.arch in MROPE_ARCHS else 0
-        total += 4 + 4 * streams  # n_stream, then each stream's cell count
-        total += cells * (4 + 4 + ext + 4)  # pos, n_seq_id, ext, the one seq id
-        total += 4 * 4  # v_trans, n_layer, n_rot_k, n_rot_v
-        for il in layers:
-            kb, vb = kv_row_bytes(hp, il, cp.type_k, cp.type_v, cp.v_trans)
-            total += 4 + 8 + cells * kb  # K type, row size, rows
-            total += (4 + 4 + 4 if cp.v_trans else 4 + 8) + cells * vb  # V type, element or row size, rows
+        total += _kv_seq_bytes(hp, cp, layers, min(hp.n_swa, cp.n_ctx_seq))
     rec = recurrent_layers(hp, cp.mtp)
     if rec:
         total += 4 + (4 + 4) + 4 + 4  # cell count, the cell's pos and n_seq_id, s_trans, n_layer
         total += len(rec) * ((4 + 8 + 4 * hp.n_embd_r()) + (4 + 8 + 4 * hp.n_embd_s()))
     return total
+
+
+def draft_checkpoint_bytes(hp: Hparams, cp: ContextParams, n_tokens: int | None = None) -> int:
+    """A separate draft model's part of a checkpoint (``update_dft``, server-context.cpp:2568, the same
+    PARTIAL_ONLY flag): its partial state when it has one (sliding window, recurrent), else a plain KV
+    cache writes every cell of the sequence whatever the flags, ``n_tokens`` of them (default: a full
+    context, the most a checkpoint can hold)."""
+    if (hp.swa_type != "none" and not cp.swa_full) or any(hp.is_recr):
+        return checkpoint_bytes(hp, cp)
+    if memory_class(hp, False) in ("none", "dsv4"):
+        return 0
+    layers = [il for il in attention_layers(hp, False) if hp.has_kv(il)]
+    return _kv_seq_bytes(hp, cp, layers, cp.n_ctx_seq if n_tokens is None else n_tokens)
 
 
 def check_cache_types(hp: Hparams, type_k: str, type_v: str, flash_attn: str) -> str | None:
