@@ -99,6 +99,7 @@ def main() -> None:
     if not glm.exists():  # a real tokenizer's profile: byte-level BPE, about one merge per token
         factory.with_vocab(factory.glm45_air(), factory.bpe_vocab(151552, 151552 - 256)).write(glm)
     hub = hub_bytes({**models, "GLM-4.5-Air Q4_K (1 file, 72 GB, BPE vocabulary)": glm}, env)
+    rpc = rpc_fit(glm, a.runs, env) if fitp else None
     t_help, _ = timed([*LLAMAFIT, "--help"], a.runs, env)
     # what a shell runs on Tab for a model argument (commands and options need no Python at all)
     t_complete, _ = timed([*LLAMAFIT, "__complete", "repos"], a.runs, env)
@@ -109,11 +110,13 @@ def main() -> None:
         "complete_s": round(t_complete, 3),
         "models": rows,
         "hub": hub,
+        "rpc_fit": rpc,
         "targets": {
             "plan_s": 0.3,
-            "help_s": 0.25,
+            "help_s": 0.10,
             "complete_s": 0.15,
             "ratio_vs_fit_params": 0.25,
+            "ratio_vs_fit_params_rpc": 0.10,
             "hub_bytes_per_file": 2 << 20,
             "hub_bytes_over_header": 1.10,
             "hub_range_requests_per_file": 6,
@@ -122,7 +125,7 @@ def main() -> None:
     out = HERE / "results" / "speed.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"python startup          {t_imp * 1000:7.0f} ms")
-    print(f"llamafit --help         {t_help * 1000:7.0f} ms   (target 250 ms)")
+    print(f"llamafit --help         {t_help * 1000:7.0f} ms   (target 100 ms)")
     print(f"completion (repos)      {t_complete * 1000:7.0f} ms   (target 150 ms)")
     for r in rows:
         line = f"plan --json {r['model']:<38} {r['plan_s'] * 1000:7.0f} ms   (target 300 ms)"
@@ -134,7 +137,55 @@ def main() -> None:
               f"{h['bytes'] / 2**20:7.2f} MiB read for {h['header'] / 2**20:.2f} MiB of headers "
               f"({h['over_header']:.3f}x, target 1.10x in at most 6 requests per file; {h['files']} files of "
               f"{h['size'] / 2**30:.1f} GiB)")  # fmt: skip
+    if rpc:
+        print(f"plan over 2 RPC devices {rpc['model']:<32} {rpc['plan_s'] * 1000:7.0f} ms   llama-fit-params (fitting) "
+              f"{rpc['fit_params_s'] * 1000:6.0f} ms   ratio {rpc['ratio']:.2f}   (target 0.10)")  # fmt: skip
     print(f"results: {out}")
+
+
+def rpc_fit(model: Path, runs: int, env: dict[str, str]) -> dict[str, object] | None:
+    """Plan time over two RPC devices (two ggml-rpc-server on loopback, each reporting this host's free
+    memory) against llama-fit-params really fitting (no -fitp: it iterates placements over the devices)."""
+    import socket
+
+    from llamafit.server import find_server
+
+    srv = find_server()
+    exe = Path(srv.path).with_name("ggml-rpc-server")
+    fitp = fit_params_binary()
+    if not exe.exists() or fitp is None:
+        return None
+    procs, endpoints = [], []
+    try:
+        for _ in range(2):
+            with socket.socket() as sk:
+                sk.bind(("127.0.0.1", 0))
+                port = sk.getsockname()[1]
+            procs.append(subprocess.Popen([str(exe), "-H", "127.0.0.1", "-p", str(port)], env=srv.env(),
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))  # fmt: skip
+            endpoints.append(f"127.0.0.1:{port}")
+        deadline = time.monotonic() + 30
+        for ep in endpoints:  # ready when it accepts a connection
+            host, port = ep.split(":")
+            while True:
+                try:
+                    socket.create_connection((host, int(port)), timeout=1).close()
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        return None
+                    time.sleep(0.1)
+        rpc = ",".join(endpoints)
+        settings = ["-c", "8192"]
+        plan_cmd = [*LLAMAFIT, "plan", str(model), "--rpc", rpc, "--json", "--", *settings]
+        t_plan, rc = timed(plan_cmd, runs, env)
+        t_fp, rc_fp = timed([fitp, "-m", str(model), "--rpc", rpc, *settings], max(1, runs // 2), srv.env())
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    return {"model": model.name, "plan_s": round(t_plan, 3), "plan_rc": rc, "fit_params_s": round(t_fp, 3),
+            "fit_params_rc": rc_fp, "ratio": round(t_plan / t_fp, 3)}  # fmt: skip
 
 
 def files_of(path: Path) -> list[Path]:

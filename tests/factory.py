@@ -33,8 +33,8 @@ class Shape:
 def bpe_vocab(n_vocab: int, n_merges: int, seed: int = 0) -> dict[str, Any]:
     """A GPT-2 style byte-level BPE tokenizer block as convert_hf_to_gguf writes it (tokens, token_type,
     merges), with the length profile of real ones: the 256 byte symbols first, then merges that grow
-    longer with rank, half of them word-initial ("Ġ"). For measuring header reads: the strings are
-    plausible, not a trained vocabulary, so llama-server is not asked to tokenize with it."""
+    longer with rank, half of them word-initial ("Ġ"). The strings are plausible, not a trained
+    vocabulary: llama.cpp loads it, but text it tokenizes is not meaningful."""
     rng = np.random.default_rng(seed)
     letters = "abcdefghijklmnopqrstuvwxyz"
     # GPT-2's byte-to-unicode table: printable bytes as themselves, the rest from U+0100 on
@@ -42,11 +42,14 @@ def bpe_vocab(n_vocab: int, n_merges: int, seed: int = 0) -> dict[str, Any]:
     extra = iter(range(256, 512))
     byte_syms = [chr(b) if b in printable else chr(next(extra)) for b in range(256)]
     tokens = list(byte_syms)
+    seen = set(tokens)  # llama-vocab.cpp asserts every token is distinct
     while len(tokens) < n_vocab:
         rank = len(tokens) / n_vocab
         n = 2 + int(rng.integers(0, 3 + int(8 * rank)))
-        word = "".join(letters[int(c)] for c in rng.integers(0, 26, n))
-        tokens.append(("Ġ" if rng.random() < 0.5 else "") + word)
+        word = ("Ġ" if rng.random() < 0.5 else "") + "".join(letters[int(c)] for c in rng.integers(0, 26, n))
+        if word not in seen:
+            seen.add(word)
+            tokens.append(word)
     merges = []
     for i in range(n_merges):
         t = tokens[256 + i % (n_vocab - 256)]
