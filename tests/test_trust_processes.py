@@ -16,6 +16,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from realserver import health
 
 from llamafit.demo import ensure_demo_model
 from llamafit.errors import ExitCode
@@ -88,17 +89,6 @@ def test_the_server_does_not_outlive_llamafit(server_bin: ServerBinary, model: P
     finally:
         p.kill()
         p.wait()
-
-
-def health(port: int) -> int:
-    import http.client
-
-    try:
-        c = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
-        c.request("GET", "/health")
-        return c.getresponse().status
-    except OSError:
-        return 0
 
 
 @pytest.mark.server

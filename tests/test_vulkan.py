@@ -17,7 +17,7 @@ from pathlib import Path
 
 import factory
 import pytest
-from realserver import run_argv, run_until_ready_then_interrupt
+from realserver import required, run_argv, run_until_ready_then_interrupt
 
 from llamafit.cli.supervise import compare_all
 from llamafit.options import Options
@@ -31,11 +31,11 @@ LLAMAFIT = [sys.executable, "-m", "llamafit"]
 
 @pytest.fixture(scope="module")
 def vulkan() -> ServerBinary:
-    path = os.environ.get("LLAMAFIT_VULKAN_SERVER")
-    if not path:
-        if os.environ.get("LLAMAFIT_REQUIRE_SERVER"):
-            pytest.fail("LLAMAFIT_VULKAN_SERVER is not set: .ci/run builds it with tools/build_vulkan_server.sh")
-        pytest.skip("no Vulkan llama-server (tools/build_vulkan_server.sh, then LLAMAFIT_VULKAN_SERVER)")
+    path = required(
+        "LLAMAFIT_VULKAN_SERVER",
+        "LLAMAFIT_VULKAN_SERVER is not set: .ci/run builds it with tools/build_vulkan_server.sh",
+        "no Vulkan llama-server (tools/build_vulkan_server.sh, then LLAMAFIT_VULKAN_SERVER)",
+    )
     return ServerBinary(path, "--server", str(Path(path).parent))
 
 
