@@ -146,10 +146,9 @@ _U64_S = struct.Struct("<Q")
 class _Cursor:
     """Sequential reads over a ByteSource with a chunked buffer and a hard byte budget."""
 
-    def __init__(self, src: ByteSource, chunk: int = 1 << 20, max_chunk: int | None = None) -> None:
+    def __init__(self, src: ByteSource, chunk: int = 1 << 20) -> None:
         self.src = src
-        self.chunk = chunk
-        self.max_chunk = max_chunk or chunk  # a remote source starts small and doubles up to this
+        self.chunk = chunk  # a local file: every read; a network source: the first (then ``ahead``)
         self.buf = b""
         self.buf_start = 0
         self.pos = 0  # absolute offset of the next byte
@@ -188,7 +187,6 @@ class _Cursor:
             want = max(need - len(keep), min(self.ahead() - len(keep), AHEAD_MAX), AHEAD_MIN)
         else:
             want = max(need - len(keep), self.chunk)
-            self.chunk = min(self.chunk * 2, self.max_chunk)
         want = min(want, self.src.size - start)
         data = self.src.read(start, want) if want > 0 else b""
         self.buf = keep + data
@@ -328,21 +326,21 @@ class _Ahead:
         elif key in cur.arrays:
             n, nbytes = cur.arrays[key]
             return max(8, nbytes // max(n, 1))
-        if key == "tokenizer.ggml.merges" and self._tokens()[1]:
+        if key == "tokenizer.ggml.merges" and self._n_vocab():
             return self._mean("tokenizer.ggml.tokens") + 1
         return 8
 
-    def _tokens(self) -> tuple[bool, int]:
-        """Whether the vocabulary is being read now, and its size (0: not reached)."""
+    def _n_vocab(self) -> int:
+        """The vocabulary's size, whether it is being read now or was read (0: not reached)."""
         cur = self.cur
         if cur.arr_key == "tokenizer.ggml.tokens" and cur.arr_left:
-            return True, cur.arr_n
-        return False, cur.arrays.get("tokenizer.ggml.tokens", (0, 0))[0]
+            return cur.arr_n
+        return cur.arrays.get("tokenizer.ggml.tokens", (0, 0))[0]
 
     def __call__(self) -> int:
         cur = self.cur
         rest = cur.arr_left * self._mean(cur.arr_key) if cur.arr_left else 0
-        _, n_vocab = self._tokens()
+        n_vocab = self._n_vocab()
         if self.tensors_done == 0 and n_vocab:
             pending = {"tokenizer.ggml.token_type": 4 * n_vocab}
             model = self.kv.get("tokenizer.ggml.model")
@@ -366,11 +364,10 @@ class _Ahead:
 def read_header(src: ByteSource, first_read: int | None = None) -> GGUFHeader:
     """Parse the metadata and tensor table of one GGUF file (one shard).
 
-    ``first_read``: start with reads this small and double them (a network source pays per byte)."""
+    ``first_read``: a network source pays per request and per byte: read this much first, then what the
+    rest of the header needs (:class:`_Ahead`)."""
     whole = min(1 << 20, max(src.size, 1))
-    cur = _Cursor(
-        src, chunk=min(first_read, whole) if first_read else whole, max_chunk=4 << 20 if first_read else whole
-    )
+    cur = _Cursor(src, chunk=min(first_read, whole) if first_read else whole)
     if src.size < 24:
         raise BadModelFileError(f"{src.name}: too small to be a GGUF file ({src.size} bytes)")
     magic = cur.take(4)

@@ -2,8 +2,9 @@
 
 * :meth:`HubClient.listing`: the commit a revision points at, and every file with its size.
 * :meth:`HubClient.header`: one GGUF header read with HTTP Range requests through the library's
-  session, the range growing only as far as the parser needs (64 KiB, doubling up to 4 MiB a
-  request, 64 MiB in all), each response read no further than asked even if a server ignores Range.
+  session: 64 KiB first, then what the rest of the header needs at least (gguf.reader's estimate
+  from the vocabulary's and the tensor table's counts), 64 MiB in all, each response read no further
+  than asked even if a server ignores Range.
   Parsed prefixes are cached by (endpoint, repo, commit, path, size) in the user cache directory,
   so a second plan makes no header request.
 * :meth:`HubClient.download`: ``hf_hub_download`` into the shared cache (resumable, atomic).
@@ -30,7 +31,7 @@ from llamafit.gguf.reader import GGUFHeader, read_header
 from llamafit.hub.cache import repo_folder
 from llamafit.hub.select import HubFile
 
-FIRST_RANGE = 64 << 10  # then doubling (gguf.reader), so a small header costs one or two requests
+FIRST_RANGE = 64 << 10  # a small header in one request; the counts it holds size the next ones
 MAX_REMOTE_HEADER = 64 << 20  # the largest real headers (262k-token vocabularies) are under 16 MiB
 TIMEOUT = 20.0  # seconds per request (LLAMAFIT_HUB_TIMEOUT changes it)
 T = TypeVar("T")
