@@ -111,10 +111,6 @@ def runtime_overhead(device: str) -> int:
     return b.overhead if b is not None else 0
 
 
-def has_runtime_overhead(device: str) -> bool:
-    return runtime_overhead(device) > 0
-
-
 def cuda_like(device: str) -> bool:
     b = backend(device)
     return b is not None and b.cuda_like
