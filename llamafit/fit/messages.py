@@ -164,7 +164,7 @@ def context_cost(with_drafter: int, without: int) -> str:
     return f" It costs context: {with_drafter} instead of {without} without it." if without > with_drafter else ""
 
 
-def ngram_cost(ngram: str, cost: tuple[int, int] | None) -> str:
+def ngram_priced(ngram: str, cost: tuple[int, int] | None) -> str:
     """What an ngram type really costs: its verification batch (more output rows and a larger compute
     graph) on the devices, its own tables and that batch in host RAM."""
     if cost is None:
@@ -177,7 +177,7 @@ def ngram_cost(ngram: str, cost: tuple[int, int] | None) -> str:
 def spec_ngram(ngram: str, host_bytes: int, cost: tuple[int, int] | None) -> str:
     if cost is None:
         return f"Speculative decoding with {ngram}: {fmt_bytes(host_bytes)} of host RAM for its tables."
-    return f"Speculative decoding with {ngram_cost(ngram, cost)}."
+    return f"Speculative decoding with {ngram_priced(ngram, cost)}."
 
 
 def spec_explicit(d: Drafter, cut: str) -> str:
@@ -191,7 +191,7 @@ def spec_speed(d: Drafter, cut: str) -> str:
 def spec_speed_dropped(d: Drafter, min_ctx: int, fallback: str | None, cost: tuple[int, int] | None) -> str:
     return (
         f"Speculative decoding disabled: the model does not fit with {drafter_name(d)} even at --min-ctx {min_ctx}"
-        + (f"; using {ngram_cost(fallback, cost)} instead, at the same context and placement." if fallback else ".")
+        + (f"; using {ngram_priced(fallback, cost)} instead, at the same context and placement." if fallback else ".")
     )
 
 
@@ -214,7 +214,7 @@ def spec_auto_dropped(
     return (
         f"Speculative decoding disabled for this load: the model fits at context {n_ctx} but {drafter_name(d)} "
         f"does not{needs}. Keeping the context"
-        + (f"; using {ngram_cost(fallback, cost)} instead, at the same placement" if fallback else "")
+        + (f"; using {ngram_priced(fallback, cost)} instead, at the same placement" if fallback else "")
         + f". Use --spec {d.kind} to force the drafter or --prefer speed to trade context for it."
     )
 
