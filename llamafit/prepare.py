@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from llamafit.argv import ServerArgs, compose, parse_server_args
 from llamafit.calibration import Corrections, corrections, measured_mmproj_compute
@@ -29,7 +30,7 @@ from llamafit.hub.select import HubFile
 from llamafit.memory.footprint import LoadSettings
 from llamafit.options import Options
 from llamafit.paths import cache_dir
-from llamafit.plan import Plan
+from llamafit.plan import Plan, to_json
 from llamafit.request import Request, build_request, parse_margins
 from llamafit.rpc import discover_rpc
 from llamafit.server import ServerBinary, find_server
@@ -51,6 +52,13 @@ class Prepared:
         if self.hub is None:
             return []
         return self.hub.pending(self.argv[1:])
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``llamafit.plan/1`` document, with this preparation's notes and the downloads it needs."""
+        doc = to_json(self.plan, self.argv)
+        doc["notes"] = [*doc["notes"], *self.notes]
+        doc["downloads"] = [{"repo": st.repo, "path": f.path, "size": f.size} for st, f in self.downloads()]
+        return doc
 
 
 def server_and_caps(
@@ -76,13 +84,15 @@ def prepare(
     server: tuple[ServerBinary | None, Capabilities] | None = None,
     model: ModelInfo | None = None,
     extra_notes: Callable[[ServerArgs], list[str]] | None = None,
+    hub: Hub | None = None,
 ) -> Prepared:
+    """Plan one model. ``machine``, ``server`` and ``hub`` may be shared between calls (planning every
+    quant of a repo lists it, probes the binary and discovers the devices once)."""
     srv, caps = server if server is not None else server_and_caps(o.server)
     own_rpc = [t for v in o.rpc for t in ("--rpc", v)]
     translated = translate_user_args(normalize_bare_flash_attn([*own_rpc, *o.server_args]), caps)
     args = translated.args
     notes = list(translated.notes)
-    hub: Hub | None = None
 
     def the_hub() -> Hub:
         nonlocal hub
