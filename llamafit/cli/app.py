@@ -28,6 +28,7 @@ from llamafit.cli.options import (
     OfflineOpt,
     Prefer,
     PreferOpt,
+    QuantOpt,
     QuietOpt,
     RevisionOpt,
     RpcOpt,
@@ -71,18 +72,24 @@ def _root(
     """Plan and launch llama-server so the model fits: context, GPU layers, split, drafter."""
 
 
-def _prepare(model: str, o: Options, json_out: bool = False) -> Prepared:
-    """The plan and argv; when nothing fits and ``json_out``, the plan that could not be made goes to
-    stdout (``"fits": false``) before the error (exit 3)."""
+def _prepare(model: str, o: Options, json_out: bool = False, quant: str | None = None) -> Prepared:
+    """The plan and argv (of the quant asked for with ``:best``/``--quant``); when nothing fits and
+    ``json_out``, the plan that could not be made goes to stdout (``"fits": false``) before the error
+    (exit 3)."""
     from llamafit.devices import discover
     from llamafit.errors import DoesNotFitError
-    from llamafit.prepare import discover_for, prepare, server_and_caps
+    from llamafit.prepare import discover_for, new_hub, prepare, server_and_caps
+    from llamafit.quants import planner, prepare_choice, wants_quants
 
     if o.gpu:
         discover(gpu_specs=o.gpu)  # usage errors (--gpu) before touching files or binaries
     found = server_and_caps(o.server)
     try:
-        return prepare(model, o, machine=discover_for(o, found[0]), server=found)
+        machine = discover_for(o, found[0])
+        if wants_quants(model, quant):
+            hub = new_hub(o.offline)
+            return prepare_choice(model, quant, o, planner(hub, machine, found), hub)
+        return prepare(model, o, machine=machine, server=found)
     except DoesNotFitError as e:
         if json_out and e.plan is not None and e.argv is not None:
             from llamafit.plan import to_json
@@ -91,13 +98,34 @@ def _prepare(model: str, o: Options, json_out: bool = False) -> Prepared:
         raise
 
 
-def _plan_doc(prep: Prepared) -> dict[str, Any]:
-    from llamafit.plan import to_json
+def _ladder(model: str, o: Options, json_out: bool) -> int:
+    """``plan --quants``: every quant planned; exit 3 when none fits (the table is printed first)."""
+    from llamafit.errors import DoesNotFitError
+    from llamafit.prepare import discover_for, new_hub, server_and_caps
+    from llamafit.quants import ladder, ladder_json, planner, source
 
-    doc = to_json(prep.plan, prep.argv)
-    doc["notes"] = [*doc["notes"], *prep.notes]
-    doc["downloads"] = [{"repo": st.repo, "path": f.path, "size": f.size} for st, f in prep.downloads()]
-    return doc
+    if o.gpu:
+        discover_for(o, None)  # usage errors (--gpu) before touching files or binaries
+    found = server_and_caps(o.server)
+    hub = new_hub(o.offline)
+    src = source(model, hub, o.revision)
+    rows = ladder(src, o, planner(hub, discover_for(o, found[0]), found))
+    if json_out:
+        print_json(ladder_json(src, rows))
+    else:
+        from llamafit.cli.render import quants_table
+
+        out_console().print(quants_table(src, rows))
+    for n in dict.fromkeys(n for r in rows if r.prepared for n in r.prepared.notes):
+        note(n)
+    if not any(r.fits for r in rows):
+        fitted = [r for r in rows if r.refused is not None]
+        raise DoesNotFitError(
+            f"no quant of {src.ref} fits this machine"
+            + (f"; the smallest misses: {fitted[0].refused.message}" if fitted and fitted[0].refused else ""),
+            hint="try a smaller --min-ctx, -ctk q8_0 -ctv q8_0, or another machine (--gpu)",
+        )
+    return 0
 
 
 @app.command(short_help="The devices llama-server will use, and host RAM.")
@@ -238,17 +266,30 @@ def plan(
     offline: OfflineOpt = False,
     rpc: RpcOpt = None,
     rpc_optional: RpcOptionalOpt = False,
+    quant: QuantOpt = None,
+    quants: Annotated[
+        bool,
+        typer.Option(
+            "--quants", help="Plan every quant of the repo (or folder) for this machine: one row each, best first."
+        ),
+    ] = False,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
     """The memory plan per device and the decisions behind it. Nothing is launched or downloaded."""
     with handled():
-        prep = _prepare(model, Options.from_params(ctx.params), json_out)
+        if quants:
+            if quant:
+                from llamafit.errors import UsageError
+
+                raise UsageError("--quants plans every quant; --quant picks one", hint="give one of them")
+            raise typer.Exit(_ladder(model, Options.from_params(ctx.params), json_out))
+        prep = _prepare(model, Options.from_params(ctx.params), json_out, quant)
         p, argv = prep.plan, prep.argv
         for n in prep.notes:
             note(n)
         if json_out:
-            print_json(_plan_doc(prep))
+            print_json(prep.to_json())
             return
         from llamafit.cli.render import print_plan
 
@@ -292,6 +333,7 @@ def run(
     offline: OfflineOpt = False,
     rpc: RpcOpt = None,
     rpc_optional: RpcOptionalOpt = False,
+    quant: QuantOpt = None,
     json_out: Annotated[
         bool, typer.Option("--json", help="When the server is ready, print the plan and predicted vs actual as JSON.")
     ] = False,
@@ -309,15 +351,17 @@ def run(
                 "--gpu describes hardware that is not here: a plan for it can be printed, not launched",
                 hint="add --dry-run (or use plan), or drop --gpu to launch on this machine's devices",
             )
-        prep = _prepare(model, o, json_out)
+        prep = _prepare(model, o, json_out, quant)
         for n in prep.notes:
             note(n)
         pending = prep.downloads()
         if dry_run:
+            if (chosen := prep.plan.decision("quant.best")) is not None:
+                note(chosen.message)  # a choice the user left to llamafit: say it even without a launch
             if pending:
                 note(_download_summary(pending, "run would download"))
             if json_out:
-                print_json(_plan_doc(prep))  # the plan, with the argv in it
+                print_json(prep.to_json())  # the plan, with the argv in it
             else:
                 typer.echo(shellwords.join(prep.argv))
             return

@@ -41,7 +41,8 @@ class Prefer(str, Enum):
 ModelArg = Annotated[
     str,
     typer.Argument(
-        help="A GGUF file (any shard of a split model), or a Hugging Face repo as owner/repo[:QUANT].",
+        help="A GGUF file (any shard of a split model), a Hugging Face repo as owner/repo[:QUANT] "
+        "(:best picks the quant that fits), or a folder of GGUF files (with --quant or --quants).",
         show_default=False,
         metavar="MODEL",
     ),
@@ -130,6 +131,15 @@ RpcOpt = Annotated[
 ]
 RpcOptionalOpt = Annotated[
     bool, typer.Option("--rpc-optional", help="Plan without an RPC server that cannot be reached (a warning).")
+]
+QuantOpt = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        "--quant",
+        metavar="TAG|best",
+        help="The quant of a repo or folder: a tag as in the file names (Q4_K_M), or 'best': the highest precision "
+        "that keeps every layer on the GPUs at --min-ctx (else the one leaving the least on the CPU).",
+    ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
 QuietOpt = Annotated[

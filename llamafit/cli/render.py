@@ -272,3 +272,25 @@ def rows_json(rows: list[Row]) -> list[dict[str, Any]]:
         }
         for r in rows
     ]
+
+
+# -- quants (plan --quants) -------------------------------------------------------------------------
+
+
+def quants_table(src: Any, rows: Any) -> Table:
+    """One row per quant, highest precision first: its size and bits per weight, and its plan here."""
+    t = Table(title=f"Quants of {safe(src.ref)} on this machine", title_justify="left")
+    for col in ("quant", "size", "bpw", "fits", "context", "weights", "drafter", "download"):
+        t.add_column(col, justify="right" if col in ("size", "bpw", "context", "download") else "left")
+    for r in reversed(rows):
+        if r.error is not None:
+            t.add_row(safe(r.quant.tag), b(r.quant.size), "", "[red]error", "", safe(r.error.message), "", "")
+            continue
+        fits = "[green]yes" if r.full else "[yellow]yes" if r.fits else "[red]no"  # yellow: weights on the CPU
+        down = r.prepared.downloads() if r.prepared is not None else []
+        t.add_row(
+            safe(r.quant.tag), b(r.quant.size), f"{r.bpw:.2f}" if r.bpw else "", fits,
+            str(r.plan.n_ctx) if r.fits and r.plan else "", safe(r.placement[1]), safe(r.speculative or ""),
+            b(sum(f.size for _, f in down)) if down else ("cached" if r.fits and src.hub else ""),
+        )  # fmt: skip
+    return t
