@@ -6,7 +6,9 @@
   answer for host memory; on a GPU machine fit-params measures every candidate placement);
 * bytes and requests needed to plan the same files as a Hub model, through a loopback Hub
   (tests/hubserver.py) and the real huggingface_hub client;
-* ``llamafit --help`` and the shell-completion path.
+* ``llamafit --help`` and the shell-completion path;
+* ``plan owner/repo:best`` over six quants of an 8B shape (llama-quantize's own type mixes) against a
+  plan of one named quant, both from a cold cache: headers read and wall time.
 
 Usage: python bench/speed.py [--runs N] [--keep DIR]
 
@@ -27,6 +29,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
+sys.path.insert(0, str(HERE.parent))
 
 import factory  # noqa: E402
 import shapes  # noqa: E402
@@ -100,6 +103,7 @@ def main() -> None:
         factory.with_vocab(factory.glm45_air(), factory.bpe_vocab(151552, 151552 - 256)).write(glm)
     hub = hub_bytes({**models, "GLM-4.5-Air Q4_K (1 file, 72 GB, BPE vocabulary)": glm}, env)
     rpc = rpc_fit(glm, a.runs, env) if fitp else None
+    best = quants_best(d, a.runs, env) if fitp else None
     t_help, _ = timed([*LLAMAFIT, "--help"], a.runs, env)
     # what a shell runs on Tab for a model argument (commands and options need no Python at all)
     t_complete, _ = timed([*LLAMAFIT, "__complete", "repos"], a.runs, env)
@@ -111,7 +115,10 @@ def main() -> None:
         "models": rows,
         "hub": hub,
         "rpc_fit": rpc,
+        "quants_best": best,
         "targets": {
+            "best_over_single": 2.0,
+            "best_header_reads": 4,
             "plan_s": 0.3,
             "help_s": 0.10,
             "complete_s": 0.15,
@@ -140,6 +147,10 @@ def main() -> None:
     if rpc:
         print(f"plan over 2 RPC devices {rpc['model']:<32} {rpc['plan_s'] * 1000:7.0f} ms   llama-fit-params (fitting) "
               f"{rpc['fit_params_s'] * 1000:6.0f} ms   ratio {rpc['ratio']:.2f}   (target 0.10)")  # fmt: skip
+    if best:
+        print(f"plan :best over {best['quants']} quants {best['best_s'] * 1000:7.0f} ms, {best['best_headers']} headers"
+              f"   one quant {best['single_s'] * 1000:6.0f} ms, {best['single_headers']} header   "
+              f"ratio {best['ratio']:.2f}   (targets 2.0x, at most 4 headers)")  # fmt: skip
     print(f"results: {out}")
 
 
@@ -162,6 +173,42 @@ def rpc_fit(model: Path, runs: int, env: dict[str, str]) -> dict[str, object] | 
         t_fp, rc_fp = timed([fitp, "-m", str(model), "--rpc", rpc, *settings], max(1, runs // 2), srv.env())
     return {"model": model.name, "plan_s": round(t_plan, 3), "plan_rc": rc, "fit_params_s": round(t_fp, 3),
             "fit_params_rc": rc_fp, "ratio": round(t_plan / t_fp, 3)}  # fmt: skip
+
+
+def quants_best(d: Path, runs: int, env: dict[str, str]) -> dict[str, object]:
+    """``plan repo:best`` over six quants against ``plan repo:Q4_K_M``, each from a cold cache, through a
+    loopback Hub: the headers each reads and the wall time (best of ``runs``)."""
+    from hubserver import FakeHub
+    from quantmix import ladder
+
+    from llamafit.server import find_server
+
+    six = ["Q3_K_M", "IQ4_XS", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0"]
+    qdir = d / "quants"
+    files = ladder(find_server(), factory.qwen3_8b("bf16"), qdir, "Qwen3-8B", six)
+    hub = FakeHub().start()
+    hub.add("bench/qwen3-8b", {p.name: p for q, p in files.items() if q in six})
+    out: dict[str, object] = {"quants": len(six), "gpu": "8GiB"}
+    try:
+        for key, ref in (("single", "bench/qwen3-8b:Q4_K_M"), ("best", "bench/qwen3-8b:best")):
+            times, headers = [], 0
+            for _ in range(runs):
+                hub.reset_counts()
+                with tempfile.TemporaryDirectory() as cache:
+                    e = dict(env, HF_ENDPOINT=hub.url, HF_HUB_CACHE=cache + "/hub", LLAMAFIT_CACHE=cache + "/lf")
+                    t = time.perf_counter()
+                    r = subprocess.run([*LLAMAFIT, "plan", ref, "--json", "--gpu", "8GiB"], capture_output=True, env=e)
+                    times.append(time.perf_counter() - t)
+                assert r.returncode == 0, r.stderr[-2000:]
+                headers = len({q.path for q in hub.requests if "/resolve/" in q.path and q.method == "GET"})
+            out[f"{key}_s"] = round(min(times), 3)
+            out[f"{key}_headers"] = headers
+            if key == "best":
+                out["chosen"] = json.loads(r.stdout)["model"]["path"].rsplit("/", 1)[-1]
+    finally:
+        hub.stop()
+    out["ratio"] = round(float(out["best_s"]) / float(out["single_s"]), 3)  # type: ignore[arg-type]
+    return out
 
 
 def files_of(path: Path) -> list[Path]:
