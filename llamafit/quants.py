@@ -338,7 +338,15 @@ def _decision(src: QuantSource, chosen: QuantPlan, planned: Sequence[QuantPlan],
             f"Quant {_label(chosen)}: no quant keeps every layer on the GPUs at a context of at least {min_ctx}; "
             f"this one leaves the fewest weight bytes on the CPU ({fmt_bytes(cpu)}). Considered {considered}"
         )
-    return Decision("quant.best", text + (f" ({others})." if others else "."))
+    text += f" ({others})." if others else "."
+    counts = sorted({n for p in planned if (n := p.n_params)})
+    if len(counts) > 1:  # the bisection assumes one model: sizes order the quants by precision only then
+        text += (
+            " The quants planned do not share one parameter count ("
+            + ", ".join(f"{n / 1e9:.2f}B" for n in counts)
+            + "): the repo holds more than one model, so their sizes may not rank their precision; name a quant."
+        )
+    return Decision("quant.best", text)
 
 
 # -- from the command line ------------------------------------------------------------------------

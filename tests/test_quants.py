@@ -327,3 +327,14 @@ def test_bits_per_weight_agree_with_llama_quantize(server_bin: ServerBinary, qua
         said = float(re.search(r"quant size\s*=\s*[\d.]+ MiB \(([\d.]+) BPW\)", r.stdout + r.stderr).group(1))  # type: ignore[union-attr]
         m = load_model(str(quant_files[q]))
         assert 8 * m.tensor_bytes / _n_params(m.tensors) == pytest.approx(said, abs=0.005), q
+
+
+def test_a_folder_of_two_models_is_said_to_be_one(tmp_path: Path) -> None:
+    """Sizes rank quants only within one model: when the quants planned differ in parameter count, the
+    decision says so."""
+    factory.qwen3_0_6b("q8_0").write(tmp_path / "small-Q8_0.gguf")
+    factory.qwen3_8b("q8_0").write(tmp_path / "large-Q8_0.gguf")
+    doc = plan_json(str(tmp_path), "--quant", "best", "--gpu", "8GiB")
+    assert doc["model"]["path"].endswith("small-Q8_0.gguf")
+    dec = next(d["message"] for d in doc["decisions"] if d["code"] == "quant.best")
+    assert "more than one model" in dec and "0.60B" in dec and "8.19B" in dec
