@@ -339,7 +339,7 @@ def _decision(src: QuantSource, chosen: QuantPlan, planned: Sequence[QuantPlan],
             f"this one leaves the fewest weight bytes on the CPU ({fmt_bytes(cpu)}). Considered {considered}"
         )
     text += f" ({others})." if others else "."
-    counts = sorted({n for p in planned if (n := p.n_params)})
+    counts = sorted({p.n_params for p in planned if p.n_params})
     if len(counts) > 1:  # the bisection assumes one model: sizes order the quants by precision only then
         text += (
             " The quants planned do not share one parameter count ("
