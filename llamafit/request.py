@@ -48,6 +48,8 @@ class Request:
     main_gpu: int = 0
     offload_kqv: bool = True
     swa_full: bool = False
+    embeddings: bool = False  # --embeddings / --reranking: every token of a batch is an output
+    pooling: str | None = None  # --pooling TYPE (--reranking: rank)
     use_mmap: bool = True
     no_host: bool = False
     repack: bool = True
@@ -217,6 +219,12 @@ def build_request(
         kw["offload_kqv"] = f
     if args.has("--swa-full"):
         kw["swa_full"] = True
+    if args.has("--embedding") or args.has("--rerank"):
+        kw["embeddings"] = True
+    if args.has("--rerank"):
+        kw["pooling"] = "rank"
+    if (o := args.last("--pooling")) is not None:
+        kw["pooling"] = (o.value or "").strip().lower()
     if (o := args.last("--load-mode")) is not None:
         mode = (o.value or "").strip()
         if mode not in ("auto", "none", "mmap", "mlock", "mmap+mlock", "dio"):

@@ -33,6 +33,10 @@ CASES = [
     ("dense", ["-c", "4096", "-nkvo"]),
     ("dense", []),
     ("qwen3", ["-c", "4096", "-np", "1"]),
+    # embedding and pooled servers: every token of a ubatch is an output (-b drops to -ub with --embeddings)
+    ("qwen3", ["-c", "4096", "--embeddings", "--pooling", "mean"]),
+    ("qwen3", ["-c", "4096", "--pooling", "last"]),
+    ("qwen3", ["-c", "4096", "--reranking", "-ub", "256"]),
     ("tied_q4k", ["-c", "4096"]),
     ("tied_q4k", ["-c", "4096", "--no-repack"]),
     ("moe", ["-c", "4096"]),

@@ -22,11 +22,15 @@ def server_defaults(req: Request) -> LoadSettings:
         n_seq, kvu = 4, True  # server auto: 4 slots, unified KV (server.cpp:167-173)
     else:
         n_seq, kvu = req.n_seq, bool(req.kv_unified)
+    # an embedding server takes a batch in one ubatch (server.cpp:159-166) and every token of it is an
+    # output; so is any pooled one (server-context.cpp:42-46, llama-context.cpp:252)
+    n_batch = min(req.n_batch, req.n_ubatch) if req.embeddings else req.n_batch
+    pooled = req.embeddings or req.pooling not in (None, "none")
     return LoadSettings(
         n_ctx=req.ctx or 0,
         n_seq=n_seq,
         kv_unified=kvu,
-        n_batch=req.n_batch,
+        n_batch=n_batch,
         n_ubatch=req.n_ubatch,
         flash_attn=req.flash_attn,
         type_k=req.type_k,
@@ -40,7 +44,8 @@ def server_defaults(req: Request) -> LoadSettings:
         no_host=req.no_host,
         repack=req.repack,
         op_offload=req.op_offload,
-        n_outputs_max=max(1, min(req.n_batch, n_seq)),
+        n_outputs_max=n_batch if pooled else max(1, min(req.n_batch, n_seq)),
+        embeddings=req.embeddings,
         split_mode=req.split_mode,
         main_gpu=req.main_gpu,
     )

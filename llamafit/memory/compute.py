@@ -286,13 +286,15 @@ def _output_weight_device(placement: WeightPlacement, out_dev: str) -> str:
     return mine[0].device if mine else out_dev
 
 
-def output_buffer_bytes(hp: Hparams, n_outputs_max: int, n_seq_max: int, *, initial: bool = False) -> int:
+def output_buffer_bytes(
+    hp: Hparams, n_outputs_max: int, n_seq_max: int, *, initial: bool = False, embeddings: bool = False
+) -> int:
     """Host output buffer (llama-context.cpp:2118-2210): logits rows, grown up to n_outputs_max.
 
     ``initial`` gives the size logged at context creation (``max(n_seq_max, 1)`` rows).
     """
     rows = max(1, n_seq_max) if initial else max(n_outputs_max, n_seq_max)
     floats = hp.n_vocab * rows
-    if hp.has_pooling:
+    if hp.has_pooling or embeddings:  # has_embd = cparams.embeddings (llama-context.cpp:2130)
         floats += hp.n_embd * rows
     return floats * 4

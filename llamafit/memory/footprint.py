@@ -70,6 +70,7 @@ class LoadSettings:
     load_nextn: bool = False
     split_mode: str = "layer"
     main_gpu: int = 0
+    embeddings: bool = False  # cparams.embeddings: the output buffer holds an embedding per output too
     extract_hidden: int = 0  # target layer inputs a drafter reads (n_embd x n_batch floats each, output buffer)
 
 
@@ -164,7 +165,8 @@ def estimate(
         model, cp, placement, gpus=gpu_ids, n_outputs=cp.n_outputs_max, fa=fa, op_offload=s.op_offload,
         pipeline_parallel=pp,
     )  # fmt: skip
-    out_bytes = output_buffer_bytes(hp, cp.n_outputs_max, cp.n_seq_max) + 4 * hp.n_embd * cp.n_batch * s.extract_hidden
+    out_bytes = output_buffer_bytes(hp, cp.n_outputs_max, cp.n_seq_max, embeddings=s.embeddings)
+    out_bytes += 4 * hp.n_embd * cp.n_batch * s.extract_hidden
 
     buffers: list[PredictedBuffer] = []
     per: dict[str, Use] = {g: Use() for g in gpu_ids}
@@ -190,9 +192,8 @@ def estimate(
         add(dev, compute=size)
     out_dev = placement.layer_device[hp.n_layer_all]
     out_buft = (backends.host_buffer(gpu_ids) or CPU) if out_dev != CPU else CPU
-    buffers.append(
-        PredictedBuffer(context_label, "output", out_buft, output_buffer_bytes(hp, 0, cp.n_seq_max, initial=True))
-    )
+    initial = output_buffer_bytes(hp, 0, cp.n_seq_max, initial=True, embeddings=s.embeddings)
+    buffers.append(PredictedBuffer(context_label, "output", out_buft, initial))
     add(CPU, output=out_bytes)
     for g in gpu_ids:
         # the backend's runtime memory no buffer reports (llamafit.memory.backends), unless measured

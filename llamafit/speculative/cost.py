@@ -76,8 +76,10 @@ def target_settings(model: ModelInfo, base: LoadSettings, config: SpecConfig, op
     """What the target pays for speculation: verification outputs, NextN weights, rollback rows and
     hidden-state extraction (server-context.cpp:42-54, common.cpp:1683-1693)."""
     n_max = n_draft_max(config.types, opts)
-    # server-context.cpp:42-54: n_outputs_max = min(-b, n_parallel x (1 + n_draft_max))
-    s = replace(base, n_outputs_max=max(1, min(base.n_batch, base.n_seq * (1 + n_max))))
+    # server-context.cpp:42-54: n_outputs_max = min(-b, n_parallel x (1 + n_draft_max)); a pooled or
+    # embedding server outputs every token of a batch (server_defaults set it) and drafts nothing
+    outs = base.n_outputs_max if base.n_outputs_max >= base.n_batch else min(base.n_batch, base.n_seq * (1 + n_max))
+    s = replace(base, n_outputs_max=max(1, outs))
     d = config.drafter
     if d is None:
         return s
