@@ -91,8 +91,10 @@ class Supervisor:
         on_ready: Callable[[str, LoadLog], None] | None = None,
         predicted: dict[str, int] | None = None,
         usable: dict[str, int] | None = None,
+        probe: str = "/slots",
     ) -> None:
         self.argv = list(argv)
+        self.probe = probe  # what the task loop answers once ready (the router: /models)
         self.env = env
         self.log_file = log_file
         self.on_line = on_line
@@ -194,7 +196,7 @@ class Supervisor:
         while self.running and time.monotonic() < deadline:
             conn = http.client.HTTPConnection(u.hostname or "127.0.0.1", u.port, timeout=2)
             try:
-                conn.request("GET", "/slots")
+                conn.request("GET", self.probe)
                 # 200: the loop answered; 501: --no-slots; 401/403: an API key: nothing more to learn
                 if conn.getresponse().status in (200, 401, 403, 501):
                     return
@@ -217,10 +219,11 @@ class Supervisor:
                 self._proc.kill()
         return self._finish()
 
-    def run(self, ready_timeout: float | None = None) -> Outcome:
+    def run(self, ready_timeout: float | None = None, stop_when: Callable[[], bool] | None = None) -> Outcome:
         """Start the server and supervise it until it exits. SIGINT and SIGTERM are forwarded to it once
         each (a second Ctrl-C is the user insisting: llama-server then stops at once); SIGHUP, a closed
-        terminal, stops it like SIGTERM. A server not ready after ``ready_timeout`` seconds is stopped."""
+        terminal, stops it like SIGTERM. A server not ready after ``ready_timeout`` seconds is stopped, and
+        so is one for which ``stop_when()`` turns true (checked a few times a second)."""
         self.start()
         assert self._proc is not None
         proc = self._proc
@@ -240,6 +243,8 @@ class Supervisor:
                     if ready_timeout and not self._ready.is_set() and time.monotonic() - started > ready_timeout:
                         self.timed_out = ready_timeout
                         self.stop(timeout=10)
+                    elif stop_when is not None and stop_when():
+                        self.stop(timeout=15)
         finally:
             for s, h in old.items():
                 signal.signal(s, h)
