@@ -1,0 +1,147 @@
+"""llama-server's router presets (``--models-preset FILE.ini``), read and written as b11434 does.
+
+Mirrors ``common/preset.cpp``: ``[section]`` headers, ``key = value`` lines, ``;``/``#`` comments (a value
+ends where whitespace and a comment start), a ``[*]`` section applied under every model's own, keys that
+are any flag alias without its dashes or its ``LLAMA_ARG_*`` name, flag values read with llama.cpp's
+truthy/falsey words, and the preset-only keys (``load-on-startup``, ``stop-timeout``,
+``dedup-cache-models``). One value per option and section: a repeated key is last-wins.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from llamafit.argv import OPTIONS, Option, parse_server_args
+from llamafit.errors import UsageError
+
+GLOBAL = "*"
+PRESET_ONLY = ("load-on-startup", "stop-timeout", "dedup-cache-models")
+TRUTHY = ("on", "enabled", "true", "1")  # common_arg_utils::is_truthy
+FALSEY = ("off", "disabled", "false", "0")
+MAX_PRESET_BYTES = 1 << 20
+_IDENT = re.compile(r"[a-zA-Z_][a-zA-Z0-9_.-]*")
+_HEADER = re.compile(r"^[ \t]*\[[ \t]*([^\]]*?)[ \t]*\][ \t]*(?:[;#].*)?$")
+_KV = re.compile(r"^[ \t]*([a-zA-Z_][a-zA-Z0-9_.-]*)[ \t]*=[ \t]*(.*?)[ \t]*(?:[;#].*)?$")
+_BLANK = re.compile(r"^[ \t]*(?:[;#].*)?$")
+
+
+def _keys() -> dict[str, Option]:
+    out: dict[str, Option] = {}
+    for opt in OPTIONS.values():
+        if not opt.in_server:
+            continue
+        for a in (*opt.aliases, *opt.negated):
+            out.setdefault(a.lstrip("-"), opt)
+        if opt.env:
+            out.setdefault(opt.env, opt)
+    return out
+
+
+_BY_KEY = _keys()
+
+
+@dataclass(frozen=True)
+class Section:
+    name: str
+    values: dict[str, str] = field(default_factory=dict)  # key as written -> value (last wins)
+
+
+def read_ini(text: str, source: str = "preset") -> list[Section]:
+    """The sections of a preset, in file order (llama.cpp's grammar: a line that is no header, key line,
+    comment or blank line makes the whole file invalid)."""
+    sections: list[Section] = []
+    current: Section | None = None
+    for n, line in enumerate(text.splitlines(), 1):
+        if _BLANK.match(line):
+            continue
+        if m := _HEADER.match(line):
+            current = Section(m.group(1))
+            sections.append(current)
+            continue
+        if m := _KV.match(line):
+            if current is None:  # keys before any header belong to llama.cpp's default (unnamed) preset
+                current = Section("")
+                sections.append(current)
+            current.values[m.group(1)] = m.group(2)
+            continue
+        raise UsageError(f"{source}:{n}: not a preset line: {line[:80]!r}", hint="lines are [section] or key = value")
+    return sections
+
+
+def load(path: str | Path) -> list[Section]:
+    p = Path(path)
+    try:
+        with p.open("rb") as f:
+            data = f.read(MAX_PRESET_BYTES + 1)
+    except OSError as e:
+        raise UsageError(f"cannot read the preset {p}: {e.strerror or e}") from None
+    if len(data) > MAX_PRESET_BYTES:
+        raise UsageError(f"{p} is larger than {MAX_PRESET_BYTES >> 20} MiB: not a preset")
+    return read_ini(data.decode("utf-8", errors="replace"), str(p))
+
+
+def to_tokens(values: dict[str, str], source: str) -> tuple[list[str], dict[str, str]]:
+    """A section's keys as server flags (the long spelling) and its preset-only keys."""
+    tokens: list[str] = []
+    only: dict[str, str] = {}
+    for key, value in values.items():
+        if key == "version":
+            continue
+        if key in PRESET_ONLY:
+            only[key] = value
+            continue
+        opt = _BY_KEY.get(key)
+        if opt is None:
+            raise UsageError(
+                f"{source}: option {key!r} is not a llama-server option", hint="keys are flags without dashes"
+            )
+        negated_key = any(a.lstrip("-") == key for a in opt.negated)
+        if opt.arity == 0:
+            on = value.strip().lower() not in FALSEY
+            if negated_key:
+                on = not on
+            if on:
+                tokens.append(opt.key)
+            elif opt.negated:
+                tokens.append(opt.negated[-1])
+        else:
+            tokens += [opt.key, value]
+    return tokens, only
+
+
+def is_truthy(value: str | None) -> bool:
+    return value is not None and value.strip().lower() in TRUTHY
+
+
+def section_text(name: str, argv: Sequence[str], extra: Iterable[tuple[str, str]] = ()) -> str:
+    """One section whose keys make llama-server's router start ``argv`` (after the binary): each option
+    under its long name, once (the router keeps one value per option); an option given twice that
+    accumulates is joined with commas, as llama.cpp's list options read it."""
+    args = parse_server_args(list(argv))
+    lines = [f"[{name}]"]
+    seen: dict[str, int] = {}
+    for o in args.items:
+        if o.option is None:
+            raise UsageError(f"{o.tokens[0]} is not an option this llama-server knows; a preset cannot carry it")
+        key = o.option.key.lstrip("-")
+        if o.option.arity == 0:
+            value = "false" if o.negated else "true"
+        elif len(o.values) == 1:
+            value = o.values[0]
+        else:
+            raise UsageError(f"{o.tokens[0]} takes {len(o.values)} values; a preset holds one per option")
+        if "\n" in value or "\r" in value:
+            raise UsageError(f"the value of {o.tokens[0]} spans lines; a preset cannot carry it")
+        if key in seen:
+            if not o.option.accumulates:
+                lines[seen[key]] = f"{key} = {value}"  # last wins, as on the command line
+                continue
+            lines[seen[key]] += "," + value
+            continue
+        seen[key] = len(lines)
+        lines.append(f"{key} = {value}")
+    lines += [f"{k} = {v}" for k, v in extra]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,65 @@
+"""Reading llama-server's router log: which instance said what.
+
+The router forwards each instance's log lines prefixed with the instance's port, ``[%5d] <line>``
+(tools/server/server-models.cpp:194), and names the port when it spawns the instance: ``spawning server
+instance with name=NAME on port PORT`` (server-models.cpp:1189); an instance that stops is ``instance
+name=NAME exited with status N``. An instance is ready at its own ``listening on`` line. Silent: the
+caller decides what to show.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from llamafit.logparse import LoadLog, parse
+
+_CHILD = re.compile(r"^\[\s*(?P<port>\d{1,5})\] ?(?P<line>.*)$")
+_SPAWN = re.compile(r"spawning server instance with name=(?P<name>.+?) on port (?P<port>\d+)\s*$")
+_EXIT = re.compile(r"instance name=(?P<name>.+?) exited with status (?P<code>-?\d+)")
+_LISTEN = re.compile(r"listening on (?:https?|unix)://\S+")
+MAX_INSTANCE_LINES = 20000  # lines kept per instance: its load (the memory lines) and a tail after ready
+
+
+@dataclass
+class Instance:
+    name: str
+    port: int
+    lines: list[str] = field(default_factory=list)
+    ready: bool = False
+    exit_code: int | None = None  # set when the router says it exited
+
+    def log(self) -> LoadLog:
+        return parse(self.lines)
+
+
+@dataclass
+class RouterLog:
+    """Feed it every line of the router's output; it keeps each instance's lines apart."""
+
+    instances: dict[str, Instance] = field(default_factory=dict)  # by model name
+    _by_port: dict[int, Instance] = field(default_factory=dict)
+
+    def feed(self, line: str) -> tuple[Instance | None, str, str]:
+        """The instance a line belongs to (None for the router's own), the line without its prefix, and
+        what happened: "" | "spawned" | "ready" | "exited"."""
+        if m := _CHILD.match(line):
+            inst = self._by_port.get(int(m.group("port")))
+            if inst is not None:
+                text = m.group("line")
+                if len(inst.lines) < MAX_INSTANCE_LINES:
+                    inst.lines.append(text)
+                if not inst.ready and _LISTEN.search(text):
+                    inst.ready = True
+                    return inst, text, "ready"
+                return inst, text, ""
+        if m := _SPAWN.search(line):
+            name, port = m.group("name"), int(m.group("port"))
+            inst = Instance(name, port)  # a reload starts the instance afresh
+            self.instances[name] = inst
+            self._by_port[port] = inst
+            return inst, line, "spawned"
+        if (m := _EXIT.search(line)) and (inst := self.instances.get(m.group("name"))) is not None:
+            inst.exit_code = int(m.group("code"))
+            return inst, line, "exited"
+        return None, line, ""
