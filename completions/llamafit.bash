@@ -82,9 +82,11 @@ _llamafit() {
                 --revision) :; return 0 ;;
                 --rpc) :; return 0 ;;
                 --quant) :; return 0 ;;
+                --models-preset) :; return 0 ;;
+                --models-preset-out) :; return 0 ;;
             esac
             if [[ "$cur" == -* ]]; then
-                COMPREPLY=($(compgen -W "--gpu --cpu-only --margin --min-ctx --spec --prefer --draft --server --hf-file --revision --offline --rpc --rpc-optional --quant --quants --json --quiet -q --help -h" -- "$cur")); return 0
+                COMPREPLY=($(compgen -W "--gpu --cpu-only --margin --min-ctx --spec --prefer --draft --server --hf-file --revision --offline --rpc --rpc-optional --quant --models-preset --models-preset-out --quants --json --quiet -q --help -h" -- "$cur")); return 0
             fi
             _llamafit_models ;;
         run)
@@ -102,9 +104,10 @@ _llamafit() {
                 --revision) :; return 0 ;;
                 --rpc) :; return 0 ;;
                 --quant) :; return 0 ;;
+                --models-preset) :; return 0 ;;
             esac
             if [[ "$cur" == -* ]]; then
-                COMPREPLY=($(compgen -W "--dry-run --exec --verbose -v --log-file --ready-timeout --server --gpu --cpu-only --margin --min-ctx --spec --prefer --draft --hf-file --revision --offline --rpc --rpc-optional --quant --json --quiet -q --help -h" -- "$cur")); return 0
+                COMPREPLY=($(compgen -W "--dry-run --exec --verbose -v --log-file --ready-timeout --server --gpu --cpu-only --margin --min-ctx --spec --prefer --draft --hf-file --revision --offline --rpc --rpc-optional --quant --models-preset --json --quiet -q --help -h" -- "$cur")); return 0
             fi
             _llamafit_models ;;
     esac

@@ -25,6 +25,8 @@ from llamafit.cli.options import (
     MarginOpt,
     MinCtxOpt,
     ModelArg,
+    ModelsArg,
+    ModelsPresetOpt,
     OfflineOpt,
     Prefer,
     PreferOpt,
@@ -33,7 +35,6 @@ from llamafit.cli.options import (
     RevisionOpt,
     RpcOpt,
     RpcOptionalOpt,
-    ServerArgsArg,
     ServerOpt,
     SpecMode,
     SpecOpt,
@@ -98,34 +99,17 @@ def _prepare(model: str, o: Options, json_out: bool = False, quant: str | None =
         raise
 
 
-def _ladder(model: str, o: Options, json_out: bool) -> int:
-    """``plan --quants``: every quant planned; exit 3 when none fits (the table is printed first)."""
-    from llamafit.errors import DoesNotFitError
-    from llamafit.prepare import discover_for, new_hub, server_and_caps
-    from llamafit.quants import ladder, ladder_json, planner, source
+def _targets(ctx: typer.Context, tokens: list[str] | None) -> tuple[list[str], Options]:
+    """The models and the options (with the server flags after them)."""
+    from llamafit.cli.several import split_targets
 
-    if o.gpu:
-        discover_for(o, None)  # usage errors (--gpu) before touching files or binaries
-    found = server_and_caps(o.server)
-    hub = new_hub(o.offline)
-    src = source(model, hub, o.revision)
-    rows = ladder(src, o, planner(hub, discover_for(o, found[0]), found))
-    if json_out:
-        print_json(ladder_json(src, rows))
-    else:
-        from llamafit.cli.render import quants_table
+    refs, server_args = split_targets(tokens)
+    o = Options.from_params(ctx.params, server_args=tuple(server_args))
+    if not refs and ctx.params.get("models_preset") is None:
+        from llamafit.errors import UsageError
 
-        out_console().print(quants_table(src, rows))
-    for n in dict.fromkeys(n for r in rows if r.prepared for n in r.prepared.notes):
-        note(n)
-    if not any(r.fits for r in rows):
-        fitted = [r for r in rows if r.refused is not None]
-        raise DoesNotFitError(
-            f"no quant of {src.ref} fits this machine"
-            + (f"; the smallest misses: {fitted[0].refused.message}" if fitted and fitted[0].refused else ""),
-            hint="try a smaller --min-ctx, -ctk q8_0 -ctv q8_0, or another machine (--gpu)",
-        )
-    return 0
+        raise UsageError("no MODEL given", hint="llamafit plan MODEL [-- SERVER_ARGS...]; see --help")
+    return refs, o
 
 
 @app.command(short_help="The devices llama-server will use, and host RAM.")
@@ -251,8 +235,7 @@ RUN_EXAMPLES = """Examples:
 @app.command(epilog=PLAN_EXAMPLES, short_help="The memory plan per device, and why. Launches nothing.")
 def plan(
     ctx: typer.Context,
-    model: ModelArg,
-    server_args: ServerArgsArg = None,
+    model: ModelsArg = None,
     gpu: GpuOpt = None,
     cpu_only: CpuOnlyOpt = False,
     margin: MarginOpt = DEFAULTS.margin,
@@ -267,6 +250,16 @@ def plan(
     rpc: RpcOpt = None,
     rpc_optional: RpcOptionalOpt = False,
     quant: QuantOpt = None,
+    models_preset: ModelsPresetOpt = None,
+    models_preset_out: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option(
+            "--models-preset-out",
+            metavar="FILE.ini",
+            dir_okay=False,
+            help="With several models: write the planned router preset to this file.",
+        ),
+    ] = None,
     quants: Annotated[
         bool,
         typer.Option(
@@ -278,13 +271,24 @@ def plan(
 ) -> None:
     """The memory plan per device and the decisions behind it. Nothing is launched or downloaded."""
     with handled():
+        refs, o = _targets(ctx, model)
+        if len(refs) > 1 or models_preset is not None:
+            from llamafit.cli.several import plan_several
+
+            raise typer.Exit(plan_several(refs, models_preset, o, json_out, models_preset_out))
+        if models_preset_out is not None:
+            from llamafit.errors import UsageError
+
+            raise UsageError("--models-preset-out is for several models", hint="give two or more, or --models-preset")
         if quants:
             if quant:
                 from llamafit.errors import UsageError
 
                 raise UsageError("--quants plans every quant; --quant picks one", hint="give one of them")
-            raise typer.Exit(_ladder(model, Options.from_params(ctx.params), json_out))
-        prep = _prepare(model, Options.from_params(ctx.params), json_out, quant)
+            from llamafit.cli.ladder import plan_ladder
+
+            raise typer.Exit(plan_ladder(refs[0], o, json_out))
+        prep = _prepare(refs[0], o, json_out, quant)
         p, argv = prep.plan, prep.argv
         for n in prep.notes:
             note(n)
@@ -301,8 +305,7 @@ def plan(
 @app.command(epilog=RUN_EXAMPLES, short_help="Plan, then launch llama-server and watch it load.")
 def run(
     ctx: typer.Context,
-    model: ModelArg,
-    server_args: ServerArgsArg = None,
+    model: ModelsArg = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the exact argv (shell-quoted) and exit.")] = False,
     exec_: Annotated[
         bool, typer.Option("--exec", help="Replace llamafit with the server (for scripts and service managers).")
@@ -334,6 +337,7 @@ def run(
     rpc: RpcOpt = None,
     rpc_optional: RpcOptionalOpt = False,
     quant: QuantOpt = None,
+    models_preset: ModelsPresetOpt = None,
     json_out: Annotated[
         bool, typer.Option("--json", help="When the server is ready, print the plan and predicted vs actual as JSON.")
     ] = False,
@@ -343,7 +347,7 @@ def run(
 
     A Hub model is downloaded (only the files the plan uses) after the plan says it fits."""
     with handled():
-        o = Options.from_params(ctx.params)
+        refs, o = _targets(ctx, model)
         if o.gpu and not dry_run:
             from llamafit.errors import UsageError
 
@@ -351,7 +355,19 @@ def run(
                 "--gpu describes hardware that is not here: a plan for it can be printed, not launched",
                 hint="add --dry-run (or use plan), or drop --gpu to launch on this machine's devices",
             )
-        prep = _prepare(model, o, json_out, quant)
+        if len(refs) > 1 or models_preset is not None:
+            from llamafit.cli.several import run_several
+
+            if exec_:
+                from llamafit.errors import UsageError
+
+                raise UsageError("--exec runs one server; several models run under the router that llamafit watches")
+            code = run_several(
+                refs, models_preset, o, dry_run=dry_run, json_out=json_out, verbose=verbose, log_file=log_file,
+                ready_timeout=ready_timeout or None,
+            )  # fmt: skip
+            raise typer.Exit(code)
+        prep = _prepare(refs[0], o, json_out, quant)
         for n in prep.notes:
             note(n)
         pending = prep.downloads()

@@ -8,6 +8,7 @@ that has it (Typer has no option groups).
 from __future__ import annotations
 
 from enum import Enum
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -45,6 +46,26 @@ ModelArg = Annotated[
         "(:best picks the quant that fits), or a folder of GGUF files (with --quant or --quants).",
         show_default=False,
         metavar="MODEL",
+    ),
+]
+ModelsArg = Annotated[
+    Optional[list[str]],  # noqa: UP045
+    typer.Argument(
+        help="One or more models (GGUF files, owner/repo[:QUANT], :best, or a folder with --quant), then after -- "
+        "llama-server flags, e.g. -- -ctk q8_0 -np 2. Several models are planned to share the machine and run "
+        "under llama-server's router.",
+        show_default=False,
+        metavar="MODEL... [-- SERVER_ARGS...]",
+    ),
+]
+ModelsPresetOpt = Annotated[
+    Optional[Path],  # noqa: UP045
+    typer.Option(
+        "--models-preset",
+        metavar="FILE.ini",
+        help="Models to plan together, in llama-server's router preset format ([*] and one [section] per model; "
+        "keys are server flags).",
+        dir_okay=False,
     ),
 ]
 ServerArgsArg = Annotated[

@@ -1,0 +1,224 @@
+"""``plan``/``run`` with several models: one plan for the set, the router's preset and argv, and the router
+supervised with each instance's memory held to its own plan."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from llamafit import shellwords
+from llamafit.cli.output import err_console, error, note, print_json, print_line, progress_console, safe
+from llamafit.cli.render import memory_tables, rows_json
+from llamafit.cli.supervise import SHOWN_LINE, compare_all, exit_reason
+from llamafit.errors import ExitCode, ServerNotFoundError, UsageError
+from llamafit.failures import Failure, classify
+from llamafit.logparse import is_error
+from llamafit.options import Options
+from llamafit.paths import data_dir
+from llamafit.router import RouterLog
+from llamafit.server import GET_SERVER_HINT
+from llamafit.supervisor import Supervisor, is_key_line
+from llamafit.together import Together, entries_from_preset, entries_from_refs, plan_together, summary, to_json
+
+
+def split_targets(tokens: Sequence[str] | None) -> tuple[list[str], list[str]]:
+    """MODEL... then the server's flags: everything from the first token that is a flag (after ``--``)."""
+    toks = list(tokens or [])
+    cut = next((i for i, t in enumerate(toks) if t.startswith("-")), len(toks))
+    return toks[:cut], toks[cut:]
+
+
+def prepare_several(refs: Sequence[str], models_preset: Path | None, o: Options) -> tuple[Together, str]:
+    """The plan of the set, the router's argv, and the binary it runs."""
+    from llamafit.prepare import discover_for, new_hub, prepare, server_and_caps
+    from llamafit.preset import load
+
+    if o.gpu:
+        discover_for(o, None)  # usage errors (--gpu) before touching files or binaries
+    if o.draft or o.hf_file or o.revision:
+        raise UsageError("--draft, --hf-file and --revision apply to one model", hint="set them per model in a preset")
+    entries = entries_from_preset(load(models_preset), str(models_preset)) if models_preset else []
+    entries += entries_from_refs(refs)
+    if not entries:
+        raise UsageError("no model given", hint="llamafit run MODEL [MODEL ...], or --models-preset FILE")
+    srv, caps = found = server_and_caps(o.server)
+    if srv is not None and caps.flags and not caps.accepts("--models-preset"):
+        raise ServerNotFoundError(
+            f"{srv.path} has no router mode (--models-preset): too old for several models", hint=GET_SERVER_HINT
+        )
+    machine = discover_for(o, srv)
+    hub = new_hub(o.offline)
+    together = plan_together(
+        entries, o, machine, lambda ref, opts, m: prepare(ref, opts, machine=m, server=found, hub=hub)
+    )
+    return together, srv.path if srv else "llama-server"
+
+
+def _show(t: Together) -> None:
+    for d in t.decisions:
+        note(d.message)
+    for line in summary(t):
+        note(line)
+
+
+def plan_several(refs: Sequence[str], models_preset: Path | None, o: Options, json_out: bool, out: Path | None) -> int:
+    from llamafit.together import write_preset
+
+    t, binary = prepare_several(refs, models_preset, o)
+    path = str(out) if out else "PRESET.ini"
+    argv = t.argv(binary, path)
+    if out is not None:
+        write_preset(t, out)
+    if json_out:
+        print_json(to_json(t, argv, str(out) if out else None))
+        return 0
+    _show(t)
+    if out is None:
+        print_line(t.preset().rstrip("\n"))
+        print_line("")
+    else:
+        note(f"preset written to {out}")
+    print_line(shellwords.join(argv))
+    return 0
+
+
+def run_several(
+    refs: Sequence[str],
+    models_preset: Path | None,
+    o: Options,
+    *,
+    dry_run: bool,
+    json_out: bool,
+    verbose: bool,
+    log_file: Path | None,
+    ready_timeout: float | None,
+) -> int:
+    from llamafit.prepare import launch_env
+    from llamafit.server import find_server
+    from llamafit.together import write_preset
+
+    t, binary = prepare_several(refs, models_preset, o)
+    preset_path = data_dir() / "router" / "preset.ini"
+    argv = t.argv(binary, str(preset_path))
+    pending = [(st, f) for m in t.members for st, f in m.prep.downloads()]
+    if dry_run:
+        if json_out:
+            print_json(to_json(t, argv, str(preset_path)))
+            return 0
+        _show(t)
+        print_line(t.preset().rstrip("\n"))
+        print_line("")
+        print_line(shellwords.join(argv))
+        return 0
+    srv = find_server(o.server)
+    hub = next((m.prep.hub for m in t.members if m.prep.hub is not None), None)
+    if pending and hub is not None:
+        note(f"downloading {len(pending)} file(s)")
+        hub.download(list(dict.fromkeys(pending)))
+    write_preset(t, preset_path)
+    env = launch_env(srv)
+    if env.removed:
+        note("not passed to the server (they would change what was planned): " + ", ".join(env.removed))
+    if not any(a in ("-lv", "--verbosity", "--log-verbosity", "-v", "--verbose", "--log-disable") for a in argv):
+        argv += ["-lv", "4"]  # the buffer lines are INFO messages from verbosity 4; the router passes it on
+    return supervise_router(t, argv, env.env, verbose=verbose, log_file=log_file, json_out=json_out,
+                            ready_timeout=ready_timeout)  # fmt: skip
+
+
+@dataclass
+class _Watch:
+    url: str | None = None
+    failed: tuple[str, Failure] | None = None
+    reported: set[str] = field(default_factory=set)
+    done: bool = False
+    memory: dict[str, Any] = field(default_factory=dict)
+
+
+def supervise_router(
+    t: Together,
+    argv: list[str],
+    env: dict[str, str],
+    *,
+    verbose: bool,
+    log_file: Path | None,
+    json_out: bool,
+    ready_timeout: float | None,
+) -> int:
+    """Run the router; as each resident instance becomes ready, hold its buffers to its plan; when all are
+    ready, print the router's URL. A resident instance that fails to load stops the router (exit 5)."""
+    err = progress_console()
+    err.print(f"[dim]llamafit:[/] {safe(shellwords.join(argv))}", soft_wrap=True)
+    plans = {m.entry.name: m for m in t.members}
+    resident = {m.entry.name for m in t.members if m.resident}
+    rl = RouterLog()
+    w = _Watch()
+    started = time.monotonic()
+
+    def finish_if_all_ready() -> None:
+        if w.done or w.url is None or not resident <= w.reported:
+            return
+        w.done = True
+        err.print(f"[green]llamafit: ready[/] at {safe(w.url)}: " + ", ".join(sorted(resident)) + " loaded")
+        if json_out:
+            print_json({"schema": "llamafit.run/1", "url": w.url, "models_max": t.models_max, "models": w.memory})
+        else:
+            print_line(w.url)  # data: where the router listens, for scripts
+
+    def on_line(line: str) -> None:
+        inst, text, event = rl.feed(line)
+        if verbose or is_key_line(text) or event == "exited":
+            shown = line if len(line) <= SHOWN_LINE else line[:SHOWN_LINE] + " ..."
+            (err_console() if is_error(text) else err).print(safe(shown), highlight=False, soft_wrap=True)
+        if inst is None or inst.name not in plans:
+            return
+        m = plans[inst.name]
+        if event == "ready" and inst.name not in w.reported:
+            rows = compare_all(m.prep, inst.log())
+            w.reported.add(inst.name)
+            err.print(f"[green]llamafit: {safe(inst.name)} ready[/] (port {inst.port})")
+            if json_out:
+                w.memory[inst.name] = {"port": inst.port, "memory": rows_json(rows)}
+            else:
+                for table in memory_tables(rows):
+                    table.title = f"{safe(inst.name)}: {table.title}"
+                    err.print(table)
+            for r in rows:
+                if not r.within:
+                    err.print(f"[yellow]llamafit: {safe(inst.name)}: {r.context} {r.kind} on {r.buft} is off by "
+                              f"{r.diff_mib or 0:+.2f} MiB[/]")  # fmt: skip
+            finish_if_all_ready()
+        elif event == "exited" and not inst.ready and inst.name in resident and w.failed is None:
+            pred = {d.device.id: d.use.total for d in m.prep.plan.devices}
+            usable = {d.device.id: d.usable for d in m.prep.plan.devices}
+            w.failed = (inst.name, classify(inst.lines, inst.exit_code or 1, pred, usable))
+
+    def on_ready(url: str, _log: object) -> None:
+        w.url = url
+        finish_if_all_ready()
+
+    def stop_when() -> bool:
+        late = bool(ready_timeout) and not w.done and time.monotonic() - started > (ready_timeout or 0)
+        return w.failed is not None or late
+
+    sup = Supervisor(argv, env, log_file=log_file, on_line=on_line, on_ready=on_ready, probe="/models")
+    outcome = sup.run(ready_timeout, stop_when=stop_when)
+    if w.failed is not None:
+        name, f = w.failed
+        error(f"{name} failed to load: {f.message}", f.hint)
+        return int(ExitCode.SERVER_LOAD_FAILED)
+    if w.done:
+        if outcome.returncode != 0 and not outcome.interrupted:
+            error(f"llama-server's router stopped after it was ready: {exit_reason(outcome.returncode)}")
+        return outcome.returncode
+    if outcome.interrupted:
+        err.print("[dim]llamafit: interrupted while loading[/]")
+        return int(ExitCode.INTERRUPTED)
+    if outcome.ready or outcome.failure is None:
+        error(f"the models were not all ready after {ready_timeout or 0:.0f} s and the router was stopped",
+              "raise --ready-timeout, or run with --verbose")  # fmt: skip
+        return int(ExitCode.SERVER_LOAD_FAILED)
+    error(outcome.failure.message, outcome.failure.hint)
+    return int(ExitCode.SERVER_LOAD_FAILED)

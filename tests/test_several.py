@@ -1,0 +1,303 @@
+"""Several models at once: planned together, written as llama-server's router preset, run under the real
+router with each instance's buffers held to its own plan."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from typer.testing import CliRunner
+
+from llamafit.cli.app import app
+from llamafit.errors import ExitCode, UsageError
+from llamafit.preset import read_ini, section_text, to_tokens
+from llamafit.router import RouterLog
+from llamafit.server import ServerBinary
+from llamafit.together import entries_from_preset
+from tests import factory
+from tests.realserver import health, read_until
+
+# -- the preset format -----------------------------------------------------------------------------
+
+
+def test_a_user_preset_is_read_as_llama_cpp_reads_it() -> None:
+    text = """
+version = 1
+; a comment
+[*]
+c = 2048
+no-warmup = true
+
+[chat]
+model = /m/chat.gguf   # where it is
+np = 1
+LLAMA_ARG_CACHE_TYPE_K = q8_0
+kv-offload = false
+load-on-startup = false
+stop-timeout = 5
+
+[embed]
+hf-repo = acme/embed:Q8_0
+embeddings = on
+c = 512
+"""
+    chat, embed = entries_from_preset(read_ini(text), "in.ini")
+    assert (chat.name, chat.ref, embed.ref) == ("chat", "/m/chat.gguf", "acme/embed:Q8_0")
+    assert chat.args == (
+        "--ctx-size",
+        "2048",
+        "--no-warmup",
+        "--parallel",
+        "1",
+        "--cache-type-k",
+        "q8_0",
+        "--no-kv-offload",
+    )
+    assert chat.load_on_startup is False and chat.extra == (("stop-timeout", "5"),)
+    # a model's own key is last-wins over [*], as llama.cpp merges them
+    assert embed.args == ("--ctx-size", "512", "--no-warmup", "--embedding")
+    assert embed.load_on_startup is None
+    assert chat.pinned_ctx([]) and embed.pinned_ctx([])
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("[a]\nmodel = x.gguf\nwat = 1\n", "not a llama-server option"),
+        ("[a]\nmodel = x.gguf\nthis line is not ini\n", "not a preset line"),
+        ("[a]\nmodel = x.gguf\nmodels-max = 2\n", "router's command line"),
+        ("[a]\nnp = 2\n", "no model"),
+        ("[*]\nc = 2\n", "no model sections"),
+    ],
+)
+def test_a_broken_preset_says_where(text: str, said: str) -> None:
+    with pytest.raises(UsageError, match=said):
+        entries_from_preset(read_ini(text, "in.ini"), "in.ini")
+
+
+def test_a_planned_section_starts_the_same_server() -> None:
+    argv = ["-m", "/m/a.gguf", "-c", "4096", "-c", "8192", "-ot", "blk\\.0\\.ffn_.*=CPU", "-ot", "blk\\.1\\.ffn_.*=CPU",
+            "-nkvo", "-fit", "off", "-ngl", "all"]  # fmt: skip
+    text = section_text("a", argv, [("load-on-startup", "true")])
+    (sec,) = read_ini(text)
+    assert sec.values["ctx-size"] == "8192"  # last wins, as on the command line
+    assert sec.values["override-tensor"] == "blk\\.0\\.ffn_.*=CPU,blk\\.1\\.ffn_.*=CPU"  # a list option, joined
+    assert sec.values["kv-offload"] == "false" and sec.values["load-on-startup"] == "true"
+    tokens, only = to_tokens(sec.values, "a")
+    assert only == {"load-on-startup": "true"}
+    assert tokens[:2] == ["--model", "/m/a.gguf"] and "--no-kv-offload" in tokens
+    assert tokens[-2:] == ["--gpu-layers", "all"]
+
+
+def test_the_router_log_is_told_apart_per_instance() -> None:
+    rl = RouterLog()
+    lines = [
+        "0.00.024.004 I srv          load: spawning server instance with name=chat on port 43675",
+        "0.00.024.349 I srv          load: spawning server instance with name=embed on port 44875",
+        "0.00.030.399 I srv  llama_server: listening on http://127.0.0.1:18080",
+        "[43675] 0.01.522.197 I load_tensors:   CPU_Mapped model buffer size =     1.32 MiB",
+        "[44875] 0.01.524.015 I llama_kv_cache:        CPU KV buffer size =   448.00 MiB",
+        "[43675] 0.01.788.154 I srv  llama_server: listening on http://127.0.0.1:43675",
+        "0.00.037.039 I srv           run: instance name=embed exited with status 1",
+    ]
+    events = [rl.feed(x) for x in lines]
+    assert [e[2] for e in events] == ["spawned", "spawned", "", "", "", "ready", "exited"]
+    assert events[2][0] is None  # the router's own line
+    chat, embed = rl.instances["chat"], rl.instances["embed"]
+    assert chat.ready and chat.lines[0].endswith("1.32 MiB") and len(chat.lines) == 2
+    assert not embed.ready and embed.exit_code == 1 and "KV buffer" in embed.lines[0]
+
+
+# -- planning together (described GPUs) ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def eights(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    d = tmp_path_factory.mktemp("eights")
+    return [factory.qwen3_8b().write(d / f"Qwen3-8B-{k}-Q4_K_M.gguf") for k in "ABC"]
+
+
+def plan_json(*args: str, code: int = 0) -> dict:  # type: ignore[type-arg]
+    cut = args.index("--") if "--" in args else len(args)
+    r = CliRunner().invoke(app, ["plan", *args[:cut], "--json", "--", *args[cut + 1 :]])
+    assert r.exit_code == code, r.stderr
+    return json.loads(r.stdout) if code == 0 else {}  # type: ignore[no-any-return]
+
+
+def test_two_models_that_fit_keep_what_they_get_alone(eights: list[Path]) -> None:
+    doc = plan_json(str(eights[0]), str(eights[1]), "--gpu", "24GiB")
+    a, b = doc["models"]
+    assert doc["models_max"] == 2 and a["resident"] and b["resident"]
+    assert a["context"]["n_ctx"] == a["alone_ctx"] == 40960 == b["context"]["n_ctx"]
+    assert {d["code"] for d in doc["decisions"]} == {"models.resident", "models.context"}
+    budget = {x["id"]: x for x in doc["budgets"]}
+    assert budget["CUDA0"]["need"] == a["devices"][0]["need"] + b["devices"][0]["need"] <= budget["CUDA0"]["usable"]
+    # the preset the router reads: one section each, with the planned context and placement
+    secs = {s.name: s.values for s in read_ini(doc["preset"])}
+    assert secs[a["name"]]["ctx-size"] == "40960" and secs[a["name"]]["fit"] == "off"
+    # without --models-preset-out the preset's path is a placeholder: the preset itself is in the document
+    assert doc["argv"][1:] == ["--models-preset", "PRESET.ini", "--models-max", "2"] and doc["preset_path"] is None
+
+
+def test_contexts_are_cut_together_in_proportion(eights: list[Path]) -> None:
+    doc = plan_json(str(eights[0]), str(eights[1]), "--gpu", "16GiB")
+    a, b = doc["models"]
+    assert a["alone_ctx"] == b["alone_ctx"] == 40960
+    assert 4096 <= a["context"]["n_ctx"] < 40960
+    assert abs(a["context"]["n_ctx"] - b["context"]["n_ctx"]) <= 256  # the same factor of the same alone context
+    budget = {x["id"]: x for x in doc["budgets"]}["CUDA0"]
+    assert budget["fits"] and budget["need"] <= budget["usable"]
+    assert a["placement"]["n_gpu_layers"] == b["placement"]["n_gpu_layers"]  # both whole on the card
+    msg = next(d["message"] for d in doc["decisions"] if d["code"] == "models.context")
+    assert "cut to" in msg and "alone 40960" in msg
+    # a tighter card: less context each, never below --min-ctx
+    tight = plan_json(str(eights[0]), str(eights[1]), "--gpu", "14GiB")
+    assert 4096 <= tight["models"][0]["context"]["n_ctx"] < a["context"]["n_ctx"]
+
+
+def test_a_context_you_set_is_kept(eights: list[Path], tmp_path: Path) -> None:
+    ini = tmp_path / "in.ini"
+    ini.write_text(f"[a]\nmodel = {eights[0]}\nc = 8192\n\n[b]\nmodel = {eights[1]}\n")
+    doc = plan_json("--models-preset", str(ini), "--gpu", "16GiB")
+    a, b = doc["models"]
+    assert (a["name"], a["context"]["n_ctx"]) == ("a", 8192)
+    assert b["context"]["n_ctx"] > 8192  # the room a does not take goes to b
+    assert "a 8192 (set)" in next(d["message"] for d in doc["decisions"] if d["code"] == "models.context")
+
+
+def test_models_that_do_not_fit_together_get_a_models_max(eights: list[Path], tmp_path: Path) -> None:
+    """On the host alone: a margin that leaves room for one 0.6B at -c 4096 and not two."""
+    one = factory.qwen3_0_6b().write(tmp_path / "one.gguf")
+    two = factory.qwen3_0_6b().write(tmp_path / "two.gguf")
+    alone = plan_json(str(one), "--cpu-only", "--", "-c", "4096")["host"]["need"]
+    margin = psutil.virtual_memory().available - int(alone * 1.5)
+    doc = plan_json(str(one), str(two), "--cpu-only", "--margin", f"host={margin}B", "--", "-c", "4096")
+    assert doc["models_max"] == 1
+    assert [m["resident"] for m in doc["models"]] == [True, False]
+    assert {d["code"] for d in doc["decisions"]} >= {"models.max"}
+    secs = {s.name: s.values for s in read_ini(doc["preset"])}
+    assert secs["one"]["load-on-startup"] == "true" and secs["two"]["load-on-startup"] == "false"
+    # one that does not fit even alone is refused with its numbers
+    r = CliRunner().invoke(app, ["plan", str(one), str(eights[0]), "--gpu", "2GiB", "--margin", "host=4TiB"])
+    assert r.exit_code == ExitCode.DOES_NOT_FIT and "even alone" in r.stderr
+
+
+def test_the_planned_preset_and_argv_for_people(eights: list[Path], tmp_path: Path) -> None:
+    out = tmp_path / "planned.ini"
+    r = CliRunner().invoke(app, ["plan", str(eights[0]), str(eights[1]), "--gpu", "24GiB", "--models-preset-out",
+                                 str(out)])  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    assert out.exists() and [s.name for s in read_ini(out.read_text()) if s.name] == [
+        "Qwen3-8B-A-Q4_K_M",
+        "Qwen3-8B-B-Q4_K_M",
+    ]
+    assert f"--models-preset {out} --models-max 2" in r.stdout
+    r = CliRunner().invoke(app, ["run", str(eights[0]), str(eights[1]), "--gpu", "24GiB", "--dry-run"])
+    assert r.exit_code == 0 and "[Qwen3-8B-A-Q4_K_M]" in r.stdout and "--models-preset" in r.stdout
+    r = CliRunner().invoke(app, ["run", str(eights[0]), str(eights[1]), "--exec"])
+    assert r.exit_code == ExitCode.USAGE
+
+
+# -- the real router ---------------------------------------------------------------------------------
+
+
+def _read_json(p: subprocess.Popen[str], timeout: float) -> dict:  # type: ignore[type-arg]
+    """The JSON document llamafit prints when every resident model is ready (its last line is "}")."""
+    assert p.stdout is not None
+    ok, lines = read_until(p.stdout, "}\n", timeout)
+    while ok and lines[-1] != "}\n":  # a nested object's closing brace: read on to the document's
+        more_ok, more = read_until(p.stdout, "}\n", timeout)
+        ok, lines = more_ok, lines + more
+    assert ok, "".join(lines)[-2000:] + (p.stderr.read()[-3000:] if p.poll() is not None and p.stderr else "")
+    return json.loads("".join(lines))  # type: ignore[no-any-return]
+
+
+def _models(url: str) -> dict[str, str]:
+    host, port = url.split("//")[1].split(":")
+    c = http.client.HTTPConnection(host, int(port), timeout=5)
+    c.request("GET", "/models")
+    data = json.loads(c.getresponse().read())
+    return {m["id"]: m["status"]["value"] for m in data["data"]}
+
+
+def _stop(p: subprocess.Popen[str]) -> int:
+    p.send_signal(signal.SIGINT)
+    try:
+        p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    return p.returncode
+
+
+def _launch(args: list[str], server: ServerBinary) -> subprocess.Popen[str]:
+    env = dict(os.environ, LLAMAFIT_SERVER=server.path)
+    return subprocess.Popen([sys.executable, "-m", "llamafit", "run", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
+
+
+@pytest.mark.server
+def test_a_chat_model_with_a_drafter_and_an_embedding_model_run_together(
+    server_bin: ServerBinary, shapes: dict[str, Path], tmp_path: Path
+) -> None:
+    chat = factory.dense(name="chat").write(tmp_path / "chat.gguf")
+    draft = factory.dense(name="draft", n_layer=2, n_embd=128, n_head=4).write(tmp_path / "draft.gguf")
+    ini = tmp_path / "in.ini"
+    ini.write_text(
+        "[*]\nno-warmup = true\n\n"
+        f"[chat]\nmodel = {chat}\nmodel-draft = {draft}\nnp = 1\n\n"
+        f"[embed]\nmodel = {shapes['qwen3']}\nembeddings = true\npooling = mean\nubatch-size = 256\n"
+    )
+    p = _launch(["--models-preset", str(ini), "--cpu-only", "--json", "--", "--port", "0"], server_bin)
+    try:
+        doc = _read_json(p, 180)
+        assert doc["schema"] == "llamafit.run/1" and doc["models_max"] == 2
+        assert set(doc["models"]) == {"chat", "embed"}
+        for name, m in doc["models"].items():
+            rows = m["memory"]
+            assert rows and all(r["within_tolerance"] for r in rows), (name, rows)
+            assert all(r["actual_mib"] is not None for r in rows if r["predicted"] > 0)
+        assert any(r["context"] == "draft" for r in doc["models"]["chat"]["memory"])  # the drafter, held too
+        assert _models(doc["url"]) == {"chat": "loaded", "embed": "loaded"}
+        ports = [m["port"] for m in doc["models"].values()]
+    finally:
+        code = _stop(p)
+    assert code == 0
+    time.sleep(0.5)
+    assert [health(port) for port in ports] == [0, 0]  # every instance went with the router
+
+
+@pytest.mark.server
+def test_a_set_that_does_not_fit_runs_one_at_a_time(server_bin: ServerBinary, tmp_path: Path) -> None:
+    one = factory.qwen3_0_6b().write(tmp_path / "one.gguf")
+    two = factory.qwen3_0_6b().write(tmp_path / "two.gguf")
+    alone = plan_json(str(one), "--cpu-only", "--", "-c", "4096", "--no-warmup")["host"]["need"]
+    margin = psutil.virtual_memory().available - int(alone * 1.5)
+    args = [str(one), str(two), "--cpu-only", "--json", "--margin", f"host={margin}B", "--", "-c", "4096",
+            "--no-warmup", "--port", "0"]  # fmt: skip
+    p = _launch(args, server_bin)
+    try:
+        doc = _read_json(p, 180)
+        assert doc["models_max"] == 1 and set(doc["models"]) == {"one"}
+        assert _models(doc["url"]) == {"one": "loaded", "two": "unloaded"}
+        host, port = doc["url"].split("//")[1].split(":")
+        c = http.client.HTTPConnection(host, int(port), timeout=10)
+        c.request(
+            "POST", "/models/load", body=json.dumps({"model": "two"}), headers={"Content-Type": "application/json"}
+        )
+        assert c.getresponse().status == 200
+        deadline = time.monotonic() + 120
+        while _models(doc["url"]) != {"one": "unloaded", "two": "loaded"}:
+            assert time.monotonic() < deadline, _models(doc["url"])
+            time.sleep(0.3)
+    finally:
+        assert _stop(p) == 0
