@@ -6,6 +6,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -268,6 +269,12 @@ def test_a_chat_model_with_a_drafter_and_an_embedding_model_run_together(
             assert all(r["actual_mib"] is not None for r in rows if r["predicted"] > 0)
         assert any(r["context"] == "draft" for r in doc["models"]["chat"]["memory"])  # the drafter, held too
         assert _models(doc["url"]) == {"chat": "loaded", "embed": "loaded"}
+        # the plan the router runs: every model's own flags honoured, the sum within the host's budget
+        plan = {m["name"]: m for m in doc["plan"]["models"]}
+        assert plan["embed"]["context"]["n_ubatch"] == plan["embed"]["context"]["n_batch"] == 256
+        assert plan["chat"]["context"]["n_seq"] == 1 and plan["chat"]["speculative"]["chosen"] == "draft-simple"
+        (host,) = [b for b in doc["plan"]["budgets"] if b["id"] == "host"]
+        assert host["fits"] and host["need"] == sum(m["host"]["need"] for m in plan.values()) <= host["usable"]
         ports = [m["port"] for m in doc["models"].values()]
     finally:
         code = _stop(p)
@@ -301,3 +308,21 @@ def test_a_set_that_does_not_fit_runs_one_at_a_time(server_bin: ServerBinary, tm
             time.sleep(0.3)
     finally:
         assert _stop(p) == 0
+
+
+@pytest.mark.server
+def test_a_model_that_fails_to_load_is_named_and_the_router_stops(
+    server_bin: ServerBinary, shapes: dict[str, Path], tmp_path: Path
+) -> None:
+    """A LoRA that is a model, not an adapter: the plan cannot see it, the instance exits at load."""
+    ini = tmp_path / "in.ini"
+    ini.write_text(
+        f"[*]\nno-warmup = true\n\n[chat]\nmodel = {shapes['dense']}\nnp = 1\n\n"
+        f"[broken]\nmodel = {shapes['qwen3']}\nlora = {shapes['dense']}\n"
+    )
+    p = _launch(["--models-preset", str(ini), "--cpu-only", "--verbose", "--", "--port", "0"], server_bin)
+    _, err = p.communicate(timeout=180)
+    assert p.returncode == ExitCode.SERVER_LOAD_FAILED, err[-3000:]
+    assert "broken failed to load" in err and "model loading error" in err
+    ports = [int(m) for m in re.findall(r"spawning server instance with name=\S+ on port (\d+)", err)]
+    assert len(ports) == 2 and [health(port) for port in ports] == [0, 0]

@@ -125,7 +125,7 @@ def run_several(
     if not any(a in ("-lv", "--verbosity", "--log-verbosity", "-v", "--verbose", "--log-disable") for a in argv):
         argv += ["-lv", "4"]  # the buffer lines are INFO messages from verbosity 4; the router passes it on
     return supervise_router(t, argv, env.env, verbose=verbose, log_file=log_file, json_out=json_out,
-                            ready_timeout=ready_timeout)  # fmt: skip
+                            ready_timeout=ready_timeout, plan_doc=to_json(t, argv, str(preset_path)))  # fmt: skip
 
 
 @dataclass
@@ -146,6 +146,7 @@ def supervise_router(
     log_file: Path | None,
     json_out: bool,
     ready_timeout: float | None,
+    plan_doc: dict[str, Any] | None = None,
 ) -> int:
     """Run the router; as each resident instance becomes ready, hold its buffers to its plan; when all are
     ready, print the router's URL. A resident instance that fails to load stops the router (exit 5)."""
@@ -163,7 +164,8 @@ def supervise_router(
         w.done = True
         err.print(f"[green]llamafit: ready[/] at {safe(w.url)}: " + ", ".join(sorted(resident)) + " loaded")
         if json_out:
-            print_json({"schema": "llamafit.run/1", "url": w.url, "models_max": t.models_max, "models": w.memory})
+            doc = {"schema": "llamafit.run/1", "url": w.url, "models_max": t.models_max, "models": w.memory}
+            print_json({**doc, "plan": plan_doc})
         else:
             print_line(w.url)  # data: where the router listens, for scripts
 
