@@ -301,23 +301,27 @@ def _decisions(members: Sequence[Member], k: int, f: float, pinned: Sequence[boo
 
 def to_json(t: Together, argv: Sequence[str], preset_path: str | None) -> dict[str, Any]:
     """``llamafit.plan/1`` for several models: the router's argv and preset, each model's own plan under
-    ``models``, and the shared budgets (each device's and the host's sum against what is usable)."""
+    ``models``, and the shared budgets: each device's and the host's need (the sum of the ``models_max``
+    largest users) against what is usable."""
     limits = _limits(t.members[0].prep, t.machine)
     k = t.models_max
     plans = [m.prep for m in t.members]
-    budget = [
-        {"id": dev, "usable": lim, "need": _top([_uses(p).get(dev, 0) for p in plans], k),
-         "fits": _top([_uses(p).get(dev, 0) for p in plans], k) <= lim}
-        for dev, lim in limits.items()
-    ]  # fmt: skip
+
+    def budget(dev: str, lim: int) -> dict[str, Any]:
+        need = _top([_uses(p).get(dev, 0) for p in plans], k)
+        return {"usable": lim, "need": need, "fits": need <= lim}
+
+    devices = [{"id": dev, **budget(dev, lim)} for dev, lim in limits.items() if dev != HOST]
+    host = budget(HOST, limits[HOST])
     return {
         "schema": "llamafit.plan/1",
         "argv": list(argv),
         "preset_path": preset_path,
         "preset": t.preset(),
         "models_max": k,
-        "fits": all(b["fits"] for b in budget),
-        "budgets": budget,
+        "fits": host["fits"] and all(d["fits"] for d in devices),
+        "devices": devices,
+        "host": host,
         "decisions": [{"code": d.code, "message": d.message} for d in t.decisions],
         "models": [_member_json(m) for m in t.members],
     }

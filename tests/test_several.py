@@ -139,8 +139,8 @@ def test_two_models_that_fit_keep_what_they_get_alone(eights: list[Path]) -> Non
     assert doc["models_max"] == 2 and a["resident"] and b["resident"]
     assert a["context"]["n_ctx"] == a["alone_ctx"] == 40960 == b["context"]["n_ctx"]
     assert {d["code"] for d in doc["decisions"]} == {"models.resident", "models.context"}
-    budget = {x["id"]: x for x in doc["budgets"]}
-    assert budget["CUDA0"]["need"] == a["devices"][0]["need"] + b["devices"][0]["need"] <= budget["CUDA0"]["usable"]
+    (card,) = doc["devices"]
+    assert card["id"] == "CUDA0" and card["need"] == a["devices"][0]["need"] + b["devices"][0]["need"] <= card["usable"]
     # the preset the router reads: one section each, with the planned context and placement
     secs = {s.name: s.values for s in read_ini(doc["preset"])}
     assert secs[a["name"]]["ctx-size"] == "40960" and secs[a["name"]]["fit"] == "off"
@@ -154,8 +154,8 @@ def test_contexts_are_cut_together_in_proportion(eights: list[Path]) -> None:
     assert a["alone_ctx"] == b["alone_ctx"] == 40960
     assert 4096 <= a["context"]["n_ctx"] < 40960
     assert abs(a["context"]["n_ctx"] - b["context"]["n_ctx"]) <= 256  # the same factor of the same alone context
-    budget = {x["id"]: x for x in doc["budgets"]}["CUDA0"]
-    assert budget["fits"] and budget["need"] <= budget["usable"]
+    (card,) = doc["devices"]
+    assert card["fits"] and card["need"] <= card["usable"] and doc["fits"]
     assert a["placement"]["n_gpu_layers"] == b["placement"]["n_gpu_layers"]  # both whole on the card
     msg = next(d["message"] for d in doc["decisions"] if d["code"] == "models.context")
     assert "cut to" in msg and "alone 40960" in msg
@@ -273,7 +273,7 @@ def test_a_chat_model_with_a_drafter_and_an_embedding_model_run_together(
         plan = {m["name"]: m for m in doc["plan"]["models"]}
         assert plan["embed"]["context"]["n_ubatch"] == plan["embed"]["context"]["n_batch"] == 256
         assert plan["chat"]["context"]["n_seq"] == 1 and plan["chat"]["speculative"]["chosen"] == "draft-simple"
-        (host,) = [b for b in doc["plan"]["budgets"] if b["id"] == "host"]
+        host = doc["plan"]["host"]
         assert host["fits"] and host["need"] == sum(m["host"]["need"] for m in plan.values()) <= host["usable"]
         ports = [m["port"] for m in doc["models"].values()]
     finally:
