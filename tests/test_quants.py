@@ -338,3 +338,14 @@ def test_a_folder_of_two_models_is_said_to_be_one(tmp_path: Path) -> None:
     assert doc["model"]["path"].endswith("small-Q8_0.gguf")
     dec = next(d["message"] for d in doc["decisions"] if d["code"] == "quant.best")
     assert "more than one model" in dec and "0.60B" in dec and "8.19B" in dec
+
+
+def test_several_hub_models_are_planned_together_from_their_headers(hub: FakeHub) -> None:
+    rc, out, err = cli("run", "acme/one", "acme/six:best", "--gpu", "16GiB", "--dry-run")
+    assert rc == ExitCode.USAGE  # :best picks among quants of one model; a set names its quants
+    rc, out, err = cli("run", "acme/one", "acme/six:Q3_K_M", "--gpu", "16GiB", "--dry-run")
+    assert rc == 0, err
+    assert "[one]" in out and "[six:Q3_K_M]" in out and "--models-max 2" in out
+    assert "run would download 2 file(s)" in err
+    gets = [r for r in hub.file_requests() if r.method == "GET"]
+    assert gets and all(r.range for r in gets)  # headers only

@@ -39,7 +39,7 @@ from llamafit.cli.options import (
     SpecMode,
     SpecOpt,
 )
-from llamafit.cli.output import handled, note, out_console, print_json, progress_console, safe
+from llamafit.cli.output import download_summary, handled, note, out_console, print_json, progress_console, safe
 from llamafit.errors import ExitCode
 from llamafit.options import DEFAULTS, Options
 
@@ -375,7 +375,7 @@ def run(
             if (chosen := prep.plan.decision("quant.best")) is not None:
                 note(chosen.message)  # a choice the user left to llamafit: say it even without a launch
             if pending:
-                note(_download_summary(pending, "run would download"))
+                note(download_summary(pending, "run would download"))
             if json_out:
                 print_json(prep.to_json())  # the plan, with the argv in it
             else:
@@ -390,7 +390,7 @@ def run(
             raise ServerNotFoundError("no llama-server found", hint=GET_SERVER_HINT)
         if pending:
             assert prep.hub is not None
-            note(_download_summary(pending, "downloading"))
+            note(download_summary(pending, "downloading"))
             prep.hub.download(pending)
         env = launch_env(prep.server)
         if env.removed:
@@ -412,14 +412,6 @@ def run(
                 ready_timeout=ready_timeout or None,
             )
         )
-
-
-def _download_summary(pending: list[Any], verb: str) -> str:
-    from llamafit.units import fmt_bytes
-
-    total = sum(f.size for _, f in pending)
-    names = ", ".join(f"{st.repo}/{f.path}" for st, f in pending[:3]) + (" ..." if len(pending) > 3 else "")
-    return f"{verb} {len(pending)} file(s), {fmt_bytes(total)}: {names}"
 
 
 @app.command(short_help="The whole pipeline on an embedded tiny model.")

@@ -11,7 +11,7 @@ import os
 import re
 import sys
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -99,6 +99,15 @@ def print_json(doc: dict[str, Any]) -> None:
     """One JSON document on stdout, the only way the CLI prints JSON."""
     sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     sys.stdout.flush()
+
+
+def download_summary(pending: Sequence[Any], verb: str) -> str:
+    """``verb N file(s), SIZE: repo/path, ...`` for Hub files a plan uses that the cache lacks."""
+    from llamafit.units import fmt_bytes
+
+    total = sum(f.size for _, f in pending)
+    names = ", ".join(f"{st.repo}/{f.path}" for st, f in pending[:3]) + (" ..." if len(pending) > 3 else "")
+    return f"{verb} {len(pending)} file(s), {fmt_bytes(total)}: {names}"
 
 
 def note(text: str) -> None:

@@ -10,7 +10,16 @@ from pathlib import Path
 from typing import Any
 
 from llamafit import shellwords
-from llamafit.cli.output import err_console, error, note, print_json, print_line, progress_console, safe
+from llamafit.cli.output import (
+    download_summary,
+    err_console,
+    error,
+    note,
+    print_json,
+    print_line,
+    progress_console,
+    safe,
+)
 from llamafit.cli.render import memory_tables, rows_json
 from llamafit.cli.supervise import SHOWN_LINE, compare_all, exit_reason
 from llamafit.errors import ExitCode, ServerNotFoundError, UsageError
@@ -35,6 +44,7 @@ def prepare_several(refs: Sequence[str], models_preset: Path | None, o: Options)
     """The plan of the set, the router's argv, and the binary it runs."""
     from llamafit.prepare import discover_for, new_hub, prepare, server_and_caps
     from llamafit.preset import load
+    from llamafit.quants import wants_quants
 
     if o.gpu:
         discover_for(o, None)  # usage errors (--gpu) before touching files or binaries
@@ -42,6 +52,12 @@ def prepare_several(refs: Sequence[str], models_preset: Path | None, o: Options)
         raise UsageError("--draft, --hf-file and --revision apply to one model", hint="set them per model in a preset")
     entries = entries_from_preset(load(models_preset), str(models_preset)) if models_preset else []
     entries += entries_from_refs(refs)
+    for e in entries:
+        if wants_quants(e.ref, None):
+            raise UsageError(
+                f"{e.name}: :best and folders pick the quant of one model alone; in a set, name the quant",
+                hint="llamafit plan owner/repo --quants shows each quant's plan; then give owner/repo:QUANT",
+            )
     if not entries:
         raise UsageError("no model given", hint="llamafit run MODEL [MODEL ...], or --models-preset FILE")
     srv, caps = found = server_and_caps(o.server)
@@ -103,8 +119,10 @@ def run_several(
     t, binary = prepare_several(refs, models_preset, o)
     preset_path = data_dir() / "router" / "preset.ini"
     argv = t.argv(binary, str(preset_path))
-    pending = [(st, f) for m in t.members for st, f in m.prep.downloads()]
+    pending = list(dict.fromkeys((st, f) for m in t.members for st, f in m.prep.downloads()))
     if dry_run:
+        if pending:
+            note(download_summary(pending, "run would download"))
         if json_out:
             print_json(to_json(t, argv, str(preset_path)))
             return 0
@@ -116,8 +134,8 @@ def run_several(
     srv = find_server(o.server)
     hub = next((m.prep.hub for m in t.members if m.prep.hub is not None), None)
     if pending and hub is not None:
-        note(f"downloading {len(pending)} file(s)")
-        hub.download(list(dict.fromkeys(pending)))
+        note(download_summary(pending, "downloading"))
+        hub.download(pending)
     write_preset(t, preset_path)
     env = launch_env(srv)
     if env.removed:
