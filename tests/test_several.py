@@ -207,6 +207,13 @@ def test_the_planned_preset_and_argv_for_people(eights: list[Path], tmp_path: Pa
     assert r.exit_code == ExitCode.USAGE
 
 
+def test_an_embedding_server_gets_the_context_it_can_use(shapes: dict[str, Path]) -> None:
+    doc = plan_json(str(shapes["qwen3"]), "--cpu-only", "--", "--embeddings", "-np", "2", "-ub", "256")
+    assert doc["context"]["n_ctx"] == 512 and doc["context"]["n_batch"] == 256
+    assert "context.embeddings" in {d["code"] for d in doc["decisions"]}
+    assert plan_json(str(shapes["qwen3"]), "--cpu-only", "--", "--embeddings", "-c", "8192")["context"]["n_ctx"] == 8192
+
+
 # -- the real router ---------------------------------------------------------------------------------
 
 
@@ -272,6 +279,7 @@ def test_a_chat_model_with_a_drafter_and_an_embedding_model_run_together(
         # the plan the router runs: every model's own flags honoured, the sum within the host's budget
         plan = {m["name"]: m for m in doc["plan"]["models"]}
         assert plan["embed"]["context"]["n_ubatch"] == plan["embed"]["context"]["n_batch"] == 256
+        assert plan["embed"]["context"]["n_ctx"] == 4 * 256  # four slots of one ubatch each: all it can use
         assert plan["chat"]["context"]["n_seq"] == 1 and plan["chat"]["speculative"]["chosen"] == "draft-simple"
         host = doc["plan"]["host"]
         assert host["fits"] and host["need"] == sum(m["host"]["need"] for m in plan.values()) <= host["usable"]

@@ -174,11 +174,19 @@ def _context_bounds(model: ModelInfo, req: Request, base: LoadSettings) -> tuple
         lo = hi = req.ctx
     else:
         hi = pad(train, CTX_STEP)
+        if req.embeddings:
+            hi = min(hi, _embedding_ctx(base))
         lo = min(pad(req.min_ctx, CTX_STEP), hi)
     if base.n_seq and not base.kv_unified:
         lo = max(lo, base.n_seq * CTX_STEP)  # every slot gets at least one step of its own
         hi = max(hi, lo)
     return lo, hi
+
+
+def _embedding_ctx(base: LoadSettings) -> int:
+    """An embedding server takes each input whole in one ubatch (server-context.cpp refuses a longer one:
+    "input is too large to process"), so its slots never hold more than n_ubatch cells each."""
+    return pad(max(1, base.n_seq) * base.n_ubatch, CTX_STEP)
 
 
 def _context_decisions(model: ModelInfo, req: Request, t: Trial) -> list[Decision]:
@@ -187,6 +195,8 @@ def _context_decisions(model: ModelInfo, req: Request, t: Trial) -> list[Decisio
         return [messages.context_user(train, train, full=True)]
     if req.ctx:
         return [messages.context_user(req.ctx, pad(req.ctx, CTX_STEP), full=False)]
+    if req.embeddings and t.fp.context.n_ctx == _embedding_ctx(t.settings) < pad(train, CTX_STEP):
+        return [messages.context_embeddings(t.fp.context.n_ctx, t.settings.n_seq, t.settings.n_ubatch)]
     return [messages.context_chosen(t.fp.context.n_ctx, train, req.min_ctx, req.margin)]
 
 

@@ -65,6 +65,14 @@ def context_user(asked: int, n_ctx: int, full: bool) -> Decision:
     return Decision("context.user", f"Context {asked} as requested with -c{padded}.")
 
 
+def context_embeddings(n_ctx: int, n_seq: int, n_ubatch: int) -> Decision:
+    return Decision(
+        "context.embeddings",
+        f"Context {n_ctx}: an embedding server takes each input in one ubatch (-ub {n_ubatch}), so {n_seq} "
+        f"slot(s) use at most {n_seq} x {n_ubatch} cells; a larger cache would never be used (-c to set one).",
+    )
+
+
 def min_ctx_above_training(min_ctx: int, train: int) -> str:
     return (
         f"--min-ctx {min_ctx} is above the model's training context {train}: planning {train} "
