@@ -259,11 +259,12 @@ def test_a_chat_model_with_a_drafter_and_an_embedding_model_run_together(
 ) -> None:
     chat = factory.dense(name="chat").write(tmp_path / "chat.gguf")
     draft = factory.dense(name="draft", n_layer=2, n_embd=128, n_head=4).write(tmp_path / "draft.gguf")
+    embed = factory.qwen3_0_6b().write(tmp_path / "qwen3-embedding-0.6b-shape.gguf")  # a real embedding shape
     ini = tmp_path / "in.ini"
     ini.write_text(
         "[*]\nno-warmup = true\n\n"
         f"[chat]\nmodel = {chat}\nmodel-draft = {draft}\nnp = 1\n\n"
-        f"[embed]\nmodel = {shapes['qwen3']}\nembeddings = true\npooling = mean\nubatch-size = 256\n"
+        f"[embed]\nmodel = {embed}\nembeddings = true\npooling = mean\nubatch-size = 256\n"
     )
     p = _launch(["--models-preset", str(ini), "--cpu-only", "--json", "--", "--port", "0"], server_bin)
     try:

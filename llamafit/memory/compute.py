@@ -220,7 +220,13 @@ def compute_buffers(
         out_dev = CPU
     n_out = min(U, n_outputs)
     logits = hp.n_vocab * n_out * 4 + U * 4 * 2 * E
-    out[out_dev] = max(out.get(out_dev, 0), logits + U * 4 * SMALL_INPUT_FLOATS)
+    if n_out >= U and out.get(out_dev, 0):
+        # every token an output (embedding and pooled servers): the V x U logits are larger than any
+        # block the layers freed, so ggml-alloc places them past the blocks still in use
+        # (ggml-alloc.c ggml_dyn_tallocr_alloc: best fit, else the end); bounded by the layers' peak
+        out[out_dev] += hp.n_vocab * n_out * 4
+    else:
+        out[out_dev] = max(out.get(out_dev, 0), logits + U * 4 * SMALL_INPUT_FLOATS)
 
     if gpus:
         # How ggml_backend_sched splits the graph (ggml-backend.cpp:1500-1580, 1700-1730): graph inputs
