@@ -99,12 +99,12 @@ class Together:
 # -- the set of models ----------------------------------------------------------------------------
 
 
-def entries_from_refs(refs: Sequence[str]) -> list[Entry]:
+def entries_from_refs(refs: Sequence[str], taken: Sequence[str] = ()) -> list[Entry]:
     """Models given on the command line, named as llama-server names a file (its name without .gguf;
-    a repo by its name and quant), made unique."""
+    a repo by its name and quant), unique among themselves and the ``taken`` names (a preset's)."""
     out: list[Entry] = []
     for ref in refs:
-        out.append(Entry(_unique(_name_of(ref), [e.name for e in out]), ref))
+        out.append(Entry(_unique(_name_of(ref), [*taken, *(e.name for e in out)]), ref))
     return out
 
 

@@ -98,6 +98,13 @@ def test_a_planned_section_starts_the_same_server() -> None:
     assert tokens[-2:] == ["--gpu-layers", "all"]
 
 
+def test_models_on_the_command_line_get_names_of_their_own() -> None:
+    from llamafit.together import entries_from_refs
+
+    es = entries_from_refs(["/m/chat.gguf", "/n/chat.gguf", "/m/big-00001-of-00003.gguf", "acme/emb:Q8_0"], ["chat"])
+    assert [e.name for e in es] == ["chat-2", "chat-3", "big", "emb:Q8_0"]
+
+
 def test_the_router_log_is_told_apart_per_instance() -> None:
     rl = RouterLog()
     lines = [

@@ -51,7 +51,7 @@ def prepare_several(refs: Sequence[str], models_preset: Path | None, o: Options)
     if o.draft or o.hf_file or o.revision:
         raise UsageError("--draft, --hf-file and --revision apply to one model", hint="set them per model in a preset")
     entries = entries_from_preset(load(models_preset), str(models_preset)) if models_preset else []
-    entries += entries_from_refs(refs)
+    entries += entries_from_refs(refs, taken=[e.name for e in entries])
     for e in entries:
         if wants_quants(e.ref, None):
             raise UsageError(
@@ -78,6 +78,12 @@ def _show(t: Together) -> None:
         note(d.message)
     for line in summary(t):
         note(line)
+    seen: set[str] = set()
+    for m in t.members:  # each plan's own notes and warnings, once each
+        for text in (*m.prep.notes, *m.prep.plan.notes, *m.prep.plan.warnings):
+            if text not in seen:
+                seen.add(text)
+                note(f"{m.entry.name}: {text}")
 
 
 def plan_several(refs: Sequence[str], models_preset: Path | None, o: Options, json_out: bool, out: Path | None) -> int:
