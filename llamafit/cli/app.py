@@ -222,6 +222,8 @@ PLAN_EXAMPLES = """Examples:
   llamafit plan model.gguf
   llamafit plan Qwen/Qwen3-8B-GGUF:Q4_K_M --gpu 24GiB --gpu 24GiB
   llamafit plan model.gguf --json -- -c 32768 -ctk q8_0 -ctv q8_0
+  llamafit plan Qwen/Qwen3-8B-GGUF --quants --gpu 8GiB
+  llamafit plan chat.gguf embed.gguf --models-preset-out planned.ini
 """
 RUN_EXAMPLES = """Examples:
 
@@ -229,6 +231,8 @@ RUN_EXAMPLES = """Examples:
   llamafit run unsloth/Qwen3-30B-A3B-GGUF:Q4_K_M -- --port 8080
   llamafit run model.gguf --dry-run
   llamafit run model.gguf --exec --quiet -- --host 0.0.0.0 --port 8080
+  llamafit run Qwen/Qwen3-8B-GGUF:best -- --port 8080
+  llamafit run chat.gguf embed.gguf -- --port 8080
 """
 
 
