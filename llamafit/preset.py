@@ -135,6 +135,12 @@ def section_text(name: str, argv: Sequence[str], extra: Iterable[tuple[str, str]
             raise UsageError(f"{o.tokens[0]} takes {len(o.values)} values; a preset holds one per option")
         if "\n" in value or "\r" in value:
             raise UsageError(f"the value of {o.tokens[0]} spans lines; a preset cannot carry it")
+        if ";" in value or "#" in value or value != value.strip():
+            # llama.cpp's preset grammar ends a value at ';' or '#' (a comment) and drops the spaces around it
+            raise UsageError(
+                f"the value of {o.tokens[0]} ({value!r}) has ';', '#' or outer spaces, which a preset cannot carry",
+                hint="rename the file or folder, or run that model on its own",
+            )
         if key in seen:
             if not o.option.accumulates:
                 lines[seen[key]] = f"{key} = {value}"  # last wins, as on the command line

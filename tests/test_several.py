@@ -105,6 +105,12 @@ def test_models_on_the_command_line_get_names_of_their_own() -> None:
     assert [e.name for e in es] == ["chat-2", "chat-3", "big", "emb:Q8_0"]
 
 
+@pytest.mark.parametrize("path", ["/m/a#1.gguf", "/m/a;b.gguf", "/m/a.gguf ", "/m/a\nb.gguf"])
+def test_a_value_a_preset_cannot_carry_is_refused(path: str) -> None:
+    with pytest.raises(UsageError, match="preset cannot carry"):
+        section_text("a", ["-m", path])
+
+
 def test_the_router_log_is_told_apart_per_instance() -> None:
     rl = RouterLog()
     lines = [
