@@ -103,7 +103,8 @@ def main() -> None:
         factory.with_vocab(factory.glm45_air(), factory.bpe_vocab(151552, 151552 - 256)).write(glm)
     hub = hub_bytes({**models, "GLM-4.5-Air Q4_K (1 file, 72 GB, BPE vocabulary)": glm}, env)
     rpc = rpc_fit(glm, a.runs, env) if fitp else None
-    best = quants_best(d, a.runs, env) if fitp else None
+    quantize = Path(fitp).with_name("llama-quantize") if fitp else None
+    best = quants_best(d, a.runs, env) if quantize and quantize.exists() else None
     t_help, _ = timed([*LLAMAFIT, "--help"], a.runs, env)
     # what a shell runs on Tab for a model argument (commands and options need no Python at all)
     t_complete, _ = timed([*LLAMAFIT, "__complete", "repos"], a.runs, env)
