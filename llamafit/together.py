@@ -223,7 +223,18 @@ def plan_together(entries: Sequence[Entry], o: Options, machine: Machine, plan: 
                 f"{sum(m.resident for m in members)} models ask for load-on-startup but only {k} fit together",
                 hint="set load-on-startup = false on the others",
             )
-        return Together(members, k, _decisions(members, k, f, pinned), machine, router_args)
+        decisions = _decisions(members, k, f, pinned)
+        if machine.blind:
+            # llama.cpp's own fit places each instance on what it sees free at its load, one at a time
+            decisions += (
+                Decision(
+                    "models.blind",
+                    "Some devices cannot be sized here (" + "; ".join(machine.blind) + "): each instance's "
+                    "placement is left to llama.cpp's fit at its load, which sees what the instances before it "
+                    "took, but the sum is not planned.",
+                ),
+            )
+        return Together(members, k, decisions, machine, router_args)
     raise AssertionError("every model fits alone, so one at a time fits")  # k = 1 is each alone
 
 

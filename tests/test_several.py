@@ -348,3 +348,18 @@ def test_a_model_that_fails_to_load_is_named_and_the_router_stops(
     assert "broken failed to load" in err and "model loading error" in err
     ports = [int(m) for m in re.findall(r"spawning server instance with name=\S+ on port (\d+)", err)]
     assert len(ports) == 2 and [health(port) for port in ports] == [0, 0]
+
+
+def test_devices_that_cannot_be_sized_are_said(shapes: dict[str, Path]) -> None:
+    from llamafit.capabilities import ASSUMED
+    from llamafit.devices import Host, Machine
+    from llamafit.options import Options
+    from llamafit.prepare import prepare
+    from llamafit.together import entries_from_refs, plan_together
+    from llamafit.units import GiB
+
+    machine = Machine((), Host(64 * GiB, 64 * GiB), blind=("Vulkan0 reports no memory",))
+    entries = entries_from_refs([str(shapes["dense"]), str(shapes["qwen3"])])
+    t = plan_together(entries, Options(), machine, lambda ref, o, m: prepare(ref, o, machine=m, server=(None, ASSUMED)))
+    blind = next(d for d in t.decisions if d.code == "models.blind")
+    assert "Vulkan0 reports no memory" in blind.message and t.models_max == 2
