@@ -108,7 +108,7 @@ def _targets(ctx: typer.Context, tokens: list[str] | None) -> tuple[list[str], O
     if not refs and ctx.params.get("models_preset") is None:
         from llamafit.errors import UsageError
 
-        raise UsageError("no MODEL given", hint="llamafit plan MODEL [-- SERVER_ARGS...]; see --help")
+        raise UsageError("no MODEL given", hint=f"llamafit {ctx.info_name} MODEL [-- SERVER_ARGS...]; see --help")
     return refs, o
 
 
