@@ -303,6 +303,10 @@ def test_a_chat_model_with_a_drafter_and_an_embedding_model_run_together(
     assert code == 0
     time.sleep(0.5)
     assert [health(port) for port in ports] == [0, 0]  # every instance went with the router
+    # each instance's launch is recorded for calibration, like one server's
+    r = CliRunner().invoke(app, ["history", "--json"])
+    names = [e["model"]["name"] for e in json.loads(r.stdout)["launches"]]
+    assert {"chat", "Qwen3-0.6B (shape)"} <= set(names)
 
 
 @pytest.mark.server

@@ -21,7 +21,7 @@ from llamafit.cli.output import (
     safe,
 )
 from llamafit.cli.render import memory_tables, rows_json
-from llamafit.cli.supervise import SHOWN_LINE, compare_all, exit_reason
+from llamafit.cli.supervise import SHOWN_LINE, compare_all, exit_reason, record_launch
 from llamafit.errors import ExitCode, ServerNotFoundError, UsageError
 from llamafit.failures import Failure, classify
 from llamafit.logparse import is_error
@@ -202,7 +202,9 @@ def supervise_router(
             return
         m = plans[inst.name]
         if event == "ready" and inst.name not in w.reported:
-            rows = compare_all(m.prep, inst.log())
+            log = inst.log()
+            rows = compare_all(m.prep, log)
+            record_launch(m.prep, log)  # each instance teaches the next plan of its model, as one server does
             w.reported.add(inst.name)
             err.print(f"[green]llamafit: {safe(inst.name)} ready[/] (port {inst.port})")
             if json_out:
