@@ -18,6 +18,7 @@ from typing import Any
 from llamafit.capabilities import Capabilities
 from llamafit.devices import Machine
 from llamafit.errors import BadModelFileError, DoesNotFitError, LlamafitError, ModelNotFoundError, UsageError
+from llamafit.gguf.model import Tensor
 from llamafit.gguf.naming import split_info
 from llamafit.hub.resolve import Hub, is_hub_ref
 from llamafit.hub.select import HubFile, is_model_file, split_files, split_repo_tag
@@ -137,11 +138,12 @@ class QuantPlan:
         return p.speculative.chosen
 
 
-def _n_params(tensors: Sequence[object]) -> int:
+def _n_params(tensors: Sequence[Tensor]) -> int:
+    """Weights in the tensor table: the product of each tensor's dimensions, summed."""
     n = 0
     for t in tensors:
         k = 1
-        for d in t.info.shape:  # type: ignore[attr-defined]
+        for d in t.info.shape:
             k *= int(d)
         n += k
     return n
