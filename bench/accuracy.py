@@ -68,6 +68,7 @@ def build_files(d: Path, quick: bool) -> dict[str, Path]:
     w("hybrid", shapes.hybrid_like())
     w("hybrid_mtp", shapes.hybrid_mtp_like())
     w("mamba", shapes.mamba_130m())
+    w("mamba2", factory.mamba_codestral_7b())
     w("mla", shapes.mla_v2_lite_like())
     if not quick:
         w("qwen3_30b_a3b", shapes.qwen3_30b_a3b())
@@ -95,10 +96,17 @@ def cases(quick: bool) -> list[Case]:
         Case("hybrid recurrent: Qwen3.5-style", "hybrid", ["-c", "8192", "-np", "2", "-no-kvu"]),
         Case("MTP head: Qwen3.5-style + NextN", "hybrid_mtp", ["-c", "8192"], spec="draft-mtp"),
         Case("pure recurrent: Mamba-130M", "mamba", ["-c", "4096", "-np", "4"]),
+        Case("pure recurrent: Mamba-Codestral-7B (Mamba-2)", "mamba2", [*NR, "-c", "4096", "-np", "4"]),
+        Case("pure recurrent: Mamba-Codestral-7B (Mamba-2)", "mamba2", [*NR, "-c", "4096", "-np", "1", "-ub", "256"]),
         Case(
             "draft pair: Qwen3-8B + Qwen3-0.6B", "qwen3_8b", [*NR, "-c", "8192"], spec="draft-simple", draft="qwen3_06b"
         ),
         Case("split model: Llama-3.1-8B in 3 shards", "llama8b_split", [*NR, "-c", "8192"]),
+        Case(
+            "embedding: Qwen3-Embedding-0.6B shape",
+            "qwen3_06b",
+            [*NR, "-c", "4096", "--embeddings", "--pooling", "mean"],
+        ),
     ]
     if not quick:
         cs += [

@@ -481,6 +481,57 @@ def mamba(
     return Shape(arch, kv, ts)
 
 
+def mamba2(
+    *,
+    name: str = "mamba2",
+    n_layer: int = 4,
+    n_embd: int = 256,
+    d_inner: int = 512,
+    d_state: int = 16,
+    n_group: int = 1,
+    n_head: int = 8,
+    d_conv: int = 4,
+    n_vocab: int = 512,
+    ctx: int = 1048576,
+    w: str = "f16",
+) -> Shape:
+    """Pure recurrent Mamba-2 (src/models/mamba2.cpp load_arch_tensors): one in_proj of
+    2 d_inner + 2 n_group d_state + n_head, a conv over d_inner + 2 n_group d_state, a grouped norm."""
+    arch = "mamba2"
+    conv_dim = d_inner + 2 * n_group * d_state
+    d_in_proj = 2 * d_inner + 2 * n_group * d_state + n_head
+    kv = _base_kv(arch, name, n_layer, n_embd, ctx, n_vocab)
+    kv.update({
+        f"{arch}.feed_forward_length": 0,
+        f"{arch}.attention.head_count": 0,
+        f"{arch}.ssm.conv_kernel": d_conv,
+        f"{arch}.ssm.inner_size": d_inner,
+        f"{arch}.ssm.state_size": d_state,
+        f"{arch}.ssm.time_step_rank": n_head,
+        f"{arch}.ssm.group_count": n_group,
+    })  # fmt: skip
+    ts = _io(n_embd, n_vocab, w, False)
+    for i in range(n_layer):
+        ts += [
+            TensorSpec(f"blk.{i}.attn_norm.weight", (n_embd,)),
+            TensorSpec(f"blk.{i}.ssm_in.weight", (n_embd, d_in_proj), w),
+            TensorSpec(f"blk.{i}.ssm_conv1d.weight", (d_conv, conv_dim)),
+            TensorSpec(f"blk.{i}.ssm_conv1d.bias", (conv_dim,)),
+            TensorSpec(f"blk.{i}.ssm_dt.bias", (n_head,)),
+            TensorSpec(f"blk.{i}.ssm_a", (1, n_head)),
+            TensorSpec(f"blk.{i}.ssm_d", (1, n_head)),
+            TensorSpec(f"blk.{i}.ssm_norm.weight", (d_inner // n_group, n_group)),
+            TensorSpec(f"blk.{i}.ssm_out.weight", (d_inner, n_embd), w),
+        ]
+    return Shape(arch, kv, ts)
+
+
+def mamba_codestral_7b(w: str = "q8_0") -> Shape:
+    """mistralai/Mamba-Codestral-7B-v0.1: 64 layers, 4096 embd, d_inner 8192, d_state 128, 8 groups, 128 heads."""
+    return mamba2(name="Mamba-Codestral-7B (shape)", n_layer=64, n_embd=4096, d_inner=8192, d_state=128, n_group=8,
+                  n_head=128, n_vocab=32768, w=w)  # fmt: skip
+
+
 # ---- shape-faithful copies of public models (published config.json values) ----
 
 
