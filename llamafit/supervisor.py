@@ -43,6 +43,9 @@ KEY_EVENTS = (
 
 
 CONFIRM_TIMEOUT = 30.0  # from `listening on` to the task loop answering: milliseconds on a healthy server
+# from a forwarded interrupt to the server's exit: seconds when healthy. llama-server's signal handler can
+# deadlock in exit() (it calls exit from the handler; seen with the malloc lock held), so past this it is killed
+STOP_GRACE = 30.0
 MAX_LINE = 16384  # characters kept of one log line (the --log-file keeps it whole)
 MAX_LOAD_BYTES = 32 << 20  # log kept up to ready: the memory lines are there
 TAIL_LINES = 400  # log kept after ready, for classifying a crash
@@ -78,6 +81,7 @@ class Outcome:
     log: LoadLog
     lines: list[str] = field(repr=False, default_factory=list)
     interrupted: bool = False
+    killed_after: float | None = None  # seconds it was given to stop after an interrupt before SIGKILL
 
 
 class Supervisor:
@@ -92,9 +96,12 @@ class Supervisor:
         predicted: dict[str, int] | None = None,
         usable: dict[str, int] | None = None,
         probe: str = "/slots",
+        stop_grace: float = STOP_GRACE,
     ) -> None:
         self.argv = list(argv)
         self.probe = probe  # what the task loop answers once ready (the router: /models)
+        self.stop_grace = stop_grace
+        self.killed_after: float | None = None
         self.env = env
         self.log_file = log_file
         self.on_line = on_line
@@ -117,8 +124,8 @@ class Supervisor:
 
     def start(self) -> None:
         """Start the server in a session of its own (the terminal's Ctrl-C reaches llamafit alone, which
-        forwards one interrupt), tied to llamafit's life (it gets SIGTERM when llamafit dies, even by
-        SIGKILL: PR_SET_PDEATHSIG on Linux)."""
+        forwards one interrupt), tied to llamafit's life (it is killed when llamafit dies, even by SIGKILL:
+        PR_SET_PDEATHSIG on Linux)."""
         if self.log_file is not None:
             self._sink = open(self.log_file, "a", encoding="utf-8", errors="replace")  # noqa: SIM115
         self._proc = subprocess.Popen(
@@ -222,15 +229,18 @@ class Supervisor:
     def run(self, ready_timeout: float | None = None, stop_when: Callable[[], bool] | None = None) -> Outcome:
         """Start the server and supervise it until it exits. SIGINT and SIGTERM are forwarded to it once
         each (a second Ctrl-C is the user insisting: llama-server then stops at once); SIGHUP, a closed
-        terminal, stops it like SIGTERM. A server not ready after ``ready_timeout`` seconds is stopped, and
-        so is one for which ``stop_when()`` turns true (checked a few times a second)."""
+        terminal, stops it like SIGTERM; a server still running ``stop_grace`` seconds after the first one
+        is killed. A server not ready after ``ready_timeout`` seconds is stopped, and so is one for which
+        ``stop_when()`` turns true (checked a few times a second)."""
         self.start()
         assert self._proc is not None
         proc = self._proc
         started = time.monotonic()
+        asked: list[float] = []  # when the first interrupt was forwarded
 
         def forward(signum: int, _frame: object) -> None:
             self.interrupted = True
+            asked.append(time.monotonic())
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM if signum == signal.SIGHUP else signum)
 
@@ -243,6 +253,9 @@ class Supervisor:
                     if ready_timeout and not self._ready.is_set() and time.monotonic() - started > ready_timeout:
                         self.timed_out = ready_timeout
                         self.stop(timeout=10)
+                    elif asked and time.monotonic() - asked[0] > self.stop_grace:
+                        self.killed_after = self.stop_grace
+                        proc.kill()
                     elif stop_when is not None and stop_when():
                         self.stop(timeout=15)
         finally:
@@ -278,7 +291,7 @@ class Supervisor:
                 f"llama-server was not ready after {self.timed_out:.0f} s and was stopped",
                 "raise --ready-timeout for a slow disk or a large model, or run with --verbose",
             )
-        return Outcome(ready, self.url, code, failure, parse(self.lines), lines, self.interrupted)
+        return Outcome(ready, self.url, code, failure, parse(self.lines), lines, self.interrupted, self.killed_after)
 
     # -- talking to it ----------------------------------------------------------------------------
 
@@ -304,8 +317,10 @@ class Supervisor:
 
 
 def _die_with_parent() -> Callable[[], None] | None:
-    """A preexec function asking Linux to send the child SIGTERM when llamafit dies (PR_SET_PDEATHSIG);
-    None elsewhere. It runs between fork and exec, so it only calls prctl and getppid."""
+    """A preexec function asking Linux to kill the child when llamafit dies (PR_SET_PDEATHSIG); None
+    elsewhere. SIGKILL, not SIGTERM: llama-server's SIGTERM handler calls exit() and can deadlock there
+    (malloc's lock held by the interrupted thread), leaving an orphan that holds its port and memory; a
+    llamafit that dies cannot wait to see. It runs between fork and exec, so it only calls prctl and getppid."""
     if not sys.platform.startswith("linux"):
         return None
     try:
@@ -316,7 +331,7 @@ def _die_with_parent() -> Callable[[], None] | None:
     parent = os.getpid()
 
     def preexec() -> None:
-        prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
+        prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
         if os.getppid() != parent:  # llamafit died before prctl took effect
             os._exit(1)
 

@@ -21,7 +21,7 @@ from llamafit.cli.output import (
     safe,
 )
 from llamafit.cli.render import memory_tables, rows_json
-from llamafit.cli.supervise import SHOWN_LINE, compare_all, exit_reason, record_launch
+from llamafit.cli.supervise import SHOWN_LINE, compare_all, exit_reason, record_launch, say_killed
 from llamafit.errors import ExitCode, ServerNotFoundError, UsageError
 from llamafit.failures import Failure, classify
 from llamafit.logparse import is_error
@@ -233,6 +233,7 @@ def supervise_router(
 
     sup = Supervisor(argv, env, log_file=log_file, on_line=on_line, on_ready=on_ready, probe="/models")
     outcome = sup.run(ready_timeout, stop_when=stop_when)
+    say_killed(outcome)
     if w.failed is not None:
         name, f = w.failed
         error(f"{name} failed to load: {f.message}", f.hint)

@@ -14,7 +14,7 @@ from llamafit.errors import ExitCode
 from llamafit.logparse import LoadLog, is_error
 from llamafit.plan import to_json
 from llamafit.prepare import Prepared
-from llamafit.supervisor import Supervisor, is_key_line
+from llamafit.supervisor import Outcome, Supervisor, is_key_line
 from llamafit.units import MiB
 
 
@@ -105,6 +105,7 @@ def supervise(
     outcome = Supervisor(
         argv, env, log_file=log_file, on_line=on_line, on_ready=on_ready, predicted=predicted, usable=usable
     ).run(ready_timeout)
+    say_killed(outcome)
     if outcome.ready:
         record_launch(prep, outcome.log)
         if outcome.returncode != 0 and not outcome.interrupted:
@@ -120,6 +121,14 @@ def supervise(
     assert f is not None
     error(f.message, f.hint)
     return int(ExitCode.SERVER_LOAD_FAILED)
+
+
+def say_killed(outcome: Outcome) -> None:
+    if outcome.killed_after is not None:
+        progress_console().print(
+            f"[yellow]llamafit: llama-server had not stopped {outcome.killed_after:.0f} s after the interrupt and "
+            "was killed[/] (its signal handler can hang in exit(); nothing of it is left running)"
+        )
 
 
 def exit_reason(code: int) -> str:
