@@ -188,6 +188,14 @@ def discover_for(o: Options, srv: ServerBinary | None) -> Machine:
     return discover(server=srv.path, server_env=launch_env(srv).env, cache=cache_dir())
 
 
+def machine_and_server(o: Options) -> tuple[Machine, tuple[ServerBinary | None, Capabilities]]:
+    """The machine as the server that would run sees it, and that server with what it accepts. A bad
+    ``--gpu`` is a usage error before any file or binary is touched."""
+    described = discover_for(o, None) if o.gpu else None
+    found = server_and_caps(o.server)
+    return described or discover_for(o, found[0]), found
+
+
 def machine_with_rpc(
     mach: Machine, endpoints: Sequence[str], srv: ServerBinary | None, *, optional: bool, cpu_only: bool
 ) -> tuple[Machine, tuple[str, ...]]:

@@ -77,16 +77,12 @@ def _prepare(model: str, o: Options, json_out: bool = False, quant: str | None =
     """The plan and argv (of the quant asked for with ``:best``/``--quant``); when nothing fits and
     ``json_out``, the plan that could not be made goes to stdout (``"fits": false``) before the error
     (exit 3)."""
-    from llamafit.devices import discover
     from llamafit.errors import DoesNotFitError
-    from llamafit.prepare import discover_for, new_hub, prepare, server_and_caps
+    from llamafit.prepare import machine_and_server, new_hub, prepare
     from llamafit.quants import planner, prepare_choice, wants_quants
 
-    if o.gpu:
-        discover(gpu_specs=o.gpu)  # usage errors (--gpu) before touching files or binaries
-    found = server_and_caps(o.server)
+    machine, found = machine_and_server(o)
     try:
-        machine = discover_for(o, found[0])
         if wants_quants(model, quant):
             hub = new_hub(o.offline)
             return prepare_choice(model, quant, o, planner(hub, machine, found), hub)

@@ -9,15 +9,13 @@ from llamafit.options import Options
 def plan_ladder(model: str, o: Options, json_out: bool) -> int:
     """``plan --quants``: every quant planned; exit 3 when none fits (the table is printed first)."""
     from llamafit.errors import DoesNotFitError
-    from llamafit.prepare import discover_for, new_hub, server_and_caps
+    from llamafit.prepare import machine_and_server, new_hub
     from llamafit.quants import ladder, ladder_json, planner, source
 
-    if o.gpu:
-        discover_for(o, None)  # usage errors (--gpu) before touching files or binaries
-    found = server_and_caps(o.server)
+    machine, found = machine_and_server(o)
     hub = new_hub(o.offline)
     src = source(model, hub, o.revision)
-    rows = ladder(src, o, planner(hub, discover_for(o, found[0]), found))
+    rows = ladder(src, o, planner(hub, machine, found))
     if json_out:
         print_json(ladder_json(src, rows))
     else:
