@@ -107,6 +107,11 @@ class Plan:
     def decision(self, code: str) -> Decision | None:
         return next((d for d in self.decisions if d.code == code), None)
 
+    @property
+    def placement_code(self) -> str:
+        """The ``placement.*`` decision (where the weights went), "" when llama.cpp's fit places them."""
+        return next((d.code for d in self.decisions if d.code.startswith("placement.")), "")
+
 
 def to_json(plan: Plan, argv: list[str]) -> dict[str, Any]:
     cp = plan.footprint.context

@@ -21,7 +21,7 @@ from llamafit.errors import BadModelFileError, DoesNotFitError, LlamafitError, M
 from llamafit.gguf.model import Tensor
 from llamafit.gguf.naming import split_info
 from llamafit.hub.resolve import Hub, is_hub_ref
-from llamafit.hub.select import HubFile, is_model_file, split_files, split_repo_tag
+from llamafit.hub.select import HubFile, is_first_shard, is_model_file, split_files, split_repo_tag
 from llamafit.options import Options
 from llamafit.plan import Decision, Plan
 from llamafit.plan import to_json as plan_to_json
@@ -89,7 +89,7 @@ class QuantPlan:
     def full(self) -> bool:
         """Fits with every layer on the GPUs (on a machine without GPUs, or with the placement pinned by
         the user's flags, fitting is all there is)."""
-        return self.prepared is not None and not any(self.prepared.plan.decision(c) for c in _PARTIAL)
+        return self.prepared is not None and self.prepared.plan.placement_code not in _PARTIAL
 
     @property
     def n_params(self) -> int | None:
@@ -117,8 +117,7 @@ class QuantPlan:
         if not self.fits:
             return "none", "does not fit"
         s = p.settings
-        d = next((d for d in p.decisions if d.code.startswith("placement.")), None)
-        code = d.code if d is not None else "fit.none"
+        code = p.placement_code or "fit.none"
         n_all = p.model.hparams.n_layer_all
         words = {
             "placement.all_gpu": "all on the GPUs",
@@ -154,7 +153,7 @@ def _n_params(tensors: Sequence[Tensor]) -> int:
 
 def group(files: Sequence[HubFile]) -> tuple[Quant, ...]:
     """The model files of a listing as quants (split sets kept together), smallest first."""
-    firsts = [f for f in files if is_model_file(f.path) and _is_first(f)]
+    firsts = [f for f in files if is_model_file(f.path) and is_first_shard(f)]
     sets = [tuple(sorted(split_files(files, f), key=_shard_index)) for f in firsts]
     tags = _tags([f.path for f in firsts])
     quants = [Quant(t, s) for t, s in zip(tags, sets, strict=True)]
@@ -164,11 +163,6 @@ def group(files: Sequence[HubFile]) -> tuple[Quant, ...]:
 def _shard_index(f: HubFile) -> int:
     info = split_info(f.path)
     return info.index if info else 1
-
-
-def _is_first(f: HubFile) -> bool:
-    info = split_info(f.path)
-    return info is None or info.count <= 1 or info.index == 1
 
 
 def _tags(paths: Sequence[str]) -> list[str]:

@@ -13,11 +13,11 @@ import re
 from dataclasses import dataclass, field
 
 from llamafit.logparse import LoadLog, parse
+from llamafit.supervisor import LISTEN
 
 _CHILD = re.compile(r"^\[\s*(?P<port>\d{1,5})\] ?(?P<line>.*)$")
 _SPAWN = re.compile(r"spawning server instance with name=(?P<name>.+?) on port (?P<port>\d+)\s*$")
 _EXIT = re.compile(r"instance name=(?P<name>.+?) exited with status (?P<code>-?\d+)")
-_LISTEN = re.compile(r"listening on (?:https?|unix)://\S+")
 MAX_INSTANCE_LINES = 20000  # lines kept per instance: its load (the memory lines) and a tail after ready
 
 
@@ -49,7 +49,7 @@ class RouterLog:
                 text = m.group("line")
                 if len(inst.lines) < MAX_INSTANCE_LINES:
                     inst.lines.append(text)
-                if not inst.ready and _LISTEN.search(text):
+                if not inst.ready and LISTEN.search(text):
                     inst.ready = True
                     return inst, text, "ready"
                 return inst, text, ""

@@ -34,7 +34,7 @@ from llamafit.failures import Failure, classify
 from llamafit.logparse import LoadLog, parse
 
 _LEVEL = re.compile(r"^(?:\x1b\[[0-9;]*m)*\d+\.\d{2}\.\d{3}\.\d{3} (?:\x1b\[[0-9;]*m)*(?P<level>[IWED]) ")
-_LISTEN = re.compile(r"listening on (?P<url>(?:https?|unix)://\S+)|server is listening on (?P<old>https?://\S+)")
+LISTEN = re.compile(r"listening on (?P<url>(?:https?|unix)://\S+)|server is listening on (?P<old>https?://\S+)")
 KEY_EVENTS = (
     "loading model", "model loaded", "listening on", "initializing, n_slots", "loading draft model",
     "creating MTP draft context", "speculative decoding context initialized", "loaded multimodal model",
@@ -145,7 +145,7 @@ class Supervisor:
                 self._sink.flush()
             if self.on_line:
                 self.on_line(raw.rstrip("\n"))
-            if self.url is None and (m := _LISTEN.search(raw)):
+            if self.url is None and (m := LISTEN.search(raw)):
                 self.url = m.group("url") or m.group("old")
                 # confirmed on its own thread, so the log keeps flowing meanwhile
                 self._announcer = threading.Thread(target=self._announce, name="llama-server ready", daemon=True)

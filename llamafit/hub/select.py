@@ -72,7 +72,7 @@ def _tag_regex(tag: str) -> re.Pattern[str]:
         raise UsageError(f"quant tag {tag!r} is not usable: {e}", hint="write the quant as in the file name") from None
 
 
-def _first_shard(f: HubFile) -> bool:
+def is_first_shard(f: HubFile) -> bool:
     info = split_info(f.path)
     return info is None or info.count <= 1 or info.index == 1
 
@@ -81,10 +81,10 @@ def find_best_model(files: Sequence[HubFile], tag: str) -> HubFile | None:
     for t in (tag,) if tag else DEFAULT_TAGS:
         pat = _tag_regex(t)
         for f in files:
-            if is_model_file(f.path) and pat.search(f.path) and _first_shard(f):
+            if is_model_file(f.path) and pat.search(f.path) and is_first_shard(f):
                 return f
     if not tag:
-        return next((f for f in files if is_model_file(f.path) and _first_shard(f)), None)
+        return next((f for f in files if is_model_file(f.path) and is_first_shard(f)), None)
     return None
 
 
