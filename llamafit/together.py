@@ -28,6 +28,7 @@ from typing import Any
 from llamafit.argv import parse_server_args
 from llamafit.devices import Host, Machine
 from llamafit.errors import DoesNotFitError, UsageError
+from llamafit.gguf.naming import split_info
 from llamafit.hub.resolve import is_hub_ref
 from llamafit.memory.context import N_CTX_PAD as CTX_PAD
 from llamafit.options import Options
@@ -111,9 +112,8 @@ def entries_from_refs(refs: Sequence[str], taken: Sequence[str] = ()) -> list[En
 def _name_of(ref: str) -> str:
     if is_hub_ref(ref) and not os.path.exists(ref):
         return ref.split("/", 1)[1]
-    base = os.path.basename(ref.rstrip("/"))
-    base = re.sub(r"-0*1-of-\d+\.gguf$", "", base)
-    return base[: -len(".gguf")] if base.endswith(".gguf") else base
+    info = split_info(ref)  # a file: its name without the shard numbers and .gguf, as llama.cpp shows it
+    return os.path.basename(info.prefix if info else ref.rstrip("/"))
 
 
 def _unique(name: str, taken: Sequence[str]) -> str:
@@ -182,7 +182,7 @@ def plan_together(entries: Sequence[Entry], o: Options, machine: Machine, plan: 
     n = len(entries)
     limits = _limits(alone[0], machine)
 
-    whole = [_placement(p) == "placement.all_gpu" for p in alone]
+    whole = [p.plan.placement_code == "placement.all_gpu" for p in alone]
 
     def attempt(k: int, f: float, strict: bool) -> list[Prepared] | None:
         """Every model at factor ``f`` of its alone context, with room for any ``k`` resident at once;
@@ -196,24 +196,26 @@ def plan_together(entries: Sequence[Entry], o: Options, machine: Machine, plan: 
                 p = one(e, ctx, _residual(machine, done, k - 1))
             except DoesNotFitError:
                 return None
-            if strict and whole[i] and _placement(p) != "placement.all_gpu":
+            if strict and whole[i] and p.plan.placement_code != "placement.all_gpu":
                 return None
             done.append(p)
         return done if k >= n or _any_k_fit(done, k, limits) else None
 
     modes = (True, False) if any(whole) else (False,)
     for k, strict in ((k, strict) for k in range(n, 0, -1) for strict in modes):
-        got = attempt(k, 1.0, strict)
-        f = 1.0
+        f, got = 1.0, attempt(k, 1.0, strict)
         if got is None:
-            if attempt(k, 0.0, strict) is None:
+            # the largest factor that fits, keeping the plans of the last one that did
+            lo, hi, got = 0.0, 1.0, attempt(k, 0.0, strict)
+            if got is None:
                 continue
-            lo, hi = 0.0, 1.0
             for _ in range(_FACTOR_STEPS):
                 mid = (lo + hi) / 2
-                lo, hi = (mid, hi) if attempt(k, mid, strict) is not None else (lo, mid)
-            f, got = lo, attempt(k, lo, strict)
-            assert got is not None
+                if (trial := attempt(k, mid, strict)) is not None:
+                    lo, got = mid, trial
+                else:
+                    hi = mid
+            f = lo
         members = tuple(
             Member(e, p, alone_ctx[i], e.load_on_startup if e.load_on_startup is not None else i < k)
             for i, (e, p) in enumerate(zip(entries, got, strict=True))
@@ -236,10 +238,6 @@ def plan_together(entries: Sequence[Entry], o: Options, machine: Machine, plan: 
             )
         return Together(members, k, decisions, machine, router_args)
     raise AssertionError("every model fits alone, so one at a time fits")  # k = 1 is each alone
-
-
-def _placement(p: Prepared) -> str:
-    return next((d.code for d in p.plan.decisions if d.code.startswith("placement.")), "")
 
 
 def _pad(ctx: float) -> int:

@@ -3,6 +3,7 @@ supervised with each instance's memory held to its own plan."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from llamafit import shellwords
+from llamafit.capabilities import Capabilities
 from llamafit.cli.output import (
     download_summary,
     err_console,
@@ -21,14 +23,18 @@ from llamafit.cli.output import (
     safe,
 )
 from llamafit.cli.render import memory_tables, rows_json
-from llamafit.cli.supervise import SHOWN_LINE, compare_all, exit_reason, record_launch, say_killed
+from llamafit.cli.supervise import SHOWN_LINE, compare_all, exit_reason, record_launch, say_killed, with_buffer_lines
+from llamafit.devices import Machine
 from llamafit.errors import ExitCode, ServerNotFoundError, UsageError
 from llamafit.failures import Failure, classify
+from llamafit.gguf.model import ModelInfo
+from llamafit.hub.resolve import Hub
 from llamafit.logparse import is_error
 from llamafit.options import Options
 from llamafit.paths import data_dir
+from llamafit.prepare import Prepared
 from llamafit.router import RouterLog
-from llamafit.server import GET_SERVER_HINT
+from llamafit.server import GET_SERVER_HINT, ServerBinary
 from llamafit.supervisor import Supervisor, is_key_line
 from llamafit.together import Together, entries_from_preset, entries_from_refs, plan_together, summary, to_json
 
@@ -40,14 +46,25 @@ def split_targets(tokens: Sequence[str] | None) -> tuple[list[str], list[str]]:
     return toks[:cut], toks[cut:]
 
 
-def prepare_several(refs: Sequence[str], models_preset: Path | None, o: Options) -> tuple[Together, str]:
-    """The plan of the set, the router's argv, and the binary it runs."""
-    from llamafit.prepare import discover_for, new_hub, prepare, server_and_caps
+@dataclass(frozen=True)
+class _Set:
+    together: Together
+    server: ServerBinary | None
+    caps: Capabilities
+    hub: Hub
+
+    def argv(self, preset_path: str) -> list[str]:
+        binary = self.server.path if self.server else "llama-server"
+        return self.together.argv(binary, preset_path)
+
+
+def prepare_several(refs: Sequence[str], models_preset: Path | None, o: Options) -> _Set:
+    """The plan of the set, with the server that would run it and the Hub resolver its files came from."""
+    from llamafit.gguf.model import load_model
+    from llamafit.prepare import machine_and_server, new_hub, prepare
     from llamafit.preset import load
     from llamafit.quants import wants_quants
 
-    if o.gpu:
-        discover_for(o, None)  # usage errors (--gpu) before touching files or binaries
     if o.draft or o.hf_file or o.revision:
         raise UsageError("--draft, --hf-file and --revision apply to one model", hint="set them per model in a preset")
     entries = entries_from_preset(load(models_preset), str(models_preset)) if models_preset else []
@@ -60,20 +77,29 @@ def prepare_several(refs: Sequence[str], models_preset: Path | None, o: Options)
             )
     if not entries:
         raise UsageError("no model given", hint="llamafit run MODEL [MODEL ...], or --models-preset FILE")
-    srv, caps = found = server_and_caps(o.server)
+    machine, found = machine_and_server(o)
+    srv, caps = found
     if srv is not None and caps.flags and not caps.accepts("--models-preset"):
         raise ServerNotFoundError(
             f"{srv.path} has no router mode (--models-preset): too old for several models", hint=GET_SERVER_HINT
         )
-    machine = discover_for(o, srv)
     hub = new_hub(o.offline)
-    together = plan_together(
-        entries, o, machine, lambda ref, opts, m: prepare(ref, opts, machine=m, server=found, hub=hub)
-    )
-    return together, srv.path if srv else "llama-server"
+    models: dict[str, ModelInfo] = {}
+
+    def plan(ref: str, opts: Options, m: Machine) -> Prepared:
+        # the joint fit plans each model many times: a local file's header is read once (the Hub client
+        # caches a remote one), and its derived values are memoized on the one ModelInfo
+        if os.path.exists(ref):
+            info = models[ref] if ref in models else models.setdefault(ref, load_model(ref))
+            return prepare(ref, opts, machine=m, server=found, hub=hub, model=info)
+        return prepare(ref, opts, machine=m, server=found, hub=hub)
+
+    return _Set(plan_together(entries, o, machine, plan), srv, caps, hub)
 
 
-def _show(t: Together) -> None:
+def _show(t: Together, argv: list[str], preset_shown: bool) -> None:
+    """The decisions and each model's notes on stderr; the preset (unless written to a file) and the
+    router's argv on stdout."""
     for d in t.decisions:
         note(d.message)
     for line in summary(t):
@@ -84,26 +110,25 @@ def _show(t: Together) -> None:
             if text not in seen:
                 seen.add(text)
                 note(f"{m.entry.name}: {text}")
+    if preset_shown:
+        print_line(t.preset().rstrip("\n"))
+        print_line("")
+    print_line(shellwords.join(argv))
 
 
 def plan_several(refs: Sequence[str], models_preset: Path | None, o: Options, json_out: bool, out: Path | None) -> int:
     from llamafit.together import write_preset
 
-    t, binary = prepare_several(refs, models_preset, o)
-    path = str(out) if out else "PRESET.ini"
-    argv = t.argv(binary, path)
+    ps = prepare_several(refs, models_preset, o)
+    t, argv = ps.together, ps.argv(str(out) if out else "PRESET.ini")
     if out is not None:
         write_preset(t, out)
     if json_out:
         print_json(to_json(t, argv, str(out) if out else None))
         return 0
-    _show(t)
-    if out is None:
-        print_line(t.preset().rstrip("\n"))
-        print_line("")
-    else:
+    if out is not None:
         note(f"preset written to {out}")
-    print_line(shellwords.join(argv))
+    _show(t, argv, preset_shown=out is None)
     return 0
 
 
@@ -118,36 +143,33 @@ def run_several(
     log_file: Path | None,
     ready_timeout: float | None,
 ) -> int:
+    from llamafit.argv import parse_server_args
     from llamafit.prepare import launch_env
-    from llamafit.server import find_server
     from llamafit.together import write_preset
 
-    t, binary = prepare_several(refs, models_preset, o)
+    ps = prepare_several(refs, models_preset, o)
+    t = ps.together
     preset_path = data_dir() / "router" / "preset.ini"
-    argv = t.argv(binary, str(preset_path))
+    argv = ps.argv(str(preset_path))
     pending = list(dict.fromkeys((st, f) for m in t.members for st, f in m.prep.downloads()))
     if dry_run:
         if pending:
             note(download_summary(pending, "run would download"))
         if json_out:
             print_json(to_json(t, argv, str(preset_path)))
-            return 0
-        _show(t)
-        print_line(t.preset().rstrip("\n"))
-        print_line("")
-        print_line(shellwords.join(argv))
+        else:
+            _show(t, argv, preset_shown=True)
         return 0
-    srv = find_server(o.server)
-    hub = next((m.prep.hub for m in t.members if m.prep.hub is not None), None)
-    if pending and hub is not None:
+    if ps.server is None:
+        raise ServerNotFoundError("no llama-server found", hint=GET_SERVER_HINT)
+    if pending:
         note(download_summary(pending, "downloading"))
-        hub.download(pending)
+        ps.hub.download(pending)
     write_preset(t, preset_path)
-    env = launch_env(srv)
+    env = launch_env(ps.server)
     if env.removed:
         note("not passed to the server (they would change what was planned): " + ", ".join(env.removed))
-    if not any(a in ("-lv", "--verbosity", "--log-verbosity", "-v", "--verbose", "--log-disable") for a in argv):
-        argv += ["-lv", "4"]  # the buffer lines are INFO messages from verbosity 4; the router passes it on
+    argv = with_buffer_lines(argv, parse_server_args(t.router_args), ps.caps)
     return supervise_router(t, argv, env.env, verbose=verbose, log_file=log_file, json_out=json_out,
                             ready_timeout=ready_timeout, plan_doc=to_json(t, argv, str(preset_path)))  # fmt: skip
 

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import signal
+from collections.abc import Sequence
 from pathlib import Path
 
 from llamafit import shellwords
+from llamafit.argv import ServerArgs
 from llamafit.calibration import HistoryNotWritten, record
+from llamafit.capabilities import Capabilities
 from llamafit.cli.output import err_console, error, print_json, print_line, progress_console, safe
 from llamafit.cli.render import memory_tables, rows_json
 from llamafit.compare import Row, compare, compare_mmproj
@@ -60,9 +63,7 @@ def supervise(
     ready_timeout: float | None = None,
 ) -> int:
     """Run the server, show what matters, and return llamafit's exit code."""
-    argv = list(prep.argv)
-    if not prep.user.sets_family("verbosity") and prep.caps.accepts("-lv"):
-        argv += ["-lv", "4"]  # the buffer lines are llama INFO messages, shown from verbosity 4
+    argv = with_buffer_lines(prep.argv, prep.user, prep.caps)
     err = progress_console()
     err.print(f"[dim]llamafit:[/] {safe(shellwords.join(argv))}", soft_wrap=True)  # one line, copyable
     err.print(f"[dim]llamafit:[/] loading {safe(prep.plan.model.name)} ...")
@@ -121,6 +122,14 @@ def supervise(
     assert f is not None
     error(f.message, f.hint)
     return int(ExitCode.SERVER_LOAD_FAILED)
+
+
+def with_buffer_lines(argv: Sequence[str], user: ServerArgs, caps: Capabilities) -> list[str]:
+    """``argv`` with ``-lv 4`` unless the user set a verbosity: the buffer lines are llama INFO messages,
+    shown from verbosity 4 (a router passes it on to every instance)."""
+    if user.sets_family("verbosity") or not caps.accepts("-lv"):
+        return list(argv)
+    return [*argv, "-lv", "4"]
 
 
 def say_killed(outcome: Outcome) -> None:
