@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -14,6 +15,9 @@ import factory
 
 from llamafit.errors import ServerNotFoundError
 from llamafit.server import ServerBinary, find_server
+
+if TYPE_CHECKING:
+    from tests.hubserver import FakeHub
 
 
 @pytest.fixture(autouse=True)
@@ -58,6 +62,14 @@ def shapes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     for name, shape in built.items():
         out[name] = shape.write(d / f"{name}.gguf")
     return out
+
+
+@pytest.fixture
+def hub(fake_hub: FakeHub, monkeypatch: pytest.MonkeyPatch) -> FakeHub:
+    """The test module's loopback Hub (its ``fake_hub`` fixture) in front of huggingface_hub, counts reset."""
+    monkeypatch.setenv("HF_ENDPOINT", fake_hub.url)
+    fake_hub.reset_counts()
+    return fake_hub
 
 
 def _server_or_none() -> ServerBinary | None:

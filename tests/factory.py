@@ -440,6 +440,31 @@ def qwen35(
     return Shape(arch, kv, ts)
 
 
+def _ssm_kv(
+    arch: str,
+    name: str,
+    n_layer: int,
+    n_embd: int,
+    ctx: int,
+    n_vocab: int,
+    d_conv: int,
+    d_inner: int,
+    d_state: int,
+    dt_rank: int,
+) -> dict[str, Any]:
+    """The metadata every Mamba generation reads (no attention, no FFN; the SSM's sizes)."""
+    kv = _base_kv(arch, name, n_layer, n_embd, ctx, n_vocab)
+    kv.update({
+        f"{arch}.feed_forward_length": 0,
+        f"{arch}.attention.head_count": 0,
+        f"{arch}.ssm.conv_kernel": d_conv,
+        f"{arch}.ssm.inner_size": d_inner,
+        f"{arch}.ssm.state_size": d_state,
+        f"{arch}.ssm.time_step_rank": dt_rank,
+    })  # fmt: skip
+    return kv
+
+
 def mamba(
     *,
     name: str = "mamba",
@@ -455,15 +480,7 @@ def mamba(
     """Pure recurrent Mamba (src/models/mamba.cpp)."""
     arch = "mamba"
     d_inner = 2 * n_embd
-    kv = _base_kv(arch, name, n_layer, n_embd, ctx, n_vocab)
-    kv.update({
-        f"{arch}.feed_forward_length": 0,
-        f"{arch}.attention.head_count": 0,
-        f"{arch}.ssm.conv_kernel": d_conv,
-        f"{arch}.ssm.inner_size": d_inner,
-        f"{arch}.ssm.state_size": d_state,
-        f"{arch}.ssm.time_step_rank": dt_rank,
-    })  # fmt: skip
+    kv = _ssm_kv(arch, name, n_layer, n_embd, ctx, n_vocab, d_conv, d_inner, d_state, dt_rank)
     ts = _io(n_embd, n_vocab, w, True)
     for i in range(n_layer):
         ts += [
@@ -500,16 +517,8 @@ def mamba2(
     arch = "mamba2"
     conv_dim = d_inner + 2 * n_group * d_state
     d_in_proj = 2 * d_inner + 2 * n_group * d_state + n_head
-    kv = _base_kv(arch, name, n_layer, n_embd, ctx, n_vocab)
-    kv.update({
-        f"{arch}.feed_forward_length": 0,
-        f"{arch}.attention.head_count": 0,
-        f"{arch}.ssm.conv_kernel": d_conv,
-        f"{arch}.ssm.inner_size": d_inner,
-        f"{arch}.ssm.state_size": d_state,
-        f"{arch}.ssm.time_step_rank": n_head,
-        f"{arch}.ssm.group_count": n_group,
-    })  # fmt: skip
+    kv = _ssm_kv(arch, name, n_layer, n_embd, ctx, n_vocab, d_conv, d_inner, d_state, n_head)
+    kv[f"{arch}.ssm.group_count"] = n_group
     ts = _io(n_embd, n_vocab, w, False)
     for i in range(n_layer):
         ts += [

@@ -90,13 +90,6 @@ def fake_hub(files: dict[str, Path]) -> Iterator[FakeHub]:
     hub.stop()
 
 
-@pytest.fixture
-def hub(fake_hub: FakeHub, monkeypatch: pytest.MonkeyPatch) -> FakeHub:
-    monkeypatch.setenv("HF_ENDPOINT", fake_hub.url)
-    fake_hub.reset_counts()
-    return fake_hub
-
-
 def plan_json(*args: str) -> dict:  # type: ignore[type-arg]
     cut = args.index("--") if "--" in args else len(args)
     r = CliRunner().invoke(app, ["plan", *args[:cut], "--json", "--", *args[cut + 1 :]])

@@ -73,13 +73,6 @@ def fake_hub(quant_files: dict[str, Path]) -> Iterator[FakeHub]:
     hub.stop()
 
 
-@pytest.fixture
-def hub(fake_hub: FakeHub, monkeypatch: pytest.MonkeyPatch) -> FakeHub:
-    monkeypatch.setenv("HF_ENDPOINT", fake_hub.url)
-    fake_hub.reset_counts()
-    return fake_hub
-
-
 def cli(*args: str) -> tuple[int, str, str]:
     r = CliRunner().invoke(app, list(args))
     return r.exit_code, r.stdout, r.stderr
