@@ -476,11 +476,14 @@ def mamba(
     n_vocab: int = 512,
     ctx: int = 1048576,
     w: str = "f16",
+    dt_b_c_rms: bool = False,
 ) -> Shape:
-    """Pure recurrent Mamba (src/models/mamba.cpp)."""
+    """Pure recurrent Mamba (src/models/mamba.cpp); ``dt_b_c_rms``: Falcon-Mamba's norms on dt, B and C."""
     arch = "mamba"
     d_inner = 2 * n_embd
     kv = _ssm_kv(arch, name, n_layer, n_embd, ctx, n_vocab, d_conv, d_inner, d_state, dt_rank)
+    if dt_b_c_rms:
+        kv[f"{arch}.ssm.dt_b_c_rms"] = True
     ts = _io(n_embd, n_vocab, w, True)
     for i in range(n_layer):
         ts += [

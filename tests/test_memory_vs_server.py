@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import factory
 import pytest
 from realserver import load_log
 
@@ -107,8 +108,6 @@ def test_an_embedding_server_on_a_real_embedding_shape(
     """Qwen3-Embedding-0.6B has Qwen3-0.6B's shape: every token of a ubatch is an output (-b drops to -ub
     with --embeddings), the whole ubatch's logits in the compute buffer, an embedding per output; compute
     within its tolerance and never under by more than 2 % (issue #14's bound)."""
-    import factory
-
     model = factory.qwen3_0_6b().write(tmp_path / "qwen3-embedding-0.6b-shape.gguf")
     plan = _plan_for(model, args)
     # the context the plan chose (one ubatch per slot without -c) is what llamafit passes
@@ -125,8 +124,6 @@ def test_an_embedding_server_on_a_real_embedding_shape(
 
 def test_a_real_8b_shape_with_quantized_weights(server_bin: ServerBinary, tmp_path: Path) -> None:
     """Llama-3.1-8B's published shape (Q4_K, 128k vocabulary), sparse: exact KV and weights at 16k."""
-    import factory
-
     model = factory.llama31_8b().write(tmp_path / "llama31-8b-shape.gguf")
     args = ["-c", "16384", "--no-repack"]
     plan = _plan_for(model, args)
@@ -135,3 +132,36 @@ def test_a_real_8b_shape_with_quantized_weights(server_bin: ServerBinary, tmp_pa
     assert kv and all(r.within for r in kv)
     assert kv[0].actual_mib == pytest.approx(2048.0)  # 32 layers x 8 KV heads x 128 x 2 x 2 B x 16384
     assert all(r.within for r in rows), [(r.kind, r.predicted / 2**20, r.actual_mib) for r in rows]
+
+
+MAMBA_SHAPES = {
+    "mamba2": lambda: factory.mamba2(),
+    "mamba2-groups": lambda: factory.mamba2(
+        name="mamba2-g2", n_layer=6, n_embd=512, d_inner=1024, d_state=64, n_group=2, n_head=16, n_vocab=4096
+    ),
+    "falcon-mamba": lambda: factory.mamba(
+        name="falcon-mamba", n_layer=5, n_embd=512, d_state=16, dt_rank=32, n_vocab=8192, dt_b_c_rms=True
+    ),
+    "mamba-codestral-7b": lambda: factory.mamba_codestral_7b(),
+}
+MAMBA_ARGS = [
+    ["-c", "4096", "-np", "3"],
+    ["-c", "2048", "-ub", "128", "-np", "2"],
+    ["-c", "1024", "-np", "5", "-ub", "300"],
+]
+MAMBA_CASES = [(s, a) for s in MAMBA_SHAPES for a in MAMBA_ARGS if s != "mamba-codestral-7b" or a is MAMBA_ARGS[0]]
+
+
+@pytest.mark.parametrize(("shape", "args"), MAMBA_CASES, ids=[f"{s}:{' '.join(a)}" for s, a in MAMBA_CASES])
+def test_a_pure_recurrent_compute_buffer_is_the_allocator_replay(
+    server_bin: ServerBinary, tmp_path: Path, shape: str, args: list[str]
+) -> None:
+    """Mamba, Falcon-Mamba and Mamba-2 (one setting of the Mamba-Codestral-7B shape; bench/accuracy.py has
+    more): the reserve graph built node by node and allocated as ggml-alloc does gives the compute buffer
+    to the log's 0.01 MiB."""
+    model = MAMBA_SHAPES[shape]().write(tmp_path / f"{shape}.gguf")
+    args = [*args, "--no-repack"]
+    plan = _plan_for(model, args)
+    rows = [r for r in compare(plan.footprint, load_log(server_bin, model, args)) if r.kind == "compute"]
+    assert len(rows) == 1 and rows[0].actual_mib is not None
+    assert abs(rows[0].predicted / 2**20 - rows[0].actual_mib) <= 0.006, (rows[0].predicted / 2**20, rows[0].actual_mib)

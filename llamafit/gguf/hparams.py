@@ -104,6 +104,8 @@ class Hparams:
     indexer_top_k: int = 0
     is_indexer_full: tuple[bool, ...] = ()  # DSA layers that own an indexer cache
     compress_ratios: tuple[int, ...] = ()  # DeepSeek-V4 per-layer KV compression (4: CSA, 128: HCA)
+    ssm_dt_rank: int = 0  # ssm.time_step_rank: Mamba-1's dt rank, Mamba-2's head count
+    ssm_dt_b_c_rms: bool = False  # ssm.dt_b_c_rms: Falcon-Mamba's RMS norms on dt, B and C
 
     @property
     def n_layer(self) -> int:
@@ -363,4 +365,6 @@ def resolve_hparams(kv: dict[str, Any], src: str) -> Hparams:
         indexer_top_k=g("attention.indexer.top_k"),
         is_indexer_full=indexer_full,
         compress_ratios=compress,
+        ssm_dt_rank=g("ssm.time_step_rank"),
+        ssm_dt_b_c_rms=bool(kv.get(f"{arch}.ssm.dt_b_c_rms", False)),
     )

@@ -31,6 +31,7 @@ from llamafit.gguf.hparams import Hparams
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory import backends
 from llamafit.memory.context import ContextParams, attention_layers, per_layer_memory, recurrent_layers, swa_cells
+from llamafit.memory.graph_mamba import MambaShape, mamba_compute_bytes
 from llamafit.memory.placement import CPU, WeightPlacement
 
 SMALL_INPUT_FLOATS = 10  # positions, token ids, output ids per token
@@ -134,6 +135,7 @@ def compute_buffers(
     if not hp.has_memory:
         attn_layers = set(range(hp.n_layer_all))
     recr_layers = set(recurrent_layers(hp, cp.mtp))
+    graph = _graph_bytes(model, cp, n_outputs)
     n_kv_full = cp.n_ctx_seq
     n_kv_swa = swa_cells(hp, cp) if hp.swa_type != "none" else 0
     mask_bytes = 2 if fa else 4
@@ -171,7 +173,10 @@ def compute_buffers(
                 # an MoE head keeps the experts' outputs and their weighted copy (measured: GLM-4.5-Air's
                 # NextN layer, within 4 %)
                 p = max(p, float(2 * dims.moe_out[il] + 2 * E))
-        if il in recr_layers:
+        if il in recr_layers and graph is not None:
+            # the whole graph allocated as ggml-alloc does (inputs and logits included)
+            p = max(p, (graph - U * 4 * SMALL_INPUT_FLOATS) / (U * 4))
+        elif il in recr_layers:
             d_inner = hp.ssm_d_inner or (hp.n_embd * 2)
             p = max(p, 5 * E + 5.2 * d_inner)
             # build_rs (llama-graph.cpp:3611): one get_rows gathers every state row of the layer (all
@@ -220,7 +225,9 @@ def compute_buffers(
         out_dev = CPU
     n_out = min(U, n_outputs)
     logits = hp.n_vocab * n_out * 4 + U * 4 * 2 * E
-    if n_out >= U and out.get(out_dev, 0):
+    if graph is not None:
+        pass  # the graph's own logits are in its buffer
+    elif n_out >= U and out.get(out_dev, 0):
         # every token an output (embedding and pooled servers): the V x U logits are larger than any
         # block the layers freed, so ggml-alloc places them past the blocks still in use
         # (ggml-alloc.c ggml_dyn_tallocr_alloc: best fit, else the end); bounded by the layers' peak
@@ -280,6 +287,32 @@ def compute_buffers(
                 if backends.cuda_like(d):
                     out[d] = out.get(d, 0) + n_kv_full * worst * 2
     return ComputeEstimate({k: v for k, v in out.items() if v > 0}, fa, pipeline_parallel)
+
+
+def _graph_bytes(model: ModelInfo, cp: ContextParams, n_outputs: int) -> int | None:
+    """The compute buffer of the whole reserve graph, for the architectures whose graph
+    ``llamafit.memory.graph_*`` replays (pure Mamba and Mamba-2); None for the others."""
+    hp = model.hparams
+    if hp.arch not in ("mamba", "mamba2") or not hp.ssm_dt_rank or cp.mtp:
+        return None
+    shape = MambaShape(
+        version=2 if hp.arch == "mamba2" else 1, n_layer=hp.n_layer, n_embd=hp.n_embd, n_vocab=hp.n_vocab,
+        d_conv=hp.ssm_d_conv, d_inner=hp.ssm_d_inner, d_state=hp.ssm_d_state, dt_rank=hp.ssm_dt_rank,
+        n_group=max(1, hp.ssm_n_group), dt_b_c_rms=hp.ssm_dt_b_c_rms,
+    )  # fmt: skip
+    n_rs_seq = cp.n_rs_seq if hp.supports_rs_rollback else 0
+    key = ("graph_bytes", cp.n_ubatch, cp.n_ctx, cp.n_seq_max, n_outputs, n_rs_seq)
+    # n_tokens of the reserve: min(n_ctx, n_ubatch) (llama-context.cpp:631-632), one sequence each slot
+    return model.memo(
+        key,
+        lambda: mamba_compute_bytes(
+            shape,
+            n_tokens=min(cp.n_ctx, cp.n_ubatch),
+            n_seqs=cp.n_seq_max,
+            n_outputs=n_outputs,
+            n_rs_seq=n_rs_seq,
+        ),
+    )
 
 
 def _output_weight_device(placement: WeightPlacement, out_dev: str) -> str:

@@ -1,0 +1,295 @@
+"""A small replica of ggml's graph building and graph allocator, for the compute buffer.
+
+The compute buffer a backend logs (``sched_reserve: ... compute buffer size``) is the high-water mark
+ggml-alloc reaches while it lays out the reserve graph's intermediate tensors in one buffer. Where the
+per-phase terms of ``llamafit.memory.compute`` are not exact (graphs whose working set fragments the
+buffer), a model's graph is built here node by node, as its ``src/models/*.cpp`` builds it, and
+allocated as ggml does:
+
+* graph order: ``ggml_build_forward_expand`` visits sources left to right, depth first, and appends
+  a tensor after its sources; an op tensor is a node, an op-less one a leaf (ggml.c:7244-7311);
+* ``ggml_gallocr_alloc_graph_impl`` (ggml-alloc.c:718-823): leafs first, then each node after its
+  parents; a node whose op may work in place takes over a parent used only by it, with the same
+  layout, not an output and not a view (ggml-alloc.c:623-689, the op list at ggml-alloc.c:22-49);
+  a tensor is freed when its last child ran and no view of it is left;
+* ``ggml_dyn_tallocr_alloc`` (ggml-alloc.c:202-310): the best fitting free block other than the last,
+  else the last block (which grows the buffer); freed bytes merge with their neighbours.
+
+Only sizes matter: a tensor is its shape, strides and element size. Views and tensors with external
+memory (weights, caches) take no space.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+F32 = 4
+I32 = 4
+I64 = 8
+
+# ggml_op_can_inplace (ggml-alloc.c:22-49), by the names this module gives ops
+INPLACE_OPS = frozenset({
+    "fill", "scale", "diag_mask_zero", "diag_mask_inf", "add", "add_id", "add1", "sub", "mul", "div", "sqr",
+    "sqrt", "log", "unary", "rope", "rope_back", "silu_back", "rms_norm", "rms_norm_back", "clamp", "soft_max",
+    "soft_max_back",
+})  # fmt: skip
+
+
+@dataclass(eq=False)
+class Tensor:
+    ne: tuple[int, int, int, int]
+    nb: tuple[int, int, int, int]
+    esize: int
+    op: str = "none"  # "none": a leaf
+    src: tuple[Tensor, ...] = ()
+    view_src: Tensor | None = None
+    external: bool = False  # memory of its own outside the compute buffer (weights, caches)
+    is_input: bool = False
+    is_output: bool = False
+
+    @property
+    def nbytes(self) -> int:
+        if any(n <= 0 for n in self.ne):
+            return 0
+        return self.esize + sum((n - 1) * b for n, b in zip(self.ne, self.nb, strict=True))
+
+    def same_layout(self, other: Tensor) -> bool:
+        return self.esize == other.esize and self.ne == other.ne and self.nb == other.nb
+
+
+def _ne(shape: Sequence[int]) -> tuple[int, int, int, int]:
+    ne = list(shape) + [1] * (4 - len(shape))
+    return (ne[0], ne[1], ne[2], ne[3])
+
+
+def _strides(ne: tuple[int, int, int, int], esize: int) -> tuple[int, int, int, int]:
+    nb0 = esize
+    nb1 = nb0 * ne[0]
+    nb2 = nb1 * ne[1]
+    return (nb0, nb1, nb2, nb2 * ne[2])
+
+
+def _view_strides(ne: tuple[int, int, int, int], esize: int, nb: Sequence[int]) -> tuple[int, int, int, int]:
+    """ggml_view_{2,3,4}d: the given strides, the rest follow the last (ggml.c ggml_view_2d/3d)."""
+    out = [esize, *nb]
+    while len(out) < 4:
+        out.append(out[-1] * ne[len(out) - 1])
+    return (out[0], out[1], out[2], out[3])
+
+
+@dataclass
+class Graph:
+    """Tensors as a builder makes them, and the node/leaf order its expansions give."""
+
+    nodes: list[Tensor] = field(default_factory=list)
+    leafs: list[Tensor] = field(default_factory=list)
+    _seen: set[int] = field(default_factory=set)
+
+    # --- tensors -----------------------------------------------------------------------------------------
+    @staticmethod
+    def new(shape: Sequence[int], esize: int = F32, *, op: str = "none", src: Sequence[Tensor] = ()) -> Tensor:
+        ne = _ne(shape)
+        return Tensor(ne, _strides(ne, esize), esize, op, tuple(src))
+
+    @staticmethod
+    def weight(shape: Sequence[int]) -> Tensor:
+        t = Graph.new(shape)
+        t.external = True
+        return t
+
+    @staticmethod
+    def input(shape: Sequence[int], esize: int = F32) -> Tensor:
+        t = Graph.new(shape, esize)
+        t.is_input = True
+        return t
+
+    @staticmethod
+    def op(op: str, shape: Sequence[int], *src: Tensor, esize: int = F32) -> Tensor:
+        return Graph.new(shape, esize, op=op, src=src)
+
+    @staticmethod
+    def like(op: str, a: Tensor, *src: Tensor) -> Tensor:
+        """``ggml_dup_tensor(a)`` as the result of ``op``: a's shape, contiguous."""
+        return Graph.new(a.ne, a.esize, op=op, src=(a, *src))
+
+    @staticmethod
+    def view(
+        a: Tensor,
+        shape: Sequence[int],
+        nb: Sequence[int] | None = None,
+        *,
+        op: str = "view",
+        src: Sequence[Tensor] | None = None,
+    ) -> Tensor:
+        """A view of ``a`` (strides ``nb[1:]``, contiguous when not given); ``op``/``src`` for the ops
+        whose result is a view of a source (``ggml_cpy``, ``ggml_set_rows``, ``*_inplace``)."""
+        ne = _ne(shape)
+        strides = _strides(ne, a.esize) if nb is None else _view_strides(ne, a.esize, nb)
+        base = a.view_src or a
+        srcs = (a,) if src is None else tuple(src)
+        return Tensor(ne, strides, a.esize, op, srcs, view_src=base, external=base.external)
+
+    @staticmethod
+    def reshape(a: Tensor, shape: Sequence[int]) -> Tensor:
+        return Graph.view(a, shape, op="reshape")
+
+    @staticmethod
+    def transpose(a: Tensor) -> Tensor:
+        ne = (a.ne[1], a.ne[0], a.ne[2], a.ne[3])
+        nb = (a.nb[1], a.nb[0], a.nb[2], a.nb[3])
+        base = a.view_src or a
+        return Tensor(ne, nb, a.esize, "transpose", (a,), view_src=base, external=base.external)
+
+    @staticmethod
+    def mul_mat(w: Tensor, x: Tensor) -> Tensor:
+        return Graph.op("mul_mat", (w.ne[1], x.ne[1], x.ne[2], x.ne[3]), w, x)
+
+    @staticmethod
+    def get_rows(a: Tensor, ids: Tensor) -> Tensor:
+        return Graph.op("get_rows", (a.ne[0], ids.ne[0], ids.ne[1], ids.ne[2]), a, ids)
+
+    # --- order -------------------------------------------------------------------------------------------
+    def expand(self, t: Tensor) -> None:
+        """``ggml_build_forward_expand``: depth first, sources left to right, a tensor after its sources."""
+        if id(t) in self._seen:
+            return
+        self._seen.add(id(t))
+        for s in t.src:
+            self.expand(s)
+        (self.leafs if t.op == "none" else self.nodes).append(t)
+
+
+class _Blocks:
+    """One chunk of ``ggml_dyn_tallocr``: free blocks sorted by offset, the last one endless."""
+
+    def __init__(self, alignment: int) -> None:
+        self.alignment = alignment
+        self.free: list[list[int]] = []  # [offset, size]
+        self.max_size = 0
+        self.started = False
+
+    def _align(self, size: int) -> int:
+        a = self.alignment
+        return (size + a - 1) // a * a
+
+    def alloc(self, size: int) -> int:
+        size = self._align(size)
+        if not self.started:  # ggml_dyn_tallocr_new_chunk: one block as large as the buffer may be
+            self.started = True
+            self.free = [[0, 1 << 62]]
+        best = -1
+        best_size = None
+        for i, (_, bsize) in enumerate(self.free[:-1]):
+            if bsize >= size and (best_size is None or bsize <= best_size):
+                best, best_size = i, bsize
+        if best < 0:
+            best = len(self.free) - 1
+        block = self.free[best]
+        offset = block[0]
+        block[0] += size
+        block[1] -= size
+        if block[1] == 0:
+            del self.free[best]
+        self.max_size = max(self.max_size, offset + size)
+        return offset
+
+    def release(self, offset: int, size: int) -> None:
+        size = self._align(size)
+        free = self.free
+        for i, block in enumerate(free):
+            if block[0] + block[1] == offset:
+                block[1] += size
+                if i < len(free) - 1 and block[0] + block[1] == free[i + 1][0]:
+                    block[1] += free[i + 1][1]
+                    del free[i + 1]
+                return
+            if offset + size == block[0]:
+                block[0] = offset
+                block[1] += size
+                if i > 0 and free[i - 1][0] + free[i - 1][1] == block[0]:
+                    free[i - 1][1] += block[1]
+                    del free[i]
+                return
+        pos = 0
+        while pos < len(free) and free[pos][0] < offset:
+            pos += 1
+        free.insert(pos, [offset, size])
+
+
+@dataclass
+class _State:
+    children: int = 0
+    views: int = 0
+    allocated: bool = False
+    offset: int = 0
+
+
+def buffer_size(graph: Graph, alignment: int = 32) -> int:
+    """The buffer ``ggml_gallocr_reserve`` sizes for ``graph`` on one backend (alignment: the buffer
+    type's; 32 for the CPU, TENSOR_ALIGNMENT)."""
+    blocks = _Blocks(alignment)
+    state: dict[int, _State] = {}
+
+    def st(t: Tensor) -> _State:
+        s = state.get(id(t))
+        if s is None:
+            s = state[id(t)] = _State()
+        return s
+
+    def is_allocated(t: Tensor) -> bool:
+        return t.external or st(t).allocated
+
+    def allocate(t: Tensor) -> None:
+        hn = st(t)
+        if is_allocated(t) or t.view_src is not None:
+            return
+        hn.allocated = True
+        if t.op in INPLACE_OPS:
+            for parent in t.src:
+                p = st(parent)
+                # a view is never "own" (views are not allocated), so only plain parents are reused
+                if not p.allocated or parent.is_output or not t.same_layout(parent):
+                    continue
+                if p.children == 1 and p.views == 0:
+                    hn.offset = p.offset
+                    p.allocated = False
+                    extra = blocks._align(parent.nbytes) - blocks._align(t.nbytes)
+                    if extra > 0:  # ggml_gallocr_free_extra_space
+                        blocks.release(p.offset + blocks._align(t.nbytes), extra)
+                    return
+        hn.offset = blocks.alloc(t.nbytes)
+
+    def free(t: Tensor) -> None:
+        if t.is_output:
+            return
+        blocks.release(st(t).offset, t.nbytes)
+        st(t).allocated = False
+
+    for leaf in graph.leafs:
+        allocate(leaf)
+    for node in graph.nodes:
+        if node.view_src is not None and node.op != "none":
+            st(node.view_src).views += 1
+        if node.is_input:
+            allocate(node)
+        for s in node.src:
+            st(s).children += 1
+            if s.is_input:
+                allocate(s)
+    for node in graph.nodes:
+        for parent in node.src:
+            allocate(parent)
+        allocate(node)
+        for parent in node.src:
+            p = st(parent)
+            p.children -= 1
+            if p.children == 0 and p.views == 0:
+                if parent.view_src is not None:
+                    v = st(parent.view_src)
+                    v.views -= 1
+                    if v.views == 0 and v.children == 0 and v.allocated:
+                        free(parent.view_src)
+                elif p.allocated:
+                    free(parent)
+    return blocks.max_size

@@ -1,0 +1,190 @@
+"""The reserve graph of a pure Mamba model, node by node, for ``llamafit.memory.galloc``.
+
+Mirrors ``src/models/mamba.cpp:87-147`` (the trunk), ``src/models/mamba-base.cpp`` build_mamba_layer
+(9-150, Mamba-1 and Falcon-Mamba) and build_mamba2_layer (153-300), ``src/llama-graph.cpp``
+build_inp_embd (2413-2533, its three selectable inputs all stay in the graph), build_rs (3587-3626,
+3661-3676) and build_inp_out_ids (2569-2589). The reserve ubatch (llama-context.cpp:2526-2566,
+600-735) has ``n_seq_max`` sequences of ``n_tokens / n_seq_max`` tokens each and the full recurrent
+memory (``n_rs = max(1, n_seq_max)``, head 0, rs_z 0: llama-memory-recurrent.cpp:1291-1346).
+
+The allocator's high-water mark of this graph is the compute buffer the CPU build logs: the layer's
+tensors (the in-projection, the conv window, the scan's output with its states) fragment the buffer
+in a way no per-token sum of live tensors gives.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llamafit.memory.galloc import F32, I32, I64, Graph, Tensor, buffer_size
+
+
+@dataclass(frozen=True)
+class MambaShape:
+    version: int  # 1: build_mamba_layer, 2: build_mamba2_layer
+    n_layer: int
+    n_embd: int
+    n_vocab: int
+    d_conv: int
+    d_inner: int
+    d_state: int
+    dt_rank: int  # ssm.time_step_rank: Mamba-1's dt rank, Mamba-2's head count
+    n_group: int = 1
+    dt_b_c_rms: bool = False  # Falcon-Mamba: RMS norm on dt, B and C
+
+
+def mamba_compute_bytes(
+    shape: MambaShape, *, n_tokens: int, n_seqs: int, n_outputs: int, n_rs_seq: int = 0, alignment: int = 32
+) -> int:
+    """The CPU compute buffer of the pp reserve (``sched_reserve``) of a pure Mamba model."""
+    return buffer_size(_Builder(shape, n_tokens, n_seqs, n_outputs, n_rs_seq).graph(), alignment)
+
+
+class _Builder:
+    """One reserve graph: the trunk's inputs, build_rs, and the layers of either Mamba generation."""
+
+    def __init__(self, sh: MambaShape, n_tokens: int, n_seqs: int, n_outputs: int, n_rs_seq: int) -> None:
+        self.sh = sh
+        self.g = Graph()
+        self.n_seqs = max(1, n_seqs)
+        self.T = -(-n_tokens // self.n_seqs) * self.n_seqs  # graph_reserve: a multiple of n_seqs
+        self.nst = self.T // self.n_seqs
+        self.n_rs = self.n_seqs  # the full memory: one state per sequence
+        self.K = n_rs_seq + 1 if n_rs_seq > 0 and sh.version == 2 else 1
+        self.n_out = max(1, min(n_outputs, self.T))
+        self.n_head = sh.dt_rank if sh.version == 2 else sh.d_inner
+        self.head_dim = sh.d_inner // self.n_head
+        self.conv_ch = sh.d_inner + (2 * sh.n_group * sh.d_state if sh.version == 2 else 0)
+        self.n_embd_r = (sh.d_conv - 1) * self.conv_ch
+        self.n_embd_s = sh.d_state * sh.d_inner
+        self.s_copy = Graph.input((self.n_rs,), I32)
+        self.s_copy_main = Graph.view(self.s_copy, (self.n_seqs,))
+        self.s_copy_tail = Graph.view(self.s_copy, (self.n_rs - 1,))
+
+    def graph(self) -> Graph:
+        sh, g, T, E = self.sh, self.g, self.T, self.sh.n_embd
+        W = Graph.weight
+        # build_inp_embd: token rows, the embedding input and the mixed path, selected at run time
+        tok_embd = W((E, sh.n_vocab))
+        rows = Graph.get_rows(tok_embd, Graph.input((T,), I32))
+        dup = Graph.like("dup", Graph.input((E, T)))
+        mixed_rows = Graph.get_rows(tok_embd, Graph.input((T,), I32))
+        mixed = Graph.view(dup, dup.ne, op="set_rows", src=(dup, mixed_rows, Graph.input((T,), I64)))
+        for t in (rows, Graph.input((E, T)), mixed):
+            g.expand(t)
+        out_ids = Graph.input((self.n_out,), I32)
+        inp_l = rows
+        for il in range(sh.n_layer):
+            cur = Graph.like("mul", Graph.like("rms_norm", inp_l), W((E,)))
+            cur = self.mamba2(cur) if sh.version == 2 else self.mamba1(cur)
+            if il == sh.n_layer - 1:
+                cur = Graph.get_rows(cur, out_ids)
+                inp_l = Graph.get_rows(inp_l, out_ids)
+            inp_l = Graph.like("add", cur, inp_l)
+        embd = Graph.like("mul", Graph.like("rms_norm", inp_l), W((E,)))
+        logits = Graph.mul_mat(W((E, sh.n_vocab)), embd)
+        g.expand(logits)
+        embd.is_output = logits.is_output = True  # llm_graph_result::set_outputs (llama-graph.cpp:1396-1403)
+        return g
+
+    def build_rs(self, s: Tensor, state_size: int, scan: dict[str, Tensor] | None = None) -> Tensor:
+        """llama-graph.cpp:3587-3626: the conv states are gathered and viewed; the SSM states are read by
+        the scan itself (``get_state_rows``) and only the extra states gathered (s_copy_tail)."""
+        g, n_seqs, n_rs = self.g, self.n_seqs, self.n_rs
+        states = Graph.reshape(s, (state_size, s.ne[1]))
+        zero = Graph.view(states, (state_size,))
+        g.expand(Graph.view(zero, zero.ne, op="scale", src=(zero,)))  # ggml_scale_inplace
+        states_all = Graph.get_rows(states, self.s_copy if scan is None else self.s_copy_tail)
+        if scan is None:
+            out = Graph.view(states_all, (state_size, n_seqs), (states_all.nb[1],))
+        else:
+            ssm = Graph.reshape(states, (self.sh.d_state, self.head_dim, self.n_head, s.ne[1]))
+            x = scan["x"]
+            size = x.ne[0] * x.ne[1] * x.ne[2] * x.ne[3] + self.K * state_size * n_seqs
+            out = Graph.op("ssm_scan", (size,), ssm, x, scan["dt"], scan["A"], scan["B"], scan["C"], self.s_copy_main)
+        g.expand(out)
+        extra = Graph.view(states_all, (state_size, n_rs - n_seqs), (states_all.nb[1],))
+        self.cpy(extra, Graph.view(s, (state_size, n_rs - n_seqs)))
+        return out
+
+    def cpy(self, a: Tensor, dst: Tensor) -> None:
+        """``ggml_build_forward_expand(ggml_cpy(a, dst))``: the result is a view of ``dst``."""
+        self.g.expand(Graph.view(dst, dst.ne, op="cpy", src=(a, dst)))
+
+    def conv(self, conv_all: Tensor, x: Tensor) -> Tensor:
+        """The conv window: the gathered states before the new tokens, its tail saved, the conv, bias, SiLU."""
+        sh, n_seqs, nst = self.sh, self.n_seqs, self.nst
+        conv = self.build_rs(conv_all, self.n_embd_r)
+        conv = Graph.reshape(conv, (sh.d_conv - 1, self.conv_ch, n_seqs))
+        conv_x = Graph.op("concat", (sh.d_conv - 1 + nst, self.conv_ch, n_seqs), conv, Graph.transpose(x))
+        for _slot in range(min(nst, self.K)):
+            last = Graph.view(conv_x, (sh.d_conv - 1, self.conv_ch, n_seqs), (conv_x.nb[1], conv_x.nb[2]))
+            self.cpy(last, Graph.view(conv_all, (self.n_embd_r, n_seqs)))
+        out = Graph.op("ssm_conv", (self.conv_ch, nst, n_seqs), conv_x, Graph.weight((sh.d_conv, self.conv_ch)))
+        return Graph.like("unary", Graph.like("add", out, Graph.weight((self.conv_ch,))))
+
+    def save_states(self, ssm_all: Tensor, y_ssm: Tensor) -> None:
+        n_written = min(self.nst, self.K)
+        shape = (self.n_embd_s, self.n_seqs, n_written)
+        self.cpy(Graph.view(y_ssm, shape), Graph.view(ssm_all, shape))
+
+    def states(self) -> tuple[Tensor, Tensor]:
+        rows = self.n_rs * self.K
+        return Graph.weight((self.n_embd_r, rows)), Graph.weight((self.n_embd_s, rows))
+
+    def mamba1(self, cur: Tensor) -> Tensor:
+        """mamba-base.cpp:9-150."""
+        sh, n_seqs, nst, E = self.sh, self.n_seqs, self.nst, self.sh.n_embd
+        W = Graph.weight
+        conv_all, ssm_all = self.states()
+        cur = Graph.reshape(cur, (E, nst, n_seqs))
+        xz = Graph.mul_mat(W((E, 2 * sh.d_inner)), cur)
+        x = Graph.view(xz, (sh.d_inner, nst, n_seqs), (xz.nb[1], xz.nb[2]))
+        z = Graph.view(xz, (sh.d_inner, nst, n_seqs), (xz.nb[1], xz.nb[2]))
+        x = self.conv(conv_all, x)
+        x_db = Graph.mul_mat(W((sh.d_inner, sh.dt_rank + 2 * sh.d_state)), x)
+        dt = Graph.view(x_db, (sh.dt_rank, nst, n_seqs), (x_db.nb[1], x_db.nb[2]))
+        bc = (sh.d_state, 1, nst, n_seqs)
+        b = Graph.view(x_db, bc, (sh.d_state * F32, x_db.nb[1], x_db.nb[2]))
+        c = Graph.view(x_db, bc, (sh.d_state * F32, x_db.nb[1], x_db.nb[2]))
+        if sh.dt_b_c_rms:  # Falcon-Mamba: build_norm without weights
+            dt, b, c = (Graph.like("rms_norm", t) for t in (dt, b, c))
+        else:
+            dt = Graph.like("cont", dt)
+        dt = Graph.like("add", Graph.mul_mat(W((sh.dt_rank, sh.d_inner)), dt), W((sh.d_inner,)))
+        x4 = Graph.reshape(x, (1, sh.d_inner, nst, n_seqs))
+        scan = {"x": x4, "dt": dt, "A": W((sh.d_state, sh.d_inner)), "B": b, "C": c}
+        y_ssm = self.build_rs(ssm_all, self.n_embd_s, scan)
+        self.save_states(ssm_all, y_ssm)
+        y = Graph.view(y_ssm, (sh.d_inner, nst, n_seqs))
+        y = Graph.like("add", y, Graph.like("mul", x, W((sh.d_inner,))))
+        zc = Graph.like("cont", z)
+        y = Graph.op("glu", zc.ne, zc, y)  # ggml_swiglu_split: the shape of its first source
+        return Graph.reshape(Graph.mul_mat(W((sh.d_inner, E)), y), (E, self.T))
+
+    def mamba2(self, cur: Tensor) -> Tensor:
+        """mamba-base.cpp:153-300."""
+        sh, n_seqs, nst, E = self.sh, self.n_seqs, self.nst, self.sh.n_embd
+        n_head, head_dim, conv_ch = self.n_head, self.head_dim, self.conv_ch
+        W = Graph.weight
+        conv_all, ssm_all = self.states()
+        d_in_proj = 2 * sh.d_inner + 2 * sh.n_group * sh.d_state + n_head
+        zx = Graph.reshape(Graph.mul_mat(W((E, d_in_proj)), cur), (d_in_proj, nst, n_seqs))
+        z = Graph.view(zx, (head_dim, n_head, nst, n_seqs), (head_dim * F32, zx.nb[1], zx.nb[2]))
+        xbc = Graph.view(zx, (conv_ch, nst, n_seqs), (zx.nb[1], zx.nb[2]))
+        dt = Graph.view(zx, (n_head, nst, n_seqs), (zx.nb[1], zx.nb[2]))
+        xbc = self.conv(conv_all, xbc)
+        x = Graph.view(xbc, (head_dim, n_head, nst, n_seqs), (head_dim * F32, xbc.nb[1], xbc.nb[2]))
+        bc = (sh.d_state, sh.n_group, nst, n_seqs)
+        b = Graph.view(xbc, bc, (sh.d_state * F32, xbc.nb[1], xbc.nb[2]))
+        c = Graph.view(xbc, bc, (sh.d_state * F32, xbc.nb[1], xbc.nb[2]))
+        dt = Graph.like("add", Graph.like("cont", dt), W((n_head,)))
+        y_ssm = self.build_rs(ssm_all, self.n_embd_s, {"x": x, "dt": dt, "A": W((1, n_head)), "B": b, "C": c})
+        self.save_states(ssm_all, y_ssm)
+        y = Graph.view(y_ssm, (head_dim, n_head, nst, n_seqs))
+        y = Graph.like("add", y, Graph.like("mul", x, W((1, n_head))))
+        zc = Graph.like("cont", z)
+        y = Graph.op("glu", zc.ne, zc, y)  # ggml_swiglu_split: the shape of its first source
+        y = Graph.reshape(y, (sh.d_inner // sh.n_group, sh.n_group, nst, n_seqs))
+        y = Graph.like("mul", Graph.like("rms_norm", y), W((sh.d_inner // sh.n_group, sh.n_group)))
+        return Graph.mul_mat(W((sh.d_inner, E)), Graph.reshape(y, (sh.d_inner, self.T)))
