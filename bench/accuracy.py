@@ -69,6 +69,7 @@ def build_files(d: Path, quick: bool) -> dict[str, Path]:
     w("hybrid_mtp", shapes.hybrid_mtp_like())
     w("mamba", shapes.mamba_130m())
     w("mamba2", factory.mamba_codestral_7b())
+    w("falcon_mamba", shapes.falcon_mamba_7b())
     w("mla", shapes.mla_v2_lite_like())
     if not quick:
         w("qwen3_30b_a3b", shapes.qwen3_30b_a3b())
@@ -90,14 +91,17 @@ def cases(quick: bool) -> list[Case]:
         Case("sliding window: Gemma-3-4B", "gemma3_4b", [*NR, "-c", "16384"]),
         Case("sliding window: Gemma-3-4B", "gemma3_4b", [*NR, "-c", "16384", "--swa-full"]),
         Case("sliding window: Gemma-3-4B", "gemma3_4b", [*NR, "-c", "8192", "-np", "2", "-no-kvu"]),
+        Case("sliding window: Gemma-3-4B", "gemma3_4b", [*NR, "-c", "16384", "-fa", "off"]),
         Case("MLA: V2-Lite-like", "mla", [*NR, "-c", "8192"]),
         Case("MLA: V2-Lite-like", "mla", [*NR, "-c", "16384", "-np", "1"]),
+        Case("MLA: V2-Lite-like", "mla", [*NR, "-c", "8192", "-fa", "off", "-ub", "256"]),
         Case("hybrid recurrent: Qwen3.5-style", "hybrid", ["-c", "16384"]),
         Case("hybrid recurrent: Qwen3.5-style", "hybrid", ["-c", "8192", "-np", "2", "-no-kvu"]),
         Case("MTP head: Qwen3.5-style + NextN", "hybrid_mtp", ["-c", "8192"], spec="draft-mtp"),
         Case("pure recurrent: Mamba-130M", "mamba", ["-c", "4096", "-np", "4"]),
         Case("pure recurrent: Mamba-Codestral-7B (Mamba-2)", "mamba2", [*NR, "-c", "4096", "-np", "4"]),
         Case("pure recurrent: Mamba-Codestral-7B (Mamba-2)", "mamba2", [*NR, "-c", "4096", "-np", "1", "-ub", "256"]),
+        Case("pure recurrent: Falcon-Mamba-7B", "falcon_mamba", [*NR, "-c", "8192", "-np", "2", "-ub", "1024"]),
         Case(
             "draft pair: Qwen3-8B + Qwen3-0.6B", "qwen3_8b", [*NR, "-c", "8192"], spec="draft-simple", draft="qwen3_06b"
         ),

@@ -62,6 +62,13 @@ def mamba_130m() -> factory.Shape:
                          w="f16")  # fmt: skip
 
 
+def falcon_mamba_7b() -> factory.Shape:
+    """tiiuae/falcon-mamba-7b: 64 layers, 4096 embd, d_inner 8192, d_state 16, dt_rank 256, 65024 vocab,
+    RMS norms on dt, B and C."""
+    return factory.mamba(name="Falcon-Mamba-7B (shape)", n_layer=64, n_embd=4096, d_state=16, dt_rank=256,
+                         n_vocab=65024, w="q8_0", dt_b_c_rms=True)  # fmt: skip
+
+
 def glm45_air_cut() -> factory.Shape:
     """GLM-4.5-Air's layer dimensions (4096 embd, 96 heads, 8 KV heads of 128, 128 experts, 8 used, of 1408,
     one shared expert, dense first layer 10944, 151552 vocab, 1 NextN layer) at 8 layers instead of 46,
