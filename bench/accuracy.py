@@ -62,7 +62,7 @@ def build_files(d: Path, quick: bool) -> dict[str, Path]:
         out[key] = p
 
     w("llama8b", factory.llama31_8b())
-    w("gemma3_4b", shapes.gemma3_4b())
+    w("gemma3_4b", factory.gemma3_4b())
     w("qwen3_8b", factory.qwen3_8b())
     w("qwen3_06b", factory.qwen3_0_6b())
     w("hybrid", shapes.hybrid_like())

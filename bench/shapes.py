@@ -21,12 +21,6 @@ def llama31_70b() -> factory.Shape:
                          n_head_kv=8, n_ff=28672, n_vocab=128256, ctx=131072, w="q4_K")  # fmt: skip
 
 
-def gemma3_4b() -> factory.Shape:
-    """google/gemma-3-4b-it (text): 34 layers, 2560 embd, 8 heads, 4 KV heads of 256, 10240 FFN, SWA 1024."""
-    return factory.gemma3(name="Gemma-3-4B (shape)", n_layer=34, n_embd=2560, n_head=8, n_head_kv=4, head_dim=256,
-                          n_ff=10240, n_vocab=262144, ctx=131072, sliding_window=1024, w="q4_K")  # fmt: skip
-
-
 def qwen3_30b_a3b() -> factory.Shape:
     """Qwen/Qwen3-30B-A3B: 48 layers, 2048 embd, 32 heads, 4 KV heads of 128, 128 experts (8 used) of 768."""
     return factory.moe(name="Qwen3-30B-A3B (shape)", n_layer=48, n_embd=2048, n_head=32, n_head_kv=4, head_dim=128,

@@ -559,6 +559,12 @@ def qwen3_8b(w: str = "q4_K") -> Shape:
                  head_dim=128, n_ff=12288, n_vocab=151936, ctx=40960, w=w)  # fmt: skip
 
 
+def gemma3_4b(w: str = "q4_K") -> Shape:
+    """google/gemma-3-4b-it (text): 34 layers, 2560 embd, 8 heads, 4 KV heads of 256, 10240 FFN, SWA 1024."""
+    return gemma3(name="Gemma-3-4B (shape)", n_layer=34, n_embd=2560, n_head=8, n_head_kv=4, head_dim=256,
+                  n_ff=10240, n_vocab=262144, ctx=131072, sliding_window=1024, w=w)  # fmt: skip
+
+
 def qwen3_0_6b(w: str = "q8_0") -> Shape:
     """Qwen/Qwen3-0.6B: 28 layers, 1024 embd, 16 heads, 8 KV heads (head 128), 3072 FFN, tied embeddings."""
     return dense(arch="qwen3", name="Qwen3-0.6B (shape)", n_layer=28, n_embd=1024, n_head=16, n_head_kv=8,

@@ -39,7 +39,7 @@ SHAPES: dict[str, Any] = {
     "qwen3-8b": factory.qwen3_8b,
     "qwen3-0.6b": factory.qwen3_0_6b,
     "llama31-70b": shapes.llama31_70b,
-    "gemma3-4b": shapes.gemma3_4b,
+    "gemma3-4b": factory.gemma3_4b,
     "qwen3-30b-a3b": shapes.qwen3_30b_a3b,
     "mla": shapes.mla_v2_lite_like,
     "hybrid": shapes.hybrid_like,

@@ -31,8 +31,8 @@ from llamafit.gguf.hparams import Hparams
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory import backends
 from llamafit.memory.context import ContextParams, attention_layers, per_layer_memory, recurrent_layers, swa_cells
-from llamafit.memory.graph_mamba import MambaShape, mamba_compute_bytes
 from llamafit.memory.placement import CPU, WeightPlacement
+from llamafit.memory.replay import recurrent_bytes, transformer_bytes
 
 SMALL_INPUT_FLOATS = 10  # positions, token ids, output ids per token
 PP_COPIES = 4  # GGML_SCHED_MAX_COPIES (ggml-backend.cpp:911-912)
@@ -135,7 +135,7 @@ def compute_buffers(
     if not hp.has_memory:
         attn_layers = set(range(hp.n_layer_all))
     recr_layers = set(recurrent_layers(hp, cp.mtp))
-    graph = _graph_bytes(model, cp, n_outputs)
+    graph = recurrent_bytes(model, cp, n_outputs)
     n_kv_full = cp.n_ctx_seq
     n_kv_swa = swa_cells(hp, cp) if hp.swa_type != "none" else 0
     mask_bytes = 2 if fa else 4
@@ -235,6 +235,12 @@ def compute_buffers(
     else:
         out[out_dev] = max(out.get(out_dev, 0), logits + U * 4 * SMALL_INPUT_FLOATS)
 
+    devices_used = set(layer_dev[first : hp.n_layer_all + 1])
+    whole = transformer_bytes(model, cp, n_outputs, fa) if len(devices_used) == 1 and not cpu_layers else None
+    if whole is not None:
+        # the whole graph on one backend, replayed through ggml-alloc (llamafit.memory.replay): exact
+        out = {next(iter(devices_used)): whole}
+
     if gpus:
         # How ggml_backend_sched splits the graph (ggml-backend.cpp:1500-1580, 1700-1730): graph inputs
         # (tokens, positions, the KQ masks, the mixed-embedding input) live in the CPU buffer; the token
@@ -287,32 +293,6 @@ def compute_buffers(
                 if backends.cuda_like(d):
                     out[d] = out.get(d, 0) + n_kv_full * worst * 2
     return ComputeEstimate({k: v for k, v in out.items() if v > 0}, fa, pipeline_parallel)
-
-
-def _graph_bytes(model: ModelInfo, cp: ContextParams, n_outputs: int) -> int | None:
-    """The compute buffer of the whole reserve graph, for the architectures whose graph
-    ``llamafit.memory.graph_*`` replays (pure Mamba and Mamba-2); None for the others."""
-    hp = model.hparams
-    if hp.arch not in ("mamba", "mamba2") or not hp.ssm_dt_rank or cp.mtp:
-        return None
-    shape = MambaShape(
-        version=2 if hp.arch == "mamba2" else 1, n_layer=hp.n_layer, n_embd=hp.n_embd, n_vocab=hp.n_vocab,
-        d_conv=hp.ssm_d_conv, d_inner=hp.ssm_d_inner, d_state=hp.ssm_d_state, dt_rank=hp.ssm_dt_rank,
-        n_group=max(1, hp.ssm_n_group), dt_b_c_rms=hp.ssm_dt_b_c_rms,
-    )  # fmt: skip
-    n_rs_seq = cp.n_rs_seq if hp.supports_rs_rollback else 0
-    key = ("graph_bytes", cp.n_ubatch, cp.n_ctx, cp.n_seq_max, n_outputs, n_rs_seq)
-    # n_tokens of the reserve: min(n_ctx, n_ubatch) (llama-context.cpp:631-632), one sequence each slot
-    return model.memo(
-        key,
-        lambda: mamba_compute_bytes(
-            shape,
-            n_tokens=min(cp.n_ctx, cp.n_ubatch),
-            n_seqs=cp.n_seq_max,
-            n_outputs=n_outputs,
-            n_rs_seq=n_rs_seq,
-        ),
-    )
 
 
 def _output_weight_device(placement: WeightPlacement, out_dev: str) -> str:

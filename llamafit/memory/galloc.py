@@ -131,6 +131,11 @@ class Graph:
         return Tensor(ne, strides, a.esize, op, srcs, view_src=base, external=base.external)
 
     @staticmethod
+    def set_rows(dst: Tensor, rows: Tensor, ids: Tensor) -> Tensor:
+        """``ggml_set_rows``: a view of ``dst`` whose sources are (rows, ids, dst) (ggml.c:4030-4032)."""
+        return Graph.view(dst, dst.ne, op="set_rows", src=(rows, ids, dst))
+
+    @staticmethod
     def reshape(a: Tensor, shape: Sequence[int]) -> Tensor:
         return Graph.view(a, shape, op="reshape")
 

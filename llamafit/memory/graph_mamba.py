@@ -69,7 +69,7 @@ class _Builder:
         rows = Graph.get_rows(tok_embd, Graph.input((T,), I32))
         dup = Graph.like("dup", Graph.input((E, T)))
         mixed_rows = Graph.get_rows(tok_embd, Graph.input((T,), I32))
-        mixed = Graph.view(dup, dup.ne, op="set_rows", src=(dup, mixed_rows, Graph.input((T,), I64)))
+        mixed = Graph.set_rows(dup, mixed_rows, Graph.input((T,), I64))
         for t in (rows, Graph.input((E, T)), mixed):
             g.expand(t)
         out_ids = Graph.input((self.n_out,), I32)

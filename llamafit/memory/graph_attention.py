@@ -1,0 +1,164 @@
+"""The reserve graph of a dense transformer with a KV cache, node by node, for ``llamafit.memory.galloc``.
+
+Mirrors ``src/models/llama.cpp:99-247`` (Llama), ``src/models/qwen3.cpp`` (Qwen3: Q/K norms before
+RoPE) and ``src/models/gemma3.cpp:81-217`` (Gemma 3: the scaled embedding rows, Q/K norms, the scaled Q,
+the sandwich norms, sliding-window layers), over
+``src/llama-graph.cpp``: build_inp_embd (2413-2533), build_attn for one cache (2943-3054: Q, V, K
+expanded in that order) or two (3190-3283: Q, K, V), build_attn_mha (2691-2830), build_ffn (1799-1930)
+and the caches' views and stores (``src/llama-kv-cache.cpp:1296-1465``; without flash attention V is
+stored transposed, one row per element, so its index input is ``n_tokens x n_embd_v_gqa`` I64).
+
+Only what ggml-alloc sees matters: shapes, the order ggml_build_forward_expand gives, which results
+are views. Quantized caches (their Hadamard rotation inputs) are not replayed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llamafit.memory.galloc import F32, I32, I64, Graph, Tensor, buffer_size
+
+
+@dataclass(frozen=True)
+class TransformerShape:
+    arch: str  # "llama" | "qwen3" | "gemma3"
+    n_layer: int
+    n_embd: int
+    n_vocab: int
+    n_head: int
+    n_head_kv: tuple[int, ...]
+    head_k: int
+    head_v: int
+    n_ff: tuple[int, ...]
+    is_swa: tuple[bool, ...]
+
+
+@dataclass(frozen=True)
+class Reserve:
+    n_tokens: int
+    n_seqs: int
+    n_outputs: int
+    n_kv: int  # cells of the full cache per stream
+    n_kv_swa: int  # cells of the sliding-window cache per stream
+    n_stream: int  # 1 with a unified cache, else n_seq_max
+    flash_attn: bool
+
+
+def transformer_compute_bytes(shape: TransformerShape, r: Reserve, alignment: int = 32) -> int:
+    """The CPU compute buffer of the pp reserve (``sched_reserve``) of a dense transformer."""
+    return buffer_size(_Builder(shape, r).graph(), alignment)
+
+
+class _Builder:
+    def __init__(self, sh: TransformerShape, r: Reserve) -> None:
+        self.sh, self.r = sh, r
+        self.g = Graph()
+        n_seqs = max(1, r.n_seqs)
+        self.T = -(-r.n_tokens // n_seqs) * n_seqs  # graph_reserve: a multiple of n_seqs
+        self.ns = max(1, r.n_stream)
+        self.gemma = sh.arch == "gemma3"
+        self.qk_norm = sh.arch in ("gemma3", "qwen3")
+        v_rows = self.T if r.flash_attn else self.T * max(sh.n_head_kv) * sh.head_v
+        mask = 2 if r.flash_attn else F32
+        self.inputs = {
+            kind: {
+                "k_idxs": Graph.input((self.T,), I64),
+                "v_idxs": Graph.input((v_rows,), I64),
+                "mask": Graph.input((n_kv, self.T // self.ns, 1, self.ns), mask),
+            }
+            for kind, n_kv in (("full", r.n_kv), ("swa", r.n_kv_swa))
+        }
+        self.pos = Graph.input((self.T,), I32)
+
+    def norm(self, x: Tensor) -> Tensor:
+        return Graph.like("mul", Graph.like("rms_norm", x), Graph.weight((x.ne[0],)))
+
+    def graph(self) -> Graph:
+        sh, g, T, E = self.sh, self.g, self.T, self.sh.n_embd
+        W = Graph.weight
+        tok_embd = W((E, sh.n_vocab))
+        rows = Graph.get_rows(tok_embd, Graph.input((T,), I32))
+        dup = Graph.like("dup", Graph.input((E, T)))
+        mixed_rows = Graph.get_rows(tok_embd, Graph.input((T,), I32))
+        mixed = Graph.set_rows(dup, mixed_rows, Graph.input((T,), I64))
+        for t in (rows, Graph.input((E, T)), mixed):
+            g.expand(t)
+        inp_l = rows
+        if self.gemma:  # tok_scale sqrt(n_embd): a per-row scale input after the select
+            inp_l = Graph.like("mul", rows, Graph.input((1, T)))
+            g.expand(inp_l)
+        out_ids = Graph.input((max(1, min(self.r.n_outputs, T)),), I32)
+        for il in range(sh.n_layer):
+            cur = self.attention(self.norm(inp_l), il)
+            if il == sh.n_layer - 1:
+                cur = Graph.get_rows(cur, out_ids)
+                inp_l = Graph.get_rows(inp_l, out_ids)
+            if self.gemma:
+                cur = self.norm(cur)
+            ffn_inp = Graph.like("add", cur, inp_l)
+            cur = self.ffn(self.norm(ffn_inp), sh.n_ff[il])
+            if self.gemma:
+                cur = self.norm(cur)
+            inp_l = Graph.like("add", cur, ffn_inp)
+        embd = self.norm(inp_l)
+        logits = Graph.mul_mat(W((E, sh.n_vocab)), embd)
+        g.expand(logits)
+        embd.is_output = logits.is_output = True  # llm_graph_result::set_outputs (llama-graph.cpp:1396-1403)
+        return g
+
+    def ffn(self, cur: Tensor, n_ff: int) -> Tensor:
+        """build_ffn, gate and up in parallel: the GLU's sources are (gate, up)."""
+        W = Graph.weight
+        up = Graph.mul_mat(W((self.sh.n_embd, n_ff)), cur)
+        gate = Graph.mul_mat(W((self.sh.n_embd, n_ff)), cur)
+        glu = Graph.op("glu", gate.ne, gate, up)
+        return Graph.mul_mat(W((n_ff, self.sh.n_embd)), glu)
+
+    def attention(self, cur: Tensor, il: int) -> Tensor:
+        sh, r, g, T, ns = self.sh, self.r, self.g, self.T, self.ns
+        W = Graph.weight
+        n_kv_h = sh.n_head_kv[il]
+        hk, hv, nh = sh.head_k, sh.head_v, sh.n_head
+        kind = "swa" if sh.is_swa[il] else "full"
+        inp = self.inputs[kind]
+        n_kv = r.n_kv_swa if kind == "swa" else r.n_kv
+        q = Graph.reshape(Graph.mul_mat(W((sh.n_embd, hk * nh)), cur), (hk, nh, T))
+        k = Graph.reshape(Graph.mul_mat(W((sh.n_embd, hk * n_kv_h)), cur), (hk, n_kv_h, T))
+        v = Graph.reshape(Graph.mul_mat(W((sh.n_embd, hv * n_kv_h)), cur), (hv, n_kv_h, T))
+        if self.qk_norm:
+            q, k = self.norm(q), self.norm(k)
+        q = Graph.like("rope", q, self.pos)
+        k = Graph.like("rope", k, self.pos)
+        if self.gemma:
+            q = Graph.like("scale", q)
+        # one cache: Q, V, K (llama-graph.cpp:2971-2975); two caches: Q, K, V (llama-graph.cpp:3222-3230)
+        order = (q, k, v) if self.gemma else (q, v, k)
+        for t in order:
+            g.expand(t)
+        k_cache = W((hk * n_kv_h, n_kv * ns))
+        v_cache = W((hv * n_kv_h, n_kv * ns))
+        k2 = Graph.view(k, (hk * n_kv_h, T), (k.nb[2],))
+        g.expand(Graph.set_rows(k_cache, k2, inp["k_idxs"]))
+        if r.flash_attn:
+            v2 = Graph.view(v, (hv * n_kv_h, T), (v.nb[2],))
+            g.expand(Graph.set_rows(v_cache, v2, inp["v_idxs"]))
+        else:  # the transposed V: one row per element (llama-kv-cache.cpp:1410-1436)
+            v2 = Graph.reshape(Graph.reshape(v, (hv * n_kv_h, T)), (1, hv * n_kv_h * T))
+            v_view = Graph.reshape(v_cache, (1, v_cache.ne[0] * v_cache.ne[1]))
+            g.expand(Graph.set_rows(v_view, v2, inp["v_idxs"]))
+        # build_attn_mha: the query split into streams and permuted, the cache views permuted (views all)
+        qs = Graph.view(q, (hk, T // ns, nh, ns))
+        kp = Graph.view(k_cache, (hk, n_kv, n_kv_h, ns))
+        vp = Graph.view(v_cache, (hv, n_kv, n_kv_h, ns) if r.flash_attn else (n_kv, hv, n_kv_h, ns))
+        mask = inp["mask"]
+        if r.flash_attn:
+            out = Graph.op("flash_attn_ext", (hv, nh, T // ns, ns), qs, kp, vp, mask)
+            cur = Graph.reshape(out, (hv * nh, T))
+        else:
+            kq = Graph.op("mul_mat", (n_kv, T // ns, nh, ns), kp, qs)
+            kq = Graph.like("soft_max", kq, mask)
+            kqv = Graph.op("mul_mat", (hv, T // ns, nh, ns), vp, kq)
+            perm = Graph.view(kqv, (hv, nh, T // ns, ns), (kqv.nb[2], kqv.nb[1], kqv.nb[3]))
+            cur = Graph.op("cont", (hv * nh, T), perm)
+        g.expand(cur)
+        return Graph.mul_mat(W((hv * nh, sh.n_embd)), cur)

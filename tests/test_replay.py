@@ -1,0 +1,66 @@
+"""Which graphs are replayed through the ggml-alloc replica, and which keep the per-phase estimate."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import factory
+import pytest
+
+from llamafit.argv import parse_server_args
+from llamafit.devices import Host, Machine
+from llamafit.fit import make_plan
+from llamafit.gguf.model import load_model
+from llamafit.memory.replay import recurrent_bytes, transformer_bytes
+from llamafit.request import build_request
+from llamafit.units import GiB
+
+
+def _context(path: Path, args: list[str]):  # type: ignore[no-untyped-def]
+    model = load_model(path)
+    plan = make_plan(
+        model, Machine((), Host(total=64 * GiB, available=64 * GiB)), build_request(parse_server_args(args))
+    )
+    return model, plan.footprint.context, plan.footprint.flash_attn
+
+
+@pytest.mark.parametrize("shape", ["dense", "qwen3", "gemma3"])
+@pytest.mark.parametrize("args", [["-c", "4096"], ["-c", "4096", "-fa", "off"], ["-c", "8192", "-np", "2"]])
+def test_llama_qwen3_and_gemma3_graphs_are_replayed(shapes: dict[str, Path], shape: str, args: list[str]) -> None:
+    model, cp, fa = _context(shapes[shape], args)
+    assert transformer_bytes(model, cp, cp.n_outputs_max, fa) is not None
+    assert recurrent_bytes(model, cp, cp.n_outputs_max) is None
+
+
+@pytest.mark.parametrize(
+    ("shape", "args", "why"),
+    [
+        ("dense", ["-c", "4096", "-ctk", "q8_0", "-ctv", "q8_0"], "quantized caches add rotation inputs"),
+        ("moe", ["-c", "4096"], "experts"),
+        ("mla", ["-c", "4096"], "another attention graph"),
+        ("dsa", ["-c", "4096"], "an architecture without a builder"),
+        ("hybrid", ["-c", "4096"], "recurrent layers"),
+    ],
+)
+def test_other_graphs_keep_the_estimate(shapes: dict[str, Path], shape: str, args: list[str], why: str) -> None:
+    model, cp, fa = _context(shapes[shape], args)
+    assert transformer_bytes(model, cp, cp.n_outputs_max, fa) is None, why
+
+
+def test_an_embedding_server_keeps_the_estimate(shapes: dict[str, Path]) -> None:
+    """Every token an output: the pooling graph follows the trunk."""
+    model, cp, fa = _context(shapes["dense"], ["-c", "4096", "--embeddings", "--pooling", "mean"])
+    assert transformer_bytes(model, cp, cp.n_ubatch, fa) is None
+
+
+def test_a_fused_qkv_keeps_the_estimate(tmp_path: Path) -> None:
+    shape = factory.dense(name="fused")
+    shape.tensors = [dataclasses.replace(t, name=t.name.replace("attn_q.", "attn_qkv.")) for t in shape.tensors]
+    model, cp, fa = _context(shape.write(tmp_path / "fused.gguf"), ["-c", "4096"])
+    assert transformer_bytes(model, cp, cp.n_outputs_max, fa) is None
+
+
+def test_the_mamba_graphs_are_replayed(shapes: dict[str, Path]) -> None:
+    model, cp, _ = _context(shapes["mamba"], ["-c", "4096"])
+    assert recurrent_bytes(model, cp, cp.n_outputs_max) is not None
