@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from llamafit.memory.galloc import F32, I32, I64, Graph, Tensor, buffer_size
+from llamafit.memory.graph_trunk import input_embeddings, output_head, rms_norm
 
 
 @dataclass(frozen=True)
@@ -70,40 +71,27 @@ class _Builder:
         }
         self.pos = Graph.input((self.T,), I32)
 
-    def norm(self, x: Tensor) -> Tensor:
-        return Graph.like("mul", Graph.like("rms_norm", x), Graph.weight((x.ne[0],)))
-
     def graph(self) -> Graph:
-        sh, g, T, E = self.sh, self.g, self.T, self.sh.n_embd
-        W = Graph.weight
-        tok_embd = W((E, sh.n_vocab))
-        rows = Graph.get_rows(tok_embd, Graph.input((T,), I32))
-        dup = Graph.like("dup", Graph.input((E, T)))
-        mixed_rows = Graph.get_rows(tok_embd, Graph.input((T,), I32))
-        mixed = Graph.set_rows(dup, mixed_rows, Graph.input((T,), I64))
-        for t in (rows, Graph.input((E, T)), mixed):
-            g.expand(t)
+        sh, g, T = self.sh, self.g, self.T
+        rows = input_embeddings(g, sh.n_embd, sh.n_vocab, T)
         inp_l = rows
         if self.gemma:  # tok_scale sqrt(n_embd): a per-row scale input after the select
             inp_l = Graph.like("mul", rows, Graph.input((1, T)))
             g.expand(inp_l)
         out_ids = Graph.input((max(1, min(self.r.n_outputs, T)),), I32)
         for il in range(sh.n_layer):
-            cur = self.attention(self.norm(inp_l), il)
+            cur = self.attention(rms_norm(inp_l), il)
             if il == sh.n_layer - 1:
                 cur = Graph.get_rows(cur, out_ids)
                 inp_l = Graph.get_rows(inp_l, out_ids)
             if self.gemma:
-                cur = self.norm(cur)
+                cur = rms_norm(cur)
             ffn_inp = Graph.like("add", cur, inp_l)
-            cur = self.ffn(self.norm(ffn_inp), sh.n_ff[il])
+            cur = self.ffn(rms_norm(ffn_inp), sh.n_ff[il])
             if self.gemma:
-                cur = self.norm(cur)
+                cur = rms_norm(cur)
             inp_l = Graph.like("add", cur, ffn_inp)
-        embd = self.norm(inp_l)
-        logits = Graph.mul_mat(W((E, sh.n_vocab)), embd)
-        g.expand(logits)
-        embd.is_output = logits.is_output = True  # llm_graph_result::set_outputs (llama-graph.cpp:1396-1403)
+        output_head(g, inp_l, sh.n_vocab)
         return g
 
     def ffn(self, cur: Tensor, n_ff: int) -> Tensor:
@@ -126,7 +114,7 @@ class _Builder:
         k = Graph.reshape(Graph.mul_mat(W((sh.n_embd, hk * n_kv_h)), cur), (hk, n_kv_h, T))
         v = Graph.reshape(Graph.mul_mat(W((sh.n_embd, hv * n_kv_h)), cur), (hv, n_kv_h, T))
         if self.qk_norm:
-            q, k = self.norm(q), self.norm(k)
+            q, k = rms_norm(q), rms_norm(k)
         q = Graph.like("rope", q, self.pos)
         k = Graph.like("rope", k, self.pos)
         if self.gemma:

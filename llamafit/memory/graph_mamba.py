@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llamafit.memory.galloc import F32, I32, I64, Graph, Tensor, buffer_size
+from llamafit.memory.galloc import F32, I32, Graph, Tensor, buffer_size
+from llamafit.memory.graph_trunk import input_embeddings, output_head, rms_norm
 
 
 @dataclass(frozen=True)
@@ -62,29 +63,17 @@ class _Builder:
         self.s_copy_tail = Graph.view(self.s_copy, (self.n_rs - 1,))
 
     def graph(self) -> Graph:
-        sh, g, T, E = self.sh, self.g, self.T, self.sh.n_embd
-        W = Graph.weight
-        # build_inp_embd: token rows, the embedding input and the mixed path, selected at run time
-        tok_embd = W((E, sh.n_vocab))
-        rows = Graph.get_rows(tok_embd, Graph.input((T,), I32))
-        dup = Graph.like("dup", Graph.input((E, T)))
-        mixed_rows = Graph.get_rows(tok_embd, Graph.input((T,), I32))
-        mixed = Graph.set_rows(dup, mixed_rows, Graph.input((T,), I64))
-        for t in (rows, Graph.input((E, T)), mixed):
-            g.expand(t)
+        sh, g = self.sh, self.g
+        inp_l = input_embeddings(g, sh.n_embd, sh.n_vocab, self.T)
         out_ids = Graph.input((self.n_out,), I32)
-        inp_l = rows
         for il in range(sh.n_layer):
-            cur = Graph.like("mul", Graph.like("rms_norm", inp_l), W((E,)))
+            cur = rms_norm(inp_l)
             cur = self.mamba2(cur) if sh.version == 2 else self.mamba1(cur)
             if il == sh.n_layer - 1:
                 cur = Graph.get_rows(cur, out_ids)
                 inp_l = Graph.get_rows(inp_l, out_ids)
             inp_l = Graph.like("add", cur, inp_l)
-        embd = Graph.like("mul", Graph.like("rms_norm", inp_l), W((E,)))
-        logits = Graph.mul_mat(W((E, sh.n_vocab)), embd)
-        g.expand(logits)
-        embd.is_output = logits.is_output = True  # llm_graph_result::set_outputs (llama-graph.cpp:1396-1403)
+        output_head(g, inp_l, sh.n_vocab)
         return g
 
     def build_rs(self, s: Tensor, state_size: int, scan: dict[str, Tensor] | None = None) -> Tensor:
