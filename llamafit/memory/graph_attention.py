@@ -1,12 +1,13 @@
-"""The reserve graph of a dense transformer with a KV cache, node by node, for ``llamafit.memory.galloc``.
+"""The reserve graph of a transformer with a KV cache, node by node, for ``llamafit.memory.galloc``.
 
-Mirrors ``src/models/llama.cpp:99-247`` (Llama), ``src/models/qwen3.cpp`` (Qwen3: Q/K norms before
-RoPE) and ``src/models/gemma3.cpp:81-217`` (Gemma 3: the scaled embedding rows, Q/K norms, the scaled Q,
-the sandwich norms, sliding-window layers), over
+Mirrors ``src/models/llama.cpp:99-247`` (Llama, dense or with experts), ``src/models/qwen3.cpp`` and
+``qwen3moe.cpp`` (Q/K norms before RoPE) and ``src/models/gemma3.cpp:81-217`` (Gemma 3: the scaled
+embedding rows, Q/K norms, the scaled Q, the sandwich norms, sliding-window layers), over
 ``src/llama-graph.cpp``: build_inp_embd (2413-2533), build_attn for one cache (2943-3054: Q, V, K
-expanded in that order) or two (3190-3283: Q, K, V), build_attn_mha (2691-2830), build_ffn (1799-1930)
-and the caches' views and stores (``src/llama-kv-cache.cpp:1296-1465``; without flash attention V is
-stored transposed, one row per element, so its index input is ``n_tokens x n_embd_v_gqa`` I64).
+expanded in that order) or two (3190-3283: Q, K, V), build_attn_mha (2691-2830), build_ffn (1799-1930),
+build_moe_ffn (``graph_trunk``) and the caches' views and stores (``src/llama-kv-cache.cpp:1296-1465``;
+without flash attention V is stored transposed, one row per element, so its index input is
+``n_tokens x n_embd_v_gqa`` I64).
 
 Only what ggml-alloc sees matters: shapes, the order ggml_build_forward_expand gives, which results
 are views. Quantized caches (their Hadamard rotation inputs) are not replayed.
@@ -17,12 +18,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from llamafit.memory.galloc import F32, I32, I64, Graph, Tensor, buffer_size
-from llamafit.memory.graph_trunk import input_embeddings, output_head, rms_norm
+from llamafit.memory.graph_trunk import Experts, gated_ffn, input_embeddings, moe_ffn, output_head, rms_norm
 
 
 @dataclass(frozen=True)
 class TransformerShape:
-    arch: str  # "llama" | "qwen3" | "gemma3"
+    arch: str  # "llama" | "qwen3" | "qwen3moe" | "gemma3"
     n_layer: int
     n_embd: int
     n_vocab: int
@@ -32,6 +33,7 @@ class TransformerShape:
     head_v: int
     n_ff: tuple[int, ...]
     is_swa: tuple[bool, ...]
+    experts: Experts | None = None  # every layer's FFN is a mixture of experts (qwen3moe, Mixtral-style llama)
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,7 @@ class Reserve:
     n_kv_swa: int  # cells of the sliding-window cache per stream
     n_stream: int  # 1 with a unified cache, else n_seq_max
     flash_attn: bool
+    cache_esize: int = 2  # bytes per element of the K cache (F16 unless -ctk f32)
 
 
 def transformer_compute_bytes(shape: TransformerShape, r: Reserve, alignment: int = 32) -> int:
@@ -58,7 +61,7 @@ class _Builder:
         self.T = -(-r.n_tokens // n_seqs) * n_seqs  # graph_reserve: a multiple of n_seqs
         self.ns = max(1, r.n_stream)
         self.gemma = sh.arch == "gemma3"
-        self.qk_norm = sh.arch in ("gemma3", "qwen3")
+        self.qk_norm = sh.arch in ("gemma3", "qwen3", "qwen3moe")
         v_rows = self.T if r.flash_attn else self.T * max(sh.n_head_kv) * sh.head_v
         mask = 2 if r.flash_attn else F32
         self.inputs = {
@@ -87,20 +90,13 @@ class _Builder:
             if self.gemma:
                 cur = rms_norm(cur)
             ffn_inp = Graph.like("add", cur, inp_l)
-            cur = self.ffn(rms_norm(ffn_inp), sh.n_ff[il])
+            cur = rms_norm(ffn_inp)
+            cur = moe_ffn(g, cur, sh.experts) if sh.experts else gated_ffn(cur, sh.n_ff[il])
             if self.gemma:
                 cur = rms_norm(cur)
             inp_l = Graph.like("add", cur, ffn_inp)
         output_head(g, inp_l, sh.n_vocab)
         return g
-
-    def ffn(self, cur: Tensor, n_ff: int) -> Tensor:
-        """build_ffn, gate and up in parallel: the GLU's sources are (gate, up)."""
-        W = Graph.weight
-        up = Graph.mul_mat(W((self.sh.n_embd, n_ff)), cur)
-        gate = Graph.mul_mat(W((self.sh.n_embd, n_ff)), cur)
-        glu = Graph.op("glu", gate.ne, gate, up)
-        return Graph.mul_mat(W((n_ff, self.sh.n_embd)), glu)
 
     def attention(self, cur: Tensor, il: int) -> Tensor:
         sh, r, g, T, ns = self.sh, self.r, self.g, self.T, self.ns

@@ -1,5 +1,5 @@
-"""What every llama.cpp text graph begins and ends with, for the replays (``graph_attention``,
-``graph_mamba``).
+"""What llama.cpp's text graphs share, for the replays (``graph_attention``, ``graph_mla``, ``graph_mamba``):
+how they begin and end, and their feed-forward blocks.
 
 The start is ``build_inp_embd`` (``src/llama-graph.cpp:2413-2533``): the token rows, the embedding
 input and the mixed path are all in the graph (``ggml_build_forward_select`` expands the three), so the
@@ -8,6 +8,8 @@ norm and the logits, both graph outputs (``llm_graph_result::set_outputs``, llam
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from llamafit.memory.galloc import I32, I64, Graph, Tensor
 
@@ -35,3 +37,59 @@ def output_head(g: Graph, hidden: Tensor, n_vocab: int) -> None:
     logits = Graph.mul_mat(Graph.weight((hidden.ne[0], n_vocab)), embd)
     g.expand(logits)
     embd.is_output = logits.is_output = True
+
+
+def gated_ffn(cur: Tensor, n_ff: int) -> Tensor:
+    """build_ffn with a parallel gate (llama-graph.cpp:1799-1930): up, gate, the GLU of (gate, up), down."""
+    n_embd = cur.ne[0]
+    up = Graph.mul_mat(Graph.weight((n_embd, n_ff)), cur)
+    gate = Graph.mul_mat(Graph.weight((n_embd, n_ff)), cur)
+    glu = Graph.op("glu", gate.ne, gate, up)  # ggml_swiglu_split / geglu_split: the shape of the gate
+    return Graph.mul_mat(Graph.weight((n_ff, n_embd)), glu)
+
+
+@dataclass(frozen=True)
+class Experts:
+    n_expert: int
+    n_used: int
+    n_ff: int  # one expert's FFN width
+    sigmoid: bool = False  # expert_gating_func 2 (else softmax)
+    probs_bias: bool = False  # exp_probs_b: selection on biased probabilities
+    norm_w: bool = False  # expert_weights_norm
+    scale: float = 0.0  # expert_weights_scale (0 and 1: none)
+
+
+def moe_ffn(g: Graph, cur: Tensor, ex: Experts) -> Tensor:
+    """build_moe_ffn (llama-graph.cpp:2044-2380) without expert groups: the router's top-k, the experts'
+    up/gate/down by mul_mat_id, weighted, then summed view by view (each expanded as it is made)."""
+    n_embd, n_tokens = cur.ne[0], cur.ne[1]
+    W = Graph.weight
+    logits = Graph.mul_mat(W((n_embd, ex.n_expert)), cur)
+    probs = Graph.like("unary" if ex.sigmoid else "soft_max", logits)
+    selection = Graph.like("add", probs, W((ex.n_expert,))) if ex.probs_bias else probs
+    order = Graph.op("argsort", (ex.n_expert, n_tokens), selection, esize=I32)
+    selected = Graph.view(order, (ex.n_used, n_tokens), (order.nb[1],))  # ggml_argsort_top_k
+    weights = Graph.get_rows(Graph.reshape(probs, (1, ex.n_expert, n_tokens)), selected)
+    if ex.norm_w:
+        w2 = Graph.reshape(weights, (ex.n_used, n_tokens))
+        total = Graph.like("clamp", Graph.op("sum_rows", (1, n_tokens), w2))
+        weights = Graph.reshape(Graph.like("div", w2, total), (1, ex.n_used, n_tokens))
+    if ex.scale not in (0.0, 1.0):
+        weights = Graph.like("scale", weights)
+    g.expand(weights)
+    x = Graph.reshape(cur, (n_embd, 1, n_tokens))
+    shape = (ex.n_ff, ex.n_used, n_tokens)
+    up = Graph.op("mul_mat_id", shape, W((n_embd, ex.n_ff, ex.n_expert)), x, selected)
+    gate = Graph.op("mul_mat_id", shape, W((n_embd, ex.n_ff, ex.n_expert)), x, selected)
+    glu = Graph.op("glu", shape, gate, up)
+    down = Graph.op("mul_mat_id", (n_embd, ex.n_used, n_tokens), W((ex.n_ff, n_embd, ex.n_expert)), glu, selected)
+    experts = Graph.like("mul", down, weights)
+    g.expand(experts)
+    views = [Graph.view(experts, (n_embd, n_tokens), (experts.nb[2],)) for _ in range(ex.n_used)]
+    for v in views:
+        g.expand(v)
+    out = views[0]
+    for v in views[1:]:
+        out = Graph.like("add", out, v)
+        g.expand(out)
+    return Graph.like("cont", out) if ex.n_used == 1 else out

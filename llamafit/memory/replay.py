@@ -13,10 +13,12 @@ from llamafit.gguf.model import ModelInfo
 from llamafit.memory.context import ContextParams, swa_cells
 from llamafit.memory.graph_attention import Reserve, TransformerShape, transformer_compute_bytes
 from llamafit.memory.graph_mamba import MambaShape, mamba_compute_bytes
+from llamafit.memory.graph_mla import MlaShape, mla_compute_bytes
+from llamafit.memory.graph_trunk import Experts
 
 RECURRENT = ("mamba", "mamba2")
 # arch -> the sliding-window type its builder knows
-TRANSFORMER = {"llama": "none", "qwen3": "none", "gemma3": "standard"}
+TRANSFORMER = {"llama": "none", "qwen3": "none", "qwen3moe": "none", "gemma3": "standard"}
 
 
 def recurrent_bytes(model: ModelInfo, cp: ContextParams, n_outputs: int) -> int | None:
@@ -42,7 +44,10 @@ def recurrent_bytes(model: ModelInfo, cp: ContextParams, n_outputs: int) -> int 
 
 def transformer_bytes(model: ModelInfo, cp: ContextParams, n_outputs: int, fa: bool) -> int | None:
     """The dense Llama / Qwen3 / Gemma 3 graph on one backend; None where the builder is not llama.cpp's graph."""
-    shape = model.memo("transformer_shape", lambda: _transformer_shape(model))
+    shape: TransformerShape | MlaShape | None = model.memo(
+        "transformer_shape",
+        lambda: _mla_shape(model) if model.hparams.arch == "deepseek2" else _transformer_shape(model),
+    )
     if shape is None or cp.mtp or cp.v_trans == fa or not cp.offload_kqv:
         return None  # an "auto" that resolved off keeps V untransposed: a graph the builder does not make
     if by_name(cp.type_k).quantized or by_name(cp.type_v).quantized:
@@ -59,19 +64,36 @@ def transformer_bytes(model: ModelInfo, cp: ContextParams, n_outputs: int, fa: b
         n_kv_swa=swa_cells(hp, cp) if hp.swa_type != "none" else 0,
         n_stream=cp.n_stream,
         flash_attn=fa,
+        cache_esize=by_name(cp.type_k).size,  # not quantized here: one element per block
     )
+    if isinstance(shape, MlaShape):
+        return model.memo(("mla_bytes", r), lambda: mla_compute_bytes(shape, r))
     return model.memo(("transformer_bytes", r), lambda: transformer_compute_bytes(shape, r))
 
 
 def _transformer_shape(model: ModelInfo) -> TransformerShape | None:
     hp = model.hparams
-    if TRANSFORMER.get(hp.arch) != hp.swa_type or hp.n_expert or hp.n_nextn or hp.n_layer_kv_from_start >= 0:
+    if TRANSFORMER.get(hp.arch) != hp.swa_type or hp.n_nextn or hp.n_layer_kv_from_start >= 0:
         return None
+    if bool(hp.n_expert) != (hp.arch == "qwen3moe") and hp.arch != "llama":
+        return None  # experts only where the builder routes them; qwen3moe always has them
+    if isinstance(model.kv.get(f"{hp.arch}.expert_used_count"), list):
+        return None  # a per-layer expert count
     if not hp.causal or hp.has_pooling or len(set(hp.n_head)) != 1 or not hp.n_head[0]:
         return None
-    names = {t.name for t in model.tensors}
+    shapes = {t.name: t.info.shape for t in model.tensors}
+    names = set(shapes)
+    up_exps = shapes.get("blk.0.ffn_up_exps.weight")
+    experts = None
+    if hp.n_expert:
+        if up_exps is None or len(up_exps) != 3:
+            return None  # fused gate/up experts: other nodes
+        # llama.cpp/qwen3moe.cpp: softmax routing, weights normalized, scaled by expert_weights_scale
+        scale = _num(model.kv.get(f"{hp.arch}.expert_weights_scale"))
+        experts = Experts(n_expert=up_exps[2], n_used=hp.n_expert_used, n_ff=up_exps[1], norm_w=True, scale=scale)
     for il in range(hp.n_layer):
-        need = {f"blk.{il}.attn_q.weight", f"blk.{il}.attn_k.weight", f"blk.{il}.ffn_gate.weight"}
+        ffn = f"blk.{il}.ffn_up_exps.weight" if experts else f"blk.{il}.ffn_gate.weight"
+        need = {f"blk.{il}.attn_q.weight", f"blk.{il}.attn_k.weight", ffn}
         if hp.arch != "llama":
             need |= {f"blk.{il}.attn_q_norm.weight", f"blk.{il}.attn_k_norm.weight"}
         if not need <= names or f"blk.{il}.attn_qkv.weight" in names:
@@ -89,4 +111,64 @@ def _transformer_shape(model: ModelInfo) -> TransformerShape | None:
         head_v=hp.head_v,
         n_ff=tuple(hp.n_ff[: hp.n_layer]),
         is_swa=tuple(hp.is_swa[: hp.n_layer]),
+        experts=experts,
     )
+
+
+def _mla_shape(model: ModelInfo) -> MlaShape | None:
+    """DeepSeek-V2/V3 MLA (absorbed K) with a q LoRA or without, dense lead layers, experts with a shared
+    expert; sizes read off the tensor table (deepseek2.cpp load_arch_tensors)."""
+    hp = model.hparams
+    kv = model.kv
+    if not hp.mla or hp.n_nextn or hp.n_layer_kv_from_start >= 0 or not hp.causal:
+        return None
+    if _num(kv.get(f"{hp.arch}.expert_group_count")) > 1 or _num(kv.get(f"{hp.arch}.attention.temperature_scale")):
+        return None  # grouped routing, temperature-scaled queries: other nodes
+    shapes = {t.name: t.info.shape for t in model.tensors}
+    il = hp.n_layer - 1  # an MoE layer when there are experts
+    k_b = shapes.get(f"blk.{il}.attn_k_b.weight")
+    v_b = shapes.get(f"blk.{il}.attn_v_b.weight")
+    kv_a = shapes.get(f"blk.{il}.attn_kv_a_mqa.weight")
+    if k_b is None or v_b is None or kv_a is None or len(k_b) != 3:
+        return None
+    q_a = shapes.get(f"blk.{il}.attn_q_a.weight")
+    up_exps = shapes.get(f"blk.{il}.ffn_up_exps.weight")
+    if up_exps is None or f"blk.{il}.ffn_gate_up_exps.weight" in shapes:
+        return None
+    lead = hp.n_layer_dense_lead
+    dense_up = shapes.get("blk.0.ffn_up.weight") if lead else None
+    shexp = shapes.get(f"blk.{il}.ffn_up_shexp.weight")
+    gating = int(_num(kv.get(f"{hp.arch}.expert_gating_func")))
+    if gating == 0:  # deepseek2.cpp:23-31: older GGUFs without the key
+        gating = 2 if hp.n_layer in (47, 48) and hp.n_vocab == 154880 else 1
+    if gating not in (1, 2):
+        return None
+    rank = k_b[1]
+    return MlaShape(
+        n_layer=hp.n_layer,
+        n_embd=hp.n_embd,
+        n_vocab=hp.n_vocab,
+        n_head=k_b[2],
+        kv_lora_rank=rank,
+        rope_dim=kv_a[1] - rank,
+        nope_dim=k_b[0],
+        v_dim=v_b[1],
+        q_lora_rank=q_a[1] if q_a is not None else 0,
+        n_dense_lead=lead,
+        n_ff=dense_up[1] if dense_up is not None else 0,
+        n_ff_shexp=shexp[1] if shexp is not None else 0,
+        experts=Experts(
+            n_expert=up_exps[2],
+            n_used=hp.n_expert_used,
+            n_ff=up_exps[1],
+            sigmoid=gating == 2,
+            probs_bias=f"blk.{il}.exp_probs_b.bias" in shapes,
+            norm_w=bool(kv.get(f"{hp.arch}.expert_weights_norm", False)),
+            scale=_num(kv.get(f"{hp.arch}.expert_weights_scale")),
+        ),
+    )
+
+
+def _num(v: object) -> float:
+    """A GGUF number, or 0 for anything else (the header is untrusted input)."""
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else 0.0
