@@ -175,15 +175,16 @@ REPLAY_ARGS = [
     ["-c", "8192", "-np", "3", "-fa", "off", "-ub", "256"],
     ["-c", "6000", "-np", "2", "-kvu", "-fa", "off"],
 ]
-REPLAY_CASES = [(s, a) for s in ("dense", "qwen3", "gemma3", "moe", "mla") for a in REPLAY_ARGS]
+REPLAY_CASES = [(s, a) for s in ("dense", "qwen3", "gemma3", "moe", "mla", "hybrid") for a in REPLAY_ARGS]
 
 
 @pytest.mark.parametrize(("shape", "args"), REPLAY_CASES, ids=[f"{s}:{' '.join(a)}" for s, a in REPLAY_CASES])
 def test_a_dense_transformer_compute_buffer_is_the_allocator_replay(
     server_bin: ServerBinary, shapes: dict[str, Path], shape: str, args: list[str]
 ) -> None:
-    """Llama, Qwen3, Gemma 3 (sliding-window layers, sandwich norms), Qwen3-MoE (routed experts) and MLA
-    (DeepSeek-V3 style: absorbed K, a K-only cache, shared expert) with flash attention on and off, one and
+    """Llama, Qwen3, Gemma 3 (sliding-window layers, sandwich norms), Qwen3-MoE (routed experts), MLA
+    (DeepSeek-V3 style: absorbed K, a K-only cache, shared expert) and the Qwen3.5 hybrid (gated delta-net
+    and gated attention layers) with flash attention on and off, one and
     several streams: the replayed reserve graph gives the compute buffer to the log's 0.01 MiB. With the
     per-phase estimate Gemma 3 without flash attention was 5 % under (a second transposed-V index input)
     and MLA up to 6 % under (V made contiguous, n_kv x kv_lora_rank in the cache's type)."""

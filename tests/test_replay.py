@@ -12,6 +12,7 @@ from llamafit.argv import parse_server_args
 from llamafit.devices import Host, Machine
 from llamafit.fit import make_plan
 from llamafit.gguf.model import load_model
+from llamafit.memory.compute import compute_buffers
 from llamafit.memory.replay import recurrent_bytes, transformer_bytes
 from llamafit.request import build_request
 from llamafit.units import GiB
@@ -25,10 +26,10 @@ def _context(path: Path, args: list[str]):  # type: ignore[no-untyped-def]
     return model, plan.footprint.context, plan.footprint.flash_attn
 
 
-@pytest.mark.parametrize("shape", ["dense", "qwen3", "gemma3", "moe", "mla"])
+@pytest.mark.parametrize("shape", ["dense", "qwen3", "gemma3", "moe", "mla", "hybrid"])
 @pytest.mark.parametrize("args", [["-c", "4096"], ["-c", "4096", "-fa", "off"], ["-c", "8192", "-np", "2"]])
 def test_the_replayed_graphs(shapes: dict[str, Path], shape: str, args: list[str]) -> None:
-    """Llama, Qwen3, Gemma 3, Qwen3-MoE and MLA."""
+    """Llama, Qwen3, Gemma 3, Qwen3-MoE, MLA and the Qwen3.5 hybrid."""
     model, cp, fa = _context(shapes[shape], args)
     assert transformer_bytes(model, cp, cp.n_outputs_max, fa) is not None
     assert recurrent_bytes(model, cp, cp.n_outputs_max) is None
@@ -40,7 +41,7 @@ def test_the_replayed_graphs(shapes: dict[str, Path], shape: str, args: list[str
         ("dense", ["-c", "4096", "-ctk", "q8_0", "-ctv", "q8_0"], "quantized caches add rotation inputs"),
         ("glm4moe", ["-c", "4096"], "an architecture without a builder"),
         ("dsa", ["-c", "4096"], "an architecture without a builder"),
-        ("hybrid", ["-c", "4096"], "recurrent layers"),
+        ("hybrid", ["-c", "4096", "-ctk", "q8_0"], "quantized caches add rotation inputs"),
     ],
 )
 def test_other_graphs_keep_the_estimate(shapes: dict[str, Path], shape: str, args: list[str], why: str) -> None:
@@ -49,9 +50,18 @@ def test_other_graphs_keep_the_estimate(shapes: dict[str, Path], shape: str, arg
 
 
 def test_an_embedding_server_keeps_the_estimate(shapes: dict[str, Path]) -> None:
-    """Every token an output: the pooling graph follows the trunk."""
-    model, cp, fa = _context(shapes["dense"], ["-c", "4096", "--embeddings", "--pooling", "mean"])
-    assert transformer_bytes(model, cp, cp.n_ubatch, fa) is None
+    """Every token an output and the pooling graph after the trunk: not the replayed graph."""
+    args = ["-c", "4096", "--embeddings", "--pooling", "mean"]
+    model = load_model(shapes["dense"])
+    plan = make_plan(
+        model, Machine((), Host(total=64 * GiB, available=64 * GiB)), build_request(parse_server_args(args))
+    )
+    fp = plan.footprint
+    kw = {"gpus": (), "n_outputs": fp.context.n_outputs_max, "fa": fp.flash_attn}
+    plain = compute_buffers(model, fp.context, fp.placement, **kw).per_buft["CPU"]  # type: ignore[arg-type]
+    pooled = compute_buffers(model, fp.context, fp.placement, embeddings=True, **kw).per_buft["CPU"]  # type: ignore[arg-type]
+    assert plain == transformer_bytes(model, fp.context, fp.context.n_outputs_max, fp.flash_attn)
+    assert pooled != plain
 
 
 def test_a_fused_qkv_keeps_the_estimate(tmp_path: Path) -> None:

@@ -124,6 +124,7 @@ def compute_buffers(
     fa: bool,
     op_offload: bool = True,
     pipeline_parallel: bool = False,
+    embeddings: bool = False,
 ) -> ComputeEstimate:
     """Bytes of every compute buffer the pp reserve creates (``sched_reserve: ... compute buffer size``)."""
     hp = model.hparams
@@ -236,7 +237,8 @@ def compute_buffers(
         out[out_dev] = max(out.get(out_dev, 0), logits + U * 4 * SMALL_INPUT_FLOATS)
 
     devices_used = set(layer_dev[first : hp.n_layer_all + 1])
-    whole = transformer_bytes(model, cp, n_outputs, fa) if len(devices_used) == 1 and not cpu_layers else None
+    pooled = embeddings or hp.has_pooling  # build_pooling follows the trunk: a graph not replayed
+    whole = None if pooled or len(devices_used) != 1 or cpu_layers else transformer_bytes(model, cp, n_outputs, fa)
     if whole is not None:
         # the whole graph on one backend, replayed through ggml-alloc (llamafit.memory.replay): exact
         out = {next(iter(devices_used)): whole}

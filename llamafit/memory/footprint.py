@@ -163,7 +163,7 @@ def estimate(
     mem = memory_buffers(hp, cp, placement.layer_device)
     comp = compute_buffers(
         model, cp, placement, gpus=gpu_ids, n_outputs=cp.n_outputs_max, fa=fa, op_offload=s.op_offload,
-        pipeline_parallel=pp,
+        pipeline_parallel=pp, embeddings=s.embeddings,
     )  # fmt: skip
     out_bytes = output_buffer_bytes(hp, cp.n_outputs_max, cp.n_seq_max, embeddings=s.embeddings)
     out_bytes += 4 * hp.n_embd * cp.n_batch * s.extract_hidden

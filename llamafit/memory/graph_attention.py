@@ -34,6 +34,7 @@ class TransformerShape:
     n_ff: tuple[int, ...]
     is_swa: tuple[bool, ...]
     experts: Experts | None = None  # every layer's FFN is a mixture of experts (qwen3moe, Mixtral-style llama)
+    n_pos: int = 1  # positions per token (4 with M-RoPE)
 
 
 @dataclass(frozen=True)
@@ -46,14 +47,17 @@ class Reserve:
     n_stream: int  # 1 with a unified cache, else n_seq_max
     flash_attn: bool
     cache_esize: int = 2  # bytes per element of the K cache (F16 unless -ctk f32)
+    n_rs_seq: int = 0  # recurrent-state snapshots kept for speculative rollback (hybrids)
 
 
 def transformer_compute_bytes(shape: TransformerShape, r: Reserve, alignment: int = 32) -> int:
     """The CPU compute buffer of the pp reserve (``sched_reserve``) of a dense transformer."""
-    return buffer_size(_Builder(shape, r).graph(), alignment)
+    return buffer_size(Builder(shape, r).graph(), alignment)
 
 
-class _Builder:
+class Builder:
+    """One reserve graph of a transformer; ``attend`` is shared with the MTP head's graph."""
+
     def __init__(self, sh: TransformerShape, r: Reserve) -> None:
         self.sh, self.r = sh, r
         self.g = Graph()
@@ -72,7 +76,7 @@ class _Builder:
             }
             for kind, n_kv in (("full", r.n_kv), ("swa", r.n_kv_swa))
         }
-        self.pos = Graph.input((self.T,), I32)
+        self.pos = Graph.input((self.T * sh.n_pos,), I32)
 
     def graph(self) -> Graph:
         sh, g, T = self.sh, self.g, self.T
@@ -99,13 +103,10 @@ class _Builder:
         return g
 
     def attention(self, cur: Tensor, il: int) -> Tensor:
-        sh, r, g, T, ns = self.sh, self.r, self.g, self.T, self.ns
+        sh, T = self.sh, self.T
         W = Graph.weight
         n_kv_h = sh.n_head_kv[il]
         hk, hv, nh = sh.head_k, sh.head_v, sh.n_head
-        kind = "swa" if sh.is_swa[il] else "full"
-        inp = self.inputs[kind]
-        n_kv = r.n_kv_swa if kind == "swa" else r.n_kv
         q = Graph.reshape(Graph.mul_mat(W((sh.n_embd, hk * nh)), cur), (hk, nh, T))
         k = Graph.reshape(Graph.mul_mat(W((sh.n_embd, hk * n_kv_h)), cur), (hk, n_kv_h, T))
         v = Graph.reshape(Graph.mul_mat(W((sh.n_embd, hv * n_kv_h)), cur), (hv, n_kv_h, T))
@@ -116,8 +117,18 @@ class _Builder:
         if self.gemma:
             q = Graph.like("scale", q)
         # one cache: Q, V, K (llama-graph.cpp:2971-2975); two caches: Q, K, V (llama-graph.cpp:3222-3230)
-        order = (q, k, v) if self.gemma else (q, v, k)
-        for t in order:
+        out = self.attend(q, k, v, "swa" if sh.is_swa[il] else "full", two_caches=self.gemma)
+        return Graph.mul_mat(W((hv * nh, sh.n_embd)), out)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, kind: str, *, two_caches: bool = False) -> Tensor:
+        """build_attn from the expansions of Q, K and V to the attention output (before ``wo``): the
+        stores into the cache, then build_attn_mha over the cache's views."""
+        r, g, T, ns = self.r, self.g, self.T, self.ns
+        W = Graph.weight
+        hk, n_kv_h, hv, nh = k.ne[0], k.ne[1], v.ne[0], q.ne[1]
+        inp = self.inputs[kind]
+        n_kv = r.n_kv_swa if kind == "swa" else r.n_kv
+        for t in (q, k, v) if two_caches else (q, v, k):
             g.expand(t)
         k_cache = W((hk * n_kv_h, n_kv * ns))
         v_cache = W((hv * n_kv_h, n_kv * ns))
@@ -145,4 +156,4 @@ class _Builder:
             perm = Graph.view(kqv, (hv, nh, T // ns, ns), (kqv.nb[2], kqv.nb[1], kqv.nb[3]))
             cur = Graph.op("cont", (hv * nh, T), perm)
         g.expand(cur)
-        return Graph.mul_mat(W((hv * nh, sh.n_embd)), cur)
+        return cur

@@ -12,11 +12,14 @@ from llamafit.ggml import by_name
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory.context import ContextParams, swa_cells
 from llamafit.memory.graph_attention import Reserve, TransformerShape, transformer_compute_bytes
+from llamafit.memory.graph_hybrid import HybridShape, hybrid_compute_bytes
 from llamafit.memory.graph_mamba import MambaShape, mamba_compute_bytes
 from llamafit.memory.graph_mla import MlaShape, mla_compute_bytes
+from llamafit.memory.graph_mtp import MtpShape, mtp_compute_bytes
 from llamafit.memory.graph_trunk import Experts
 
 RECURRENT = ("mamba", "mamba2")
+Shape = TransformerShape | MlaShape | MtpShape | HybridShape
 # arch -> the sliding-window type its builder knows
 TRANSFORMER = {"llama": "none", "qwen3": "none", "qwen3moe": "none", "gemma3": "standard"}
 
@@ -43,18 +46,14 @@ def recurrent_bytes(model: ModelInfo, cp: ContextParams, n_outputs: int) -> int 
 
 
 def transformer_bytes(model: ModelInfo, cp: ContextParams, n_outputs: int, fa: bool) -> int | None:
-    """The dense Llama / Qwen3 / Gemma 3 graph on one backend; None where the builder is not llama.cpp's graph."""
-    shape: TransformerShape | MlaShape | None = model.memo(
-        "transformer_shape",
-        lambda: _mla_shape(model) if model.hparams.arch == "deepseek2" else _transformer_shape(model),
-    )
-    if shape is None or cp.mtp or cp.v_trans == fa or not cp.offload_kqv:
+    """A transformer's graph on one backend (Llama, Qwen3, Qwen3-MoE, Gemma 3, MLA, a Qwen3.5 MTP head);
+    None where the builders do not make llama.cpp's graph for this model and these settings."""
+    shape: Shape | None = model.memo(("transformer_shape", cp.mtp), lambda: _shape(model, cp.mtp))
+    if shape is None or cp.v_trans == fa or not cp.offload_kqv:
         return None  # an "auto" that resolved off keeps V untransposed: a graph the builder does not make
     if by_name(cp.type_k).quantized or by_name(cp.type_v).quantized:
         return None  # the caches' Hadamard rotation inputs (llama-kv-cache.cpp:321-351)
     n_tokens = min(cp.n_ctx, cp.n_ubatch)
-    if n_outputs >= n_tokens:
-        return None  # embedding and pooled servers add the pooling graph
     hp = model.hparams
     r = Reserve(
         n_tokens=n_tokens,
@@ -65,10 +64,64 @@ def transformer_bytes(model: ModelInfo, cp: ContextParams, n_outputs: int, fa: b
         n_stream=cp.n_stream,
         flash_attn=fa,
         cache_esize=by_name(cp.type_k).size,  # not quantized here: one element per block
+        n_rs_seq=cp.n_rs_seq if hp.supports_rs_rollback else 0,
     )
     if isinstance(shape, MlaShape):
         return model.memo(("mla_bytes", r), lambda: mla_compute_bytes(shape, r))
+    if isinstance(shape, MtpShape):
+        return model.memo(("mtp_bytes", r), lambda: mtp_compute_bytes(shape, r))
+    if isinstance(shape, HybridShape):
+        return model.memo(("hybrid_bytes", r), lambda: hybrid_compute_bytes(shape, r))
     return model.memo(("transformer_bytes", r), lambda: transformer_compute_bytes(shape, r))
+
+
+def _shape(model: ModelInfo, mtp: bool) -> Shape | None:
+    arch = model.hparams.arch
+    if mtp:
+        return _mtp_shape(model) if arch == "qwen35" else None
+    if arch == "qwen35":
+        return _hybrid_shape(model)
+    return _mla_shape(model) if arch == "deepseek2" else _transformer_shape(model)
+
+
+def _hybrid_shape(model: ModelInfo) -> HybridShape | None:
+    """Qwen3.5 (dense): fused qkv and an output gate on the delta-net layers, separate Q (with its gate),
+    K and V on the attention layers."""
+    hp = model.hparams
+    shapes = {t.name: t.info.shape for t in model.tensors}
+    n = hp.n_layer
+    heads = {hp.n_head[il] for il in range(n) if not hp.is_recr[il]}
+    kv_heads = {hp.n_head_kv[il] for il in range(n) if not hp.is_recr[il]}
+    if len(heads) != 1 or len(kv_heads) != 1 or hp.head_k != hp.head_v or not hp.ssm_dt_rank or hp.n_expert:
+        return None
+    for il in range(n):
+        need = ("attn_qkv", "attn_gate", "ssm_beta", "ssm_alpha") if hp.is_recr[il] else ("attn_q", "attn_k")
+        if any(f"blk.{il}.{t}.weight" not in shapes for t in need) or f"blk.{il}.ffn_up.weight" not in shapes:
+            return None
+    return HybridShape(
+        n_embd=hp.n_embd, n_vocab=hp.n_vocab, n_head=heads.pop(), n_head_kv=kv_heads.pop(), head_dim=hp.head_k,
+        n_ff=shapes["blk.0.ffn_up.weight"][1], is_recr=tuple(hp.is_recr[:n]), d_conv=hp.ssm_d_conv,
+        d_inner=hp.ssm_d_inner, d_state=hp.ssm_d_state, n_group=hp.ssm_n_group, n_v_heads=hp.ssm_dt_rank,
+    )  # fmt: skip
+
+
+def _mtp_shape(model: ModelInfo) -> MtpShape | None:
+    """Qwen3.5's one NextN block with separate Q (query and gate), K and V and a dense FFN."""
+    hp = model.hparams
+    if hp.n_nextn != 1:
+        return None
+    il = hp.n_layer
+    shapes = {t.name: t.info.shape for t in model.tensors}
+    q = shapes.get(f"blk.{il}.attn_q.weight")
+    up = shapes.get(f"blk.{il}.ffn_up.weight")
+    if q is None or up is None or f"blk.{il}.nextn.eh_proj.weight" not in shapes:
+        return None
+    if q[1] != 2 * hp.n_head[il] * hp.head_k or hp.head_k != hp.head_v:
+        return None
+    return MtpShape(
+        n_embd=hp.n_embd, n_vocab=hp.n_vocab, n_head=hp.n_head[il], n_head_kv=hp.n_head_kv[il], head_dim=hp.head_k,
+        n_ff=up[1],
+    )  # fmt: skip
 
 
 def _transformer_shape(model: ModelInfo) -> TransformerShape | None:

@@ -1,0 +1,130 @@
+"""The reserve graph of a Qwen3.5-style hybrid (gated delta-net layers and gated full attention), node by
+node, for ``llamafit.memory.galloc``.
+
+Mirrors ``src/models/qwen35.cpp:137-497``: each layer's input norm is expanded first; a linear layer
+projects q/k/v (fused) and the output gate z, beta and alpha, runs the conv over the gathered conv
+states (``build_conv_state``, delta-net-base.cpp:449-525), gathers the SSM states (``build_rs``), and
+the fused gated delta-net op returns the output and the new state(s) (``build_recurrent_attn``,
+delta-net-base.cpp:527-606; with speculative rollback, ``n_rs_seq + 1`` snapshots); an attention layer
+is the MTP head's gated attention (``graph_mtp``); the FFN is dense. After the last layer the output
+norm (``t_h_nextn``), its output rows (``t_embd``) and the logits are all graph outputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llamafit.memory.galloc import F32, I32, Graph, Tensor, buffer_size
+from llamafit.memory.graph_attention import Builder, Reserve, TransformerShape
+from llamafit.memory.graph_mtp import MROPE_SECTIONS, gated_attention
+from llamafit.memory.graph_trunk import gated_ffn, input_embeddings, rms_norm
+
+
+@dataclass(frozen=True)
+class HybridShape:
+    n_embd: int
+    n_vocab: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_ff: int
+    is_recr: tuple[bool, ...]  # the trunk's layers (no NextN block)
+    d_conv: int
+    d_inner: int
+    d_state: int  # head_k_dim of the delta-net
+    n_group: int  # num_k_heads
+    n_v_heads: int  # ssm.time_step_rank
+
+
+def hybrid_compute_bytes(sh: HybridShape, r: Reserve, alignment: int = 32) -> int:
+    """The CPU compute buffer of the pp reserve of a Qwen3.5-style hybrid."""
+    n_layer = len(sh.is_recr)
+    shape = TransformerShape(
+        arch="qwen35", n_layer=n_layer, n_embd=sh.n_embd, n_vocab=sh.n_vocab, n_head=sh.n_head,
+        n_head_kv=(sh.n_head_kv,) * n_layer, head_k=sh.head_dim, head_v=sh.head_dim, n_ff=(sh.n_ff,) * n_layer,
+        is_swa=(False,) * n_layer, n_pos=MROPE_SECTIONS,
+    )  # fmt: skip
+    b = Builder(shape, r)
+    _Linear(b, sh, r.n_rs_seq).build()
+    return buffer_size(b.g, alignment)
+
+
+class _Linear:
+    def __init__(self, b: Builder, sh: HybridShape, n_rs_seq: int) -> None:
+        self.b, self.sh, self.g = b, sh, b.g
+        self.n_seqs = max(1, b.r.n_seqs)
+        self.nst = b.T // self.n_seqs
+        self.n_rs = self.n_seqs
+        self.K = n_rs_seq + 1
+        self.s_copy = Graph.input((self.n_rs,), I32)
+        self.conv_ch = sh.d_inner + 2 * sh.n_group * sh.d_state
+        self.head_v = sh.d_inner // sh.n_v_heads
+        self.n_embd_r = (sh.d_conv - 1) * self.conv_ch
+        self.n_embd_s = self.head_v * self.head_v * sh.n_v_heads
+
+    def build(self) -> None:
+        b, sh, g = self.b, self.sh, self.g
+        inp_l = input_embeddings(g, sh.n_embd, sh.n_vocab, b.T)
+        out_ids = Graph.input((max(1, min(b.r.n_outputs, b.T)),), I32)
+        for recr in sh.is_recr:
+            cur = rms_norm(inp_l)
+            g.expand(cur)
+            cur = self.layer(cur) if recr else gated_attention(b, cur, sh.n_head, sh.n_head_kv, sh.head_dim)
+            residual = Graph.like("add", cur, inp_l)
+            inp_l = Graph.like("add", gated_ffn(rms_norm(residual), sh.n_ff), residual)
+        h_nextn = rms_norm(inp_l)
+        embd = Graph.get_rows(h_nextn, out_ids)
+        logits = Graph.mul_mat(Graph.weight((sh.n_embd, sh.n_vocab)), embd)
+        g.expand(logits)
+        h_nextn.is_output = embd.is_output = logits.is_output = True  # llama-graph.cpp:1396-1408
+
+    def build_rs(self, s: Tensor, state_size: int) -> Tensor:
+        """llama-graph.cpp:3587-3626 without a custom getter: every state row gathered, the first n_seqs viewed."""
+        g, n_seqs, n_rs = self.g, self.n_seqs, self.n_rs
+        states = Graph.reshape(s, (state_size, s.ne[1]))
+        zero = Graph.view(states, (state_size,))
+        g.expand(Graph.view(zero, zero.ne, op="scale", src=(zero,)))
+        states_all = Graph.get_rows(states, self.s_copy)
+        out = Graph.view(states_all, (state_size, n_seqs), (states_all.nb[1],))
+        g.expand(out)
+        extra = Graph.view(states_all, (state_size, n_rs - n_seqs), (states_all.nb[1],))
+        dst = Graph.view(s, (state_size, n_rs - n_seqs))
+        g.expand(Graph.view(dst, dst.ne, op="cpy", src=(extra, dst)))
+        return out
+
+    def cpy(self, a: Tensor, dst: Tensor) -> None:
+        self.g.expand(Graph.view(dst, dst.ne, op="cpy", src=(a, dst)))
+
+    def layer(self, cur: Tensor) -> Tensor:
+        """qwen35.cpp build_layer_attn_linear."""
+        sh, b, nst, ns = self.sh, self.b, self.nst, self.n_seqs
+        W = Graph.weight
+        E, nv, nk, hk, hv = sh.n_embd, sh.n_v_heads, sh.n_group, sh.d_state, self.head_v
+        qkv = Graph.reshape(Graph.mul_mat(W((E, self.conv_ch)), cur), (self.conv_ch, nst, ns))
+        z = Graph.mul_mat(W((E, sh.d_inner)), cur)
+        beta = Graph.like("unary", Graph.reshape(Graph.mul_mat(W((E, nv)), cur), (1, nv, nst, ns)))
+        alpha = Graph.reshape(Graph.mul_mat(W((E, nv)), cur), (nv, nst, ns))
+        gate = Graph.like("mul", Graph.like("unary", Graph.like("add", alpha, W((nv,)))), W((nv,)))
+        gate = Graph.reshape(gate, (1, nv, nst, ns))
+        rows = self.K * self.n_rs
+        conv_all, ssm_all = W((self.n_embd_r, rows)), W((self.n_embd_s, rows))
+        # build_conv_state: the gathered conv states, then the new tokens; the last window(s) saved
+        conv = Graph.reshape(self.build_rs(conv_all, self.n_embd_r), (sh.d_conv - 1, self.conv_ch, ns))
+        conv_in = Graph.op("concat", (sh.d_conv - 1 + nst, self.conv_ch, ns), conv, Graph.transpose(qkv))
+        for _ in range(self.K):
+            last = Graph.view(conv_in, (sh.d_conv - 1, self.conv_ch, ns), (conv_in.nb[1], conv_in.nb[2]))
+            self.cpy(last, Graph.view(conv_all, (self.n_embd_r, ns)))
+        state = Graph.reshape(self.build_rs(ssm_all, self.n_embd_s), (hv, hv, nv, ns))
+        mix = Graph.like("unary", Graph.op("ssm_conv", (self.conv_ch, nst, ns), conv_in, W((sh.d_conv, self.conv_ch))))
+        q = Graph.like("scale", Graph.like("rms_norm", Graph.view(mix, (hk, nk, nst, ns), (hk * F32, mix.nb[1]))))
+        k = Graph.like("scale", Graph.like("rms_norm", Graph.view(mix, (hk, nk, nst, ns), (hk * F32, mix.nb[1]))))
+        v = Graph.view(mix, (hv, nv, nst, ns), (hv * F32, mix.nb[1]))
+        # the fused gated delta-net: the output rows, then K state snapshots (ggml.c:6398-6416)
+        gdn = Graph.op("gated_delta_net", (hv * nv, b.T + self.K * hv * ns), q, k, v, gate, beta, state)
+        written = min(nst, self.K) if self.K > 1 else 1
+        self.cpy(Graph.view(gdn, (self.n_embd_s, ns, written)), Graph.view(ssm_all, (self.n_embd_s, ns, written)))
+        out = Graph.view(gdn, (hv, nv, nst, ns))
+        z4 = Graph.reshape(z, (hv, nv, nst, ns))
+        normed = Graph.like("mul", rms_norm(out), Graph.like("unary", z4))
+        y = Graph.mul_mat(W((sh.d_inner, E)), Graph.reshape(normed, (hv * nv, nst, ns)))
+        return Graph.reshape(y, (E, b.T))

@@ -1,0 +1,72 @@
+"""The reserve graph of a Qwen3.5 MTP head (its own llama_context over the NextN block), node by node.
+
+Mirrors ``src/models/qwen35.cpp:500-659`` (graph_mtp): the token rows and the trunk's hidden state,
+each normed, concatenated and projected (``eh_proj``); one full-attention block whose query carries a
+sigmoid gate (the gate is a view of the query projection, made contiguous only after the attention, so
+the projection stays alive through it); the FFN; the head norm (an output) and the logits of the
+output rows. The attention itself is the transformer replay's (``graph_attention.Builder.attend``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llamafit.memory.galloc import F32, I32, Graph, Tensor, buffer_size
+from llamafit.memory.graph_attention import Builder, Reserve, TransformerShape
+from llamafit.memory.graph_trunk import gated_ffn, rms_norm
+
+MROPE_SECTIONS = 4  # qwen35 uses IMROPE: four positions per token (llama-hparams.cpp:285-288)
+
+
+@dataclass(frozen=True)
+class MtpShape:
+    n_embd: int
+    n_vocab: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_ff: int
+
+
+def gated_attention(b: Builder, cur: Tensor, nh: int, nkv: int, hd: int) -> Tensor:
+    """Qwen3.5's full attention (qwen35.cpp build_layer_attn, and the MTP block): the query projection
+    holds the query and a sigmoid gate per head; the gate is made contiguous only after the attention,
+    so the projection stays alive through it. Returns the ``wo`` projection of the gated output."""
+    T, W = b.T, Graph.weight
+    E = cur.ne[0]
+    q_full = Graph.mul_mat(W((E, 2 * hd * nh)), cur)
+    k = Graph.mul_mat(W((E, hd * nkv)), cur)
+    v = Graph.mul_mat(W((E, hd * nkv)), cur)
+    rows = (2 * hd * F32, 2 * hd * nh * F32)
+    q = rms_norm(Graph.view(q_full, (hd, nh, T), rows))
+    gate = Graph.op("cont", (hd * nh, T), Graph.view(q_full, (hd, nh, T), rows))
+    k = rms_norm(Graph.reshape(k, (hd, nkv, T)))
+    v = Graph.reshape(v, (hd, nkv, T))
+    q = Graph.like("rope", q, b.pos)
+    k = Graph.like("rope", k, b.pos)
+    attn = b.attend(q, k, v, "full")
+    return Graph.mul_mat(W((hd * nh, E)), Graph.like("mul", attn, Graph.like("unary", gate)))
+
+
+def mtp_compute_bytes(sh: MtpShape, r: Reserve, alignment: int = 32) -> int:
+    """The CPU compute buffer of the MTP context's pp reserve."""
+    E, hd, nh, nkv = sh.n_embd, sh.head_dim, sh.n_head, sh.n_head_kv
+    shape = TransformerShape(
+        arch="qwen35", n_layer=1, n_embd=E, n_vocab=sh.n_vocab, n_head=nh, n_head_kv=(nkv,), head_k=hd, head_v=hd,
+        n_ff=(sh.n_ff,), is_swa=(False,), n_pos=MROPE_SECTIONS,
+    )  # fmt: skip
+    b = Builder(shape, r)
+    g, T = b.g, b.T
+    W = Graph.weight
+    tokens = Graph.get_rows(W((E, sh.n_vocab)), Graph.input((T,), I32))
+    concat = Graph.op("concat", (2 * E, T), rms_norm(tokens), rms_norm(Graph.input((E, T))))
+    inp_sa = Graph.mul_mat(W((2 * E, E)), concat)
+    cur = gated_attention(b, rms_norm(inp_sa), nh, nkv, hd)
+    residual = Graph.like("add", cur, inp_sa)
+    cur = Graph.like("add", gated_ffn(rms_norm(residual), sh.n_ff), residual)
+    h_nextn = rms_norm(cur)
+    out_ids = Graph.input((max(1, min(r.n_outputs, T)),), I32)
+    logits = Graph.mul_mat(W((E, sh.n_vocab)), Graph.get_rows(h_nextn, out_ids))
+    g.expand(logits)
+    h_nextn.is_output = logits.is_output = True  # t_h_nextn and t_logits (llama-graph.cpp:1396-1408)
+    return buffer_size(g, alignment)
