@@ -16,18 +16,13 @@ from dataclasses import dataclass
 
 from llamafit.memory.galloc import F32, I32, Graph, Tensor, buffer_size
 from llamafit.memory.graph_attention import Builder, Reserve, TransformerShape
-from llamafit.memory.graph_mtp import MROPE_SECTIONS, gated_attention
+from llamafit.memory.graph_mtp import MROPE_SECTIONS, MtpShape, gated_attention
 from llamafit.memory.graph_trunk import gated_ffn, input_embeddings, rms_norm
 
 
 @dataclass(frozen=True)
 class HybridShape:
-    n_embd: int
-    n_vocab: int
-    n_head: int
-    n_head_kv: int
-    head_dim: int
-    n_ff: int
+    block: MtpShape  # the widths shared with the MTP head: embedding, vocabulary, attention heads, FFN
     is_recr: tuple[bool, ...]  # the trunk's layers (no NextN block)
     d_conv: int
     d_inner: int
@@ -38,10 +33,10 @@ class HybridShape:
 
 def hybrid_compute_bytes(sh: HybridShape, r: Reserve, alignment: int = 32) -> int:
     """The CPU compute buffer of the pp reserve of a Qwen3.5-style hybrid."""
-    n_layer = len(sh.is_recr)
+    n_layer, a = len(sh.is_recr), sh.block
     shape = TransformerShape(
-        arch="qwen35", n_layer=n_layer, n_embd=sh.n_embd, n_vocab=sh.n_vocab, n_head=sh.n_head,
-        n_head_kv=(sh.n_head_kv,) * n_layer, head_k=sh.head_dim, head_v=sh.head_dim, n_ff=(sh.n_ff,) * n_layer,
+        arch="qwen35", n_layer=n_layer, n_embd=a.n_embd, n_vocab=a.n_vocab, n_head=a.n_head,
+        n_head_kv=(a.n_head_kv,) * n_layer, head_k=a.head_dim, head_v=a.head_dim, n_ff=(a.n_ff,) * n_layer,
         is_swa=(False,) * n_layer, n_pos=MROPE_SECTIONS,
     )  # fmt: skip
     b = Builder(shape, r)
@@ -63,18 +58,18 @@ class _Linear:
         self.n_embd_s = self.head_v * self.head_v * sh.n_v_heads
 
     def build(self) -> None:
-        b, sh, g = self.b, self.sh, self.g
-        inp_l = input_embeddings(g, sh.n_embd, sh.n_vocab, b.T)
+        b, sh, g, a = self.b, self.sh, self.g, self.sh.block
+        inp_l = input_embeddings(g, a.n_embd, a.n_vocab, b.T)
         out_ids = Graph.input((max(1, min(b.r.n_outputs, b.T)),), I32)
         for recr in sh.is_recr:
             cur = rms_norm(inp_l)
             g.expand(cur)
-            cur = self.layer(cur) if recr else gated_attention(b, cur, sh.n_head, sh.n_head_kv, sh.head_dim)
+            cur = self.layer(cur) if recr else gated_attention(b, cur, a.n_head, a.n_head_kv, a.head_dim)
             residual = Graph.like("add", cur, inp_l)
-            inp_l = Graph.like("add", gated_ffn(rms_norm(residual), sh.n_ff), residual)
+            inp_l = Graph.like("add", gated_ffn(rms_norm(residual), a.n_ff), residual)
         h_nextn = rms_norm(inp_l)
         embd = Graph.get_rows(h_nextn, out_ids)
-        logits = Graph.mul_mat(Graph.weight((sh.n_embd, sh.n_vocab)), embd)
+        logits = Graph.mul_mat(Graph.weight((a.n_embd, a.n_vocab)), embd)
         g.expand(logits)
         h_nextn.is_output = embd.is_output = logits.is_output = True  # llama-graph.cpp:1396-1408
 
@@ -99,7 +94,7 @@ class _Linear:
         """qwen35.cpp build_layer_attn_linear."""
         sh, b, nst, ns = self.sh, self.b, self.nst, self.n_seqs
         W = Graph.weight
-        E, nv, nk, hk, hv = sh.n_embd, sh.n_v_heads, sh.n_group, sh.d_state, self.head_v
+        E, nv, nk, hk, hv = sh.block.n_embd, sh.n_v_heads, sh.n_group, sh.d_state, self.head_v
         qkv = Graph.reshape(Graph.mul_mat(W((E, self.conv_ch)), cur), (self.conv_ch, nst, ns))
         z = Graph.mul_mat(W((E, sh.d_inner)), cur)
         beta = Graph.like("unary", Graph.reshape(Graph.mul_mat(W((E, nv)), cur), (1, nv, nst, ns)))

@@ -98,9 +98,12 @@ def _hybrid_shape(model: ModelInfo) -> HybridShape | None:
         need = ("attn_qkv", "attn_gate", "ssm_beta", "ssm_alpha") if hp.is_recr[il] else ("attn_q", "attn_k")
         if any(f"blk.{il}.{t}.weight" not in shapes for t in need) or f"blk.{il}.ffn_up.weight" not in shapes:
             return None
-    return HybridShape(
+    block = MtpShape(
         n_embd=hp.n_embd, n_vocab=hp.n_vocab, n_head=heads.pop(), n_head_kv=kv_heads.pop(), head_dim=hp.head_k,
-        n_ff=shapes["blk.0.ffn_up.weight"][1], is_recr=tuple(hp.is_recr[:n]), d_conv=hp.ssm_d_conv,
+        n_ff=shapes["blk.0.ffn_up.weight"][1],
+    )  # fmt: skip
+    return HybridShape(
+        block=block, is_recr=tuple(hp.is_recr[:n]), d_conv=hp.ssm_d_conv,
         d_inner=hp.ssm_d_inner, d_state=hp.ssm_d_state, n_group=hp.ssm_n_group, n_v_heads=hp.ssm_dt_rank,
     )  # fmt: skip
 
