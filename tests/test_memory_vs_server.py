@@ -119,7 +119,10 @@ def test_an_embedding_server_on_a_real_embedding_shape(
     assert {r.kind for r in rows} >= {"model", "kv", "compute", "output"}
     for r in rows:
         assert r.within, (r.kind, r.predicted / 2**20, r.actual_mib)
-        if r.kind == "compute":
+        if r.kind == "compute" and "--reranking" not in args:
+            # the trunk and the pooling graph replayed through ggml-alloc: equal to the log
+            assert abs(r.predicted / 2**20 - r.actual_mib) <= 0.006, (r.predicted / 2**20, r.actual_mib)
+        elif r.kind == "compute":
             assert r.predicted / 2**20 >= 0.98 * r.actual_mib, "compute under the server's by more than 2 %"
 
 

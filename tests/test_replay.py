@@ -12,7 +12,6 @@ from llamafit.argv import parse_server_args
 from llamafit.devices import Host, Machine
 from llamafit.fit import make_plan
 from llamafit.gguf.model import load_model
-from llamafit.memory.compute import compute_buffers
 from llamafit.memory.replay import recurrent_bytes, transformer_bytes
 from llamafit.request import build_request
 from llamafit.units import GiB
@@ -49,19 +48,14 @@ def test_other_graphs_keep_the_estimate(shapes: dict[str, Path], shape: str, arg
     assert transformer_bytes(model, cp, cp.n_outputs_max, fa) is None, why
 
 
-def test_an_embedding_server_keeps_the_estimate(shapes: dict[str, Path]) -> None:
-    """Every token an output and the pooling graph after the trunk: not the replayed graph."""
-    args = ["-c", "4096", "--embeddings", "--pooling", "mean"]
-    model = load_model(shapes["dense"])
-    plan = make_plan(
-        model, Machine((), Host(total=64 * GiB, available=64 * GiB)), build_request(parse_server_args(args))
-    )
-    fp = plan.footprint
-    kw = {"gpus": (), "n_outputs": fp.context.n_outputs_max, "fa": fp.flash_attn}
-    plain = compute_buffers(model, fp.context, fp.placement, **kw).per_buft["CPU"]  # type: ignore[arg-type]
-    pooled = compute_buffers(model, fp.context, fp.placement, embeddings=True, **kw).per_buft["CPU"]  # type: ignore[arg-type]
-    assert plain == transformer_bytes(model, fp.context, fp.context.n_outputs_max, fp.flash_attn)
-    assert pooled != plain
+def test_the_pooling_graph_follows_the_trunk(shapes: dict[str, Path]) -> None:
+    """Mean pooling adds a transposed copy of the embeddings (n_tokens x n_embd) and a n_tokens x n_seqs
+    input; a reranker's classification head is not replayed."""
+    model, cp, fa = _context(shapes["dense"], ["-c", "4096", "--embeddings"])
+    plain = transformer_bytes(model, cp, cp.n_outputs_max, fa)
+    mean = transformer_bytes(model, cp, cp.n_outputs_max, fa, "mean")
+    assert plain is not None and mean is not None and mean > plain
+    assert transformer_bytes(model, cp, cp.n_outputs_max, fa, "rank") is None
 
 
 def test_a_fused_qkv_keeps_the_estimate(tmp_path: Path) -> None:

@@ -46,6 +46,7 @@ def server_defaults(req: Request) -> LoadSettings:
         op_offload=req.op_offload,
         n_outputs_max=n_batch if pooled else max(1, min(req.n_batch, n_seq)),
         embeddings=req.embeddings,
+        pooling=req.pooling,
         split_mode=req.split_mode,
         main_gpu=req.main_gpu,
     )

@@ -106,6 +106,7 @@ class Hparams:
     compress_ratios: tuple[int, ...] = ()  # DeepSeek-V4 per-layer KV compression (4: CSA, 128: HCA)
     ssm_dt_rank: int = 0  # ssm.time_step_rank: Mamba-1's dt rank, Mamba-2's head count
     ssm_dt_b_c_rms: bool = False  # ssm.dt_b_c_rms: Falcon-Mamba's RMS norms on dt, B and C
+    pooling_type: int = 0  # {arch}.pooling_type: 0 none, 1 mean, 2 cls, 3 last, 4 rank
 
     @property
     def n_layer(self) -> int:
@@ -367,4 +368,5 @@ def resolve_hparams(kv: dict[str, Any], src: str) -> Hparams:
         compress_ratios=compress,
         ssm_dt_rank=g("ssm.time_step_rank"),
         ssm_dt_b_c_rms=bool(kv.get(f"{arch}.ssm.dt_b_c_rms", False)),
+        pooling_type=g("pooling_type"),
     )

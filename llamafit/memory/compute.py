@@ -32,7 +32,7 @@ from llamafit.gguf.model import ModelInfo
 from llamafit.memory import backends
 from llamafit.memory.context import ContextParams, attention_layers, per_layer_memory, recurrent_layers, swa_cells
 from llamafit.memory.placement import CPU, WeightPlacement
-from llamafit.memory.replay import recurrent_bytes, transformer_bytes
+from llamafit.memory.replay import pooling_kind, recurrent_bytes, transformer_bytes
 
 SMALL_INPUT_FLOATS = 10  # positions, token ids, output ids per token
 PP_COPIES = 4  # GGML_SCHED_MAX_COPIES (ggml-backend.cpp:911-912)
@@ -125,6 +125,7 @@ def compute_buffers(
     op_offload: bool = True,
     pipeline_parallel: bool = False,
     embeddings: bool = False,
+    pooling: str | None = None,
 ) -> ComputeEstimate:
     """Bytes of every compute buffer the pp reserve creates (``sched_reserve: ... compute buffer size``)."""
     hp = model.hparams
@@ -237,8 +238,10 @@ def compute_buffers(
         out[out_dev] = max(out.get(out_dev, 0), logits + U * 4 * SMALL_INPUT_FLOATS)
 
     devices_used = set(layer_dev[first : hp.n_layer_all + 1])
-    pooled = embeddings or hp.has_pooling  # build_pooling follows the trunk: a graph not replayed
-    whole = None if pooled or len(devices_used) != 1 or cpu_layers else transformer_bytes(model, cp, n_outputs, fa)
+    # build_pooling follows the trunk when the context makes embeddings (llama-graph.cpp:3797-3895)
+    pool = pooling_kind(pooling, hp.pooling_type) if embeddings else None
+    single = len(devices_used) == 1 and not cpu_layers
+    whole = transformer_bytes(model, cp, n_outputs, fa, pool) if single and pool != "rank" else None
     if whole is not None:
         # the whole graph on one backend, replayed through ggml-alloc (llamafit.memory.replay): exact
         out = {next(iter(devices_used)): whole}

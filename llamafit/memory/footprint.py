@@ -71,6 +71,7 @@ class LoadSettings:
     split_mode: str = "layer"
     main_gpu: int = 0
     embeddings: bool = False  # cparams.embeddings: the output buffer holds an embedding per output too
+    pooling: str | None = None  # --pooling (--reranking: rank); None: the model's own pooling type
     extract_hidden: int = 0  # target layer inputs a drafter reads (n_embd x n_batch floats each, output buffer)
 
 
@@ -163,7 +164,7 @@ def estimate(
     mem = memory_buffers(hp, cp, placement.layer_device)
     comp = compute_buffers(
         model, cp, placement, gpus=gpu_ids, n_outputs=cp.n_outputs_max, fa=fa, op_offload=s.op_offload,
-        pipeline_parallel=pp, embeddings=s.embeddings,
+        pipeline_parallel=pp, embeddings=s.embeddings, pooling=s.pooling,
     )  # fmt: skip
     out_bytes = output_buffer_bytes(hp, cp.n_outputs_max, cp.n_seq_max, embeddings=s.embeddings)
     out_bytes += 4 * hp.n_embd * cp.n_batch * s.extract_hidden

@@ -48,6 +48,7 @@ class Reserve:
     flash_attn: bool
     cache_esize: int = 2  # bytes per element of the K cache (F16 unless -ctk f32)
     n_rs_seq: int = 0  # recurrent-state snapshots kept for speculative rollback (hybrids)
+    pooling: str | None = None  # an embedding context's pooling ("none", "mean", "cls", "last"); None: not one
 
 
 def transformer_compute_bytes(shape: TransformerShape, r: Reserve, alignment: int = 32) -> int:
@@ -99,7 +100,7 @@ class Builder:
             if self.gemma:
                 cur = rms_norm(cur)
             inp_l = Graph.like("add", cur, ffn_inp)
-        output_head(g, inp_l, sh.n_vocab)
+        output_head(g, inp_l, sh.n_vocab, self.r.pooling, max(1, self.r.n_seqs))
         return g
 
     def attention(self, cur: Tensor, il: int) -> Tensor:

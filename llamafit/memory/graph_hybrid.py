@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from llamafit.memory.galloc import F32, I32, Graph, Tensor, buffer_size
 from llamafit.memory.graph_attention import Builder, Reserve, TransformerShape
 from llamafit.memory.graph_mtp import MROPE_SECTIONS, MtpShape, gated_attention
-from llamafit.memory.graph_trunk import gated_ffn, input_embeddings, rms_norm
+from llamafit.memory.graph_trunk import gated_ffn, input_embeddings, pool, rms_norm
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,7 @@ class _Linear:
         logits = Graph.mul_mat(Graph.weight((a.n_embd, a.n_vocab)), embd)
         g.expand(logits)
         h_nextn.is_output = embd.is_output = logits.is_output = True  # llama-graph.cpp:1396-1408
+        pool(g, embd, b.r.pooling, self.n_seqs)
 
     def build_rs(self, s: Tensor, state_size: int) -> Tensor:
         """llama-graph.cpp:3587-3626 without a custom getter: every state row gathered, the first n_seqs viewed."""

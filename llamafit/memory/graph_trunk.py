@@ -31,12 +31,30 @@ def input_embeddings(g: Graph, n_embd: int, n_vocab: int, n_tokens: int) -> Tens
     return rows
 
 
-def output_head(g: Graph, hidden: Tensor, n_vocab: int) -> None:
-    """The output norm and the logits, expanded last and marked as outputs (never freed or reused)."""
+def output_head(g: Graph, hidden: Tensor, n_vocab: int, pooling: str | None = None, n_seqs: int = 1) -> None:
+    """The output norm and the logits, expanded last and marked as outputs (never freed or reused), then
+    the pooling of an embedding context."""
     embd = rms_norm(hidden)
     logits = Graph.mul_mat(Graph.weight((hidden.ne[0], n_vocab)), embd)
     g.expand(logits)
     embd.is_output = logits.is_output = True
+    pool(g, embd, pooling, n_seqs)
+
+
+def pool(g: Graph, embd: Tensor, pooling: str | None, n_seqs: int) -> None:
+    """build_pooling (llama-graph.cpp:3797-3895) after the trunk of an embedding context: mean pooling
+    multiplies the transposed embeddings by a ``n_tokens x n_seqs`` input, cls and last gather a row per
+    sequence; the pooled embeddings are an output. ``None``: not an embedding context."""
+    if pooling is None or pooling == "none":
+        return
+    n_embd, n_tokens = embd.ne[0], embd.ne[1]
+    if pooling == "mean":
+        t = Graph.op("cont", (n_tokens, n_embd), Graph.transpose(embd))
+        out = Graph.op("mul_mat", (n_embd, n_seqs), t, Graph.input((n_tokens, n_seqs)))
+    else:  # cls, last
+        out = Graph.get_rows(embd, Graph.input((n_seqs,), I32))
+    g.expand(out)
+    out.is_output = True
 
 
 def gated_ffn(cur: Tensor, n_ff: int) -> Tensor:

@@ -20,6 +20,7 @@ from llamafit.memory.graph_trunk import Experts
 
 RECURRENT = ("mamba", "mamba2")
 Shape = TransformerShape | MlaShape | MtpShape | HybridShape
+POOLING = {1: "mean", 2: "cls", 3: "last", 4: "rank"}  # LLAMA_POOLING_TYPE_*
 # arch -> the sliding-window type its builder knows
 TRANSFORMER = {"llama": "none", "qwen3": "none", "qwen3moe": "none", "gemma3": "standard"}
 
@@ -45,7 +46,16 @@ def recurrent_bytes(model: ModelInfo, cp: ContextParams, n_outputs: int) -> int 
     )
 
 
-def transformer_bytes(model: ModelInfo, cp: ContextParams, n_outputs: int, fa: bool) -> int | None:
+def pooling_kind(requested: str | None, model_type: int) -> str:
+    """cparams.pooling_type: --pooling, else the model's own, else none (llama-context.cpp:218-223)."""
+    if requested is not None:
+        return requested
+    return POOLING.get(model_type, "none")
+
+
+def transformer_bytes(
+    model: ModelInfo, cp: ContextParams, n_outputs: int, fa: bool, pooling: str | None = None
+) -> int | None:
     """A transformer's graph on one backend (Llama, Qwen3, Qwen3-MoE, Gemma 3, MLA, a Qwen3.5 MTP head);
     None where the builders do not make llama.cpp's graph for this model and these settings."""
     shape: Shape | None = model.memo(("transformer_shape", cp.mtp), lambda: _shape(model, cp.mtp))
@@ -53,6 +63,8 @@ def transformer_bytes(model: ModelInfo, cp: ContextParams, n_outputs: int, fa: b
         return None  # an "auto" that resolved off keeps V untransposed: a graph the builder does not make
     if by_name(cp.type_k).quantized or by_name(cp.type_v).quantized:
         return None  # the caches' Hadamard rotation inputs (llama-kv-cache.cpp:321-351)
+    if pooling not in (None, "none", "mean", "cls", "last") or (pooling is not None and isinstance(shape, MtpShape)):
+        return None  # a reranker's classification head: other nodes
     n_tokens = min(cp.n_ctx, cp.n_ubatch)
     hp = model.hparams
     r = Reserve(
@@ -65,6 +77,7 @@ def transformer_bytes(model: ModelInfo, cp: ContextParams, n_outputs: int, fa: b
         flash_attn=fa,
         cache_esize=by_name(cp.type_k).size,  # not quantized here: one element per block
         n_rs_seq=cp.n_rs_seq if hp.supports_rs_rollback else 0,
+        pooling=pooling,
     )
     if isinstance(shape, MlaShape):
         return model.memo(("mla_bytes", r), lambda: mla_compute_bytes(shape, r))
@@ -135,7 +148,7 @@ def _transformer_shape(model: ModelInfo) -> TransformerShape | None:
         return None  # experts only where the builder routes them; qwen3moe always has them
     if isinstance(model.kv.get(f"{hp.arch}.expert_used_count"), list):
         return None  # a per-layer expert count
-    if not hp.causal or hp.has_pooling or len(set(hp.n_head)) != 1 or not hp.n_head[0]:
+    if not hp.causal or len(set(hp.n_head)) != 1 or not hp.n_head[0]:
         return None
     shapes = {t.name: t.info.shape for t in model.tensors}
     names = set(shapes)
