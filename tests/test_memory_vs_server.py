@@ -178,7 +178,7 @@ REPLAY_ARGS = [
     ["-c", "8192", "-np", "3", "-fa", "off", "-ub", "256"],
     ["-c", "6000", "-np", "2", "-kvu", "-fa", "off"],
 ]
-REPLAY_CASES = [(s, a) for s in ("dense", "qwen3", "gemma3", "moe", "mla", "hybrid") for a in REPLAY_ARGS]
+REPLAY_CASES = [(s, a) for s in ("dense", "qwen3", "gemma3", "moe", "mla", "hybrid", "glm4moe") for a in REPLAY_ARGS]
 
 
 @pytest.mark.parametrize(("shape", "args"), REPLAY_CASES, ids=[f"{s}:{' '.join(a)}" for s, a in REPLAY_CASES])

@@ -25,10 +25,10 @@ def _context(path: Path, args: list[str]):  # type: ignore[no-untyped-def]
     return model, plan.footprint.context, plan.footprint.flash_attn
 
 
-@pytest.mark.parametrize("shape", ["dense", "qwen3", "gemma3", "moe", "mla", "hybrid"])
+@pytest.mark.parametrize("shape", ["dense", "qwen3", "gemma3", "moe", "mla", "hybrid", "glm4moe"])
 @pytest.mark.parametrize("args", [["-c", "4096"], ["-c", "4096", "-fa", "off"], ["-c", "8192", "-np", "2"]])
 def test_the_replayed_graphs(shapes: dict[str, Path], shape: str, args: list[str]) -> None:
-    """Llama, Qwen3, Gemma 3, Qwen3-MoE, MLA and the Qwen3.5 hybrid."""
+    """Llama, Qwen3, Gemma 3, Qwen3-MoE, MLA, the Qwen3.5 hybrid and GLM-4.5."""
     model, cp, fa = _context(shapes[shape], args)
     assert transformer_bytes(model, cp, cp.n_outputs_max, fa) is not None
     assert recurrent_bytes(model, cp, cp.n_outputs_max) is None
@@ -38,7 +38,6 @@ def test_the_replayed_graphs(shapes: dict[str, Path], shape: str, args: list[str
     ("shape", "args", "why"),
     [
         ("dense", ["-c", "4096", "-ctk", "q8_0", "-ctv", "q8_0"], "quantized caches add rotation inputs"),
-        ("glm4moe", ["-c", "4096"], "an architecture without a builder"),
         ("dsa", ["-c", "4096"], "an architecture without a builder"),
         ("hybrid", ["-c", "4096", "-ctk", "q8_0"], "quantized caches add rotation inputs"),
     ],

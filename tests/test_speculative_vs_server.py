@@ -87,6 +87,7 @@ def test_ngram_mod_loads_with_no_device_cost(server_bin: ServerBinary, shapes: d
 SPEC_EXACT = [
     ("hybrid_mtp", ["-c", "4096", "-np", "2", "--spec-draft-n-max", "5"], "draft-mtp", ("target", "mtp")),
     ("hybrid_mtp", ["-c", "4096", "-np", "3", "-fa", "off"], "draft-mtp", ("target", "mtp")),
+    ("glm4moe", ["-c", "4096", "-np", "3", "-fa", "off"], "draft-mtp", ("target", "mtp")),
     ("dense", ["-c", "4096"], "ngram-simple", ("target",)),
     ("gemma3", ["-c", "8192", "-np", "2"], "ngram-mod", ("target",)),
 ]
@@ -100,8 +101,9 @@ def test_speculative_compute_is_the_allocator_replay(
 ) -> None:
     """The target's compute with its verification outputs and rollback snapshots, and the MTP head's own
     context, replayed through ggml-alloc: equal to the log (0.01 MiB). With the per-phase estimate the
-    Qwen3.5-style hybrid was 4 % under to 30 % over, its MTP head 8-9 % under, and the n-gram drafters'
-    verification logits were not in the target's compute (25-40 % under on an 8B shape)."""
+    Qwen3.5-style hybrid was 4 % under to 30 % over, its MTP head 8-9 % under, GLM-4.5's MTP head up to 5 %
+    over, and the n-gram drafters' verification logits were not in the target's compute (25-40 % under on
+    an 8B shape)."""
     p, log, _ = plan_and_load(server_bin, shapes[shape], args, spec=spec)
     for context in contexts:
         fp = p.footprint if context == "target" else p.draft_footprint

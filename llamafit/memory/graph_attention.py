@@ -23,7 +23,7 @@ from llamafit.memory.graph_trunk import Experts, gated_ffn, input_embeddings, mo
 
 @dataclass(frozen=True)
 class TransformerShape:
-    arch: str  # "llama" | "qwen3" | "qwen3moe" | "gemma3"
+    arch: str  # "llama" | "qwen3" | "qwen3moe" | "glm4moe" | "gemma3"
     n_layer: int
     n_embd: int
     n_vocab: int
@@ -33,8 +33,11 @@ class TransformerShape:
     head_v: int
     n_ff: tuple[int, ...]
     is_swa: tuple[bool, ...]
-    experts: Experts | None = None  # every layer's FFN is a mixture of experts (qwen3moe, Mixtral-style llama)
+    experts: Experts | None = None  # the FFN of the layers from n_dense_lead on is a mixture of experts
     n_pos: int = 1  # positions per token (4 with M-RoPE)
+    qk_norm: bool = False  # RMS norms on Q and K before RoPE (Qwen3, Gemma 3, GLM-4.5)
+    n_dense_lead: int = 0  # leading layers with a dense FFN (GLM-4.5)
+    n_ff_shexp: int = 0  # the shared expert's FFN beside the routed ones (GLM-4.5)
 
 
 @dataclass(frozen=True)
@@ -66,7 +69,6 @@ class Builder:
         self.T = -(-r.n_tokens // n_seqs) * n_seqs  # graph_reserve: a multiple of n_seqs
         self.ns = max(1, r.n_stream)
         self.gemma = sh.arch == "gemma3"
-        self.qk_norm = sh.arch in ("gemma3", "qwen3", "qwen3moe")
         v_rows = self.T if r.flash_attn else self.T * max(sh.n_head_kv) * sh.head_v
         mask = 2 if r.flash_attn else F32
         self.inputs = {
@@ -95,13 +97,20 @@ class Builder:
             if self.gemma:
                 cur = rms_norm(cur)
             ffn_inp = Graph.like("add", cur, inp_l)
-            cur = rms_norm(ffn_inp)
-            cur = moe_ffn(g, cur, sh.experts) if sh.experts else gated_ffn(cur, sh.n_ff[il])
+            cur = self.ffn(rms_norm(ffn_inp), il)
             if self.gemma:
                 cur = rms_norm(cur)
             inp_l = Graph.like("add", cur, ffn_inp)
         output_head(g, inp_l, sh.n_vocab, self.r.pooling, max(1, self.r.n_seqs))
         return g
+
+    def ffn(self, cur: Tensor, il: int) -> Tensor:
+        """A dense gated FFN, or the routed experts plus the shared expert (glm4-moe.cpp, deepseek2.cpp)."""
+        sh = self.sh
+        if sh.experts is None or il < sh.n_dense_lead:
+            return gated_ffn(cur, sh.n_ff[il])
+        routed = moe_ffn(self.g, cur, sh.experts)
+        return Graph.like("add", routed, gated_ffn(cur, sh.n_ff_shexp)) if sh.n_ff_shexp else routed
 
     def attention(self, cur: Tensor, il: int) -> Tensor:
         sh, T = self.sh, self.T
@@ -111,7 +120,7 @@ class Builder:
         q = Graph.reshape(Graph.mul_mat(W((sh.n_embd, hk * nh)), cur), (hk, nh, T))
         k = Graph.reshape(Graph.mul_mat(W((sh.n_embd, hk * n_kv_h)), cur), (hk, n_kv_h, T))
         v = Graph.reshape(Graph.mul_mat(W((sh.n_embd, hv * n_kv_h)), cur), (hv, n_kv_h, T))
-        if self.qk_norm:
+        if sh.qk_norm:
             q, k = rms_norm(q), rms_norm(k)
         q = Graph.like("rope", q, self.pos)
         k = Graph.like("rope", k, self.pos)

@@ -1,14 +1,16 @@
-"""The reserve graph of a Qwen3.5 MTP head (its own llama_context over the NextN block), node by node.
+"""The reserve graphs of MTP heads (their own llama_context over the NextN block), node by node.
 
-Mirrors ``src/models/qwen35.cpp:500-659`` (graph_mtp): the token rows and the trunk's hidden state,
-each normed, concatenated and projected (``eh_proj``); one full-attention block whose query carries a
-sigmoid gate (the gate is a view of the query projection, made contiguous only after the attention, so
-the projection stays alive through it); the FFN; the head norm (an output) and the logits of the
-output rows. The attention itself is the transformer replay's (``graph_attention.Builder.attend``).
+Mirrors ``src/models/qwen35.cpp:500-659`` and ``src/models/glm4-moe.cpp:132-290`` (graph_mtp): the
+token rows and the trunk's hidden state, each normed, concatenated and projected (``eh_proj``); one
+full-attention block whose query carries a sigmoid gate (Qwen3.5; the gate is a view of the query
+projection, made contiguous only after the attention, so the projection stays alive through it) or a
+plain one (GLM-4.5); the FFN (dense, or routed and shared experts); the head norm (an output) and the
+logits of the output rows. The attention itself is the transformer replay's (``graph_attention.Builder``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from llamafit.memory.galloc import F32, I32, Graph, Tensor, buffer_size
@@ -49,24 +51,51 @@ def gated_attention(b: Builder, cur: Tensor, nh: int, nkv: int, hd: int) -> Tens
 
 
 def mtp_compute_bytes(sh: MtpShape, r: Reserve, alignment: int = 32) -> int:
-    """The CPU compute buffer of the MTP context's pp reserve."""
+    """The CPU compute buffer of a Qwen3.5 MTP context's pp reserve."""
     E, hd, nh, nkv = sh.n_embd, sh.head_dim, sh.n_head, sh.n_head_kv
     shape = TransformerShape(
         arch="qwen35", n_layer=1, n_embd=E, n_vocab=sh.n_vocab, n_head=nh, n_head_kv=(nkv,), head_k=hd, head_v=hd,
         n_ff=(sh.n_ff,), is_swa=(False,), n_pos=MROPE_SECTIONS,
     )  # fmt: skip
     b = Builder(shape, r)
-    g, T = b.g, b.T
+
+    def block(inp_sa: Tensor) -> Tensor:
+        residual = Graph.like("add", gated_attention(b, rms_norm(inp_sa), nh, nkv, hd), inp_sa)
+        return Graph.like("add", gated_ffn(rms_norm(residual), sh.n_ff), residual)
+
+    return buffer_size(_nextn_graph(b, block), alignment)
+
+
+@dataclass(frozen=True)
+class NextnShape:
+    """GLM-4.5's NextN block (glm4-moe.cpp:132-290): a trunk layer (attention with ``wo``, routed and
+    shared experts) after the same projection of normed token rows and hidden states."""
+
+    block: TransformerShape  # one layer: the NextN block's widths and experts
+
+
+def nextn_compute_bytes(sh: NextnShape, r: Reserve, alignment: int = 32) -> int:
+    """The CPU compute buffer of a GLM-4.5 MTP context's pp reserve."""
+    b = Builder(sh.block, r)
+
+    def block(inp_sa: Tensor) -> Tensor:
+        ffn_inp = Graph.like("add", b.attention(rms_norm(inp_sa), 0), inp_sa)
+        return Graph.like("add", b.ffn(rms_norm(ffn_inp), 0), ffn_inp)
+
+    return buffer_size(_nextn_graph(b, block), alignment)
+
+
+def _nextn_graph(b: Builder, block: Callable[[Tensor], Tensor]) -> Graph:
+    """What the MTP graphs share: the token rows and the trunk's hidden state (inputs), each normed,
+    concatenated and projected (``eh_proj``); the block; the head norm (``t_h_nextn``, an output) and the
+    logits of the output rows."""
+    g, T, E, V = b.g, b.T, b.sh.n_embd, b.sh.n_vocab
     W = Graph.weight
-    tokens = Graph.get_rows(W((E, sh.n_vocab)), Graph.input((T,), I32))
+    tokens = Graph.get_rows(W((E, V)), Graph.input((T,), I32))
     concat = Graph.op("concat", (2 * E, T), rms_norm(tokens), rms_norm(Graph.input((E, T))))
-    inp_sa = Graph.mul_mat(W((2 * E, E)), concat)
-    cur = gated_attention(b, rms_norm(inp_sa), nh, nkv, hd)
-    residual = Graph.like("add", cur, inp_sa)
-    cur = Graph.like("add", gated_ffn(rms_norm(residual), sh.n_ff), residual)
-    h_nextn = rms_norm(cur)
-    out_ids = Graph.input((max(1, min(r.n_outputs, T)),), I32)
-    logits = Graph.mul_mat(W((E, sh.n_vocab)), Graph.get_rows(h_nextn, out_ids))
+    h_nextn = rms_norm(block(Graph.mul_mat(W((2 * E, E)), concat)))
+    out_ids = Graph.input((max(1, min(b.r.n_outputs, T)),), I32)
+    logits = Graph.mul_mat(W((E, V)), Graph.get_rows(h_nextn, out_ids))
     g.expand(logits)
     h_nextn.is_output = logits.is_output = True  # t_h_nextn and t_logits (llama-graph.cpp:1396-1408)
-    return buffer_size(g, alignment)
+    return g

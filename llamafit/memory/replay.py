@@ -8,6 +8,8 @@ inputs, pooling, MTP heads) keeps the per-phase estimate of ``llamafit.memory.co
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from llamafit.ggml import by_name
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory.context import ContextParams, swa_cells
@@ -15,14 +17,14 @@ from llamafit.memory.graph_attention import Reserve, TransformerShape, transform
 from llamafit.memory.graph_hybrid import HybridShape, hybrid_compute_bytes
 from llamafit.memory.graph_mamba import MambaShape, mamba_compute_bytes
 from llamafit.memory.graph_mla import MlaShape, mla_compute_bytes
-from llamafit.memory.graph_mtp import MtpShape, mtp_compute_bytes
+from llamafit.memory.graph_mtp import MROPE_SECTIONS, MtpShape, NextnShape, mtp_compute_bytes, nextn_compute_bytes
 from llamafit.memory.graph_trunk import Experts
 
 RECURRENT = ("mamba", "mamba2")
-Shape = TransformerShape | MlaShape | MtpShape | HybridShape
+Shape = TransformerShape | MlaShape | MtpShape | NextnShape | HybridShape
 POOLING = {1: "mean", 2: "cls", 3: "last", 4: "rank"}  # LLAMA_POOLING_TYPE_*
 # arch -> the sliding-window type its builder knows
-TRANSFORMER = {"llama": "none", "qwen3": "none", "qwen3moe": "none", "gemma3": "standard"}
+TRANSFORMER = {"llama": "none", "qwen3": "none", "qwen3moe": "none", "glm4moe": "none", "gemma3": "standard"}
 
 
 def recurrent_bytes(model: ModelInfo, cp: ContextParams, n_outputs: int) -> int | None:
@@ -83,6 +85,8 @@ def transformer_bytes(
         return model.memo(("mla_bytes", r), lambda: mla_compute_bytes(shape, r))
     if isinstance(shape, MtpShape):
         return model.memo(("mtp_bytes", r), lambda: mtp_compute_bytes(shape, r))
+    if isinstance(shape, NextnShape):
+        return model.memo(("nextn_bytes", r), lambda: nextn_compute_bytes(shape, r))
     if isinstance(shape, HybridShape):
         return model.memo(("hybrid_bytes", r), lambda: hybrid_compute_bytes(shape, r))
     return model.memo(("transformer_bytes", r), lambda: transformer_compute_bytes(shape, r))
@@ -91,10 +95,37 @@ def transformer_bytes(
 def _shape(model: ModelInfo, mtp: bool) -> Shape | None:
     arch = model.hparams.arch
     if mtp:
-        return _mtp_shape(model) if arch == "qwen35" else None
+        return _mtp_shape(model) if arch == "qwen35" else _nextn_shape(model) if arch == "glm4moe" else None
     if arch == "qwen35":
         return _hybrid_shape(model)
     return _mla_shape(model) if arch == "deepseek2" else _transformer_shape(model)
+
+
+def _nextn_shape(model: ModelInfo) -> NextnShape | None:
+    """GLM-4.5's one NextN block: the trunk's layer shape at the NextN layer's index."""
+    hp = model.hparams
+    trunk = _transformer_shape(model)
+    if trunk is None or hp.n_nextn != 1:
+        return None
+    shapes = {t.name: t.info.shape for t in model.tensors}
+    il = hp.n_layer
+    experts = _experts(model, shapes, il)
+    shexp = shapes.get(f"blk.{il}.ffn_up_shexp.weight")
+    if experts is None or f"blk.{il}.nextn.eh_proj.weight" not in shapes:
+        return None
+    return NextnShape(
+        replace(
+            trunk,
+            n_layer=1,
+            n_head_kv=(hp.n_head_kv[il],),
+            n_ff=(hp.n_ff[il],),
+            is_swa=(False,),
+            experts=experts,
+            qk_norm=f"blk.{il}.attn_q_norm.weight" in shapes,
+            n_dense_lead=0,
+            n_ff_shexp=shexp[1] if shexp else 0,
+        )
+    )
 
 
 def _hybrid_shape(model: ModelInfo) -> HybridShape | None:
@@ -142,33 +173,34 @@ def _mtp_shape(model: ModelInfo) -> MtpShape | None:
 
 def _transformer_shape(model: ModelInfo) -> TransformerShape | None:
     hp = model.hparams
-    if TRANSFORMER.get(hp.arch) != hp.swa_type or hp.n_nextn or hp.n_layer_kv_from_start >= 0:
+    if TRANSFORMER.get(hp.arch) != hp.swa_type or hp.n_layer_kv_from_start >= 0:
         return None
-    if bool(hp.n_expert) != (hp.arch == "qwen3moe") and hp.arch != "llama":
-        return None  # experts only where the builder routes them; qwen3moe always has them
+    if hp.n_nextn and hp.arch != "glm4moe":
+        return None  # glm4-moe.cpp leaves its NextN blocks to the MTP graph; other trunks are not known here
+    if bool(hp.n_expert) != (hp.arch in ("qwen3moe", "glm4moe")) and hp.arch != "llama":
+        return None  # experts only where the builder routes them
     if isinstance(model.kv.get(f"{hp.arch}.expert_used_count"), list):
         return None  # a per-layer expert count
     if not hp.causal or len(set(hp.n_head)) != 1 or not hp.n_head[0]:
         return None
     shapes = {t.name: t.info.shape for t in model.tensors}
     names = set(shapes)
-    up_exps = shapes.get("blk.0.ffn_up_exps.weight")
-    experts = None
-    if hp.n_expert:
-        if up_exps is None or len(up_exps) != 3:
-            return None  # fused gate/up experts: other nodes
-        # llama.cpp/qwen3moe.cpp: softmax routing, weights normalized, scaled by expert_weights_scale
-        scale = _num(model.kv.get(f"{hp.arch}.expert_weights_scale"))
-        experts = Experts(n_expert=up_exps[2], n_used=hp.n_expert_used, n_ff=up_exps[1], norm_w=True, scale=scale)
+    lead = hp.n_layer_dense_lead if hp.arch == "glm4moe" else 0
+    experts = _experts(model, shapes, hp.n_layer - 1) if hp.n_expert else None
+    if hp.n_expert and experts is None:
+        return None
+    shexp = shapes.get(f"blk.{hp.n_layer - 1}.ffn_up_shexp.weight")
     for il in range(hp.n_layer):
-        ffn = f"blk.{il}.ffn_up_exps.weight" if experts else f"blk.{il}.ffn_gate.weight"
+        ffn = f"blk.{il}.ffn_up_exps.weight" if experts and il >= lead else f"blk.{il}.ffn_gate.weight"
         need = {f"blk.{il}.attn_q.weight", f"blk.{il}.attn_k.weight", ffn}
-        if hp.arch != "llama":
+        if hp.arch in ("qwen3", "qwen3moe", "gemma3"):
             need |= {f"blk.{il}.attn_q_norm.weight", f"blk.{il}.attn_k_norm.weight"}
         if not need <= names or f"blk.{il}.attn_qkv.weight" in names:
             return None  # fused QKV or a non-gated FFN: other nodes
     if hp.arch == "gemma3" and (hp.head_k_swa != hp.head_k or hp.head_v_swa != hp.head_v):
         return None
+    sections = model.kv.get(f"{hp.arch}.rope.dimension_sections")
+    mrope = isinstance(sections, list) and any(isinstance(x, int) and x for x in sections)
     return TransformerShape(
         arch=hp.arch,
         n_layer=hp.n_layer,
@@ -181,6 +213,38 @@ def _transformer_shape(model: ModelInfo) -> TransformerShape | None:
         n_ff=tuple(hp.n_ff[: hp.n_layer]),
         is_swa=tuple(hp.is_swa[: hp.n_layer]),
         experts=experts,
+        n_pos=MROPE_SECTIONS if mrope else 1,
+        qk_norm="blk.0.attn_q_norm.weight" in names and "blk.0.attn_k_norm.weight" in names,
+        n_dense_lead=lead,
+        n_ff_shexp=shexp[1] if shexp is not None and hp.arch == "glm4moe" else 0,
+    )
+
+
+def _experts(model: ModelInfo, shapes: dict[str, tuple[int, ...]], il: int) -> Experts | None:
+    """The routing of one MoE layer (build_moe_ffn's arguments as each model passes them): Llama and
+    Qwen3-MoE softmax with normalized weights; DeepSeek-V2/V3 and GLM-4.5 from the header (gating
+    function, expert_weights_norm, expert_weights_scale) with the selection bias exp_probs_b."""
+    hp, kv = model.hparams, model.kv
+    up = shapes.get(f"blk.{il}.ffn_up_exps.weight")
+    if up is None or len(up) != 3 or f"blk.{il}.ffn_gate_up_exps.weight" in shapes:
+        return None  # fused gate/up experts: other nodes
+    scale = _num(kv.get(f"{hp.arch}.expert_weights_scale"))
+    if hp.arch in ("llama", "qwen3moe"):
+        return Experts(n_expert=up[2], n_used=hp.n_expert_used, n_ff=up[1], norm_w=True, scale=scale)
+    gating = int(_num(kv.get(f"{hp.arch}.expert_gating_func")))
+    if gating == 0:  # older GGUFs without the key: glm4-moe.cpp:16-18, deepseek2.cpp:23-31
+        old_glm_lite = hp.n_layer in (47, 48) and hp.n_vocab == 154880
+        gating = 2 if hp.arch == "glm4moe" or old_glm_lite else 1
+    if gating not in (1, 2):
+        return None
+    return Experts(
+        n_expert=up[2],
+        n_used=hp.n_expert_used,
+        n_ff=up[1],
+        sigmoid=gating == 2,
+        probs_bias=f"blk.{il}.exp_probs_b.bias" in shapes,
+        norm_w=bool(kv.get(f"{hp.arch}.expert_weights_norm", False)),
+        scale=scale,
     )
 
 
@@ -201,17 +265,12 @@ def _mla_shape(model: ModelInfo) -> MlaShape | None:
     if k_b is None or v_b is None or kv_a is None or len(k_b) != 3:
         return None
     q_a = shapes.get(f"blk.{il}.attn_q_a.weight")
-    up_exps = shapes.get(f"blk.{il}.ffn_up_exps.weight")
-    if up_exps is None or f"blk.{il}.ffn_gate_up_exps.weight" in shapes:
+    experts = _experts(model, shapes, il)
+    if experts is None:
         return None
     lead = hp.n_layer_dense_lead
     dense_up = shapes.get("blk.0.ffn_up.weight") if lead else None
     shexp = shapes.get(f"blk.{il}.ffn_up_shexp.weight")
-    gating = int(_num(kv.get(f"{hp.arch}.expert_gating_func")))
-    if gating == 0:  # deepseek2.cpp:23-31: older GGUFs without the key
-        gating = 2 if hp.n_layer in (47, 48) and hp.n_vocab == 154880 else 1
-    if gating not in (1, 2):
-        return None
     rank = k_b[1]
     return MlaShape(
         n_layer=hp.n_layer,
@@ -226,15 +285,7 @@ def _mla_shape(model: ModelInfo) -> MlaShape | None:
         n_dense_lead=lead,
         n_ff=dense_up[1] if dense_up is not None else 0,
         n_ff_shexp=shexp[1] if shexp is not None else 0,
-        experts=Experts(
-            n_expert=up_exps[2],
-            n_used=hp.n_expert_used,
-            n_ff=up_exps[1],
-            sigmoid=gating == 2,
-            probs_bias=f"blk.{il}.exp_probs_b.bias" in shapes,
-            norm_w=bool(kv.get(f"{hp.arch}.expert_weights_norm", False)),
-            scale=_num(kv.get(f"{hp.arch}.expert_weights_scale")),
-        ),
+        experts=experts,
     )
 
 
