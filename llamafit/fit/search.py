@@ -206,6 +206,29 @@ class Search:
             t = self.run(again, spec)
         return t
 
+    def grow(self, t: Trial, spec: SpecConfig) -> Trial:
+        """One more GPU layer at a time while the full estimate still fits. The packing prices every
+        card's compute buffer at the largest card's (the split decides which card gets the output
+        layer), which can leave a layer's room on the others; the estimate of the packed split knows
+        each card's own. The card with the most room left is tried first."""
+        n_units = self.model.hparams.n_layer_all + 1
+        while len(self.ids) > 1 and t.ok and t.settings.tensor_split and 0 < t.settings.n_gpu_layers < n_units:
+            s = t.settings
+            counts = list(s.tensor_split)
+            room = {i: self.usable[g] - t.total(g) for i, g in enumerate(self.ids)}
+            nxt: Trial | None = None
+            for i in sorted(room, key=lambda i: -room[i]):
+                more = [c + (1.0 if j == i else 0.0) for j, c in enumerate(counts)]
+                ngl = s.n_gpu_layers + 1
+                cand = self.run(replace(s, n_gpu_layers=ngl if ngl < n_units else -1, tensor_split=tuple(more)), spec)
+                if cand.ok:
+                    nxt = cand
+                    break
+            if nxt is None:
+                break
+            t = nxt
+        return t
+
     # -- context search --------------------------------------------------------------------------
 
     def max_ctx(self, lo: int, hi: int, attempt: Callable[[int], Trial | None]) -> Trial | None:
@@ -297,9 +320,17 @@ class Search:
             t = at(base, m, spec)(lo)
             a, b = (m, b) if t is not None and t.ok else (a, m)
         if a > 0:
-            r = self.max_ctx(lo, hi, at(base, a, spec))
+            packed = at(base, a, spec)(lo)
+            grown = self.grow(packed, spec) if packed is not None else None
+            if grown is not None and grown.settings != packed.settings:  # type: ignore[union-attr]
+                # the layers the exact estimate adds at the minimum context stay where it put them
+                split = grown.settings
+                r = self.max_ctx(lo, hi, lambda ctx: self.run(replace(split, n_ctx=ctx), spec))
+            else:
+                r = self.max_ctx(lo, hi, at(base, a, spec))
             if r is not None:
-                return r, messages.placement_partial(a, n_units, messages.where(r.settings, self.ids))
+                ngl = r.settings.n_gpu_layers if r.settings.n_gpu_layers >= 0 else n_units
+                return r, messages.placement_partial(ngl, n_units, messages.where(r.settings, self.ids))
         return None, None
 
     def refusal(self, base: LoadSettings, ctx: int, spec: SpecConfig) -> tuple[DoesNotFitError, Trial]:
