@@ -20,6 +20,8 @@ import argparse
 import contextlib
 import json
 import os
+import shlex
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -29,6 +31,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parent / "tests"))
 
 import factory  # noqa: E402
+import shapes  # noqa: E402
 from realserver import rpc_servers, run_argv  # noqa: E402
 
 from llamafit.logparse import LoadLog  # noqa: E402
@@ -116,6 +119,67 @@ def largest_that_fits(model: Path, srv: ServerBinary, budget: int, hi: int, dev:
     return lo_ok, loads
 
 
+# Packing against llama.cpp's own fit (issue #14 part 3): model, budgets per RPC device (MiB), settings
+PACKING = [
+    ("Llama-3.1-8B Q4_K (dense, partial offload)", factory.llama31_8b, (2048, 1536)),
+    ("Gemma-3-4B Q4_K (sliding window)", factory.gemma3_4b, (1536, 1024)),
+    ("Qwen3-30B-A3B Q4_K (MoE)", shapes.qwen3_30b_a3b, (4096, 4096)),
+    ("GLM-4.5-Air layers Q4_K (MoE, NextN)", shapes.glm45_air_cut, (3072, 2048)),
+]
+PACKING_ARGS = ["-c", "8192", "-np", "1", "--no-repack"]  # Q4_K repacked into RAM would count twice
+
+
+def host_weights(log: LoadLog, aliases: dict[str, str]) -> float:
+    """MiB of model weights the server logged in host buffers."""
+    m = log.model("target")
+    return sum(mib for buft, mib in (m.buffers if m else []) if not backends.is_device_buffer(aliases.get(buft, buft)))
+
+
+def packing(srv: ServerBinary, d: Path) -> list[dict[str, object]]:
+    """Weights left in host memory by llamafit's plan and by ``llama-fit-params`` (really fitting) over
+    the same two RPC devices with the same budgets (each device's free memory less a margin: ``--margin``
+    and ``-fitt``). Both answers are loaded by the real server: the weights in host buffers and each
+    device's buffers are read from its log, the device buffers held to the budgets."""
+    fitp = Path(srv.path).with_name("llama-fit-params")
+    if not fitp.exists() or not Path(srv.path).with_name("ggml-rpc-server").exists():
+        return []
+    rows: list[dict[str, object]] = []
+    with rpc_servers(srv, 2) as endpoints:
+        rpc = ",".join(endpoints)
+        for name, make, budgets in PACKING:
+            path = d / f"pack-{len(rows)}.gguf"
+            make().write(path)
+            probe = prepare(str(path), Options(server_args=PACKING_ARGS, server=srv.path, calibrate=False, spec="off",
+                                               rpc=[rpc], margin="0"))  # fmt: skip
+            free = [dev.usable // MiB for dev in probe.plan.devices]
+            margins = [f - b for f, b in zip(free, budgets, strict=True)]
+            margin = ",".join(f"RPC{i}={m}" for i, m in enumerate(margins))
+            ours = prepare(str(path), Options(server_args=PACKING_ARGS, server=srv.path, calibrate=False,
+                                              spec="off", rpc=[rpc], margin=margin))  # fmt: skip
+            r = subprocess.run([str(fitp), "-m", str(path), "--rpc", rpc, *PACKING_ARGS, "-fitt",
+                                ",".join(str(m) for m in margins)], capture_output=True, text=True, env=srv.env(),
+                               timeout=600)  # fmt: skip
+            fitted = shlex.split(r.stdout)  # it quotes -ot patterns for a shell
+            aliases = ours.plan.buffer_aliases
+            result: dict[str, object] = {"model": name, "budgets_mib": list(budgets), "llamafit_argv": ours.argv[1:],
+                                         "fit_params_args": fitted}  # fmt: skip
+            for who, argv in (
+                ("llamafit", ours.argv[1:]),
+                ("fit_params", ["-m", str(path), "--rpc", rpc, "-np", "1", "--no-repack", *fitted, "-fit", "off"]),
+            ):
+                log = run_argv(srv, argv, timeout=600)
+                on_dev = [logged_on(log, f"RPC{i}", aliases) for i in range(len(budgets))]
+                result[f"{who}_host_weights_gib"] = round(host_weights(log, aliases) / 1024, 2)
+                result[f"{who}_device_mib"] = [round(x, 1) for x in on_dev]
+                result[f"{who}_within_budgets"] = all(x <= b for x, b in zip(on_dev, budgets, strict=True))
+            rows.append(result)
+            print(f"{name:42} budgets {budgets}  host weights: llamafit {result['llamafit_host_weights_gib']:6.2f} GiB"
+                  f" (within budgets: {result['llamafit_within_budgets']})  llama-fit-params "
+                  f"{result['fit_params_host_weights_gib']:6.2f} GiB (within: {result['fit_params_within_budgets']})",
+                  flush=True)  # fmt: skip
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--server")
@@ -159,13 +223,20 @@ def main() -> None:
                     rows.append(row)
                     print(f"{name:14} {dev:5} budget {usable / MiB:9.1f} MiB  llamafit {ctx:6}  largest {best:6}  "
                           f"ratio {ratio:.4f}{'  OVER' if ratio > 1 else ''}", flush=True)  # fmt: skip
+    pack = packing(srv, d)
     ratios = [r["ratio"] for r in rows if r["largest_ctx"]]
     summary = {"min_ratio": min(ratios), "max_ratio": max(ratios), "cases": len(rows),
                "targets": {"min_ratio": 0.97, "max_ratio": 1.0}}  # fmt: skip
     print(f"\nratio min {summary['min_ratio']:.4f}  max {summary['max_ratio']:.4f}  (target >= 0.97, never > 1)")
     out = HERE / "results" / "fit_quality.json"
     out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
+    if pack:
+        worse = [p["model"] for p in pack if p["llamafit_host_weights_gib"] > p["fit_params_host_weights_gib"]]  # type: ignore[operator]
+        failed = [p["model"] for p in pack if not p["llamafit_within_budgets"]]
+        summary["packing"] = {"cases": len(pack), "llamafit_leaves_more_on_host": worse, "loads_over_budget": failed}
+        print(f"packing: llamafit leaves more weights in host memory than llama-fit-params in {len(worse)} of "
+              f"{len(pack)} cases; loads over budget: {len(failed)}")  # fmt: skip
+    out.write_text(json.dumps({"summary": summary, "rows": rows, "packing": pack}, indent=1))
     print(f"wrote {out.relative_to(HERE.parent)}")
 
 
