@@ -206,3 +206,20 @@ def test_more_devices_than_llama_cpp_splits_over(l8b: ModelInfo) -> None:
     assert any("at most 15" in w for w in p.warnings)
     with pytest.raises(UsageError, match="at most 15"):
         plan(l8b, [gpu(i, 2) for i in range(20)], ["-dev", ",".join(f"CUDA{i}" for i in range(16))])
+
+
+def test_a_partial_split_over_two_cards_is_as_full_as_the_estimate_allows(l8b: ModelInfo) -> None:
+    """Two small cards that cannot hold the model: after packing, layers are added one at a time while
+    the full estimate fits, so no card could take the next layer down (issue #14 part 3: never more
+    weights left on the CPU than llama.cpp's fit, which measures each card's own compute)."""
+    cards = [gpu(0, 3.0), gpu(1, 2.5)]
+    p = plan(l8b, cards, ["-c", "8192", "-np", "1"])
+    assert p.fits and p.decision("placement.partial")
+    ngl = p.settings.n_gpu_layers
+    split = [int(x) for x in p.settings.tensor_split]
+    assert sum(split) == ngl and all(d.use.total <= d.usable for d in p.devices)
+    for i in range(2):
+        more = [c + (1 if j == i else 0) for j, c in enumerate(split)]
+        ts = ",".join(str(c) for c in more)
+        with pytest.raises(DoesNotFitError, match=f"CUDA{i} needs"):  # card {i} could not take one more layer
+            plan(l8b, cards, ["-c", "8192", "-np", "1", "-ngl", str(ngl + 1), "-ts", ts])
