@@ -223,3 +223,31 @@ def test_a_partial_split_over_two_cards_is_as_full_as_the_estimate_allows(l8b: M
         ts = ",".join(str(c) for c in more)
         with pytest.raises(DoesNotFitError, match=f"CUDA{i} needs"):  # card {i} could not take one more layer
             plan(l8b, cards, ["-c", "8192", "-np", "1", "-ngl", str(ngl + 1), "-ts", ts])
+
+
+def test_expert_layers_come_back_to_the_gpus_while_the_estimate_fits(tmp_path: Path) -> None:
+    """GLM-4.5-Air's layer dimensions on 10 + 4 GiB cards: after packing, one layer's experts at a time
+    come back from the CPU (the split as packed or one layer moved between the cards) while the plan
+    fits; packing alone kept the experts of 4 layers on the CPU (4.8 GiB), now 3 (3.3 GiB)."""
+    shape = factory.glm4moe(name="GLM-4.5-Air layers, 8 deep (shape)", n_layer=8, n_nextn=1, n_embd=4096, n_head=96,
+                            n_head_kv=8, head_dim=128, n_ff=10944, n_dense_lead=1, n_expert=128, n_expert_used=8,
+                            n_ff_exp=1408, n_vocab=151552, ctx=131072, w="q4_K")  # fmt: skip
+    air = load_model(shape.write(tmp_path / "air.gguf"))
+    cards = [gpu(0, 10), gpu(1, 4)]
+    p = plan(air, cards, ["-c", "8192", "-np", "1"])
+    k = len(p.settings.overrides)
+    assert p.fits and p.decision("placement.cpu_moe") and 0 < k < 4
+    split = [int(x) for x in p.settings.tensor_split]
+    tries = [split] + [
+        [c + (1 if x == i else -1 if x == j else 0) for x, c in enumerate(split)]
+        for i in range(2)
+        for j in range(2)
+        if i != j
+    ]
+    for ts in tries:
+        with pytest.raises(DoesNotFitError):  # one more layer's experts on the GPUs does not fit
+            plan(
+                air,
+                cards,
+                ["-c", "8192", "-np", "1", "-ngl", "all", "-ts", ",".join(map(str, ts)), "--n-cpu-moe", str(k - 1)],
+            )

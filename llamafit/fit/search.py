@@ -229,6 +229,25 @@ class Search:
             t = nxt
         return t
 
+    def fewer_experts_on_cpu(self, t: Trial, k: int, spec: SpecConfig) -> tuple[Trial, int]:
+        """With the experts of the first ``k`` layers on the CPU: one layer's experts back to the GPUs at
+        a time while the full estimate fits, the split as packed or with one layer moved between two
+        cards (the packing's per-card budgets are conservative, see ``grow``)."""
+        while k > 0:
+            s = replace(t.settings, overrides=n_cpu_moe_overrides(k - 1))
+            cands = [s]
+            counts = list(s.tensor_split)
+            for i in range(len(counts)):
+                for j in range(len(counts)):
+                    if i != j and counts[j] > 1:
+                        moved = [c + (1.0 if x == i else -1.0 if x == j else 0.0) for x, c in enumerate(counts)]
+                        cands.append(replace(s, tensor_split=tuple(moved)))
+            nxt = next((c for c in (self.run(x, spec) for x in cands) if c.ok), None)
+            if nxt is None:
+                break
+            t, k = nxt, k - 1
+        return t, k
+
     # -- context search --------------------------------------------------------------------------
 
     def max_ctx(self, lo: int, hi: int, attempt: Callable[[int], Trial | None]) -> Trial | None:
@@ -310,9 +329,14 @@ class Search:
                     a, b = (a, m) if gpus_hold(m) else (m, b)
             t = at(with_experts_on_cpu(b), n_units, spec)(lo) if a < b else None
             if t is not None and t.ok:
-                r = self.max_ctx(lo, hi, at(with_experts_on_cpu(b), n_units, spec))
+                refined, k = self.fewer_experts_on_cpu(t, b, spec)
+                if k < b:  # the split the exact estimate found at the minimum context stays
+                    split = refined.settings
+                    r = self.max_ctx(lo, hi, lambda ctx: self.run(replace(split, n_ctx=ctx), spec))
+                else:
+                    r = self.max_ctx(lo, hi, at(with_experts_on_cpu(b), n_units, spec))
                 if r is not None:
-                    return r, messages.placement_cpu_moe(b, hp.n_layer)
+                    return r, messages.placement_cpu_moe(k, hp.n_layer)
         # fewer GPU layers: the largest -ngl that fits at the minimum context
         a, b = 0, n_units
         while b - a > 1:
