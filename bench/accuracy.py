@@ -65,6 +65,7 @@ def build_files(d: Path, quick: bool) -> dict[str, Path]:
     w("gemma3_4b", factory.gemma3_4b())
     w("qwen3_8b", factory.qwen3_8b())
     w("qwen3_06b", factory.qwen3_0_6b())
+    w("eagle3", factory.eagle3())
     w("hybrid", shapes.hybrid_like())
     w("hybrid_mtp", shapes.hybrid_mtp_like())
     w("mamba", shapes.mamba_130m())
@@ -95,9 +96,13 @@ def cases(quick: bool) -> list[Case]:
         Case("MLA: V2-Lite-like", "mla", [*NR, "-c", "8192"]),
         Case("MLA: V2-Lite-like", "mla", [*NR, "-c", "16384", "-np", "1"]),
         Case("MLA: V2-Lite-like", "mla", [*NR, "-c", "8192", "-fa", "off", "-ub", "256"]),
+        Case("MLA: V2-Lite-like", "mla", [*NR, "-c", "2048", "-fa", "off", "-ub", "128"]),
         Case("hybrid recurrent: Qwen3.5-style", "hybrid", ["-c", "16384"]),
         Case("hybrid recurrent: Qwen3.5-style", "hybrid", ["-c", "8192", "-np", "2", "-no-kvu"]),
+        Case("hybrid recurrent: Qwen3.5-style", "hybrid", ["-c", "8192", "-fa", "off"]),
         Case("MTP head: Qwen3.5-style + NextN", "hybrid_mtp", ["-c", "8192"], spec="draft-mtp"),
+        Case("MTP head: Qwen3.5-style + NextN", "hybrid_mtp", ["-c", "8192", "-np", "2"], spec="draft-mtp"),
+        Case("MTP head: Qwen3.5-style + NextN", "hybrid_mtp", ["-c", "4096", "-fa", "off"], spec="draft-mtp"),
         Case("pure recurrent: Mamba-130M", "mamba", ["-c", "4096", "-np", "4"]),
         Case("pure recurrent: Mamba-Codestral-7B (Mamba-2)", "mamba2", [*NR, "-c", "4096", "-np", "4"]),
         Case("pure recurrent: Mamba-Codestral-7B (Mamba-2)", "mamba2", [*NR, "-c", "4096", "-np", "1", "-ub", "256"]),
@@ -105,6 +110,9 @@ def cases(quick: bool) -> list[Case]:
         Case(
             "draft pair: Qwen3-8B + Qwen3-0.6B", "qwen3_8b", [*NR, "-c", "8192"], spec="draft-simple", draft="qwen3_06b"
         ),
+        Case("EAGLE3: Qwen3-8B + an EAGLE3 head", "qwen3_8b", [*NR, "-c", "8192"], spec="draft-eagle3", draft="eagle3"),
+        Case("n-gram drafting: Qwen3-8B", "qwen3_8b", [*NR, "-c", "8192"], spec="ngram-simple"),
+        Case("n-gram drafting: Qwen3-8B", "qwen3_8b", [*NR, "-c", "8192", "-np", "2"], spec="ngram-mod"),
         Case("split model: Llama-3.1-8B in 3 shards", "llama8b_split", [*NR, "-c", "8192"]),
         Case(
             "embedding: Qwen3-Embedding-0.6B shape",
@@ -115,6 +123,7 @@ def cases(quick: bool) -> list[Case]:
     if not quick:
         cs += [
             Case("MoE: Qwen3-30B-A3B", "qwen3_30b_a3b", [*NR, "-c", "8192"]),
+            Case("MoE: Qwen3-30B-A3B", "qwen3_30b_a3b", [*NR, "-c", "8192", "-np", "3", "-fa", "off"]),
             Case("MoE + MTP: GLM-4.5-Air layers", "glm45_air_cut", [*NR, "-c", "8192"], spec="draft-mtp"),
             Case("MoE + MTP: GLM-4.5-Air layers", "glm45_air_cut", [*NR, "-c", "16384", "-np", "1"]),
         ]

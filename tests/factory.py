@@ -565,6 +565,49 @@ def gemma3_4b(w: str = "q4_K") -> Shape:
                   n_ff=10240, n_vocab=262144, ctx=131072, sliding_window=1024, w=w)  # fmt: skip
 
 
+def eagle3(
+    *,
+    n_embd: int = 4096,
+    n_target: int = 4096,
+    n_head: int = 32,
+    n_head_kv: int = 8,
+    head_dim: int = 128,
+    n_ff: int = 12288,
+    n_vocab: int = 151936,
+    target_layers: tuple[int, int, int] = (2, 18, 33),
+    w: str = "q8_0",
+) -> Shape:
+    """An EAGLE3 drafter (src/models/eagle3.cpp load_arch_tensors): the fused target features' projection
+    (fc), one block whose attention reads the doubled input (token rows and hidden state), its own head;
+    the target's token embeddings. Defaults: the shape of an EAGLE3 head for Qwen3-8B."""
+    arch = "eagle3"
+    kv = _base_kv(arch, "eagle3 (shape)", 1, n_embd, 40960, n_vocab)
+    kv.update({
+        f"{arch}.feed_forward_length": n_ff,
+        f"{arch}.attention.head_count": n_head,
+        f"{arch}.attention.head_count_kv": n_head_kv,
+        f"{arch}.target_layers": list(target_layers),
+        f"{arch}.target_hidden_size": n_target,
+    })  # fmt: skip
+    q, k = n_head * head_dim, n_head_kv * head_dim
+    ts = [
+        TensorSpec("fc.weight", (3 * n_target, n_embd), w),
+        TensorSpec("output_norm.weight", (n_embd,)),
+        TensorSpec("output.weight", (n_embd, n_vocab), w),
+        TensorSpec("blk.0.attn_norm.weight", (n_embd,)),
+        TensorSpec("blk.0.attn_norm_2.weight", (n_embd,)),
+        TensorSpec("blk.0.attn_q.weight", (2 * n_embd, q), w),
+        TensorSpec("blk.0.attn_k.weight", (2 * n_embd, k), w),
+        TensorSpec("blk.0.attn_v.weight", (2 * n_embd, k), w),
+        TensorSpec("blk.0.attn_output.weight", (q, n_embd), w),
+        TensorSpec("blk.0.ffn_norm.weight", (n_embd,)),
+        TensorSpec("blk.0.ffn_gate.weight", (n_embd, n_ff), w),
+        TensorSpec("blk.0.ffn_down.weight", (n_ff, n_embd), w),
+        TensorSpec("blk.0.ffn_up.weight", (n_embd, n_ff), w),
+    ]
+    return Shape(arch, kv, ts)
+
+
 def qwen3_0_6b(w: str = "q8_0") -> Shape:
     """Qwen/Qwen3-0.6B: 28 layers, 1024 embd, 16 heads, 8 KV heads (head 128), 3072 FFN, tied embeddings."""
     return dense(arch="qwen3", name="Qwen3-0.6B (shape)", n_layer=28, n_embd=1024, n_head=16, n_head_kv=8,

@@ -115,3 +115,18 @@ def test_speculative_compute_is_the_allocator_replay(
             rows[0].predicted / MiB,
             rows[0].actual_mib,
         )
+
+
+@pytest.mark.parametrize("args", [["-c", "8192", "-nr"], ["-c", "8192", "-np", "2", "-fa", "off", "-nr"]])
+def test_an_eagle3_drafter_for_a_real_8b_shape(server_bin: ServerBinary, tmp_path: Path, args: list[str]) -> None:
+    """EAGLE3 for Qwen3-8B's shape: the drafter's context computes the logits of every token and the server
+    samples them on the backend (a padded copy of the logits): its compute was priced at 120 MiB, the
+    server's is 610 MiB; replayed, equal to the log."""
+    target = factory.qwen3_8b().write(tmp_path / "Qwen3-8B-Q4_K_M.gguf")
+    draft = factory.eagle3().write(tmp_path / "eagle3-Qwen3-8B-Q8_0.gguf")
+    p, log, argv = plan_and_load(server_bin, target, args, spec="draft-eagle3", draft=str(draft))
+    assert argv[argv.index("--spec-type") + 1] == "draft-eagle3"
+    assert_matches(p, log, "target")
+    rows = [r for r in assert_matches(p, log, "draft") if r.kind == "compute"]
+    assert len(rows) == 1 and rows[0].actual_mib is not None
+    assert abs(rows[0].predicted / MiB - rows[0].actual_mib) <= 0.006, (rows[0].predicted / MiB, rows[0].actual_mib)

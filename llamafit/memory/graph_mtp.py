@@ -99,3 +99,27 @@ def _nextn_graph(b: Builder, block: Callable[[Tensor], Tensor]) -> Graph:
     g.expand(logits)
     h_nextn.is_output = logits.is_output = True  # t_h_nextn and t_logits (llama-graph.cpp:1396-1408)
     return g
+
+
+def eagle3_compute_bytes(sh: TransformerShape, r: Reserve, alignment: int = 32) -> int:
+    """The CPU compute buffer of an EAGLE3 drafter's context (``src/models/eagle3.cpp:152-326``, the
+    decoder graph the context reserves): the target's token rows and the fused target features (an
+    input), each normed and concatenated into the attention's input; one block; the block's output is
+    ``t_h_nextn`` and the logits of every token follow (the graph has no output-row selection)."""
+    b = Builder(sh, r)
+    g, T, E, V = b.g, b.T, sh.n_embd, sh.n_vocab
+    W = Graph.weight
+    tokens = Graph.input((T,), I32)
+    inp_g = Graph.input((E, T))
+    embd_norm = rms_norm(Graph.get_rows(W((E, V)), tokens))
+    concat = Graph.op("concat", (2 * E, T), embd_norm, rms_norm(inp_g))
+    ffn_inp = Graph.like("add", b.attention(concat, 0), inp_g)
+    h = Graph.like("add", gated_ffn(rms_norm(ffn_inp), sh.n_ff[0]), ffn_inp)
+    logits = Graph.mul_mat(W((E, V)), rms_norm(h))
+    g.expand(logits)
+    # the server samples the draft on the backend: build_sampling pads the logits by a row first
+    # (llama-graph.cpp build_sampling: ggml_pad(t_logits, 0, 1)), then one sampler per sequence reads a view
+    padded = Graph.op("pad", (V, T + 1), logits)
+    g.expand(Graph.op("argmax", (1,), Graph.view(padded, (V,)), esize=I32))
+    h.is_output = logits.is_output = True  # ggml_set_output(t_h_nextn), t_logits
+    return buffer_size(g, alignment)

@@ -17,7 +17,14 @@ from llamafit.memory.graph_attention import Reserve, TransformerShape, transform
 from llamafit.memory.graph_hybrid import HybridShape, hybrid_compute_bytes
 from llamafit.memory.graph_mamba import MambaShape, mamba_compute_bytes
 from llamafit.memory.graph_mla import MlaShape, mla_compute_bytes
-from llamafit.memory.graph_mtp import MROPE_SECTIONS, MtpShape, NextnShape, mtp_compute_bytes, nextn_compute_bytes
+from llamafit.memory.graph_mtp import (
+    MROPE_SECTIONS,
+    MtpShape,
+    NextnShape,
+    eagle3_compute_bytes,
+    mtp_compute_bytes,
+    nextn_compute_bytes,
+)
 from llamafit.memory.graph_trunk import Experts
 
 RECURRENT = ("mamba", "mamba2")
@@ -89,6 +96,8 @@ def transformer_bytes(
         return model.memo(("nextn_bytes", r), lambda: nextn_compute_bytes(shape, r))
     if isinstance(shape, HybridShape):
         return model.memo(("hybrid_bytes", r), lambda: hybrid_compute_bytes(shape, r))
+    if shape.arch == "eagle3":
+        return model.memo(("eagle3_bytes", r), lambda: eagle3_compute_bytes(shape, r))
     return model.memo(("transformer_bytes", r), lambda: transformer_compute_bytes(shape, r))
 
 
@@ -98,7 +107,23 @@ def _shape(model: ModelInfo, mtp: bool) -> Shape | None:
         return _mtp_shape(model) if arch == "qwen35" else _nextn_shape(model) if arch == "glm4moe" else None
     if arch == "qwen35":
         return _hybrid_shape(model)
+    if arch == "eagle3":
+        return _eagle3_shape(model)
     return _mla_shape(model) if arch == "deepseek2" else _transformer_shape(model)
+
+
+def _eagle3_shape(model: ModelInfo) -> TransformerShape | None:
+    """An EAGLE3 drafter's one block (separate Q/K/V over the doubled input, a gated FFN), without the
+    draft-to-target vocabulary map (d2t: a filled logits tensor and a set_rows, not replayed)."""
+    hp = model.hparams
+    names = {t.name for t in model.tensors}
+    need = {"blk.0.attn_q.weight", "blk.0.attn_k.weight", "blk.0.attn_v.weight", "blk.0.ffn_gate.weight"}
+    if hp.n_layer != 1 or "d2t" in names or not need <= names or not hp.n_head[0]:
+        return None
+    return TransformerShape(
+        arch="eagle3", n_layer=1, n_embd=hp.n_embd, n_vocab=hp.n_vocab, n_head=hp.n_head[0],
+        n_head_kv=(hp.n_head_kv[0],), head_k=hp.head_k, head_v=hp.head_v, n_ff=(hp.n_ff[0],), is_swa=(False,),
+    )  # fmt: skip
 
 
 def _nextn_shape(model: ModelInfo) -> NextnShape | None:
