@@ -36,8 +36,9 @@ from realserver import rpc_servers, run_argv  # noqa: E402
 
 from llamafit.logparse import LoadLog  # noqa: E402
 from llamafit.memory import backends  # noqa: E402
+from llamafit.memory.placement import CPU  # noqa: E402
 from llamafit.options import Options  # noqa: E402
-from llamafit.prepare import prepare  # noqa: E402
+from llamafit.prepare import Prepared, prepare  # noqa: E402
 from llamafit.server import ServerBinary, find_server  # noqa: E402
 from llamafit.units import MiB  # noqa: E402
 
@@ -129,10 +130,11 @@ PACKING = [
 PACKING_ARGS = ["-c", "8192", "-np", "1", "--no-repack"]  # Q4_K repacked into RAM would count twice
 
 
-def host_weights(log: LoadLog, aliases: dict[str, str]) -> float:
-    """MiB of model weights the server logged in host buffers."""
-    m = log.model("target")
-    return sum(mib for buft, mib in (m.buffers if m else []) if not backends.is_device_buffer(aliases.get(buft, buft)))
+def host_weights(p: Prepared) -> float:
+    """GiB of weight tensors the load keeps in host memory (llamafit's placement of that argv, exact to
+    the server's buffers; the logged CPU_Mapped size is the mapped file range, which spans device
+    tensors lying between host ones)."""
+    return sum(t.tensor.info.nbytes for t in p.plan.footprint.placement.tensors if t.device == CPU) / 2**30
 
 
 def packing(srv: ServerBinary, d: Path) -> list[dict[str, object]]:
@@ -163,13 +165,13 @@ def packing(srv: ServerBinary, d: Path) -> list[dict[str, object]]:
             aliases = ours.plan.buffer_aliases
             result: dict[str, object] = {"model": name, "budgets_mib": list(budgets), "llamafit_argv": ours.argv[1:],
                                          "fit_params_args": fitted}  # fmt: skip
-            for who, argv in (
-                ("llamafit", ours.argv[1:]),
-                ("fit_params", ["-m", str(path), "--rpc", rpc, "-np", "1", "--no-repack", *fitted, "-fit", "off"]),
-            ):
-                log = run_argv(srv, argv, timeout=600)
+            their_args = ["-np", "1", "--no-repack", *fitted, "-fit", "off"]
+            theirs = prepare(str(path), Options(server_args=their_args, server=srv.path, calibrate=False, spec="off",
+                                                rpc=[rpc], margin="0"))  # fmt: skip
+            for who, prep in (("llamafit", ours), ("fit_params", theirs)):
+                log = run_argv(srv, prep.argv[1:], timeout=600)
                 on_dev = [logged_on(log, f"RPC{i}", aliases) for i in range(len(budgets))]
-                result[f"{who}_host_weights_gib"] = round(host_weights(log, aliases) / 1024, 2)
+                result[f"{who}_host_weights_gib"] = round(host_weights(prep), 2)
                 result[f"{who}_device_mib"] = [round(x, 1) for x in on_dev]
                 result[f"{who}_within_budgets"] = all(x <= b for x, b in zip(on_dev, budgets, strict=True))
             rows.append(result)
