@@ -219,3 +219,24 @@ def test_a_real_gemma3_4b_shape_without_flash_attention(server_bin: ServerBinary
     rows = [r for r in compare(plan.footprint, load_log(server_bin, model, args)) if r.kind == "compute"]
     assert len(rows) == 1 and rows[0].actual_mib is not None
     assert abs(rows[0].predicted / 2**20 - rows[0].actual_mib) <= 0.006, (rows[0].predicted / 2**20, rows[0].actual_mib)
+
+
+QUANTIZED = [
+    ["-c", "4096", "-ctk", "q8_0", "-ctv", "q8_0", "-np", "3", "-no-kvu"],
+    ["-c", "4096", "-ctk", "q4_0", "-fa", "off"],
+]
+QUANTIZED_CASES = [(s, a) for s in ("dense", "gemma3", "moe", "glm4moe") for a in QUANTIZED]
+
+
+@pytest.mark.parametrize(("shape", "args"), QUANTIZED_CASES, ids=[f"{s}:{' '.join(a)}" for s, a in QUANTIZED_CASES])
+def test_quantized_caches_with_their_rotations_are_replayed(
+    server_bin: ServerBinary, shapes: dict[str, Path], shape: str, args: list[str]
+) -> None:
+    """A quantized K (and V) cache adds Hadamard rotations of Q, K, V and the attention output, with
+    their rotation matrices as inputs (llama-kv-cache.cpp:321-351, llama-impl.h:57-75): replayed, the
+    compute buffer is equal to the log."""
+    model = shapes[shape]
+    plan = _plan_for(model, args)
+    rows = [r for r in compare(plan.footprint, load_log(server_bin, model, args)) if r.kind == "compute"]
+    assert len(rows) == 1 and rows[0].actual_mib is not None
+    assert abs(rows[0].predicted / 2**20 - rows[0].actual_mib) <= 0.006, (rows[0].predicted / 2**20, rows[0].actual_mib)

@@ -52,6 +52,8 @@ class Reserve:
     cache_esize: int = 2  # bytes per element of the K cache (F16 unless -ctk f32)
     n_rs_seq: int = 0  # recurrent-state snapshots kept for speculative rollback (hybrids)
     pooling: str | None = None  # an embedding context's pooling ("none", "mean", "cls", "last"); None: not one
+    rot_k: int = 0  # Hadamard rotation size for a quantized K cache (llama-kv-cache.cpp:321-348), 0: none
+    rot_v: int = 0  # the same for a quantized V cache
 
 
 def transformer_compute_bytes(shape: TransformerShape, r: Reserve, alignment: int = 32) -> int:
@@ -76,6 +78,8 @@ class Builder:
                 "k_idxs": Graph.input((self.T,), I64),
                 "v_idxs": Graph.input((v_rows,), I64),
                 "mask": Graph.input((n_kv, self.T // self.ns, 1, self.ns), mask),
+                "k_rot": Graph.input((r.rot_k, r.rot_k)),
+                "v_rot": Graph.input((r.rot_v, r.rot_v)),
             }
             for kind, n_kv in (("full", r.n_kv), ("swa", r.n_kv_swa))
         }
@@ -138,6 +142,10 @@ class Builder:
         hk, n_kv_h, hv, nh = k.ne[0], k.ne[1], v.ne[0], q.ne[1]
         inp = self.inputs[kind]
         n_kv = r.n_kv_swa if kind == "swa" else r.n_kv
+        if r.rot_k:
+            q, k = _hadamard(q, inp["k_rot"]), _hadamard(k, inp["k_rot"])
+        if r.rot_v:
+            v = _hadamard(v, inp["v_rot"])
         for t in (q, k, v) if two_caches else (q, v, k):
             g.expand(t)
         k_cache = W((hk * n_kv_h, n_kv * ns))
@@ -166,4 +174,12 @@ class Builder:
             perm = Graph.view(kqv, (hv, nh, T // ns, ns), (kqv.nb[2], kqv.nb[1], kqv.nb[3]))
             cur = Graph.op("cont", (hv * nh, T), perm)
         g.expand(cur)
-        return cur
+        return _hadamard(cur, inp["v_rot"]) if r.rot_v else cur
+
+
+def _hadamard(x: Tensor, rot: Tensor) -> Tensor:
+    """llama_mul_mat_hadamard (src/llama-impl.h:57-75): rows of the rotation's size times the rotation
+    (an input), reshaped back. The tensors it rotates here are contiguous."""
+    n = rot.ne[0]
+    total = x.ne[0] * x.ne[1] * x.ne[2] * x.ne[3]
+    return Graph.reshape(Graph.mul_mat(rot, Graph.reshape(x, (n, total // n))), x.ne)

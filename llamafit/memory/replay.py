@@ -70,8 +70,9 @@ def transformer_bytes(
     shape: Shape | None = model.memo(("transformer_shape", cp.mtp), lambda: _shape(model, cp.mtp))
     if shape is None or cp.v_trans == fa or not cp.offload_kqv:
         return None  # an "auto" that resolved off keeps V untransposed: a graph the builder does not make
-    if by_name(cp.type_k).quantized or by_name(cp.type_v).quantized:
-        return None  # the caches' Hadamard rotation inputs (llama-kv-cache.cpp:321-351)
+    rot_k, rot_v = _rotations(model, cp)
+    if (rot_k or rot_v or by_name(cp.type_k).quantized) and not isinstance(shape, TransformerShape):
+        return None  # quantized caches beside the graphs whose attention is not build_attn's
     if pooling not in (None, "none", "mean", "cls", "last") or (pooling is not None and isinstance(shape, MtpShape)):
         return None  # a reranker's classification head: other nodes
     n_tokens = min(cp.n_ctx, cp.n_ubatch)
@@ -84,7 +85,9 @@ def transformer_bytes(
         n_kv_swa=swa_cells(hp, cp) if hp.swa_type != "none" else 0,
         n_stream=cp.n_stream,
         flash_attn=fa,
-        cache_esize=by_name(cp.type_k).size,  # not quantized here: one element per block
+        cache_esize=by_name(cp.type_k).size if not by_name(cp.type_k).quantized else 2,
+        rot_k=rot_k,
+        rot_v=rot_v,
         n_rs_seq=cp.n_rs_seq if hp.supports_rs_rollback else 0,
         pooling=pooling,
     )
@@ -99,6 +102,20 @@ def transformer_bytes(
     if shape.arch == "eagle3":
         return model.memo(("eagle3_bytes", r), lambda: eagle3_compute_bytes(shape, r))
     return model.memo(("transformer_bytes", r), lambda: transformer_compute_bytes(shape, r))
+
+
+def _rotations(model: ModelInfo, cp: ContextParams) -> tuple[int, int]:
+    """The Hadamard rotations of quantized caches (llama-kv-cache.cpp:321-351): 64 for V, for K the
+    largest power-of-two multiple of 64 dividing the head size (both need a head size divisible by 64)."""
+    hp = model.hparams
+    rot_k = rot_v = 0
+    if by_name(cp.type_k).quantized and hp.head_k % 64 == 0:
+        rot_k = 64
+        while hp.head_k % (2 * rot_k) == 0:
+            rot_k *= 2
+    if by_name(cp.type_v).quantized and hp.head_v % 64 == 0:
+        rot_v = 64
+    return rot_k, rot_v
 
 
 def _shape(model: ModelInfo, mtp: bool) -> Shape | None:
