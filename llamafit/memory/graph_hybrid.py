@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from llamafit.memory.galloc import F32, I32, Graph, Tensor, buffer_size
 from llamafit.memory.graph_attention import Builder, Reserve, TransformerShape
 from llamafit.memory.graph_mtp import MROPE_SECTIONS, MtpShape, gated_attention
-from llamafit.memory.graph_trunk import gated_ffn, input_embeddings, pool, rms_norm
+from llamafit.memory.graph_trunk import RecurrentStates, gated_ffn, input_embeddings, pool, rms_norm
 
 
 @dataclass(frozen=True)
@@ -49,9 +49,8 @@ class _Linear:
         self.b, self.sh, self.g = b, sh, b.g
         self.n_seqs = max(1, b.r.n_seqs)
         self.nst = b.T // self.n_seqs
-        self.n_rs = self.n_seqs
         self.K = n_rs_seq + 1
-        self.s_copy = Graph.input((self.n_rs,), I32)
+        self.rs = RecurrentStates(self.g, self.n_seqs)
         self.conv_ch = sh.d_inner + 2 * sh.n_group * sh.d_state
         self.head_v = sh.d_inner // sh.n_v_heads
         self.n_embd_r = (sh.d_conv - 1) * self.conv_ch
@@ -74,23 +73,6 @@ class _Linear:
         h_nextn.is_output = embd.is_output = logits.is_output = True  # llama-graph.cpp:1396-1408
         pool(g, embd, b.r.pooling, self.n_seqs)
 
-    def build_rs(self, s: Tensor, state_size: int) -> Tensor:
-        """llama-graph.cpp:3587-3626 without a custom getter: every state row gathered, the first n_seqs viewed."""
-        g, n_seqs, n_rs = self.g, self.n_seqs, self.n_rs
-        states = Graph.reshape(s, (state_size, s.ne[1]))
-        zero = Graph.view(states, (state_size,))
-        g.expand(Graph.view(zero, zero.ne, op="scale", src=(zero,)))
-        states_all = Graph.get_rows(states, self.s_copy)
-        out = Graph.view(states_all, (state_size, n_seqs), (states_all.nb[1],))
-        g.expand(out)
-        extra = Graph.view(states_all, (state_size, n_rs - n_seqs), (states_all.nb[1],))
-        dst = Graph.view(s, (state_size, n_rs - n_seqs))
-        g.expand(Graph.view(dst, dst.ne, op="cpy", src=(extra, dst)))
-        return out
-
-    def cpy(self, a: Tensor, dst: Tensor) -> None:
-        self.g.expand(Graph.view(dst, dst.ne, op="cpy", src=(a, dst)))
-
     def layer(self, cur: Tensor) -> Tensor:
         """qwen35.cpp build_layer_attn_linear."""
         sh, b, nst, ns = self.sh, self.b, self.nst, self.n_seqs
@@ -102,15 +84,15 @@ class _Linear:
         alpha = Graph.reshape(Graph.mul_mat(W((E, nv)), cur), (nv, nst, ns))
         gate = Graph.like("mul", Graph.like("unary", Graph.like("add", alpha, W((nv,)))), W((nv,)))
         gate = Graph.reshape(gate, (1, nv, nst, ns))
-        rows = self.K * self.n_rs
+        rows = self.K * self.rs.n_rs
         conv_all, ssm_all = W((self.n_embd_r, rows)), W((self.n_embd_s, rows))
         # build_conv_state: the gathered conv states, then the new tokens; the last window(s) saved
-        conv = Graph.reshape(self.build_rs(conv_all, self.n_embd_r), (sh.d_conv - 1, self.conv_ch, ns))
+        conv = Graph.reshape(self.rs.gather(conv_all, self.n_embd_r), (sh.d_conv - 1, self.conv_ch, ns))
         conv_in = Graph.op("concat", (sh.d_conv - 1 + nst, self.conv_ch, ns), conv, Graph.transpose(qkv))
         for _ in range(self.K):
             last = Graph.view(conv_in, (sh.d_conv - 1, self.conv_ch, ns), (conv_in.nb[1], conv_in.nb[2]))
-            self.cpy(last, Graph.view(conv_all, (self.n_embd_r, ns)))
-        state = Graph.reshape(self.build_rs(ssm_all, self.n_embd_s), (hv, hv, nv, ns))
+            self.rs.cpy(last, Graph.view(conv_all, (self.n_embd_r, ns)))
+        state = Graph.reshape(self.rs.gather(ssm_all, self.n_embd_s), (hv, hv, nv, ns))
         mix = Graph.like("unary", Graph.op("ssm_conv", (self.conv_ch, nst, ns), conv_in, W((sh.d_conv, self.conv_ch))))
         q = Graph.like("scale", Graph.like("rms_norm", Graph.view(mix, (hk, nk, nst, ns), (hk * F32, mix.nb[1]))))
         k = Graph.like("scale", Graph.like("rms_norm", Graph.view(mix, (hk, nk, nst, ns), (hk * F32, mix.nb[1]))))
@@ -118,7 +100,7 @@ class _Linear:
         # the fused gated delta-net: the output rows, then K state snapshots (ggml.c:6398-6416)
         gdn = Graph.op("gated_delta_net", (hv * nv, b.T + self.K * hv * ns), q, k, v, gate, beta, state)
         written = min(nst, self.K) if self.K > 1 else 1
-        self.cpy(Graph.view(gdn, (self.n_embd_s, ns, written)), Graph.view(ssm_all, (self.n_embd_s, ns, written)))
+        self.rs.cpy(Graph.view(gdn, (self.n_embd_s, ns, written)), Graph.view(ssm_all, (self.n_embd_s, ns, written)))
         out = Graph.view(gdn, (hv, nv, nst, ns))
         z4 = Graph.reshape(z, (hv, nv, nst, ns))
         normed = Graph.like("mul", rms_norm(out), Graph.like("unary", z4))

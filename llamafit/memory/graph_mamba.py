@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from llamafit.memory.galloc import F32, I32, Graph, Tensor, buffer_size
-from llamafit.memory.graph_trunk import input_embeddings, output_head, rms_norm
+from llamafit.memory.graph_trunk import RecurrentStates, input_embeddings, output_head, rms_norm
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,6 @@ class _Builder:
         self.n_seqs = max(1, n_seqs)
         self.T = -(-n_tokens // self.n_seqs) * self.n_seqs  # graph_reserve: a multiple of n_seqs
         self.nst = self.T // self.n_seqs
-        self.n_rs = self.n_seqs  # the full memory: one state per sequence
         self.K = n_rs_seq + 1 if n_rs_seq > 0 and sh.version == 2 else 1
         self.n_out = max(1, min(n_outputs, self.T))
         self.n_head = sh.dt_rank if sh.version == 2 else sh.d_inner
@@ -58,9 +57,7 @@ class _Builder:
         self.conv_ch = sh.d_inner + (2 * sh.n_group * sh.d_state if sh.version == 2 else 0)
         self.n_embd_r = (sh.d_conv - 1) * self.conv_ch
         self.n_embd_s = sh.d_state * sh.d_inner
-        self.s_copy = Graph.input((self.n_rs,), I32)
-        self.s_copy_main = Graph.view(self.s_copy, (self.n_seqs,))
-        self.s_copy_tail = Graph.view(self.s_copy, (self.n_rs - 1,))
+        self.rs = RecurrentStates(self.g, self.n_seqs)
 
     def graph(self) -> Graph:
         sh, g = self.sh, self.g
@@ -76,49 +73,36 @@ class _Builder:
         output_head(g, inp_l, sh.n_vocab)
         return g
 
-    def build_rs(self, s: Tensor, state_size: int, scan: dict[str, Tensor] | None = None) -> Tensor:
-        """llama-graph.cpp:3587-3626: the conv states are gathered and viewed; the SSM states are read by
-        the scan itself (``get_state_rows``) and only the extra states gathered (s_copy_tail)."""
-        g, n_seqs, n_rs = self.g, self.n_seqs, self.n_rs
-        states = Graph.reshape(s, (state_size, s.ne[1]))
-        zero = Graph.view(states, (state_size,))
-        g.expand(Graph.view(zero, zero.ne, op="scale", src=(zero,)))  # ggml_scale_inplace
-        states_all = Graph.get_rows(states, self.s_copy if scan is None else self.s_copy_tail)
-        if scan is None:
-            out = Graph.view(states_all, (state_size, n_seqs), (states_all.nb[1],))
-        else:
-            ssm = Graph.reshape(states, (self.sh.d_state, self.head_dim, self.n_head, s.ne[1]))
-            x = scan["x"]
-            size = x.ne[0] * x.ne[1] * x.ne[2] * x.ne[3] + self.K * state_size * n_seqs
-            out = Graph.op("ssm_scan", (size,), ssm, x, scan["dt"], scan["A"], scan["B"], scan["C"], self.s_copy_main)
-        g.expand(out)
-        extra = Graph.view(states_all, (state_size, n_rs - n_seqs), (states_all.nb[1],))
-        self.cpy(extra, Graph.view(s, (state_size, n_rs - n_seqs)))
-        return out
+    def scan(self, ssm_all: Tensor, x: Tensor, dt: Tensor, a: Tensor, b: Tensor, c: Tensor) -> Tensor:
+        """The SSM states read by ggml_ssm_scan itself (build_rs with get_state_rows): its output is the
+        new tokens' y followed by K state snapshots per sequence."""
+        size = x.ne[0] * x.ne[1] * x.ne[2] * x.ne[3] + self.K * self.n_embd_s * self.n_seqs
 
-    def cpy(self, a: Tensor, dst: Tensor) -> None:
-        """``ggml_build_forward_expand(ggml_cpy(a, dst))``: the result is a view of ``dst``."""
-        self.g.expand(Graph.view(dst, dst.ne, op="cpy", src=(a, dst)))
+        def getter(states: Tensor, ids: Tensor) -> Tensor:
+            ssm = Graph.reshape(states, (self.sh.d_state, self.head_dim, self.n_head, states.ne[1]))
+            return Graph.op("ssm_scan", (size,), ssm, x, dt, a, b, c, ids)
+
+        return self.rs.gather(ssm_all, self.n_embd_s, getter)
 
     def conv(self, conv_all: Tensor, x: Tensor) -> Tensor:
         """The conv window: the gathered states before the new tokens, its tail saved, the conv, bias, SiLU."""
         sh, n_seqs, nst = self.sh, self.n_seqs, self.nst
-        conv = self.build_rs(conv_all, self.n_embd_r)
+        conv = self.rs.gather(conv_all, self.n_embd_r)
         conv = Graph.reshape(conv, (sh.d_conv - 1, self.conv_ch, n_seqs))
         conv_x = Graph.op("concat", (sh.d_conv - 1 + nst, self.conv_ch, n_seqs), conv, Graph.transpose(x))
         for _slot in range(min(nst, self.K)):
             last = Graph.view(conv_x, (sh.d_conv - 1, self.conv_ch, n_seqs), (conv_x.nb[1], conv_x.nb[2]))
-            self.cpy(last, Graph.view(conv_all, (self.n_embd_r, n_seqs)))
+            self.rs.cpy(last, Graph.view(conv_all, (self.n_embd_r, n_seqs)))
         out = Graph.op("ssm_conv", (self.conv_ch, nst, n_seqs), conv_x, Graph.weight((sh.d_conv, self.conv_ch)))
         return Graph.like("unary", Graph.like("add", out, Graph.weight((self.conv_ch,))))
 
     def save_states(self, ssm_all: Tensor, y_ssm: Tensor) -> None:
         n_written = min(self.nst, self.K)
         shape = (self.n_embd_s, self.n_seqs, n_written)
-        self.cpy(Graph.view(y_ssm, shape), Graph.view(ssm_all, shape))
+        self.rs.cpy(Graph.view(y_ssm, shape), Graph.view(ssm_all, shape))
 
     def states(self) -> tuple[Tensor, Tensor]:
-        rows = self.n_rs * self.K
+        rows = self.rs.n_rs * self.K
         return Graph.weight((self.n_embd_r, rows)), Graph.weight((self.n_embd_s, rows))
 
     def mamba1(self, cur: Tensor) -> Tensor:
@@ -142,8 +126,7 @@ class _Builder:
             dt = Graph.like("cont", dt)
         dt = Graph.like("add", Graph.mul_mat(W((sh.dt_rank, sh.d_inner)), dt), W((sh.d_inner,)))
         x4 = Graph.reshape(x, (1, sh.d_inner, nst, n_seqs))
-        scan = {"x": x4, "dt": dt, "A": W((sh.d_state, sh.d_inner)), "B": b, "C": c}
-        y_ssm = self.build_rs(ssm_all, self.n_embd_s, scan)
+        y_ssm = self.scan(ssm_all, x4, dt, W((sh.d_state, sh.d_inner)), b, c)
         self.save_states(ssm_all, y_ssm)
         y = Graph.view(y_ssm, (sh.d_inner, nst, n_seqs))
         y = Graph.like("add", y, Graph.like("mul", x, W((sh.d_inner,))))
@@ -168,7 +151,7 @@ class _Builder:
         b = Graph.view(xbc, bc, (sh.d_state * F32, xbc.nb[1], xbc.nb[2]))
         c = Graph.view(xbc, bc, (sh.d_state * F32, xbc.nb[1], xbc.nb[2]))
         dt = Graph.like("add", Graph.like("cont", dt), W((n_head,)))
-        y_ssm = self.build_rs(ssm_all, self.n_embd_s, {"x": x, "dt": dt, "A": W((1, n_head)), "B": b, "C": c})
+        y_ssm = self.scan(ssm_all, x, dt, W((1, n_head)), b, c)
         self.save_states(ssm_all, y_ssm)
         y = Graph.view(y_ssm, (head_dim, n_head, nst, n_seqs))
         y = Graph.like("add", y, Graph.like("mul", x, W((1, n_head))))

@@ -1,5 +1,5 @@
 """What llama.cpp's text graphs share, for the replays (``graph_attention``, ``graph_mla``, ``graph_mamba``):
-how they begin and end, and their feed-forward blocks.
+how they begin and end, their feed-forward blocks, and the recurrent states they gather.
 
 The start is ``build_inp_embd`` (``src/llama-graph.cpp:2413-2533``): the token rows, the embedding
 input and the mixed path are all in the graph (``ggml_build_forward_select`` expands the three), so the
@@ -9,6 +9,7 @@ norm and the logits, both graph outputs (``llm_graph_result::set_outputs``, llam
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from llamafit.memory.galloc import I32, I64, Graph, Tensor
@@ -111,3 +112,35 @@ def moe_ffn(g: Graph, cur: Tensor, ex: Experts) -> Tensor:
         out = Graph.like("add", out, v)
         g.expand(out)
     return Graph.like("cont", out) if ex.n_used == 1 else out
+
+
+class RecurrentStates:
+    """build_rs over the full recurrent memory of a reserve (llama-graph.cpp:3587-3676; one state per
+    sequence: llama-memory-recurrent.cpp:1291-1346), shared by the Mamba and delta-net replays."""
+
+    def __init__(self, g: Graph, n_seqs: int) -> None:
+        self.g, self.n_seqs, self.n_rs = g, n_seqs, n_seqs
+        self.s_copy = Graph.input((self.n_rs,), I32)
+        self.s_copy_main = Graph.view(self.s_copy, (n_seqs,))
+        self.s_copy_tail = Graph.view(self.s_copy, (self.n_rs - 1,))
+
+    def cpy(self, a: Tensor, dst: Tensor) -> None:
+        """``ggml_build_forward_expand(ggml_cpy(a, dst))``: the result is a view of ``dst``."""
+        self.g.expand(Graph.view(dst, dst.ne, op="cpy", src=(a, dst)))
+
+    def gather(self, s: Tensor, state_size: int, getter: Callable[[Tensor, Tensor], Tensor] | None = None) -> Tensor:
+        """Every state row gathered and the first n_seqs viewed; with a custom getter (Mamba's scan reads
+        its states itself, given s_copy_main) only the extra states are gathered (s_copy_tail)."""
+        g, n_seqs, n_rs = self.g, self.n_seqs, self.n_rs
+        states = Graph.reshape(s, (state_size, s.ne[1]))
+        zero = Graph.view(states, (state_size,))
+        g.expand(Graph.view(zero, zero.ne, op="scale", src=(zero,)))  # ggml_scale_inplace
+        states_all = Graph.get_rows(states, self.s_copy if getter is None else self.s_copy_tail)
+        if getter is None:
+            out = Graph.view(states_all, (state_size, n_seqs), (states_all.nb[1],))
+        else:
+            out = getter(states, self.s_copy_main)
+        g.expand(out)
+        extra = Graph.view(states_all, (state_size, n_rs - n_seqs), (states_all.nb[1],))
+        self.cpy(extra, Graph.view(s, (state_size, n_rs - n_seqs)))
+        return out
