@@ -12,7 +12,7 @@ from llamafit.argv import parse_server_args
 from llamafit.devices import Host, Machine
 from llamafit.fit import make_plan
 from llamafit.gguf.model import load_model
-from llamafit.memory.replay import recurrent_bytes, transformer_bytes
+from llamafit.memory.replay import graph_bytes, recurrent_bytes
 from llamafit.request import build_request
 from llamafit.units import GiB
 
@@ -42,7 +42,7 @@ REPLAYED = [
 def test_the_replayed_graphs(shapes: dict[str, Path], shape: str, args: list[str]) -> None:
     """Llama, Qwen3, Gemma 3, Qwen3-MoE, MLA, the Qwen3.5 hybrid and GLM-4.5."""
     model, cp, fa = _context(shapes[shape], args)
-    assert transformer_bytes(model, cp, cp.n_outputs_max, fa) is not None
+    assert graph_bytes(model, cp, cp.n_outputs_max, fa) is not None
     assert recurrent_bytes(model, cp, cp.n_outputs_max) is None
 
 
@@ -55,24 +55,24 @@ def test_the_replayed_graphs(shapes: dict[str, Path], shape: str, args: list[str
 )
 def test_other_graphs_keep_the_estimate(shapes: dict[str, Path], shape: str, args: list[str], why: str) -> None:
     model, cp, fa = _context(shapes[shape], args)
-    assert transformer_bytes(model, cp, cp.n_outputs_max, fa) is None, why
+    assert graph_bytes(model, cp, cp.n_outputs_max, fa) is None, why
 
 
 def test_the_pooling_graph_follows_the_trunk(shapes: dict[str, Path]) -> None:
     """Mean pooling adds a transposed copy of the embeddings (n_tokens x n_embd) and a n_tokens x n_seqs
     input; a reranker's classification head is not replayed."""
     model, cp, fa = _context(shapes["dense"], ["-c", "4096", "--embeddings"])
-    plain = transformer_bytes(model, cp, cp.n_outputs_max, fa)
-    mean = transformer_bytes(model, cp, cp.n_outputs_max, fa, "mean")
+    plain = graph_bytes(model, cp, cp.n_outputs_max, fa)
+    mean = graph_bytes(model, cp, cp.n_outputs_max, fa, "mean")
     assert plain is not None and mean is not None and mean > plain
-    assert transformer_bytes(model, cp, cp.n_outputs_max, fa, "rank") is None
+    assert graph_bytes(model, cp, cp.n_outputs_max, fa, "rank") is None
 
 
 def test_a_fused_qkv_keeps_the_estimate(tmp_path: Path) -> None:
     shape = factory.dense(name="fused")
     shape.tensors = [dataclasses.replace(t, name=t.name.replace("attn_q.", "attn_qkv.")) for t in shape.tensors]
     model, cp, fa = _context(shape.write(tmp_path / "fused.gguf"), ["-c", "4096"])
-    assert transformer_bytes(model, cp, cp.n_outputs_max, fa) is None
+    assert graph_bytes(model, cp, cp.n_outputs_max, fa) is None
 
 
 def test_the_mamba_graphs_are_replayed(shapes: dict[str, Path]) -> None:

@@ -32,7 +32,7 @@ from llamafit.gguf.model import ModelInfo
 from llamafit.memory import backends
 from llamafit.memory.context import ContextParams, attention_layers, per_layer_memory, recurrent_layers, swa_cells
 from llamafit.memory.placement import CPU, WeightPlacement
-from llamafit.memory.replay import pooling_kind, recurrent_bytes, transformer_bytes
+from llamafit.memory.replay import graph_bytes, pooling_kind, recurrent_bytes
 
 SMALL_INPUT_FLOATS = 10  # positions, token ids, output ids per token
 PP_COPIES = 4  # GGML_SCHED_MAX_COPIES (ggml-backend.cpp:911-912)
@@ -137,7 +137,8 @@ def compute_buffers(
     if not hp.has_memory:
         attn_layers = set(range(hp.n_layer_all))
     recr_layers = set(recurrent_layers(hp, cp.mtp))
-    graph = recurrent_bytes(model, cp, n_outputs)
+    # a pure Mamba graph split over devices: each device's buffer is bounded by the whole graph's
+    recurrent_graph = recurrent_bytes(model, cp, n_outputs)
     n_kv_full = cp.n_ctx_seq
     n_kv_swa = swa_cells(hp, cp) if hp.swa_type != "none" else 0
     mask_bytes = 2 if fa else 4
@@ -175,9 +176,9 @@ def compute_buffers(
                 # an MoE head keeps the experts' outputs and their weighted copy (measured: GLM-4.5-Air's
                 # NextN layer, within 4 %)
                 p = max(p, float(2 * dims.moe_out[il] + 2 * E))
-        if il in recr_layers and graph is not None:
+        if il in recr_layers and recurrent_graph is not None:
             # the whole graph allocated as ggml-alloc does (inputs and logits included)
-            p = max(p, (graph - U * 4 * SMALL_INPUT_FLOATS) / (U * 4))
+            p = max(p, (recurrent_graph - U * 4 * SMALL_INPUT_FLOATS) / (U * 4))
         elif il in recr_layers:
             d_inner = hp.ssm_d_inner or (hp.n_embd * 2)
             p = max(p, 5 * E + 5.2 * d_inner)
@@ -227,21 +228,20 @@ def compute_buffers(
         out_dev = CPU
     n_out = min(U, n_outputs)
     logits = hp.n_vocab * n_out * 4 + U * 4 * 2 * E
-    if graph is not None:
-        pass  # the graph's own logits are in its buffer
-    elif n_out >= U and out.get(out_dev, 0):
-        # every token an output (embedding and pooled servers): the V x U logits are larger than any
-        # block the layers freed, so ggml-alloc places them past the blocks still in use
-        # (ggml-alloc.c ggml_dyn_tallocr_alloc: best fit, else the end); bounded by the layers' peak
-        out[out_dev] += hp.n_vocab * n_out * 4
-    else:
-        out[out_dev] = max(out.get(out_dev, 0), logits + U * 4 * SMALL_INPUT_FLOATS)
+    if recurrent_graph is None:  # (the whole graph's bound holds its own logits)
+        if n_out >= U and out.get(out_dev, 0):
+            # every token an output (embedding and pooled servers): the V x U logits are larger than any
+            # block the layers freed, so ggml-alloc places them past the blocks still in use
+            # (ggml-alloc.c ggml_dyn_tallocr_alloc: best fit, else the end); bounded by the layers' peak
+            out[out_dev] += hp.n_vocab * n_out * 4
+        else:
+            out[out_dev] = max(out.get(out_dev, 0), logits + U * 4 * SMALL_INPUT_FLOATS)
 
     devices_used = set(layer_dev[first : hp.n_layer_all + 1])
     # build_pooling follows the trunk when the context makes embeddings (llama-graph.cpp:3797-3895)
     pool = pooling_kind(pooling, hp.pooling_type) if embeddings else None
     single = len(devices_used) == 1 and not cpu_layers
-    whole = transformer_bytes(model, cp, n_outputs, fa, pool) if single and pool != "rank" else None
+    whole = graph_bytes(model, cp, n_outputs, fa, pool) if single and pool != "rank" else None
     if whole is not None:
         # the whole graph on one backend, replayed through ggml-alloc (llamafit.memory.replay): exact
         out = {next(iter(devices_used)): whole}

@@ -62,11 +62,13 @@ def pooling_kind(requested: str | None, model_type: int) -> str:
     return POOLING.get(model_type, "none")
 
 
-def transformer_bytes(
+def graph_bytes(
     model: ModelInfo, cp: ContextParams, n_outputs: int, fa: bool, pooling: str | None = None
 ) -> int | None:
-    """A transformer's graph on one backend (Llama, Qwen3, Qwen3-MoE, Gemma 3, MLA, a Qwen3.5 MTP head);
-    None where the builders do not make llama.cpp's graph for this model and these settings."""
+    """The whole reserve graph on one backend, replayed; None where the builders do not make llama.cpp's
+    graph for this model and these settings (``pooling``: an embedding context's, None: not one)."""
+    if model.hparams.arch in RECURRENT:
+        return recurrent_bytes(model, cp, n_outputs) if pooling in (None, "none") else None
     shape: Shape | None = model.memo(("transformer_shape", cp.mtp), lambda: _shape(model, cp.mtp))
     if shape is None or cp.v_trans == fa or not cp.offload_kqv:
         return None  # an "auto" that resolved off keeps V untransposed: a graph the builder does not make
