@@ -79,8 +79,11 @@ def test_the_server_does_not_outlive_llamafit(server_bin: ServerBinary, model: P
     p = subprocess.Popen([*LLAMAFIT, "run", str(model), "--server", server_bin.path, "--", "--port", str(port)],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
     try:
-        assert wait_for(lambda: children_named(p.pid, "--port"), 60), "no server started"
-        (server,) = children_named(p.pid, "--port")
+        found: list[psutil.Process] = []  # the server as first seen (a second lookup could race its start)
+        assert wait_for(lambda: bool(found or found.extend(children_named(p.pid, "--port")) or found), 60), (
+            "no server started"
+        )
+        (server,) = found
         assert wait_for(lambda: health(port) == 200, 60)
         os.kill(p.pid, sig)
         assert wait_for(lambda: not server.is_running() or server.status() == psutil.STATUS_ZOMBIE, 30), (
