@@ -94,7 +94,7 @@ def placement_of(argv: list[str]) -> list[str]:
     """The plan's placement flags: the largest context is searched with the layers where the plan puts
     them (a partial offload and an all-GPU load are not the same budget)."""
     out: list[str] = []
-    for flag in ("-ngl", "-ts", "--n-cpu-moe"):
+    for flag in ("-ngl", "-ts", "--n-cpu-moe", "-ot"):
         if flag in argv:
             out += [flag, argv[argv.index(flag) + 1]]
     return out

@@ -29,6 +29,7 @@ from typing import Protocol
 
 from llamafit.device_list import DeviceListError, ListedDevice, cached_device_set, list_devices, remember_device_set
 from llamafit.errors import UsageError
+from llamafit.memory.backends import rpc_buffer_aliases
 from llamafit.units import parse_size
 
 
@@ -71,6 +72,12 @@ class Machine:
     host: Host
     notes: tuple[str, ...] = field(default=())
     blind: tuple[str, ...] = ()  # why the server will use memory llamafit cannot size (placement left to --fit)
+
+    @property
+    def buffer_aliases(self) -> dict[str, str]:
+        """Buffer type names llama-server gives an RPC device (``RPC0[host:port]``, in ``-ot`` and its
+        log) -> the device id; other devices' buffer types are named as the devices are."""
+        return rpc_buffer_aliases({g.id: g.endpoint for g in self.gpus if g.endpoint})
 
 
 class GpuProbe(Protocol):

@@ -26,6 +26,7 @@ from llamafit.options import Options
 from llamafit.plan import Decision, Plan
 from llamafit.plan import to_json as plan_to_json
 from llamafit.prepare import Prepared, prepare
+from llamafit.request import whole_expert_layers
 from llamafit.server import ServerBinary
 from llamafit.units import fmt_bytes
 
@@ -119,9 +120,10 @@ class QuantPlan:
         s = p.settings
         code = p.placement_code or "fit.none"
         n_all = p.model.hparams.n_layer_all
+        whole, part = whole_expert_layers(s.overrides)
         words = {
             "placement.all_gpu": "all on the GPUs",
-            "placement.cpu_moe": f"experts of {len(s.overrides)} layers on the CPU",
+            "placement.cpu_moe": f"experts of {whole} layers{' and part of one' if part else ''} on the CPU",
             "placement.partial": f"{s.n_gpu_layers} of {n_all + 1} layers on the GPUs",
             "placement.cpu": "all on the CPU",
             "placement.user": "as your flags pin it",

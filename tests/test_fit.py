@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import factory
@@ -12,7 +13,8 @@ from llamafit.devices import Device, Host, Machine
 from llamafit.errors import DoesNotFitError, UsageError
 from llamafit.fit import make_plan
 from llamafit.gguf.model import ModelInfo, load_model
-from llamafit.request import build_request
+from llamafit.memory.placement import Override
+from llamafit.request import PARTIAL_EXPS_REGEX, build_request, experts_on_cpu, whole_expert_layers
 from llamafit.units import GiB, MiB
 
 
@@ -235,7 +237,7 @@ def test_expert_layers_come_back_to_the_gpus_while_the_estimate_fits(tmp_path: P
     air = load_model(shape.write(tmp_path / "air.gguf"))
     cards = [gpu(0, 10), gpu(1, 4)]
     p = plan(air, cards, ["-c", "8192", "-np", "1"])
-    k = len(p.settings.overrides)
+    k, _ = whole_expert_layers(p.settings.overrides)
     assert p.fits and p.decision("placement.cpu_moe") and 0 < k < 4
     split = [int(x) for x in p.settings.tensor_split]
     tries = [split] + [
@@ -251,3 +253,112 @@ def test_expert_layers_come_back_to_the_gpus_while_the_estimate_fits(tmp_path: P
                 cards,
                 ["-c", "8192", "-np", "1", "-ngl", "all", "-ts", ",".join(map(str, ts)), "--n-cpu-moe", str(k - 1)],
             )
+
+
+def _as_flags(overrides: tuple[Override, ...]) -> list[str]:
+    whole, rest = whole_expert_layers(overrides)
+    return ["--n-cpu-moe", str(whole)] + (["-ot", ",".join(f"{o.pattern}={o.buft}" for o in rest)] if rest else [])
+
+
+def test_a_layer_whose_experts_do_not_fit_whole_goes_in_part(moe30: ModelInfo) -> None:
+    """One card: after whole expert layers, the next layer's up projection (then up and gate) comes to
+    the GPU where the layer does not fit whole, as llama.cpp's fit does (issue #14 part 3). The argv
+    says so (``--n-cpu-moe`` plus ``-ot``), and the next step, priced as the user's flags, does not fit."""
+    args = ["-c", "4096", "-np", "1"]
+    p = plan(moe30, [gpu(0, 12)], args)
+    assert p.fits
+    argv = compose("llama-server", p.planned, parse_server_args([]))
+    whole, rest = whole_expert_layers(p.settings.overrides)
+    assert len(rest) == 1 and rest[0].buft == "CPU"
+    part = PARTIAL_EXPS_REGEX.index(rest[0].pattern.removeprefix(rf"blk\.{whole}")) + 1
+    assert argv[argv.index("--n-cpu-moe") + 1] == str(whole)
+    assert argv[argv.index("-ot") + 1] == f"{rest[0].pattern}=CPU"
+    d = p.decision("placement.cpu_moe")
+    assert d is not None and f"layer {whole}'s" in d.message and "(-ot" in d.message
+    # the flags as given by a user price the same load
+    again = plan(moe30, [gpu(0, 12)], [*args, "-ngl", "all", *_as_flags(p.settings.overrides)])
+    assert again.devices[0].use == p.devices[0].use
+    # one projection more on the GPU does not fit
+    nxt = experts_on_cpu(whole + 1, part + 1) if part < len(PARTIAL_EXPS_REGEX) else experts_on_cpu(whole)
+    with pytest.raises(DoesNotFitError):
+        plan(moe30, [gpu(0, 12)], [*args, "-ngl", "all", *_as_flags(nxt)])
+    # and it is more on the GPU than whole layers alone
+    fewer = plan(moe30, [gpu(0, 12)], [*args, "-ngl", "all", *_as_flags(experts_on_cpu(whole + 1))])
+    assert p.devices[0].use.model > fewer.devices[0].use.model
+
+
+def test_a_cards_last_expert_layer_spills_to_the_next_card(moe30: ModelInfo) -> None:
+    """Several cards: where a card has room a whole layer does not take, the previous card's last expert
+    layer puts part of its experts there (``-ot ...=CUDA1``), which lets more experts off the CPU."""
+    cards = [gpu(0, 8), gpu(1, 8), gpu(2, 4)]
+    args = ["-c", "4096", "-np", "1"]
+    p = plan(moe30, cards, args)
+    assert p.fits and all(d.use.total <= d.usable for d in p.devices)
+    spilled = [o for o in p.settings.overrides if o.buft != "CPU"]
+    assert spilled, p.settings.overrides
+    for o in spilled:
+        layer = int(o.pattern.split("\\.")[1])
+        # the layer is the last expert layer of the card before the one it spills to
+        on = p.footprint.layer_device[layer]
+        assert [g.id for g in cards].index(o.buft) == [g.id for g in cards].index(on) + 1
+        assert p.footprint.layer_device[layer + 1] == o.buft
+        assert any(
+            t.device == o.buft
+            for t in p.footprint.placement.tensors
+            if t.tensor.name.startswith(f"blk.{layer}.ffn_down_exps")
+        )
+    argv = compose("llama-server", p.planned, parse_server_args([]))
+    assert any(f"={o.buft}" in argv[argv.index("-ot") + 1] for o in spilled)
+    d = p.decision("placement.cpu_moe")
+    assert d is not None and f"on {spilled[0].buft}" in d.message
+    # the same flags from the user price the same load on every card
+    ts = ",".join(str(int(x)) for x in p.settings.tensor_split)
+    again = plan(moe30, cards, [*args, "-ngl", "all", "-ts", ts, *_as_flags(p.settings.overrides)])
+    assert [d.use for d in again.devices] == [d.use for d in p.devices]
+    # without the spill (same split, whole layers and the CPU part only) fewer experts are on the GPUs
+    whole, rest = whole_expert_layers(p.settings.overrides)
+    cpu_part = tuple(o for o in p.settings.overrides if o.buft == "CPU")
+    with pytest.raises(DoesNotFitError):  # the card the layer spills from cannot hold it whole
+        plan(moe30, cards, [*args, "-ngl", "all", "-ts", ts, *_as_flags(cpu_part)])
+    assert len(rest) > len(spilled) or whole == len(cpu_part)  # spilled parts are not CPU layers
+
+
+def test_an_rpc_devices_buffer_type_in_ot_is_priced_on_that_device(moe30: ModelInfo) -> None:
+    """llama-server names an RPC device's buffer type ``RPC<k>[host:port]`` (what ``-ot`` takes and what
+    llama-fit-params prints); such an override is priced on that device, and the fit's own spill to an
+    RPC device is composed under that name."""
+    rpc = [
+        Device("RPC0", "rpc a", 8 * GiB, 8 * GiB, kind="rpc", source="rpc", endpoint="127.0.0.1:5001", backend="RPC"),
+        Device("RPC1", "rpc b", 6 * GiB, 6 * GiB, kind="rpc", source="rpc", endpoint="127.0.0.1:5002", backend="RPC"),
+    ]
+    m = Machine(tuple(rpc), HOST)
+    args = ["-c", "4096", "-np", "1", "-ngl", "all", "-ts", "40,9", "--n-cpu-moe", "30"]
+    base = make_plan(moe30, m, build_request(parse_server_args(args)))
+    moved = make_plan(
+        moe30, m, build_request(parse_server_args([*args, "-ot", r"blk\.39\.ffn_down_exps=RPC0[127.0.0.1:5002]"]))
+    )
+    down = next(t.alloc for t in base.footprint.placement.tensors if t.tensor.name == "blk.39.ffn_down_exps.weight")
+    assert moved.devices[1].use.model == base.devices[1].use.model + down
+    assert moved.devices[0].use.model == base.devices[0].use.model - down
+    rpc = [
+        replace(rpc[0], total=int(9 * GiB), free=int(9 * GiB)),
+        replace(rpc[1], total=int(4.5 * GiB), free=int(4.5 * GiB)),
+    ]
+    p = make_plan(moe30, Machine(tuple(rpc), HOST), build_request(parse_server_args(["-c", "4096", "-np", "1"])))
+    argv = compose("llama-server", p.planned, parse_server_args([]))
+    assert any(o.buft == "RPC1" for o in p.settings.overrides)  # the fit spilled to the second RPC device
+    assert "=RPC0[127.0.0.1:5002]" in argv[argv.index("-ot") + 1]
+    assert "=RPC1" not in " ".join(argv)
+
+
+def test_part_of_a_layer_never_costs_context(moe30: ModelInfo) -> None:
+    """Parts of expert layers only take the room left at the context whole layers allow: the context is
+    the largest the whole-layer placement holds (a speed option never cuts the context)."""
+    for cards in ([gpu(0, 12)], [gpu(0, 9), gpu(1, 4.5)]):
+        p = plan(moe30, cards)
+        assert p.fits and p.n_ctx < 40960
+        whole, rest = whole_expert_layers(p.settings.overrides)
+        k = whole + (1 if any(o.buft == "CPU" for o in rest) else 0)
+        ts = ["-ts", ",".join(str(int(x)) for x in p.settings.tensor_split)] if len(cards) > 1 else []
+        with pytest.raises(DoesNotFitError):
+            plan(moe30, cards, ["-c", str(p.n_ctx + 256), "-ngl", "all", *ts, "--n-cpu-moe", str(k)])

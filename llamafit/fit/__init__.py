@@ -20,6 +20,7 @@ card), ``policy`` (the drafter), ``projector`` (the multimodal projector), ``mes
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from llamafit.argv import Planned
 from llamafit.calibration import Corrections
@@ -39,7 +40,7 @@ from llamafit.memory import backends
 from llamafit.memory.context import check_cache_types
 from llamafit.memory.footprint import LoadSettings, Use
 from llamafit.memory.mmproj import MmprojUse
-from llamafit.memory.placement import CPU
+from llamafit.memory.placement import CPU, Override
 from llamafit.plan import Decision, DevicePlan, HostPlan, Plan, SpecReport
 from llamafit.request import Request
 from llamafit.speculative import Drafter, DrafterFiles, SpecOptions, choose
@@ -70,6 +71,7 @@ def make_plan(
         raise UsageError(f"llama-server would refuse this: {problem}", hint="adjust -ctk/-ctv/-fa")
     gpus = select_gpus(machine, req)
     check_buffer_types(req, opts, machine)
+    req, opts = _overrides_by_device(req, opts, machine)
     base = server_defaults(req)
     calib = calibrate(base, tuple(g.id for g in gpus)) if calibrate is not None else Corrections()
     projector = place_projector(req, machine, [g.id for g in gpus], mmproj, mmproj_measured)
@@ -144,7 +146,7 @@ def _assemble(
         host=HostPlan(machine.host, search.host_usable, t.fp.host + t.extra.get(CPU, Use()), unified, runtime),
         decisions=tuple(decisions), warnings=tuple(warnings), planned=tuple(planned), margin=req.margin,
         notes=machine.notes, draft_footprint=t.draft, speculative=report, mmproj=projector.use,
-        buffer_aliases=backends.rpc_buffer_aliases({g.id: g.endpoint for g in machine.gpus if g.endpoint}),
+        buffer_aliases=machine.buffer_aliases,
         blind=machine.blind,
     )  # fmt: skip
 
@@ -155,7 +157,7 @@ def check_buffer_types(req: Request, opts: SpecOptions, machine: Machine) -> Non
     if machine.blind:
         return
     known = {"CPU", *(g.id for g in machine.gpus)}
-    known |= set(backends.rpc_buffer_aliases({g.id: g.endpoint for g in machine.gpus if g.endpoint}))
+    known |= set(machine.buffer_aliases)
     for flag, overrides in (("-ot", req.overrides or ()), ("-otd", opts.overrides)):
         for o in overrides:
             if o.buft not in known:
@@ -163,6 +165,24 @@ def check_buffer_types(req: Request, opts: SpecOptions, machine: Machine) -> Non
                     f"{flag} {o.pattern}={o.buft}: llama-server has no buffer type {o.buft[:64]!r}",
                     hint="buffer types here: " + ", ".join(sorted(known)),
                 )
+
+
+def _overrides_by_device(req: Request, opts: SpecOptions, machine: Machine) -> tuple[Request, SpecOptions]:
+    """``-ot``/``-otd`` as the memory model reads them: an RPC device's buffer type (``RPC0[host:port]``,
+    the name llama-server takes) becomes the device id the plan prices it under. The user's own
+    flags go to the server as written."""
+    aliases = machine.buffer_aliases
+    if not aliases:
+        return req, opts
+
+    def by_device(ov: tuple[Override, ...]) -> tuple[Override, ...]:
+        return tuple(replace(o, buft=aliases.get(o.buft, o.buft)) for o in ov)
+
+    if req.overrides:
+        req = replace(req, overrides=by_device(req.overrides))
+    if opts.overrides:
+        opts = replace(opts, overrides=by_device(opts.overrides))
+    return req, opts
 
 
 def _context_bounds(model: ModelInfo, req: Request, base: LoadSettings) -> tuple[int, int]:

@@ -12,7 +12,7 @@ from llamafit.argv import Planned
 from llamafit.devices import Device, Machine
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory.footprint import LoadSettings
-from llamafit.request import Request
+from llamafit.request import Request, whole_expert_layers
 from llamafit.speculative import SpecConfig, SpecOptions
 
 
@@ -72,7 +72,12 @@ def planned_argv(
         if len(gpus) > 1 and s.tensor_split:
             out.append(Planned("split", ("-ts", ",".join(str(int(x)) for x in s.tensor_split))))
         if s.overrides and req.overrides is None:
-            out.append(Planned("overrides", ("--n-cpu-moe", str(len(s.overrides)))))
+            whole, rest = whole_expert_layers(s.overrides)
+            tokens: tuple[str, ...] = ("--n-cpu-moe", str(whole)) if whole else ()
+            if rest:  # a layer's experts in part on its GPU, the rest on the CPU or the next GPU
+                names = {dev: name for name, dev in machine.buffer_aliases.items()}
+                tokens += ("-ot", ",".join(f"{o.pattern}={names.get(o.buft, o.buft)}" for o in rest))
+            out.append(Planned("overrides", tokens))
         if req.devices is None and len(gpus) < len(machine.gpus):
             out.append(Planned("device", ("-dev", ",".join(g.id for g in gpus))))
     elif machine.gpus and placed:

@@ -13,8 +13,9 @@ from llamafit.devices import Machine
 from llamafit.errors import DoesNotFitError
 from llamafit.memory.footprint import LoadSettings
 from llamafit.memory.mmproj import MmprojUse
-from llamafit.memory.placement import CPU
+from llamafit.memory.placement import CPU, Override
 from llamafit.plan import Decision
+from llamafit.request import partial_expert_layer, whole_expert_layers
 from llamafit.speculative import DRAFT_GRAPH_RESERVE, Drafter
 from llamafit.units import MiB, fmt_bytes
 
@@ -43,12 +44,18 @@ def placement_all_gpu(n_layer: int, on: str) -> Decision:
     return Decision("placement.all_gpu", f"All {n_layer} layers and the output on {on}.")
 
 
-def placement_cpu_moe(k: int, n_layer: int) -> Decision:
-    return Decision(
-        "placement.cpu_moe",
-        f"The experts of the first {k} of {n_layer} layers stay on the CPU (--n-cpu-moe {k}); "
-        "everything else is on the GPU.",
-    )
+def placement_cpu_moe(n_layer: int, overrides: Sequence[Override]) -> Decision:
+    """``overrides`` as the fit made them: ``experts_on_cpu`` plus any spilled to the next card."""
+    whole, rest = whole_expert_layers(tuple(overrides))
+    text = f"The experts of the first {whole} of {n_layer} layers stay on the CPU (--n-cpu-moe {whole})"
+    parts = []
+    for o in rest:
+        part = partial_expert_layer(o)
+        if part is not None:
+            parts.append(f"layer {part[0]}'s {part[1]} projections on {'the CPU' if o.buft == CPU else o.buft}")
+    if parts:
+        text += "; part of a layer where a whole one has no room (-ot): " + ", ".join(parts)
+    return Decision("placement.cpu_moe", text + "; everything else is on the GPU.")
 
 
 def placement_partial(ngl: int, n_units: int, on: str) -> Decision:

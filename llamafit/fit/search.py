@@ -20,9 +20,9 @@ from llamafit.gguf.model import ModelInfo
 from llamafit.memory import backends
 from llamafit.memory.context import per_layer_memory
 from llamafit.memory.footprint import Footprint, LoadSettings, Use, estimate
-from llamafit.memory.placement import CPU
+from llamafit.memory.placement import CPU, Override
 from llamafit.plan import Decision
-from llamafit.request import Request, n_cpu_moe_overrides
+from llamafit.request import PARTIAL_EXPS_REGEX, Request, experts_on_cpu
 from llamafit.speculative import SpecConfig, SpecOptions, drafter_use
 
 CTX_STEP = 256
@@ -229,24 +229,74 @@ class Search:
             t = nxt
         return t
 
-    def fewer_experts_on_cpu(self, t: Trial, k: int, spec: SpecConfig) -> tuple[Trial, int]:
+    def on_gpus(self, t: Trial) -> int:
+        return sum(t.fp.gpus[g].model for g in self.ids)
+
+    def first_fit(self, t: Trial, overrides: tuple[Override, ...], spec: SpecConfig) -> Trial | None:
+        """``t`` with these overrides, the split as it is or with one layer moved between two cards (the
+        packing's per-card budgets are conservative, see ``grow``): the first that fits."""
+        s = replace(t.settings, overrides=overrides)
+        cands = [s]
+        counts = list(s.tensor_split)
+        for i in range(len(counts)):
+            for j in range(len(counts)):
+                if i != j and counts[j] > 1:
+                    moved = [c + (1.0 if x == i else -1.0 if x == j else 0.0) for x, c in enumerate(counts)]
+                    cands.append(replace(s, tensor_split=tuple(moved)))
+        return next((c for c in (self.run(x, spec) for x in cands) if c.ok), None)
+
+    def fewer_experts_on_cpu(
+        self, t: Trial, k: int, spec: SpecConfig, extra: tuple[Override, ...] = ()
+    ) -> tuple[Trial, int]:
         """With the experts of the first ``k`` layers on the CPU: one layer's experts back to the GPUs at
-        a time while the full estimate fits, the split as packed or with one layer moved between two
-        cards (the packing's per-card budgets are conservative, see ``grow``)."""
+        a time while the full estimate fits (``first_fit``). ``extra``: overrides kept as they are."""
         while k > 0:
-            s = replace(t.settings, overrides=n_cpu_moe_overrides(k - 1))
-            cands = [s]
-            counts = list(s.tensor_split)
-            for i in range(len(counts)):
-                for j in range(len(counts)):
-                    if i != j and counts[j] > 1:
-                        moved = [c + (1.0 if x == i else -1.0 if x == j else 0.0) for x, c in enumerate(counts)]
-                        cands.append(replace(s, tensor_split=tuple(moved)))
-            nxt = next((c for c in (self.run(x, spec) for x in cands) if c.ok), None)
+            nxt = self.first_fit(t, experts_on_cpu(k - 1) + extra, spec)
             if nxt is None:
                 break
             t, k = nxt, k - 1
         return t, k
+
+    def expert_parts(
+        self, t: Trial, k: int, spec: SpecConfig, part: int = 0, extra: tuple[Override, ...] = ()
+    ) -> tuple[Trial, int]:
+        """Where layer ``k - 1``'s experts do not fit whole: part of them on its GPU, the up projection,
+        then up and gate, as llama.cpp's fit does (common/fit.cpp:810-858). Returns the trial and the part
+        (``experts_on_cpu``)."""
+        while k > 0 and part < len(PARTIAL_EXPS_REGEX):
+            nxt = self.first_fit(t, experts_on_cpu(k, part + 1) + extra, spec)
+            if nxt is None or self.on_gpus(nxt) <= self.on_gpus(t):  # a fused gate_up moves nothing more
+                break
+            t, part = nxt, part + 1
+        return t, part
+
+    def finer_experts(self, t: Trial, k: int, spec: SpecConfig) -> Trial:
+        """After the context is chosen, the room whole expert layers leave (less than a layer, more than
+        the next context step) at that same context: part of the next layer's experts on its GPU
+        (``expert_parts``); across several cards, a card's last expert layer also puts part of its
+        experts (gate and down, or down) on the next card where that card has such room, when the room
+        it frees lets more experts off the CPU (llama.cpp's fit overflows a card's partial layer to the
+        next card the same way, common/fit.cpp:815-825). The context never pays for this: speed
+        options do not cut it."""
+        t, part = self.expert_parts(t, k, spec)
+        extra: tuple[Override, ...] = ()
+        for d in range(len(self.ids) - 1):
+            dev, nxt_dev = self.ids[d], self.ids[d + 1]
+            moe = {p.tensor.layer for p in t.fp.placement.tensors if p.device == dev and "_exps" in p.tensor.name}
+            layers = sorted(il for il in moe if il is not None and il >= k)
+            if not layers:
+                continue
+            for rx in PARTIAL_EXPS_REGEX:
+                moved = (*extra, Override(rf"blk\.{layers[-1]}{rx}", nxt_dev))
+                c = self.run(replace(t.settings, overrides=experts_on_cpu(k, part) + moved), spec)
+                if not c.ok:
+                    continue
+                t2, k2 = self.fewer_experts_on_cpu(c, k, spec, moved)
+                t2, p2 = self.expert_parts(t2, k2, spec, part if k2 == k else 0, moved)
+                if self.on_gpus(t2) > self.on_gpus(t):
+                    t, k, part, extra = t2, k2, p2, moved
+                    break
+        return t
 
     # -- context search --------------------------------------------------------------------------
 
@@ -316,7 +366,7 @@ class Search:
             # more expert layers on the CPU means less on the GPUs and more on the host: the smallest
             # count the GPUs hold is also the one the host holds best, so find it on the GPU side alone
             def with_experts_on_cpu(k: int) -> LoadSettings:
-                return replace(base, overrides=n_cpu_moe_overrides(k))
+                return replace(base, overrides=experts_on_cpu(k))
 
             def gpus_hold(k: int) -> bool:
                 t = at(with_experts_on_cpu(k), n_units, spec)(lo)
@@ -336,7 +386,8 @@ class Search:
                 else:
                     r = self.max_ctx(lo, hi, at(with_experts_on_cpu(b), n_units, spec))
                 if r is not None:
-                    return r, messages.placement_cpu_moe(k, hp.n_layer)
+                    r = self.finer_experts(r, k, spec)
+                    return r, messages.placement_cpu_moe(hp.n_layer, r.settings.overrides)
         # fewer GPU layers: the largest -ngl that fits at the minimum context
         a, b = 0, n_units
         while b - a > 1:
