@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from llamafit.memory.galloc import F32, Graph, Tensor, buffer_size
+from llamafit.memory.galloc import F32, Graph, Tensor, Where, buffer_size, placed
+from llamafit.memory.sched import split_buffers
 
 MiB = 1 << 20
 
@@ -82,3 +83,50 @@ def test_outputs_are_neither_freed_nor_reused() -> None:
     c = Graph.op("mul_mat", _f32(2), w, b)  # a is not freed: b's hole only
     g.expand(c)
     assert buffer_size(g) == 6 * MiB
+
+
+def _placed_graph(w_dev: dict[str, str]) -> Graph:
+    """input -> mul_mat(w1) -> unary -> mul_mat(w2) -> add(residual): the weights on the backends given."""
+    g = Graph()
+    with placed(Where(lambda layer, name: w_dev[name])):
+        x = Graph.input(_f32(1))
+        a = Graph.op("mul_mat", _f32(2), Graph.weight((8, 8), "w1"), x)
+        b = Graph.like("unary", a)
+        c = Graph.op("mul_mat", _f32(4), Graph.weight((8, 8), "w2"), b)
+        g.expand(Graph.op("add", _f32(4), c, Graph.op("mul_mat", _f32(4), Graph.weight((8, 8), "w3"), x)))
+    return g
+
+
+def test_the_scheduler_copies_what_a_split_reads_from_another_backend() -> None:
+    """w1 and w3 on GPU0, w2 on GPU1. Pass 2 expands GPU0 down over the unary and GPU0 (after w3's matmul)
+    over the add: three splits, GPU0 [mul_mat, unary] reading a copy of the CPU's input, GPU1 [mul_mat]
+    reading a copy of the unary's result, GPU0 [mul_mat, add] reading a copy of GPU1's result (the input's
+    copy on GPU0 is made once). GPU0: input copy [0,1), mul_mat [1,3) (the unary in place), freed once
+    copied; GPU1's result's copy [1,5), w3's matmul [5,9), the add in place (ggml-backend.cpp:1206-1700)."""
+    g = _placed_graph({"w1": "GPU0", "w2": "GPU1", "w3": "GPU0"})
+    sizes = split_buffers(g, ["GPU0", "GPU1", "CPU"], {})
+    assert sizes == {"GPU0": 9 * MiB, "GPU1": (2 + 4) * MiB, "CPU": MiB}
+
+
+def test_with_pipeline_parallelism_every_copy_is_kept_four_times() -> None:
+    """Four copies of every graph input and every split input, allocated first and never freed (nor
+    reused in place): GPU0 holds 4 x 1 + 4 x 4 MiB of copies, then the matmuls (the add in place of w3's,
+    not of the copy it reads)."""
+    g = _placed_graph({"w1": "GPU0", "w2": "GPU1", "w3": "GPU0"})
+    sizes = split_buffers(g, ["GPU0", "GPU1", "CPU"], {}, n_copies=4)
+    assert sizes == {"GPU0": (4 + 16 + 4) * MiB, "GPU1": (4 * 2 + 4) * MiB, "CPU": 4 * MiB}
+
+
+def test_the_cpu_does_not_pull_gpu_work_and_op_offload_moves_host_weight_ops() -> None:
+    """w1 on the CPU: its matmul is the CPU's, the unary after it goes to GPU1 (expanded up from w2's
+    matmul, a CPU node stops the expansion down); with op offload the matmul moves to the first GPU and
+    the weight is copied there in its own size."""
+    g = _placed_graph({"w1": "CPU", "w2": "GPU1", "w3": "GPU1"})
+    plain = split_buffers(g, ["GPU0", "GPU1", "CPU"], {})
+    assert "GPU0" not in plain or plain["GPU0"] == 0
+    assert plain["CPU"] == (1 + 2) * MiB  # the input and the matmul's result
+    g = _placed_graph({"w1": "CPU", "w2": "GPU1", "w3": "GPU1"})
+    w1 = next(s for n in g.nodes for s in n.src if s.weight and s.backend == "CPU")
+    w1.size = 3 * MiB
+    off = split_buffers(g, ["GPU0", "GPU1", "CPU"], {}, offload=lambda node, wb: "GPU0")
+    assert off["GPU0"] == (1 + 3 + 2) * MiB  # the input's copy, the weight's copy, the result

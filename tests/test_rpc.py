@@ -19,6 +19,7 @@ from llamafit.options import Options
 from llamafit.prepare import prepare
 from llamafit.rpc import parse_endpoints, rpc_devices
 from llamafit.server import ServerBinary, free_port
+from llamafit.units import MiB
 from tests import factory
 from tests.realserver import read_until, run_argv
 from tests.realserver import rpc_servers as start_rpc_servers
@@ -43,6 +44,9 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "qwen06": factory.qwen3_0_6b().write(d / "qwen3-0.6b.gguf"),
         "gemma3": factory.gemma3().write(d / "gemma3.gguf"),
         "draft": factory.dense(name="draft", n_layer=2).write(d / "draft.gguf"),
+        "moe": factory.moe(
+            name="moe", n_layer=8, n_embd=512, n_expert=16, n_expert_used=4, n_ff_exp=256, n_vocab=4096
+        ).write(d / "moe.gguf"),
     }
 
 
@@ -135,6 +139,40 @@ def test_loaded_through_rpc_the_buffers_match_the_plan(
             r = by[(kind, dev)]
             assert r.actual_mib is not None and r.within, r
     assert all(r.within for r in rows), [r for r in rows if not r.within]
+
+
+SPLITS = [
+    # (model, flags); "{rpc1}" is the second device's buffer type as llama-server names it
+    ("moe", ["-c", "4096", "-ngl", "all", "-ts", "5,3", "--n-cpu-moe", "3"]),  # experts on the CPU, full offload
+    ("moe", ["-c", "4096", "-np", "2", "-ngl", "all", "-ts", "5,3", "--n-cpu-moe", "2", "-ot",
+             r"blk\.2\.ffn_(gate|down)_(ch|)exps=CPU,blk\.4\.ffn_down_(ch|)exps={rpc1}"]),  # parts, a spill
+    ("qwen06", ["-c", "4096", "-ngl", "20", "-ts", "3,2"]),  # layers on the CPU (no full offload)
+    ("qwen06", ["-c", "4096", "-ngl", "25", "-ts", "3,2", "-fa", "off"]),
+    ("gemma3", ["-c", "4096", "-np", "2", "-ngl", "5", "-ts", "1,1"]),  # sliding window, partial
+    # a full offload without overrides: pipeline parallelism (four copies of every input)
+    ("qwen06", ["-c", "4096", "-ts", "3,2"]),
+    ("qwen06", ["-c", "8192", "-ub", "256", "-ts", "1,1", "-fa", "off"]),
+    ("moe", ["-c", "4096", "-np", "2", "-ts", "5,3"]),
+    ("gemma3", ["-c", "4096", "-np", "2", "-ts", "1,1"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("model", "args"), SPLITS)
+def test_split_over_backends_the_compute_buffers_are_the_logged_ones(
+    rpc_servers: list[str], server_bin: ServerBinary, models: dict[str, Path], model: str, args: list[str]
+) -> None:
+    """Each backend's compute buffer is its share of the scheduler's splits plus the copies of their inputs
+    (with pipeline parallelism four of each, and of every graph input); the replay of the scheduler
+    (llamafit.memory.sched) holds every device's and the host's to the log."""
+    args = [a.replace("{rpc1}", f"RPC0[{rpc_servers[1]}]") for a in args]
+    prep = prepare(str(models[model]), Options(server_args=args, rpc=[",".join(rpc_servers)], server=server_bin.path,
+                                               calibrate=False))  # fmt: skip
+    assert prep.plan.footprint.pipeline_parallel == ("-ngl" not in args and "-ot" not in args and "-ncmoe" not in args)
+    log = run_argv(server_bin, prep.argv[1:])
+    rows = [r for r in compare(prep.plan.footprint, log, "target", prep.plan.buffer_aliases) if r.kind == "compute"]
+    assert {r.buft for r in rows if r.actual_mib} == {"RPC0", "RPC1", "CPU"}
+    for r in rows:
+        assert r.actual_mib is not None and abs(r.predicted / MiB - r.actual_mib) <= 0.006, r
 
 
 def test_run_over_rpc_reports_each_remote_device(

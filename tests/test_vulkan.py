@@ -94,9 +94,31 @@ def test_the_plan_matches_the_vulkan_servers_buffers(
     for r in (r for r in rows if r.kind == "compute"):
         assert r.actual_mib is not None
         err = r.predicted / MiB / r.actual_mib - 1
-        # never under by more than 2 %; within 10 % over two devices. One device (no pipeline
-        # parallelism) is over by up to two embedding rows (README "Accuracy": 15 % on Qwen3-0.6B)
-        assert -0.02 <= err <= (0.10 if n == 2 else 0.20), f"{r.buft}: {r.predicted / MiB:.2f} vs {r.actual_mib}"
+        # the scheduler is replayed (test below); Vulkan's graph_optimize reorders nodes inside a split
+        # for fusion, which llamafit does not replay: never under by more than 2 %, within 10 %
+        assert -0.02 <= err <= 0.10, f"{r.buft}: {r.predicted / MiB:.2f} vs {r.actual_mib}"
+
+
+@pytest.mark.parametrize("devices", ["0", "0,0"], indirect=True)
+@pytest.mark.parametrize(("shape", "args"), [("qwen3-0.6b", []), ("qwen3-0.6b", ["-ngl", "20"]),
+                                             ("gemma3", ["-np", "2"]), ("gemma3", ["-ngl", "5"]),
+                                             ("moe", []), ("moe", ["-ngl", "3", "-fa", "off"])])  # fmt: skip
+def test_without_graph_reordering_the_compute_buffers_are_the_logged_ones(
+    vulkan: ServerBinary, shapes: dict[str, Path], shape: str, args: list[str], devices: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """With ggml-vulkan's node reordering off (GGML_VK_DISABLE_GRAPH_OPTIMIZE), each Vulkan device's and
+    the host's compute buffer equals the replay of the scheduler (llamafit.memory.sched): the devices'
+    splits, the copies of their inputs (four with pipeline parallelism), op offload of the CPU layers'
+    ops with their weights and caches copied in."""
+    monkeypatch.setenv("GGML_VK_DISABLE_GRAPH_OPTIMIZE", "1")
+    o = Options(server_args=["--no-warmup", "-c", "4096", *args], server=vulkan.path, calibrate=False)
+    found = server_and_caps(vulkan.path)
+    prep = prepare(str(shapes[shape]), o, machine=discover_for(o, found[0]), server=found)
+    rows = [r for r in compare_all(prep, run_argv(vulkan, prep.argv[1:], timeout=300)) if r.kind == "compute"]
+    assert {r.buft for r in rows} >= {"Vulkan0", "Vulkan_Host"}
+    for r in rows:
+        assert r.actual_mib is not None and abs(r.predicted / MiB - r.actual_mib) <= 0.006, r
 
 
 @pytest.mark.parametrize("devices", ["0,0"], indirect=True)

@@ -8,6 +8,7 @@ configuration is an argument of every call: a result never depends on what was t
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -113,12 +114,13 @@ class Search:
         *,
         context_label: str = "target",
         share_weights: bool = False,
+        exact_compute: bool = True,
     ) -> Footprint:
         """The memory model with this machine's calibration applied (compute scale, runtime overhead)."""
         return estimate(
             model, s, ids, free=[self.free[i] for i in ids], compute_scale=self.calib.compute_scale or None,
             overhead=self.calib.overhead, context_label=context_label, share_weights=share_weights,
-            limits=self.limits,
+            limits=self.limits, exact_compute=exact_compute,
         )  # fmt: skip
 
     def card_total(self, dev: str) -> int:
@@ -127,9 +129,12 @@ class Search:
     def budget(self, dev: str) -> int:
         return self.usable.get(dev, self.host_usable)
 
-    def run(self, s: LoadSettings, spec: SpecConfig) -> Trial:
-        fp = self.estimate(self.model, s, self.ids)
-        dfp, extra = drafter_use(self.model, spec, self.opts, s, fp, self.ids, self.estimate, self.card_total)
+    def run(self, s: LoadSettings, spec: SpecConfig, exact: bool = True) -> Trial:
+        """``s`` priced; ``exact=False``: split graphs' compute by the per-phase estimate (the bisections'
+        quick probes, settled with exact trials after)."""
+        est = self.estimate if exact else functools.partial(self.estimate, exact_compute=False)
+        fp = est(self.model, s, self.ids)
+        dfp, extra = drafter_use(self.model, spec, self.opts, s, fp, self.ids, est, self.card_total)
         for dev, u in self.fixed.items():
             extra[dev] = extra.get(dev, Use()) + u
         unified = sum(fp.gpus[g].total + extra.get(g, Use()).total for g in self.unified)
@@ -157,7 +162,9 @@ class Search:
         if len(self.ids) == 1:
             return replace(s, n_gpu_layers=ngl if ngl < n_units else -1, tensor_split=())
         probe_s = replace(s, n_gpu_layers=-1, tensor_split=(1.0,) * len(self.ids))
-        probe = self.estimate(self.model, probe_s, self.ids)
+        # a probe for the per-layer costs: the per-phase compute is enough here (the trial that follows
+        # is priced exactly, and a card its split overflows is packed again with that cut)
+        probe = self.estimate(self.model, probe_s, self.ids, exact_compute=False)
         # the placement does not change the context: the probe's is the one every split gets
         mem = per_layer_memory(hp, probe.context) if s.offload_kqv else [0] * hp.n_layer_all
         _, probe_draft = drafter_use(self.model, spec, self.opts, probe_s, probe, self.ids, self.estimate,
@@ -188,11 +195,11 @@ class Search:
             return None
         return replace(s, n_gpu_layers=ngl if ngl < n_units else -1, tensor_split=tuple(float(c) for c in counts))
 
-    def place(self, s: LoadSettings, n_gpu_layers: int, spec: SpecConfig) -> Trial | None:
+    def place(self, s: LoadSettings, n_gpu_layers: int, spec: SpecConfig, exact: bool = True) -> Trial | None:
         packed = self.pack(s, n_gpu_layers, spec)
         if packed is None:
             return None
-        t = self.run(packed, spec)
+        t = self.run(packed, spec, exact)
         # where the real split makes one card's compute buffer larger than the packing priced it, take
         # the overflow off that card and pack again (at most three passes)
         cuts: dict[str, int] = {}
@@ -203,7 +210,7 @@ class Search:
             again = self.pack(s, n_gpu_layers, spec, cuts)
             if again is None:
                 break
-            t = self.run(again, spec)
+            t = self.run(again, spec, exact)
         return t
 
     def grow(self, t: Trial, spec: SpecConfig) -> Trial:
@@ -232,12 +239,14 @@ class Search:
     def on_gpus(self, t: Trial) -> int:
         return sum(t.fp.gpus[g].model for g in self.ids)
 
-    def first_fit(self, t: Trial, overrides: tuple[Override, ...], spec: SpecConfig) -> Trial | None:
-        """``t`` with these overrides, the split as it is or with one layer moved between two cards (the
-        packing's per-card budgets are conservative, see ``grow``): the first that fits."""
+    def first_fit(
+        self, t: Trial, overrides: tuple[Override, ...], spec: SpecConfig, moves: bool = True
+    ) -> Trial | None:
+        """``t`` with these overrides, the split as it is or (``moves``) with one layer moved between two
+        cards (the packing's per-card budgets are conservative, see ``grow``): the first that fits."""
         s = replace(t.settings, overrides=overrides)
         cands = [s]
-        counts = list(s.tensor_split)
+        counts = list(s.tensor_split) if moves else []
         for i in range(len(counts)):
             for j in range(len(counts)):
                 if i != j and counts[j] > 1:
@@ -246,12 +255,12 @@ class Search:
         return next((c for c in (self.run(x, spec) for x in cands) if c.ok), None)
 
     def fewer_experts_on_cpu(
-        self, t: Trial, k: int, spec: SpecConfig, extra: tuple[Override, ...] = ()
+        self, t: Trial, k: int, spec: SpecConfig, extra: tuple[Override, ...] = (), moves: bool = True
     ) -> tuple[Trial, int]:
         """With the experts of the first ``k`` layers on the CPU: one layer's experts back to the GPUs at
         a time while the full estimate fits (``first_fit``). ``extra``: overrides kept as they are."""
         while k > 0:
-            nxt = self.first_fit(t, experts_on_cpu(k - 1) + extra, spec)
+            nxt = self.first_fit(t, experts_on_cpu(k - 1) + extra, spec, moves)
             if nxt is None:
                 break
             t, k = nxt, k - 1
@@ -264,7 +273,7 @@ class Search:
         then up and gate, as llama.cpp's fit does (common/fit.cpp:810-858). Returns the trial and the part
         (``experts_on_cpu``)."""
         while k > 0 and part < len(PARTIAL_EXPS_REGEX):
-            nxt = self.first_fit(t, experts_on_cpu(k, part + 1) + extra, spec)
+            nxt = self.first_fit(t, experts_on_cpu(k, part + 1) + extra, spec, moves=False)
             if nxt is None or self.on_gpus(nxt) <= self.on_gpus(t):  # a fused gate_up moves nothing more
                 break
             t, part = nxt, part + 1
@@ -276,8 +285,8 @@ class Search:
         (``expert_parts``); across several cards, a card's last expert layer also puts part of its
         experts (gate and down, or down) on the next card where that card has such room, when the room
         it frees lets more experts off the CPU (llama.cpp's fit overflows a card's partial layer to the
-        next card the same way, common/fit.cpp:815-825). The context never pays for this: speed
-        options do not cut it."""
+        next card the same way, common/fit.cpp:815-825). The split and the context stay: a speed option
+        does not cut the context."""
         t, part = self.expert_parts(t, k, spec)
         extra: tuple[Override, ...] = ()
         for d in range(len(self.ids) - 1):
@@ -291,7 +300,7 @@ class Search:
                 c = self.run(replace(t.settings, overrides=experts_on_cpu(k, part) + moved), spec)
                 if not c.ok:
                     continue
-                t2, k2 = self.fewer_experts_on_cpu(c, k, spec, moved)
+                t2, k2 = self.fewer_experts_on_cpu(c, k, spec, moved, moves=False)
                 t2, p2 = self.expert_parts(t2, k2, spec, part if k2 == k else 0, moved)
                 if self.on_gpus(t2) > self.on_gpus(t):
                     t, k, part, extra = t2, k2, p2, moved
@@ -332,14 +341,16 @@ class Search:
                 b, fb = m, (t.over if t is not None else None)
         return best
 
-    def attempt_at(self, s: LoadSettings, n_gpu_layers: int, spec: SpecConfig) -> Callable[[int], Trial | None]:
+    def attempt_at(
+        self, s: LoadSettings, n_gpu_layers: int, spec: SpecConfig, exact: bool = True
+    ) -> Callable[[int], Trial | None]:
         """Price ``s`` at a given context with the top ``n_gpu_layers`` layers packed over the GPUs."""
 
         def attempt(ctx: int) -> Trial | None:
             s2 = replace(s, n_ctx=ctx)
             if not self.ids:
-                return self.run(replace(s2, n_gpu_layers=0), spec)
-            return self.place(s2, n_gpu_layers, spec)
+                return self.run(replace(s2, n_gpu_layers=0), spec, exact)
+            return self.place(s2, n_gpu_layers, spec, exact)
 
         return attempt
 
@@ -368,23 +379,27 @@ class Search:
             def with_experts_on_cpu(k: int) -> LoadSettings:
                 return replace(base, overrides=experts_on_cpu(k))
 
-            def gpus_hold(k: int) -> bool:
-                t = at(with_experts_on_cpu(k), n_units, spec)(lo)
+            def held(t: Trial | None) -> bool:
                 return t is not None and all(t.total(g) <= self.usable[g] for g in self.ids)
+
+            def gpus_hold(k: int) -> bool:  # a quick probe (per-phase compute) for the bisection
+                return held(at(with_experts_on_cpu(k), n_units, spec, exact=False)(lo))
 
             a, b = -1, hp.n_layer
             if gpus_hold(b):
                 while b - a > 1:
                     m = (a + b) // 2
                     a, b = (a, m) if gpus_hold(m) else (m, b)
-            t = at(with_experts_on_cpu(b), n_units, spec)(lo) if a < b else None
+            t = at(with_experts_on_cpu(b), n_units, spec)(lo)
+            while not held(t) and b < hp.n_layer:  # the quick probe was short: settle on exact trials
+                b += 1
+                t = at(with_experts_on_cpu(b), n_units, spec)(lo)
             if t is not None and t.ok:
                 refined, k = self.fewer_experts_on_cpu(t, b, spec)
-                if k < b:  # the split the exact estimate found at the minimum context stays
-                    split = refined.settings
-                    r = self.max_ctx(lo, hi, lambda ctx: self.run(replace(split, n_ctx=ctx), spec))
-                else:
-                    r = self.max_ctx(lo, hi, at(with_experts_on_cpu(b), n_units, spec))
+                # the split found at the minimum context stays while the context grows (packed again at
+                # each context, a split can lose a step another one holds: the search is not monotone)
+                split = refined.settings
+                r = self.max_ctx(lo, hi, lambda ctx: self.run(replace(split, n_ctx=ctx), spec))
                 if r is not None:
                     r = self.finer_experts(r, k, spec)
                     return r, messages.placement_cpu_moe(hp.n_layer, r.settings.overrides)
@@ -392,10 +407,18 @@ class Search:
         a, b = 0, n_units
         while b - a > 1:
             m = (a + b) // 2
-            t = at(base, m, spec)(lo)
+            t = at(base, m, spec, exact=False)(lo)  # quick probes, settled on exact trials below
             a, b = (m, b) if t is not None and t.ok else (a, m)
+        packed = at(base, a, spec)(lo) if a > 0 else None
+        while a > 0 and (packed is None or not packed.ok):
+            a -= 1
+            packed = at(base, a, spec)(lo) if a > 0 else None
+        while 0 < a < n_units - 1:
+            more = at(base, a + 1, spec)(lo)
+            if more is None or not more.ok:
+                break
+            a, packed = a + 1, more
         if a > 0:
-            packed = at(base, a, spec)(lo)
             grown = self.grow(packed, spec) if packed is not None else None
             if grown is not None and grown.settings != packed.settings:  # type: ignore[union-attr]
                 # the layers the exact estimate adds at the minimum context stay where it put them

@@ -23,7 +23,7 @@ matmul weight on the first GPU, and pipeline-parallel input copies (x4).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from llamafit.ggml import by_name
@@ -31,8 +31,9 @@ from llamafit.gguf.hparams import Hparams
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory import backends
 from llamafit.memory.context import ContextParams, attention_layers, per_layer_memory, recurrent_layers, swa_cells
-from llamafit.memory.placement import CPU, WeightPlacement
-from llamafit.memory.replay import graph_bytes, pooling_kind, recurrent_bytes
+from llamafit.memory.galloc import Tensor
+from llamafit.memory.placement import CPU, WeightPlacement, output_weight_device
+from llamafit.memory.replay import graph_bytes, pooling_kind, recurrent_bytes, split_graph_bytes
 
 SMALL_INPUT_FLOATS = 10  # positions, token ids, output ids per token
 PP_COPIES = 4  # GGML_SCHED_MAX_COPIES (ggml-backend.cpp:911-912)
@@ -126,8 +127,10 @@ def compute_buffers(
     pipeline_parallel: bool = False,
     embeddings: bool = False,
     pooling: str | None = None,
+    replay_split: bool = True,
 ) -> ComputeEstimate:
-    """Bytes of every compute buffer the pp reserve creates (``sched_reserve: ... compute buffer size``)."""
+    """Bytes of every compute buffer the pp reserve creates (``sched_reserve: ... compute buffer size``).
+    ``replay_split=False``: a graph over several backends keeps the per-phase estimate (quick)."""
     hp = model.hparams
     dims = layer_dims(model)
     U = cp.n_ubatch
@@ -224,7 +227,7 @@ def compute_buffers(
     # on the host when the output weight stayed there and no device takes the matmul (a weight larger
     # than the device accepts, ggml-vulkan.cpp:15331-15352, cannot be offloaded either)
     out_dev = layer_dev[hp.n_layer_all]
-    if out_dev != CPU and _output_weight_device(placement, out_dev) == CPU:
+    if out_dev != CPU and output_weight_device(placement, out_dev) == CPU:
         out_dev = CPU
     n_out = min(U, n_outputs)
     logits = hp.n_vocab * n_out * 4 + U * 4 * 2 * E
@@ -245,6 +248,16 @@ def compute_buffers(
     if whole is not None:
         # the whole graph on one backend, replayed through ggml-alloc (llamafit.memory.replay): exact
         out = {next(iter(devices_used)): whole}
+
+    if gpus and replay_split:
+        backends_order = [*gpus, CPU]
+        aligns = {d: backends.alignment(d, 32) for d in backends_order}
+        offload = _op_offload(gpus) if op_offload else None
+        split = split_graph_bytes(model, cp, n_outputs, fa, placement, backends_order, aligns, pool,
+                                  PP_COPIES if pipeline_parallel else 1, offload)  # fmt: skip
+        if split is not None:
+            # the graph over several backends, replayed through the scheduler (llamafit.memory.sched)
+            return ComputeEstimate({k: v for k, v in split.items() if v > 0}, fa, pipeline_parallel)
 
     if gpus:
         # How ggml_backend_sched splits the graph (ggml-backend.cpp:1500-1580, 1700-1730): graph inputs
@@ -300,14 +313,20 @@ def compute_buffers(
     return ComputeEstimate({k: v for k, v in out.items() if v > 0}, fa, pipeline_parallel)
 
 
-def _output_weight_device(placement: WeightPlacement, out_dev: str) -> str:
-    """Where the output matmul's weight is: ``output.weight``, or with tied embeddings the copy of
-    ``token_embd`` on the output device when there is one, else the input's (shared)."""
-    mine = [p for p in placement.tensors if p.tensor.name == "output.weight"]
-    if not mine:
-        emb = [p for p in placement.tensors if p.tensor.name == "token_embd.weight"]
-        mine = [p for p in emb if p.device == out_dev] or emb
-    return mine[0].device if mine else out_dev
+def _op_offload(gpus: Sequence[str]) -> Callable[[Tensor, str], str | None]:
+    """ggml_backend_offload_op (ggml-backend.cpp:1100-1118): an op on a host weight goes to the first GPU
+    whose backend takes it, CUDA's and Vulkan's when its batch has at least 32 rows (get_op_batch_size,
+    ggml-cuda.cu:5739-5758, ggml-vulkan-debug.cpp:766-779); an RPC device never asks."""
+    first = next((g for g in gpus if backends.kind(g) == "gpu"), None)
+
+    def offload(node: Tensor, weight_backend: str) -> str | None:
+        if first is None or node.op == "get_rows":
+            return None
+        ne = node.ne
+        batch = ne[1] if node.op == "mul_mat" else ne[2] if node.op in ("mul_mat_id", "rope") else ne[1] * ne[2] * ne[3]
+        return first if batch >= OP_OFFLOAD_MIN_BATCH else None
+
+    return offload
 
 
 def output_buffer_bytes(

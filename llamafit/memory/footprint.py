@@ -116,12 +116,15 @@ def estimate(
     share_weights: bool = False,
     compute_scale: Mapping[str, float] | None = None,
     limits: Mapping[str, int] | None = None,
+    exact_compute: bool = True,
 ) -> Footprint:
     """Predict every buffer of one llama_context over ``model`` with settings ``s`` on ``gpus``.
 
     ``free`` (bytes per GPU) is only used for llama.cpp's default layer split when ``-ts`` is unset.
     ``share_weights``: a second context over an already loaded model (an MTP context): no weights.
     ``overhead`` may be per GPU; ``compute_scale`` (buffer name -> factor) applies calibration.
+    ``exact_compute=False``: a split graph's compute buffers by the per-phase estimate, not the replay of
+    the scheduler (a quick probe; ``llamafit.memory.compute``).
     """
     hp = model.hparams
     gpu_ids = list(gpus)
@@ -164,7 +167,7 @@ def estimate(
     mem = memory_buffers(hp, cp, placement.layer_device)
     comp = compute_buffers(
         model, cp, placement, gpus=gpu_ids, n_outputs=cp.n_outputs_max, fa=fa, op_offload=s.op_offload,
-        pipeline_parallel=pp, embeddings=s.embeddings, pooling=s.pooling,
+        pipeline_parallel=pp, embeddings=s.embeddings, pooling=s.pooling, replay_split=exact_compute,
     )  # fmt: skip
     out_bytes = output_buffer_bytes(hp, cp.n_outputs_max, cp.n_seq_max, embeddings=s.embeddings)
     out_bytes += 4 * hp.n_embd * cp.n_batch * s.extract_hidden

@@ -21,8 +21,11 @@ memory (weights, caches) take no space.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 F32 = 4
 I32 = 4
@@ -36,7 +39,60 @@ INPLACE_OPS = frozenset({
 })  # fmt: skip
 
 
-@dataclass(eq=False)
+@dataclass(frozen=True)
+class Where:
+    """Where a graph's own memory sits when it spans several backends (``llamafit.memory.sched``):
+    ``device(layer, name)`` for a weight (``name``: its GGUF name in the layer, ``attn_q``, ``ffn_up_exps``,
+    ``token_embd``, ``output``), a layer's KV cache (``cache``) and a layer's pinned norm (``norm``);
+    ``pin_norms``: llama.cpp puts each layer's norms on the layer's device (a full offload,
+    llama-context.cpp:2646-2661)."""
+
+    device: Callable[[int | None, str], str]
+    pin_norms: bool = False
+    # a weight's bytes in its own type, and with rows padded (ggml-cuda's allocation): what a copy of it
+    # takes in another backend's buffer (op offload); None: unknown
+    size: Callable[[int | None, str], tuple[int, int] | None] | None = None
+
+
+T = TypeVar("T")
+_WHERE: ContextVar[Where | None] = ContextVar("llamafit_galloc_where", default=None)
+_LAYER: ContextVar[int | None] = ContextVar("llamafit_galloc_layer", default=None)
+
+
+@contextmanager
+def _setting(var: ContextVar[T], value: T) -> Iterator[None]:
+    token = var.set(value)
+    try:
+        yield
+    finally:
+        var.reset(token)
+
+
+def placed(where: Where | None) -> AbstractContextManager[None]:
+    """Tensors made inside are tagged with their backends (builders made outside are untagged: one backend)."""
+    return _setting(_WHERE, where)
+
+
+def in_layer(il: int | None) -> AbstractContextManager[None]:
+    """The layer the weights, caches and norms made inside belong to."""
+    return _setting(_LAYER, il)
+
+
+def _device_of(name: str) -> str | None:
+    where = _WHERE.get()
+    return where.device(_LAYER.get(), name) if where is not None else None
+
+
+def pin_norm(t: Tensor) -> Tensor:
+    """A layer's norm (build_norm's ``norm-il``) on the layer's device where llama.cpp pins it."""
+    where = _WHERE.get()
+    il = _LAYER.get()
+    if where is not None and where.pin_norms and il is not None:
+        t.pinned = where.device(il, "norm")
+    return t
+
+
+@dataclass(eq=False, slots=True)
 class Tensor:
     ne: tuple[int, int, int, int]
     nb: tuple[int, int, int, int]
@@ -47,9 +103,16 @@ class Tensor:
     external: bool = False  # memory of its own outside the compute buffer (weights, caches)
     is_input: bool = False
     is_output: bool = False
+    backend: str | None = None  # the backend whose buffer holds an external tensor (under ``placed``)
+    weight: bool = False  # a model weight (GGML_BACKEND_BUFFER_USAGE_WEIGHTS), not a cache
+    pinned: str | None = None  # the backend llama.cpp assigns a node to (ggml_backend_sched_set_tensor_backend)
+    size: int | None = None  # bytes when the type is not what ``esize`` describes (a quantized weight)
+    padded: int | None = None  # ``size`` with rows padded, as ggml-cuda allocates a copy of it
 
     @property
     def nbytes(self) -> int:
+        if self.size is not None:
+            return self.size
         if any(n <= 0 for n in self.ne):
             return 0
         return self.esize + sum((n - 1) * b for n, b in zip(self.ne, self.nb, strict=True))
@@ -93,9 +156,23 @@ class Graph:
         return Tensor(ne, _strides(ne, esize), esize, op, tuple(src))
 
     @staticmethod
-    def weight(shape: Sequence[int]) -> Tensor:
+    def weight(shape: Sequence[int], name: str = "") -> Tensor:
+        """A model weight; ``name`` (its GGUF name in the layer) tells ``Where`` which tensor it is."""
         t = Graph.new(shape)
+        t.external = t.weight = True
+        t.backend = _device_of(name)
+        where = _WHERE.get()
+        sizes = where.size(_LAYER.get(), name) if where is not None and where.size is not None else None
+        if sizes is not None:
+            t.size, t.padded = sizes
+        return t
+
+    @staticmethod
+    def cache(shape: Sequence[int], esize: int = F32) -> Tensor:
+        """A layer's K or V cache (sized elsewhere)."""
+        t = Graph.new(shape, esize)
         t.external = True
+        t.backend = _device_of("cache")
         return t
 
     @staticmethod
@@ -222,79 +299,107 @@ class _Blocks:
         free.insert(pos, [offset, size])
 
 
-@dataclass
+@dataclass(slots=True)
 class _State:
     children: int = 0
     views: int = 0
     allocated: bool = False
     offset: int = 0
+    buffer: str = ""
+    size: int = -1  # nbytes, once asked
 
 
 def buffer_size(graph: Graph, alignment: int = 32) -> int:
     """The buffer ``ggml_gallocr_reserve`` sizes for ``graph`` on one backend (alignment: the buffer
     type's; 32 for the CPU, TENSOR_ALIGNMENT)."""
-    blocks = _Blocks(alignment)
-    state: dict[int, _State] = {}
+    return allocate(graph.leafs, graph.nodes, {"": alignment}).get("", 0)
 
-    def st(t: Tensor) -> _State:
-        s = state.get(id(t))
-        if s is None:
-            s = state[id(t)] = _State()
-        return s
 
-    def is_allocated(t: Tensor) -> bool:
-        return t.external or st(t).allocated
+def allocate(
+    leafs: Sequence[Tensor],
+    nodes: Sequence[Tensor],
+    alignments: dict[str, int],
+    *,
+    leaf_buffers: Sequence[str] | None = None,
+    node_buffers: Sequence[str] | None = None,
+    srcs: dict[Tensor, tuple[Tensor, ...]] | None = None,
+) -> dict[str, int]:
+    """``ggml_gallocr_alloc_graph_impl`` over one buffer per backend (ggml-alloc.c:718-823): each leaf
+    and node in its buffer (``*_buffers``, by position; the only buffer when not given), a source
+    allocated with the buffer of the node that reads it. ``srcs``: sources that replace a node's own
+    (the scheduler's copies). Returns each buffer's high-water mark."""
+    only = next(iter(alignments))
+    blocks = {name: _Blocks(a) for name, a in alignments.items()}
+    node_srcs = [srcs.get(n, n.src) for n in nodes] if srcs else [n.src for n in nodes]
+    state: dict[Tensor, _State] = {}  # tensors hash by identity (eq=False)
+    for t in (*leafs, *nodes):
+        state[t] = _State()
+    for ss in node_srcs:
+        for t in ss:
+            if t not in state:
+                state[t] = _State()
 
-    def allocate(t: Tensor) -> None:
-        hn = st(t)
-        if is_allocated(t) or t.view_src is not None:
+    def nbytes(t: Tensor, hn: _State) -> int:
+        if hn.size < 0:
+            hn.size = t.nbytes
+        return hn.size
+
+    def alloc(t: Tensor, buffer: str, srcs_t: Sequence[Tensor]) -> None:
+        hn = state[t]
+        if t.external or hn.allocated or t.view_src is not None:
             return
         hn.allocated = True
         if t.op in INPLACE_OPS:
-            for parent in t.src:
-                p = st(parent)
+            for parent in srcs_t:
+                p = state[parent]
                 # a view is never "own" (views are not allocated), so only plain parents are reused
                 if not p.allocated or parent.is_output or not t.same_layout(parent):
                     continue
                 if p.children == 1 and p.views == 0:
-                    hn.offset = p.offset
+                    hn.offset, hn.buffer = p.offset, p.buffer
                     p.allocated = False
-                    extra = blocks._align(parent.nbytes) - blocks._align(t.nbytes)
+                    b = blocks[p.buffer]
+                    extra = b._align(nbytes(parent, p)) - b._align(nbytes(t, hn))
                     if extra > 0:  # ggml_gallocr_free_extra_space
-                        blocks.release(p.offset + blocks._align(t.nbytes), extra)
+                        b.release(p.offset + b._align(nbytes(t, hn)), extra)
                     return
-        hn.offset = blocks.alloc(t.nbytes)
+        hn.buffer = buffer
+        hn.offset = blocks[buffer].alloc(nbytes(t, hn))
 
-    def free(t: Tensor) -> None:
+    def free(t: Tensor, hn: _State) -> None:
         if t.is_output:
             return
-        blocks.release(st(t).offset, t.nbytes)
-        st(t).allocated = False
+        blocks[hn.buffer].release(hn.offset, nbytes(t, hn))
+        hn.allocated = False
 
-    for leaf in graph.leafs:
-        allocate(leaf)
-    for node in graph.nodes:
+    no_srcs: tuple[Tensor, ...] = ()
+    for i, leaf in enumerate(leafs):
+        alloc(leaf, leaf_buffers[i] if leaf_buffers else only, leaf.src)
+    for i, node in enumerate(nodes):
+        buffer = node_buffers[i] if node_buffers else only
         if node.view_src is not None and node.op != "none":
-            st(node.view_src).views += 1
+            state[node.view_src].views += 1
         if node.is_input:
-            allocate(node)
-        for s in node.src:
-            st(s).children += 1
+            alloc(node, buffer, node_srcs[i])
+        for s in node_srcs[i]:
+            state[s].children += 1
             if s.is_input:
-                allocate(s)
-    for node in graph.nodes:
-        for parent in node.src:
-            allocate(parent)
-        allocate(node)
-        for parent in node.src:
-            p = st(parent)
+                alloc(s, buffer, no_srcs)
+    for i, node in enumerate(nodes):
+        buffer = node_buffers[i] if node_buffers else only
+        ss = node_srcs[i]
+        for parent in ss:
+            alloc(parent, buffer, no_srcs)
+        alloc(node, buffer, ss)
+        for parent in ss:
+            p = state[parent]
             p.children -= 1
             if p.children == 0 and p.views == 0:
                 if parent.view_src is not None:
-                    v = st(parent.view_src)
+                    v = state[parent.view_src]
                     v.views -= 1
                     if v.views == 0 and v.children == 0 and v.allocated:
-                        free(parent.view_src)
+                        free(parent.view_src, v)
                 elif p.allocated:
-                    free(parent)
-    return blocks.max_size
+                    free(parent, p)
+    return {name: b.max_size for name, b in blocks.items()}

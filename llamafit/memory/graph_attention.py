@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llamafit.memory.galloc import F32, I32, I64, Graph, Tensor, buffer_size
+from llamafit.memory.galloc import F32, I32, I64, Graph, Tensor, buffer_size, in_layer
 from llamafit.memory.graph_trunk import Experts, gated_ffn, input_embeddings, moe_ffn, output_head, rms_norm
 
 
@@ -50,6 +50,7 @@ class Reserve:
     n_stream: int  # 1 with a unified cache, else n_seq_max
     flash_attn: bool
     cache_esize: int = 2  # bytes per element of the K cache (F16 unless -ctk f32)
+    cache_esize_v: int = 2  # and of the V cache (what a copy of a cache view takes, op offload)
     n_rs_seq: int = 0  # recurrent-state snapshots kept for speculative rollback (hybrids)
     pooling: str | None = None  # an embedding context's pooling ("none", "mean", "cls", "last"); None: not one
     rot_k: int = 0  # Hadamard rotation size for a quantized K cache (llama-kv-cache.cpp:321-348), 0: none
@@ -94,17 +95,18 @@ class Builder:
             g.expand(inp_l)
         out_ids = Graph.input((max(1, min(self.r.n_outputs, T)),), I32)
         for il in range(sh.n_layer):
-            cur = self.attention(rms_norm(inp_l), il)
-            if il == sh.n_layer - 1:
-                cur = Graph.get_rows(cur, out_ids)
-                inp_l = Graph.get_rows(inp_l, out_ids)
-            if self.gemma:
-                cur = rms_norm(cur)
-            ffn_inp = Graph.like("add", cur, inp_l)
-            cur = self.ffn(rms_norm(ffn_inp), il)
-            if self.gemma:
-                cur = rms_norm(cur)
-            inp_l = Graph.like("add", cur, ffn_inp)
+            with in_layer(il):
+                cur = self.attention(rms_norm(inp_l), il)
+                if il == sh.n_layer - 1:
+                    cur = Graph.get_rows(cur, out_ids)
+                    inp_l = Graph.get_rows(inp_l, out_ids)
+                if self.gemma:
+                    cur = rms_norm(cur)
+                ffn_inp = Graph.like("add", cur, inp_l)
+                cur = self.ffn(rms_norm(ffn_inp), il)
+                if self.gemma:
+                    cur = rms_norm(cur)
+                inp_l = Graph.like("add", cur, ffn_inp)
         output_head(g, inp_l, sh.n_vocab, self.r.pooling, max(1, self.r.n_seqs))
         return g
 
@@ -114,16 +116,16 @@ class Builder:
         if sh.experts is None or il < sh.n_dense_lead:
             return gated_ffn(cur, sh.n_ff[il])
         routed = moe_ffn(self.g, cur, sh.experts)
-        return Graph.like("add", routed, gated_ffn(cur, sh.n_ff_shexp)) if sh.n_ff_shexp else routed
+        return Graph.like("add", routed, gated_ffn(cur, sh.n_ff_shexp, "_shexp")) if sh.n_ff_shexp else routed
 
     def attention(self, cur: Tensor, il: int) -> Tensor:
         sh, T = self.sh, self.T
         W = Graph.weight
         n_kv_h = sh.n_head_kv[il]
         hk, hv, nh = sh.head_k, sh.head_v, sh.n_head
-        q = Graph.reshape(Graph.mul_mat(W((sh.n_embd, hk * nh)), cur), (hk, nh, T))
-        k = Graph.reshape(Graph.mul_mat(W((sh.n_embd, hk * n_kv_h)), cur), (hk, n_kv_h, T))
-        v = Graph.reshape(Graph.mul_mat(W((sh.n_embd, hv * n_kv_h)), cur), (hv, n_kv_h, T))
+        q = Graph.reshape(Graph.mul_mat(W((sh.n_embd, hk * nh), "attn_q"), cur), (hk, nh, T))
+        k = Graph.reshape(Graph.mul_mat(W((sh.n_embd, hk * n_kv_h), "attn_k"), cur), (hk, n_kv_h, T))
+        v = Graph.reshape(Graph.mul_mat(W((sh.n_embd, hv * n_kv_h), "attn_v"), cur), (hv, n_kv_h, T))
         if sh.qk_norm:
             q, k = rms_norm(q), rms_norm(k)
         q = Graph.like("rope", q, self.pos)
@@ -132,13 +134,12 @@ class Builder:
             q = Graph.like("scale", q)
         # one cache: Q, V, K (llama-graph.cpp:2971-2975); two caches: Q, K, V (llama-graph.cpp:3222-3230)
         out = self.attend(q, k, v, "swa" if sh.is_swa[il] else "full", two_caches=self.gemma)
-        return Graph.mul_mat(W((hv * nh, sh.n_embd)), out)
+        return Graph.mul_mat(W((hv * nh, sh.n_embd), "attn_output"), out)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, kind: str, *, two_caches: bool = False) -> Tensor:
         """build_attn from the expansions of Q, K and V to the attention output (before ``wo``): the
         stores into the cache, then build_attn_mha over the cache's views."""
         r, g, T, ns = self.r, self.g, self.T, self.ns
-        W = Graph.weight
         hk, n_kv_h, hv, nh = k.ne[0], k.ne[1], v.ne[0], q.ne[1]
         inp = self.inputs[kind]
         n_kv = r.n_kv_swa if kind == "swa" else r.n_kv
@@ -148,8 +149,8 @@ class Builder:
             v = _hadamard(v, inp["v_rot"])
         for t in (q, k, v) if two_caches else (q, v, k):
             g.expand(t)
-        k_cache = W((hk * n_kv_h, n_kv * ns))
-        v_cache = W((hv * n_kv_h, n_kv * ns))
+        k_cache = Graph.cache((hk * n_kv_h, n_kv * ns), r.cache_esize)
+        v_cache = Graph.cache((hv * n_kv_h, n_kv * ns), r.cache_esize_v)
         k2 = Graph.view(k, (hk * n_kv_h, T), (k.nb[2],))
         g.expand(Graph.set_rows(k_cache, k2, inp["k_idxs"]))
         if r.flash_attn:

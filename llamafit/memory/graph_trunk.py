@@ -12,17 +12,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from llamafit.memory.galloc import I32, I64, Graph, Tensor
+from llamafit.memory.galloc import I32, I64, Graph, Tensor, pin_norm
 
 
-def rms_norm(x: Tensor) -> Tensor:
-    """build_norm(x, w, NULL, LLM_NORM_RMS): the norm, then the weight (in place)."""
-    return Graph.like("mul", Graph.like("rms_norm", x), Graph.weight((x.ne[0],)))
+def rms_norm(x: Tensor, name: str = "") -> Tensor:
+    """build_norm(x, w, NULL, LLM_NORM_RMS): the norm (a layer's is pinned where llama.cpp pins it), then
+    the weight (in place)."""
+    return Graph.like("mul", pin_norm(Graph.like("rms_norm", x)), Graph.weight((x.ne[0],), name))
 
 
 def input_embeddings(g: Graph, n_embd: int, n_vocab: int, n_tokens: int) -> Tensor:
     """The token rows (the selected input) after every input of build_inp_embd is expanded."""
-    tok_embd = Graph.weight((n_embd, n_vocab))
+    tok_embd = Graph.weight((n_embd, n_vocab), "token_embd")
     rows = Graph.get_rows(tok_embd, Graph.input((n_tokens,), I32))
     dup = Graph.like("dup", Graph.input((n_embd, n_tokens)))
     mixed_rows = Graph.get_rows(tok_embd, Graph.input((n_tokens,), I32))
@@ -35,8 +36,8 @@ def input_embeddings(g: Graph, n_embd: int, n_vocab: int, n_tokens: int) -> Tens
 def output_head(g: Graph, hidden: Tensor, n_vocab: int, pooling: str | None = None, n_seqs: int = 1) -> None:
     """The output norm and the logits, expanded last and marked as outputs (never freed or reused), then
     the pooling of an embedding context."""
-    embd = rms_norm(hidden)
-    logits = Graph.mul_mat(Graph.weight((hidden.ne[0], n_vocab)), embd)
+    embd = rms_norm(hidden, "output_norm")
+    logits = Graph.mul_mat(Graph.weight((hidden.ne[0], n_vocab), "output"), embd)
     g.expand(logits)
     embd.is_output = logits.is_output = True
     pool(g, embd, pooling, n_seqs)
@@ -58,13 +59,14 @@ def pool(g: Graph, embd: Tensor, pooling: str | None, n_seqs: int) -> None:
     out.is_output = True
 
 
-def gated_ffn(cur: Tensor, n_ff: int) -> Tensor:
-    """build_ffn with a parallel gate (llama-graph.cpp:1799-1930): up, gate, the GLU of (gate, up), down."""
+def gated_ffn(cur: Tensor, n_ff: int, suffix: str = "") -> Tensor:
+    """build_ffn with a parallel gate (llama-graph.cpp:1799-1930): up, gate, the GLU of (gate, up), down
+    (``suffix``: ``_shexp`` for a shared expert's weights)."""
     n_embd = cur.ne[0]
-    up = Graph.mul_mat(Graph.weight((n_embd, n_ff)), cur)
-    gate = Graph.mul_mat(Graph.weight((n_embd, n_ff)), cur)
+    up = Graph.mul_mat(Graph.weight((n_embd, n_ff), f"ffn_up{suffix}"), cur)
+    gate = Graph.mul_mat(Graph.weight((n_embd, n_ff), f"ffn_gate{suffix}"), cur)
     glu = Graph.op("glu", gate.ne, gate, up)  # ggml_swiglu_split / geglu_split: the shape of the gate
-    return Graph.mul_mat(Graph.weight((n_ff, n_embd)), glu)
+    return Graph.mul_mat(Graph.weight((n_ff, n_embd), f"ffn_down{suffix}"), glu)
 
 
 @dataclass(frozen=True)
@@ -83,9 +85,9 @@ def moe_ffn(g: Graph, cur: Tensor, ex: Experts) -> Tensor:
     up/gate/down by mul_mat_id, weighted, then summed view by view (each expanded as it is made)."""
     n_embd, n_tokens = cur.ne[0], cur.ne[1]
     W = Graph.weight
-    logits = Graph.mul_mat(W((n_embd, ex.n_expert)), cur)
+    logits = Graph.mul_mat(W((n_embd, ex.n_expert), "ffn_gate_inp"), cur)
     probs = Graph.like("unary" if ex.sigmoid else "soft_max", logits)
-    selection = Graph.like("add", probs, W((ex.n_expert,))) if ex.probs_bias else probs
+    selection = Graph.like("add", probs, W((ex.n_expert,), "exp_probs_b")) if ex.probs_bias else probs
     order = Graph.op("argsort", (ex.n_expert, n_tokens), selection, esize=I32)
     selected = Graph.view(order, (ex.n_used, n_tokens), (order.nb[1],))  # ggml_argsort_top_k
     weights = Graph.get_rows(Graph.reshape(probs, (1, ex.n_expert, n_tokens)), selected)
@@ -98,10 +100,11 @@ def moe_ffn(g: Graph, cur: Tensor, ex: Experts) -> Tensor:
     g.expand(weights)
     x = Graph.reshape(cur, (n_embd, 1, n_tokens))
     shape = (ex.n_ff, ex.n_used, n_tokens)
-    up = Graph.op("mul_mat_id", shape, W((n_embd, ex.n_ff, ex.n_expert)), x, selected)
-    gate = Graph.op("mul_mat_id", shape, W((n_embd, ex.n_ff, ex.n_expert)), x, selected)
+    up = Graph.op("mul_mat_id", shape, W((n_embd, ex.n_ff, ex.n_expert), "ffn_up_exps"), x, selected)
+    gate = Graph.op("mul_mat_id", shape, W((n_embd, ex.n_ff, ex.n_expert), "ffn_gate_exps"), x, selected)
     glu = Graph.op("glu", shape, gate, up)
-    down = Graph.op("mul_mat_id", (n_embd, ex.n_used, n_tokens), W((ex.n_ff, n_embd, ex.n_expert)), glu, selected)
+    down_w = W((ex.n_ff, n_embd, ex.n_expert), "ffn_down_exps")
+    down = Graph.op("mul_mat_id", (n_embd, ex.n_used, n_tokens), down_w, glu, selected)
     experts = Graph.like("mul", down, weights)
     g.expand(experts)
     views = [Graph.view(experts, (n_embd, n_tokens), (experts.nb[2],)) for _ in range(ex.n_used)]

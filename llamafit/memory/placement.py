@@ -115,7 +115,7 @@ def _repackable(t: Tensor, profile: RepackProfile) -> bool:
     return len(shape) >= 2 and shape[1] % m == 0
 
 
-def _cuda_alloc(t: Tensor) -> int:
+def row_padded_size(t: Tensor) -> int:
     """``ggml_backend_cuda_buffer_type_get_alloc_size`` (ggml-cuda.cu:903-920)."""
     size = t.info.nbytes
     ty = t.info.type
@@ -177,7 +177,7 @@ def place_weights(
             dev = CPU
         if buft is None:
             buft = cpu_buft(t, matmul) if dev == CPU else backends.weights_buffer(dev, use_mmap)
-        return PlacedTensor(t, dev, buft, _cuda_alloc(t) if backends.pads_rows(buft) else t.info.nbytes)
+        return PlacedTensor(t, dev, buft, row_padded_size(t) if backends.pads_rows(buft) else t.info.nbytes)
 
     n_layer = hp.n_layer
     for t in model.tensors:
@@ -222,3 +222,13 @@ def _buffers(model: ModelInfo, placed: Sequence[PlacedTensor], use_mmap: bool) -
             size += pad(p.alloc, align)
         out.append((buft, size))
     return out
+
+
+def output_weight_device(placement: WeightPlacement, out_dev: str) -> str:
+    """Where the output matmul's weight is: ``output.weight``, or with tied embeddings the copy of
+    ``token_embd`` on the output device when there is one, else the input's (shared)."""
+    mine = [p for p in placement.tensors if p.tensor.name == "output.weight"]
+    if not mine:
+        emb = [p for p in placement.tensors if p.tensor.name == "token_embd.weight"]
+        mine = [p for p in emb if p.device == out_dev] or emb
+    return mine[0].device if mine else out_dev

@@ -8,12 +8,15 @@ inputs, pooling, MTP heads) keeps the per-phase estimate of ``llamafit.memory.co
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from llamafit.ggml import by_name
 from llamafit.gguf.model import ModelInfo
+from llamafit.memory.backends import pads_rows
 from llamafit.memory.context import ContextParams, swa_cells
-from llamafit.memory.graph_attention import Reserve, TransformerShape, transformer_compute_bytes
+from llamafit.memory.galloc import Tensor, Where, placed
+from llamafit.memory.graph_attention import Builder, Reserve, TransformerShape, transformer_compute_bytes
 from llamafit.memory.graph_hybrid import HybridShape, hybrid_compute_bytes
 from llamafit.memory.graph_mamba import MambaShape, mamba_compute_bytes
 from llamafit.memory.graph_mla import MlaShape, mla_compute_bytes
@@ -26,6 +29,8 @@ from llamafit.memory.graph_mtp import (
     nextn_compute_bytes,
 )
 from llamafit.memory.graph_trunk import Experts
+from llamafit.memory.placement import CPU, WeightPlacement, output_weight_device, row_padded_size
+from llamafit.memory.sched import split_buffers
 
 RECURRENT = ("mamba", "mamba2")
 Shape = TransformerShape | MlaShape | MtpShape | NextnShape | HybridShape
@@ -104,6 +109,83 @@ def graph_bytes(
     if shape.arch == "eagle3":
         return model.memo(("eagle3_bytes", r), lambda: eagle3_compute_bytes(shape, r))
     return model.memo(("transformer_bytes", r), lambda: transformer_compute_bytes(shape, r))
+
+
+def split_graph_bytes(
+    model: ModelInfo,
+    cp: ContextParams,
+    n_outputs: int,
+    fa: bool,
+    placement: WeightPlacement,
+    backends: Sequence[str],
+    alignments: Mapping[str, int],
+    pooling: str | None = None,
+    n_copies: int = 1,
+    offload: Callable[[Tensor, str], str | None] | None = None,
+) -> dict[str, int] | None:
+    """Each backend's compute buffer of the reserve graph over several backends (``backends``, the CPU
+    last; ``n_copies`` > 1 with pipeline parallelism; ``offload``: op offload, ``sched.split_buffers``),
+    replayed through the scheduler (``llamafit.memory.sched``);
+    None where the builders do not make llama.cpp's graph (only ``graph_attention``'s transformers are
+    built with their placement)."""
+    key = ("split_graph_bytes", cp, n_outputs, fa, pooling, n_copies, offload is not None, tuple(backends),
+           tuple(alignments.items()), tuple(p.device for p in placement.tensors), placement.layer_device)  # fmt: skip
+
+    def replay() -> dict[str, int] | None:
+        hp = model.hparams
+        shape = model.memo(("transformer_shape", cp.mtp), lambda: _shape(model, cp.mtp))
+        if not isinstance(shape, TransformerShape) or shape.arch == "eagle3" or cp.mtp:
+            return None
+        if cp.v_trans == fa or not cp.offload_kqv or by_name(cp.type_k).quantized or by_name(cp.type_v).quantized:
+            return None
+        if pooling not in (None, "none", "mean", "cls", "last"):
+            return None
+        layer_dev = placement.layer_device
+        table: dict[tuple[int | None, str], str] = {}
+        sizes: dict[tuple[int | None, str], tuple[int, int]] = {}
+        for p in placement.tensors:
+            name = p.tensor.name
+            base = (name.split(".", 2)[2] if name.startswith("blk.") else name).rsplit(".", 1)[0]
+            table.setdefault((p.tensor.layer, base), p.device)
+            sizes.setdefault((p.tensor.layer, base), (p.tensor.info.nbytes, row_padded_size(p.tensor)))
+        out_dev = layer_dev[hp.n_layer_all]
+        output = output_weight_device(placement, out_dev)
+
+        def device(layer: int | None, name: str) -> str:
+            if name == "output":
+                return output
+            if name == "output_norm":
+                return table.get((hp.n_layer_all, name), out_dev)
+            if layer is None:
+                return table.get((None, name), CPU)
+            if name in ("cache", "norm"):
+                return layer_dev[layer]  # the caches are the layer's with offload_kqv (llama-kv-cache.cpp:118-141)
+            return table.get((layer, name), layer_dev[layer])
+
+        def size(layer: int | None, name: str) -> tuple[int, int] | None:
+            if name == "output":
+                name, layer = (
+                    ("output", hp.n_layer_all) if (hp.n_layer_all, "output") in sizes else ("token_embd", None)
+                )
+            elif name == "output_norm":
+                layer = hp.n_layer_all
+            return sizes.get((layer, name))
+
+        n_tokens = min(cp.n_ctx, cp.n_ubatch)
+        # llama.cpp pins each layer's norms to the layer's device on a full offload or a small batch
+        # (llama-context.cpp:2646-2661)
+        pin = all(d != CPU for d in layer_dev) or n_tokens < 32
+        r = Reserve(
+            n_tokens=n_tokens, n_seqs=cp.n_seq_max, n_outputs=n_outputs, n_kv=cp.n_ctx_seq,
+            n_kv_swa=swa_cells(hp, cp) if hp.swa_type != "none" else 0, n_stream=cp.n_stream, flash_attn=fa,
+            pooling=pooling, cache_esize=by_name(cp.type_k).size, cache_esize_v=by_name(cp.type_v).size,
+        )  # fmt: skip
+        with placed(Where(device, pin, size)):
+            g = Builder(shape, r).graph()
+        pads = frozenset(b for b in backends if pads_rows(b))
+        return split_buffers(g, backends, alignments, offload, n_copies, pads)
+
+    return model.memo(key, replay)
 
 
 def _rotations(model: ModelInfo, cp: ContextParams) -> tuple[int, int]:
