@@ -44,6 +44,8 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "qwen06": factory.qwen3_0_6b().write(d / "qwen3-0.6b.gguf"),
         "gemma3": factory.gemma3().write(d / "gemma3.gguf"),
         "draft": factory.dense(name="draft", n_layer=2).write(d / "draft.gguf"),
+        "mla": factory.deepseek2(n_layer=6, n_vocab=4096).write(d / "mla.gguf"),
+        "hybrid": factory.qwen35().write(d / "hybrid.gguf"),
         "moe": factory.moe(
             name="moe", n_layer=8, n_embd=512, n_expert=16, n_expert_used=4, n_ff_exp=256, n_vocab=4096
         ).write(d / "moe.gguf"),
@@ -149,11 +151,17 @@ SPLITS = [
     ("qwen06", ["-c", "4096", "-ngl", "20", "-ts", "3,2"]),  # layers on the CPU (no full offload)
     ("qwen06", ["-c", "4096", "-ngl", "25", "-ts", "3,2", "-fa", "off"]),
     ("gemma3", ["-c", "4096", "-np", "2", "-ngl", "5", "-ts", "1,1"]),  # sliding window, partial
+    ("mla", ["-c", "4096", "-ngl", "all", "-ts", "1,1", "--n-cpu-moe", "2"]),  # MLA, experts on the CPU
+    ("mla", ["-c", "4096", "-ngl", "3", "-ts", "1,1", "-fa", "off"]),
+    ("hybrid", ["-c", "4096", "-ngl", "5", "-ts", "1,1"]),  # gated delta-net + attention, partial
+    ("hybrid", ["-c", "4096", "-np", "2", "-ngl", "4", "-ts", "2,1", "-fa", "off"]),
     # a full offload without overrides: pipeline parallelism (four copies of every input)
     ("qwen06", ["-c", "4096", "-ts", "3,2"]),
     ("qwen06", ["-c", "8192", "-ub", "256", "-ts", "1,1", "-fa", "off"]),
     ("moe", ["-c", "4096", "-np", "2", "-ts", "5,3"]),
     ("gemma3", ["-c", "4096", "-np", "2", "-ts", "1,1"]),
+    ("mla", ["-c", "4096", "-ts", "1,1"]),
+    ("hybrid", ["-c", "4096", "-ts", "1,1"]),
 ]  # fmt: skip
 
 

@@ -53,6 +53,7 @@ def shapes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "gemma3": factory.gemma3().write(d / "gemma3.gguf"),  # sliding window
         "moe": factory.moe().write(d / "moe.gguf"),
         "hybrid": factory.qwen35().write(d / "hybrid.gguf"),  # recurrent + attention
+        "mla": factory.deepseek2(n_layer=6).write(d / "mla.gguf"),  # MLA with experts
     }
 
 
@@ -102,7 +103,9 @@ def test_the_plan_matches_the_vulkan_servers_buffers(
 @pytest.mark.parametrize("devices", ["0", "0,0"], indirect=True)
 @pytest.mark.parametrize(("shape", "args"), [("qwen3-0.6b", []), ("qwen3-0.6b", ["-ngl", "20"]),
                                              ("gemma3", ["-np", "2"]), ("gemma3", ["-ngl", "5"]),
-                                             ("moe", []), ("moe", ["-ngl", "3", "-fa", "off"])])  # fmt: skip
+                                             ("moe", []), ("moe", ["-ngl", "3", "-fa", "off"]),
+                                             ("hybrid", []), ("hybrid", ["-ngl", "5"]),
+                                             ("mla", []), ("mla", ["-ngl", "4", "-fa", "off"])])  # fmt: skip
 def test_without_graph_reordering_the_compute_buffers_are_the_logged_ones(
     vulkan: ServerBinary, shapes: dict[str, Path], shape: str, args: list[str], devices: str,
     monkeypatch: pytest.MonkeyPatch,

@@ -59,7 +59,12 @@ class Reserve:
 
 def transformer_compute_bytes(shape: TransformerShape, r: Reserve, alignment: int = 32) -> int:
     """The CPU compute buffer of the pp reserve (``sched_reserve``) of a dense transformer."""
-    return buffer_size(Builder(shape, r).graph(), alignment)
+    return buffer_size(transformer_graph(shape, r), alignment)
+
+
+def transformer_graph(shape: TransformerShape, r: Reserve) -> Graph:
+    """The reserve graph (its weights and caches tagged under ``galloc.placed``)."""
+    return Builder(shape, r).graph()
 
 
 class Builder:

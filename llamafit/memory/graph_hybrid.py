@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llamafit.memory.galloc import F32, I32, Graph, Tensor, buffer_size
+from llamafit.memory.galloc import F32, I32, Graph, Tensor, buffer_size, in_layer
 from llamafit.memory.graph_attention import Builder, Reserve, TransformerShape
 from llamafit.memory.graph_mtp import MROPE_SECTIONS, MtpShape, gated_attention
 from llamafit.memory.graph_trunk import RecurrentStates, gated_ffn, input_embeddings, pool, rms_norm
@@ -33,6 +33,11 @@ class HybridShape:
 
 def hybrid_compute_bytes(sh: HybridShape, r: Reserve, alignment: int = 32) -> int:
     """The CPU compute buffer of the pp reserve of a Qwen3.5-style hybrid."""
+    return buffer_size(hybrid_graph(sh, r), alignment)
+
+
+def hybrid_graph(sh: HybridShape, r: Reserve) -> Graph:
+    """The reserve graph (its weights, caches and states tagged under ``galloc.placed``)."""
     n_layer, a = len(sh.is_recr), sh.block
     shape = TransformerShape(
         arch="qwen35", n_layer=n_layer, n_embd=a.n_embd, n_vocab=a.n_vocab, n_head=a.n_head,
@@ -41,7 +46,7 @@ def hybrid_compute_bytes(sh: HybridShape, r: Reserve, alignment: int = 32) -> in
     )  # fmt: skip
     b = Builder(shape, r)
     _Linear(b, sh, r.n_rs_seq).build()
-    return buffer_size(b.g, alignment)
+    return b.g
 
 
 class _Linear:
@@ -60,15 +65,16 @@ class _Linear:
         b, sh, g, a = self.b, self.sh, self.g, self.sh.block
         inp_l = input_embeddings(g, a.n_embd, a.n_vocab, b.T)
         out_ids = Graph.input((max(1, min(b.r.n_outputs, b.T)),), I32)
-        for recr in sh.is_recr:
-            cur = rms_norm(inp_l)
-            g.expand(cur)
-            cur = self.layer(cur) if recr else gated_attention(b, cur, a.n_head, a.n_head_kv, a.head_dim)
-            residual = Graph.like("add", cur, inp_l)
-            inp_l = Graph.like("add", gated_ffn(rms_norm(residual), a.n_ff), residual)
-        h_nextn = rms_norm(inp_l)
+        for il, recr in enumerate(sh.is_recr):
+            with in_layer(il):
+                cur = rms_norm(inp_l)
+                g.expand(cur)
+                cur = self.layer(cur) if recr else gated_attention(b, cur, a.n_head, a.n_head_kv, a.head_dim)
+                residual = Graph.like("add", cur, inp_l)
+                inp_l = Graph.like("add", gated_ffn(rms_norm(residual), a.n_ff), residual)
+        h_nextn = rms_norm(inp_l, "output_norm")
         embd = Graph.get_rows(h_nextn, out_ids)
-        logits = Graph.mul_mat(Graph.weight((a.n_embd, a.n_vocab)), embd)
+        logits = Graph.mul_mat(Graph.weight((a.n_embd, a.n_vocab), "output"), embd)
         g.expand(logits)
         h_nextn.is_output = embd.is_output = logits.is_output = True  # llama-graph.cpp:1396-1408
         pool(g, embd, b.r.pooling, self.n_seqs)
@@ -78,14 +84,14 @@ class _Linear:
         sh, b, nst, ns = self.sh, self.b, self.nst, self.n_seqs
         W = Graph.weight
         E, nv, nk, hk, hv = sh.block.n_embd, sh.n_v_heads, sh.n_group, sh.d_state, self.head_v
-        qkv = Graph.reshape(Graph.mul_mat(W((E, self.conv_ch)), cur), (self.conv_ch, nst, ns))
-        z = Graph.mul_mat(W((E, sh.d_inner)), cur)
-        beta = Graph.like("unary", Graph.reshape(Graph.mul_mat(W((E, nv)), cur), (1, nv, nst, ns)))
-        alpha = Graph.reshape(Graph.mul_mat(W((E, nv)), cur), (nv, nst, ns))
-        gate = Graph.like("mul", Graph.like("unary", Graph.like("add", alpha, W((nv,)))), W((nv,)))
+        qkv = Graph.reshape(Graph.mul_mat(W((E, self.conv_ch), "attn_qkv"), cur), (self.conv_ch, nst, ns))
+        z = Graph.mul_mat(W((E, sh.d_inner), "attn_gate"), cur)
+        beta = Graph.like("unary", Graph.reshape(Graph.mul_mat(W((E, nv), "ssm_beta"), cur), (1, nv, nst, ns)))
+        alpha = Graph.reshape(Graph.mul_mat(W((E, nv), "ssm_alpha"), cur), (nv, nst, ns))
+        gate = Graph.like("mul", Graph.like("unary", Graph.like("add", alpha, W((nv,), "ssm_dt"))), W((nv,), "ssm_a"))
         gate = Graph.reshape(gate, (1, nv, nst, ns))
         rows = self.K * self.rs.n_rs
-        conv_all, ssm_all = W((self.n_embd_r, rows)), W((self.n_embd_s, rows))
+        conv_all, ssm_all = Graph.cache((self.n_embd_r, rows)), Graph.cache((self.n_embd_s, rows))
         # build_conv_state: the gathered conv states, then the new tokens; the last window(s) saved
         conv = Graph.reshape(self.rs.gather(conv_all, self.n_embd_r), (sh.d_conv - 1, self.conv_ch, ns))
         conv_in = Graph.op("concat", (sh.d_conv - 1 + nst, self.conv_ch, ns), conv, Graph.transpose(qkv))
@@ -93,7 +99,8 @@ class _Linear:
             last = Graph.view(conv_in, (sh.d_conv - 1, self.conv_ch, ns), (conv_in.nb[1], conv_in.nb[2]))
             self.rs.cpy(last, Graph.view(conv_all, (self.n_embd_r, ns)))
         state = Graph.reshape(self.rs.gather(ssm_all, self.n_embd_s), (hv, hv, nv, ns))
-        mix = Graph.like("unary", Graph.op("ssm_conv", (self.conv_ch, nst, ns), conv_in, W((sh.d_conv, self.conv_ch))))
+        conv_w = W((sh.d_conv, self.conv_ch), "ssm_conv1d")
+        mix = Graph.like("unary", Graph.op("ssm_conv", (self.conv_ch, nst, ns), conv_in, conv_w))
         q = Graph.like("scale", Graph.like("rms_norm", Graph.view(mix, (hk, nk, nst, ns), (hk * F32, mix.nb[1]))))
         k = Graph.like("scale", Graph.like("rms_norm", Graph.view(mix, (hk, nk, nst, ns), (hk * F32, mix.nb[1]))))
         v = Graph.view(mix, (hv, nv, nst, ns), (hv * F32, mix.nb[1]))
@@ -103,6 +110,6 @@ class _Linear:
         self.rs.cpy(Graph.view(gdn, (self.n_embd_s, ns, written)), Graph.view(ssm_all, (self.n_embd_s, ns, written)))
         out = Graph.view(gdn, (hv, nv, nst, ns))
         z4 = Graph.reshape(z, (hv, nv, nst, ns))
-        normed = Graph.like("mul", rms_norm(out), Graph.like("unary", z4))
-        y = Graph.mul_mat(W((sh.d_inner, E)), Graph.reshape(normed, (hv * nv, nst, ns)))
+        normed = Graph.like("mul", rms_norm(out, "ssm_norm"), Graph.like("unary", z4))
+        y = Graph.mul_mat(W((sh.d_inner, E), "ssm_out"), Graph.reshape(normed, (hv * nv, nst, ns)))
         return Graph.reshape(y, (E, b.T))

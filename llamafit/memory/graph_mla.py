@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llamafit.memory.galloc import F32, I32, I64, Graph, Tensor, buffer_size
+from llamafit.memory.galloc import F32, I32, I64, Graph, Tensor, buffer_size, in_layer
 from llamafit.memory.graph_attention import Reserve
 from llamafit.memory.graph_trunk import Experts, gated_ffn, input_embeddings, moe_ffn, output_head, rms_norm
 
@@ -36,7 +36,12 @@ class MlaShape:
 
 def mla_compute_bytes(shape: MlaShape, r: Reserve, alignment: int = 32) -> int:
     """The CPU compute buffer of the pp reserve (``sched_reserve``) of an MLA model."""
-    return buffer_size(_Builder(shape, r).graph(), alignment)
+    return buffer_size(mla_graph(shape, r), alignment)
+
+
+def mla_graph(shape: MlaShape, r: Reserve) -> Graph:
+    """The reserve graph (its weights and caches tagged under ``galloc.placed``)."""
+    return _Builder(shape, r).graph()
 
 
 class _Builder:
@@ -54,18 +59,19 @@ class _Builder:
         inp_l = input_embeddings(g, sh.n_embd, sh.n_vocab, T)
         out_ids = Graph.input((max(1, min(self.r.n_outputs, T)),), I32)
         for il in range(sh.n_layer):
-            cur = self.attention(rms_norm(inp_l))
-            if il == sh.n_layer - 1:
-                cur = Graph.get_rows(cur, out_ids)
-                inp_l = Graph.get_rows(inp_l, out_ids)
-            ffn_inp = Graph.like("add", cur, inp_l)
-            cur = rms_norm(ffn_inp)
-            if il < sh.n_dense_lead:
-                cur = gated_ffn(cur, sh.n_ff)
-            else:
-                moe = moe_ffn(g, cur, sh.experts)
-                cur = Graph.like("add", moe, gated_ffn(cur, sh.n_ff_shexp)) if sh.n_ff_shexp else moe
-            inp_l = Graph.like("add", cur, ffn_inp)
+            with in_layer(il):
+                cur = self.attention(rms_norm(inp_l))
+                if il == sh.n_layer - 1:
+                    cur = Graph.get_rows(cur, out_ids)
+                    inp_l = Graph.get_rows(inp_l, out_ids)
+                ffn_inp = Graph.like("add", cur, inp_l)
+                cur = rms_norm(ffn_inp)
+                if il < sh.n_dense_lead:
+                    cur = gated_ffn(cur, sh.n_ff)
+                else:
+                    moe = moe_ffn(g, cur, sh.experts)
+                    cur = Graph.like("add", moe, gated_ffn(cur, sh.n_ff_shexp, "_shexp")) if sh.n_ff_shexp else moe
+                inp_l = Graph.like("add", cur, ffn_inp)
         output_head(g, inp_l, sh.n_vocab, self.r.pooling, max(1, self.r.n_seqs))
         return g
 
@@ -75,31 +81,32 @@ class _Builder:
         rank, rope, nh = sh.kv_lora_rank, sh.rope_dim, sh.n_head
         k_mla = sh.nope_dim + rope
         if sh.q_lora_rank:
-            q = rms_norm(Graph.mul_mat(W((sh.n_embd, sh.q_lora_rank)), cur))
-            q = Graph.mul_mat(W((sh.q_lora_rank, nh * k_mla)), q)
+            q = rms_norm(Graph.mul_mat(W((sh.n_embd, sh.q_lora_rank), "attn_q_a"), cur))
+            q = Graph.mul_mat(W((sh.q_lora_rank, nh * k_mla), "attn_q_b"), q)
         else:
-            q = Graph.mul_mat(W((sh.n_embd, nh * k_mla)), cur)
+            q = Graph.mul_mat(W((sh.n_embd, nh * k_mla), "attn_q"), cur)
         q = Graph.reshape(q, (k_mla, nh, T))
-        kv_pe = Graph.mul_mat(W((sh.n_embd, rank + rope)), cur)
+        kv_pe = Graph.mul_mat(W((sh.n_embd, rank + rope), "attn_kv_a_mqa"), cur)
         kv_cmpr = Graph.view(kv_pe, (rank, T), (kv_pe.nb[1],))
         k_pe = Graph.like("rope", Graph.view(kv_pe, (rope, 1, T), (kv_pe.nb[1], kv_pe.nb[1])), self.pos)
         kv_cmpr = rms_norm(kv_cmpr)
         q_nope = Graph.view(q, (sh.nope_dim, nh, T), (q.nb[1], q.nb[2]))
         q_pe = Graph.like("rope", Graph.view(q, (rope, nh, T), (q.nb[1], q.nb[2])), self.pos)
         q_nope = Graph.view(q_nope, (sh.nope_dim, T, nh), op="permute")
-        absorbed = Graph.op("mul_mat", (rank, T, nh), W((sh.nope_dim, rank, nh)), q_nope)
+        absorbed = Graph.op("mul_mat", (rank, T, nh), W((sh.nope_dim, rank, nh), "attn_k_b"), q_nope)
         absorbed = Graph.view(absorbed, (rank, nh, T), op="permute")
         q_cur = Graph.op("concat", (rank + rope, nh, T), absorbed, q_pe)
         v_cur = Graph.reshape(kv_cmpr, (rank, 1, T))
         k_cur = Graph.op("concat", (rank + rope, 1, T), v_cur, k_pe)
         for t in (q_cur, v_cur, k_cur):  # llama-graph.cpp:3069-3071
             g.expand(t)
-        cache = W((rank + rope, r.n_kv * ns))
+        cache = Graph.cache((rank + rope, r.n_kv * ns), r.cache_esize)
         g.expand(Graph.set_rows(cache, Graph.view(k_cur, (rank + rope, T), (k_cur.nb[2],)), self.k_idxs))
         qs = Graph.view(q_cur, (rank + rope, T // ns, nh, ns))
         kp = Graph.view(cache, (rank + rope, r.n_kv, 1, ns))
-        vp = Graph.view(cache, (rank, r.n_kv, 1, ns))
-        v_mla = W((rank, sh.v_dim, nh))
+        # V is the first kv_lora_rank columns of each cache row: a view with the cache's row stride
+        vp = Graph.view(cache, (rank, r.n_kv, 1, ns), (cache.nb[1], cache.nb[1] * r.n_kv, cache.nb[1] * r.n_kv))
+        v_mla = W((rank, sh.v_dim, nh), "attn_v_b")
         if r.flash_attn:
             out = Graph.op("flash_attn_ext", (rank, nh, T // ns, ns), qs, kp, vp, self.mask)
             out = Graph.view(out, (rank, T // ns, nh, ns), op="permute")
@@ -108,10 +115,10 @@ class _Builder:
             attn = Graph.reshape(out, (sh.v_dim * nh, T))
         else:
             kq = Graph.like("soft_max", Graph.op("mul_mat", (r.n_kv, T // ns, nh, ns), kp, qs), self.mask)
-            vt = Graph.view(vp, (r.n_kv, rank, 1, ns), op="transpose")
+            vt = Graph.transpose(vp)
             v = Graph.op("cont", vt.ne, vt, esize=r.cache_esize)  # ggml_cont keeps the cache's type
             kqv = Graph.op("mul_mat", (rank, T // ns, nh, ns), v, kq)
             kqv = Graph.op("mul_mat", (sh.v_dim, T // ns, nh, ns), v_mla, kqv)
             attn = Graph.op("cont", (sh.v_dim * nh, T), Graph.view(kqv, (sh.v_dim, nh, T // ns, ns), op="permute"))
         g.expand(attn)
-        return Graph.mul_mat(W((sh.v_dim * nh, sh.n_embd)), attn)
+        return Graph.mul_mat(W((sh.v_dim * nh, sh.n_embd), "attn_output"), attn)

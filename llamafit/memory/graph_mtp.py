@@ -36,9 +36,9 @@ def gated_attention(b: Builder, cur: Tensor, nh: int, nkv: int, hd: int) -> Tens
     so the projection stays alive through it. Returns the ``wo`` projection of the gated output."""
     T, W = b.T, Graph.weight
     E = cur.ne[0]
-    q_full = Graph.mul_mat(W((E, 2 * hd * nh)), cur)
-    k = Graph.mul_mat(W((E, hd * nkv)), cur)
-    v = Graph.mul_mat(W((E, hd * nkv)), cur)
+    q_full = Graph.mul_mat(W((E, 2 * hd * nh), "attn_q"), cur)
+    k = Graph.mul_mat(W((E, hd * nkv), "attn_k"), cur)
+    v = Graph.mul_mat(W((E, hd * nkv), "attn_v"), cur)
     rows = (2 * hd * F32, 2 * hd * nh * F32)
     q = rms_norm(Graph.view(q_full, (hd, nh, T), rows))
     gate = Graph.op("cont", (hd * nh, T), Graph.view(q_full, (hd, nh, T), rows))
@@ -47,7 +47,7 @@ def gated_attention(b: Builder, cur: Tensor, nh: int, nkv: int, hd: int) -> Tens
     q = Graph.like("rope", q, b.pos)
     k = Graph.like("rope", k, b.pos)
     attn = b.attend(q, k, v, "full")
-    return Graph.mul_mat(W((hd * nh, E)), Graph.like("mul", attn, Graph.like("unary", gate)))
+    return Graph.mul_mat(W((hd * nh, E), "attn_output"), Graph.like("mul", attn, Graph.like("unary", gate)))
 
 
 def mtp_compute_bytes(sh: MtpShape, r: Reserve, alignment: int = 32) -> int:

@@ -16,10 +16,10 @@ from llamafit.gguf.model import ModelInfo
 from llamafit.memory.backends import pads_rows
 from llamafit.memory.context import ContextParams, swa_cells
 from llamafit.memory.galloc import Tensor, Where, placed
-from llamafit.memory.graph_attention import Builder, Reserve, TransformerShape, transformer_compute_bytes
-from llamafit.memory.graph_hybrid import HybridShape, hybrid_compute_bytes
+from llamafit.memory.graph_attention import Reserve, TransformerShape, transformer_compute_bytes, transformer_graph
+from llamafit.memory.graph_hybrid import HybridShape, hybrid_compute_bytes, hybrid_graph
 from llamafit.memory.graph_mamba import MambaShape, mamba_compute_bytes
-from llamafit.memory.graph_mla import MlaShape, mla_compute_bytes
+from llamafit.memory.graph_mla import MlaShape, mla_compute_bytes, mla_graph
 from llamafit.memory.graph_mtp import (
     MROPE_SECTIONS,
     MtpShape,
@@ -134,7 +134,9 @@ def split_graph_bytes(
     def replay() -> dict[str, int] | None:
         hp = model.hparams
         shape = model.memo(("transformer_shape", cp.mtp), lambda: _shape(model, cp.mtp))
-        if not isinstance(shape, TransformerShape) or shape.arch == "eagle3" or cp.mtp:
+        if not isinstance(shape, MlaShape | TransformerShape | HybridShape) or cp.mtp:
+            return None
+        if isinstance(shape, TransformerShape) and shape.arch == "eagle3":
             return None
         if cp.v_trans == fa or not cp.offload_kqv or by_name(cp.type_k).quantized or by_name(cp.type_v).quantized:
             return None
@@ -179,9 +181,15 @@ def split_graph_bytes(
             n_tokens=n_tokens, n_seqs=cp.n_seq_max, n_outputs=n_outputs, n_kv=cp.n_ctx_seq,
             n_kv_swa=swa_cells(hp, cp) if hp.swa_type != "none" else 0, n_stream=cp.n_stream, flash_attn=fa,
             pooling=pooling, cache_esize=by_name(cp.type_k).size, cache_esize_v=by_name(cp.type_v).size,
+            n_rs_seq=cp.n_rs_seq if hp.supports_rs_rollback else 0,
         )  # fmt: skip
         with placed(Where(device, pin, size)):
-            g = Builder(shape, r).graph()
+            if isinstance(shape, MlaShape):
+                g = mla_graph(shape, r)
+            elif isinstance(shape, HybridShape):
+                g = hybrid_graph(shape, r)
+            else:
+                g = transformer_graph(shape, r)
         pads = frozenset(b for b in backends if pads_rows(b))
         return split_buffers(g, backends, alignments, offload, n_copies, pads)
 
