@@ -66,6 +66,7 @@ def build_files(d: Path, quick: bool) -> dict[str, Path]:
     w("qwen3_8b", factory.qwen3_8b())
     w("qwen3_06b", factory.qwen3_0_6b())
     w("eagle3", factory.eagle3())
+    w("dflash", factory.dflash())
     w("hybrid", shapes.hybrid_like())
     w("hybrid_mtp", shapes.hybrid_mtp_like())
     w("mamba", shapes.mamba_130m())
@@ -111,6 +112,9 @@ def cases(quick: bool) -> list[Case]:
             "draft pair: Qwen3-8B + Qwen3-0.6B", "qwen3_8b", [*NR, "-c", "8192"], spec="draft-simple", draft="qwen3_06b"
         ),
         Case("EAGLE3: Qwen3-8B + an EAGLE3 head", "qwen3_8b", [*NR, "-c", "8192"], spec="draft-eagle3", draft="eagle3"),
+        Case(
+            "DFlash: Qwen3-8B + a DFlash drafter", "qwen3_8b", [*NR, "-c", "8192"], spec="draft-dflash", draft="dflash"
+        ),
         Case("n-gram drafting: Qwen3-8B", "qwen3_8b", [*NR, "-c", "8192"], spec="ngram-simple"),
         Case("n-gram drafting: Qwen3-8B", "qwen3_8b", [*NR, "-c", "8192", "-np", "2"], spec="ngram-mod"),
         Case("split model: Llama-3.1-8B in 3 shards", "llama8b_split", [*NR, "-c", "8192"]),

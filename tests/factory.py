@@ -608,6 +608,51 @@ def eagle3(
     return Shape(arch, kv, ts)
 
 
+def dflash(
+    *,
+    n_layer: int = 5,
+    n_embd: int = 4096,
+    n_head: int = 32,
+    n_head_kv: int = 8,
+    head_dim: int = 128,
+    n_ff: int = 12288,
+    n_vocab: int = 151936,
+    block_size: int = 16,
+    target_layers: tuple[int, ...] = (1, 9, 17, 25, 33),
+    w: str = "q8_0",
+) -> Shape:
+    """A DFlash drafter (src/models/dflash.cpp load_arch_tensors, the plain variant: no DSpark head, no
+    conv/selector, no reduced vocabulary): the target features' projection (fc) and its norm, Qwen3-style
+    blocks with Q/K norms, its own head. Defaults: the shape of z-lab's DFlash drafter for Qwen3-8B."""
+    arch = "dflash"
+    kv = _base_kv(arch, "dflash (shape)", n_layer, n_embd, 40960, n_vocab)
+    kv.update({
+        f"{arch}.feed_forward_length": n_ff,
+        f"{arch}.attention.head_count": n_head,
+        f"{arch}.attention.head_count_kv": n_head_kv,
+        f"{arch}.attention.key_length": head_dim,
+        f"{arch}.attention.value_length": head_dim,
+        f"{arch}.rope.freq_base": 1000000.0,
+        f"{arch}.target_layers": list(target_layers),
+        f"{arch}.block_size": block_size,
+    })  # fmt: skip
+    q, k = n_head * head_dim, n_head_kv * head_dim
+    ts = [
+        TensorSpec("fc.weight", (len(target_layers) * n_embd, n_embd), w),
+        TensorSpec("enc.output_norm.weight", (n_embd,)),
+        TensorSpec("output_norm.weight", (n_embd,)),
+        TensorSpec("output.weight", (n_embd, n_vocab), w),
+    ]
+    for i in range(n_layer):
+        ts += _attn(i, n_embd, q, k, q, w)
+        ts += [
+            TensorSpec(f"blk.{i}.attn_q_norm.weight", (head_dim,)),
+            TensorSpec(f"blk.{i}.attn_k_norm.weight", (head_dim,)),
+        ]
+        ts += _ffn(i, n_embd, n_ff, w)
+    return Shape(arch, kv, ts)
+
+
 def qwen3_0_6b(w: str = "q8_0") -> Shape:
     """Qwen/Qwen3-0.6B: 28 layers, 1024 embd, 16 heads, 8 KV heads (head 128), 3072 FFN, tied embeddings."""
     return dense(arch="qwen3", name="Qwen3-0.6B (shape)", n_layer=28, n_embd=1024, n_head=16, n_head_kv=8,

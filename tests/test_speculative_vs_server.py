@@ -118,6 +118,24 @@ def test_speculative_compute_is_the_allocator_replay(
 
 
 @pytest.mark.parametrize("args", [["-c", "8192", "-nr"], ["-c", "8192", "-np", "2", "-fa", "off", "-nr"]])
+def test_a_dflash_drafter_for_a_real_8b_shape(server_bin: ServerBinary, tmp_path: Path, args: list[str]) -> None:
+    """DFlash for Qwen3-8B's shape (z-lab's drafter: 5 Qwen3 blocks over 5 target layers' features). Its KV
+    cache is a full-context cache (it was priced as a sliding window of 0, one ubatch: 10 MiB for 160); its
+    compute holds every token's logits and the padded copy the server samples on the backend (priced at
+    113-316 MiB before, 610 logged). The graph is not replayed: the output phase bounds it, within 0.05 MiB
+    over."""
+    target = factory.qwen3_8b().write(tmp_path / "Qwen3-8B-Q4_K_M.gguf")
+    draft = factory.dflash().write(tmp_path / "dflash-Qwen3-8B-Q8_0.gguf")
+    p, log, argv = plan_and_load(server_bin, target, args, spec="draft-dflash", draft=str(draft))
+    assert argv[argv.index("--spec-type") + 1] == "draft-dflash"
+    assert_matches(p, log, "target")
+    rows = {r.kind: r for r in assert_matches(p, log, "draft")}
+    assert rows["kv"].within and rows["model"].within
+    c = rows["compute"]
+    assert c.actual_mib is not None and 0 <= c.predicted / MiB - c.actual_mib <= 0.05, (c.predicted / MiB, c.actual_mib)
+
+
+@pytest.mark.parametrize("args", [["-c", "8192", "-nr"], ["-c", "8192", "-np", "2", "-fa", "off", "-nr"]])
 def test_an_eagle3_drafter_for_a_real_8b_shape(server_bin: ServerBinary, tmp_path: Path, args: list[str]) -> None:
     """EAGLE3 for Qwen3-8B's shape: the drafter's context computes the logits of every token and the server
     samples them on the backend (a padded copy of the logits): its compute was priced at 120 MiB, the

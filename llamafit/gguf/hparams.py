@@ -55,7 +55,7 @@ _SWA_RULES: dict[str, tuple[int, bool, int, bool, bool]] = {
     "smallthinker": (4, True, 4096, True, False),
     "laguna": (4, True, 0, True, False),
     "modern-bert": (3, True, 0, False, False),
-    "dflash": (0, False, 0, False, False),
+    "dflash": (0, False, 0, True, False),  # only with a sliding_window in the file (dflash.cpp:92-99)
 }
 
 

@@ -231,7 +231,14 @@ def compute_buffers(
         out_dev = CPU
     n_out = min(U, n_outputs)
     logits = hp.n_vocab * n_out * 4 + U * 4 * 2 * E
-    if recurrent_graph is None:  # (the whole graph's bound holds its own logits)
+    if hp.arch == "dflash":
+        # a DFlash drafter's graph makes the logits of every token (dflash.cpp:488) and the server samples
+        # them on the backend, from a copy padded by one row (build_sampling: ggml_pad(t_logits, 0, 1));
+        # both alive at the end, after the layers' tensors are freed (not replayed: its graph injects the
+        # target's features into the K/V of every layer)
+        sampled = hp.n_vocab * U * 4 + hp.n_vocab * (U + 1) * 4 + U * 4 * (2 * E + SMALL_INPUT_FLOATS)
+        out[out_dev] = max(out.get(out_dev, 0), sampled)
+    elif recurrent_graph is None:  # (the whole graph's bound holds its own logits)
         if n_out >= U and out.get(out_dev, 0):
             # every token an output (embedding and pooled servers): the V x U logits are larger than any
             # block the layers freed, so ggml-alloc places them past the blocks still in use
