@@ -46,6 +46,8 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "draft": factory.dense(name="draft", n_layer=2).write(d / "draft.gguf"),
         "mla": factory.deepseek2(n_layer=6, n_vocab=4096).write(d / "mla.gguf"),
         "hybrid": factory.qwen35().write(d / "hybrid.gguf"),
+        "mamba2": factory.mamba2().write(d / "mamba2.gguf"),
+        "mamba": factory.mamba().write(d / "mamba.gguf"),
         "moe": factory.moe(
             name="moe", n_layer=8, n_embd=512, n_expert=16, n_expert_used=4, n_ff_exp=256, n_vocab=4096
         ).write(d / "moe.gguf"),
@@ -155,6 +157,8 @@ SPLITS = [
     ("mla", ["-c", "4096", "-ngl", "3", "-ts", "1,1", "-fa", "off"]),
     ("hybrid", ["-c", "4096", "-ngl", "5", "-ts", "1,1"]),  # gated delta-net + attention, partial
     ("hybrid", ["-c", "4096", "-np", "2", "-ngl", "4", "-ts", "2,1", "-fa", "off"]),
+    ("mamba2", ["-c", "4096", "-np", "2", "-ngl", "3", "-ts", "1,1"]),  # pure recurrent, partial
+    ("mamba", ["-c", "4096", "-ngl", "3", "-ts", "2,1"]),
     # a full offload without overrides: pipeline parallelism (four copies of every input)
     ("qwen06", ["-c", "4096", "-ts", "3,2"]),
     ("qwen06", ["-c", "8192", "-ub", "256", "-ts", "1,1", "-fa", "off"]),
@@ -162,6 +166,7 @@ SPLITS = [
     ("gemma3", ["-c", "4096", "-np", "2", "-ts", "1,1"]),
     ("mla", ["-c", "4096", "-ts", "1,1"]),
     ("hybrid", ["-c", "4096", "-ts", "1,1"]),
+    ("mamba2", ["-c", "4096", "-ts", "1,1"]),
 ]  # fmt: skip
 
 

@@ -42,10 +42,10 @@ INPLACE_OPS = frozenset({
 @dataclass(frozen=True)
 class Where:
     """Where a graph's own memory sits when it spans several backends (``llamafit.memory.sched``):
-    ``device(layer, name)`` for a weight (``name``: its GGUF name in the layer, ``attn_q``, ``ffn_up_exps``,
-    ``token_embd``, ``output``), a layer's KV cache (``cache``) and a layer's pinned norm (``norm``);
-    ``pin_norms``: llama.cpp puts each layer's norms on the layer's device (a full offload,
-    llama-context.cpp:2646-2661)."""
+    ``device(layer, name)`` for a weight (``name``: its GGUF name in the layer without ``.weight``:
+    ``attn_q``, ``ffn_up_exps``, ``ssm_dt.bias``, ``token_embd``, ``output``), a layer's KV cache or
+    recurrent state (``cache``) and a layer's pinned norm (``norm``); ``pin_norms``: llama.cpp puts each
+    layer's norms on the layer's device (a full offload, llama-context.cpp:2646-2661)."""
 
     device: Callable[[int | None, str], str]
     pin_norms: bool = False

@@ -88,7 +88,8 @@ class _Linear:
         z = Graph.mul_mat(W((E, sh.d_inner), "attn_gate"), cur)
         beta = Graph.like("unary", Graph.reshape(Graph.mul_mat(W((E, nv), "ssm_beta"), cur), (1, nv, nst, ns)))
         alpha = Graph.reshape(Graph.mul_mat(W((E, nv), "ssm_alpha"), cur), (nv, nst, ns))
-        gate = Graph.like("mul", Graph.like("unary", Graph.like("add", alpha, W((nv,), "ssm_dt"))), W((nv,), "ssm_a"))
+        gate = Graph.like("unary", Graph.like("add", alpha, W((nv,), "ssm_dt.bias")))
+        gate = Graph.like("mul", gate, W((nv,), "ssm_a"))
         gate = Graph.reshape(gate, (1, nv, nst, ns))
         rows = self.K * self.rs.n_rs
         conv_all, ssm_all = Graph.cache((self.n_embd_r, rows)), Graph.cache((self.n_embd_s, rows))

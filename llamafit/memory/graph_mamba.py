@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llamafit.memory.galloc import F32, I32, Graph, Tensor, buffer_size
+from llamafit.memory.galloc import F32, I32, Graph, Tensor, buffer_size, in_layer
 from llamafit.memory.graph_trunk import RecurrentStates, input_embeddings, output_head, rms_norm
 
 
@@ -38,7 +38,13 @@ def mamba_compute_bytes(
     shape: MambaShape, *, n_tokens: int, n_seqs: int, n_outputs: int, n_rs_seq: int = 0, alignment: int = 32
 ) -> int:
     """The CPU compute buffer of the pp reserve (``sched_reserve``) of a pure Mamba model."""
-    return buffer_size(_Builder(shape, n_tokens, n_seqs, n_outputs, n_rs_seq).graph(), alignment)
+    return buffer_size(mamba_graph(shape, n_tokens=n_tokens, n_seqs=n_seqs, n_outputs=n_outputs, n_rs_seq=n_rs_seq),
+                       alignment)  # fmt: skip
+
+
+def mamba_graph(shape: MambaShape, *, n_tokens: int, n_seqs: int, n_outputs: int, n_rs_seq: int = 0) -> Graph:
+    """The reserve graph (its weights and states tagged under ``galloc.placed``)."""
+    return _Builder(shape, n_tokens, n_seqs, n_outputs, n_rs_seq).graph()
 
 
 class _Builder:
@@ -64,12 +70,13 @@ class _Builder:
         inp_l = input_embeddings(g, sh.n_embd, sh.n_vocab, self.T)
         out_ids = Graph.input((self.n_out,), I32)
         for il in range(sh.n_layer):
-            cur = rms_norm(inp_l)
-            cur = self.mamba2(cur) if sh.version == 2 else self.mamba1(cur)
-            if il == sh.n_layer - 1:
-                cur = Graph.get_rows(cur, out_ids)
-                inp_l = Graph.get_rows(inp_l, out_ids)
-            inp_l = Graph.like("add", cur, inp_l)
+            with in_layer(il):
+                cur = rms_norm(inp_l)
+                cur = self.mamba2(cur) if sh.version == 2 else self.mamba1(cur)
+                if il == sh.n_layer - 1:
+                    cur = Graph.get_rows(cur, out_ids)
+                    inp_l = Graph.get_rows(inp_l, out_ids)
+                inp_l = Graph.like("add", cur, inp_l)
         output_head(g, inp_l, sh.n_vocab)
         return g
 
@@ -93,8 +100,10 @@ class _Builder:
         for _slot in range(min(nst, self.K)):
             last = Graph.view(conv_x, (sh.d_conv - 1, self.conv_ch, n_seqs), (conv_x.nb[1], conv_x.nb[2]))
             self.rs.cpy(last, Graph.view(conv_all, (self.n_embd_r, n_seqs)))
-        out = Graph.op("ssm_conv", (self.conv_ch, nst, n_seqs), conv_x, Graph.weight((sh.d_conv, self.conv_ch)))
-        return Graph.like("unary", Graph.like("add", out, Graph.weight((self.conv_ch,))))
+        out = Graph.op(
+            "ssm_conv", (self.conv_ch, nst, n_seqs), conv_x, Graph.weight((sh.d_conv, self.conv_ch), "ssm_conv1d")
+        )
+        return Graph.like("unary", Graph.like("add", out, Graph.weight((self.conv_ch,), "ssm_conv1d.bias")))
 
     def save_states(self, ssm_all: Tensor, y_ssm: Tensor) -> None:
         n_written = min(self.nst, self.K)
@@ -103,7 +112,7 @@ class _Builder:
 
     def states(self) -> tuple[Tensor, Tensor]:
         rows = self.rs.n_rs * self.K
-        return Graph.weight((self.n_embd_r, rows)), Graph.weight((self.n_embd_s, rows))
+        return Graph.cache((self.n_embd_r, rows)), Graph.cache((self.n_embd_s, rows))
 
     def mamba1(self, cur: Tensor) -> Tensor:
         """mamba-base.cpp:9-150."""
@@ -111,11 +120,11 @@ class _Builder:
         W = Graph.weight
         conv_all, ssm_all = self.states()
         cur = Graph.reshape(cur, (E, nst, n_seqs))
-        xz = Graph.mul_mat(W((E, 2 * sh.d_inner)), cur)
+        xz = Graph.mul_mat(W((E, 2 * sh.d_inner), "ssm_in"), cur)
         x = Graph.view(xz, (sh.d_inner, nst, n_seqs), (xz.nb[1], xz.nb[2]))
         z = Graph.view(xz, (sh.d_inner, nst, n_seqs), (xz.nb[1], xz.nb[2]))
         x = self.conv(conv_all, x)
-        x_db = Graph.mul_mat(W((sh.d_inner, sh.dt_rank + 2 * sh.d_state)), x)
+        x_db = Graph.mul_mat(W((sh.d_inner, sh.dt_rank + 2 * sh.d_state), "ssm_x"), x)
         dt = Graph.view(x_db, (sh.dt_rank, nst, n_seqs), (x_db.nb[1], x_db.nb[2]))
         bc = (sh.d_state, 1, nst, n_seqs)
         b = Graph.view(x_db, bc, (sh.d_state * F32, x_db.nb[1], x_db.nb[2]))
@@ -124,15 +133,17 @@ class _Builder:
             dt, b, c = (Graph.like("rms_norm", t) for t in (dt, b, c))
         else:
             dt = Graph.like("cont", dt)
-        dt = Graph.like("add", Graph.mul_mat(W((sh.dt_rank, sh.d_inner)), dt), W((sh.d_inner,)))
+        dt = Graph.like(
+            "add", Graph.mul_mat(W((sh.dt_rank, sh.d_inner), "ssm_dt"), dt), W((sh.d_inner,), "ssm_dt.bias")
+        )
         x4 = Graph.reshape(x, (1, sh.d_inner, nst, n_seqs))
-        y_ssm = self.scan(ssm_all, x4, dt, W((sh.d_state, sh.d_inner)), b, c)
+        y_ssm = self.scan(ssm_all, x4, dt, W((sh.d_state, sh.d_inner), "ssm_a"), b, c)
         self.save_states(ssm_all, y_ssm)
         y = Graph.view(y_ssm, (sh.d_inner, nst, n_seqs))
-        y = Graph.like("add", y, Graph.like("mul", x, W((sh.d_inner,))))
+        y = Graph.like("add", y, Graph.like("mul", x, W((sh.d_inner,), "ssm_d")))
         zc = Graph.like("cont", z)
         y = Graph.op("glu", zc.ne, zc, y)  # ggml_swiglu_split: the shape of its first source
-        return Graph.reshape(Graph.mul_mat(W((sh.d_inner, E)), y), (E, self.T))
+        return Graph.reshape(Graph.mul_mat(W((sh.d_inner, E), "ssm_out"), y), (E, self.T))
 
     def mamba2(self, cur: Tensor) -> Tensor:
         """mamba-base.cpp:153-300."""
@@ -141,7 +152,7 @@ class _Builder:
         W = Graph.weight
         conv_all, ssm_all = self.states()
         d_in_proj = 2 * sh.d_inner + 2 * sh.n_group * sh.d_state + n_head
-        zx = Graph.reshape(Graph.mul_mat(W((E, d_in_proj)), cur), (d_in_proj, nst, n_seqs))
+        zx = Graph.reshape(Graph.mul_mat(W((E, d_in_proj), "ssm_in"), cur), (d_in_proj, nst, n_seqs))
         z = Graph.view(zx, (head_dim, n_head, nst, n_seqs), (head_dim * F32, zx.nb[1], zx.nb[2]))
         xbc = Graph.view(zx, (conv_ch, nst, n_seqs), (zx.nb[1], zx.nb[2]))
         dt = Graph.view(zx, (n_head, nst, n_seqs), (zx.nb[1], zx.nb[2]))
@@ -150,13 +161,13 @@ class _Builder:
         bc = (sh.d_state, sh.n_group, nst, n_seqs)
         b = Graph.view(xbc, bc, (sh.d_state * F32, xbc.nb[1], xbc.nb[2]))
         c = Graph.view(xbc, bc, (sh.d_state * F32, xbc.nb[1], xbc.nb[2]))
-        dt = Graph.like("add", Graph.like("cont", dt), W((n_head,)))
-        y_ssm = self.scan(ssm_all, x, dt, W((1, n_head)), b, c)
+        dt = Graph.like("add", Graph.like("cont", dt), W((n_head,), "ssm_dt.bias"))
+        y_ssm = self.scan(ssm_all, x, dt, W((1, n_head), "ssm_a"), b, c)
         self.save_states(ssm_all, y_ssm)
         y = Graph.view(y_ssm, (head_dim, n_head, nst, n_seqs))
-        y = Graph.like("add", y, Graph.like("mul", x, W((1, n_head))))
+        y = Graph.like("add", y, Graph.like("mul", x, W((1, n_head), "ssm_d")))
         zc = Graph.like("cont", z)
         y = Graph.op("glu", zc.ne, zc, y)  # ggml_swiglu_split: the shape of its first source
         y = Graph.reshape(y, (sh.d_inner // sh.n_group, sh.n_group, nst, n_seqs))
-        y = Graph.like("mul", Graph.like("rms_norm", y), W((sh.d_inner // sh.n_group, sh.n_group)))
-        return Graph.mul_mat(W((sh.d_inner, E)), Graph.reshape(y, (sh.d_inner, self.T)))
+        y = Graph.like("mul", Graph.like("rms_norm", y), W((sh.d_inner // sh.n_group, sh.n_group), "ssm_norm"))
+        return Graph.mul_mat(W((sh.d_inner, E), "ssm_out"), Graph.reshape(y, (sh.d_inner, self.T)))

@@ -87,7 +87,7 @@ def moe_ffn(g: Graph, cur: Tensor, ex: Experts) -> Tensor:
     W = Graph.weight
     logits = Graph.mul_mat(W((n_embd, ex.n_expert), "ffn_gate_inp"), cur)
     probs = Graph.like("unary" if ex.sigmoid else "soft_max", logits)
-    selection = Graph.like("add", probs, W((ex.n_expert,), "exp_probs_b")) if ex.probs_bias else probs
+    selection = Graph.like("add", probs, W((ex.n_expert,), "exp_probs_b.bias")) if ex.probs_bias else probs
     order = Graph.op("argsort", (ex.n_expert, n_tokens), selection, esize=I32)
     selected = Graph.view(order, (ex.n_used, n_tokens), (order.nb[1],))  # ggml_argsort_top_k
     weights = Graph.get_rows(Graph.reshape(probs, (1, ex.n_expert, n_tokens)), selected)

@@ -18,7 +18,7 @@ from llamafit.memory.context import ContextParams, swa_cells
 from llamafit.memory.galloc import Tensor, Where, placed
 from llamafit.memory.graph_attention import Reserve, TransformerShape, transformer_compute_bytes, transformer_graph
 from llamafit.memory.graph_hybrid import HybridShape, hybrid_compute_bytes, hybrid_graph
-from llamafit.memory.graph_mamba import MambaShape, mamba_compute_bytes
+from llamafit.memory.graph_mamba import MambaShape, mamba_compute_bytes, mamba_graph
 from llamafit.memory.graph_mla import MlaShape, mla_compute_bytes, mla_graph
 from llamafit.memory.graph_mtp import (
     MROPE_SECTIONS,
@@ -42,13 +42,9 @@ TRANSFORMER = {"llama": "none", "qwen3": "none", "qwen3moe": "none", "glm4moe": 
 def recurrent_bytes(model: ModelInfo, cp: ContextParams, n_outputs: int) -> int | None:
     """The pure Mamba / Mamba-2 graph on one backend; None for other models."""
     hp = model.hparams
-    if hp.arch not in RECURRENT or not hp.ssm_dt_rank or cp.mtp:
+    shape = _mamba_shape(model)
+    if shape is None or cp.mtp:
         return None
-    shape = MambaShape(
-        version=2 if hp.arch == "mamba2" else 1, n_layer=hp.n_layer, n_embd=hp.n_embd, n_vocab=hp.n_vocab,
-        d_conv=hp.ssm_d_conv, d_inner=hp.ssm_d_inner, d_state=hp.ssm_d_state, dt_rank=hp.ssm_dt_rank,
-        n_group=max(1, hp.ssm_n_group), dt_b_c_rms=hp.ssm_dt_b_c_rms,
-    )  # fmt: skip
     n_rs_seq = cp.n_rs_seq if hp.supports_rs_rollback else 0
     key = ("recurrent_bytes", cp.n_ubatch, cp.n_ctx, cp.n_seq_max, n_outputs, n_rs_seq)
     # n_tokens of the reserve: min(n_ctx, n_ubatch) (llama-context.cpp:631-632), one sequence each slot
@@ -58,6 +54,17 @@ def recurrent_bytes(model: ModelInfo, cp: ContextParams, n_outputs: int) -> int 
             shape, n_tokens=min(cp.n_ctx, cp.n_ubatch), n_seqs=cp.n_seq_max, n_outputs=n_outputs, n_rs_seq=n_rs_seq
         ),
     )
+
+
+def _mamba_shape(model: ModelInfo) -> MambaShape | None:
+    hp = model.hparams
+    if hp.arch not in RECURRENT or not hp.ssm_dt_rank:
+        return None
+    return MambaShape(
+        version=2 if hp.arch == "mamba2" else 1, n_layer=hp.n_layer, n_embd=hp.n_embd, n_vocab=hp.n_vocab,
+        d_conv=hp.ssm_d_conv, d_inner=hp.ssm_d_inner, d_state=hp.ssm_d_state, dt_rank=hp.ssm_dt_rank,
+        n_group=max(1, hp.ssm_n_group), dt_b_c_rms=hp.ssm_dt_b_c_rms,
+    )  # fmt: skip
 
 
 def pooling_kind(requested: str | None, model_type: int) -> str:
@@ -133,21 +140,24 @@ def split_graph_bytes(
 
     def replay() -> dict[str, int] | None:
         hp = model.hparams
-        shape = model.memo(("transformer_shape", cp.mtp), lambda: _shape(model, cp.mtp))
-        if not isinstance(shape, MlaShape | TransformerShape | HybridShape) or cp.mtp:
+        mamba = _mamba_shape(model)
+        shape = mamba or model.memo(("transformer_shape", cp.mtp), lambda: _shape(model, cp.mtp))
+        if not isinstance(shape, MlaShape | TransformerShape | HybridShape | MambaShape) or cp.mtp:
             return None
         if isinstance(shape, TransformerShape) and shape.arch == "eagle3":
             return None
-        if cp.v_trans == fa or not cp.offload_kqv or by_name(cp.type_k).quantized or by_name(cp.type_v).quantized:
+        if not cp.offload_kqv or pooling not in ((None, "none") if mamba else (None, "none", "mean", "cls", "last")):
             return None
-        if pooling not in (None, "none", "mean", "cls", "last"):
+        quantized = by_name(cp.type_k).quantized or by_name(cp.type_v).quantized
+        if not mamba and (cp.v_trans == fa or quantized):
             return None
         layer_dev = placement.layer_device
         table: dict[tuple[int | None, str], str] = {}
         sizes: dict[tuple[int | None, str], tuple[int, int]] = {}
         for p in placement.tensors:
             name = p.tensor.name
-            base = (name.split(".", 2)[2] if name.startswith("blk.") else name).rsplit(".", 1)[0]
+            # blk.N.attn_q.weight -> attn_q; biases keep their suffix (ssm_dt.bias beside ssm_dt.weight)
+            base = (name.split(".", 2)[2] if name.startswith("blk.") else name).removesuffix(".weight")
             table.setdefault((p.tensor.layer, base), p.device)
             sizes.setdefault((p.tensor.layer, base), (p.tensor.info.nbytes, row_padded_size(p.tensor)))
         out_dev = layer_dev[hp.n_layer_all]
@@ -184,7 +194,10 @@ def split_graph_bytes(
             n_rs_seq=cp.n_rs_seq if hp.supports_rs_rollback else 0,
         )  # fmt: skip
         with placed(Where(device, pin, size)):
-            if isinstance(shape, MlaShape):
+            if isinstance(shape, MambaShape):
+                g = mamba_graph(shape, n_tokens=n_tokens, n_seqs=cp.n_seq_max, n_outputs=n_outputs,
+                                n_rs_seq=r.n_rs_seq)  # fmt: skip
+            elif isinstance(shape, MlaShape):
                 g = mla_graph(shape, r)
             elif isinstance(shape, HybridShape):
                 g = hybrid_graph(shape, r)
