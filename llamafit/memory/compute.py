@@ -132,6 +132,18 @@ def compute_buffers(
     """Bytes of every compute buffer the pp reserve creates (``sched_reserve: ... compute buffer size``).
     ``replay_split=False``: a graph over several backends keeps the per-phase estimate (quick)."""
     hp = model.hparams
+    # build_pooling follows the trunk when the context makes embeddings (llama-graph.cpp:3797-3895)
+    pool = pooling_kind(pooling, hp.pooling_type) if embeddings else None
+    if gpus and replay_split:
+        # a server with a device splits the graph (the CPU holds the inputs and the token rows): replayed
+        # through the scheduler (llamafit.memory.sched) where a builder knows the graph
+        order = [*gpus, CPU]
+        aligns = {d: backends.alignment(d, 32) for d in order}
+        offload = _op_offload(gpus) if op_offload else None
+        split = split_graph_bytes(model, cp, n_outputs, fa, placement, order, aligns, pool,
+                                  PP_COPIES if pipeline_parallel else 1, offload)  # fmt: skip
+        if split is not None:
+            return ComputeEstimate({k: v for k, v in split.items() if v > 0}, fa, pipeline_parallel)
     dims = layer_dims(model)
     U = cp.n_ubatch
     E = hp.n_embd
@@ -248,23 +260,11 @@ def compute_buffers(
             out[out_dev] = max(out.get(out_dev, 0), logits + U * 4 * SMALL_INPUT_FLOATS)
 
     devices_used = set(layer_dev[first : hp.n_layer_all + 1])
-    # build_pooling follows the trunk when the context makes embeddings (llama-graph.cpp:3797-3895)
-    pool = pooling_kind(pooling, hp.pooling_type) if embeddings else None
     single = len(devices_used) == 1 and not cpu_layers
     whole = graph_bytes(model, cp, n_outputs, fa, pool) if single and pool != "rank" else None
     if whole is not None:
         # the whole graph on one backend, replayed through ggml-alloc (llamafit.memory.replay): exact
         out = {next(iter(devices_used)): whole}
-
-    if gpus and replay_split:
-        backends_order = [*gpus, CPU]
-        aligns = {d: backends.alignment(d, 32) for d in backends_order}
-        offload = _op_offload(gpus) if op_offload else None
-        split = split_graph_bytes(model, cp, n_outputs, fa, placement, backends_order, aligns, pool,
-                                  PP_COPIES if pipeline_parallel else 1, offload)  # fmt: skip
-        if split is not None:
-            # the graph over several backends, replayed through the scheduler (llamafit.memory.sched)
-            return ComputeEstimate({k: v for k, v in split.items() if v > 0}, fa, pipeline_parallel)
 
     if gpus:
         # How ggml_backend_sched splits the graph (ggml-backend.cpp:1500-1580, 1700-1730): graph inputs

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llamafit.memory.galloc import F32, I32, I64, Graph, Tensor, buffer_size, in_layer
+from llamafit.memory.galloc import F32, I32, I64, Graph, Tensor, in_layer
 from llamafit.memory.graph_trunk import Experts, gated_ffn, input_embeddings, moe_ffn, output_head, rms_norm
 
 
@@ -55,11 +55,6 @@ class Reserve:
     pooling: str | None = None  # an embedding context's pooling ("none", "mean", "cls", "last"); None: not one
     rot_k: int = 0  # Hadamard rotation size for a quantized K cache (llama-kv-cache.cpp:321-348), 0: none
     rot_v: int = 0  # the same for a quantized V cache
-
-
-def transformer_compute_bytes(shape: TransformerShape, r: Reserve, alignment: int = 32) -> int:
-    """The CPU compute buffer of the pp reserve (``sched_reserve``) of a dense transformer."""
-    return buffer_size(transformer_graph(shape, r), alignment)
 
 
 def transformer_graph(shape: TransformerShape, r: Reserve) -> Graph:

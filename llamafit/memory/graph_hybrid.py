@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llamafit.memory.galloc import F32, I32, Graph, Tensor, buffer_size, in_layer
+from llamafit.memory.galloc import F32, I32, Graph, Tensor, in_layer
 from llamafit.memory.graph_attention import Builder, Reserve, TransformerShape
 from llamafit.memory.graph_mtp import MROPE_SECTIONS, MtpShape, gated_attention
 from llamafit.memory.graph_trunk import RecurrentStates, gated_ffn, input_embeddings, pool, rms_norm
@@ -29,11 +29,6 @@ class HybridShape:
     d_state: int  # head_k_dim of the delta-net
     n_group: int  # num_k_heads
     n_v_heads: int  # ssm.time_step_rank
-
-
-def hybrid_compute_bytes(sh: HybridShape, r: Reserve, alignment: int = 32) -> int:
-    """The CPU compute buffer of the pp reserve of a Qwen3.5-style hybrid."""
-    return buffer_size(hybrid_graph(sh, r), alignment)
 
 
 def hybrid_graph(sh: HybridShape, r: Reserve) -> Graph:

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llamafit.memory.galloc import F32, I32, Graph, Tensor, buffer_size, in_layer
+from llamafit.memory.galloc import F32, I32, Graph, Tensor, in_layer
+from llamafit.memory.graph_attention import Reserve
 from llamafit.memory.graph_trunk import RecurrentStates, input_embeddings, output_head, rms_norm
 
 
@@ -34,17 +35,10 @@ class MambaShape:
     dt_b_c_rms: bool = False  # Falcon-Mamba: RMS norm on dt, B and C
 
 
-def mamba_compute_bytes(
-    shape: MambaShape, *, n_tokens: int, n_seqs: int, n_outputs: int, n_rs_seq: int = 0, alignment: int = 32
-) -> int:
-    """The CPU compute buffer of the pp reserve (``sched_reserve``) of a pure Mamba model."""
-    return buffer_size(mamba_graph(shape, n_tokens=n_tokens, n_seqs=n_seqs, n_outputs=n_outputs, n_rs_seq=n_rs_seq),
-                       alignment)  # fmt: skip
-
-
-def mamba_graph(shape: MambaShape, *, n_tokens: int, n_seqs: int, n_outputs: int, n_rs_seq: int = 0) -> Graph:
-    """The reserve graph (its weights and states tagged under ``galloc.placed``)."""
-    return _Builder(shape, n_tokens, n_seqs, n_outputs, n_rs_seq).graph()
+def mamba_graph(shape: MambaShape, r: Reserve) -> Graph:
+    """The reserve graph of a pure Mamba model (its weights and states tagged under ``galloc.placed``);
+    of ``r`` only the batch, the sequences, the outputs and the rollback snapshots matter."""
+    return _Builder(shape, r.n_tokens, r.n_seqs, r.n_outputs, r.n_rs_seq).graph()
 
 
 class _Builder:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llamafit.memory.galloc import F32, I32, I64, Graph, Tensor, buffer_size, in_layer
+from llamafit.memory.galloc import F32, I32, I64, Graph, Tensor, in_layer
 from llamafit.memory.graph_attention import Reserve
 from llamafit.memory.graph_trunk import Experts, gated_ffn, input_embeddings, moe_ffn, output_head, rms_norm
 
@@ -32,11 +32,6 @@ class MlaShape:
     n_ff: int  # the dense layers' FFN
     n_ff_shexp: int  # the shared expert's FFN (0: none)
     experts: Experts
-
-
-def mla_compute_bytes(shape: MlaShape, r: Reserve, alignment: int = 32) -> int:
-    """The CPU compute buffer of the pp reserve (``sched_reserve``) of an MLA model."""
-    return buffer_size(mla_graph(shape, r), alignment)
 
 
 def mla_graph(shape: MlaShape, r: Reserve) -> Graph:

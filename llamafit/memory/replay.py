@@ -1,9 +1,10 @@
 """Which models' reserve graphs llamafit replays through its ggml-alloc replica, and with what shape.
 
-A replay gives the compute buffer of the whole graph on one backend, exactly (``llamafit.memory.galloc``).
-It applies only where the builder in ``graph_mamba`` / ``graph_attention`` is the graph llama.cpp builds
-for that model and those settings; anything else (MoE, fused QKV, quantized caches with their rotation
-inputs, pooling, MTP heads) keeps the per-phase estimate of ``llamafit.memory.compute``.
+A replay gives the compute buffers exactly: the whole graph on one backend (``graph_bytes``, through
+``llamafit.memory.galloc``), or split over several (``split_graph_bytes``, through
+``llamafit.memory.sched``). It applies only where a ``graph_*`` builder makes the graph llama.cpp builds
+for that model and those settings; anything else (fused QKV, rerankers' heads, DFlash/DSpark, d2t maps,
+grouped routing, per-layer expert counts) keeps the per-phase estimate of ``llamafit.memory.compute``.
 """
 
 from __future__ import annotations
@@ -15,11 +16,11 @@ from llamafit.ggml import by_name
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory.backends import pads_rows
 from llamafit.memory.context import ContextParams, swa_cells
-from llamafit.memory.galloc import Tensor, Where, placed
-from llamafit.memory.graph_attention import Reserve, TransformerShape, transformer_compute_bytes, transformer_graph
-from llamafit.memory.graph_hybrid import HybridShape, hybrid_compute_bytes, hybrid_graph
-from llamafit.memory.graph_mamba import MambaShape, mamba_compute_bytes, mamba_graph
-from llamafit.memory.graph_mla import MlaShape, mla_compute_bytes, mla_graph
+from llamafit.memory.galloc import Graph, Tensor, Where, buffer_size, placed
+from llamafit.memory.graph_attention import Reserve, TransformerShape, transformer_graph
+from llamafit.memory.graph_hybrid import HybridShape, hybrid_graph
+from llamafit.memory.graph_mamba import MambaShape, mamba_graph
+from llamafit.memory.graph_mla import MlaShape, mla_graph
 from llamafit.memory.graph_mtp import (
     MROPE_SECTIONS,
     MtpShape,
@@ -41,19 +42,11 @@ TRANSFORMER = {"llama": "none", "qwen3": "none", "qwen3moe": "none", "glm4moe": 
 
 def recurrent_bytes(model: ModelInfo, cp: ContextParams, n_outputs: int) -> int | None:
     """The pure Mamba / Mamba-2 graph on one backend; None for other models."""
-    hp = model.hparams
     shape = _mamba_shape(model)
     if shape is None or cp.mtp:
         return None
-    n_rs_seq = cp.n_rs_seq if hp.supports_rs_rollback else 0
-    key = ("recurrent_bytes", cp.n_ubatch, cp.n_ctx, cp.n_seq_max, n_outputs, n_rs_seq)
-    # n_tokens of the reserve: min(n_ctx, n_ubatch) (llama-context.cpp:631-632), one sequence each slot
-    return model.memo(
-        key,
-        lambda: mamba_compute_bytes(
-            shape, n_tokens=min(cp.n_ctx, cp.n_ubatch), n_seqs=cp.n_seq_max, n_outputs=n_outputs, n_rs_seq=n_rs_seq
-        ),
-    )
+    r = _reserve(model, cp, n_outputs, True)
+    return model.memo(("graph_bytes", r), lambda: buffer_size(_graph(shape, r)))
 
 
 def _mamba_shape(model: ModelInfo) -> MambaShape | None:
@@ -89,33 +82,49 @@ def graph_bytes(
         return None  # quantized caches beside the graphs whose attention is not build_attn's
     if pooling not in (None, "none", "mean", "cls", "last") or (pooling is not None and isinstance(shape, MtpShape)):
         return None  # a reranker's classification head: other nodes
-    n_tokens = min(cp.n_ctx, cp.n_ubatch)
-    hp = model.hparams
-    r = Reserve(
-        n_tokens=n_tokens,
-        n_seqs=cp.n_seq_max,
-        n_outputs=n_outputs,
-        n_kv=cp.n_ctx_seq,
-        n_kv_swa=swa_cells(hp, cp) if hp.swa_type != "none" else 0,
-        n_stream=cp.n_stream,
-        flash_attn=fa,
-        cache_esize=by_name(cp.type_k).size if not by_name(cp.type_k).quantized else 2,
-        rot_k=rot_k,
-        rot_v=rot_v,
-        n_rs_seq=cp.n_rs_seq if hp.supports_rs_rollback else 0,
-        pooling=pooling,
-    )
-    if isinstance(shape, MlaShape):
-        return model.memo(("mla_bytes", r), lambda: mla_compute_bytes(shape, r))
+    r = _reserve(model, cp, n_outputs, fa, pooling, (rot_k, rot_v))
     if isinstance(shape, MtpShape):
         return model.memo(("mtp_bytes", r), lambda: mtp_compute_bytes(shape, r))
     if isinstance(shape, NextnShape):
         return model.memo(("nextn_bytes", r), lambda: nextn_compute_bytes(shape, r))
-    if isinstance(shape, HybridShape):
-        return model.memo(("hybrid_bytes", r), lambda: hybrid_compute_bytes(shape, r))
-    if shape.arch == "eagle3":
+    if isinstance(shape, TransformerShape) and shape.arch == "eagle3":
         return model.memo(("eagle3_bytes", r), lambda: eagle3_compute_bytes(shape, r))
-    return model.memo(("transformer_bytes", r), lambda: transformer_compute_bytes(shape, r))
+    return model.memo(("graph_bytes", type(shape).__name__, r), lambda: buffer_size(_graph(shape, r)))
+
+
+ReplayShape = TransformerShape | MlaShape | HybridShape | MambaShape
+
+
+def _graph(shape: ReplayShape, r: Reserve) -> Graph:
+    """The reserve graph of a trunk the builders know (tagged with its placement under ``placed``)."""
+    if isinstance(shape, MambaShape):
+        return mamba_graph(shape, r)
+    if isinstance(shape, MlaShape):
+        return mla_graph(shape, r)
+    if isinstance(shape, HybridShape):
+        return hybrid_graph(shape, r)
+    return transformer_graph(shape, r)
+
+
+def _reserve(
+    model: ModelInfo, cp: ContextParams, n_outputs: int, fa: bool, pooling: str | None = None,
+    rot: tuple[int, int] = (0, 0),
+) -> Reserve:  # fmt: skip
+    """The reserve's sizes (llama-context.cpp:631-632: min(n_ctx, n_ubatch) tokens, one sequence per
+    slot); a pure Mamba model has no KV cache, so its graph does not depend on the context."""
+    hp = model.hparams
+
+    def esize(t: str) -> int:  # a quantized cache only matters through its rotations
+        return 2 if by_name(t).quantized else by_name(t).size
+
+    kv = hp.arch not in RECURRENT
+    return Reserve(
+        n_tokens=min(cp.n_ctx, cp.n_ubatch), n_seqs=cp.n_seq_max, n_outputs=n_outputs,
+        n_kv=cp.n_ctx_seq if kv else 0, n_kv_swa=swa_cells(hp, cp) if kv and hp.swa_type != "none" else 0,
+        n_stream=cp.n_stream, flash_attn=fa if kv else True, cache_esize=esize(cp.type_k),
+        cache_esize_v=esize(cp.type_v), rot_k=rot[0], rot_v=rot[1],
+        n_rs_seq=cp.n_rs_seq if hp.supports_rs_rollback else 0, pooling=pooling,
+    )  # fmt: skip
 
 
 def split_graph_bytes(
@@ -132,9 +141,8 @@ def split_graph_bytes(
 ) -> dict[str, int] | None:
     """Each backend's compute buffer of the reserve graph over several backends (``backends``, the CPU
     last; ``n_copies`` > 1 with pipeline parallelism; ``offload``: op offload, ``sched.split_buffers``),
-    replayed through the scheduler (``llamafit.memory.sched``);
-    None where the builders do not make llama.cpp's graph (only ``graph_attention``'s transformers are
-    built with their placement)."""
+    replayed through the scheduler (``llamafit.memory.sched``); None where the builders do not make
+    llama.cpp's graph (MTP heads, EAGLE3, quantized caches, rerankers)."""
     key = ("split_graph_bytes", cp, n_outputs, fa, pooling, n_copies, offload is not None, tuple(backends),
            tuple(alignments.items()), tuple(p.device for p in placement.tensors), placement.layer_device)  # fmt: skip
 
@@ -142,7 +150,7 @@ def split_graph_bytes(
         hp = model.hparams
         mamba = _mamba_shape(model)
         shape = mamba or model.memo(("transformer_shape", cp.mtp), lambda: _shape(model, cp.mtp))
-        if not isinstance(shape, MlaShape | TransformerShape | HybridShape | MambaShape) or cp.mtp:
+        if not isinstance(shape, ReplayShape) or cp.mtp:
             return None
         if isinstance(shape, TransformerShape) and shape.arch == "eagle3":
             return None
@@ -183,26 +191,12 @@ def split_graph_bytes(
                 layer = hp.n_layer_all
             return sizes.get((layer, name))
 
-        n_tokens = min(cp.n_ctx, cp.n_ubatch)
+        r = _reserve(model, cp, n_outputs, fa, pooling)
         # llama.cpp pins each layer's norms to the layer's device on a full offload or a small batch
         # (llama-context.cpp:2646-2661)
-        pin = all(d != CPU for d in layer_dev) or n_tokens < 32
-        r = Reserve(
-            n_tokens=n_tokens, n_seqs=cp.n_seq_max, n_outputs=n_outputs, n_kv=cp.n_ctx_seq,
-            n_kv_swa=swa_cells(hp, cp) if hp.swa_type != "none" else 0, n_stream=cp.n_stream, flash_attn=fa,
-            pooling=pooling, cache_esize=by_name(cp.type_k).size, cache_esize_v=by_name(cp.type_v).size,
-            n_rs_seq=cp.n_rs_seq if hp.supports_rs_rollback else 0,
-        )  # fmt: skip
+        pin = all(d != CPU for d in layer_dev) or r.n_tokens < 32
         with placed(Where(device, pin, size)):
-            if isinstance(shape, MambaShape):
-                g = mamba_graph(shape, n_tokens=n_tokens, n_seqs=cp.n_seq_max, n_outputs=n_outputs,
-                                n_rs_seq=r.n_rs_seq)  # fmt: skip
-            elif isinstance(shape, MlaShape):
-                g = mla_graph(shape, r)
-            elif isinstance(shape, HybridShape):
-                g = hybrid_graph(shape, r)
-            else:
-                g = transformer_graph(shape, r)
+            g = _graph(shape, r)
         pads = frozenset(b for b in backends if pads_rows(b))
         return split_buffers(g, backends, alignments, offload, n_copies, pads)
 

@@ -114,8 +114,7 @@ def split_buffers(
         return {}
     split = _Split(where[first], 0)
     splits = [split]
-    copies: dict[tuple[int, str], Tensor] = {}
-    split_copies: dict[tuple[int, str], list[Tensor]] = {}
+    copies: dict[tuple[Tensor, str], list[Tensor]] = {}  # (source, backend) -> its copies; [0] is read
     srcs: dict[Tensor, tuple[Tensor, ...]] = {}
     for i, n in enumerate(g.nodes):
         if n.op in VIEW_OPS:
@@ -132,17 +131,15 @@ def split_buffers(
         for j, s in enumerate(n.src):
             if where.get(s, b) == b:
                 continue
-            key = (id(s), b)
-            if key not in copies:
+            if (s, b) not in copies:
                 # ggml_dup_tensor_layout: op none, memory of its own; with several copies, inputs and
                 # outputs (allocated first, never freed); the current copy (0) is the one the node reads
                 kept = n_copies > 1
                 size = s.padded if b in pads_rows and s.padded is not None else s.size
-                made = [Tensor(s.ne, s.nb, s.esize, is_input=kept, is_output=kept, size=size) for _ in range(n_copies)]
-                copies[key] = made[0]
-                split_copies[key] = made
+                copies[s, b] = [Tensor(s.ne, s.nb, s.esize, is_input=kept, is_output=kept, size=size)
+                                for _ in range(n_copies)]  # fmt: skip
                 split.inputs.append(s)
-            new[j] = copies[key]
+            new[j] = copies[s, b][0]
         if new != list(n.src):
             srcs[n] = tuple(new)
     split.end = len(g.nodes)
@@ -153,7 +150,7 @@ def split_buffers(
     for sp in splits:
         for inp in sp.inputs:
             dep = Tensor(inp.ne, inp.nb, inp.esize, src=(inp,), view_src=inp.view_src or inp)  # a view, op none
-            nodes += [dep, copies[(id(inp), sp.backend)]]
+            nodes += [dep, copies[inp, sp.backend][0]]
             buffers += [where[inp], sp.backend]
         for n in g.nodes[sp.start : sp.end]:
             nodes.append(n)
@@ -171,7 +168,7 @@ def split_buffers(
                 leaf_buffers += [b] * n_copies
         for sp in splits:
             for inp in sp.inputs:
-                leafs += split_copies[(id(inp), sp.backend)]
+                leafs += copies[inp, sp.backend]
                 leaf_buffers += [sp.backend] * n_copies
     leafs += g.leafs
     leaf_buffers += [where.get(t, cpu) for t in g.leafs]
