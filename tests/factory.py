@@ -619,11 +619,21 @@ def dflash(
     n_vocab: int = 151936,
     block_size: int = 16,
     target_layers: tuple[int, ...] = (1, 9, 17, 25, 33),
+    markov_rank: int = 0,
+    confidence: bool = True,
+    own_head: bool = True,
+    draft_vocab: int = 0,
+    sample_from_anchor: bool | None = None,
     w: str = "q8_0",
 ) -> Shape:
-    """A DFlash drafter (src/models/dflash.cpp load_arch_tensors, the plain variant: no DSpark head, no
-    conv/selector, no reduced vocabulary): the target features' projection (fc) and its norm, Qwen3-style
-    blocks with Q/K norms, its own head. Defaults: the shape of z-lab's DFlash drafter for Qwen3-8B."""
+    """A DFlash drafter (src/models/dflash.cpp load_arch_tensors; no conv/selector, no reduced vocabulary):
+    the target features' projection (fc) and its norm, Qwen3-style blocks with Q/K norms, its own head
+    (``own_head``; without it the target's output projection is used); ``draft_vocab`` > 0: a reduced
+    draft vocabulary, its head over those rows and the ``d2t`` map to target ids; ``sample_from_anchor``
+    False: a bonus anchor slot (SpecForge exports). ``markov_rank`` > 0 makes it a
+    DSpark drafter (dflash.cpp:124-137): the Markov head's two low-rank tables and, with ``confidence``,
+    the confidence projection (conversion/qwen.py DSparkModel: no lm_head at full vocabulary). Defaults:
+    the shape of z-lab's DFlash drafter for Qwen3-8B."""
     arch = "dflash"
     kv = _base_kv(arch, "dflash (shape)", n_layer, n_embd, 40960, n_vocab)
     kv.update({
@@ -641,8 +651,21 @@ def dflash(
         TensorSpec("fc.weight", (len(target_layers) * n_embd, n_embd), w),
         TensorSpec("enc.output_norm.weight", (n_embd,)),
         TensorSpec("output_norm.weight", (n_embd,)),
-        TensorSpec("output.weight", (n_embd, n_vocab), w),
     ]
+    if own_head or draft_vocab:
+        ts.append(TensorSpec("output.weight", (n_embd, draft_vocab or n_vocab), w))
+    if draft_vocab:
+        ts.append(TensorSpec("d2t", (draft_vocab,), "i64"))
+    if sample_from_anchor is not None:
+        kv[f"{arch}.sample_from_anchor"] = sample_from_anchor
+    if markov_rank:
+        kv[f"{arch}.has_confidence_head"] = confidence
+        ts += [
+            TensorSpec("markov_w1.weight", (markov_rank, n_vocab), w),
+            TensorSpec("markov_w2.weight", (markov_rank, draft_vocab or n_vocab), w),
+        ]
+        if confidence:
+            ts += [TensorSpec("conf_proj.weight", (n_embd + markov_rank, 1)), TensorSpec("conf_proj.bias", (1,))]
     for i in range(n_layer):
         ts += _attn(i, n_embd, q, k, q, w)
         ts += [
@@ -651,6 +674,21 @@ def dflash(
         ]
         ts += _ffn(i, n_embd, n_ff, w)
     return Shape(arch, kv, ts)
+
+
+def dspark_qwen3_4b(**kw: Any) -> Shape:
+    """A DSpark drafter for Qwen3-4B's shape (deepseek-ai/dspark_qwen3_4b_block7, converted as
+    docs/speculative.md shows: 5 Qwen3 blocks over 5 target layers, block size 7, the target's head);
+    the Markov rank (256) is ours: the checkpoint's config is not reachable here."""
+    args: dict[str, Any] = dict(n_embd=2560, n_ff=9728, block_size=7, target_layers=(1, 9, 17, 25, 33),
+                                markov_rank=256, own_head=False)  # fmt: skip
+    return dflash(**{**args, **kw})
+
+
+def qwen3_4b(w: str = "q4_K") -> Shape:
+    """Qwen/Qwen3-4B: 36 layers, 2560 embd, 32 heads, 8 KV heads (head 128), 9728 FFN, tied embeddings."""
+    return dense(arch="qwen3", name="Qwen3-4B (shape)", n_layer=36, n_embd=2560, n_head=32, n_head_kv=8,
+                 head_dim=128, n_ff=9728, n_vocab=151936, ctx=40960, w=w, tied=True)  # fmt: skip
 
 
 def qwen3_0_6b(w: str = "q8_0") -> Shape:

@@ -244,11 +244,12 @@ def compute_buffers(
     n_out = min(U, n_outputs)
     logits = hp.n_vocab * n_out * 4 + U * 4 * 2 * E
     if hp.arch == "dflash":
-        # a DFlash drafter's graph makes the logits of every token (dflash.cpp:488) and the server samples
-        # them on the backend, from a copy padded by one row (build_sampling: ggml_pad(t_logits, 0, 1));
-        # both alive at the end, after the layers' tensors are freed (not replayed: its graph injects the
-        # target's features into the K/V of every layer)
-        sampled = hp.n_vocab * U * 4 + hp.n_vocab * (U + 1) * 4 + U * 4 * (2 * E + SMALL_INPUT_FLOATS)
+        # a DFlash drafter's graph makes the logits of every token (dflash.cpp:808-842) and the server
+        # samples them on the backend, from a copy padded by one row (build_sampling: ggml_pad(t_logits,
+        # 0, 1)); both alive at the end, after the layers' tensors are freed (the variants the replay,
+        # llamafit.memory.graph_dflash, does not build)
+        padded = hp.n_vocab * (U + 1) * 4 if cp.sampled_rows else 0
+        sampled = hp.n_vocab * U * 4 + padded + U * 4 * (2 * E + SMALL_INPUT_FLOATS)
         out[out_dev] = max(out.get(out_dev, 0), sampled)
     elif recurrent_graph is None:  # (the whole graph's bound holds its own logits)
         if n_out >= U and out.get(out_dev, 0):

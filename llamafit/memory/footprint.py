@@ -67,6 +67,8 @@ class LoadSettings:
     op_offload: bool = True
     n_outputs_max: int = 4  # server: min(n_batch, n_seq x (1 + n_draft_max))
     n_rs_seq: int = 0
+    # a drafter's context: rows per sequence its backend samplers take (n_outputs_max_per_seq), 0: none
+    sampled_rows: int = 0
     load_nextn: bool = False
     split_mode: str = "layer"
     main_gpu: int = 0
@@ -160,6 +162,7 @@ def estimate(
         offload_kqv=s.offload_kqv,
         swa_full=s.swa_full,
         n_rs_seq=s.n_rs_seq,
+        sampled_rows=s.sampled_rows,
         mtp=context_label == "mtp",
     )
     ngl = hp.n_layer_all + 1 if s.n_gpu_layers < 0 else s.n_gpu_layers

@@ -55,6 +55,7 @@ class Reserve:
     pooling: str | None = None  # an embedding context's pooling ("none", "mean", "cls", "last"); None: not one
     rot_k: int = 0  # Hadamard rotation size for a quantized K cache (llama-kv-cache.cpp:321-348), 0: none
     rot_v: int = 0  # the same for a quantized V cache
+    sampled_rows: int = 0  # rows per sequence each slot's backend sampler takes (a drafter's), 0: none
 
 
 def transformer_graph(shape: TransformerShape, r: Reserve) -> Graph:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from llamafit.memory.galloc import F32, I32, Graph, Tensor, buffer_size
 from llamafit.memory.graph_attention import Builder, Reserve, TransformerShape
-from llamafit.memory.graph_trunk import gated_ffn, rms_norm
+from llamafit.memory.graph_trunk import backend_samplers, gated_ffn, rms_norm
 
 MROPE_SECTIONS = 4  # qwen35 uses IMROPE: four positions per token (llama-hparams.cpp:285-288)
 
@@ -117,9 +117,6 @@ def eagle3_compute_bytes(sh: TransformerShape, r: Reserve, alignment: int = 32) 
     h = Graph.like("add", gated_ffn(rms_norm(ffn_inp), sh.n_ff[0]), ffn_inp)
     logits = Graph.mul_mat(W((E, V)), rms_norm(h))
     g.expand(logits)
-    # the server samples the draft on the backend: build_sampling pads the logits by a row first
-    # (llama-graph.cpp build_sampling: ggml_pad(t_logits, 0, 1)), then one sampler per sequence reads a view
-    padded = Graph.op("pad", (V, T + 1), logits)
-    g.expand(Graph.op("argmax", (1,), Graph.view(padded, (V,)), esize=I32))
     h.is_output = logits.is_output = True  # ggml_set_output(t_h_nextn), t_logits
+    backend_samplers(g, logits, max(1, r.n_seqs), r.n_outputs, r.sampled_rows)
     return buffer_size(g, alignment)

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 from llamafit.memory.galloc import I32, I64, Graph, Tensor, pin_norm
 
+TOP_K = 10  # a drafter's sampler chain: top-k 10 (common/speculative.cpp:585-597, 1093-1117)
+
 
 def rms_norm(x: Tensor, name: str = "") -> Tensor:
     """build_norm(x, w, NULL, LLM_NORM_RMS): the norm (a layer's is pinned where llama.cpp pins it), then
@@ -57,6 +59,27 @@ def pool(g: Graph, embd: Tensor, pooling: str | None, n_seqs: int) -> None:
         out = Graph.get_rows(embd, Graph.input((n_seqs,), I32))
     g.expand(out)
     out.is_output = True
+
+
+def backend_samplers(g: Graph, logits: Tensor, n_seqs: int, n_outputs: int, rows_per_seq: int) -> None:
+    """A drafter context's backend samplers (a top-k chain per slot; llama-graph.cpp:3897-3990 and
+    llama-sampler.cpp:1477-1499): the logits padded by a row, then per sampled row the top-k ids and
+    their logits. The reserve gives each sequence min(its tokens, ``rows_per_seq``) output rows while
+    ``n_outputs`` lasts; a sampler whose sequence has none samples a dummy row
+    (llama-context.cpp:2470-2510). ``rows_per_seq`` 0: no backend sampling."""
+    if rows_per_seq <= 0:
+        return
+    V, T = logits.ne[0], logits.ne[1]
+    padded = Graph.op("pad", (V, T + 1), logits)
+    left = n_outputs
+    for _ in range(n_seqs):
+        rows = min(T // n_seqs, rows_per_seq, left)
+        left -= rows
+        for _ in range(max(1, rows)):
+            row = Graph.view(padded, (V,))
+            top = Graph.op("top_k", (TOP_K,), row, esize=I32)
+            g.expand(Graph.get_rows(Graph.reshape(row, (1, V)), top))  # data.logits, then data.candidates
+            g.expand(top)
 
 
 def gated_ffn(cur: Tensor, n_ff: int, suffix: str = "") -> Tensor:

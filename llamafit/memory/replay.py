@@ -18,6 +18,7 @@ from llamafit.memory.backends import pads_rows
 from llamafit.memory.context import ContextParams, swa_cells
 from llamafit.memory.galloc import Graph, Tensor, Where, buffer_size, placed
 from llamafit.memory.graph_attention import Reserve, TransformerShape, transformer_graph
+from llamafit.memory.graph_dflash import DflashShape, Markov, dflash_graph
 from llamafit.memory.graph_hybrid import HybridShape, hybrid_graph
 from llamafit.memory.graph_mamba import MambaShape, mamba_graph
 from llamafit.memory.graph_mla import MlaShape, mla_graph
@@ -34,7 +35,7 @@ from llamafit.memory.placement import CPU, WeightPlacement, output_weight_device
 from llamafit.memory.sched import split_buffers
 
 RECURRENT = ("mamba", "mamba2")
-Shape = TransformerShape | MlaShape | MtpShape | NextnShape | HybridShape
+Shape = TransformerShape | MlaShape | MtpShape | NextnShape | HybridShape | DflashShape
 POOLING = {1: "mean", 2: "cls", 3: "last", 4: "rank"}  # LLAMA_POOLING_TYPE_*
 # arch -> the sliding-window type its builder knows
 TRANSFORMER = {"llama": "none", "qwen3": "none", "qwen3moe": "none", "glm4moe": "none", "gemma3": "standard"}
@@ -78,7 +79,7 @@ def graph_bytes(
     if shape is None or cp.v_trans == fa or not cp.offload_kqv:
         return None  # an "auto" that resolved off keeps V untransposed: a graph the builder does not make
     rot_k, rot_v = _rotations(model, cp)
-    if (rot_k or rot_v or by_name(cp.type_k).quantized) and not isinstance(shape, TransformerShape):
+    if (rot_k or rot_v or by_name(cp.type_k).quantized) and not isinstance(shape, (TransformerShape, DflashShape)):
         return None  # quantized caches beside the graphs whose attention is not build_attn's
     if pooling not in (None, "none", "mean", "cls", "last") or (pooling is not None and isinstance(shape, MtpShape)):
         return None  # a reranker's classification head: other nodes
@@ -92,7 +93,7 @@ def graph_bytes(
     return model.memo(("graph_bytes", type(shape).__name__, r), lambda: buffer_size(_graph(shape, r)))
 
 
-ReplayShape = TransformerShape | MlaShape | HybridShape | MambaShape
+ReplayShape = TransformerShape | MlaShape | HybridShape | MambaShape | DflashShape
 
 
 def _graph(shape: ReplayShape, r: Reserve) -> Graph:
@@ -103,6 +104,8 @@ def _graph(shape: ReplayShape, r: Reserve) -> Graph:
         return mla_graph(shape, r)
     if isinstance(shape, HybridShape):
         return hybrid_graph(shape, r)
+    if isinstance(shape, DflashShape):
+        return dflash_graph(shape, r)
     return transformer_graph(shape, r)
 
 
@@ -123,7 +126,7 @@ def _reserve(
         n_kv=cp.n_ctx_seq if kv else 0, n_kv_swa=swa_cells(hp, cp) if kv and hp.swa_type != "none" else 0,
         n_stream=cp.n_stream, flash_attn=fa if kv else True, cache_esize=esize(cp.type_k),
         cache_esize_v=esize(cp.type_v), rot_k=rot[0], rot_v=rot[1],
-        n_rs_seq=cp.n_rs_seq if hp.supports_rs_rollback else 0, pooling=pooling,
+        n_rs_seq=cp.n_rs_seq if hp.supports_rs_rollback else 0, pooling=pooling, sampled_rows=cp.sampled_rows,
     )  # fmt: skip
 
 
@@ -176,8 +179,8 @@ def split_graph_bytes(
                 return output
             if name == "output_norm":
                 return table.get((hp.n_layer_all, name), out_dev)
-            if layer is None:
-                return table.get((None, name), CPU)
+            if layer is None:  # the input layer's, else the output layer's (DSpark's heads, d2t)
+                return table.get((None, name), table.get((hp.n_layer_all, name), CPU))
             if name in ("cache", "norm"):
                 return layer_dev[layer]  # the caches are the layer's with offload_kqv (llama-kv-cache.cpp:118-141)
             return table.get((layer, name), layer_dev[layer])
@@ -187,7 +190,7 @@ def split_graph_bytes(
                 name, layer = (
                     ("output", hp.n_layer_all) if (hp.n_layer_all, "output") in sizes else ("token_embd", None)
                 )
-            elif name == "output_norm":
+            elif name == "output_norm" or (layer is None and (None, name) not in sizes):
                 layer = hp.n_layer_all
             return sizes.get((layer, name))
 
@@ -225,7 +228,49 @@ def _shape(model: ModelInfo, mtp: bool) -> Shape | None:
         return _hybrid_shape(model)
     if arch == "eagle3":
         return _eagle3_shape(model)
+    if arch == "dflash":
+        return _dflash_shape(model)
     return _mla_shape(model) if arch == "deepseek2" else _transformer_shape(model)
+
+
+def _dflash_shape(model: ModelInfo) -> DflashShape | None:
+    """The drafter's Qwen3 blocks (src/models/dflash.cpp load_arch_tensors), its head's rows and d2t map,
+    DSpark's trained block; None for the variants with other nodes (DFlash2's convolutions and selector,
+    attention sinks or post-norms, per-layer sliding windows, shared K/V, the DeepSeek-V4 backbone)."""
+    hp = model.hparams
+    shapes = {t.name: t.info.shape for t in model.tensors}
+    if hp.swa_type != "none" or len(set(hp.n_head[: hp.n_layer])) != 1 or not hp.n_head[0]:
+        return None
+    if any(n.startswith(("selector_", "hc_")) or ".dflash_" in n or "attn_sinks" in n or "post_norm" in n
+           for n in shapes):  # fmt: skip
+        return None
+    for il in range(hp.n_layer):
+        need = ("attn_q", "attn_k", "attn_v", "attn_q_norm", "attn_k_norm", "ffn_gate", "ffn_up")
+        if any(f"blk.{il}.{t}.weight" not in shapes for t in need):
+            return None
+    d2t = shapes.get("d2t")
+    head = shapes.get("output.weight")
+    block = model.kv.get("dflash.block_size")
+    w1 = shapes.get("markov_w1.weight")
+    anchor = model.kv.get("dflash.sample_from_anchor")
+    markov = (
+        Markov(
+            block_size=block, rank=w1[0], confidence="conf_proj.weight" in shapes,
+            confidence_bias="conf_proj.bias" in shapes, w2_scale="markov_w2.scale" in shapes,
+            sample_from_anchor=anchor is not False,
+        )
+        if w1 is not None and isinstance(block, int)
+        else None
+    )  # fmt: skip
+    trunk = TransformerShape(
+        arch="qwen3", n_layer=hp.n_layer, n_embd=hp.n_embd, n_vocab=hp.n_vocab, n_head=hp.n_head[0],
+        n_head_kv=tuple(hp.n_head_kv[: hp.n_layer]), head_k=hp.head_k, head_v=hp.head_v,
+        n_ff=tuple(hp.n_ff[: hp.n_layer]), is_swa=(False,) * hp.n_layer, qk_norm=True,
+    )  # fmt: skip
+    return DflashShape(
+        trunk, n_vocab_draft=head[1] if head is not None and len(head) > 1 else hp.n_vocab, d2t=d2t is not None,
+        markov=markov,
+    )  # fmt: skip
 
 
 def _eagle3_shape(model: ModelInfo) -> TransformerShape | None:

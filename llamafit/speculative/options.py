@@ -30,6 +30,7 @@ class SpecOptions:
     ctx_checkpoints: int = DEFAULT_CTX_CHECKPOINTS
     cache_ram_mib: int = DEFAULT_CACHE_RAM_MIB
     ngram_mod_n_max: int = 64
+    backend_sampling: bool = True  # --[no-]spec-draft-backend-sampling (common.h:335: on)
 
     @property
     def explicit(self) -> bool:
@@ -86,6 +87,8 @@ def spec_options(
         kw["ctx_checkpoints"] = int_value(occ.value, occ.tokens[0], 0)
     if (occ := args.last("--cache-ram")) is not None:
         kw["cache_ram_mib"] = int_value(occ.value, occ.tokens[0], -1)
+    if (on := args.flag("--spec-draft-backend-sampling")) is not None:
+        kw["backend_sampling"] = on
     if (occ := args.last("--spec-ngram-mod-n-max")) is not None:
         kw["ngram_mod_n_max"] = int_value(occ.value, occ.tokens[0], 0)
     return SpecOptions(mode=mode, prefer=prefer, draft=draft, user_types=tuple(types), **kw)  # type: ignore[arg-type]
