@@ -40,6 +40,8 @@ def rpc_servers(server_bin: ServerBinary) -> Iterator[list[str]]:
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("rpc-models")
+    # drafters in their own folder: beside the models, Auto would take them as sidecars (dflash-*, dspark-*)
+    dd = tmp_path_factory.mktemp("rpc-drafters")
     return {
         "qwen06": factory.qwen3_0_6b().write(d / "qwen3-0.6b.gguf"),
         "gemma3": factory.gemma3().write(d / "gemma3.gguf"),
@@ -48,6 +50,21 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "hybrid": factory.qwen35().write(d / "hybrid.gguf"),
         "mamba2": factory.mamba2().write(d / "mamba2.gguf"),
         "mamba": factory.mamba().write(d / "mamba.gguf"),
+        "dflash": factory.dflash(
+            n_layer=3, n_embd=1024, n_head=16, n_head_kv=8, n_ff=3072, target_layers=(1, 9, 17)
+        ).write(dd / "dflash-qwen3-0.6b.gguf"),
+        "dspark": factory.dflash(
+            n_layer=3,
+            n_embd=1024,
+            n_head=16,
+            n_head_kv=8,
+            n_ff=3072,
+            target_layers=(1, 9, 17),
+            markov_rank=128,
+            own_head=False,
+            draft_vocab=32000,
+            block_size=7,
+        ).write(dd / "dspark-qwen3-0.6b.gguf"),
         "moe": factory.moe(
             name="moe", n_layer=8, n_embd=512, n_expert=16, n_expert_used=4, n_ff_exp=256, n_vocab=4096
         ).write(d / "moe.gguf"),
@@ -186,6 +203,38 @@ def test_split_over_backends_the_compute_buffers_are_the_logged_ones(
     assert {r.buft for r in rows if r.actual_mib} == {"RPC0", "RPC1", "CPU"}
     for r in rows:
         assert r.actual_mib is not None and abs(r.predicted / MiB - r.actual_mib) <= 0.006, r
+
+
+DRAFTERS = [
+    ("dflash", ["-c", "4096", "-devd", "RPC1"]),
+    ("dflash", ["-c", "4096", "-devd", "RPC1", "-fa", "off", "-np", "2"]),
+    ("dflash", ["-c", "4096", "-devd", "RPC1", "-ngld", "2"]),  # a layer and the head on the CPU
+    ("dflash", ["-c", "4096", "-devd", "RPC0,RPC1"]),  # the target's -ts over the drafter's devices
+    ("dspark", ["-c", "4096", "-devd", "RPC1"]),
+    ("dspark", ["-c", "4096", "-devd", "RPC1", "-ub", "16", "-np", "4"]),  # the Markov head in the graph
+]
+
+
+@pytest.mark.parametrize(("draft", "args"), DRAFTERS)
+def test_a_block_drafter_on_remote_devices_is_priced_as_loaded(
+    rpc_servers: list[str], server_bin: ServerBinary, models: dict[str, Path], draft: str, args: list[str]
+) -> None:
+    """DFlash and DSpark drafters on RPC devices: their graph (the target's token rows and head, the d2t
+    scatter, the Markov head, the backend samplers) replayed through the scheduler, each buffer equal to
+    the log. The drafter inherits the target's -ts (common_base_params_to_speculative): with two draft
+    devices and a target on one, the whole drafter goes where the target is (it was priced as split)."""
+    spec = "draft-dspark" if draft == "dspark" else "draft-dflash"
+    prep = prepare(str(models["qwen06"]), Options(server_args=args, rpc=[",".join(rpc_servers)], server=server_bin.path,
+                                                  calibrate=False, draft=str(models[draft]), spec=spec))  # fmt: skip
+    log = run_argv(server_bin, prep.argv[1:])
+    for context, fp in (("target", prep.plan.footprint), ("draft", prep.plan.draft_footprint)):
+        assert fp is not None
+        rows = compare(fp, log, context, prep.plan.buffer_aliases)
+        assert any(r.kind == "compute" and r.buft == "RPC1" for r in rows), context
+        for r in rows:
+            assert r.actual_mib is not None and r.within, (context, r)
+            if r.kind == "compute":
+                assert abs(r.predicted / MiB - r.actual_mib) <= 0.006, (context, r)
 
 
 def test_run_over_rpc_reports_each_remote_device(

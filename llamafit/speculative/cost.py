@@ -53,6 +53,10 @@ class SpecConfig:
         return [t for t in ((self.drafter.kind if self.drafter else None), self.ngram) if t]
 
 
+# drafters whose context samples on the backend (common/speculative.cpp:585-597, 1101-1117)
+BACKEND_SAMPLED = frozenset({"draft-eagle3", "draft-dflash", "draft-dspark"})
+
+
 def n_draft_max(kinds: set[str] | list[str], opts: SpecOptions) -> int:
     """common_speculative_n_max over the active types: the verification depth of the target."""
     n = 0
@@ -140,11 +144,17 @@ def drafter_use(
     else:
         assert d.model is not None
         n_out = s.n_seq * (opts.n_max + 1) if d.kind in ("draft-dflash", "draft-dspark") else s.n_seq
-        follows = config.draft_devices is None
+        # the draft model is loaded with the target's parameters (common_base_params_to_speculative,
+        # common/speculative.cpp:2527-2560): its -ts is the target's, read over the draft's own devices
+        split = s.tensor_split if len(ids) > 1 else ()
+        # per-sequence rows the drafter's backend samplers take (n_outputs_max_per_seq, same function):
+        # DFlash/DSpark a whole block, EAGLE3 one (draft-simple samples on the host)
+        rows = (opts.n_max + 1 if n_out > s.n_seq else 1) if d.kind in BACKEND_SAMPLED else 0
         ds = replace(
             s, n_ctx=n_ctx, type_k=opts.type_k, type_v=opts.type_v, n_gpu_layers=opts.ngl,
-            tensor_split=s.tensor_split if follows else (), overrides=opts.overrides, n_outputs_max=n_out,
+            tensor_split=split, overrides=opts.overrides, n_outputs_max=n_out,
             n_rs_seq=0, load_nextn=d.kind == "draft-mtp", extract_hidden=0, split_mode="layer",
+            sampled_rows=max(1, rows) if rows and opts.backend_sampling else 0,
         )  # fmt: skip
         dfp = estimate(d.model, ds, devs, context_label="mtp" if d.kind == "draft-mtp" else "draft")
     for dev in [*dfp.gpus, CPU]:
