@@ -325,3 +325,25 @@ def test_hidden_state_extraction_is_priced_on_the_target(models: dict[str, Path]
     assert p.settings.extract_hidden == 3
     # three target layer inputs of n_embd x n_batch floats land in the host output buffer
     assert p.host.use.output - off.host.use.output >= 3 * 4096 * 2048 * 4
+
+
+def test_a_sidecar_made_for_another_model_is_passed_over_or_refused(tmp_path: Path) -> None:
+    """A DFlash sidecar for a 4096-wide model beside a 1024-wide one: llama-server would abort on the
+    pair (tests/test_speculative_vs_server.py shows it does). Auto passes it over for the next sidecar
+    and says why; naming it is refused with the reason."""
+    target = factory.qwen3_0_6b().write(tmp_path / "Qwen3-0.6B-Q8_0.gguf")
+    wide = factory.dflash().write(tmp_path / "dflash-Qwen3-8B-Q8_0.gguf")
+    deep = factory.dflash(n_embd=1024, n_ff=3072, target_layers=(1, 9, 30)).write(tmp_path / "dspark-x.gguf")
+    p = plan(target, [gpu(0, 24)])
+    assert p.speculative is not None and p.speculative.drafter is None
+    assert any("dflash-Qwen3-8B-Q8_0.gguf passed over" in w and "4096 wide" in w for w in p.warnings), p.warnings
+    assert any("dspark-x.gguf passed over" in w and "target layer 30" in w for w in p.warnings), p.warnings
+    for path in (wide, deep):
+        with pytest.raises(UsageError, match="made for another model") as e:
+            plan(target, [gpu(0, 24)], draft=str(path))
+        assert e.value.hint and "--spec off" in e.value.hint
+    # the drafter made for it is taken
+    fits = factory.dflash(n_embd=1024, n_head=16, n_ff=3072, target_layers=(1, 9, 17, 25))
+    fits_path = fits.write(tmp_path / "elsewhere.gguf")
+    ok = plan(target, [gpu(0, 24)], draft=str(fits_path))
+    assert ok.speculative is not None and ok.speculative.chosen == "draft-dflash"

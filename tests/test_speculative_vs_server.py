@@ -204,3 +204,14 @@ def test_an_eagle3_drafter_for_a_real_8b_shape(server_bin: ServerBinary, tmp_pat
     rows = [r for r in assert_matches(p, log, "draft") if r.kind == "compute"]
     assert len(rows) == 1 and rows[0].actual_mib is not None
     assert abs(rows[0].predicted / MiB - rows[0].actual_mib) <= 0.006, (rows[0].predicted / MiB, rows[0].actual_mib)
+
+
+def test_a_drafter_made_for_another_model_aborts_the_server(server_bin: ServerBinary, tmp_path: Path) -> None:
+    """Why llamafit refuses (or, under Auto, passes over) such a drafter: the real server dies on it
+    (SIGABRT at its first reserve) instead of serving."""
+    from llamafit.errors import ServerLoadError
+
+    target = factory.qwen3_0_6b().write(tmp_path / "Qwen3-0.6B-Q8_0.gguf")
+    draft = factory.dflash().write(tmp_path / "dflash-Qwen3-8B-Q8_0.gguf")  # 4096 wide, the target 1024
+    with pytest.raises(ServerLoadError, match="exited"):
+        run_argv(server_bin, ["-m", str(target), "-md", str(draft), "--spec-type", "draft-dflash", "-c", "4096"], 60)

@@ -92,9 +92,46 @@ def _open_drafter(path: str, source: str, kind_hint: str | None, files: DrafterF
     return Drafter(kind_hint or detect_kind(m) or "draft-simple", path, m, source)
 
 
+def mismatch(target: ModelInfo, d: Drafter) -> str | None:
+    """Why a drafter that reads the target's hidden states cannot serve this target, or None. llama-server
+    aborts on these at its first reserve (a GGML_ASSERT, SIGABRT): a DFlash/DSpark drafter's blocks take
+    the target's token rows and features at its own width (dflash.cpp:40, speculative.cpp:1035-1037), an
+    EAGLE3 drafter's fusion layer the width it names (eagle3.cpp:17-22), and both ask for the inputs of
+    target layers that must exist (llama-context.cpp:1242)."""
+    m = d.model
+    if m is None or d.kind not in ("draft-dflash", "draft-dspark", "draft-eagle3"):
+        return None
+    width = m.kv.get(f"{m.arch}.target_hidden_size") if d.kind == "draft-eagle3" else m.hparams.n_embd
+    n_embd = target.hparams.n_embd
+    if isinstance(width, int) and width != n_embd:
+        return f"it reads hidden states {width} wide and this model's are {n_embd} wide"
+    layers = m.kv.get(f"{m.arch}.target_layers")
+    n_layer = target.hparams.n_layer
+    if isinstance(layers, list) and any(isinstance(x, int) and x > n_layer for x in layers):
+        return f"it reads target layer {max(layers)} and this model has {n_layer} layers"
+    return None
+
+
+def _checked(target: ModelInfo, d: Drafter) -> Drafter:
+    """An explicitly chosen drafter, refused when llama-server would abort on it."""
+    if (why := mismatch(target, d)) is not None:
+        raise UsageError(
+            f"drafter {d.path} was made for another model: {why}; llama-server would abort loading it",
+            hint="give the drafter trained for this model (its sidecar: dflash-, dspark-, eagle3-), or --spec off",
+        )
+    return d
+
+
 def choose(target: ModelInfo, opts: SpecOptions, files: DrafterFiles | None = None) -> SpecChoice:
-    """Which drafter (and ngram type) the options ask for; no memory considered yet."""
-    files = files or LocalFiles()
+    """Which drafter (and ngram type) the options ask for; no memory considered yet. A drafter that
+    cannot serve this target is refused when asked for and passed over when Auto finds it beside it."""
+    c = _choose(target, opts, files or LocalFiles())
+    if c.drafter is not None and c.explicit:
+        _checked(target, c.drafter)
+    return c
+
+
+def _choose(target: ModelInfo, opts: SpecOptions, files: DrafterFiles) -> SpecChoice:
     notes: list[str] = []
     user_draft_types = [t for t in opts.user_types if t in DRAFT_TYPES]
     ngram = next((t for t in reversed(opts.user_types) if t in NGRAM_TYPES), None)
@@ -147,5 +184,9 @@ def choose(target: ModelInfo, opts: SpecOptions, files: DrafterFiles | None = No
     sidecars = files.sidecars(target.path)
     for kind, _ in SIDECARS:
         if kind in sidecars:
-            return SpecChoice(_open_drafter(sidecars[kind], "sidecar", kind, files), None, False)
-    return SpecChoice(None, None, False)
+            d = _open_drafter(sidecars[kind], "sidecar", kind, files)
+            if (why := mismatch(target, d)) is not None:
+                notes.append(f"{kind} sidecar {os.path.basename(sidecars[kind])} passed over: {why}")
+                continue
+            return SpecChoice(d, None, False, tuple(notes))
+    return SpecChoice(None, None, False, tuple(notes))
