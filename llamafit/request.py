@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from llamafit.argv import ServerArgs
 from llamafit.errors import UsageError
 from llamafit.ggml import KV_CACHE_TYPES
+from llamafit.memory.graph_sampling import SAMPLING_FLAGS
 from llamafit.memory.placement import Override
 from llamafit.options import DEFAULT_MARGIN_MIB, DEFAULT_MIN_CTX
 
@@ -53,6 +54,8 @@ class Request:
     main_gpu: int = 0
     offload_kqv: bool = True
     swa_full: bool = False
+    backend_sampling: bool = False  # -bs: each slot's sampler chain runs in the graph
+    sampling_args: tuple[tuple[str, str], ...] = ()  # the sampling flags given, in order
     embeddings: bool = False  # --embeddings / --reranking: every token of a batch is an output
     pooling: str | None = None  # --pooling TYPE (--reranking: rank)
     use_mmap: bool = True
@@ -248,6 +251,9 @@ def build_request(
         kw["offload_kqv"] = f
     if args.has("--swa-full"):
         kw["swa_full"] = True
+    if args.has("--backend-sampling"):
+        kw["backend_sampling"] = True
+    kw["sampling_args"] = tuple((o.key, o.value or "") for o in args.items if o.key in SAMPLING_FLAGS)
     if args.has("--embedding") or args.has("--rerank"):
         kw["embeddings"] = True
     if args.has("--rerank"):

@@ -184,6 +184,9 @@ SPLITS = [
     ("mla", ["-c", "4096", "-ts", "1,1"]),
     ("hybrid", ["-c", "4096", "-ts", "1,1"]),
     ("mamba2", ["-c", "4096", "-ts", "1,1"]),
+    # backend sampling: 130 verification rows, each sampler chain's ops and its random input per row
+    ("qwen06", ["-c", "4096", "-bs", "-ngl", "20", "-ts", "3,2", "--spec-type", "ngram-mod", "-np", "2"]),
+    ("qwen06", ["-c", "4096", "-bs", "-ts", "1,1", "-np", "2", "--spec-type", "ngram-mod"]),
 ]  # fmt: skip
 
 

@@ -40,6 +40,8 @@ def server_defaults(req: Request) -> LoadSettings:
         overrides=req.overrides or (),
         offload_kqv=req.offload_kqv,
         swa_full=req.swa_full,
+        backend_sampling=req.backend_sampling,
+        sampling_args=req.sampling_args,
         use_mmap=req.use_mmap,
         no_host=req.no_host,
         repack=req.repack,

@@ -243,6 +243,8 @@ def compute_buffers(
         out_dev = CPU
     n_out = min(U, n_outputs)
     logits = hp.n_vocab * n_out * 4 + U * 4 * 2 * E
+    if cp.sampled_rows:  # backend samplers read the logits padded by a row (llama-graph.cpp:3926)
+        logits += hp.n_vocab * (n_out + 1) * 4
     if hp.arch == "dflash":
         # a DFlash drafter's graph makes the logits of every token (dflash.cpp:808-842) and the server
         # samples them on the backend, from a copy padded by one row (build_sampling: ggml_pad(t_logits,
@@ -338,14 +340,24 @@ def _op_offload(gpus: Sequence[str]) -> Callable[[Tensor, str], str | None]:
 
 
 def output_buffer_bytes(
-    hp: Hparams, n_outputs_max: int, n_seq_max: int, *, initial: bool = False, embeddings: bool = False
+    hp: Hparams,
+    n_outputs_max: int,
+    n_seq_max: int,
+    *,
+    initial: bool = False,
+    embeddings: bool = False,
+    sampling: bool = False,
 ) -> int:
     """Host output buffer (llama-context.cpp:2118-2210): logits rows, grown up to n_outputs_max.
 
-    ``initial`` gives the size logged at context creation (``max(n_seq_max, 1)`` rows).
+    ``initial`` gives the size logged at context creation (``max(n_seq_max, 1)`` rows); ``sampling``:
+    backend samplers keep each row's logits and probabilities and its sampled token and candidates too
+    (llama-context.cpp:2159-2164).
     """
     rows = max(1, n_seq_max) if initial else max(n_outputs_max, n_seq_max)
     floats = hp.n_vocab * rows
+    if sampling:
+        floats += 2 * hp.n_vocab * rows + (1 + hp.n_vocab) * rows  # the tokens are 4-byte llama_token
     if hp.has_pooling or embeddings:  # has_embd = cparams.embeddings (llama-context.cpp:2130)
         floats += hp.n_embd * rows
     return floats * 4

@@ -38,6 +38,7 @@ class ContextParams:
     swa_full: bool = False
     n_rs_seq: int = 0
     sampled_rows: int = 0  # rows per sequence the backend samplers take (n_outputs_max_per_seq); 0: none
+    sampler_chain: tuple[tuple[str, float], ...] = ()  # what each sampled row runs (graph_sampling.Step)
     n_outputs_max: int = 0
     mtp: bool = False  # an MTP draft context over the NextN layers
 

@@ -14,6 +14,7 @@ from llamafit.gguf.model import ModelInfo
 from llamafit.memory import backends
 from llamafit.memory.compute import compute_buffers, output_buffer_bytes, resolve_flash_attn
 from llamafit.memory.context import ContextParams, memory_buffers, resolve_context
+from llamafit.memory.graph_sampling import backend_chain
 from llamafit.memory.placement import CPU, Override, RepackProfile, WeightPlacement, place_weights
 
 
@@ -67,8 +68,14 @@ class LoadSettings:
     op_offload: bool = True
     n_outputs_max: int = 4  # server: min(n_batch, n_seq x (1 + n_draft_max))
     n_rs_seq: int = 0
-    # a drafter's context: rows per sequence its backend samplers take (n_outputs_max_per_seq), 0: none
+    # a drafter's context: rows per sequence its backend samplers take (n_outputs_max_per_seq), 0: none;
+    # they are set after the context is made (llama_set_sampler), so its logged output buffer has none
     sampled_rows: int = 0
+    # -bs: every slot's sampler chain is set when the context is made (common.cpp:1347-1358), and may
+    # sample all the outputs (n_outputs_max_per_seq 0: n_outputs_max, llama-context.cpp:253-254)
+    backend_sampling: bool = False
+    sampling_args: tuple[tuple[str, str], ...] = ()  # the sampling flags given (-bs: they shape the chain)
+    sampler_chain: tuple[tuple[str, float], ...] = ()  # a drafter's own chain (with sampled_rows)
     load_nextn: bool = False
     split_mode: str = "layer"
     main_gpu: int = 0
@@ -162,7 +169,14 @@ def estimate(
         offload_kqv=s.offload_kqv,
         swa_full=s.swa_full,
         n_rs_seq=s.n_rs_seq,
-        sampled_rows=s.sampled_rows,
+        sampled_rows=s.sampled_rows or (s.n_outputs_max if s.backend_sampling else 0),
+        sampler_chain=(
+            s.sampler_chain
+            if s.sampled_rows
+            else backend_chain(model.kv, s.sampling_args)
+            if s.backend_sampling
+            else ()
+        ),
         mtp=context_label == "mtp",
     )
     ngl = hp.n_layer_all + 1 if s.n_gpu_layers < 0 else s.n_gpu_layers
@@ -172,7 +186,9 @@ def estimate(
         model, cp, placement, gpus=gpu_ids, n_outputs=cp.n_outputs_max, fa=fa, op_offload=s.op_offload,
         pipeline_parallel=pp, embeddings=s.embeddings, pooling=s.pooling, replay_split=exact_compute,
     )  # fmt: skip
-    out_bytes = output_buffer_bytes(hp, cp.n_outputs_max, cp.n_seq_max, embeddings=s.embeddings)
+    out_bytes = output_buffer_bytes(
+        hp, cp.n_outputs_max, cp.n_seq_max, embeddings=s.embeddings, sampling=cp.sampled_rows > 0
+    )
     out_bytes += 4 * hp.n_embd * cp.n_batch * s.extract_hidden
 
     buffers: list[PredictedBuffer] = []
@@ -199,7 +215,9 @@ def estimate(
         add(dev, compute=size)
     out_dev = placement.layer_device[hp.n_layer_all]
     out_buft = (backends.host_buffer(gpu_ids) or CPU) if out_dev != CPU else CPU
-    initial = output_buffer_bytes(hp, 0, cp.n_seq_max, initial=True, embeddings=s.embeddings)
+    initial = output_buffer_bytes(
+        hp, 0, cp.n_seq_max, initial=True, embeddings=s.embeddings, sampling=s.backend_sampling
+    )
     buffers.append(PredictedBuffer(context_label, "output", out_buft, initial))
     add(CPU, output=out_bytes)
     for g in gpu_ids:

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 from llamafit.memory.galloc import I32, Graph, Tensor, in_layer
 from llamafit.memory.graph_attention import Builder, Reserve, TransformerShape
-from llamafit.memory.graph_trunk import backend_samplers, rms_norm
+from llamafit.memory.graph_sampling import backend_samplers
+from llamafit.memory.graph_trunk import rms_norm
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,8 @@ def dflash_graph(sh: DflashShape, r: Reserve) -> Graph:
     if sh.markov is not None and T // n_seqs <= sh.markov.block_size:
         logits = _markov_head(g, sh, sh.markov, tokens, logits, embd, n_seqs)
     embd.is_output = logits.is_output = True  # t_embd, t_logits (llama-graph.cpp:1396-1403)
-    backend_samplers(g, logits, n_seqs, r.n_outputs, r.sampled_rows)
+    if r.samplers is not None:
+        backend_samplers(g, logits, n_seqs, r.samplers)
     return g
 
 

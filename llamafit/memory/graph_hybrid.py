@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from llamafit.memory.galloc import F32, I32, Graph, Tensor, in_layer
 from llamafit.memory.graph_attention import Builder, Reserve, TransformerShape
 from llamafit.memory.graph_mtp import MROPE_SECTIONS, MtpShape, gated_attention
+from llamafit.memory.graph_sampling import backend_samplers
 from llamafit.memory.graph_trunk import RecurrentStates, gated_ffn, input_embeddings, pool, rms_norm
 
 
@@ -73,6 +74,8 @@ class _Linear:
         g.expand(logits)
         h_nextn.is_output = embd.is_output = logits.is_output = True  # llama-graph.cpp:1396-1408
         pool(g, embd, b.r.pooling, self.n_seqs)
+        if b.r.samplers is not None:
+            backend_samplers(g, logits, self.n_seqs, b.r.samplers)
 
     def layer(self, cur: Tensor) -> Tensor:
         """qwen35.cpp build_layer_attn_linear."""

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from llamafit.memory.galloc import F32, I32, Graph, Tensor, in_layer
 from llamafit.memory.graph_attention import Reserve
+from llamafit.memory.graph_sampling import Samplers
 from llamafit.memory.graph_trunk import RecurrentStates, input_embeddings, output_head, rms_norm
 
 
@@ -38,14 +39,22 @@ class MambaShape:
 def mamba_graph(shape: MambaShape, r: Reserve) -> Graph:
     """The reserve graph of a pure Mamba model (its weights and states tagged under ``galloc.placed``);
     of ``r`` only the batch, the sequences, the outputs and the rollback snapshots matter."""
-    return _Builder(shape, r.n_tokens, r.n_seqs, r.n_outputs, r.n_rs_seq).graph()
+    return _Builder(shape, r.n_tokens, r.n_seqs, r.n_outputs, r.n_rs_seq, r.samplers).graph()
 
 
 class _Builder:
     """One reserve graph: the trunk's inputs, build_rs, and the layers of either Mamba generation."""
 
-    def __init__(self, sh: MambaShape, n_tokens: int, n_seqs: int, n_outputs: int, n_rs_seq: int) -> None:
-        self.sh = sh
+    def __init__(
+        self,
+        sh: MambaShape,
+        n_tokens: int,
+        n_seqs: int,
+        n_outputs: int,
+        n_rs_seq: int,
+        samplers: Samplers | None = None,
+    ) -> None:
+        self.sh, self.samplers = sh, samplers
         self.g = Graph()
         self.n_seqs = max(1, n_seqs)
         self.T = -(-n_tokens // self.n_seqs) * self.n_seqs  # graph_reserve: a multiple of n_seqs
@@ -71,7 +80,7 @@ class _Builder:
                     cur = Graph.get_rows(cur, out_ids)
                     inp_l = Graph.get_rows(inp_l, out_ids)
                 inp_l = Graph.like("add", cur, inp_l)
-        output_head(g, inp_l, sh.n_vocab)
+        output_head(g, inp_l, sh.n_vocab, n_seqs=self.n_seqs, samplers=self.samplers)
         return g
 
     def scan(self, ssm_all: Tensor, x: Tensor, dt: Tensor, a: Tensor, b: Tensor, c: Tensor) -> Tensor:

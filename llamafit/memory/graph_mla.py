@@ -67,7 +67,7 @@ class _Builder:
                     moe = moe_ffn(g, cur, sh.experts)
                     cur = Graph.like("add", moe, gated_ffn(cur, sh.n_ff_shexp, "_shexp")) if sh.n_ff_shexp else moe
                 inp_l = Graph.like("add", cur, ffn_inp)
-        output_head(g, inp_l, sh.n_vocab, self.r.pooling, max(1, self.r.n_seqs))
+        output_head(g, inp_l, sh.n_vocab, self.r.pooling, max(1, self.r.n_seqs), self.r.samplers)
         return g
 
     def attention(self, cur: Tensor) -> Tensor:

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 from llamafit.memory.galloc import F32, I32, Graph, Tensor, buffer_size
 from llamafit.memory.graph_attention import Builder, Reserve, TransformerShape
-from llamafit.memory.graph_trunk import backend_samplers, gated_ffn, rms_norm
+from llamafit.memory.graph_sampling import backend_samplers
+from llamafit.memory.graph_trunk import gated_ffn, rms_norm
 
 MROPE_SECTIONS = 4  # qwen35 uses IMROPE: four positions per token (llama-hparams.cpp:285-288)
 
@@ -118,5 +119,6 @@ def eagle3_compute_bytes(sh: TransformerShape, r: Reserve, alignment: int = 32) 
     logits = Graph.mul_mat(W((E, V)), rms_norm(h))
     g.expand(logits)
     h.is_output = logits.is_output = True  # ggml_set_output(t_h_nextn), t_logits
-    backend_samplers(g, logits, max(1, r.n_seqs), r.n_outputs, r.sampled_rows)
+    if r.samplers is not None:
+        backend_samplers(g, logits, max(1, r.n_seqs), r.samplers)
     return buffer_size(g, alignment)

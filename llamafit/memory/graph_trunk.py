@@ -13,8 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from llamafit.memory.galloc import I32, I64, Graph, Tensor, pin_norm
-
-TOP_K = 10  # a drafter's sampler chain: top-k 10 (common/speculative.cpp:585-597, 1093-1117)
+from llamafit.memory.graph_sampling import Samplers, backend_samplers
 
 
 def rms_norm(x: Tensor, name: str = "") -> Tensor:
@@ -35,14 +34,23 @@ def input_embeddings(g: Graph, n_embd: int, n_vocab: int, n_tokens: int) -> Tens
     return rows
 
 
-def output_head(g: Graph, hidden: Tensor, n_vocab: int, pooling: str | None = None, n_seqs: int = 1) -> None:
+def output_head(
+    g: Graph,
+    hidden: Tensor,
+    n_vocab: int,
+    pooling: str | None = None,
+    n_seqs: int = 1,
+    samplers: Samplers | None = None,
+) -> None:
     """The output norm and the logits, expanded last and marked as outputs (never freed or reused), then
-    the pooling of an embedding context."""
+    the pooling of an embedding context or the backend samplers (-bs)."""
     embd = rms_norm(hidden, "output_norm")
     logits = Graph.mul_mat(Graph.weight((hidden.ne[0], n_vocab), "output"), embd)
     g.expand(logits)
     embd.is_output = logits.is_output = True
     pool(g, embd, pooling, n_seqs)
+    if samplers is not None:
+        backend_samplers(g, logits, n_seqs, samplers)
 
 
 def pool(g: Graph, embd: Tensor, pooling: str | None, n_seqs: int) -> None:
@@ -59,27 +67,6 @@ def pool(g: Graph, embd: Tensor, pooling: str | None, n_seqs: int) -> None:
         out = Graph.get_rows(embd, Graph.input((n_seqs,), I32))
     g.expand(out)
     out.is_output = True
-
-
-def backend_samplers(g: Graph, logits: Tensor, n_seqs: int, n_outputs: int, rows_per_seq: int) -> None:
-    """A drafter context's backend samplers (a top-k chain per slot; llama-graph.cpp:3897-3990 and
-    llama-sampler.cpp:1477-1499): the logits padded by a row, then per sampled row the top-k ids and
-    their logits. The reserve gives each sequence min(its tokens, ``rows_per_seq``) output rows while
-    ``n_outputs`` lasts; a sampler whose sequence has none samples a dummy row
-    (llama-context.cpp:2470-2510). ``rows_per_seq`` 0: no backend sampling."""
-    if rows_per_seq <= 0:
-        return
-    V, T = logits.ne[0], logits.ne[1]
-    padded = Graph.op("pad", (V, T + 1), logits)
-    left = n_outputs
-    for _ in range(n_seqs):
-        rows = min(T // n_seqs, rows_per_seq, left)
-        left -= rows
-        for _ in range(max(1, rows)):
-            row = Graph.view(padded, (V,))
-            top = Graph.op("top_k", (TOP_K,), row, esize=I32)
-            g.expand(Graph.get_rows(Graph.reshape(row, (1, V)), top))  # data.logits, then data.candidates
-            g.expand(top)
 
 
 def gated_ffn(cur: Tensor, n_ff: int, suffix: str = "") -> Tensor:

@@ -127,6 +127,7 @@ def _reserve(
         n_stream=cp.n_stream, flash_attn=fa if kv else True, cache_esize=esize(cp.type_k),
         cache_esize_v=esize(cp.type_v), rot_k=rot[0], rot_v=rot[1],
         n_rs_seq=cp.n_rs_seq if hp.supports_rs_rollback else 0, pooling=pooling, sampled_rows=cp.sampled_rows,
+        sampler_chain=cp.sampler_chain,
     )  # fmt: skip
 
 

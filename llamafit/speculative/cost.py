@@ -12,6 +12,7 @@ from typing import Protocol
 
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory.footprint import Footprint, LoadSettings, Use
+from llamafit.memory.graph_sampling import DRAFT_CHAIN
 from llamafit.memory.placement import CPU
 from llamafit.speculative.choose import Drafter
 from llamafit.speculative.kinds import (
@@ -133,7 +134,7 @@ def drafter_use(
     if d.embedded:
         # the MTP context runs on the target model: its KV over the NextN layers, its compute
         ds = replace(s, n_ctx=n_ctx, type_k=opts.type_k, type_v=opts.type_v, n_outputs_max=s.n_seq, n_rs_seq=0,
-                     extract_hidden=0)  # fmt: skip
+                     extract_hidden=0, backend_sampling=False)  # fmt: skip
         dfp = estimate(model, ds, ids, context_label="mtp", share_weights=True)
         # the NextN weights are loaded for the drafter: show them as the drafter's
         hp = model.hparams
@@ -154,7 +155,8 @@ def drafter_use(
             s, n_ctx=n_ctx, type_k=opts.type_k, type_v=opts.type_v, n_gpu_layers=opts.ngl,
             tensor_split=split, overrides=opts.overrides, n_outputs_max=n_out,
             n_rs_seq=0, load_nextn=d.kind == "draft-mtp", extract_hidden=0, split_mode="layer",
-            sampled_rows=max(1, rows) if rows and opts.backend_sampling else 0,
+            sampled_rows=max(1, rows) if rows and opts.backend_sampling else 0, backend_sampling=False,
+            sampler_chain=DRAFT_CHAIN,
         )  # fmt: skip
         dfp = estimate(d.model, ds, devs, context_label="mtp" if d.kind == "draft-mtp" else "draft")
     for dev in [*dfp.gpus, CPU]:
