@@ -38,6 +38,7 @@ from llamafit.cli.options import (
     ServerOpt,
     SpecMode,
     SpecOpt,
+    split_targets,
 )
 from llamafit.cli.output import download_summary, handled, note, out_console, print_json, progress_console, safe
 from llamafit.errors import ExitCode
@@ -97,8 +98,6 @@ def _prepare(model: str, o: Options, json_out: bool = False, quant: str | None =
 
 def _targets(ctx: typer.Context, tokens: list[str] | None) -> tuple[list[str], Options]:
     """The models and the options (with the server flags after them)."""
-    from llamafit.cli.several import split_targets
-
     refs, server_args = split_targets(tokens)
     o = Options.from_params(ctx.params, server_args=tuple(server_args))
     if not refs and ctx.params.get("models_preset") is None:

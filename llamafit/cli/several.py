@@ -39,13 +39,6 @@ from llamafit.supervisor import Supervisor, is_key_line
 from llamafit.together import Together, entries_from_preset, entries_from_refs, plan_together, summary, to_json
 
 
-def split_targets(tokens: Sequence[str] | None) -> tuple[list[str], list[str]]:
-    """MODEL... then the server's flags: everything from the first token that is a flag (after ``--``)."""
-    toks = list(tokens or [])
-    cut = next((i for i, t in enumerate(toks) if t.startswith("-")), len(toks))
-    return toks[:cut], toks[cut:]
-
-
 @dataclass(frozen=True)
 class _Set:
     together: Together

@@ -30,6 +30,7 @@ machine measures them and calibration corrects the next plan.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -61,6 +62,7 @@ BACKENDS = {
 _PREFIX = re.compile(r"^(?P<prefix>CUDA|ROCm|MUSA|Vulkan|MTL|SYCL|RPC)\d*")
 
 
+@functools.cache  # a handful of names, asked for every tensor of every placement the fit tries
 def backend(device: str) -> Backend | None:
     """The backend of a device id or a buffer name (``Vulkan0``, ``MTL0_Mapped``); None for host buffers."""
     if device.endswith("_Host"):

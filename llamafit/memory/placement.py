@@ -148,7 +148,12 @@ def place_weights(
     hp = model.hparams
     prof = profile if profile is not None else host_repack_profile()
     devs = layer_devices(hp.n_layer_all, n_gpu_layers, gpus, splits)
-    compiled = [(re.compile(o.pattern), o.buft) for o in overrides]
+    # which tensors each pattern matches, once per model: the fit tries many override sets made of
+    # the same per-layer patterns
+    target_of: dict[str, str] = {}
+    for o in overrides:
+        for name in _matching(model, o.pattern):
+            target_of.setdefault(name, o.buft)  # the first matching pattern wins (loader.cpp:1235-1258)
     host_buft = backends.host_buffer(gpus)
     tied = not any(t.name == "output.weight" for t in model.tensors)
 
@@ -167,12 +172,11 @@ def place_weights(
     def place(t: Tensor, layer: int | None, matmul: bool) -> PlacedTensor:
         dev = CPU if layer is None else devs[layer]
         buft = None
-        for rx, target in compiled:  # first matching pattern wins (loader.cpp:1235-1258)
-            if rx.search(t.name):
-                on_cpu = target.upper() == CPU
-                dev = CPU if on_cpu else target
-                buft = cpu_buft(t, matmul) if on_cpu else target
-                break
+        target = target_of.get(t.name)
+        if target is not None:
+            on_cpu = target.upper() == CPU
+            dev = CPU if on_cpu else target
+            buft = cpu_buft(t, matmul) if on_cpu else target
         if buft is None and dev != CPU and limits and t.info.nbytes > limits.get(dev, t.info.nbytes):
             dev = CPU
         if buft is None:
@@ -194,6 +198,16 @@ def place_weights(
                 placed.append(out)
 
     return WeightPlacement(tuple(placed), tuple(devs), tuple(_buffers(model, placed, use_mmap)))
+
+
+def _matching(model: ModelInfo, pattern: str) -> frozenset[str]:
+    """The names of ``model``'s tensors an -ot pattern matches (std::regex_search, loader.cpp:1241)."""
+
+    def names() -> frozenset[str]:
+        rx = re.compile(pattern)
+        return frozenset(t.name for t in model.tensors if rx.search(t.name))
+
+    return model.memo(("ot_matches", pattern), names)
 
 
 def _buffers(model: ModelInfo, placed: Sequence[PlacedTensor], use_mmap: bool) -> list[tuple[str, int]]:
