@@ -19,6 +19,8 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _MODEL = re.compile(r"load_tensors: +(?P<buft>\S+) model buffer size = +(?P<mib>[\d.]+) MiB")
 _KV = re.compile(r"llama_kv_cache: +(?P<buft>\S+) KV buffer size = +(?P<mib>[\d.]+) MiB")
 _RS = re.compile(r"llama_memory_recurrent: +(?P<buft>\S+) RS buffer size = +(?P<mib>[\d.]+) MiB")
+# DeepSeek-V4's compressor states, part of its KV cache (src/llama-kv-cache-dsv4.cpp)
+_DSV4_STATE = re.compile(r"llama_dsv4_comp_state: +(?P<buft>\S+) DSV4 \w+ state buffer size = +(?P<mib>[\d.]+) MiB")
 _COMPUTE = re.compile(r"sched_reserve: +(?P<buft>\S+) compute buffer size = +(?P<mib>[\d.]+) MiB")
 _OUTPUT = re.compile(r"llama_context: +(?P<buft>\S+) +output buffer size = +(?P<mib>[\d.]+) MiB")
 _CTXVAL = re.compile(r"llama_context: (?P<key>n_ctx|n_ctx_seq|n_seq_max|n_batch|n_ubatch|n_rs_seq|n_outputs_max)"
@@ -129,7 +131,7 @@ def parse(lines: Iterable[str]) -> LoadLog:
             log.models[-1].buffers.append((m["buft"], float(m["mib"])))
         elif not log.contexts:
             pass
-        elif m := _KV.search(line):
+        elif (m := _KV.search(line)) or (m := _DSV4_STATE.search(line)):
             log.contexts[-1].kv.append((m["buft"], float(m["mib"])))
         elif m := _RS.search(line):
             log.contexts[-1].rs.append((m["buft"], float(m["mib"])))
