@@ -67,6 +67,11 @@ def build_files(d: Path, quick: bool) -> dict[str, Path]:
     w("qwen3_06b", factory.qwen3_0_6b())
     w("eagle3", factory.eagle3())
     w("dflash", factory.dflash())
+    w("dflash_d2t", factory.dflash(draft_vocab=32000))
+    w("qwen3_4b", factory.qwen3_4b())
+    w("dspark", factory.dspark_qwen3_4b())
+    w("dsv4", factory.deepseek4())
+    w("dspark_dsv4", factory.dspark_dsv4())
     w("hybrid", shapes.hybrid_like())
     w("hybrid_mtp", shapes.hybrid_mtp_like())
     w("mamba", shapes.mamba_130m())
@@ -115,6 +120,26 @@ def cases(quick: bool) -> list[Case]:
         Case(
             "DFlash: Qwen3-8B + a DFlash drafter", "qwen3_8b", [*NR, "-c", "8192"], spec="draft-dflash", draft="dflash"
         ),
+        Case(
+            "DFlash: Qwen3-8B + a reduced-vocabulary drafter",
+            "qwen3_8b",
+            [*NR, "-c", "8192", "-ub", "128"],
+            spec="draft-dflash",
+            draft="dflash_d2t",
+        ),
+        Case(
+            "DSpark: Qwen3-4B + a DSpark drafter", "qwen3_4b", [*NR, "-c", "8192"], spec="draft-dspark", draft="dspark"
+        ),
+        Case(
+            "DSpark: Qwen3-4B + a DSpark drafter",
+            "qwen3_4b",
+            [*NR, "-c", "8192", "-ub", "16", "-np", "4"],
+            spec="draft-dspark",
+            draft="dspark",
+        ),
+        Case("DeepSeek-V4 (small shape)", "dsv4", ["-c", "8192", "-np", "2"]),
+        Case("DeepSeek-V4 + DSpark drafter (small)", "dsv4", ["-c", "4096"], spec="draft-dspark", draft="dspark_dsv4"),
+        Case("backend sampling (-bs): Qwen3-8B", "qwen3_8b", [*NR, "-c", "8192", "-np", "2", "-bs"], spec="ngram-mod"),
         Case("n-gram drafting: Qwen3-8B", "qwen3_8b", [*NR, "-c", "8192"], spec="ngram-simple"),
         Case("n-gram drafting: Qwen3-8B", "qwen3_8b", [*NR, "-c", "8192", "-np", "2"], spec="ngram-mod"),
         Case("split model: Llama-3.1-8B in 3 shards", "llama8b_split", [*NR, "-c", "8192"]),
