@@ -48,13 +48,17 @@ class Backend:
     overhead: int  # runtime memory no buffer reports
     cuda_like: bool = False  # ggml-cuda's compute quirks (FA's F16 K/V copies)
     mapped_weights: bool = False  # mmapped weights wrapped in place (<dev>_Mapped)
+    # its host buffer's alignment (the CPU's compute buffer beside it): ggml-vulkan's is the device's
+    # minMemoryMapAlignment (ggml-vulkan.cpp:13115-13116; the Vulkan spec's minimum, 64, on the drivers
+    # seen), the others keep the CPU's TENSOR_ALIGNMENT
+    host_align: int = 32
 
 
 BACKENDS = {
     "CUDA": Backend("CUDA", "CUDA_Host", True, 128, 384 * MiB, cuda_like=True),
     "ROCm": Backend("ROCm", "ROCm_Host", True, 128, 384 * MiB, cuda_like=True),
     "MUSA": Backend("MUSA", "MUSA_Host", True, 128, 384 * MiB, cuda_like=True),
-    "Vulkan": Backend("Vulkan", "Vulkan_Host", False, 16, 256 * MiB),
+    "Vulkan": Backend("Vulkan", "Vulkan_Host", False, 16, 256 * MiB, host_align=64),
     "MTL": Backend("Metal", None, False, 32, 128 * MiB, mapped_weights=True),
     "SYCL": Backend("SYCL", "SYCL_Host", True, 128, 384 * MiB),
     "RPC": Backend("RPC", None, False, 32, 0),
@@ -96,6 +100,15 @@ def host_buffer(devices: Iterable[str]) -> str | None:
         if b is not None and b.host_buffer:
             return b.host_buffer
     return None
+
+
+def host_alignment(devices: Iterable[str], cpu_align: int) -> int:
+    """The alignment of the host's compute buffer beside these devices (their host buffer type's)."""
+    for d in devices:
+        b = backend(d)
+        if b is not None and b.host_buffer:
+            return b.host_align
+    return cpu_align
 
 
 def pads_rows(buft: str) -> bool:

@@ -23,7 +23,7 @@ matmul weight on the first GPU, and pipeline-parallel input copies (x4).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from llamafit.ggml import by_name
@@ -128,9 +128,11 @@ def compute_buffers(
     embeddings: bool = False,
     pooling: str | None = None,
     replay_split: bool = True,
+    limits: Mapping[str, int] | None = None,
 ) -> ComputeEstimate:
     """Bytes of every compute buffer the pp reserve creates (``sched_reserve: ... compute buffer size``).
-    ``replay_split=False``: a graph over several backends keeps the per-phase estimate (quick)."""
+    ``replay_split=False``: a graph over several backends keeps the per-phase estimate (quick);
+    ``limits``: per device, the largest tensor its backend takes (Vulkan's maxStorageBufferRange)."""
     hp = model.hparams
     # build_pooling follows the trunk when the context makes embeddings (llama-graph.cpp:3797-3895)
     pool = pooling_kind(pooling, hp.pooling_type) if embeddings else None
@@ -139,7 +141,8 @@ def compute_buffers(
         # through the scheduler (llamafit.memory.sched) where a builder knows the graph
         order = [*gpus, CPU]
         aligns = {d: backends.alignment(d, 32) for d in order}
-        offload = _op_offload(gpus) if op_offload else None
+        aligns[CPU] = backends.host_alignment(gpus, 32)
+        offload = _op_offload(gpus, limits or {}) if op_offload else None
         split = split_graph_bytes(model, cp, n_outputs, fa, placement, order, aligns, pool,
                                   PP_COPIES if pipeline_parallel else 1, offload)  # fmt: skip
         if split is not None:
@@ -323,14 +326,19 @@ def compute_buffers(
     return ComputeEstimate({k: v for k, v in out.items() if v > 0}, fa, pipeline_parallel)
 
 
-def _op_offload(gpus: Sequence[str]) -> Callable[[Tensor, str], str | None]:
+def _op_offload(gpus: Sequence[str], limits: Mapping[str, int]) -> Callable[[Tensor, str], str | None]:
     """ggml_backend_offload_op (ggml-backend.cpp:1100-1118): an op on a host weight goes to the first GPU
     whose backend takes it, CUDA's and Vulkan's when its batch has at least 32 rows (get_op_batch_size,
-    ggml-cuda.cu:5739-5758, ggml-vulkan-debug.cpp:766-779); an RPC device never asks."""
+    ggml-cuda.cu:5739-5758, ggml-vulkan-debug.cpp:766-779); an RPC device never asks. A backend does not
+    take an op with a tensor larger than it accepts (ggml-vulkan.cpp:15331-15352: a tied embedding too
+    large for the device is multiplied on the host)."""
     first = next((g for g in gpus if backends.kind(g) == "gpu"), None)
+    limit = limits.get(first) if first is not None else None
 
     def offload(node: Tensor, weight_backend: str) -> str | None:
         if first is None or node.op == "get_rows":
+            return None
+        if limit is not None and any(t.nbytes > limit for t in (node, *node.src)):
             return None
         ne = node.ne
         batch = ne[1] if node.op == "mul_mat" else ne[2] if node.op in ("mul_mat_id", "rope") else ne[1] * ne[2] * ne[3]

@@ -185,6 +185,7 @@ def estimate(
     comp = compute_buffers(
         model, cp, placement, gpus=gpu_ids, n_outputs=cp.n_outputs_max, fa=fa, op_offload=s.op_offload,
         pipeline_parallel=pp, embeddings=s.embeddings, pooling=s.pooling, replay_split=exact_compute,
+        limits=limits,
     )  # fmt: skip
     out_bytes = output_buffer_bytes(
         hp, cp.n_outputs_max, cp.n_seq_max, embeddings=s.embeddings, sampling=cp.sampled_rows > 0
