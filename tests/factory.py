@@ -397,6 +397,38 @@ def _dsv4_block(
     ]
 
 
+def _dsv4_kv(
+    arch: str, n_layer: int, n_head: int, head_dim: int, rope_dim: int, q_lora_rank: int, o_groups: int,
+    o_lora_rank: int, n_expert: int, n_expert_used: int, n_ff_exp: int, window: int, hc_mult: int,
+) -> dict[str, Any]:  # fmt: skip
+    """The DeepSeek-V4 block keys a model and a DSpark drafter on its backbone both carry
+    (deepseek4.cpp:19-80, dflash.cpp:52-90)."""
+    return {
+        f"{arch}.feed_forward_length": n_ff_exp,
+        f"{arch}.expert_feed_forward_length": n_ff_exp,
+        f"{arch}.expert_count": n_expert,
+        f"{arch}.expert_used_count": n_expert_used,
+        f"{arch}.expert_shared_count": 1,
+        f"{arch}.expert_weights_scale": 1.5,
+        f"{arch}.expert_weights_norm": True,
+        f"{arch}.expert_gating_func": 4,  # sqrt-softplus (llama-hparams.h:21)
+        f"{arch}.swiglu_clamp_exp": [10.0] * n_layer,
+        f"{arch}.attention.head_count": n_head,
+        f"{arch}.attention.head_count_kv": 1,
+        f"{arch}.attention.key_length": head_dim,
+        f"{arch}.attention.value_length": head_dim,
+        f"{arch}.attention.q_lora_rank": q_lora_rank,
+        f"{arch}.attention.sliding_window": window,
+        f"{arch}.attention.output_group_count": o_groups,
+        f"{arch}.attention.output_lora_rank": o_lora_rank,
+        f"{arch}.hyper_connection.count": hc_mult,
+        f"{arch}.hyper_connection.sinkhorn_iterations": 20,
+        f"{arch}.hyper_connection.epsilon": 1e-6,
+        f"{arch}.rope.dimension_count": rope_dim,
+        f"{arch}.rope.freq_base": 10000.0,
+    }
+
+
 def deepseek4(
     *,
     name: str = "dsv4",
@@ -429,36 +461,16 @@ def deepseek4(
     arch = "deepseek4"
     kv = _base_kv(arch, name, n_layer, n_embd, ctx, n_vocab)
     ratio_list = list(ratios[:n_layer]) + [0] * max(0, n_layer - len(ratios))
+    kv.update(_dsv4_kv(arch, n_layer, n_head, head_dim, rope_dim, q_lora_rank, o_groups, o_lora_rank, n_expert,
+                       n_expert_used, n_ff_exp, window, hc_mult))  # fmt: skip
     kv.update({
-        f"{arch}.feed_forward_length": n_ff_exp,
-        f"{arch}.expert_feed_forward_length": n_ff_exp,
-        f"{arch}.expert_count": n_expert,
-        f"{arch}.expert_used_count": n_expert_used,
-        f"{arch}.expert_shared_count": 1,
-        f"{arch}.expert_weights_scale": 1.5,
-        f"{arch}.expert_weights_norm": True,
-        f"{arch}.expert_gating_func": 4,  # sqrt-softplus (llama-hparams.h:21)
-        f"{arch}.swiglu_clamp_exp": [10.0] * n_layer,
         f"{arch}.swiglu_clamp_shexp": [10.0] * n_layer,
-        f"{arch}.attention.head_count": n_head,
-        f"{arch}.attention.head_count_kv": 1,
-        f"{arch}.attention.key_length": head_dim,
-        f"{arch}.attention.value_length": head_dim,
-        f"{arch}.attention.q_lora_rank": q_lora_rank,
-        f"{arch}.attention.sliding_window": window,
         f"{arch}.attention.indexer.head_count": indexer_heads,
         f"{arch}.attention.indexer.key_length": indexer_dim,
         f"{arch}.attention.indexer.top_k": indexer_top_k,
-        f"{arch}.attention.output_group_count": o_groups,
-        f"{arch}.attention.output_lora_rank": o_lora_rank,
         f"{arch}.attention.compress_ratios": ratio_list,
         f"{arch}.attention.compress_rope_freq_base": 160000.0,
-        f"{arch}.hyper_connection.count": hc_mult,
-        f"{arch}.hyper_connection.sinkhorn_iterations": 20,
-        f"{arch}.hyper_connection.epsilon": 1e-6,
         f"{arch}.hash_layer_count": n_hash,
-        f"{arch}.rope.dimension_count": rope_dim,
-        f"{arch}.rope.freq_base": 10000.0,
         f"{arch}.embedding_length_out": n_embd * hc_mult,
     })  # fmt: skip
     ts = _io(n_embd, n_vocab, w, False) + _hc_head(n_embd, hc_mult)
@@ -516,30 +528,10 @@ def dspark_dsv4(
     dimensions of ``deepseek4()``."""
     arch = "dflash"
     kv = _base_kv(arch, "dspark dsv4 (shape)", n_layer, n_embd, 65536, n_vocab)
+    kv.update(_dsv4_kv(arch, n_layer, n_head, head_dim, rope_dim, q_lora_rank, o_groups, o_lora_rank, n_expert,
+                       n_expert_used, n_ff_exp, window, hc_mult))  # fmt: skip
     kv.update({
-        f"{arch}.feed_forward_length": n_ff_exp,
-        f"{arch}.expert_feed_forward_length": n_ff_exp,
-        f"{arch}.expert_count": n_expert,
-        f"{arch}.expert_used_count": n_expert_used,
-        f"{arch}.expert_shared_count": 1,
-        f"{arch}.expert_weights_scale": 1.5,
-        f"{arch}.expert_weights_norm": True,
-        f"{arch}.expert_gating_func": 4,
-        f"{arch}.swiglu_clamp_exp": [10.0] * n_layer,
-        f"{arch}.attention.head_count": n_head,
-        f"{arch}.attention.head_count_kv": 1,
-        f"{arch}.attention.key_length": head_dim,
-        f"{arch}.attention.value_length": head_dim,
-        f"{arch}.attention.q_lora_rank": q_lora_rank,
-        f"{arch}.attention.sliding_window": window,
-        f"{arch}.attention.output_group_count": o_groups,
-        f"{arch}.attention.output_lora_rank": o_lora_rank,
         f"{arch}.attention.compress_ratios": [0] * n_layer,
-        f"{arch}.hyper_connection.count": hc_mult,
-        f"{arch}.hyper_connection.sinkhorn_iterations": 20,
-        f"{arch}.hyper_connection.epsilon": 1e-6,
-        f"{arch}.rope.dimension_count": rope_dim,
-        f"{arch}.rope.freq_base": 10000.0,
         f"{arch}.target_layers": list(target_layers),
         f"{arch}.block_size": block_size,
         f"{arch}.has_confidence_head": True,

@@ -110,7 +110,8 @@ def test_the_plan_matches_the_vulkan_servers_buffers(
                                              # embedding is too large for lavapipe, so the logits and
                                              # every sampler run on the host
                                              ("qwen3-0.6b", ["-bs", "-np", "2", "--spec-type", "ngram-mod"]),
-                                             ("qwen3-0.6b", ["-bs", "-ngl", "20", "--spec-type", "ngram-mod"])])  # fmt: skip
+                                             ("qwen3-0.6b", ["-bs", "-ngl", "20", "--spec-type", "ngram-mod"]),
+                                             ])  # fmt: skip
 def test_without_graph_reordering_the_compute_buffers_are_the_logged_ones(
     vulkan: ServerBinary, shapes: dict[str, Path], shape: str, args: list[str], devices: str,
     monkeypatch: pytest.MonkeyPatch,
