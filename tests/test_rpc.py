@@ -258,3 +258,17 @@ def test_run_over_rpc_reports_each_remote_device(
     assert {"RPC0", "RPC1"} <= bufts  # the logged RPC0[host:port] names, mapped to the plan's devices
     assert all(m["within_tolerance"] for m in doc["memory"]), doc["memory"]
     assert {d["endpoint"] for d in doc["plan"]["devices"]} == set(rpc_servers)
+
+
+def test_backend_sampling_falls_back_to_the_host_under_tensor_split(
+    rpc_servers: list[str], server_bin: ServerBinary, models: dict[str, Path]
+) -> None:
+    """llama_context::set_sampler keeps the samplers on the host under -sm tensor: the output buffer has
+    no sampled rows' buffers (4x the logits with them). (-sm tensor's own buffers, the Meta() backend
+    over the devices, are not modelled: priced as a layer split, above what the server takes.)"""
+    args = ["-c", "4096", "-bs", "-sm", "tensor", "-ts", "1,1", "-np", "2", "--spec-type", "ngram-mod"]
+    prep = prepare(str(models["qwen06"]), Options(server_args=args, rpc=[",".join(rpc_servers)], server=server_bin.path,
+                                                  calibrate=False))  # fmt: skip
+    log = run_argv(server_bin, prep.argv[1:])
+    rows = [r for r in compare(prep.plan.footprint, log, "target", prep.plan.buffer_aliases) if r.kind == "output"]
+    assert len(rows) == 1 and rows[0].actual_mib is not None and rows[0].within, rows

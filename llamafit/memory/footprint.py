@@ -169,7 +169,11 @@ def estimate(
         offload_kqv=s.offload_kqv,
         swa_full=s.swa_full,
         n_rs_seq=s.n_rs_seq,
-        sampled_rows=s.sampled_rows or (s.n_outputs_max if s.backend_sampling else 0),
+        # no backend samplers under -sm tensor: llama_context::set_sampler samples on the host
+        # (llama-context.cpp:1291-1302)
+        sampled_rows=0
+        if s.split_mode == "tensor"
+        else s.sampled_rows or (s.n_outputs_max if s.backend_sampling else 0),
         sampler_chain=(
             s.sampler_chain
             if s.sampled_rows
@@ -217,7 +221,7 @@ def estimate(
     out_dev = placement.layer_device[hp.n_layer_all]
     out_buft = (backends.host_buffer(gpu_ids) or CPU) if out_dev != CPU else CPU
     initial = output_buffer_bytes(
-        hp, 0, cp.n_seq_max, initial=True, embeddings=s.embeddings, sampling=s.backend_sampling
+        hp, 0, cp.n_seq_max, initial=True, embeddings=s.embeddings, sampling=cp.sampled_rows > 0 and s.backend_sampling
     )
     buffers.append(PredictedBuffer(context_label, "output", out_buft, initial))
     add(CPU, output=out_bytes)
