@@ -175,9 +175,7 @@ def backend_chain(model_kv: Mapping[str, object], user: Sequence[tuple[str, str]
             return tuple(out)
         if step[0]:
             out.append(step)
-    if values["mirostat"] == 0:
-        out.append(("dist", 0.0))
-    return tuple(out)
+    return (*out, ("dist", 0.0))
 
 
 def _name(n: str) -> str:

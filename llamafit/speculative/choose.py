@@ -112,14 +112,13 @@ def mismatch(target: ModelInfo, d: Drafter) -> str | None:
     return None
 
 
-def _checked(target: ModelInfo, d: Drafter) -> Drafter:
-    """An explicitly chosen drafter, refused when llama-server would abort on it."""
+def _refuse_mismatch(target: ModelInfo, d: Drafter) -> None:
+    """An explicitly chosen drafter is refused when llama-server would abort on it."""
     if (why := mismatch(target, d)) is not None:
         raise UsageError(
             f"drafter {d.path} was made for another model: {why}; llama-server would abort loading it",
             hint="give the drafter trained for this model (its sidecar: dflash-, dspark-, eagle3-), or --spec off",
         )
-    return d
 
 
 def choose(target: ModelInfo, opts: SpecOptions, files: DrafterFiles | None = None) -> SpecChoice:
@@ -127,7 +126,7 @@ def choose(target: ModelInfo, opts: SpecOptions, files: DrafterFiles | None = No
     cannot serve this target is refused when asked for and passed over when Auto finds it beside it."""
     c = _choose(target, opts, files or LocalFiles())
     if c.drafter is not None and c.explicit:
-        _checked(target, c.drafter)
+        _refuse_mismatch(target, c.drafter)
     return c
 
 
