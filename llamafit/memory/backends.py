@@ -102,23 +102,22 @@ def host_buffer(devices: Iterable[str]) -> str | None:
     return None
 
 
-def host_alignment(devices: Iterable[str], cpu_align: int) -> int:
-    """The alignment of the host's compute buffer beside these devices (their host buffer type's)."""
-    for d in devices:
-        b = backend(d)
-        if b is not None and b.host_buffer:
-            return b.host_align
-    return cpu_align
-
-
 def pads_rows(buft: str) -> bool:
     b = backend(buft)
     return b is not None and b.pads_rows
 
 
+_HOST_BUFFERS = {b.host_buffer: b for b in BACKENDS.values() if b.host_buffer}
+
+
 def alignment(buft: str, cpu_align: int) -> int:
+    """A buffer type's alignment: a device's own, a pinned host buffer's (``Vulkan_Host``: its
+    ``host_align``), else the CPU's."""
     b = backend(buft)
-    return b.align if b is not None else cpu_align
+    if b is not None:
+        return b.align
+    host = _HOST_BUFFERS.get(buft)
+    return host.host_align if host is not None else cpu_align
 
 
 def runtime_overhead(device: str) -> int:

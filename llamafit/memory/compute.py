@@ -141,7 +141,8 @@ def compute_buffers(
         # through the scheduler (llamafit.memory.sched) where a builder knows the graph
         order = [*gpus, CPU]
         aligns = {d: backends.alignment(d, 32) for d in order}
-        aligns[CPU] = backends.host_alignment(gpus, 32)
+        # the host's share lives in the pinned host buffer beside the devices, when they have one
+        aligns[CPU] = backends.alignment(backends.host_buffer(gpus) or CPU, 32)
         offload = _op_offload(gpus, limits or {}) if op_offload else None
         split = split_graph_bytes(model, cp, n_outputs, fa, placement, order, aligns, pool,
                                   PP_COPIES if pipeline_parallel else 1, offload)  # fmt: skip

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from llamafit.memory.galloc import F32, I32, I64, Graph, Tensor, in_layer
-from llamafit.memory.graph_sampling import Samplers, Step
+from llamafit.memory.graph_sampling import Samplers
 from llamafit.memory.graph_trunk import Experts, gated_ffn, input_embeddings, moe_ffn, output_head, rms_norm
 
 
@@ -56,12 +56,7 @@ class Reserve:
     pooling: str | None = None  # an embedding context's pooling ("none", "mean", "cls", "last"); None: not one
     rot_k: int = 0  # Hadamard rotation size for a quantized K cache (llama-kv-cache.cpp:321-348), 0: none
     rot_v: int = 0  # the same for a quantized V cache
-    sampled_rows: int = 0  # rows per sequence each slot's backend sampler takes, 0: no backend samplers
-    sampler_chain: tuple[Step, ...] = ()  # what each sampled row runs on the backend
-
-    @property
-    def samplers(self) -> Samplers | None:
-        return Samplers(self.n_outputs, self.sampled_rows, self.sampler_chain) if self.sampled_rows else None
+    samplers: Samplers | None = None  # each slot's backend sampler chain, None: no backend sampling
 
 
 def transformer_graph(shape: TransformerShape, r: Reserve) -> Graph:

@@ -30,6 +30,7 @@ from llamafit.memory.graph_mtp import (
     mtp_compute_bytes,
     nextn_compute_bytes,
 )
+from llamafit.memory.graph_sampling import Samplers
 from llamafit.memory.graph_trunk import Experts
 from llamafit.memory.placement import CPU, WeightPlacement, output_weight_device, row_padded_size
 from llamafit.memory.sched import split_buffers
@@ -126,8 +127,8 @@ def _reserve(
         n_kv=cp.n_ctx_seq if kv else 0, n_kv_swa=swa_cells(hp, cp) if kv and hp.swa_type != "none" else 0,
         n_stream=cp.n_stream, flash_attn=fa if kv else True, cache_esize=esize(cp.type_k),
         cache_esize_v=esize(cp.type_v), rot_k=rot[0], rot_v=rot[1],
-        n_rs_seq=cp.n_rs_seq if hp.supports_rs_rollback else 0, pooling=pooling, sampled_rows=cp.sampled_rows,
-        sampler_chain=cp.sampler_chain,
+        n_rs_seq=cp.n_rs_seq if hp.supports_rs_rollback else 0, pooling=pooling,
+        samplers=Samplers(n_outputs, cp.sampled_rows, cp.sampler_chain) if cp.sampled_rows else None,
     )  # fmt: skip
 
 

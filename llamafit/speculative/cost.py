@@ -56,6 +56,8 @@ class SpecConfig:
 
 # drafters whose context samples on the backend (common/speculative.cpp:585-597, 1101-1117)
 BACKEND_SAMPLED = frozenset({"draft-eagle3", "draft-dflash", "draft-dspark"})
+# drafters that decode a whole block per pass: every block position is an output of their context
+BLOCK_DRAFTERS = frozenset({"draft-dflash", "draft-dspark"})
 
 
 def n_draft_max(kinds: set[str] | list[str], opts: SpecOptions) -> int:
@@ -94,7 +96,7 @@ def target_settings(model: ModelInfo, base: LoadSettings, config: SpecConfig, op
         s = replace(s, load_nextn=True, extract_hidden=1)
     elif d.kind == "draft-eagle3":
         s = replace(s, extract_hidden=3)
-    elif d.kind in ("draft-dflash", "draft-dspark") and d.model is not None:
+    elif d.kind in BLOCK_DRAFTERS and d.model is not None:
         layers = d.model.kv.get(f"{d.model.arch}.target_layers")
         s = replace(s, extract_hidden=len(layers) if isinstance(layers, list) else 1)
     return s
@@ -144,18 +146,18 @@ def drafter_use(
                 use[p.device] = use.get(p.device, Use()) + Use(draft_model=p.alloc, model=-p.alloc)
     else:
         assert d.model is not None
-        n_out = s.n_seq * (opts.n_max + 1) if d.kind in ("draft-dflash", "draft-dspark") else s.n_seq
         # the draft model is loaded with the target's parameters (common_base_params_to_speculative,
-        # common/speculative.cpp:2527-2560): its -ts is the target's, read over the draft's own devices
+        # common/speculative.cpp:2527-2560): its -ts is the target's, read over the draft's own devices;
+        # its outputs per sequence are a block for DFlash/DSpark, else one, and its backend samplers take
+        # them all (n_outputs_max_per_seq; draft-simple samples on the host)
         split = s.tensor_split if len(ids) > 1 else ()
-        # per-sequence rows the drafter's backend samplers take (n_outputs_max_per_seq, same function):
-        # DFlash/DSpark a whole block, EAGLE3 one (draft-simple samples on the host)
-        rows = (opts.n_max + 1 if n_out > s.n_seq else 1) if d.kind in BACKEND_SAMPLED else 0
+        per_seq = max(1, opts.n_max + 1) if d.kind in BLOCK_DRAFTERS else 1
+        sampled = d.kind in BACKEND_SAMPLED and opts.backend_sampling
         ds = replace(
             s, n_ctx=n_ctx, type_k=opts.type_k, type_v=opts.type_v, n_gpu_layers=opts.ngl,
-            tensor_split=split, overrides=opts.overrides, n_outputs_max=n_out,
+            tensor_split=split, overrides=opts.overrides, n_outputs_max=s.n_seq * per_seq,
             n_rs_seq=0, load_nextn=d.kind == "draft-mtp", extract_hidden=0, split_mode="layer",
-            sampled_rows=max(1, rows) if rows and opts.backend_sampling else 0, backend_sampling=False,
+            sampled_rows=per_seq if sampled else 0, backend_sampling=False,
             sampler_chain=DRAFT_CHAIN,
         )  # fmt: skip
         dfp = estimate(d.model, ds, devs, context_label="mtp" if d.kind == "draft-mtp" else "draft")
