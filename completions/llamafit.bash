@@ -81,12 +81,13 @@ _llamafit() {
                 --hf-file) :; return 0 ;;
                 --revision) :; return 0 ;;
                 --rpc) :; return 0 ;;
+                --host-bandwidth) :; return 0 ;;
                 --quant) :; return 0 ;;
                 --models-preset) :; return 0 ;;
                 --models-preset-out) :; return 0 ;;
             esac
             if [[ "$cur" == -* ]]; then
-                COMPREPLY=($(compgen -W "--gpu --cpu-only --margin --min-ctx --spec --prefer --draft --server --hf-file --revision --offline --rpc --rpc-optional --quant --models-preset --models-preset-out --quants --json --quiet -q --help -h" -- "$cur")); return 0
+                COMPREPLY=($(compgen -W "--gpu --cpu-only --margin --min-ctx --spec --prefer --draft --server --hf-file --revision --offline --rpc --rpc-optional --host-bandwidth --quant --models-preset --models-preset-out --quants --json --quiet -q --help -h" -- "$cur")); return 0
             fi
             _llamafit_models ;;
         run)
@@ -103,11 +104,12 @@ _llamafit() {
                 --hf-file) :; return 0 ;;
                 --revision) :; return 0 ;;
                 --rpc) :; return 0 ;;
+                --host-bandwidth) :; return 0 ;;
                 --quant) :; return 0 ;;
                 --models-preset) :; return 0 ;;
             esac
             if [[ "$cur" == -* ]]; then
-                COMPREPLY=($(compgen -W "--dry-run --exec --verbose -v --log-file --ready-timeout --server --gpu --cpu-only --margin --min-ctx --spec --prefer --draft --hf-file --revision --offline --rpc --rpc-optional --quant --models-preset --json --quiet -q --help -h" -- "$cur")); return 0
+                COMPREPLY=($(compgen -W "--dry-run --exec --verbose -v --log-file --ready-timeout --server --gpu --cpu-only --margin --min-ctx --spec --prefer --draft --hf-file --revision --offline --rpc --rpc-optional --host-bandwidth --quant --models-preset --json --quiet -q --help -h" -- "$cur")); return 0
             fi
             _llamafit_models ;;
     esac

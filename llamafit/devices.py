@@ -22,14 +22,15 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from llamafit.device_list import DeviceListError, ListedDevice, cached_device_set, list_devices, remember_device_set
 from llamafit.errors import UsageError
 from llamafit.memory.backends import rpc_buffer_aliases
+from llamafit.speed.rates import nvml_rates
 from llamafit.units import parse_size
 
 
@@ -40,6 +41,10 @@ class PhysicalGpu:
     uuid: str
     total: int
     free: int
+    mem_bus_width: int = 0  # bits (nvmlDeviceGetMemoryBusWidth); 0: not reported
+    mem_clock_mhz: int = 0  # the memory's maximum clock (nvmlDeviceGetMaxClockInfo, NVML_CLOCK_MEM)
+    pcie_gen: int = 0  # the link's maximum generation (nvmlDeviceGetMaxPcieLinkGeneration)
+    pcie_width: int = 0  # lanes it runs with (nvmlDeviceGetCurrPcieLinkWidth)
 
 
 @dataclass(frozen=True)
@@ -58,6 +63,9 @@ class Device:
     backend: str = "CUDA"  # CUDA, ROCm, MUSA, Vulkan, Metal, SYCL, RPC
     uma: bool = False  # its memory is host RAM: checked with the host as one pool
     max_tensor: int = 0  # the largest tensor its backend accepts (0: no limit known)
+    bandwidth: float = 0.0  # peak memory bytes/s where known (NVML, a named card, --gpu SIZE@RATE); 0: not known
+    bandwidth_source: str = ""  # nvml | table | given
+    link: float = 0.0  # bytes/s of its link to host memory (NVML's PCIe generation and width); 0: not known
 
 
 @dataclass(frozen=True)
@@ -116,6 +124,7 @@ class NvmlProbe:
                         uuid=uuid.decode() if isinstance(uuid, bytes) else str(uuid),
                         total=int(mem.total),
                         free=int(mem.free),
+                        **_nvml_speed(pynvml, h),
                     )
                 )
             return out
@@ -124,6 +133,24 @@ class NvmlProbe:
         finally:
             with contextlib.suppress(Exception):
                 pynvml.nvmlShutdown()
+
+
+def _nvml_speed(pynvml: Any, h: Any) -> dict[str, int]:
+    """What NVML says about a card's memory bus and PCIe link; a query a driver does not answer is 0."""
+    queries: dict[str, Callable[[], Any]] = {
+        "mem_bus_width": lambda: pynvml.nvmlDeviceGetMemoryBusWidth(h),
+        "mem_clock_mhz": lambda: pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_MEM),
+        "pcie_gen": lambda: pynvml.nvmlDeviceGetMaxPcieLinkGeneration(h),
+        "pcie_width": lambda: pynvml.nvmlDeviceGetCurrPcieLinkWidth(h),
+    }
+    out = {}
+    for k, q in queries.items():
+        try:
+            v = int(q())
+        except Exception:  # NVMLError_NotSupported on some boards, virtual GPUs, old drivers
+            v = 0
+        out[k] = v if 0 < v < 1 << 20 else 0
+    return out
 
 
 def apply_cuda_visible(gpus: Sequence[PhysicalGpu], env: str | None) -> list[PhysicalGpu]:
@@ -166,6 +193,42 @@ def parse_gpu_spec(spec: str) -> tuple[int, int]:
     return free, total
 
 
+def described_gpu(spec: str, index: int) -> Device:
+    """One ``--gpu`` device: ``FREE[/TOTAL]``, ``FREE[/TOTAL]@RATE`` (its memory bandwidth, e.g. 1008GB/s),
+    ``FREE[/TOTAL]@CARD`` or ``CARD`` alone (a card of llamafit.speed.gpus: its memory and bandwidth)."""
+    from llamafit.speed import gpus
+    from llamafit.speed.rates import parse_rate
+
+    mem, _, speed = spec.partition("@")
+    card = gpus.lookup(mem) if not speed and not re.match(r"\s*[\d.]", mem) else None
+    if card is not None:
+        mem, speed = "", mem
+    bandwidth, source, name = 0.0, "", f"--gpu {spec}"
+    if speed:
+        if re.search(r"/s\s*$", speed, re.IGNORECASE):
+            bandwidth, source = parse_rate(speed, "--gpu"), "given"
+        else:
+            card = card or gpus.lookup(speed)
+            if card is None:
+                raise UsageError(f"--gpu {spec}: no card called {speed!r} is known",
+                                 hint="give its bandwidth instead (e.g. 24GiB@1008GB/s), or one of: "
+                                 + ", ".join(gpus.names()[:12]) + ", ...")  # fmt: skip
+            bandwidth, source, name = card.bandwidth, "table", f"{card.name} (--gpu {spec})"
+    if mem:
+        free, total = parse_gpu_spec(mem)
+        if card is not None and card.memory and "/" not in mem:
+            total = max(free, card.memory)  # what is free of a card whose size the table knows
+    elif card is not None and card.memory:
+        free = total = card.memory
+    else:
+        raise UsageError(f"--gpu {spec}: {card.name if card else spec} comes with several memory sizes",
+                         hint=f"give it, e.g. --gpu 48GiB@{spec.strip()}")  # fmt: skip
+    if card is not None and card.memory and total > card.memory * 1.02:
+        raise UsageError(f"--gpu {spec}: the {card.name} has {card.memory >> 30} GiB", hint="give FREE/TOTAL within it")
+    return Device(id=f"CUDA{index}", name=name, total=total, free=free, source="override", bandwidth=bandwidth,
+                  bandwidth_source=source)  # fmt: skip
+
+
 def host_memory() -> Host:
     import psutil
 
@@ -198,10 +261,7 @@ def discover(
             raise UsageError(
                 "--cpu-only and --gpu: choose one", hint="--gpu describes GPUs; --cpu-only plans without any"
             )
-        devs = []
-        for i, spec in enumerate(gpu_specs):
-            free, total = parse_gpu_spec(spec)
-            devs.append(Device(id=f"CUDA{i}", name=f"--gpu {spec}", total=total, free=free, source="override"))
+        devs = [described_gpu(spec, i) for i, spec in enumerate(gpu_specs)]
         return Machine(tuple(devs), h, ("planning for the GPUs given with --gpu",))
     nvml, notes = _nvml_devices(probe if probe is not None else NvmlProbe(), env)
     if server is None:
@@ -232,10 +292,19 @@ def _nvml_devices(probe: GpuProbe, env: Mapping[str, str]) -> tuple[list[Device]
     if not visible:
         notes.append("no GPU is visible; planning a CPU-only load")
     devs = [
-        Device(id=f"CUDA{i}", name=g.name, total=g.total, free=g.free, uuid=g.uuid, nvml_index=g.index)
+        Device(id=f"CUDA{i}", name=g.name, total=g.total, free=g.free, uuid=g.uuid, nvml_index=g.index,
+               **_speed_fields(g))
         for i, g in enumerate(visible)
-    ]
+    ]  # fmt: skip
     return devs, notes
+
+
+def _speed_fields(g: PhysicalGpu) -> dict[str, Any]:
+    """Peak bandwidth and PCIe link from NVML's numbers (llamafit.speed.rates.nvml_rates)."""
+    r = nvml_rates(g.mem_bus_width, g.mem_clock_mhz, g.pcie_gen, g.pcie_width)
+    if r is None:
+        return {}
+    return {"bandwidth": r.read, "bandwidth_source": "nvml", "link": r.link or 0.0}
 
 
 def _listed(server: str, env: dict[str, str], cache: Path | None, *, nvml_ok: bool) -> list[ListedDevice]:

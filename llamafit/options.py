@@ -33,6 +33,7 @@ class Options:
     offline: bool = False  # --offline (or HF_HUB_OFFLINE=1): the Hugging Face cache only
     rpc: Sequence[str] = ()  # --rpc host:port[,...] (llamafit's option; passed on as the server's --rpc)
     rpc_optional: bool = False  # --rpc-optional: plan without an unreachable RPC server
+    host_bandwidth: str | None = None  # --host-bandwidth RATE: host memory's bandwidth for the speed model
 
     @classmethod
     def from_params(cls, params: Mapping[str, object], **overrides: object) -> Options:

@@ -15,6 +15,7 @@ from llamafit.gguf.model import ModelInfo
 from llamafit.memory.footprint import Footprint, LoadSettings, Use
 from llamafit.memory.mmproj import MmprojUse
 from llamafit.speculative import Drafter
+from llamafit.speed.model import Speed
 
 SCHEMA = "llamafit.plan/1"
 
@@ -95,6 +96,7 @@ class Plan:
     mmproj: MmprojUse | None = None
     buffer_aliases: dict[str, str] = field(default_factory=dict)  # logged buffer name -> device id (RPC)
     blind: tuple[str, ...] = ()  # devices the server will use that llamafit cannot size (llama.cpp's fit places)
+    speed: Speed | None = None  # what the plan gives in tokens/s (llamafit.speed), None: not asked for
 
     @property
     def fits(self) -> bool:
@@ -185,6 +187,7 @@ def to_json(plan: Plan, argv: list[str]) -> dict[str, Any]:
         "warnings": list(plan.warnings),
         "notes": list(plan.notes),
         "blind": list(plan.blind),
+        "speed": plan.speed.as_dict() if plan.speed is not None else None,
     }
 
 

@@ -35,6 +35,8 @@ from llamafit.request import Request, build_request, parse_margins
 from llamafit.rpc import discover_rpc
 from llamafit.server import ServerBinary, find_server
 from llamafit.speculative import spec_options
+from llamafit.speed.machine import RateSource
+from llamafit.speed.rates import parse_rate
 
 
 @dataclass(frozen=True)
@@ -85,9 +87,12 @@ def prepare(
     model: ModelInfo | None = None,
     extra_notes: Callable[[ServerArgs], list[str]] | None = None,
     hub: Hub | None = None,
+    speed: bool = True,
+    progress: Callable[[str], None] | None = None,
 ) -> Prepared:
     """Plan one model. ``machine``, ``server`` and ``hub`` may be shared between calls (planning every
-    quant of a repo lists it, probes the binary and discovers the devices once)."""
+    quant of a repo lists it, probes the binary and discovers the devices once). ``speed``: predict its
+    tokens/s (measuring the devices first where nothing is cached: ``progress`` hears what is measured)."""
     srv, caps = server if server is not None else server_and_caps(o.server)
     own_rpc = [t for v in o.rpc for t in ("--rpc", v)]
     translated = translate_user_args(normalize_bare_flash_attn([*own_rpc, *o.server_args]), caps)
@@ -148,15 +153,17 @@ def prepare(
     def calib(s: LoadSettings, devices: tuple[str, ...]) -> Corrections:
         return corrections(info, s, devices)
 
+    rates = rates_for(mach, info, user, srv, o, progress) if speed else None
     try:
         plan = make_plan(
             info, mach, req, opts, caps, calib if o.calibrate else None, mmproj=projector,
-            mmproj_measured=measured_mmproj_compute if o.calibrate else None, drafter_files=hub,
+            mmproj_measured=measured_mmproj_compute if o.calibrate else None, drafter_files=hub, rates=rates,
         )  # fmt: skip
     except DoesNotFitError as e:
         if e.plan is not None:
             e.argv = compose(srv.path if srv else "llama-server", supported(e.plan.planned, caps)[0], user)
         raise
+    notes += rates.notes if rates is not None else []
     planned, dropped = supported(plan.planned, caps)
     argv = compose(srv.path if srv else "llama-server", planned, user)
     notes += [*dropped, *config_findings(os.environ, parse_server_args(argv[1:]))]
@@ -165,6 +172,35 @@ def prepare(
     if extra_notes:
         notes += extra_notes(user)
     return Prepared(plan, argv, user, srv, caps, tuple(notes), hub)
+
+
+# llama-server flags that change speed the way they change llama-bench's (its spelling of them)
+_BENCH_FLAGS = {"--flash-attn": "-fa", "--cache-type-k": "-ctk", "--cache-type-v": "-ctv"}
+
+
+def rates_for(
+    mach: Machine, model: ModelInfo, user: ServerArgs, srv: ServerBinary | None, o: Options,
+    progress: Callable[[str], None] | None = None,
+) -> RateSource:  # fmt: skip
+    """The devices' speed for this model, as the server will run it: its thread count, repacking, flash
+    attention and cache types (``llamafit.speed.machine``)."""
+    threads = None
+    if (occ := user.last("--threads")) is not None and (occ.value or "").isdecimal():
+        threads = int(occ.value or 0) or None
+    flags: list[str] = []
+    for key, flag in _BENCH_FLAGS.items():
+        if (occ := user.last(key)) is not None and occ.value:
+            flags += [flag, occ.value]
+    if (occ := user.last("--repack")) is not None and occ.negated:
+        flags += ["--repack", "0"]
+    bw = parse_rate(o.host_bandwidth, "--host-bandwidth") if o.host_bandwidth else None
+    ub = user.last("--ubatch-size")
+    prompt = int(ub.value or 0) if ub is not None and (ub.value or "").isdecimal() else 512
+    return RateSource(
+        mach, model, server_path=srv.path if srv else None, env=launch_env(srv).env if srv else dict(os.environ),
+        threads=threads, flags=flags, prompt=max(32, min(prompt, 2048)), host_bandwidth=bw, here=not o.gpu,
+        progress=progress,
+    )  # fmt: skip
 
 
 def _with_rpc(

@@ -31,6 +31,8 @@ def _isolated_dirs(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
         if k.startswith("LLAMA_ARG_"):
             monkeypatch.delenv(k)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    # no speed probe unless a test asks for one (it runs llama-bench for seconds per device)
+    monkeypatch.setenv("LLAMAFIT_PROBE", "off")
     # a private Hugging Face cache and no Hub: a test that wants one starts the loopback Hub
     hf_home = tmp_path_factory.mktemp("hf")
     monkeypatch.setenv("HF_HOME", str(hf_home))

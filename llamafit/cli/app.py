@@ -21,6 +21,7 @@ from llamafit.cli.options import (
     DraftOpt,
     GpuOpt,
     HfFileOpt,
+    HostBandwidthOpt,
     JsonOpt,
     MarginOpt,
     MinCtxOpt,
@@ -87,7 +88,7 @@ def _prepare(model: str, o: Options, json_out: bool = False, quant: str | None =
         if wants_quants(model, quant):
             hub = new_hub(o.offline)
             return prepare_choice(model, quant, o, planner(hub, machine, found), hub)
-        return prepare(model, o, machine=machine, server=found)
+        return prepare(model, o, machine=machine, server=found, progress=lambda m: note(f"measuring speed: {m}"))
     except DoesNotFitError as e:
         if json_out and e.plan is not None and e.argv is not None:
             from llamafit.plan import to_json
@@ -248,6 +249,7 @@ def plan(
     offline: OfflineOpt = False,
     rpc: RpcOpt = None,
     rpc_optional: RpcOptionalOpt = False,
+    host_bandwidth: HostBandwidthOpt = None,
     quant: QuantOpt = None,
     models_preset: ModelsPresetOpt = None,
     models_preset_out: Annotated[
@@ -335,6 +337,7 @@ def run(
     offline: OfflineOpt = False,
     rpc: RpcOpt = None,
     rpc_optional: RpcOptionalOpt = False,
+    host_bandwidth: HostBandwidthOpt = None,
     quant: QuantOpt = None,
     models_preset: ModelsPresetOpt = None,
     json_out: Annotated[

@@ -79,9 +79,18 @@ GpuOpt = Annotated[
     Optional[list[str]],  # noqa: UP045
     typer.Option(
         "--gpu",
-        metavar="FREE[/TOTAL]",
-        help="Plan for a GPU you describe instead of the ones NVML sees: FREE or FREE/TOTAL, e.g. 22GiB/24GiB. "
-        "Repeat per GPU.",
+        metavar="FREE[/TOTAL][@RATE|@CARD]",
+        help="Plan for a GPU you describe instead of the ones found: FREE or FREE/TOTAL (e.g. 22GiB/24GiB), "
+        "with its memory bandwidth for the speed estimate (24GiB@1008GB/s), or a card by name (rtx-4090, "
+        "20GiB@rtx-4090). Repeat per GPU.",
+    ),
+]
+HostBandwidthOpt = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        "--host-bandwidth",
+        metavar="RATE",
+        help="Host memory bandwidth for the speed estimate (e.g. 80GB/s) instead of measuring this machine.",
     ),
 ]
 CpuOnlyOpt = Annotated[bool, typer.Option("--cpu-only", help="Plan a CPU-only load (ignore GPUs).")]

@@ -14,6 +14,7 @@ from llamafit.units import MiB, fmt_bytes
 
 if TYPE_CHECKING:
     from llamafit.compare import Row
+    from llamafit.speed.model import Speed
 
 
 def b(n: int) -> str:
@@ -194,6 +195,7 @@ def plan_view(plan: Any, width: int = 80, text_width: int | None = None) -> list
         [f"context {cp.n_ctx}", slots, f"K {cp.type_k} / V {cp.type_v}",
          f"flash attention {'on' if plan.footprint.flash_attn else 'off'}"], width, indent="",
     )  # fmt: skip
+    out += speed_lines(plan.speed, tw)
     out.append(Text(""))
     for d in plan.devices:
         dev = d.device
@@ -219,6 +221,29 @@ def plan_view(plan: Any, width: int = 80, text_width: int | None = None) -> list
         out.append(Text("Warnings", style="bold yellow"))
         for w in plan.warnings:
             out += wrapped(safe_plain(w), tw, "  ! ", "    ", style="yellow")
+    return out
+
+
+def _rate(x: float | None) -> str:
+    return "unknown" if x is None else f"{x:.1f}" if x < 100 else f"{x:.0f}"
+
+
+def speed_lines(sp: Speed | None, width: int) -> list[Text]:
+    """The plan's predicted speed, what it assumes, and what was not known."""
+    if sp is None:
+        return []
+    if sp.source == "unknown":
+        why = "; ".join(sp.unknown) or "no device's speed is known"
+        return wrapped(safe_plain(f"speed unknown: {why}"), width, "", "  ", style="dim")
+    text = f"speed  pp {_rate(sp.pp)}  tg {_rate(sp.tg)} tok/s  ({sp.prompt}-token prompt, depth {sp.depth}"
+    if sp.at_context is not None:
+        depth, pp, tg = sp.at_context
+        text += f"; context full at {depth}: pp {_rate(pp)}, tg {_rate(tg)}"
+    how = "measured" if any(d.source == "measured" for d in sp.devices) else "known"
+    text += f"), {sp.source} from the devices' {how} rates; {sp.assumes}"
+    out = wrapped(safe_plain(text), width, "", "  ")
+    for u in sp.unknown:
+        out += wrapped(safe_plain(u), width, "  ? ", "    ", style="dim")
     return out
 
 

@@ -33,6 +33,7 @@ from llamafit.fit.policy import Outcome, fit_with_policy
 from llamafit.fit.projector import ProjectorPlacement, place_projector
 from llamafit.fit.runtime import RuntimeHost, plan_runtime
 from llamafit.fit.search import CTX_STEP, MAX_SPLIT_DEVICES, Search, Trial, select_gpus
+from llamafit.fit.speed import Rated, trial_speed
 from llamafit.gguf.hparams import ESTIMATED_COMPUTE_ARCHS, UNVERIFIED_MEMORY_ARCHS
 from llamafit.gguf.mmproj import Projector
 from llamafit.gguf.model import ModelInfo
@@ -59,12 +60,14 @@ def make_plan(
     mmproj: Projector | None = None,
     mmproj_measured: Callable[[MmprojUse], int | None] | None = None,
     drafter_files: DrafterFiles | None = None,
+    rates: Rated | None = None,
 ) -> Plan:
     """Fit ``model`` (and its drafter) onto ``machine`` under ``req``; DoesNotFitError when nothing fits.
 
     ``caps`` may be a callable: the server binary is then probed only if a decision needs it.
     ``calibrate`` returns corrections from past launches for the base settings (llamafit.calibration);
-    ``mmproj_measured`` what a past launch measured for the projector's compute buffer.
+    ``mmproj_measured`` what a past launch measured for the projector's compute buffer; ``rates``: the
+    devices' measured or given speed (``llamafit.speed``), for the plan's tokens/s.
     """
     opts = opts or SpecOptions(mode="off")
     if problem := check_cache_types(model.hparams, req.type_k, req.type_v, req.flash_attn):
@@ -99,8 +102,9 @@ def make_plan(
         warnings.append(messages.min_ctx_above_training(req.min_ctx, _train(model)))
     if len(gpus) < len(machine.gpus) and req.devices is None and len(gpus) == MAX_SPLIT_DEVICES:
         warnings.append(messages.devices_capped(len(machine.gpus), MAX_SPLIT_DEVICES))
-    return _assemble(model, machine, req, search, gpus, t, out.report, planned, projector, decisions, warnings,
+    plan = _assemble(model, machine, req, search, gpus, t, out.report, planned, projector, decisions, warnings,
                      runtime)  # fmt: skip
+    return replace(plan, speed=trial_speed(model, t, gpus, rates)) if rates is not None else plan
 
 
 def _train(model: ModelInfo) -> int:

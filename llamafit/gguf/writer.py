@@ -93,8 +93,11 @@ def write_gguf(
     tensors: Sequence[TensorSpec],
     fill: str = "sparse",
     seed: int = 0,
+    random: Sequence[str] = (),
 ) -> int:
-    """Write one GGUF file; returns its size in bytes. ``kv`` must not repeat general.architecture."""
+    """Write one GGUF file; returns its size in bytes. ``kv`` must not repeat general.architecture.
+    ``random``: with ``fill="sparse"``, the f16/f32 tensors that get seeded random data all the same (a
+    model's routing needs varied embeddings and router weights; the rest may stay zero)."""
     import gguf
     import numpy as np
 
@@ -140,4 +143,22 @@ def write_gguf(
         # The tensor data is a hole: the file has its full logical size but no blocks on disk.
         with open(path, "r+b") as fh:
             fh.truncate(start + data_size)
+        if random:
+            _fill_random(path, set(random), rng)
     return os.path.getsize(path)
+
+
+def _fill_random(path: str | os.PathLike[str], names: set[str], rng: Any) -> None:
+    import numpy as np
+
+    from llamafit.gguf.reader import read_file_header
+
+    header = read_file_header(os.fspath(path))
+    with open(path, "r+b") as fh:
+        for t in header.tensors:
+            if t.name not in names or t.type.name not in ("f16", "f32"):
+                continue
+            n = t.nbytes // t.type.size
+            data = rng.standard_normal(n).astype(np.float16 if t.type.name == "f16" else np.float32)
+            fh.seek(t.offset)
+            fh.write(data.tobytes())

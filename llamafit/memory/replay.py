@@ -33,7 +33,7 @@ from llamafit.memory.graph_mtp import (
 from llamafit.memory.graph_sampling import Samplers
 from llamafit.memory.graph_trunk import Experts
 from llamafit.memory.placement import CPU, WeightPlacement, output_weight_device, row_padded_size
-from llamafit.memory.sched import split_buffers
+from llamafit.memory.sched import VIEW_OPS, split_buffers
 
 RECURRENT = ("mamba", "mamba2")
 Shape = TransformerShape | MlaShape | MtpShape | NextnShape | HybridShape | DflashShape
@@ -206,6 +206,24 @@ def split_graph_bytes(
         return split_buffers(g, backends, alignments, offload, n_copies, pads)
 
     return model.memo(key, replay)
+
+
+def nodes_per_layer(model: ModelInfo) -> float | None:
+    """Compute nodes (views excluded: they do no work) per layer of the model's one-token graph, for the
+    speed model's per-node overheads; None where no builder makes the model's graph."""
+    hp = model.hparams
+    shape = _mamba_shape(model) or model.memo(("transformer_shape", False), lambda: _shape(model, False))
+    if not isinstance(shape, TransformerShape | MlaShape | HybridShape | MambaShape) or hp.n_layer < 2:
+        return None
+    r = Reserve(n_tokens=1, n_seqs=1, n_outputs=1, n_kv=256, n_kv_swa=256 if hp.swa_type != "none" else 0,
+                n_stream=1, flash_attn=True)  # fmt: skip
+
+    def nodes(sh: TransformerShape | MlaShape | HybridShape | MambaShape) -> int:
+        return sum(1 for n in _graph(sh, r).nodes if n.op not in VIEW_OPS)
+
+    # the graph less its first layer's: what the layers after it add (the input and output nodes cancel)
+    one = replace(shape, is_recr=shape.is_recr[:1]) if isinstance(shape, HybridShape) else replace(shape, n_layer=1)
+    return (nodes(shape) - nodes(one)) / (hp.n_layer - 1)
 
 
 def _rotations(model: ModelInfo, cp: ContextParams) -> tuple[int, int]:

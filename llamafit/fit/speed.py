@@ -1,0 +1,62 @@
+"""The speed a trial gives: the speed model (``llamafit.speed.model``) over the trial's placement and context,
+with the devices' rates; unknown, with the reason, where no rate is known."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
+from typing import Protocol
+
+from llamafit.devices import Device
+from llamafit.fit.search import Trial
+from llamafit.gguf.model import ModelInfo
+from llamafit.memory.placement import CPU
+from llamafit.memory.replay import nodes_per_layer
+from llamafit.speed.model import Speed, predict
+from llamafit.speed.rates import Rates
+
+NO_RATE = "no measured or given speed"  # llamafit.speed.model's word for a device without rates
+
+
+class Rated(Protocol):
+    def rates(self, devices: Iterable[str]) -> Mapping[str, Rates]:
+        """Rates for these devices (``CPU``: the host), measured first if need be."""
+        ...
+
+
+def trial_speed(
+    model: ModelInfo, t: Trial, gpus: Sequence[Device], source: Rated | None, *, full_context: bool = True
+) -> Speed:
+    """The speed of trial ``t``'s load; the devices it puts work on are the ones whose rates are asked for."""
+    used = {d for d in t.fp.layer_device} | {p.device for p in t.fp.placement.tensors if p.tensor.matmul}
+    rates = source.rates(sorted(used)) if source is not None else {}
+    npl = model.memo(("nodes_per_layer",), lambda: nodes_per_layer(model))
+    sp = predict(
+        model,
+        t.fp.placement,
+        t.fp.context,
+        rates,
+        flash_attn=t.fp.flash_attn,
+        devices=[g.id for g in gpus],
+        nodes_per_layer=npl,
+        op_offload=t.settings.op_offload,
+        limits={g.id: g.max_tensor for g in gpus if g.max_tensor},
+        full_context=full_context,
+    )
+    return replace(sp, unknown=tuple(_hint(u, gpus) for u in sp.unknown))
+
+
+def _hint(unknown: str, gpus: Sequence[Device]) -> str:
+    """What to give for a device whose speed is not known."""
+    dev, _, what = unknown.partition(": ")
+    if what != NO_RATE:
+        return unknown
+    if dev == CPU:
+        return (
+            "the host: not measured (no llama-bench beside the server, LLAMAFIT_PROBE=off, or planning for "
+            "another machine: give --host-bandwidth)"
+        )
+    g = next((g for g in gpus if g.id == dev), None)
+    if g is not None and g.source == "override":
+        return f"{dev}: give its bandwidth (--gpu SIZE@RATE, e.g. 24GiB@1008GB/s, or a card: --gpu rtx-4090)"
+    return f"{dev}: not measured (no llama-bench beside the server, or LLAMAFIT_PROBE=off)"

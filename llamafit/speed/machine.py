@@ -1,0 +1,196 @@
+"""The rates of the devices one plan may use: measured by the probe where llama-bench can reach them (cached
+per machine), else what the device list knows (NVML's peak bandwidth, a named card, a given rate).
+
+``LLAMAFIT_PROBE``: ``auto`` (the default) measures what is not cached yet; ``off`` never runs the probe
+(cached measurements are still used; what is not known stays unknown).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from llamafit.devices import Device, Machine
+from llamafit.gguf.model import ModelInfo
+from llamafit.memory import backends
+from llamafit.memory.placement import CPU
+from llamafit.paths import cache_dir
+from llamafit.speed import probe as pr
+from llamafit.speed import probe_models as pm
+from llamafit.speed.bench import BenchError, bench_binary
+from llamafit.speed.rates import Rates
+
+PROBE_ENV = "LLAMAFIT_PROBE"
+MAX_TYPES = 3  # weight types probed per device: those that hold 90 % of the bytes, at most this many
+
+
+def probe_allowed(environ: Mapping[str, str] | None = None) -> bool:
+    env = os.environ if environ is None else environ
+    return env.get(PROBE_ENV, "auto").strip().lower() not in ("off", "0", "no", "false")
+
+
+def weight_types(model: ModelInfo) -> list[str]:
+    """The matmul weight types holding most of the model's bytes, largest first."""
+    by_type: dict[str, int] = {}
+    for t in model.tensors:
+        if t.matmul:
+            by_type[t.info.type.name] = by_type.get(t.info.type.name, 0) + t.info.nbytes
+    total = sum(by_type.values()) or 1
+    out: list[str] = []
+    covered = 0
+    for ty, n in sorted(by_type.items(), key=lambda kv: -kv[1]):
+        if covered >= 0.9 * total or len(out) >= MAX_TYPES:
+            break
+        if pm.writable(ty):
+            out.append(ty)
+        covered += n
+    return out or ["f16"]
+
+
+def known_rates(g: Device) -> Rates | None:
+    """What the device list says about a device's speed (NVML, a named card, a given rate)."""
+    if g.bandwidth <= 0:
+        return None
+    return Rates(
+        read=g.bandwidth,
+        link=g.link or None,
+        source=g.bandwidth_source or "given",
+        label=f"{g.bandwidth / 1e9:.0f} GB/s ({g.bandwidth_source or 'given'})",
+    )
+
+
+class RateSource:
+    """The rates of ``machine``'s devices running ``model``, found when first asked for: what the device list
+    knows (NVML, a named card, a given rate), replaced by the probe's measurement where llama-bench can reach
+    the device (only the devices a plan asks for are measured; measurements are cached per machine).
+
+    ``here``: the devices are this machine's (not described with --gpu), so they may be measured; ``flags``:
+    llama-bench flags that change speed the way the server's will (``--repack 0``, ``-fa``, cache types);
+    ``prompt``: the ubatch the model's matmuls are timed at."""
+
+    def __init__(
+        self,
+        machine: Machine,
+        model: ModelInfo,
+        *,
+        server_path: str | None,
+        env: dict[str, str],
+        threads: int | None = None,
+        flags: Sequence[str] = (),
+        prompt: int = 512,
+        host_bandwidth: float | None = None,
+        here: bool = True,
+        progress: pr.Progress | None = None,
+        directory: Path | None = None,
+    ) -> None:
+        self.machine, self.model, self.env, self.threads, self.flags = machine, model, env, threads, tuple(flags)
+        self.prompt, self.here, self.progress = prompt, here, progress
+        self.directory = directory or cache_dir() / "speed"
+        self.notes: list[str] = []
+        self._rates: dict[str, Rates] = {}
+        for g in machine.gpus:
+            if (k := known_rates(g)) is not None:
+                self._rates[g.id] = k
+        self._given_host = host_bandwidth is not None
+        if host_bandwidth:
+            self._rates[CPU] = Rates(
+                read=host_bandwidth, source="given", label=f"{host_bandwidth / 1e9:.0f} GB/s (given)"
+            )
+        self._bench = bench_binary(server_path) if server_path else None
+        if self._bench is None and server_path and here:
+            self.notes.append("speed not measured: no llama-bench beside the server binary")
+        self._asked: set[str] = set()
+
+    def rates(self, devices: Iterable[str]) -> dict[str, Rates]:
+        """Rates for ``devices`` (``CPU`` is the host) and every device asked for before."""
+        want = [d for d in dict.fromkeys(devices) if d not in self._asked]
+        self._asked.update(want)
+        if want and self._bench is not None and self.here:
+            self._measure(want)
+        return dict(self._rates)
+
+    def _targets(self, devices: Sequence[str]) -> list[pr.Target]:
+        eps = list(dict.fromkeys(g.endpoint for g in self.machine.gpus if g.endpoint))
+        out = [pr.host_target()] if CPU in devices and not self._given_host else []
+        for g in self.machine.gpus:
+            if g.id in devices and g.source != "override":
+                gpu = backends.kind(g.id) == "gpu"
+                out.append(pr.device_target(g.id, g.name, g.total, gpu=gpu, rpc=eps if g.endpoint else ()))
+        return out
+
+    def _measure(self, devices: Sequence[str]) -> None:
+        assert self._bench is not None
+        bench, d = self._bench, self.directory
+        types = weight_types(self.model)
+        twin, attn = pm.twin_of(self.model), pm.attention_twin(self.model)
+        shape = f"{twin.key if twin else '-'}:{attn.key if attn else '-'}:p={self.prompt}"
+        cache = pr.read_cache(d)
+        fresh: dict[str, pr.Timings] = {}
+        measured: dict[str, pr.Timings] = {}
+        allowed = probe_allowed(self.env)
+        started = time.monotonic()
+        targets = self._targets(devices)
+        if CPU not in devices and CPU not in self._rates and targets:
+            targets.insert(0, pr.host_target())  # an offload device's split is what is left after the host's part
+        for t in targets:
+            gen_key = pr.cache_key(bench, t, self.threads, self.flags, "device")
+            mod_key = pr.cache_key(bench, t, self.threads, self.flags, shape)
+            have = _combined(pr.timings_from(cache.get(gen_key, {})), pr.timings_from(cache.get(mod_key, {})))
+            light = t.device == CPU and CPU not in devices  # only its overheads are needed
+            if have is not None and (light or _complete(have, types, twin, attn, t.gpu)):
+                measured[t.device] = have
+                continue
+            if not allowed:
+                continue
+            try:
+                got = pr.measure(
+                    bench, self.env, t, types=[] if light else types, twin=None if light else twin,
+                    attn=None if light else attn, prompt=self.prompt, threads=self.threads, directory=d,
+                    have=have, progress=self.progress, extra=self.flags,
+                )  # fmt: skip
+            except BenchError as e:
+                self.notes.append(f"the speed of {t.device} could not be measured: {e}")
+                continue
+            fresh[gen_key] = pr.Timings(got.tiny1, got.tiny9, got.stream)
+            if not light:
+                fresh[mod_key] = got
+            measured[t.device] = got
+        if fresh:
+            pr.write_cache(d, fresh)
+            self.notes.append(
+                f"measured this machine's speed for this model ({time.monotonic() - started:.0f} s; cached)"
+            )
+        elif not allowed and targets and not measured:
+            self.notes.append(f"speed not measured ({PROBE_ENV}=off and nothing cached)")
+        if not measured:
+            return
+        layer_nodes = pr.probe_node_layer(d)
+        host = self._rates.get(CPU)
+        if CPU in measured:
+            host = pr.derive(measured[CPU], host=None, node_layer=layer_nodes, twin=twin, attn=attn)
+            if CPU in devices:
+                self._rates[CPU] = host
+        for dev, tm in measured.items():
+            if dev != CPU:
+                self._rates[dev] = pr.derive(tm, host=host, node_layer=layer_nodes, twin=twin, attn=attn)
+
+
+def _combined(device: pr.Timings | None, model: pr.Timings | None) -> pr.Timings | None:
+    """A device's own timings with the model's, the streams of both."""
+    if model is None:
+        return device
+    if device is None:
+        return model
+    return replace(model, tiny1=device.tiny1, tiny9=device.tiny9, stream={**model.stream, **device.stream})
+
+
+def _complete(t: pr.Timings, types: Sequence[str], twin: pm.Twin | None, attn: pm.Twin | None, gpu: bool) -> bool:
+    if twin is not None and (t.twin_tg is None or t.twin_pp is None or (gpu and t.offload is None)):
+        return False
+    if attn is not None and t.attn_tgd is None:
+        return False
+    # a type may be missing because the device was too slow to stream it (the twin's rate stands)
+    return all(ty in t.stream for ty in types) or t.twin_tg is not None

@@ -1,0 +1,211 @@
+"""The speed model: prompt processing and token generation in tokens/s for a plan, from what the plan places
+where (``llamafit.speed.work``) and what each device does per second (``llamafit.speed.rates``).
+
+One evaluation of a ubatch takes, device after device (llama.cpp runs a layer split serially), each
+device's time for its part, plus each graph split's synchronisation and the activations crossing it, plus
+the host's own time per evaluation (graph build and scheduling). A device's time is, per weight type,
+the larger of its bytes over its streaming rate and (from 32 tokens on, where matmuls are batched) its
+FLOPs over its matmul rate; its attention FLOPs over its attention rate (never faster than reading the
+cache rows); its recurrent state over its streaming rate; its graph nodes times its per-node overhead;
+host weights copied in for offloaded ops over its link. Token generation is one token at ``depth``;
+prompt processing of ``prompt`` tokens is its ubatches in order, each at the depth it starts from.
+
+What the model assumes, and the plan says: one sequence, greedy decoding as llama-bench times it (the
+server's sampler chain adds its own time per token), no speculative decoding (a drafter's gain depends
+on how often its tokens are accepted, which only a measurement on your prompts shows), caches as
+planned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from llamafit.gguf.model import ModelInfo
+from llamafit.memory.context import ContextParams
+from llamafit.memory.placement import CPU, WeightPlacement
+from llamafit.speed.rates import Rates
+from llamafit.speed.work import DeviceWork, Evaluation, evaluate
+
+PROMPT = 512  # llama-bench's pp512 and tg128, at depth 0 unless stated
+ASSUMES = "one sequence, greedy decoding (no sampler time), no speculative decoding"
+
+
+@dataclass(frozen=True)
+class DeviceTime:
+    device: str
+    tg: float  # seconds of one generated token spent on this device
+    pp: float | None  # seconds of the prompt spent on it
+    bytes_per_token: float  # weights, cache rows and state it reads for one generated token
+    source: str  # where its rates came from
+
+
+@dataclass(frozen=True)
+class Speed:
+    """Predicted (or measured) speed of one plan; ``None`` where a term was not known."""
+
+    pp: float | None  # tokens/s of a ``prompt``-token prompt at ``depth``
+    tg: float | None  # tokens/s of generation at ``depth``
+    depth: int
+    prompt: int
+    source: str  # estimated | measured | unknown
+    devices: tuple[DeviceTime, ...] = ()
+    unknown: tuple[str, ...] = ()  # what was not known, in words
+    splits: int = 0  # graph splits per generated token
+    at_context: tuple[int, float | None, float | None] | None = None  # (depth, pp, tg) with the context full
+    assumes: str = ASSUMES
+
+    def as_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {
+            "pp": _round(self.pp),
+            "tg": _round(self.tg),
+            "depth": self.depth,
+            "prompt": self.prompt,
+            "source": self.source,
+            "assumes": self.assumes,
+            "splits_per_token": self.splits,
+            "unknown": list(self.unknown),
+            "devices": [
+                {
+                    "id": d.device,
+                    "tg_ms": None if d.source == "unknown" else round(d.tg * 1e3, 3),
+                    "pp_ms": None if d.pp is None else round(d.pp * 1e3, 2),
+                    "bytes_per_token": int(d.bytes_per_token),
+                    "rates": d.source,
+                }
+                for d in self.devices
+            ],
+        }
+        if self.at_context is not None:
+            depth, pp, tg = self.at_context
+            out["at_context"] = {"depth": depth, "pp": _round(pp), "tg": _round(tg)}
+        return out
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 2)
+
+
+@dataclass
+class _Time:
+    total: float
+    per_device: dict[str, float]
+    missing: list[str]
+
+
+def evaluation_time(ev: Evaluation, rates: Mapping[str, Rates]) -> _Time:
+    """Seconds of one evaluation, and per device; ``missing``: what no rate covers."""
+    per: dict[str, float] = {}
+    missing: list[str] = []
+    batched = ev.tokens >= 32
+    for dev, w in ev.devices.items():
+        r = rates.get(dev)
+        if r is None:
+            if dev != CPU or w.layers or w.attn_layers:  # the host's input rows alone are not worth a word
+                missing.append(f"{dev}: no measured or given speed")
+            continue
+        t = sum(nbytes / r.read_rate(ty) for ty, nbytes in w.weight_bytes.items())
+        flops = sum(w.flops.values())
+        if batched and flops:
+            if r.matmul is None:
+                missing.append(f"{dev}: matmul throughput not known")
+            else:
+                t = max(t, flops / r.matmul)
+        if w.attn_layers:
+            t += _attention_time(w, r, ev.tokens, batched)
+        t += w.state_bytes / r.read + w.nodes * r.node
+        if w.copied_in:
+            if r.link is None:
+                missing.append(f"{dev}: its link to host memory is not known (weights copied for offloaded ops)")
+            else:
+                t += w.copied_in / r.link
+        per[dev] = t
+    total = sum(per.values())
+    for s in ev.splits:
+        r = rates.get(s.device)
+        if r is None:
+            continue
+        total += r.split + (s.nbytes / r.link if r.link else 0.0)
+    host = rates.get(CPU)
+    total += host.token if host is not None else 0.0
+    return _Time(total, per, missing)
+
+
+def _attention_time(w: DeviceWork, r: Rates, tokens: int, batched: bool) -> float:
+    """Generation reads the cache rows; a ubatch computes over every cell it attends to."""
+    kv = w.kv_bytes / (r.attention or r.read_rate("f16"))
+    if not batched:
+        return kv
+    return max(kv, w.attn_flops / r.attention_batch) if r.attention_batch else kv
+
+
+def predict(
+    model: ModelInfo,
+    placement: WeightPlacement,
+    cp: ContextParams,
+    rates: Mapping[str, Rates],
+    *,
+    flash_attn: bool,
+    devices: Sequence[str],
+    depth: int = 0,
+    prompt: int = PROMPT,
+    nodes_per_layer: float | None = None,
+    op_offload: bool = True,
+    limits: Mapping[str, int] | None = None,
+    full_context: bool = True,
+) -> Speed:
+    """pp and tg of one plan at ``depth`` (and, with ``full_context``, with the context full)."""
+
+    def ev(tokens: int, at: int) -> Evaluation:
+        return evaluate(
+            model,
+            placement,
+            cp,
+            tokens=tokens,
+            depth=at,
+            flash_attn=flash_attn,
+            devices=devices,
+            nodes_per_layer=nodes_per_layer,
+            op_offload=op_offload,
+            limits=limits,
+        )
+
+    def phase(at: int, n_prompt: int) -> tuple[_Time, _Time]:
+        tg = evaluation_time(ev(1, at), rates)
+        pp_total = _Time(0.0, {}, [])
+        done = 0
+        ub = max(1, min(cp.n_ubatch, cp.n_batch))
+        while done < n_prompt:
+            n = min(ub, n_prompt - done)
+            t = evaluation_time(ev(n, at + done), rates)
+            pp_total.total += t.total
+            for d, s in t.per_device.items():
+                pp_total.per_device[d] = pp_total.per_device.get(d, 0.0) + s
+            pp_total.missing += [m for m in t.missing if m not in pp_total.missing]
+            done += n
+        return tg, pp_total
+
+    tg, pp = phase(depth, prompt)
+    unknown = list(dict.fromkeys([*tg.missing, *pp.missing]))
+    tg_rate = None if tg.missing else 1.0 / tg.total
+    pp_rate = None if pp.missing else prompt / pp.total
+    decode = ev(1, depth)
+    devices_out = []
+    for dev, w in decode.devices.items():
+        r = rates.get(dev)
+        read = sum(w.weight_bytes.values()) + w.kv_bytes + w.state_bytes
+        devices_out.append(
+            DeviceTime(dev, tg.per_device.get(dev, 0.0), pp.per_device.get(dev), read, r.source if r else "unknown")
+        )
+    for label in {rates[d].label for d in decode.devices if d in rates and not rates[d].knows_overheads}:
+        if label:
+            unknown.append(f"overheads not measured where the speed is {label}: an upper bound")
+    at_context = None
+    full = cp.n_ctx_seq - prompt - 1
+    if full_context and full > depth and (tg_rate is not None or pp_rate is not None):
+        tg_f, pp_f = phase(full, prompt)
+        at_context = (full, None if pp_f.missing else prompt / pp_f.total, None if tg_f.missing else 1 / tg_f.total)
+    source = "unknown" if tg_rate is None and pp_rate is None else "estimated"
+    return Speed(
+        pp_rate, tg_rate, depth, prompt, source, tuple(devices_out), tuple(unknown), len(decode.splits), at_context
+    )

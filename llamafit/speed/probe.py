@@ -1,0 +1,328 @@
+"""The bounded speed probe: what each device does per second, measured with the llama-bench of the build
+that will serve, on the synthetic models of ``llamafit.speed.probe_models``, and cached.
+
+Per device (every layer on it: ``-dev none -ngl 0`` for the host, ``-dev NAME -ngl 99`` for an offload
+device), with the thread count the server will use:
+
+1. ``tiny-1`` and ``tiny-9`` generating: the per-node overhead (8 layers' difference over their compute
+   nodes) and what is left of one evaluation: the host's own time (graph build, scheduling), or for an
+   offload device its graph split's (a synchronisation, an RPC round trip);
+2. per weight type the model streams, ``stream-<type>`` generating: bytes/s from memory;
+3. the model's twin generating (the cache-resident mat-vec rate: the compute ceiling) and prompting (the
+   batched matmul rate at the model's shapes);
+4. the attention twin generating and prompting at depth 0 and ``depth``: the cache's bytes/s in
+   generation, attention FLOP/s in a ubatch (the difference between the depths is attention alone);
+5. for a GPU, the twin prompting with its FFN weights in host memory (op offload copies them for every
+   ubatch): its link to host memory.
+
+Every rate is derived from these timings and the probe models' known bytes, FLOPs and nodes by the same
+accounting the speed model uses (``llamafit.speed.work``), so the model reproduces each probe. Sizes adapt
+to the device: a device too slow to stream ``STREAM_BYTES`` in a second is not asked to (it is
+compute-bound, and the twin's rate is its rate), and its prompts and depths are shortened to fit the
+time a run is given. Timings are cached per llama-bench binary (path, size, mtime), device, thread count
+and model shape; a cached entry is input like any other and is validated when read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from llamafit.gguf.model import load_model
+from llamafit.memory.replay import nodes_per_layer
+from llamafit.speed import probe_models as pm
+from llamafit.speed.bench import BenchError, BenchResult, run_bench
+from llamafit.speed.rates import Rates
+
+CACHE_VERSION = 2
+CALL_TIMEOUT = 180.0  # one llama-bench run
+RUN_BUDGET = 10.0  # seconds a timed test should take at most, for choosing prompt lengths and depths
+FIXED_NODES = 4  # compute nodes outside the layers, as llamafit.speed.work counts them (input rows, output)
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Target:
+    """One device to probe: llama.cpp's name for it (``CPU`` for the host) and how llama-bench selects it."""
+
+    device: str
+    key: str  # identity for the cache: the device and what it is
+    args: tuple[str, ...]  # llama-bench flags that put every layer there
+    gpu: bool = False  # op offload reaches it (a CUDA/Vulkan-like device): its link is probed
+
+
+def host_key() -> str:
+    name = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    return f"CPU:{name}:{os.cpu_count()}"
+
+
+def host_target() -> Target:
+    return Target("CPU", host_key(), ("-dev", "none", "-ngl", "0"))
+
+
+def device_target(device: str, description: str, total: int, *, gpu: bool, rpc: Sequence[str] = ()) -> Target:
+    rpc_args = ("-rpc", ",".join(rpc)) if rpc else ()
+    return Target(
+        device, f"{device}:{description}:{total}:{','.join(rpc)}", (*rpc_args, "-dev", device, "-ngl", "99"), gpu
+    )
+
+
+@dataclass(frozen=True)
+class Timings:
+    """The probe's measurements on one device, in seconds: per token for generation, per prompt for prompting."""
+
+    tiny1: float
+    tiny9: float
+    stream: Mapping[str, float]  # type -> per token of ``stream-<type>``
+    twin_tg: float | None = None  # per token of the model's twin
+    twin_pp: float | None = None  # per prompt of ``prompt`` tokens
+    prompt: int = 0
+    attn_tg0: float | None = None
+    attn_tgd: float | None = None
+    attn_pp0: float | None = None
+    attn_ppd: float | None = None
+    depth: int = 0
+    offload: float | None = None  # the twin prompting with its FFN in host memory
+
+
+def _overheads(t: Timings, host: Rates | None, node_layer: float) -> tuple[float, float, float]:
+    """(seconds per node, the host's own time per evaluation, this device's split)."""
+    node = max(0.0, (t.tiny9 - t.tiny1) / (8 * node_layer))
+    rest = max(0.0, t.tiny1 - (node_layer + FIXED_NODES) * node)
+    if host is None:
+        return node, rest, 0.0
+    return node, host.token, max(0.0, rest - host.token)
+
+
+def derive(
+    t: Timings,
+    *,
+    host: Rates | None,
+    node_layer: float,
+    twin: pm.Twin | None,
+    attn: pm.Twin | None,
+    cache: int = 0,
+) -> Rates:
+    """Rates of one device from its probe timings; ``host``: the host's (None when this is the host)."""
+    node, token, split = _overheads(t, host, node_layer)
+    overhead = token + split
+
+    def left(total: float, tw: pm.Twin) -> float:
+        return max(total - overhead - (tw.n_layer * node_layer + FIXED_NODES) * node, total * 0.05)
+
+    stream = {ty: pm.streamed_bytes(pm.stream(ty)) / left(sec, pm.stream(ty)) for ty, sec in t.stream.items()}
+    if twin is not None and t.twin_tg:
+        rate = pm.streamed_bytes(twin) / left(t.twin_tg, twin)
+        stream.update({ty: rate for _, ty in twin.types})  # the model's own layers, as big as they are
+    attention = attention_batch = None
+    if attn is not None and t.attn_tgd is not None and t.attn_tg0 is not None and t.depth:
+        kv = (attn.head_k + attn.head_v) * attn.n_head_kv * 2.0 * attn.n_layer  # f16 K and V rows per cell
+        attention = kv * t.depth / max(t.attn_tgd - t.attn_tg0, 1e-9)
+        if t.attn_ppd is not None and t.attn_pp0 is not None and t.prompt:
+            flops = 2.0 * attn.n_head * (attn.head_k + attn.head_v) * t.prompt * t.depth * attn.n_layer
+            attention_batch = flops / max(t.attn_ppd - t.attn_pp0, 1e-9)
+    matmul = None
+    if twin is not None and t.twin_pp and t.prompt:
+        own = 2.0 * twin.n_head * (twin.head_k + twin.head_v) * t.prompt * (t.prompt + 1) / 2 * twin.n_layer
+        att = own / attention_batch if attention_batch else 0.0
+        matmul = pm.matmul_flops(twin, t.prompt) / max(left(t.twin_pp, twin) - att, t.twin_pp * 0.05)
+    link = None
+    if twin is not None and t.offload is not None and t.twin_pp:
+        ffn = sum(
+            _bytes(s) for s in twin.tensors() if s.name.startswith("blk.") and ".ffn_" in s.name and len(s.shape) >= 2
+        )
+        link = ffn / max(t.offload - t.twin_pp, 1e-6)
+    first = next(iter(stream.values()), 0.0)
+    return Rates(
+        read=first,
+        read_by_type=tuple(stream.items()),
+        matmul=matmul,
+        attention=attention,
+        attention_batch=attention_batch,
+        node=node,
+        split=split,
+        token=token,
+        link=link,
+        source="measured",
+        label="measured",
+    )
+
+
+def _bytes(s: Any) -> int:
+    from llamafit.ggml import by_name, nbytes
+
+    return nbytes(by_name(s.type), s.shape)
+
+
+def measure(
+    bench: str,
+    env: dict[str, str],
+    target: Target,
+    *,
+    types: Sequence[str],
+    twin: pm.Twin | None,
+    attn: pm.Twin | None,
+    prompt: int,
+    threads: int | None,
+    directory: Path,
+    have: Timings | None = None,
+    progress: Progress | None = None,
+    extra: Sequence[str] = (),
+) -> Timings:
+    """Run what ``have`` lacks of the probe on one device (BenchError when llama-bench cannot)."""
+    say = progress or (lambda _m: None)
+    common = [*target.args, *extra, *(["-t", str(threads)] if threads else [])]
+
+    def run(args: list[str], reps: int = 1) -> list[BenchResult]:
+        # one timed repetition after llama-bench's warm-up for the long tests, two for the short ones
+        return run_bench(bench, [*args, *common, "-r", str(reps)], env, CALL_TIMEOUT)
+
+    if have is not None and have.tiny1 and have.tiny9:
+        t1, t9 = have.tiny1, have.tiny9
+    else:
+        say(f"{target.device}: overheads")
+        tiny = [pm.ensure(pm.TINY, directory), pm.ensure(pm.TINY9, directory)]
+        res = run(["-m", ",".join(map(str, tiny)), "-p", "0", "-n", "32"], reps=3)
+        t1, t9 = (_one(res, str(p), gen=True) for p in tiny)
+    tw_tg, tw_pp, n_prompt, off = (have.twin_tg, have.twin_pp, have.prompt, have.offload) if have else (None,) * 4
+    if twin is not None and tw_tg is None:
+        say(f"{target.device}: the model's layers")
+        path = str(pm.ensure(twin, directory))
+        tw_tg = _one(run(["-m", path, "-p", "0", "-n", "8"], reps=2), path, gen=True)
+        # the plan's ubatch, unless the device would take longer than a run may (a batched token takes at
+        # most half a generated one's time on every backend measured)
+        n_prompt = max(32, min(prompt, int(2 * RUN_BUDGET / max(tw_tg, 1e-6)) // 32 * 32))
+        tw_pp = _one(run(["-m", path, "-p", str(n_prompt), "-n", "0", "-ub", str(n_prompt)]), path, gen=False)
+    n_prompt = n_prompt or prompt
+    stream = dict(have.stream) if have else {}
+    rate = pm.streamed_bytes(twin) / tw_tg if twin is not None and tw_tg else None
+    for ty in types:
+        if ty in stream or (twin is not None and ty in dict(twin.types).values()):
+            continue  # the twin streams the model's layer types itself
+        big = pm.stream(ty)
+        if rate and pm.streamed_bytes(big) / rate > 1.5:
+            continue  # too slow to stream it in a run: compute-bound, the twin's rate is the device's
+        say(f"{target.device}: streaming {ty} weights")
+        path = str(pm.ensure(big, directory))
+        stream[ty] = _one(run(["-m", path, "-p", "0", "-n", "8"]), path, gen=True)
+    a: tuple[float | None, ...] = (None,) * 4
+    depth = have.depth if have else 0
+    if have is not None:
+        a = (have.attn_tg0, have.attn_tgd, have.attn_pp0, have.attn_ppd)
+    if attn is not None and a[0] is None:
+        say(f"{target.device}: attention")
+        path = str(pm.ensure(attn, directory))
+        depth = 1024 if (tw_tg or 0) < 0.05 else 256
+        res = run(["-m", path, "-p", str(n_prompt), "-n", "16", "-d", f"0,{depth}", "-ub", str(n_prompt)])
+        got = {(r.n_depth, r.n_gen > 0): r.per_token if r.n_gen else r.seconds for r in res}
+        a = (got.get((0, True)), got.get((depth, True)), got.get((0, False)), got.get((depth, False)))
+    if target.gpu and twin is not None and off is None and tw_pp:
+        say(f"{target.device}: link to host memory")
+        path = str(pm.ensure(twin, directory))
+        res = run(["-m", path, "-p", str(n_prompt), "-n", "0", "-ub", str(n_prompt), "-ot", r"blk\..*\.ffn_.*=CPU"])
+        off = _one(res, path, gen=False)
+    return Timings(t1, t9, stream, tw_tg, tw_pp, n_prompt, a[0], a[1], a[2], a[3], depth, off)
+
+
+def _one(results: Sequence[BenchResult], model: str, *, gen: bool) -> float:
+    for r in results:
+        if r.model == model and (r.n_gen > 0) == gen:
+            return r.per_token if gen else r.seconds
+    raise BenchError(f"llama-bench reported no {'generation' if gen else 'prompt'} test for {Path(model).name}")
+
+
+def probe_node_layer(directory: Path) -> float:
+    """Compute nodes per layer of the probe models' graph (a Llama layer)."""
+    return nodes_per_layer(load_model(str(pm.ensure(pm.TINY9, directory)))) or 19.0
+
+
+# --- the cache ------------------------------------------------------------------------------------------
+
+
+def _cache_file(directory: Path) -> Path:
+    return directory / "rates.json"
+
+
+def bench_identity(bench: str) -> str:
+    st = os.stat(bench)
+    return f"{os.path.realpath(bench)}:{st.st_size}:{int(st.st_mtime)}"
+
+
+def cache_key(bench: str, target: Target, threads: int | None, extra: Sequence[str], *parts: str) -> str:
+    return "|".join(
+        [f"v{CACHE_VERSION}", bench_identity(bench), target.key, f"t={threads or 'default'}", " ".join(extra), *parts]
+    )
+
+
+def read_cache(directory: Path) -> dict[str, dict[str, Any]]:
+    """The cached measurements; a file that is not what we write is treated as empty."""
+    try:
+        doc = json.loads(_cache_file(directory).read_text())
+    except (OSError, ValueError):
+        return {}
+    entries = doc.get("entries") if isinstance(doc, dict) and doc.get("schema") == "llamafit.speed-cache/1" else None
+    if not isinstance(entries, dict):
+        return {}
+    return {k: v for k, v in entries.items() if isinstance(k, str) and isinstance(v, dict)}
+
+
+def _num(x: Any) -> float | None:
+    ok = isinstance(x, int | float) and not isinstance(x, bool) and 0 < x < 1e6
+    return float(x) if ok else None
+
+
+def timings_from(entry: Mapping[str, Any]) -> Timings | None:
+    """A cached entry's timings, or None unless every number is a positive finite float of a sane size."""
+    try:
+        t1, t9 = _num(entry["tiny1"]), _num(entry["tiny9"])
+        stream = {str(k): _num(v) for k, v in dict(entry.get("stream", {})).items()}
+        opt = {k: entry.get(k) for k in ("twin_tg", "twin_pp", "attn_tg0", "attn_tgd", "attn_pp0", "attn_ppd")}
+        opt["offload"] = entry.get("offload")
+        ints = {k: entry.get(k, 0) for k in ("prompt", "depth")}
+    except (KeyError, TypeError, ValueError):
+        return None
+    if t1 is None or t9 is None or any(v is None for v in stream.values()):
+        return None
+    nums = {k: _num(v) for k, v in opt.items() if v is not None}
+    if any(v is None for v in nums.values()) or not all(isinstance(v, int) and 0 <= v < 1 << 20 for v in ints.values()):
+        return None
+    got = {k: v for k, v in nums.items() if v is not None}
+    return Timings(
+        t1,
+        t9,
+        {k: v for k, v in stream.items() if v is not None},
+        twin_tg=got.get("twin_tg"),
+        twin_pp=got.get("twin_pp"),
+        prompt=int(ints["prompt"]),
+        attn_tg0=got.get("attn_tg0"),
+        attn_tgd=got.get("attn_tgd"),
+        attn_pp0=got.get("attn_pp0"),
+        attn_ppd=got.get("attn_ppd"),
+        depth=int(ints["depth"]),
+        offload=got.get("offload"),
+    )
+
+
+def write_cache(directory: Path, entries: Mapping[str, Timings]) -> None:
+    """Add ``entries`` to the cache, atomically (a concurrent plan reads the old file or the new one)."""
+    doc = read_cache(directory)
+    for k, t in entries.items():
+        d = {f: getattr(t, f) for f in t.__dataclass_fields__}
+        d["stream"] = dict(t.stream)
+        doc[k] = {**d, "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = _cache_file(directory).with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps({"schema": "llamafit.speed-cache/1", "entries": doc}, indent=1))
+    os.replace(tmp, _cache_file(directory))

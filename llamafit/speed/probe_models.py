@@ -1,0 +1,267 @@
+"""The synthetic models the speed probe times: Llama-architecture GGUFs written with ``gguf.GGUFWriter`` into
+the user cache, their tensor data a hole in the file (a few MB on disk; llama.cpp reads zeros, which time a
+dense model's kernels as real weights do). Where routing matters (experts) the embeddings and the router
+get seeded random values, so tokens pick different experts as they do in a real model.
+
+* ``tiny-1``, ``tiny-9``: 1 and 9 layers of width 64: per-node overheads and the host's time per evaluation
+  (their bytes and FLOPs are negligible);
+* ``stream-<type>``: weights of one ggml type, at least ``STREAM_BYTES`` of them read per token (past any
+  cache): the rate generation streams that type from memory;
+* the model's **twin** (:func:`twin_of`): two layers with the model's own widths, heads, experts and weight
+  types: the batched matmul rate (and the cache-resident mat-vec rate) at the shapes that will run;
+* the model's **attention twin**: as many attention layers as the model has, with its heads, KV heads and
+  head sizes (and a width and FFN too small to matter): attention over a filled cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from llamafit.ggml import by_name, nbytes
+from llamafit.gguf.model import ModelInfo
+from llamafit.gguf.writer import TensorSpec, spm_vocab, write_gguf
+from llamafit.memory.context import attention_layers
+
+VERSION = 1
+N_VOCAB = 320
+STREAM_BYTES = 384 << 20
+ROLES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+MAX_TWIN_BYTES = 4 << 30
+
+
+@dataclass(frozen=True)
+class Twin:
+    """A Llama-architecture stand-in: the layers' shapes and types, none of their values."""
+
+    name: str
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    head_k: int
+    head_v: int
+    n_ff: int  # the dense FFN's width, or each expert's
+    n_expert: int = 0
+    n_used: int = 0
+    n_ff_shexp: int = 0
+    types: tuple[tuple[str, str], ...] = field(default=tuple((r, "f16") for r in ROLES))
+
+    def type_of(self, role: str) -> str:
+        return dict(self.types).get(role, "f16")
+
+    @property
+    def key(self) -> str:
+        """The twin's identity: what shapes and types it times (two models with the same layers share it)."""
+        return hashlib.sha256(repr(replace(self, name="")).encode()).hexdigest()[:16]
+
+    def tensors(self) -> list[TensorSpec]:
+        q, k, v = self.n_head * self.head_k, self.n_head_kv * self.head_k, self.n_head_kv * self.head_v
+        e, ff, ty = self.n_embd, self.n_ff, self.type_of
+        out = [
+            TensorSpec("token_embd.weight", (e, N_VOCAB), "f16"),
+            TensorSpec("output_norm.weight", (e,)),
+            TensorSpec("output.weight", (e, N_VOCAB), "f16"),
+        ]
+        for i in range(self.n_layer):
+            out += [
+                TensorSpec(f"blk.{i}.attn_norm.weight", (e,)),
+                TensorSpec(f"blk.{i}.attn_q.weight", (e, q), ty("attn_q")),
+                TensorSpec(f"blk.{i}.attn_k.weight", (e, k), ty("attn_k")),
+                TensorSpec(f"blk.{i}.attn_v.weight", (e, v), ty("attn_v")),
+                TensorSpec(f"blk.{i}.attn_output.weight", (self.n_head * self.head_v, e), ty("attn_output")),
+                TensorSpec(f"blk.{i}.ffn_norm.weight", (e,)),
+            ]
+            if self.n_expert:
+                n = self.n_expert
+                out += [
+                    TensorSpec(f"blk.{i}.ffn_gate_inp.weight", (e, n)),
+                    TensorSpec(f"blk.{i}.ffn_gate_exps.weight", (e, ff, n), ty("ffn_gate")),
+                    TensorSpec(f"blk.{i}.ffn_up_exps.weight", (e, ff, n), ty("ffn_up")),
+                    TensorSpec(f"blk.{i}.ffn_down_exps.weight", (ff, e, n), ty("ffn_down")),
+                ]
+                if self.n_ff_shexp:
+                    sh = self.n_ff_shexp
+                    out += [
+                        TensorSpec(f"blk.{i}.ffn_gate_shexp.weight", (e, sh), ty("ffn_gate")),
+                        TensorSpec(f"blk.{i}.ffn_up_shexp.weight", (e, sh), ty("ffn_up")),
+                        TensorSpec(f"blk.{i}.ffn_down_shexp.weight", (sh, e), ty("ffn_down")),
+                    ]
+            else:
+                out += [
+                    TensorSpec(f"blk.{i}.ffn_gate.weight", (e, ff), ty("ffn_gate")),
+                    TensorSpec(f"blk.{i}.ffn_up.weight", (e, ff), ty("ffn_up")),
+                    TensorSpec(f"blk.{i}.ffn_down.weight", (ff, e), ty("ffn_down")),
+                ]
+        return out
+
+    def metadata(self) -> dict[str, object]:
+        kv: dict[str, object] = {
+            "general.name": f"llamafit speed probe {self.name}",
+            "llama.block_count": self.n_layer,
+            "llama.context_length": 8192,
+            "llama.embedding_length": self.n_embd,
+            "llama.feed_forward_length": self.n_ff,
+            "llama.attention.head_count": self.n_head,
+            "llama.attention.head_count_kv": self.n_head_kv,
+            "llama.attention.key_length": self.head_k,
+            "llama.attention.value_length": self.head_v,
+            "llama.attention.layer_norm_rms_epsilon": 1e-5,
+            "llama.rope.dimension_count": self.head_k,
+            "llama.vocab_size": N_VOCAB,
+        }
+        if self.n_expert:
+            kv["llama.expert_count"] = self.n_expert
+            kv["llama.expert_used_count"] = self.n_used
+            if self.n_ff_shexp:
+                kv["llama.expert_shared_feed_forward_length"] = self.n_ff_shexp
+        kv.update(spm_vocab(N_VOCAB))
+        return kv
+
+    def random_tensors(self) -> list[str]:
+        return ["token_embd.weight", *(f"blk.{i}.ffn_gate_inp.weight" for i in range(self.n_layer) if self.n_expert)]
+
+    def file_bytes(self) -> int:
+        return sum(nbytes(by_name(t.type), t.shape) for t in self.tensors())
+
+
+def _layer(t: Twin) -> list[TensorSpec]:
+    return [s for s in t.tensors() if s.name.startswith("blk.0.")]
+
+
+def streamed_bytes(t: Twin) -> float:
+    """What one generated token reads of the twin's layers (experts: the share one token routes to) and its
+    output matrix: the accounting of ``llamafit.speed.work``."""
+    total = 2.0 * t.n_embd * N_VOCAB
+    share = t.n_used / t.n_expert if t.n_expert else 1.0
+    for s in _layer(t):
+        if len(s.shape) >= 2:
+            total += nbytes(by_name(s.type), s.shape) * (share if len(s.shape) == 3 else 1.0) * t.n_layer
+    return total
+
+
+def matmul_flops(t: Twin, tokens: int) -> float:
+    """The layers' matmul FLOPs for ``tokens`` tokens (experts: ``n_used`` per token)."""
+    total = 0.0
+    for s in _layer(t):
+        if len(s.shape) >= 2:
+            total += 2.0 * s.shape[0] * s.shape[1] * tokens * (t.n_used if len(s.shape) == 3 else 1)
+    return total * t.n_layer
+
+
+TINY = Twin("tiny-1", 1, 64, 2, 2, 32, 32, 128)
+TINY9 = replace(TINY, name="tiny-9", n_layer=9)
+_WIDE = Twin("stream", 1, 2048, 16, 4, 128, 128, 8192)
+
+
+def stream(weight_type: str) -> Twin:
+    """Dense layers of one type, enough of them to stream ``STREAM_BYTES`` per token."""
+    one = replace(_WIDE, types=tuple((r, weight_type) for r in ROLES))
+    n = max(1, math.ceil(STREAM_BYTES / streamed_bytes(one)))
+    return replace(one, name=f"stream-{weight_type}", n_layer=n)
+
+
+def writable(weight_type: str) -> bool:
+    """A type llama.cpp can hold the probe's matrices in (its blocks divide their rows)."""
+    try:
+        t = by_name(weight_type)
+    except KeyError:
+        return False
+    return t.blck == 1 or (2048 % t.blck == 0 and 512 % t.blck == 0)
+
+
+def _type_at(model: ModelInfo, il: int, names: tuple[str, ...], default: str) -> str:
+    shapes = {t.name: t for t in model.tensors}
+    for n in names:
+        if (t := shapes.get(f"blk.{il}.{n}.weight")) is not None:
+            return t.info.type.name
+    return default
+
+
+def twin_of(model: ModelInfo) -> Twin | None:
+    """The model's layers as a Llama twin (two layers of its widths and types), or None when its layers have
+    no attention or FFN a Llama layer can stand for."""
+    hp = model.hparams
+    by_name_ = {t.name: t for t in model.tensors}
+    att = [il for il in attention_layers(hp, mtp=False) if il < hp.n_layer and hp.n_head[il] > 0]
+    if not att or hp.n_embd <= 0:
+        return None
+    ia = att[0]
+    qt = _type_at(model, ia, ("attn_q", "attn_qkv", "attn_q_b", "attn_q_a"), "f16")
+    kind_ff = [il for il in range(hp.n_layer) if f"blk.{il}.ffn_up_exps.weight" in by_name_] or [
+        il for il in range(hp.n_layer) if f"blk.{il}.ffn_up.weight" in by_name_
+    ]
+    if not kind_ff:
+        return None
+    iff = kind_ff[0]
+    up = by_name_.get(f"blk.{iff}.ffn_up_exps.weight") or by_name_[f"blk.{iff}.ffn_up.weight"]
+    expert = len(up.info.shape) == 3
+    shexp = by_name_.get(f"blk.{iff}.ffn_up_shexp.weight")
+    ft = up.info.type.name
+    types = {
+        "attn_q": qt,
+        "attn_k": _type_at(model, ia, ("attn_k", "attn_kv_a_mqa"), qt),
+        "attn_v": _type_at(model, ia, ("attn_v", "attn_kv_b"), qt),
+        "attn_output": _type_at(model, ia, ("attn_output",), qt),
+        "ffn_gate": _type_at(model, iff, ("ffn_gate_exps", "ffn_gate"), ft),
+        "ffn_up": ft,
+        "ffn_down": _type_at(model, iff, ("ffn_down_exps", "ffn_down"), ft),
+    }
+    types = {r: (ty if writable(ty) else "f16") for r, ty in types.items()}
+    t = Twin(
+        "twin",
+        2,
+        hp.n_embd,
+        hp.n_head[ia],
+        max(1, hp.n_head_kv[ia]),
+        hp.head_k_at(ia),
+        hp.head_v_at(ia) or 1,
+        up.info.shape[1],
+        up.info.shape[2] if expert else 0,
+        hp.n_expert_used if expert else 0,
+        shexp.info.shape[1] if shexp is not None else 0,
+        tuple(types.items()),
+    )
+    # as many layers as stream STREAM_BYTES (a model's weights are read from memory, not a cache), at
+    # most the model's own and MAX_TWIN_BYTES
+    layer = (t.file_bytes() - _io_bytes(t)) / t.n_layer
+    n = min(hp.n_layer, max(2, math.ceil(STREAM_BYTES / max(layer, 1.0))))
+    n = max(1, min(n, int(MAX_TWIN_BYTES // max(layer, 1.0))))
+    t = replace(t, n_layer=n)
+    return replace(t, name=f"twin-{t.key}")
+
+
+def _io_bytes(t: Twin) -> int:
+    return sum(nbytes(by_name(s.type), s.shape) for s in t.tensors() if not s.name.startswith("blk."))
+
+
+def attention_twin(model: ModelInfo) -> Twin | None:
+    """The model's attention layers alone: its heads, KV heads and head sizes, as many layers as it has (its
+    cache's size in memory, as the kernels see it), a width of one head group and a token-sized FFN."""
+    hp = model.hparams
+    att = [il for il in attention_layers(hp, mtp=False) if il < hp.n_layer and hp.n_head[il] > 0 and hp.has_kv(il)]
+    if not att:
+        return None
+    ia = att[0]
+    heads, kv = hp.n_head[ia], max(1, hp.n_head_kv[ia])
+    t = Twin("attn", min(len(att), 64), 256, heads, kv, hp.head_k_at(ia), hp.head_v_at(ia) or 1, 256)
+    return replace(t, name=f"attn-{t.key}")
+
+
+def ensure(twin: Twin, directory: Path) -> Path:
+    """The probe model's file, written first if needed (atomically)."""
+    path = directory / f"probe-v{VERSION}-{twin.name}.gguf"
+    if path.is_file():
+        return path
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    try:
+        write_gguf(tmp, "llama", twin.metadata(), twin.tensors(), fill="sparse", random=twin.random_tensors())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return path

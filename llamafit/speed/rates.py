@@ -1,0 +1,107 @@
+"""What a device does per second: the measured (or given) properties the speed model divides by.
+
+A device's rates come from one of four places, and say which (``source``):
+
+* ``measured``: the bounded probe (``llamafit.speed.probe``) ran llama-bench on synthetic models on that
+  device with the binary that will serve, and every rate below was derived from its timings;
+* ``nvml``: an NVIDIA card's peak memory bandwidth (bus width x memory clock x 2) and its PCIe link, read
+  through NVML; nothing about its compute or overheads is known;
+* ``table``: a card named with ``--gpu NAME`` (``llamafit.speed.gpus``): its published bandwidth;
+* ``given``: ``--gpu SIZE@RATE`` or ``--host-bandwidth RATE``.
+
+Only ``measured`` rates know the per-type mat-vec and matmul speeds, the attention throughput and the
+per-node and per-split overheads; the others know a bandwidth, so their estimates are bounds (the plan
+says which terms were not known).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+
+from llamafit.errors import UsageError
+
+# PCIe bytes/s per lane by generation, after line coding (PCI-SIG: 2.5, 5, 8, 16, 32, 64 GT/s;
+# 8b/10b for gen 1-2, 128b/130b from gen 3; gen 6's FLIT coding taken as gen 5 x 2)
+PCIE_LANE = {1: 250e6, 2: 500e6, 3: 984.6e6, 4: 1969.2e6, 5: 3938.5e6, 6: 7877e6}
+
+
+@dataclass(frozen=True)
+class Rates:
+    """One device's throughput, as the speed model uses it. Times are seconds, sizes bytes."""
+
+    read: float  # bytes/s of weights streamed from memory by a mat-vec (one token), for types not measured
+    read_by_type: tuple[tuple[str, float], ...] = ()  # ggml type -> bytes/s, where measured
+    matmul: float | None = None  # FLOP/s of a batched matmul (prefill) at the model's shapes
+    attention: float | None = None  # bytes/s of K/V cache rows one token's attention reads (decode)
+    attention_batch: float | None = None  # FLOP/s of a ubatch's attention over cells cached before it
+    node: float = 0.0  # seconds per graph node beyond its bytes and FLOPs (thread barriers, kernel launches)
+    split: float = 0.0  # seconds per graph split this device runs (a synchronisation, an RPC round trip)
+    token: float = 0.0  # seconds per evaluation on the host: graph build and scheduling (the host's own)
+    link: float | None = None  # bytes/s between host memory and this device (PCIe, network); None: not known
+    source: str = "measured"  # measured | nvml | table | given
+    label: str = ""  # what was measured or given, for the report
+
+    def read_rate(self, ggml_type: str) -> float:
+        return dict(self.read_by_type).get(ggml_type, self.read)
+
+    @property
+    def knows_overheads(self) -> bool:
+        return self.source == "measured"
+
+    def scaled(self, factor: float) -> Rates:
+        """Every time term multiplied by ``factor`` (rates divided): a calibration from a measured launch."""
+        if factor == 1.0:
+            return self
+        div = 1.0 / factor
+        return replace(
+            self,
+            read=self.read * div,
+            read_by_type=tuple((t, r * div) for t, r in self.read_by_type),
+            matmul=None if self.matmul is None else self.matmul * div,
+            attention=None if self.attention is None else self.attention * div,
+            attention_batch=None if self.attention_batch is None else self.attention_batch * div,
+            node=self.node * factor,
+            split=self.split * factor,
+            token=self.token * factor,
+        )
+
+
+def pcie_link(generation: int, width: int) -> float | None:
+    """Bytes/s of a PCIe link, or None when the generation is not one PCI-SIG defined."""
+    lane = PCIE_LANE.get(generation)
+    return lane * width if lane and width > 0 else None
+
+
+def nvml_rates(bus_width_bits: int, mem_clock_mhz: int, pcie_gen: int = 0, pcie_width: int = 0) -> Rates | None:
+    """An NVIDIA card's peak bandwidth from NVML: the memory clock NVML reports is half the data rate
+    (DDR), so bytes/s = clock x 2 x bus width / 8 (an RTX 4090: 10501 MHz x 2 x 384 / 8 = 1008 GB/s;
+    an H100 SXM's HBM3: 2619 MHz x 2 x 5120 / 8 = 3.35 TB/s)."""
+    if bus_width_bits <= 0 or mem_clock_mhz <= 0:
+        return None
+    bw = mem_clock_mhz * 1e6 * 2 * bus_width_bits / 8
+    return Rates(
+        read=bw,
+        link=pcie_link(pcie_gen, pcie_width),
+        source="nvml",
+        label=f"peak {bw / 1e9:.0f} GB/s (NVML: {bus_width_bits}-bit bus, {mem_clock_mhz} MHz)",
+    )
+
+
+_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(tb|gb|mb|tib|gib|mib)/s\s*$", re.IGNORECASE)
+_RATE_UNITS = {"tb": 1e12, "gb": 1e9, "mb": 1e6, "tib": 2.0**40, "gib": 2.0**30, "mib": 2.0**20}
+
+
+def parse_rate(text: str, what: str) -> float:
+    """``"1008GB/s"`` -> bytes/s; a unit is required (GB/s, GiB/s, MB/s, TB/s)."""
+    m = _RATE.match(text)
+    if not m:
+        raise UsageError(f"{what} {text!r}: not a bandwidth", hint="write it with a unit, e.g. 1008GB/s or 80GB/s")
+    value = float(m.group(1)) * _RATE_UNITS[m.group(2).lower()]
+    if not 1e6 <= value <= 1e15:
+        raise UsageError(f"{what} {text!r}: outside 1 MB/s to 1 PB/s", hint="e.g. 1008GB/s for an RTX 4090")
+    return value
+
+
+def given_rates(bandwidth: float, label: str) -> Rates:
+    return Rates(read=bandwidth, source="given", label=label)

@@ -1,0 +1,268 @@
+"""What each device reads and computes in one evaluation of the model: a ubatch of ``tokens`` tokens at
+``depth`` (the tokens already in the sequence's cache), from the plan's exact placement.
+
+Per device, as llama.cpp's graph runs it (``src/llama-graph.cpp``, ``ggml-backend.cpp``):
+
+* **weights**: every matmul weight it holds, read once per evaluation; expert tensors
+  (``*_exps``, 3-D) only for the experts the ubatch routes to: of ``n_expert`` with ``n_expert_used``
+  each, a token touches that share, and ``tokens`` tokens touch ``1 - (1 - k/n)^tokens`` of them
+  (independent routing: the expected fraction of distinct experts hit); the input embedding is read
+  one row per token (GGML_OP_GET_ROWS);
+* **FLOPs** of the matmuls: 2 x the weight's elements per token (experts: ``n_expert_used`` of them);
+* **attention** over the cache: per layer and head, 2 x head size FLOPs per cell for Q.K and as many for
+  the weighted V; a token attends to ``depth + 1`` cells (a sliding-window layer to at most ``n_swa``),
+  a ubatch's tokens to the cells before them (flash attention skips masked cells; without it the padded
+  cache is multiplied whole); the cache rows read are its KV bytes;
+* **recurrent state**: each recurrent layer reads and writes its sequence's state once per evaluation;
+* **graph nodes** it runs, for the per-node overheads (thread barriers, kernel launches): the model's
+  compute nodes per layer, split over devices by the share of a layer's weights each holds;
+* **op offload** (``ggml_backend_sched``, ggml-backend.cpp:1100-1118): from 32 tokens on, an op whose
+  weight sits in host memory runs on the first GPU, which is sent a copy of that whole weight each
+  evaluation (``llamafit.memory.compute._op_offload``'s rule, with its size limit);
+* **splits**: each change of device along the layer order (the input is the host's, each layer's
+  attention and FFN parts where their weights are, the output layer's) is a graph split; the
+  activations (``tokens x n_embd`` floats) cross there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from llamafit.ggml import row_size
+from llamafit.gguf.model import ModelInfo, Tensor
+from llamafit.memory import backends
+from llamafit.memory.context import ContextParams, attention_layers, kv_row_bytes, recurrent_layers
+from llamafit.memory.placement import CPU, WeightPlacement, output_weight_device
+from llamafit.units import pad
+
+OUTPUTS = 1  # rows the output layer computes per ubatch: one sequence, its last token (llama-bench, a chat)
+OP_OFFLOAD_MIN_BATCH = 32  # ggml-cuda.cu:5739-5758, ggml-vulkan: an op's batch below this stays where its weight is
+# compute nodes of one layer for each weight tensor it has, when the model has no replayed graph: a
+# Llama layer's one-token graph has 19 compute nodes (views and reshapes do no work) for 9 weights, a
+# Qwen3 layer 23 for 11 (llamafit.memory.replay.nodes_per_layer)
+NODES_PER_WEIGHT = 2.1
+
+
+@dataclass
+class DeviceWork:
+    """What one device does in one evaluation."""
+
+    weight_bytes: dict[str, float] = field(default_factory=dict)  # ggml type -> bytes of weights read
+    flops: dict[str, float] = field(default_factory=dict)  # ggml type -> matmul FLOPs
+    attn_flops: float = 0.0  # attention over every cell the ubatch attends to
+    attn_depth_flops: float = 0.0  # the part over cells cached before the ubatch
+    attn_layers: int = 0
+    kv_bytes: float = 0.0
+    state_bytes: float = 0.0
+    nodes: float = 0.0
+    copied_in: float = 0.0  # bytes of host weights copied to it for offloaded ops
+    layers: int = 0  # layers with weights here (for the report)
+
+    def add_weight(self, ggml_type: str, nbytes: float, flops: float) -> None:
+        self.weight_bytes[ggml_type] = self.weight_bytes.get(ggml_type, 0.0) + nbytes
+        if flops:
+            self.flops[ggml_type] = self.flops.get(ggml_type, 0.0) + flops
+
+
+@dataclass(frozen=True)
+class Split:
+    src: str  # the device the activations leave
+    dst: str  # the device that runs the split
+    nbytes: float  # what crosses
+
+    @property
+    def device(self) -> str:
+        """The offload device on this boundary whose link and synchronisation it costs (the receiving one
+        between two offload devices)."""
+        return self.dst if self.dst != CPU else self.src
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    tokens: int
+    depth: int
+    devices: Mapping[str, DeviceWork]
+    splits: tuple[Split, ...]
+
+
+def is_expert(t: Tensor) -> bool:
+    return len(t.info.shape) == 3 and ("_exps." in t.name or "_chexps." in t.name)
+
+
+def expert_share(n_expert: int, n_used: int, tokens: int) -> float:
+    """The expected share of a layer's experts ``tokens`` tokens route to (``n_used`` each, uniform)."""
+    if n_expert <= 0 or n_used <= 0:
+        return 1.0
+    miss = 1.0 - min(n_used, n_expert) / n_expert
+    return 1.0 - miss**tokens
+
+
+def _elements(t: Tensor) -> int:
+    n = 1
+    for d in t.info.shape[:2]:
+        n *= d
+    return n
+
+
+def evaluate(
+    model: ModelInfo,
+    placement: WeightPlacement,
+    cp: ContextParams,
+    *,
+    tokens: int,
+    depth: int,
+    flash_attn: bool,
+    devices: Sequence[str],
+    nodes_per_layer: float | None = None,
+    op_offload: bool = True,
+    limits: Mapping[str, int] | None = None,
+) -> Evaluation:
+    """One evaluation of ``tokens`` tokens after ``depth`` cached ones, device by device. ``devices`` are the
+    plan's offload devices in llama.cpp's order (op offload picks the first GPU); ``nodes_per_layer``: the
+    compute nodes of one layer's graph when known (a replayed graph), else estimated from its weights."""
+    hp = model.hparams
+    work: dict[str, DeviceWork] = {}
+
+    def on(dev: str) -> DeviceWork:
+        return work.setdefault(dev, DeviceWork())
+
+    offload_to = next((d for d in devices if backends.kind(d) == "gpu"), None) if op_offload else None
+    offload_to = offload_to if tokens >= OP_OFFLOAD_MIN_BATCH else None
+    limit = (limits or {}).get(offload_to or "", 0)
+    share = expert_share(hp.n_expert, hp.n_expert_used, tokens)
+    layer_weights: dict[int, dict[str, int]] = {}  # layer -> device -> weight tensors there
+    # layer -> where its parts run, in graph order: the attention's projections, the attention itself
+    # (on its cache), then the output projection and the FFN
+    pre: dict[int, str] = {}
+    post: dict[int, list[str]] = {}
+    embd_seen = False
+    for p in placement.tensors:
+        t = p.tensor
+        layer = t.layer
+        if layer is not None and layer >= hp.n_layer and layer < hp.n_layer_all:
+            continue  # NextN/MTP blocks: the drafter's graph, not the target's
+        dev = p.device
+        if t.name == "token_embd.weight":
+            if not embd_seen:  # the input's rows; a tied output's use of it is added below
+                row = row_size(t.info.type, t.info.shape[0]) if t.info.shape else 0
+                on(dev).add_weight(t.info.type.name, row * tokens, 0.0)
+            embd_seen = True
+            continue
+        if t.matmul:
+            expert = is_expert(t)
+            # the output layer multiplies the rows that are output: one, the ubatch's last token
+            rows = OUTPUTS if layer == hp.n_layer_all else tokens
+            nbytes = t.info.nbytes * (share if expert else 1.0)
+            flops = 2.0 * _elements(t) * rows * (hp.n_expert_used if expert else 1)
+            runs = dev
+            if (
+                dev == CPU
+                and offload_to is not None
+                and rows >= OP_OFFLOAD_MIN_BATCH
+                and not (limit and t.info.nbytes > limit)
+            ):
+                runs = offload_to
+                on(runs).copied_in += t.info.nbytes
+            on(runs).add_weight(t.info.type.name, nbytes, flops)
+        else:
+            runs = dev
+            on(dev).add_weight(t.info.type.name, t.info.nbytes, 0.0)
+        if layer is not None and layer < hp.n_layer:
+            layer_weights.setdefault(layer, {})
+            layer_weights[layer][runs] = layer_weights[layer].get(runs, 0) + 1
+            if t.matmul and _before_attention(t.name):
+                pre.setdefault(layer, runs)
+            elif t.matmul:
+                seq = post.setdefault(layer, [])
+                if not seq or seq[-1] != runs:
+                    seq.append(runs)
+    out_dev = placement.layer_device[hp.n_layer_all]
+    if not any(p.tensor.name == "output.weight" for p in placement.tensors):
+        emb = next((p.tensor for p in placement.tensors if p.tensor.name == "token_embd.weight"), None)
+        if emb is not None:  # tied embeddings: the output matmul reads the whole matrix
+            on(output_weight_device(placement, out_dev)).add_weight(
+                emb.info.type.name, emb.info.nbytes, 2.0 * _elements(emb) * OUTPUTS
+            )
+    _attention(model, cp, placement, work, tokens=tokens, depth=depth, flash_attn=flash_attn)
+    _state(model, cp, placement, work)
+    per_layer = nodes_per_layer
+    for by_dev in layer_weights.values():
+        n = sum(by_dev.values())
+        nodes = per_layer if per_layer is not None else NODES_PER_WEIGHT * n
+        for dev, k in by_dev.items():
+            on(dev).nodes += nodes * k / n
+            on(dev).layers += 1
+    on(out_dev).nodes += 3  # the output norm, its scale and the output matmul
+    on(CPU).nodes += 1  # the input rows
+    act = 4.0 * hp.n_embd * tokens
+    cache_layers = {il for il in attention_layers(hp, mtp=False) if il < hp.n_layer and hp.has_kv(il)}
+    splits: list[Split] = []
+    where = CPU  # the input embeddings are the host's (llama-model.cpp: dev_input is the CPU)
+    for il in range(hp.n_layer):
+        seq = [pre[il]] if il in pre else []
+        if il in cache_layers:
+            seq.append(placement.layer_device[il] if cp.offload_kqv else CPU)
+        for dev in [*seq, *post.get(il, [])]:
+            if dev != where:
+                splits.append(Split(where, dev, act))
+                where = dev
+    if out_dev != where:
+        splits.append(Split(where, out_dev, act))
+    return Evaluation(tokens, depth, work, tuple(splits))
+
+
+def _before_attention(name: str) -> bool:
+    """A projection the attention reads (Q, K, V, fused QKV, MLA's compressions, a recurrent layer's
+    input projections), as opposed to what runs after it."""
+    base = name.split(".", 2)[2] if name.startswith("blk.") else name
+    return base.startswith(
+        ("attn_q", "attn_k", "attn_v", "attn_qkv", "attn_kv_a", "attn_kv_b", "ssm_in", "attn_gate", "time_mix_")
+    )
+
+
+def _attention(
+    model: ModelInfo,
+    cp: ContextParams,
+    placement: WeightPlacement,
+    work: dict[str, DeviceWork],
+    *,
+    tokens: int,
+    depth: int,
+    flash_attn: bool,
+) -> None:
+    """Each attention layer's FLOPs and cache bytes, on the cache's device (the layer's with offload_kqv)."""
+    hp = model.hparams
+    for il in attention_layers(hp, mtp=False):
+        if il >= hp.n_layer or not hp.has_kv(il):
+            continue
+        dev = placement.layer_device[il] if cp.offload_kqv else CPU
+        swa = hp.n_swa if hp.is_swa[il] and hp.n_swa > 0 else 0
+        before = min(depth, swa) if swa else depth  # cached cells a token of the ubatch attends to
+        if flash_attn:
+            # each token attends to the cells before it and itself: depth + i + 1 for the i-th
+            own = tokens * (tokens + 1) / 2
+        else:
+            # KQ over the padded cache, masked after
+            own = float(tokens * pad(min(depth + tokens, swa + tokens) if swa else depth + tokens, 256))
+            own -= before * tokens
+        heads = hp.n_head[il]
+        head_k, head_v = hp.head_k_at(il), hp.head_v_at(il)
+        if hp.mla:  # absorbed MLA: every head reads the compressed latent (K) and its rope part
+            head_v = head_k
+        per_cell = 2.0 * heads * (head_k + head_v)
+        w = work.setdefault(dev, DeviceWork())
+        w.attn_flops += per_cell * (own + before * tokens)
+        w.attn_depth_flops += per_cell * before * tokens
+        w.attn_layers += 1
+        kb, vb = kv_row_bytes(hp, il, cp.type_k, cp.type_v, cp.v_trans)
+        w.kv_bytes += float((kb + vb) * (before + tokens))
+
+
+def _state(model: ModelInfo, cp: ContextParams, placement: WeightPlacement, work: dict[str, DeviceWork]) -> None:
+    """Each recurrent layer reads its sequence's conv and SSM/WKV state and writes it back."""
+    hp = model.hparams
+    per_seq = 4.0 * (hp.n_embd_r() + hp.n_embd_s())
+    for il in recurrent_layers(hp, mtp=False):
+        dev = placement.layer_device[il]
+        work.setdefault(dev, DeviceWork()).state_bytes += 2 * per_seq
