@@ -81,6 +81,24 @@ class Machine:
     notes: tuple[str, ...] = field(default=())
     blind: tuple[str, ...] = ()  # why the server will use memory llamafit cannot size (placement left to --fit)
 
+    def to_json(self) -> dict[str, Any]:
+        """The ``llamafit.gpus/1`` document (``llamafit gpus --json``)."""
+        return {
+            "schema": "llamafit.gpus/1",
+            "gpus": [self._gpu_json(g) for g in self.gpus],
+            "host": {"total": self.host.total, "available": self.host.available},
+            "notes": list(self.notes),
+            "blind": list(self.blind),
+        }
+
+    @staticmethod
+    def _gpu_json(g: Device) -> dict[str, Any]:
+        keys = ("id", "kind", "name", "uuid", "total", "free", "source", "endpoint", "backend", "uma")
+        out: dict[str, Any] = {k: getattr(g, k) for k in keys}
+        if g.bandwidth:
+            out |= {"bandwidth": g.bandwidth, "bandwidth_source": g.bandwidth_source, "link": g.link or None}
+        return out
+
     @property
     def buffer_aliases(self) -> dict[str, str]:
         """Buffer type names llama-server gives an RPC device (``RPC0[host:port]``, in ``-ot`` and its

@@ -30,13 +30,14 @@ from llamafit.hub.select import HubFile
 from llamafit.memory.footprint import LoadSettings
 from llamafit.options import Options
 from llamafit.paths import cache_dir
-from llamafit.plan import Plan, to_json
+from llamafit.plan import Decision, Plan, to_json
 from llamafit.request import Request, build_request, parse_margins
 from llamafit.rpc import discover_rpc
 from llamafit.server import ServerBinary, find_server
 from llamafit.speculative import spec_options
 from llamafit.speed.machine import RateSource
 from llamafit.speed.rates import parse_rate
+from llamafit.tuned import cached_winner
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ class Prepared:
     caps: Capabilities
     notes: tuple[str, ...] = field(default=())  # translations, dropped flags, config files
     hub: Hub | None = None  # set when files come from the Hub
+    rates: RateSource | None = field(default=None, repr=False)  # the devices' speed, as the plan used it
 
     def downloads(self) -> list[tuple[RepoState, HubFile]]:
         """The Hub files this plan's argv uses that the cache does not hold yet (none for local models)."""
@@ -89,10 +91,14 @@ def prepare(
     hub: Hub | None = None,
     speed: bool = True,
     progress: Callable[[str], None] | None = None,
+    tuned: bool = True,
+    rates: RateSource | None = None,
 ) -> Prepared:
     """Plan one model. ``machine``, ``server`` and ``hub`` may be shared between calls (planning every
     quant of a repo lists it, probes the binary and discovers the devices once). ``speed``: predict its
-    tokens/s (measuring the devices first where nothing is cached: ``progress`` hears what is measured)."""
+    tokens/s (measuring the devices first where nothing is cached: ``progress`` hears what is measured;
+    ``rates`` reuses another plan's). ``tuned``: start from the configuration ``llamafit tune`` measured
+    fastest for this model, devices, build and flags, when there is one."""
     srv, caps = server if server is not None else server_and_caps(o.server)
     own_rpc = [t for v in o.rpc for t in ("--rpc", v)]
     translated = translate_user_args(normalize_bare_flash_attn([*own_rpc, *o.server_args]), caps)
@@ -153,7 +159,8 @@ def prepare(
     def calib(s: LoadSettings, devices: tuple[str, ...]) -> Corrections:
         return corrections(info, s, devices)
 
-    rates = rates_for(mach, info, user, srv, o, progress) if speed else None
+    if speed and rates is None:
+        rates = rates_for(mach, info, user, srv, o, progress)
     try:
         plan = make_plan(
             info, mach, req, opts, caps, calib if o.calibrate else None, mmproj=projector,
@@ -171,7 +178,21 @@ def prepare(
         notes += hub.notes
     if extra_notes:
         notes += extra_notes(user)
-    return Prepared(plan, argv, user, srv, caps, tuple(notes), hub)
+    prep = Prepared(plan, argv, user, srv, caps, tuple(notes), hub, rates)
+    winner = cached_winner(info, plan.devices, srv, user) if tuned and speed else None
+    if winner is None or not winner.flags:
+        return prep
+    o_ = replace(o, server_args=(*winner.flags, *o.server_args))
+    tuned_prep = prepare(model_path, o_, machine=mach, server=(srv, caps), model=info, hub=hub, tuned=False,
+                         rates=rates, progress=progress)  # fmt: skip
+    if not tuned_prep.plan.fits:
+        return prep
+    sp = tuned_prep.plan.speed
+    sp = replace(sp, pp=winner.pp, tg=winner.tg, source="measured") if sp is not None else None
+    d = Decision("speed.tuned", f"Starting from what llamafit tune measured fastest here ({winner.when}): "
+                 f"{' '.join(winner.flags)} (pp {winner.pp or 0:.1f}, tg {winner.tg or 0:.1f} tok/s).")  # fmt: skip
+    plan = replace(tuned_prep.plan, speed=sp, decisions=(*tuned_prep.plan.decisions, d))
+    return replace(tuned_prep, plan=plan, user=user)
 
 
 # llama-server flags that change speed the way they change llama-bench's (its spelling of them)
@@ -199,7 +220,7 @@ def rates_for(
     return RateSource(
         mach, model, server_path=srv.path if srv else None, env=launch_env(srv).env if srv else dict(os.environ),
         threads=threads, flags=flags, prompt=max(32, min(prompt, 2048)), host_bandwidth=bw, here=not o.gpu,
-        progress=progress,
+        progress=progress, calibrate=o.calibrate,
     )  # fmt: skip
 
 

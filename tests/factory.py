@@ -25,9 +25,19 @@ class Shape:
     kv: dict[str, Any]
     tensors: list[TensorSpec] = field(default_factory=list)
 
-    def write(self, path: Path, fill: str = "sparse") -> Path:
-        write_gguf(path, self.arch, self.kv, [_fallback(t) for t in self.tensors], fill=fill)
+    def write(self, path: Path, fill: str = "sparse", random: tuple[str, ...] = ()) -> Path:
+        """``random``: f16/f32 tensors given seeded random values in a sparse file (a MoE's embeddings and
+        router, so tokens route to different experts)."""
+        write_gguf(path, self.arch, self.kv, [_fallback(t) for t in self.tensors], fill=fill, random=random)
         return path
+
+    def routed(self) -> Shape:
+        """The shape with an f16 input embedding, to be written with random embeddings and routers."""
+        ts = [TensorSpec(t.name, t.shape, "f16") if t.name == "token_embd.weight" else t for t in self.tensors]
+        return Shape(self.arch, self.kv, ts)
+
+    def routing_tensors(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.tensors if t.name == "token_embd.weight" or "ffn_gate_inp" in t.name)
 
 
 def bpe_vocab(n_vocab: int, n_merges: int, seed: int = 0) -> dict[str, Any]:

@@ -134,28 +134,7 @@ def gpus(
             notes = [f"RPC server {ep} unreachable (--rpc-optional)" for ep in unreachable]
             m = Machine(m.gpus, m.host, (*m.notes, *notes), m.blind)
         if json_out:
-            doc = {
-                "schema": "llamafit.gpus/1",
-                "gpus": [
-                    {
-                        "id": g.id,
-                        "kind": g.kind,
-                        "name": g.name,
-                        "uuid": g.uuid,
-                        "total": g.total,
-                        "free": g.free,
-                        "source": g.source,
-                        "endpoint": g.endpoint,
-                        "backend": g.backend,
-                        "uma": g.uma,
-                    }
-                    for g in m.gpus
-                ],
-                "host": {"total": m.host.total, "available": m.host.available},
-                "notes": list(m.notes),
-                "blind": list(m.blind),
-            }
-            print_json(doc)
+            print_json(m.to_json())
             return
         from llamafit.cli.render import machine_table
 
@@ -414,6 +393,15 @@ def run(
                 ready_timeout=ready_timeout or None,
             )
         )
+
+
+def _register_tune() -> None:
+    from llamafit.cli.tune import TUNE_EXAMPLES, tune_command
+
+    app.command("tune", epilog=TUNE_EXAMPLES, short_help="Measure what fits and keep the fastest.")(tune_command)
+
+
+_register_tune()
 
 
 @app.command(short_help="The whole pipeline on an embedded tiny model.")

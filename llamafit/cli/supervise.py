@@ -14,9 +14,11 @@ from llamafit.cli.output import err_console, error, print_json, print_line, prog
 from llamafit.cli.render import memory_tables, rows_json
 from llamafit.compare import Row, compare, compare_mmproj
 from llamafit.errors import ExitCode
+from llamafit.launch import SpeedCheck, check_speed, speed_record
 from llamafit.logparse import LoadLog, is_error
 from llamafit.plan import to_json
 from llamafit.prepare import Prepared
+from llamafit.speed.timings import TimingReader
 from llamafit.supervisor import Outcome, Supervisor, is_key_line
 from llamafit.units import MiB
 
@@ -68,7 +70,13 @@ def supervise(
     err.print(f"[dim]llamafit:[/] {safe(shellwords.join(argv))}", soft_wrap=True)  # one line, copyable
     err.print(f"[dim]llamafit:[/] loading {safe(prep.plan.model.name)} ...")
 
+    reader = TimingReader()
+    checks: list[SpeedCheck] = []
+
     def on_line(line: str) -> None:
+        if (served := reader.feed(line)) is not None:
+            checks.append(check_speed(prep, served))
+            err.print(f"[dim]llamafit:[/] {safe(checks[-1].message())}", soft_wrap=True)
         if verbose or is_key_line(line):
             con = err_console() if is_error(line) else err  # the server's errors even under --quiet
             if len(line) > SHOWN_LINE:
@@ -108,7 +116,7 @@ def supervise(
     ).run(ready_timeout)
     say_killed(outcome)
     if outcome.ready:
-        record_launch(prep, outcome.log)
+        record_launch(prep, outcome.log, checks)
         if outcome.returncode != 0 and not outcome.interrupted:
             error(
                 f"llama-server stopped after it was ready: {exit_reason(outcome.returncode)}",
@@ -150,7 +158,7 @@ def exit_reason(code: int) -> str:
     return f"exit {code}"
 
 
-def record_launch(prep: Prepared, log: LoadLog) -> None:
+def record_launch(prep: Prepared, log: LoadLog, checks: Sequence[SpeedCheck] = ()) -> None:
     """What the server really allocated, beside what was predicted: the calibration of later plans.
     Only when the server used the devices the plan was made for (a plan for a described --gpu, or a
     card that vanished, would teach the next plan the wrong thing)."""
@@ -183,7 +191,10 @@ def record_launch(prep: Prepared, log: LoadLog) -> None:
                 compute[buft] = compute.get(buft, 0.0) + mib
         mm = (prep.plan.mmproj, compute)
     try:
-        record(prep.plan.model, prep.plan.settings, devices, prep.plan.footprint, actual, log.breakdown,
-               {"argv": prep.argv, "server": prep.server.path if prep.server else None}, mmproj=mm)  # fmt: skip
+        extra: dict[str, object] = {"argv": prep.argv, "server": prep.server.path if prep.server else None}
+        if (sp := speed_record(prep, checks)) is not None:
+            extra["speed"] = sp
+        record(prep.plan.model, prep.plan.settings, devices, prep.plan.footprint, actual, log.breakdown, extra,
+               mmproj=mm)  # fmt: skip
     except HistoryNotWritten as e:
         progress_console().print(f"[yellow]llamafit: this launch was not recorded for calibration:[/] {safe(e)}")

@@ -12,6 +12,7 @@ from llamafit.fit.search import Trial
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory.placement import CPU
 from llamafit.memory.replay import nodes_per_layer
+from llamafit.plan import Plan
 from llamafit.speed.model import Speed, predict
 from llamafit.speed.rates import Rates
 
@@ -60,3 +61,16 @@ def _hint(unknown: str, gpus: Sequence[Device]) -> str:
     if g is not None and g.source == "override":
         return f"{dev}: give its bandwidth (--gpu SIZE@RATE, e.g. 24GiB@1008GB/s, or a card: --gpu rtx-4090)"
     return f"{dev}: not measured (no llama-bench beside the server, or LLAMAFIT_PROBE=off)"
+
+
+def trial_rates_speed(plan: Plan, source: Rated, *, depth: int, prompt: int) -> Speed:
+    """A plan's speed for a prompt of ``prompt`` tokens at ``depth`` (a request the server timed)."""
+    fp = plan.footprint
+    devices = [d.device.id for d in plan.devices]
+    used = {*fp.layer_device} | {p.device for p in fp.placement.tensors if p.tensor.matmul}
+    npl = plan.model.memo(("nodes_per_layer",), lambda: nodes_per_layer(plan.model))
+    return predict(
+        plan.model, fp.placement, fp.context, source.rates(sorted(used)), flash_attn=fp.flash_attn, devices=devices,
+        depth=depth, prompt=prompt, nodes_per_layer=npl, op_offload=plan.settings.op_offload,
+        limits={d.device.id: d.device.max_tensor for d in plan.devices if d.device.max_tensor}, full_context=False,
+    )  # fmt: skip

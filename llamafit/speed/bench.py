@@ -10,6 +10,7 @@ untimed). Its ``-o jsonl`` prints one object per test with ``avg_ns`` over the r
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -42,6 +43,12 @@ def bench_binary(server_path: str) -> str | None:
     """The llama-bench beside a llama-server (same build, same backends), if there is one."""
     p = Path(server_path).with_name("llama-bench")
     return str(p) if p.is_file() else None
+
+
+def bench_identity(bench: str) -> str:
+    """A binary's identity for caches: its real path, size and mtime (a rebuild is another binary)."""
+    st = os.stat(bench)
+    return f"{os.path.realpath(bench)}:{st.st_size}:{int(st.st_mtime)}"
 
 
 def parse_jsonl(text: str) -> list[BenchResult]:
@@ -83,3 +90,39 @@ def run_bench(bench: str, args: Sequence[str], env: dict[str, str], timeout: flo
         tail = " ".join((r.stderr or "").strip().splitlines()[-2:])[-300:]
         raise BenchError(f"llama-bench exited {r.returncode}" + (f": {tail}" if tail else ""))
     return results
+
+
+# llama-server flags that shape a load, as llama-bench spells them (tools/llama-bench/llama-bench.cpp
+# print_usage): lists take "/" where the server takes ",", overrides ";"
+_SAME = {"--ubatch-size": "-ub", "--batch-size": "-b", "--flash-attn": "-fa", "--cache-type-k": "-ctk",
+         "--cache-type-v": "-ctv", "--threads": "-t", "--split-mode": "-sm", "--main-gpu": "-mg",
+         "--n-cpu-moe": "-ncmoe", "--rpc": "-rpc", "--load-mode": "-lm"}  # fmt: skip
+
+
+def bench_flags(server_args: Sequence[str]) -> list[str]:
+    """The flags of a llama-server command line (without the binary and model) that change how the model is
+    placed and run, translated for llama-bench, so it measures the load the server would make."""
+    from llamafit.argv import parse_server_args
+
+    args = parse_server_args(server_args)
+    out: list[str] = []
+    for key, flag in _SAME.items():
+        if (occ := args.last(key)) is not None and occ.value is not None:
+            out += [flag, occ.value]
+    if (occ := args.last("--gpu-layers")) is not None and occ.value is not None:
+        out += ["-ngl", {"all": "999", "auto": "-1"}.get(occ.value, occ.value)]
+    if (occ := args.last("--tensor-split")) is not None and occ.value is not None:
+        out += ["-ts", occ.value.replace(",", "/")]
+    if (occ := args.last("--device")) is not None and occ.value is not None:
+        out += ["-dev", occ.value.replace(",", "/")]
+    overrides = [v for o in args.all("--override-tensor") for v in (o.value or "").split(",") if v]
+    if args.has("--cpu-moe"):
+        overrides.append(r"\.ffn_(up|down|gate|gate_up)_(ch|)exps=CPU")
+    if overrides:
+        out += ["-ot", ";".join(overrides)]
+    for key, flag in (("--kv-offload", "-nkvo"), ("--repack", "--repack"), ("--op-offload", "-nopo")):
+        if args.flag(key) is False:
+            out += [flag, "0" if flag == "--repack" else "1"]
+    if args.has("--no-host"):
+        out += ["--no-host", "1"]
+    return out

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from llamafit.calibration import model_id, read_history
 from llamafit.devices import Device, Machine
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory import backends
@@ -21,6 +22,7 @@ from llamafit.paths import cache_dir
 from llamafit.speed import probe as pr
 from llamafit.speed import probe_models as pm
 from llamafit.speed.bench import BenchError, bench_binary
+from llamafit.speed.calibrate import SpeedCorrection, correction, speed_key
 from llamafit.speed.rates import Rates
 
 PROBE_ENV = "LLAMAFIT_PROBE"
@@ -85,6 +87,7 @@ class RateSource:
         here: bool = True,
         progress: pr.Progress | None = None,
         directory: Path | None = None,
+        calibrate: bool = True,
     ) -> None:
         self.machine, self.model, self.env, self.threads, self.flags = machine, model, env, threads, tuple(flags)
         self.prompt, self.here, self.progress = prompt, here, progress
@@ -103,14 +106,33 @@ class RateSource:
         if self._bench is None and server_path and here:
             self.notes.append("speed not measured: no llama-bench beside the server binary")
         self._asked: set[str] = set()
+        self._correction: SpeedCorrection | None = None if calibrate else SpeedCorrection()
+
+    @property
+    def key(self) -> str:
+        """What a launch's speed record is filed under: the model, the devices, the flags that change speed."""
+        threads = ("-t", str(self.threads)) if self.threads else ()
+        return speed_key(model_id(self.model), [g.id for g in self.machine.gpus], (*threads, *self.flags))
 
     def rates(self, devices: Iterable[str]) -> dict[str, Rates]:
-        """Rates for ``devices`` (``CPU`` is the host) and every device asked for before."""
+        """Rates for ``devices`` (``CPU`` is the host) and every device asked for before, corrected by the
+        newest launch of the same model on these devices that measured its speed."""
         want = [d for d in dict.fromkeys(devices) if d not in self._asked]
         self._asked.update(want)
         if want and self._bench is not None and self.here:
             self._measure(want)
-        return dict(self._rates)
+        c = self.correction
+        return {d: r.calibrated(c.tg, c.pp) for d, r in self._rates.items()}
+
+    @property
+    def correction(self) -> SpeedCorrection:
+        if self._correction is None:
+            self._correction = correction(read_history(), self.key) if self.here else SpeedCorrection()
+            self.notes += list(self._correction.notes)
+            if not self._correction.empty:
+                c = self._correction
+                self.notes.append(f"speed corrected by {c.source}: generation x{1 / c.tg:.2f}, prompts x{1 / c.pp:.2f}")
+        return self._correction
 
     def _targets(self, devices: Sequence[str]) -> list[pr.Target]:
         eps = list(dict.fromkeys(g.endpoint for g in self.machine.gpus if g.endpoint))

@@ -191,7 +191,8 @@ def predict(
     pp_rate = None if pp.missing else prompt / pp.total
     decode = ev(1, depth)
     devices_out = []
-    for dev, w in decode.devices.items():
+    order = {d: i for i, d in enumerate(devices)}
+    for dev, w in sorted(decode.devices.items(), key=lambda kv: order.get(kv[0], len(order))):
         r = rates.get(dev)
         read = sum(w.weight_bytes.values()) + w.kv_bytes + w.state_bytes
         devices_out.append(

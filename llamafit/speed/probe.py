@@ -38,7 +38,7 @@ from typing import Any
 from llamafit.gguf.model import load_model
 from llamafit.memory.replay import nodes_per_layer
 from llamafit.speed import probe_models as pm
-from llamafit.speed.bench import BenchError, BenchResult, run_bench
+from llamafit.speed.bench import BenchError, BenchResult, bench_identity, run_bench
 from llamafit.speed.rates import Rates
 
 CACHE_VERSION = 2
@@ -253,11 +253,6 @@ def probe_node_layer(directory: Path) -> float:
 
 def _cache_file(directory: Path) -> Path:
     return directory / "rates.json"
-
-
-def bench_identity(bench: str) -> str:
-    st = os.stat(bench)
-    return f"{os.path.realpath(bench)}:{st.st_size}:{int(st.st_mtime)}"
 
 
 def cache_key(bench: str, target: Target, threads: int | None, extra: Sequence[str], *parts: str) -> str:

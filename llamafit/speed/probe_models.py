@@ -225,10 +225,11 @@ def twin_of(model: ModelInfo) -> Twin | None:
         shexp.info.shape[1] if shexp is not None else 0,
         tuple(types.items()),
     )
-    # as many layers as stream STREAM_BYTES (a model's weights are read from memory, not a cache), at
-    # most the model's own and MAX_TWIN_BYTES
+    # as many layers as one token streams STREAM_BYTES of (a model's weights come from memory, not a
+    # cache: a MoE's tokens route all over its experts), at most the model's own and MAX_TWIN_BYTES
     layer = (t.file_bytes() - _io_bytes(t)) / t.n_layer
-    n = min(hp.n_layer, max(2, math.ceil(STREAM_BYTES / max(layer, 1.0))))
+    per_token = (streamed_bytes(t) - 2.0 * t.n_embd * N_VOCAB) / t.n_layer
+    n = min(hp.n_layer, max(2, math.ceil(STREAM_BYTES / max(per_token, 1.0))))
     n = max(1, min(n, int(MAX_TWIN_BYTES // max(layer, 1.0))))
     t = replace(t, n_layer=n)
     return replace(t, name=f"twin-{t.key}")

@@ -49,21 +49,27 @@ class Rates:
     def knows_overheads(self) -> bool:
         return self.source == "measured"
 
-    def scaled(self, factor: float) -> Rates:
-        """Every time term multiplied by ``factor`` (rates divided): a calibration from a measured launch."""
-        if factor == 1.0:
+    def calibrated(self, tg: float, pp: float) -> Rates:
+        """Times multiplied by what a measured launch found: ``tg`` for one token's terms (streaming,
+        attention over the cache, overheads), ``pp`` for a ubatch's (matmuls, batched attention, the link)."""
+        if tg == 1.0 and pp == 1.0:
             return self
-        div = 1.0 / factor
+
+        def div(x: float | None, f: float) -> float | None:
+            return None if x is None else x / f
+
         return replace(
             self,
-            read=self.read * div,
-            read_by_type=tuple((t, r * div) for t, r in self.read_by_type),
-            matmul=None if self.matmul is None else self.matmul * div,
-            attention=None if self.attention is None else self.attention * div,
-            attention_batch=None if self.attention_batch is None else self.attention_batch * div,
-            node=self.node * factor,
-            split=self.split * factor,
-            token=self.token * factor,
+            read=self.read / tg,
+            read_by_type=tuple((t, r / tg) for t, r in self.read_by_type),
+            attention=div(self.attention, tg),
+            node=self.node * tg,
+            split=self.split * tg,
+            token=self.token * tg,
+            matmul=div(self.matmul, pp),
+            attention_batch=div(self.attention_batch, pp),
+            link=div(self.link, pp),
+            label=self.label + (" (calibrated)" if self.label else ""),
         )
 
 

@@ -1,0 +1,295 @@
+#!/usr/bin/env python3
+"""The speed model held to real timings: predicted against measured prompt processing and generation.
+
+For each rig (the CPU with 2 and 1 threads, two ``ggml-rpc-server`` devices on loopback, Vulkan on Mesa's
+lavapipe with one and two devices), model class (dense, MoE with random routing, the Qwen3.5 hybrid) and
+placement (offload shares from 0 to 100 %, experts on the CPU, ``-ub`` 256 to 2048), llamafit plans the load
+(``llamafit.prepare``, the rig's real device list; the probe measures each device once, cached under the
+bench's cache directory), then the real ``llama-bench`` of the same build runs exactly that placement
+(``llamafit.speed.bench.bench_flags`` of the planned argv) and its timings are lined up with the plan's
+``speed``. Relative error is (predicted - measured) / measured.
+
+Usage: python bench/speed_model.py [--rigs cpu,cpu1,rpc,vulkan,vulkan2] [--keep DIR] [--cases N]
+
+Writes bench/results/speed_model.json and prints the table and the summary against the goals (tg within
+15 % median and 30 % worst, pp within 25 % median). Nothing here is a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tests"))
+sys.path.insert(0, str(HERE.parent))
+
+import factory  # noqa: E402
+import shapes  # noqa: E402
+from realserver import rpc_servers  # noqa: E402
+
+from llamafit.options import Options  # noqa: E402
+from llamafit.prepare import Prepared, launch_env, prepare  # noqa: E402
+from llamafit.server import ServerBinary, find_server  # noqa: E402
+from llamafit.speed.bench import bench_binary, bench_flags, run_bench  # noqa: E402
+
+PROMPT, GEN = 512, 32
+
+
+def models(d: Path) -> dict[str, Path]:
+    """The bench's models: written once into ``d`` (sparse; MoE embeddings and routers random)."""
+    small = factory.dense(
+        arch="llama",
+        name="Llama-160M-like",
+        n_layer=12,
+        n_embd=768,
+        n_head=12,
+        n_head_kv=4,
+        n_ff=2048,
+        n_vocab=32000,
+        w="q8_0",
+    )
+    moe = factory.moe(
+        name="MoE 64x8-like",
+        n_layer=8,
+        n_embd=1024,
+        n_head=16,
+        n_head_kv=4,
+        head_dim=64,
+        n_expert=64,
+        n_expert_used=8,
+        n_ff_exp=512,
+        n_vocab=32000,
+        w="q8_0",
+    ).routed()
+    moe_small = factory.moe(
+        name="MoE 32x4-small",
+        n_layer=6,
+        n_embd=512,
+        n_head=8,
+        n_head_kv=2,
+        head_dim=64,
+        n_expert=32,
+        n_expert_used=4,
+        n_ff_exp=256,
+        n_vocab=8000,
+        w="q8_0",
+    ).routed()
+    built = {
+        "qwen3-0.6b": (factory.qwen3_0_6b(), ()),
+        "dense-160m": (small, ()),
+        "moe-64x8": (moe, moe.routing_tensors()),
+        "moe-32x4": (moe_small, moe_small.routing_tensors()),
+        "hybrid-2b": (shapes.hybrid_like(), ()),
+    }
+    out = {}
+    for name, (shape, rnd) in built.items():
+        p = d / f"{name}.gguf"
+        if not p.exists():
+            shape.write(p, random=rnd)
+        out[name] = p
+    return out
+
+
+@dataclass(frozen=True)
+class Case:
+    rig: str
+    model: str
+    args: tuple[str, ...] = ()
+    label: str = ""
+    depth: int = 0
+
+
+CASES = [
+    Case("cpu", "qwen3-0.6b", label="all on the CPU"),
+    Case("cpu", "qwen3-0.6b", ("-ub", "256"), "-ub 256"),
+    Case("cpu", "qwen3-0.6b", label="depth 2048", depth=2048),
+    Case("cpu", "dense-160m", label="in cache"),
+    Case("cpu", "moe-64x8", label="MoE"),
+    Case("cpu", "moe-64x8", ("-ub", "2048"), "MoE -ub 2048"),
+    Case("cpu", "hybrid-2b", label="hybrid"),
+    Case("cpu1", "qwen3-0.6b", ("-t", "1"), "1 thread"),
+    Case("cpu1", "moe-64x8", ("-t", "1"), "MoE, 1 thread"),
+    Case("rpc", "qwen3-0.6b", ("-ngl", "0"), "0 % on RPC"),
+    Case("rpc", "qwen3-0.6b", ("-ngl", "8"), "28 % on RPC"),
+    Case("rpc", "qwen3-0.6b", ("-ngl", "15"), "52 % on RPC"),
+    Case("rpc", "qwen3-0.6b", label="100 % on RPC (two devices)"),
+    Case("rpc", "moe-64x8", ("--n-cpu-moe", "4"), "MoE, experts of 4 layers on the CPU"),
+    Case("rpc", "moe-64x8", label="MoE all on RPC"),
+    Case("rpc", "hybrid-2b", label="hybrid all on RPC"),
+    Case("vulkan", "dense-160m", ("-ngl", "0"), "0 % on Vulkan (op offload)"),
+    Case("vulkan", "dense-160m", ("-ngl", "7"), "54 % on Vulkan"),
+    Case("vulkan", "dense-160m", label="100 % on Vulkan"),
+    Case("vulkan", "moe-32x4", ("--n-cpu-moe", "3"), "MoE, experts of 3 layers on the CPU"),
+    Case("vulkan", "moe-32x4", ("--n-cpu-moe", "3", "-ub", "2048"), "MoE, CPU experts, -ub 2048"),
+    Case("vulkan2", "dense-160m", label="100 % over two Vulkan devices"),
+]
+
+
+@dataclass
+class Rig:
+    server: ServerBinary
+    env: dict[str, str] = field(default_factory=dict)
+    rpc: tuple[str, ...] = ()
+
+
+@contextlib.contextmanager
+def rig(name: str) -> Iterator[Rig | None]:
+    cpu = find_server()
+    if name in ("cpu", "cpu1"):
+        yield Rig(cpu)
+    elif name == "rpc":
+        with rpc_servers(cpu, 2) as eps:
+            yield Rig(cpu, rpc=tuple(eps))
+    else:
+        vk = os.environ.get("LLAMAFIT_VULKAN_SERVER")
+        if not vk:
+            print(f"skipping {name}: LLAMAFIT_VULKAN_SERVER is not set (tools/build_vulkan_server.sh)", file=sys.stderr)
+            yield None
+            return
+        yield Rig(
+            ServerBinary(vk, "--server", str(Path(vk).parent)),
+            {"GGML_VK_VISIBLE_DEVICES": "0,0" if name == "vulkan2" else "0"},
+        )
+
+
+def run_case(c: Case, r: Rig, path: Path) -> dict[str, object]:
+    old = {k: os.environ.get(k) for k in r.env}
+    os.environ.update(r.env)
+    try:
+        o = Options(
+            server=r.server.path,
+            server_args=("-np", "1", *c.args),
+            cpu_only=c.rig.startswith("cpu"),
+            rpc=(",".join(r.rpc),) if r.rpc else (),
+        )
+        t0 = time.monotonic()
+        prep = prepare(str(path), o, progress=lambda m: print(f"    measuring {m}", file=sys.stderr))
+        plan_s = time.monotonic() - t0
+        sp = prep.plan.speed
+        assert sp is not None
+        bench = bench_binary(prep.argv[0])
+        assert bench is not None
+        flags = bench_flags(prep.argv[1:])
+        res = run_bench(
+            bench,
+            ["-m", str(path), "-p", str(PROMPT), "-n", str(GEN), "-d", str(c.depth), "-r", "2", *flags],
+            launch_env(r.server).env,
+            900,
+        )
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    meas = {("pp" if x.n_prompt else "tg"): x.tokens_per_s for x in res}
+    pp, tg = sp.pp, sp.tg
+    if c.depth:  # the plan states depth 0 and the full context; ask the model at the case's depth
+        pp, tg = _at_depth(prep, c.depth)
+    return {
+        "rig": c.rig,
+        "model": c.model,
+        "case": c.label,
+        "args": list(c.args),
+        "depth": c.depth,
+        "bench_flags": flags,
+        "plan_s": round(plan_s, 2),
+        "pp": {"predicted": pp, "measured": meas.get("pp")},
+        "tg": {"predicted": tg, "measured": meas.get("tg")},
+        "placement": prep.plan.placement_code,
+    }
+
+
+def _at_depth(prep: Prepared, depth: int) -> tuple[float | None, float | None]:
+    from llamafit.memory.replay import nodes_per_layer
+    from llamafit.speed.model import predict
+
+    plan, source = prep.plan, prep.rates
+    assert source is not None
+    fp = plan.footprint
+    devices = [d.device.id for d in plan.devices]
+    sp = predict(
+        plan.model,
+        fp.placement,
+        fp.context,
+        source.rates(["CPU", *devices]),
+        flash_attn=fp.flash_attn,
+        devices=devices,
+        depth=depth,
+        nodes_per_layer=nodes_per_layer(plan.model),
+        full_context=False,
+    )
+    return sp.pp, sp.tg
+
+
+def err(d: dict[str, float | None]) -> float | None:
+    p, m = d.get("predicted"), d.get("measured")
+    return None if p is None or not m else (p - m) / m
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rigs", default="cpu,cpu1,rpc,vulkan,vulkan2")
+    ap.add_argument("--keep", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "llamafit-speed-bench")
+    a = ap.parse_args()
+    a.keep.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("LLAMAFIT_CACHE", str(a.keep / "cache"))
+    paths = models(a.keep)
+    rows = []
+    wanted = a.rigs.split(",")
+    for name in wanted:
+        with rig(name) as r:
+            if r is None:
+                continue
+            for c in (c for c in CASES if c.rig == name):
+                print(f"{c.rig:8} {c.model:12} {c.label}", file=sys.stderr)
+                try:
+                    row = run_case(c, r, paths[c.model])
+                except Exception as e:  # a case that cannot run is reported, the bench goes on
+                    print(f"    failed: {type(e).__name__}: {e}", file=sys.stderr)
+                    continue
+                rows.append(row)
+                print(f"    pp {row['pp']}  tg {row['tg']}", file=sys.stderr)
+    report(rows)
+    out = HERE / "results" / "speed_model.json"
+    out.write_text(json.dumps({"prompt": PROMPT, "gen": GEN, "rows": rows}, indent=1) + "\n")
+    print(f"\nwrote {out}")
+
+
+def report(rows: list[dict[str, object]]) -> None:
+    print("\n| rig | model | case | pp pred | pp meas | pp err | tg pred | tg meas | tg err |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        pp, tg = r["pp"], r["tg"]  # type: ignore[assignment]
+
+        def f(x: object) -> str:
+            return "-" if x is None else f"{x:.1f}"  # type: ignore[str-format]
+
+        def e(d: object) -> str:
+            v = err(d)  # type: ignore[arg-type]
+            return "-" if v is None else f"{v:+.1%}"
+
+        print(
+            f"| {r['rig']} | {r['model']} | {r['case']} | {f(pp['predicted'])} | {f(pp['measured'])} | {e(pp)} | "  # type: ignore[index]
+            f"{f(tg['predicted'])} | {f(tg['measured'])} | {e(tg)} |"
+        )  # type: ignore[index]
+    for kind, median_goal, worst_goal in (("tg", 0.15, 0.30), ("pp", 0.25, None)):
+        errs = [abs(v) for r in rows if (v := err(r[kind])) is not None]  # type: ignore[arg-type]
+        if errs:
+            worst = f", worst {max(errs):.1%}" + (f" (goal {worst_goal:.0%})" if worst_goal else "")
+            print(
+                f"{kind}: median |error| {statistics.median(errs):.1%} (goal {median_goal:.0%}){worst}, n={len(errs)}"
+            )
+
+
+if __name__ == "__main__":
+    main()

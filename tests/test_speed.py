@@ -1,0 +1,309 @@
+"""The speed model's structure (no timing here: bench/speed_model.py holds it to real numbers): more offload
+never predicts faster generation, a larger ubatch never predicts slower prefill with experts in host memory,
+the probe's rates reproduce the probe, and every input it reads back (cache, history, tune winners, --gpu)
+is validated."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import factory
+import pytest
+from typer.testing import CliRunner
+
+from llamafit.argv import parse_server_args
+from llamafit.cli.app import app
+from llamafit.devices import Device, GpuProbeError, Host, Machine, PhysicalGpu, described_gpu, discover
+from llamafit.errors import UsageError
+from llamafit.fit import make_plan
+from llamafit.gguf.model import ModelInfo, load_model
+from llamafit.memory.placement import CPU
+from llamafit.request import build_request
+from llamafit.speed import probe as pr
+from llamafit.speed import probe_models as pm
+from llamafit.speed.bench import bench_flags, parse_jsonl
+from llamafit.speed.calibrate import correction
+from llamafit.speed.gpus import lookup
+from llamafit.speed.rates import Rates, nvml_rates, parse_rate
+from llamafit.speed.timings import TimingReader
+from llamafit.units import GiB
+
+HOST = Host(total=128 * GiB, available=120 * GiB)
+# a host and a card as a probe would measure them: the card streams 10x faster
+HOST_RATES = Rates(read=20e9, matmul=200e9, attention=5e9, attention_batch=100e9, node=1e-6, token=2e-5)
+GPU_RATES = Rates(read=200e9, matmul=20e12, attention=150e9, attention_batch=5e12, node=2e-6, split=2e-5, link=25e9)
+
+
+class Fixed:
+    """A rate source with fixed rates (what the probe and the device list give, without measuring)."""
+
+    def __init__(self, rates: dict[str, Rates]) -> None:
+        self._rates = rates
+
+    def rates(self, devices: object) -> dict[str, Rates]:
+        return dict(self._rates)
+
+
+@pytest.fixture(scope="module")
+def l8b(tmp_path_factory: pytest.TempPathFactory) -> ModelInfo:
+    return load_model(factory.llama31_8b().write(tmp_path_factory.mktemp("m") / "l8b.gguf"))
+
+
+@pytest.fixture(scope="module")
+def moe(tmp_path_factory: pytest.TempPathFactory) -> ModelInfo:
+    shape = factory.moe(
+        name="moe",
+        n_layer=16,
+        n_embd=2048,
+        n_head=32,
+        n_head_kv=4,
+        head_dim=128,
+        n_expert=128,
+        n_expert_used=8,
+        n_ff_exp=768,
+        n_vocab=32000,
+        w="q4_K",
+    )
+    return load_model(shape.write(tmp_path_factory.mktemp("m") / "moe.gguf"))
+
+
+def plan(model: ModelInfo, args: list[str], gpus: tuple[Device, ...] = (factory.gpu(0, 24),)):  # type: ignore[no-untyped-def]
+    rates = Fixed({CPU: HOST_RATES, **{g.id: GPU_RATES for g in gpus}})
+    return make_plan(model, Machine(gpus, HOST), build_request(parse_server_args(args)), rates=rates)
+
+
+def test_more_layers_on_the_host_never_predict_faster_generation(l8b: ModelInfo) -> None:
+    tg = [plan(l8b, ["-c", "8192", "-ngl", str(n)]).speed.tg for n in (33, 30, 24, 16, 8, 0)]
+    assert all(t is not None for t in tg)
+    assert tg == sorted(tg, reverse=True) and tg[0] > 3 * tg[-1], tg
+
+
+def test_more_experts_on_the_host_never_predict_faster_generation(moe: ModelInfo) -> None:
+    tg = [plan(moe, ["-c", "8192", "--n-cpu-moe", str(n)]).speed.tg for n in (0, 4, 8, 16)]
+    assert tg == sorted(tg, reverse=True) and tg[0] > tg[-1], tg
+
+
+def test_a_larger_ubatch_never_predicts_slower_prefill_with_experts_on_the_host(moe: ModelInfo) -> None:
+    # op offload copies every host expert tensor to the card once per ubatch: fewer, larger ubatches win
+    pp = [plan(moe, ["-c", "8192", "--n-cpu-moe", "16", "-ub", str(u), "-b", "2048"]) for u in (256, 512, 1024, 2048)]
+    rates = [p.speed.pp for p in pp]
+    assert all(r is not None for r in rates)
+    assert rates == sorted(rates) and rates[-1] > 1.5 * rates[0], rates
+
+
+def test_a_deeper_cache_never_predicts_faster_generation(l8b: ModelInfo) -> None:
+    sp = plan(l8b, ["-c", "65536"]).speed
+    assert sp.at_context is not None and sp.at_context[2] < sp.tg
+
+
+def test_the_plan_json_states_its_speed(l8b: ModelInfo) -> None:
+    from llamafit.plan import to_json
+
+    doc = to_json(plan(l8b, ["-c", "8192"]), [])
+    sp = doc["speed"]
+    assert {"pp", "tg", "depth", "source"} <= set(sp) and sp["source"] == "estimated" and sp["depth"] == 0
+    assert sp["tg"] > 0 and sp["pp"] > 0 and sp["devices"][0]["id"] == "CUDA0"
+
+
+def test_a_card_without_a_bandwidth_says_the_speed_is_unknown_and_how_to_give_it(l8b: ModelInfo) -> None:
+    r = CliRunner().invoke(app, ["plan", str(l8b.path), "--gpu", "24GiB", "--json"])
+    sp = json.loads(r.stdout)["speed"]
+    assert sp["source"] == "unknown" and sp["tg"] is None
+    assert any("--gpu SIZE@RATE" in u for u in sp["unknown"])
+    r = CliRunner().invoke(app, ["plan", str(l8b.path), "--gpu", "rtx-4090", "--json"])
+    sp = json.loads(r.stdout)["speed"]
+    # a named card's published bandwidth bounds generation: every weight but the embedding rows at 1008 GB/s
+    streamed = l8b.tensor_bytes - next(t.info.nbytes for t in l8b.tensors if t.name == "token_embd.weight")
+    assert sp["source"] == "estimated" and 0.95 * 1008e9 / streamed < sp["tg"] <= 1008e9 / streamed
+    assert sp["pp"] is None and any("upper bound" in u for u in sp["unknown"])
+
+
+def test_gpu_descriptions_carry_bandwidths_and_card_names() -> None:
+    d = described_gpu("20GiB@rtx-4090", 0)
+    assert (d.free, d.total, d.bandwidth, d.bandwidth_source) == (20 * GiB, 24 * GiB, 1008e9, "table")
+    d = described_gpu("24GiB/24GiB@1.5TB/s", 1)
+    assert d.id == "CUDA1" and d.bandwidth == 1.5e12 and d.bandwidth_source == "given"
+    assert described_gpu("h100-sxm", 0).total == 80 * GiB
+    for bad in ("24GiB@rtx9999", "m4-max", "30GiB@rtx-4090", "24GiB@0GB/s", "24GiB@fastGB/s"):
+        with pytest.raises(UsageError):
+            described_gpu(bad, 0)
+    assert lookup("NVIDIA GeForce RTX 3080 Ti") is None  # not an RTX 3080
+    assert lookup("AMD Radeon RX 7900 XTX (RADV NAVI31)").name == "RX 7900 XTX"  # type: ignore[union-attr]
+    with pytest.raises(UsageError):
+        parse_rate("1008", "--host-bandwidth")
+
+
+class Nvml:
+    def __init__(self, gpus: list[PhysicalGpu]) -> None:
+        self._gpus = gpus
+
+    def gpus(self) -> list[PhysicalGpu]:
+        if not self._gpus:
+            raise GpuProbeError("no driver")
+        return self._gpus
+
+
+def test_nvml_gives_a_card_its_peak_bandwidth_and_pcie_link() -> None:
+    g = PhysicalGpu(0, "NVIDIA GeForce RTX 4090", "GPU-1", 24 * GiB, 23 * GiB, 384, 10501, 4, 16)
+    m = discover(probe=Nvml([g]), environ={}, host=HOST)
+    d = m.gpus[0]
+    assert abs(d.bandwidth - 1008.1e9) < 1e9 and d.bandwidth_source == "nvml"
+    assert abs(d.link - 16 * 1969.2e6) < 1e6
+    blank = discover(probe=Nvml([replace(g, mem_bus_width=0)]), environ={}, host=HOST).gpus[0]
+    assert blank.bandwidth == 0  # a query the driver does not answer is not a number
+    assert nvml_rates(0, 10501) is None
+
+
+def _timings_of(rates: Rates, host: Rates | None, layer_nodes: float, twin: pm.Twin, attn: pm.Twin) -> pr.Timings:
+    """What the probe would time on a device with these rates, by the speed model's own accounting."""
+    over = (host.token if host else rates.token) + rates.split
+
+    def run(tw: pm.Twin, seconds: float) -> float:
+        return over + (tw.n_layer * layer_nodes + pr.FIXED_NODES) * rates.node + seconds
+
+    t1 = run(pm.TINY, 0)
+    t9 = run(pm.TINY9, 0)
+    twin_tg = run(twin, pm.streamed_bytes(twin) / rates.read)
+    own = 2.0 * twin.n_head * (twin.head_k + twin.head_v) * 512 * 513 / 2 * twin.n_layer
+    twin_pp = run(twin, pm.matmul_flops(twin, 512) / (rates.matmul or 1) + own / (rates.attention_batch or 1))
+    kv = (attn.head_k + attn.head_v) * attn.n_head_kv * 2.0 * attn.n_layer * 1024
+    tg0 = run(attn, 0.001)
+    pp0 = run(attn, 0.05)
+    ppd = pp0 + 2.0 * attn.n_head * (attn.head_k + attn.head_v) * 512 * 1024 * attn.n_layer / (
+        rates.attention_batch or 1
+    )
+    return pr.Timings(t1, t9, {}, twin_tg, twin_pp, 512, tg0, tg0 + kv / (rates.attention or 1), pp0, ppd, 1024)
+
+
+def test_the_probe_derives_the_rates_that_reproduce_it(l8b: ModelInfo) -> None:
+    twin, attn = pm.twin_of(l8b), pm.attention_twin(l8b)
+    assert twin is not None and attn is not None
+    assert twin.n_embd == 4096 and twin.n_head_kv == 8 and twin.type_of("ffn_down") in ("q4_K", "q6_K")
+    host = pr.derive(_timings_of(HOST_RATES, None, 19, twin, attn), host=None, node_layer=19, twin=twin, attn=attn)
+    for field in ("node", "token", "matmul", "attention", "attention_batch"):
+        assert getattr(host, field) == pytest.approx(getattr(HOST_RATES, field), rel=0.02), field
+    assert host.read_rate(twin.type_of("ffn_up")) == pytest.approx(HOST_RATES.read, rel=0.02)
+    dev = pr.derive(_timings_of(GPU_RATES, HOST_RATES, 19, twin, attn), host=host, node_layer=19, twin=twin, attn=attn)
+    assert dev.split == pytest.approx(GPU_RATES.split, rel=0.05) and dev.node == pytest.approx(GPU_RATES.node, rel=0.02)
+
+
+def test_a_damaged_probe_cache_is_not_read(tmp_path: Path) -> None:
+    good = pr.Timings(1e-4, 2e-4, {"q8_0": 0.02}, 0.01, 0.5, 512, 0.001, 0.01, 0.1, 0.2, 1024)
+    pr.write_cache(tmp_path, {"k": good})
+    assert pr.timings_from(pr.read_cache(tmp_path)["k"]) == good
+    for bad in (
+        {"tiny1": -1, "tiny9": 1},
+        {"tiny1": 1e-4, "tiny9": "x"},
+        {"tiny1": 1e-4, "tiny9": 2e-4, "stream": {"q8_0": 0}},
+        {"tiny1": 1e-4, "tiny9": 2e-4, "twin_tg": True},
+        {"tiny1": 1e-4, "tiny9": 2e-4, "prompt": 1.5},
+    ):
+        assert pr.timings_from(bad) is None, bad
+    (tmp_path / "rates.json").write_text("[not the cache")
+    assert pr.read_cache(tmp_path) == {}
+
+
+def test_llama_bench_gets_the_planned_placement() -> None:
+    argv = [
+        "-m",
+        "m.gguf",
+        "-c",
+        "4096",
+        "-ngl",
+        "all",
+        "-ts",
+        "13,8",
+        "-ot",
+        r"blk\.1\.ffn_down_exps=CPU",
+        "--n-cpu-moe",
+        "3",
+        "-fit",
+        "off",
+        "-nr",
+        "-ub",
+        "1024",
+        "-dev",
+        "RPC0,RPC1",
+        "-nkvo",
+        "-t",
+        "4",
+    ]
+    f = bench_flags(argv)
+    pairs = dict(zip(f[::2], f[1::2], strict=True))
+    assert pairs == {
+        "-ub": "1024",
+        "-t": "4",
+        "-ncmoe": "3",
+        "-ngl": "999",
+        "-ts": "13/8",
+        "-dev": "RPC0/RPC1",
+        "-ot": r"blk\.1\.ffn_down_exps=CPU",
+        "-nkvo": "1",
+        "--repack": "0",
+    }
+
+
+def test_llama_bench_output_is_read_line_by_line() -> None:
+    ok = {
+        "model_filename": "m.gguf",
+        "n_prompt": 512,
+        "n_gen": 0,
+        "n_depth": 0,
+        "n_ubatch": 512,
+        "avg_ns": 2e9,
+        "avg_ts": 256.0,
+    }
+    text = "\n".join([json.dumps(ok), "progress...", json.dumps({**ok, "avg_ns": -1}), '{"truncated": '])
+    got = parse_jsonl(text)
+    assert len(got) == 1 and got[0].seconds == 2.0 and got[0].per_token == 2.0 / 512
+
+
+SERVER_LINES = """\
+slot launch_slot_: id  0 | task 0 | processing task
+slot update_slots: id  0 | task 0 | new prompt, n_ctx_slot = 4096, n_keep = 0, task.n_tokens = 40
+slot print_timing: id  0 | task 0 | prompt eval time =     121.30 ms /    18 tokens (    6.74 ms per token,   148.39 tokens per second)
+slot print_timing: id  0 | task 0 |        eval time =    1391.11 ms /    32 tokens (   43.47 ms per token,    23.00 tokens per second)
+slot print_timing: id  0 | task 0 |       total time =    1512.41 ms /    50 tokens
+slot print_timing: id  0 | task 0 | draft acceptance rate = 0.62500 (   20 accepted /    32 generated)
+"""  # noqa: E501
+
+
+def test_the_servers_timings_are_read_as_they_come() -> None:
+    r = TimingReader()
+    got = [s for line in SERVER_LINES.splitlines() if (s := r.feed("0.01.123.456 I " + line))]
+    assert len(got) == 1
+    s = r.served[0]
+    assert (s.prompt_tokens, s.gen_tokens, s.prompt_total, s.acceptance) == (18, 32, 40, 0.625)
+    assert s.pp == pytest.approx(148.39, rel=1e-3) and s.tg == pytest.approx(23.0, rel=1e-3) and s.depth == 56
+
+
+def _record(key: str, served: list[object], when: str = "2026-12-01") -> dict[str, object]:
+    return {"time": when, "model": {"name": "m"}, "speed": {"key": key, "served": served}}
+
+
+def test_a_launchs_speed_corrects_the_next_plan_unless_it_is_not_sane() -> None:
+    s = {
+        "gen_tokens": 64,
+        "tg_measured": 20.0,
+        "tg_predicted": 25.0,
+        "prompt_tokens": 512,
+        "pp_measured": 100.0,
+        "pp_predicted": 100.0,
+    }
+    c = correction([_record("k", [s])], "k")
+    assert c.tg == pytest.approx(1.25) and c.pp == pytest.approx(1.0) and "m" in c.source
+    assert correction([_record("other", [s])], "k").empty
+    poisoned = [
+        {**s, "tg_measured": 1.0},
+        {**s, "tg_measured": "fast"},
+        {**s, "gen_tokens": 2},
+        {**s, "tg_measured": -5},
+    ]
+    for bad in poisoned:
+        c = correction([_record("k", [{**bad, "prompt_tokens": 0}])], "k")
+        assert c.tg == 1.0, bad
+    assert correction([_record("k", "not a list")], "k").empty  # type: ignore[arg-type]
+    r = Rates(read=10e9, matmul=1e11, node=1e-6).calibrated(1.25, 1.0)
+    assert r.read == pytest.approx(8e9) and r.node == pytest.approx(1.25e-6) and r.matmul == pytest.approx(1e11)
