@@ -26,7 +26,7 @@ _llamafit() {
     fi
     case "$cmd" in
         "")
-            COMPREPLY=($(compgen -W "completion demo gpus history inspect plan run --help --version" -- "$cur")); return 0 ;;
+            COMPREPLY=($(compgen -W "completion demo gpus history inspect plan run tune --help --version" -- "$cur")); return 0 ;;
         completion)
             case "$prev" in
             esac
@@ -110,6 +110,24 @@ _llamafit() {
             esac
             if [[ "$cur" == -* ]]; then
                 COMPREPLY=($(compgen -W "--dry-run --exec --verbose -v --log-file --ready-timeout --server --gpu --cpu-only --margin --min-ctx --spec --prefer --draft --hf-file --revision --offline --rpc --rpc-optional --host-bandwidth --quant --models-preset --json --quiet -q --help -h" -- "$cur")); return 0
+            fi
+            _llamafit_models ;;
+        tune)
+            case "$prev" in
+                --budget) :; return 0 ;;
+                --goal) :; return 0 ;;
+                --margin) :; return 0 ;;
+                --min-ctx) :; return 0 ;;
+                --spec) COMPREPLY=($(compgen -W "auto off draft-simple draft-mtp draft-eagle3 draft-dflash draft-dspark ngram-mod ngram-simple ngram-map-k ngram-map-k4v ngram-cache" -- "$cur")); return 0 ;;
+                --prefer) COMPREPLY=($(compgen -W "context speed" -- "$cur")); return 0 ;;
+                --draft) _llamafit_models; return 0 ;;
+                --server) COMPREPLY=($(compgen -f -- "$cur")); compopt -o filenames 2>/dev/null; return 0 ;;
+                --hf-file) :; return 0 ;;
+                --revision) :; return 0 ;;
+                --rpc) :; return 0 ;;
+            esac
+            if [[ "$cur" == -* ]]; then
+                COMPREPLY=($(compgen -W "--budget --goal --cpu-only --margin --min-ctx --spec --prefer --draft --server --hf-file --revision --offline --rpc --rpc-optional --json --quiet -q --help -h" -- "$cur")); return 0
             fi
             _llamafit_models ;;
     esac

@@ -93,6 +93,24 @@ def test_a_larger_ubatch_never_predicts_slower_prefill_with_experts_on_the_host(
     assert rates == sorted(rates) and rates[-1] > 1.5 * rates[0], rates
 
 
+def test_unlike_cards_get_the_split_predicted_fastest_and_like_cards_keep_theirs(l8b: ModelInfo) -> None:
+    slow, fast = described_gpu("12GiB@rtx-3060", 0), described_gpu("12GiB@rtx-4090", 1)
+    rates = Fixed({CPU: HOST_RATES, "CUDA0": Rates(read=slow.bandwidth), "CUDA1": Rates(read=fast.bandwidth)})
+    p = make_plan(l8b, Machine((slow, fast), HOST), build_request(parse_server_args(["-c", "65536"])), rates=rates)
+    d = p.decision("placement.speed")
+    assert d is not None and p.fits
+    counts = p.settings.tensor_split
+    assert counts[1] > counts[0] and "against" in d.message
+    assert all(dev.use.total <= dev.usable for dev in p.devices)
+    same = Fixed({CPU: HOST_RATES, "CUDA0": Rates(read=1e12), "CUDA1": Rates(read=1e12)})
+    p2 = make_plan(l8b, Machine((slow, fast), HOST), build_request(parse_server_args(["-c", "65536"])), rates=same)
+    assert p2.decision("placement.speed") is None
+    pinned = make_plan(
+        l8b, Machine((slow, fast), HOST), build_request(parse_server_args(["-c", "65536", "-ts", "1,1"])), rates=rates
+    )
+    assert pinned.decision("placement.speed") is None
+
+
 def test_a_deeper_cache_never_predicts_faster_generation(l8b: ModelInfo) -> None:
     sp = plan(l8b, ["-c", "65536"]).speed
     assert sp.at_context is not None and sp.at_context[2] < sp.tg

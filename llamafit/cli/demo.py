@@ -15,10 +15,12 @@ from llamafit.cli.render import memory_tables, print_plan, rows_json
 from llamafit.cli.supervise import compare_all, record_launch
 from llamafit.demo import ensure_demo_model
 from llamafit.errors import ExitCode, LlamafitError
+from llamafit.launch import check_speed
 from llamafit.options import Options
 from llamafit.plan import to_json
 from llamafit.prepare import discover_for, launch_env, prepare, server_and_caps
 from llamafit.server import GET_SERVER_HINT, ServerBinary, free_port
+from llamafit.speed.timings import served_from_response
 from llamafit.supervisor import Supervisor
 
 PROMPT = "The llama"
@@ -62,7 +64,9 @@ def run_demo(server: str | None, json_out: bool) -> int:
     finally:
         outcome = running.stop()
     rows = compare_all(prep, outcome.log)
-    record_launch(prep, outcome.log)
+    served = served_from_response(reply)
+    checks = [check_speed(prep, served)] if served is not None else []
+    record_launch(prep, outcome.log, checks)
     text = str(reply.get("content", ""))
     rc = outcome.returncode
     if json_out:
@@ -72,11 +76,14 @@ def run_demo(server: str | None, json_out: bool) -> int:
             "server": {"path": prep.server.path, "exit_code": rc, "url": url},
             "completion": {"prompt": PROMPT, "content": text, "tokens": reply.get("tokens_predicted")},
             "memory": rows_json(rows),
+            "speed": [c.as_dict() for c in checks],
         }
         print_json(doc)
     else:
         out_console().print(f"completion of {PROMPT!r}: {safe(text)!r} (random weights: noise is the right answer)")
         for table in memory_tables(rows):
             err.print(table)  # the same stream as `run`'s predicted-vs-actual tables
+        for c in checks:
+            err.print(f"[dim]llamafit:[/] {safe(c.message())}", soft_wrap=True)
         err.print(f"[dim]server stopped (exit {rc}); argv was:[/] {safe(shellwords.join(prep.argv))}", soft_wrap=True)
     return 0 if rc == 0 else rc

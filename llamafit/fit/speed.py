@@ -10,6 +10,8 @@ from typing import Protocol
 from llamafit.devices import Device
 from llamafit.fit.search import Trial
 from llamafit.gguf.model import ModelInfo
+from llamafit.memory import backends
+from llamafit.memory.footprint import Footprint
 from llamafit.memory.placement import CPU
 from llamafit.memory.replay import nodes_per_layer
 from llamafit.plan import Plan
@@ -29,8 +31,7 @@ def trial_speed(
     model: ModelInfo, t: Trial, gpus: Sequence[Device], source: Rated | None, *, full_context: bool = True
 ) -> Speed:
     """The speed of trial ``t``'s load; the devices it puts work on are the ones whose rates are asked for."""
-    used = {d for d in t.fp.layer_device} | {p.device for p in t.fp.placement.tensors if p.tensor.matmul}
-    rates = source.rates(sorted(used)) if source is not None else {}
+    rates = source.rates(_used(t.fp, [g.id for g in gpus], t.settings.op_offload)) if source is not None else {}
     npl = model.memo(("nodes_per_layer",), lambda: nodes_per_layer(model))
     sp = predict(
         model,
@@ -45,6 +46,16 @@ def trial_speed(
         full_context=full_context,
     )
     return replace(sp, unknown=tuple(_hint(u, gpus) for u in sp.unknown))
+
+
+def _used(fp: Footprint, devices: Sequence[str], op_offload: bool) -> list[str]:
+    """The devices a load puts work on: where its layers and matmul weights are, and the GPU that op offload
+    sends a ubatch's host matmuls to (``llamafit.speed.work``)."""
+    used = {*fp.layer_device} | {p.device for p in fp.placement.tensors if p.tensor.matmul}
+    first_gpu = next((d for d in devices if backends.kind(d) == "gpu"), None)
+    if op_offload and CPU in used and first_gpu is not None:
+        used.add(first_gpu)
+    return sorted(used)
 
 
 def _hint(unknown: str, gpus: Sequence[Device]) -> str:
@@ -67,10 +78,10 @@ def trial_rates_speed(plan: Plan, source: Rated, *, depth: int, prompt: int) -> 
     """A plan's speed for a prompt of ``prompt`` tokens at ``depth`` (a request the server timed)."""
     fp = plan.footprint
     devices = [d.device.id for d in plan.devices]
-    used = {*fp.layer_device} | {p.device for p in fp.placement.tensors if p.tensor.matmul}
+    used = _used(fp, devices, plan.settings.op_offload)
     npl = plan.model.memo(("nodes_per_layer",), lambda: nodes_per_layer(plan.model))
     return predict(
-        plan.model, fp.placement, fp.context, source.rates(sorted(used)), flash_attn=fp.flash_attn, devices=devices,
+        plan.model, fp.placement, fp.context, source.rates(used), flash_attn=fp.flash_attn, devices=devices,
         depth=depth, prompt=prompt, nodes_per_layer=npl, op_offload=plan.settings.op_offload,
         limits={d.device.id: d.device.max_tensor for d in plan.devices if d.device.max_tensor}, full_context=False,
     )  # fmt: skip

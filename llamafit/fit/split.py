@@ -40,3 +40,27 @@ def split_balanced(cost: Sequence[int], budgets: Sequence[int]) -> list[int] | N
         if used > 0 and used > budgets[d]:
             return None
     return counts
+
+
+def split_fastest(cost: Sequence[int], budgets: Sequence[int], order: Sequence[int]) -> list[int] | None:
+    """As many layers as each card holds, the fastest card (``order``: card indices, fastest first) filled
+    first: generation streams each card's layers at that card's speed, so the fastest should hold the most.
+    The cards take their counts in device order (llama.cpp gives each a contiguous run); None when the
+    layers do not fit."""
+    per = max(cost) if cost else 0
+    counts = [0] * len(budgets)
+    left = len(cost)
+    for d in order:
+        n = min(left, max(0, budgets[d]) // per) if per else left
+        counts[d] = int(n)
+        left -= int(n)
+    if left:
+        return None
+    # the split must hold the layers it really gets (layer costs differ): check in device order, back to front
+    il = len(cost)
+    for d in range(len(budgets) - 1, -1, -1):
+        used = sum(cost[il - counts[d] : il])
+        il -= counts[d]
+        if used > budgets[d]:
+            return None
+    return counts

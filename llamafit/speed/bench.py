@@ -4,7 +4,7 @@ included) and reading its JSON lines: the one way llamafit measures speed, for t
 
 llama-bench times ``llama_decode`` alone (``tools/llama-bench/llama-bench.cpp`` test_prompt/test_gen:
 random tokens, a warm-up run, then ``-r`` timed repetitions; a depth test fills the cache first,
-untimed). Its ``-o jsonl`` prints one object per test with ``avg_ns`` over the repetitions.
+untimed). Its ``-o jsonl`` prints one object per test with each repetition's time (``samples_ns``).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ class BenchResult:
     n_gen: int
     n_depth: int
     n_ubatch: int
-    seconds: float  # the mean of one test's repetitions: the prompt, or all generated tokens
+    seconds: float  # the median of one test's repetitions: the prompt, or all generated tokens
     tokens_per_s: float
 
     @property
@@ -60,14 +60,18 @@ def parse_jsonl(text: str) -> list[BenchResult]:
             continue
         try:
             j = json.loads(line)
+            # the median repetition: one disturbed by another process (or a first RPC round trip) does not count
+            samples = sorted(float(x) for x in j.get("samples_ns") or [j["avg_ns"]])
+            ns = samples[len(samples) // 2] if len(samples) % 2 else sum(samples[len(samples) // 2 - 1 :][:2]) / 2
+            n = int(j["n_prompt"]) or int(j["n_gen"])
             r = BenchResult(
                 model=str(j["model_filename"]),
                 n_prompt=int(j["n_prompt"]),
                 n_gen=int(j["n_gen"]),
                 n_depth=int(j.get("n_depth", 0)),
                 n_ubatch=int(j.get("n_ubatch", 0)),
-                seconds=float(j["avg_ns"]) / 1e9,
-                tokens_per_s=float(j["avg_ts"]),
+                seconds=ns / 1e9,
+                tokens_per_s=n / (ns / 1e9) if ns > 0 else 0.0,
             )
         except (ValueError, KeyError, TypeError):
             continue

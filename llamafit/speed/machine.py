@@ -71,7 +71,8 @@ class RateSource:
 
     ``here``: the devices are this machine's (not described with --gpu), so they may be measured; ``flags``:
     llama-bench flags that change speed the way the server's will (``--repack 0``, ``-fa``, cache types);
-    ``prompt``: the ubatch the model's matmuls are timed at."""
+    ``prompt``: the ubatch the model's matmuls are timed at; ``measure``: run the probe where nothing is
+    cached (else only cached measurements are used)."""
 
     def __init__(
         self,
@@ -88,9 +89,10 @@ class RateSource:
         progress: pr.Progress | None = None,
         directory: Path | None = None,
         calibrate: bool = True,
+        measure: bool = True,
     ) -> None:
         self.machine, self.model, self.env, self.threads, self.flags = machine, model, env, threads, tuple(flags)
-        self.prompt, self.here, self.progress = prompt, here, progress
+        self.prompt, self.here, self.progress, self.measure = prompt, here, progress, measure
         self.directory = directory or cache_dir() / "speed"
         self.notes: list[str] = []
         self._rates: dict[str, Rates] = {}
@@ -152,7 +154,7 @@ class RateSource:
         cache = pr.read_cache(d)
         fresh: dict[str, pr.Timings] = {}
         measured: dict[str, pr.Timings] = {}
-        allowed = probe_allowed(self.env)
+        allowed = self.measure and probe_allowed(self.env)
         started = time.monotonic()
         targets = self._targets(devices)
         if CPU not in devices and CPU not in self._rates and targets:

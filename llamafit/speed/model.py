@@ -136,7 +136,8 @@ def _attention_time(w: DeviceWork, r: Rates, tokens: int, batched: bool) -> floa
     kv = w.kv_bytes / (r.attention or r.read_rate("f16"))
     if not batched:
         return kv
-    return max(kv, w.attn_flops / r.attention_batch) if r.attention_batch else kv
+    rate = r.attention_batch or r.matmul  # attention's FLOPs where they were not measured apart
+    return max(kv, w.attn_flops / rate) if rate else kv
 
 
 def predict(

@@ -41,7 +41,7 @@ from llamafit.speed import probe_models as pm
 from llamafit.speed.bench import BenchError, BenchResult, bench_identity, run_bench
 from llamafit.speed.rates import Rates
 
-CACHE_VERSION = 2
+CACHE_VERSION = 4
 CALL_TIMEOUT = 180.0  # one llama-bench run
 RUN_BUDGET = 10.0  # seconds a timed test should take at most, for choosing prompt lengths and depths
 FIXED_NODES = 4  # compute nodes outside the layers, as llamafit.speed.work counts them (input rows, output)
@@ -129,10 +129,18 @@ def derive(
     attention = attention_batch = None
     if attn is not None and t.attn_tgd is not None and t.attn_tg0 is not None and t.depth:
         kv = (attn.head_k + attn.head_v) * attn.n_head_kv * 2.0 * attn.n_layer  # f16 K and V rows per cell
-        attention = kv * t.depth / max(t.attn_tgd - t.attn_tg0, 1e-9)
-        if t.attn_ppd is not None and t.attn_pp0 is not None and t.prompt:
+        # a difference within the runs' noise (a slow device whose overheads dwarf attention at this depth)
+        # measures nothing: the rate stays unknown and the model falls back to bytes and matmul FLOPs
+        if (dt := t.attn_tgd - t.attn_tg0) > 0.05 * t.attn_tg0:
+            attention = kv * t.depth / dt
+        if (
+            t.attn_ppd is not None
+            and t.attn_pp0 is not None
+            and t.prompt
+            and (dp := t.attn_ppd - t.attn_pp0) > (0.05 * t.attn_pp0)
+        ):
             flops = 2.0 * attn.n_head * (attn.head_k + attn.head_v) * t.prompt * t.depth * attn.n_layer
-            attention_batch = flops / max(t.attn_ppd - t.attn_pp0, 1e-9)
+            attention_batch = flops / dp
     matmul = None
     if twin is not None and t.twin_pp and t.prompt:
         own = 2.0 * twin.n_head * (twin.head_k + twin.head_v) * t.prompt * (t.prompt + 1) / 2 * twin.n_layer
@@ -194,7 +202,7 @@ def measure(
     else:
         say(f"{target.device}: overheads")
         tiny = [pm.ensure(pm.TINY, directory), pm.ensure(pm.TINY9, directory)]
-        res = run(["-m", ",".join(map(str, tiny)), "-p", "0", "-n", "32"], reps=3)
+        res = run(["-m", ",".join(map(str, tiny)), "-p", "0", "-n", "64"], reps=5)
         t1, t9 = (_one(res, str(p), gen=True) for p in tiny)
     tw_tg, tw_pp, n_prompt, off = (have.twin_tg, have.twin_pp, have.prompt, have.offload) if have else (None,) * 4
     if twin is not None and tw_tg is None:
@@ -202,8 +210,10 @@ def measure(
         path = str(pm.ensure(twin, directory))
         tw_tg = _one(run(["-m", path, "-p", "0", "-n", "8"], reps=2), path, gen=True)
         # the plan's ubatch, unless the device would take longer than a run may (a batched token takes at
-        # most half a generated one's time on every backend measured)
-        n_prompt = max(32, min(prompt, int(2 * RUN_BUDGET / max(tw_tg, 1e-6)) // 32 * 32))
+        # most a quarter of a generated one's time on every backend measured: lavapipe's is the slowest);
+        # never below 128 tokens (a slow device's matmuls get faster with the batch) unless even that is long
+        fits = int(4 * RUN_BUDGET / max(tw_tg, 1e-6)) // 32 * 32
+        n_prompt = max(min(128, prompt) if 128 * tw_tg / 4 <= 3 * RUN_BUDGET else 32, min(prompt, fits))
         tw_pp = _one(run(["-m", path, "-p", str(n_prompt), "-n", "0", "-ub", str(n_prompt)]), path, gen=False)
     n_prompt = n_prompt or prompt
     stream = dict(have.stream) if have else {}

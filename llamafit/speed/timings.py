@@ -79,3 +79,20 @@ class TimingReader:
             self.served.append(s)
             return s
         return None
+
+
+def served_from_response(reply: dict[str, object]) -> Served | None:
+    """A completion response's own ``timings`` (tools/server/server-task.cpp: prompt_n, prompt_ms, predicted_n,
+    predicted_ms, cache_n), or None when it has none that make sense."""
+    t = reply.get("timings")
+    if not isinstance(t, dict):
+        return None
+
+    def num(k: str) -> float | None:
+        v = t.get(k)
+        return float(v) if isinstance(v, int | float) and not isinstance(v, bool) and v >= 0 else None
+
+    pn, pm, gn, gm, cache = (num(k) for k in ("prompt_n", "prompt_ms", "predicted_n", "predicted_ms", "cache_n"))
+    if pn is None or pm is None or gn is None or gm is None:
+        return None
+    return Served(int(pn), pm, int(gn), gm, int(pn + (cache or 0)))

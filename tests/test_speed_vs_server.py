@@ -1,0 +1,73 @@
+"""The speed pipeline against the real binaries: the probe measures the host with llama-bench, tune measures
+the candidates that fit and plan starts from the winner, and the demo holds a served request to the plan's
+prediction. Nothing here asserts how fast anything is (bench/speed_model.py does that, in numbers)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from llamafit.cli.app import app
+from llamafit.demo import ensure_demo_model
+from llamafit.server import ServerBinary
+
+pytestmark = pytest.mark.server
+
+
+@pytest.fixture
+def probing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLAMAFIT_PROBE", "auto")
+
+
+def invoke(*args: str) -> tuple[int, str, str]:
+    r = CliRunner().invoke(app, list(args))
+    return r.exit_code, r.stdout, r.stderr
+
+
+def test_the_probe_measures_the_host_once_and_the_plan_predicts_from_it(
+    server_bin: ServerBinary, tmp_path: Path, probing: None
+) -> None:
+    model = str(ensure_demo_model(tmp_path))
+    rc, out, err = invoke("plan", model, "--cpu-only", "--json", "--server", server_bin.path, "--", "-c", "2048")
+    assert rc == 0, err
+    doc = json.loads(out)
+    sp = doc["speed"]
+    assert sp["source"] == "estimated" and sp["pp"] > 0 and sp["tg"] > 0 and sp["devices"][0]["rates"] == "measured"
+    assert any("measured this machine's speed" in n for n in doc["notes"])
+    rc, out, err = invoke("plan", model, "--cpu-only", "--json", "--server", server_bin.path, "--", "-c", "2048")
+    again = json.loads(out)
+    assert again["speed"]["tg"] == sp["tg"] and not any("measured this machine" in n for n in again["notes"])
+
+
+def test_tune_measures_what_fits_and_plan_and_run_start_from_the_winner(
+    server_bin: ServerBinary, tmp_path: Path, probing: None
+) -> None:
+    model = str(ensure_demo_model(tmp_path))
+    rc, out, err = invoke("tune", model, "--cpu-only", "--budget", "20", "--json", "--server", server_bin.path)
+    assert rc == 0, err
+    doc = json.loads(out)
+    assert doc["schema"] == "llamafit.tune/1" and doc["best"] is not None
+    measured = [c for c in doc["candidates"] if c["tg"]]
+    assert measured and all(c["argv"][1:3] == ["-m", model] and c["fits"] for c in measured)
+    assert doc["best"]["tg"] and doc["best"]["pp"]
+    rc, out, err = invoke("plan", model, "--cpu-only", "--json", "--server", server_bin.path)
+    assert rc == 0, err
+    plan = json.loads(out)
+    assert plan["speed"]["source"] == "measured" and plan["speed"]["tg"] == doc["best"]["tg"]
+    assert any(d["code"] == "speed.tuned" for d in plan["decisions"])
+    flags = doc["best"]["flags"]
+    assert flags == [] or " ".join(flags) in " ".join(plan["argv"])
+    rc, out, _ = invoke("run", model, "--cpu-only", "--dry-run", "--server", server_bin.path)
+    assert rc == 0 and (flags == [] or " ".join(flags) in out)
+
+
+def test_the_demo_holds_its_request_to_the_predicted_speed(server_bin: ServerBinary, probing: None) -> None:
+    rc, out, err = invoke("demo", "--server", server_bin.path, "--json")
+    assert rc == 0, err
+    doc = json.loads(out)
+    assert doc["plan"]["speed"]["source"] == "estimated"
+    (check,) = doc["speed"]
+    assert check["gen_tokens"] == 8 and check["tg_measured"] > 0 and check["tg_predicted"] > 0
