@@ -158,7 +158,7 @@ def parse_server_args(argv: Sequence[str]) -> ServerArgs:
     while i < len(args):
         tok = args[i]
         hit = lookup(tok)
-        if hit is None and tok.startswith("--") and "=" in tok:
+        if hit is None and tok.startswith("-") and "=" in tok:
             flag, _, val = tok.partition("=")
             if lookup(flag) is not None:
                 raise UsageError(

@@ -57,30 +57,73 @@ def backend_of(name: str) -> str:
     return PREFIXES.get(prefix, "")
 
 
+# a device line llamafit cannot read: indented, a name and a colon, then anything (common/arg.cpp:1165)
+_ANY_DEVICE_LINE = re.compile(r"^\s+(?P<name>[A-Za-z][A-Za-z_]*\d*): ")
+MAX_DEVICE_MIB = 16 << 20  # 16 TiB: no device reports more; a larger number is not a device's memory
+
+
 def parse_device_list(text: str, debug: str = "") -> list[ListedDevice]:
     """The devices of ``--list-devices`` output; ``debug`` is the stderr of the same run (Vulkan's
     per-device lines say which devices are integrated). Devices with no memory (BLAS and other
-    pseudo-devices) are left out."""
+    pseudo-devices) are left out, as are lines ``unreadable`` names (the plan then cannot size them)."""
+    return read_device_list(text, debug)[0]
+
+
+def read_device_list(text: str, debug: str = "") -> tuple[list[ListedDevice], list[str], list[str]]:
+    """(devices, notes, unreadable): the output is input like any other. A name listed twice is one device
+    (the first); free memory above the total is the total; a line that cannot be read, or that reports
+    an impossible size, is ``unreadable``: a device the server will use that llamafit cannot size."""
     vk_uma = {int(m["i"]): m["uma"] == "1" for m in _VK_INFO.finditer(debug)}
-    out = []
-    for line in text.splitlines():
+    out: list[ListedDevice] = []
+    notes: list[str] = []
+    unreadable: list[str] = []
+    listing = text.split("Available devices:", 1)[-1]
+    for line in listing.splitlines():
         m = _LINE.match(line)
-        if not m or int(m["total"]) == 0:
+        if not m:
+            if (u := _ANY_DEVICE_LINE.match(line)) is not None and "(none)" not in line:
+                unreadable.append(f"{u['name']}: {line.strip()[:120]!r}")
+            continue
+        total, free = int(m["total"]), int(m["free"])
+        if total == 0:
             continue
         name, backend = m["name"], backend_of(m["name"])
+        if total > MAX_DEVICE_MIB:
+            unreadable.append(f"{name}: reports {total} MiB, more than any device has")
+            continue
+        if any(d.name == name for d in out):
+            notes.append(f"llama-server lists {name} twice: it is one device (its first line is used)")
+            continue
+        if free > total:
+            notes.append(f"{name} reports {free} MiB free of {total} MiB: planned with {total} MiB free")
+            free = total
         integrated = backend == "Vulkan" and vk_uma.get(int(re.sub(r"^\D+", "", name)), False)
-        out.append(ListedDevice(name, m["desc"], int(m["total"]) * MiB, int(m["free"]) * MiB, backend, integrated))
-    return out
+        out.append(ListedDevice(name, m["desc"], total * MiB, free * MiB, backend, integrated))
+    return out, notes, unreadable
 
 
 class DeviceListError(Exception):
     pass
 
 
+@dataclass(frozen=True)
+class Listing:
+    devices: list[ListedDevice]
+    notes: list[str]
+    unreadable: list[str]
+
+
 def list_devices(
     server: str, env: dict[str, str], *, extra: tuple[str, ...] = (), timeout: float = LIST_TIMEOUT
 ) -> list[ListedDevice]:
     """Run ``server [extra] --list-devices`` (bounded); DeviceListError when it cannot say."""
+    return read_devices(server, env, extra=extra, timeout=timeout).devices
+
+
+def read_devices(
+    server: str, env: dict[str, str], *, extra: tuple[str, ...] = (), timeout: float = LIST_TIMEOUT
+) -> Listing:
+    """``list_devices`` with what it had to correct and the lines it could not read."""
     try:
         r = run_bounded([server, *extra, "-lv", "5", "--list-devices"], env=env, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -90,7 +133,7 @@ def list_devices(
     if r.returncode != 0 or "Available devices" not in r.stdout + r.stderr:
         tail = ((r.stderr or r.stdout).strip().splitlines() or ["no output"])[-1][:200]
         raise DeviceListError(f"`{server} --list-devices` failed (exit {r.returncode}): {tail}")
-    return parse_device_list(r.stdout, r.stderr)
+    return Listing(*read_device_list(r.stdout, r.stderr))
 
 
 def _key(server: str, env: dict[str, str]) -> str:

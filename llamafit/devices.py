@@ -27,11 +27,18 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from llamafit.device_list import DeviceListError, ListedDevice, cached_device_set, list_devices, remember_device_set
+from llamafit.device_list import (
+    DeviceListError,
+    ListedDevice,
+    Listing,
+    cached_device_set,
+    read_devices,
+    remember_device_set,
+)
 from llamafit.errors import UsageError
 from llamafit.memory.backends import rpc_buffer_aliases
 from llamafit.speed.rates import nvml_rates
-from llamafit.units import parse_size
+from llamafit.units import MiB, parse_size
 
 
 @dataclass(frozen=True)
@@ -281,29 +288,38 @@ def discover(
             )
         devs = [described_gpu(spec, i) for i, spec in enumerate(gpu_specs)]
         return Machine(tuple(devs), h, ("planning for the GPUs given with --gpu",))
-    nvml, notes = _nvml_devices(probe if probe is not None else NvmlProbe(), env)
+    gpu_probe = probe if probe is not None else NvmlProbe()
+    nvml, notes = _nvml_devices(gpu_probe, env, visible_only=server is None)
     if server is None:
         if not nvml:
             notes.append("no llama-server to ask for its devices: only NVIDIA GPUs (NVML) are seen")
         return Machine(tuple(_with_uma(nvml or [], h)), h, tuple(notes))
     senv = dict(env) if server_env is None else server_env
     try:
-        listed = _listed(server, senv, cache, nvml_ok=nvml is not None)
+        listing = _listed(server, senv, cache, nvml_ok=nvml is not None)
     except DeviceListError as e:
         notes.append(f"could not read llama-server's devices: {e}")
         why = f"llama-server's device list could not be read ({e})"
         return Machine(tuple(_with_uma(nvml or [], h)), h, tuple(notes), (why,))
-    devs, more, blind = merge_listed(listed, nvml)
-    return Machine(tuple(_with_uma(devs, h)), h, (*notes, *more), tuple(blind))
+    devs, more, blind = merge_listed(listing.devices, nvml)
+    blind += [f"llama-server lists a device llamafit cannot read ({u})" for u in listing.unreadable]
+    return Machine(tuple(_with_uma(devs, h)), h, (*notes, *listing.notes, *more), tuple(blind))
 
 
-def _nvml_devices(probe: GpuProbe, env: Mapping[str, str]) -> tuple[list[Device] | None, list[str]]:
-    """NVIDIA GPUs as CUDA will number them, or None when NVML cannot be used (with why in the notes)."""
+def _nvml_devices(
+    probe: GpuProbe, env: Mapping[str, str], *, visible_only: bool = True
+) -> tuple[list[Device] | None, list[str]]:
+    """NVIDIA GPUs as CUDA will number them (``visible_only``: after CUDA_VISIBLE_DEVICES, in NVML's order;
+    else every physical card, for matching a server's list card by card), or None when NVML cannot be used
+    (with why in the notes)."""
     try:
         phys = probe.gpus()
     except GpuProbeError as e:
         return None, [f"no NVIDIA GPU found (NVML: {e})"]
-    notes = []
+    notes: list[str] = []
+    if not visible_only:
+        return [Device(id=f"NVML{g.index}", name=g.name, total=g.total, free=g.free, uuid=g.uuid, nvml_index=g.index,
+                       **_speed_fields(g)) for g in phys], notes  # fmt: skip
     visible = apply_cuda_visible(phys, env.get("CUDA_VISIBLE_DEVICES"))
     if len(visible) < len(phys):
         notes.append(f"CUDA_VISIBLE_DEVICES={env.get('CUDA_VISIBLE_DEVICES')} shows {len(visible)} of {len(phys)} GPUs")
@@ -325,17 +341,18 @@ def _speed_fields(g: PhysicalGpu) -> dict[str, Any]:
     return {"bandwidth": r.read, "bandwidth_source": "nvml", "link": r.link or 0.0}
 
 
-def _listed(server: str, env: dict[str, str], cache: Path | None, *, nvml_ok: bool) -> list[ListedDevice]:
+def _listed(server: str, env: dict[str, str], cache: Path | None, *, nvml_ok: bool) -> Listing:
     """The server's devices: from the cached set when NVML can give the live numbers of all of them
-    (a CPU-only or CUDA-only build), else from a live --list-devices (free memory is read now)."""
+    (a CPU-only or CUDA-only build), else from a live --list-devices (free memory is read now). A listing
+    with corrections or unreadable lines is never cached (it is read again, and said again)."""
     if cache is not None:
         known = cached_device_set(server, env, cache)
         if known is not None and all(d.backend == "CUDA" for d in known) and (nvml_ok or not known):
-            return known
-    listed = list_devices(server, env)
-    if cache is not None:
-        remember_device_set(server, env, cache, listed)
-    return listed
+            return Listing(known, [], [])
+    listing = read_devices(server, env)
+    if cache is not None and not listing.notes and not listing.unreadable:
+        remember_device_set(server, env, cache, listing.devices)
+    return listing
 
 
 def merge_listed(
@@ -348,10 +365,19 @@ def merge_listed(
     cuda = [d for d in listed if d.backend == "CUDA"]
     by_order: dict[str, Device] = {}
     if cuda and nvml is not None:
-        if len(nvml) == len(cuda):
-            by_order = {ld.name: replace(nv, id=ld.name) for ld, nv in zip(cuda, nvml, strict=True)}
-        else:
-            notes.append(f"NVML sees {len(nvml)} NVIDIA GPU(s), llama-server {len(cuda)}: using the server's numbers")
+        # each card by what it is, not by position: CUDA numbers cards fastest first unless
+        # CUDA_DEVICE_ORDER=PCI_BUS_ID, NVML by PCI bus, and CUDA_VISIBLE_DEVICES indexes CUDA's order;
+        # identical cards keep NVML's order among themselves (CUDA's is stable for equals)
+        pool = list(nvml)
+        for ld in cuda:
+            alike = [n for n in pool if _same_card(ld, n)]
+            listed_alike = [x for x in cuda if x.description == ld.description and abs(x.total - ld.total) < 1024 * MiB]
+            if not alike or len(alike) < len([x for x in listed_alike if x.name not in by_order]):
+                # fewer such cards in NVML than the server lists: which is which cannot be known
+                notes.append(f"NVML cannot tell which card {ld.name} ({ld.description}) is: using the server's numbers")
+                continue
+            pool.remove(alike[0])
+            by_order[ld.name] = replace(alike[0], id=ld.name)
     devs: list[Device] = []
     for d in listed:
         if not d.backend:
@@ -373,6 +399,13 @@ def merge_listed(
         notes.append(f"integrated GPU(s) {', '.join(dropped)} not used beside a discrete one (llama.cpp:280-286)")
         devs = [d for d in devs if d.kind != "gpu" or d in discrete]
     return devs, notes, blind
+
+
+def _same_card(ld: ListedDevice, nv: Device) -> bool:
+    """The server's CUDA device and NVML's card are one: the same name and, within the rounding of MiB and
+    what the driver keeps back, the same memory."""
+    # cudaMemGetInfo's total leaves out what the driver keeps (an RTX 4090: 24080 of NVML's 24564 MiB)
+    return ld.description.strip() == nv.name.strip() and abs(ld.total - nv.total) <= max(ld.total // 25, 512 * MiB)
 
 
 # Devices whose memory is host RAM, by the names their backends give them: Apple Silicon (Metal),

@@ -23,16 +23,17 @@ from llamafit.errors import DoesNotFitError, LlamafitError, UsageError
 from llamafit.fit import make_plan
 from llamafit.gguf.checks import check_model
 from llamafit.gguf.mmproj import read_projector
-from llamafit.gguf.model import ModelInfo, load_model
+from llamafit.gguf.model import ModelInfo, load_model, with_kv
 from llamafit.hub.remote import HubClient
 from llamafit.hub.resolve import Hub, RepoState, is_hub_ref, offline_from_env
 from llamafit.hub.select import HubFile
+from llamafit.memory.adapters import Adapters, read_adapters
 from llamafit.memory.footprint import LoadSettings
 from llamafit.options import Options
 from llamafit.paths import cache_dir
 from llamafit.plan import Decision, Plan, to_json
-from llamafit.request import Request, build_request, parse_margins
-from llamafit.rpc import discover_rpc
+from llamafit.request import Request, build_request, kv_overrides, parse_margins
+from llamafit.rpc import discover_rpc, same_servers
 from llamafit.server import ServerBinary, find_server
 from llamafit.speculative import spec_options
 from llamafit.speed.machine import RateSource
@@ -50,6 +51,16 @@ class Prepared:
     notes: tuple[str, ...] = field(default=())  # translations, dropped flags, config files
     hub: Hub | None = None  # set when files come from the Hub
     rates: RateSource | None = field(default=None, repr=False)  # the devices' speed, as the plan used it
+
+    def report(self) -> tuple[tuple[str, str], ...]:
+        """What every command tells the user about this plan, in order: ``("note", text)`` for what was found
+        and translated, ``("decision", text)`` for each choice, ``("warning", text)`` for what may go wrong."""
+        notes = dict.fromkeys((*self.plan.notes, *self.notes))
+        return (
+            *(("note", n) for n in notes),
+            *(("decision", d.message) for d in self.plan.decisions),
+            *(("warning", w) for w in self.plan.warnings),
+        )
 
     def downloads(self) -> list[tuple[RepoState, HubFile]]:
         """The Hub files this plan's argv uses that the cache does not hold yet (none for local models)."""
@@ -92,13 +103,15 @@ def prepare(
     speed: bool = True,
     progress: Callable[[str], None] | None = None,
     tuned: bool = True,
+    measure: bool = True,
     rates: RateSource | None = None,
 ) -> Prepared:
     """Plan one model. ``machine``, ``server`` and ``hub`` may be shared between calls (planning every
     quant of a repo lists it, probes the binary and discovers the devices once). ``speed``: predict its
     tokens/s (measuring the devices first where nothing is cached: ``progress`` hears what is measured;
-    ``rates`` reuses another plan's). ``tuned``: start from the configuration ``llamafit tune`` measured
-    fastest for this model, devices, build and flags, when there is one."""
+    ``rates`` reuses another plan's; ``measure=False`` uses cached measurements only). ``tuned``: start
+    from the configuration ``llamafit tune`` measured fastest for this model, devices, build and flags,
+    when there is one."""
     srv, caps = server if server is not None else server_and_caps(o.server)
     own_rpc = [t for v in o.rpc for t in ("--rpc", v)]
     translated = translate_user_args(normalize_bare_flash_attn([*own_rpc, *o.server_args]), caps)
@@ -112,6 +125,7 @@ def prepare(
         return hub
 
     user = parse_server_args(args)
+    check_unknown(user, caps)
     if user.has("--hf-repo"):
         raise UsageError("give the Hub repo as the model argument, not -hf", hint="llamafit run owner/repo:Q4_K_M")
     for key in ("--model", "--model-url", "--hf-file", "--docker-repo"):
@@ -153,6 +167,10 @@ def prepare(
             raise UsageError("--hf-file and --revision apply to a Hub repo, not to a local file")
         info = load_model(model_path)
 
+    # --override-kv changes what the loader reads: the memory model reads the same keys
+    if overrides := kv_overrides(user):
+        info, kv_notes = with_kv(info, overrides)
+        notes += kv_notes
     # what llama-server would refuse or abort on, before a plan calls it fitting
     check_model(info.kv, info.hparams, (t.name for t in info.tensors), info.path)
 
@@ -160,11 +178,12 @@ def prepare(
         return corrections(info, s, devices)
 
     if speed and rates is None:
-        rates = rates_for(mach, info, user, srv, o, progress)
+        rates = rates_for(mach, info, user, srv, o, progress, measure)
     try:
         plan = make_plan(
             info, mach, req, opts, caps, calib if o.calibrate else None, mmproj=projector,
             mmproj_measured=measured_mmproj_compute if o.calibrate else None, drafter_files=hub, rates=rates,
+            adapters=adapters_of(user, info),
         )  # fmt: skip
     except DoesNotFitError as e:
         if e.plan is not None:
@@ -195,6 +214,51 @@ def prepare(
     return replace(tuned_prep, plan=plan, user=user)
 
 
+def adapters_of(user: ServerArgs, info: ModelInfo) -> Adapters | None:
+    """The LoRA adapters and control vectors the server will load (--lora, --lora-scaled FNAME:SCALE, and the
+    same for control vectors; comma-separated, every occurrence), priced from their headers."""
+
+    def files(key: str, scaled: bool) -> list[str]:
+        out = []
+        for occ in user.all(key):
+            for item in (x for x in (occ.value or "").split(",") if x):
+                out.append(item.rsplit(":", 1)[0] if scaled else item)
+        return out
+
+    lora = files("--lora", False) + files("--lora-scaled", True)
+    cvec = files("--control-vector", False) + files("--control-vector-scaled", True)
+    return read_adapters(lora, cvec, info.hparams.n_embd) if lora or cvec else None
+
+
+# llamafit's own options, which a user may write after -- by mistake (they would reach llama-server)
+LLAMAFIT_OPTIONS = frozenset({
+    "--json", "--server", "--gpu", "--cpu-only", "--margin", "--min-ctx", "--spec", "--prefer", "--draft",
+    "--hf-file", "--revision", "--offline", "--rpc-optional", "--quant", "--quants", "--dry-run", "--exec",
+    "--verbose", "--log-file", "--ready-timeout", "--models-preset-out", "--host-bandwidth", "--budget", "--goal",
+    "--quiet",
+})  # fmt: skip
+
+
+def check_unknown(user: ServerArgs, caps: Capabilities) -> None:
+    """What llama-server would refuse at start (``error: invalid argument``), refused at plan time instead:
+    a flag this binary does not list (its ``--completion-bash``), a second ``--``, a stray positional word;
+    a llamafit option written after ``--`` gets a hint."""
+    for occ in user.items:
+        if occ.option is not None:
+            continue
+        tok = occ.tokens[0]
+        if tok in LLAMAFIT_OPTIONS:
+            raise UsageError(f"{tok} is llamafit's option, written after --: it would go to llama-server",
+                             hint=f"put {tok} before --")  # fmt: skip
+        if tok == "--":
+            raise UsageError("a second -- among the server flags", hint="all after the first -- goes to llama-server")
+        if not tok.startswith("-"):
+            raise UsageError(f"{tok!r} among the server flags is no flag's value", hint="llama-server would refuse it")
+        if caps.flags and not caps.accepts(tok):
+            binary = caps.path or "llama-server (b11434)"
+            raise UsageError(f"{binary} does not accept {tok}", hint="see llama-server --help for its flags")
+
+
 # llama-server flags that change speed the way they change llama-bench's (its spelling of them)
 _BENCH_FLAGS = {"--flash-attn": "-fa", "--cache-type-k": "-ctk", "--cache-type-v": "-ctv"}
 
@@ -202,6 +266,7 @@ _BENCH_FLAGS = {"--flash-attn": "-fa", "--cache-type-k": "-ctk", "--cache-type-v
 def rates_for(
     mach: Machine, model: ModelInfo, user: ServerArgs, srv: ServerBinary | None, o: Options,
     progress: Callable[[str], None] | None = None,
+    measure: bool = True,
 ) -> RateSource:  # fmt: skip
     """The devices' speed for this model, as the server will run it: its thread count, repacking, flash
     attention and cache types (``llamafit.speed.machine``)."""
@@ -220,19 +285,23 @@ def rates_for(
     return RateSource(
         mach, model, server_path=srv.path if srv else None, env=launch_env(srv).env if srv else dict(os.environ),
         threads=threads, flags=flags, prompt=max(32, min(prompt, 2048)), host_bandwidth=bw, here=not o.gpu,
-        progress=progress, calibrate=o.calibrate,
+        progress=progress, calibrate=o.calibrate, measure=measure,
     )  # fmt: skip
 
 
 def _with_rpc(
     mach: Machine, user: ServerArgs, req: Request, srv: ServerBinary | None, o: Options, notes: list[str]
 ) -> tuple[Machine, ServerArgs, Request]:
-    """The RPC servers' devices in front of the local GPUs, as llama.cpp orders them; an unreachable
-    server under --rpc-optional is left out of the plan and of the server's --rpc."""
-    mach, unreachable = machine_with_rpc(mach, req.rpc, srv, optional=o.rpc_optional, cpu_only=o.cpu_only)
-    if unreachable:
-        up = [ep for ep in req.rpc if ep not in unreachable]
-        notes.append(f"RPC server(s) {', '.join(unreachable)} unreachable: planned without them (--rpc-optional)")
+    """The RPC servers' devices in front of the local GPUs, as llama.cpp orders them; a server named twice
+    (two spellings of one address) is used once; an unreachable server under --rpc-optional is left out of
+    the plan and of the server's --rpc."""
+    once, merged = same_servers(req.rpc)
+    notes += merged
+    mach, unreachable = machine_with_rpc(mach, once, srv, optional=o.rpc_optional, cpu_only=o.cpu_only)
+    if unreachable or merged:
+        up = [ep for ep in once if ep not in unreachable]
+        if unreachable:
+            notes.append(f"RPC server(s) {', '.join(unreachable)} unreachable: planned without them (--rpc-optional)")
         user = parse_server_args([*(["--rpc", ",".join(up)] if up else []), *user.without(["--rpc"]).tokens()])
         req = replace(req, server_args=user, rpc=tuple(up))
     return mach, user, req

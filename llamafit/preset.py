@@ -4,7 +4,10 @@ Mirrors ``common/preset.cpp``: ``[section]`` headers, ``key = value`` lines, ``;
 ends where whitespace and a comment start), a ``[*]`` section applied under every model's own, keys that
 are any flag alias without its dashes or its ``LLAMA_ARG_*`` name, flag values read with llama.cpp's
 truthy/falsey words, and the preset-only keys (``load-on-startup``, ``stop-timeout``,
-``dedup-cache-models``). One value per option and section: a repeated key is last-wins.
+``dedup-cache-models``). What ``parse_ini_from_file`` keeps (common/preset.cpp:170-248): a section header
+starts its section anew (``parsed[section] = {}``: a second ``[a]`` drops the first's keys), a repeated key is
+last-wins, and the keys are a ``std::map``, so a section's options are applied in the sorted order of the
+keys as written: of ``ctx-size = 16384`` and ``c = 4096`` the router takes 16384 (``c`` sorts first).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ _BY_KEY = _keys()
 class Section:
     name: str
     values: dict[str, str] = field(default_factory=dict)  # key as written -> value (last wins)
+    repeated: list[int] = field(default_factory=list)  # lines of later headers of the same name (they won)
 
 
 def read_ini(text: str, source: str = "preset") -> list[Section]:
@@ -58,8 +62,14 @@ def read_ini(text: str, source: str = "preset") -> list[Section]:
         if _BLANK.match(line):
             continue
         if m := _HEADER.match(line):
-            current = Section(m.group(1))
-            sections.append(current)
+            again = next((s for s in sections if s.name == m.group(1)), None)
+            if again is not None:  # llama.cpp starts the section over: the earlier header's keys are gone
+                again.values.clear()
+                again.repeated.append(n)
+                current = again
+            else:
+                current = Section(m.group(1))
+                sections.append(current)
             continue
         if m := _KV.match(line):
             if current is None:  # keys before any header belong to llama.cpp's default (unnamed) preset
@@ -84,10 +94,11 @@ def load(path: str | Path) -> list[Section]:
 
 
 def to_tokens(values: dict[str, str], source: str) -> tuple[list[str], dict[str, str]]:
-    """A section's keys as server flags (the long spelling) and its preset-only keys."""
+    """A section's keys as server flags (the long spelling), in the order llama.cpp applies them, and its
+    preset-only keys."""
     tokens: list[str] = []
     only: dict[str, str] = {}
-    for key, value in values.items():
+    for key, value in sorted(values.items()):  # llama.cpp's std::map order: of two aliases, the later wins
         if key == "version":
             continue
         if key in PRESET_ONLY:

@@ -364,10 +364,12 @@ def asked_tag(model: str, quant: str | None) -> str:
 
 
 def planner(hub: Hub, machine: Machine, server: tuple[ServerBinary | None, Capabilities]) -> Planner:
-    """``prepare`` with the machine, the server's capabilities and the Hub resolver shared by every quant."""
+    """``prepare`` with the machine, the server's capabilities and the Hub resolver shared by every quant; the
+    speed from cached measurements only (every quant has its own weight types: probing each would take
+    seconds a quant)."""
 
     def plan(model: str, opts: Options) -> Prepared:
-        return prepare(model, opts, machine=machine, server=server, hub=hub)
+        return prepare(model, opts, machine=machine, server=server, hub=hub, measure=False)
 
     return plan
 

@@ -77,14 +77,43 @@ class Request:
 
 
 def int_value(value: str | None, flag: str, minimum: int | None = None) -> int:
-    if value is None or not re.fullmatch(r"-?\d+", value.strip()):
-        raise UsageError(f"{flag} expects an integer, got {value!r}", hint=f"e.g. {flag} 8192")
+    """An integer as llama-server reads one (std::stoi): ASCII digits only; a "٤٠٩٦" or "３" that Python
+    would take is refused there."""
+    if value is None or not re.fullmatch(r"-?[0-9]+", value.strip()):
+        hint = f"e.g. {flag} 8192" + ("; write ASCII digits" if value and any(c.isdigit() for c in value) else "")
+        raise UsageError(f"{flag} expects an integer, got {value!r}", hint=hint)
     v = int(value)
     if not -(2**31) <= v < 2**31:
         raise UsageError(f"{flag} {value}: out of range (llama-server reads it as a 32-bit integer)")
     if minimum is not None and v < minimum:
         raise UsageError(f"{flag} must be at least {minimum}, got {v}")
     return v
+
+
+def kv_overrides(args: ServerArgs) -> dict[str, object]:
+    """``--override-kv KEY=TYPE:VALUE,...`` (every occurrence, later wins per key), read as llama.cpp's
+    string_parse_kv_override reads them (common/common.cpp:657-701); what it would refuse is refused here."""
+    out: dict[str, object] = {}
+    for occ in args.all("--override-kv"):
+        for item in (x for x in (occ.value or "").split(",") if x):
+            key, sep, rest = item.partition("=")
+            kind, colon, raw = rest.partition(":")
+            if not sep or not key or len(key) >= 128 or not colon:
+                raise UsageError(f"--override-kv {item!r}: expected KEY=TYPE:VALUE", hint="e.g. llama.ctx=int:8192")
+            if kind == "int":
+                out[key] = int_value(raw, f"--override-kv {key}=int:")
+            elif kind == "float":
+                try:
+                    out[key] = float(raw) if raw.isascii() else float("x")
+                except ValueError:
+                    raise UsageError(f"--override-kv {item!r}: not a number") from None
+            elif kind == "bool" and raw in ("true", "false"):
+                out[key] = raw == "true"
+            elif kind == "str" and len(raw) <= 127:
+                out[key] = raw
+            else:
+                raise UsageError(f"--override-kv {item!r}: llama-server refuses it", hint="int, float, bool, str")
+    return out
 
 
 def parse_bool_value(value: str | None, flag: str, *, allow_auto: bool = False) -> str:

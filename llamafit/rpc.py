@@ -49,6 +49,46 @@ def parse_endpoints(values: Sequence[str]) -> list[str]:
     return out
 
 
+RESOLVE_TIMEOUT = 3.0
+
+
+def _address(endpoint: str, timeout: float) -> tuple[str, int]:
+    """Where an endpoint really is: its host's first address (a name resolved, bounded) and its port."""
+    import concurrent.futures
+    import ipaddress
+
+    host, _, port = endpoint.rpartition(":")
+    host = host.strip("[]")
+    try:
+        return str(ipaddress.ip_address(host)), int(port)
+    except ValueError:
+        pass
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    try:
+        infos = pool.submit(socket.getaddrinfo, host, int(port), type=socket.SOCK_STREAM).result(timeout=timeout)
+        return str(ipaddress.ip_address(infos[0][4][0])), int(port)
+    except (OSError, concurrent.futures.TimeoutError, IndexError, ValueError):
+        return host.lower(), int(port)  # not resolvable now: the name stands for itself
+    finally:
+        pool.shutdown(wait=False)
+
+
+def same_servers(endpoints: Sequence[str], timeout: float = RESOLVE_TIMEOUT) -> tuple[list[str], list[str]]:
+    """The endpoints with each server once (``127.0.0.1:P`` and ``localhost:P`` are one server: llama-server
+    would register its devices twice and the plan count its memory twice), and what was merged."""
+    out: list[str] = []
+    notes: list[str] = []
+    seen: dict[tuple[str, int], str] = {}
+    for ep in endpoints:
+        addr = _address(ep, timeout)
+        if addr in seen:
+            notes.append(f"--rpc {ep} is {seen[addr]} again (the same server): used once")
+            continue
+        seen[addr] = ep
+        out.append(ep)
+    return out, notes
+
+
 def reachable(endpoint: str, timeout: float = CONNECT_TIMEOUT) -> str | None:
     """None when a TCP connection opens, else why not."""
     host, _, port = endpoint.rpartition(":")

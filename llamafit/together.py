@@ -131,8 +131,10 @@ def entries_from_preset(sections: Sequence[Section], source: str) -> list[Entry]
     for s in sections:
         if s.name in (GLOBAL, ""):
             continue
-        values = {**(glob.values if glob else {}), **s.values}
-        tokens, only = to_tokens(values, f"{source} [{s.name}]")
+        # [*]'s options under the section's own: an option the section sets wins whatever its key's spelling
+        g_tokens, g_only = to_tokens(glob.values if glob else {}, f"{source} [{GLOBAL}]")
+        s_tokens, only = to_tokens(s.values, f"{source} [{s.name}]")
+        tokens, only = [*g_tokens, *s_tokens], {**g_only, **only}
         args = parse_server_args(tokens)
         for key in _NOT_HERE:
             if args.has(key):

@@ -180,3 +180,15 @@ def test_a_tensor_split_that_is_not_a_number_is_a_usage_error(l8b: Path) -> None
         r = invoke("plan", str(l8b), "--gpu", "24GiB", "--gpu", "24GiB", "--", "-ts", ts)
         assert r.exit_code == ExitCode.USAGE, (ts, r.output)
         assert "-ts" in r.stderr and "internal error" not in r.stderr
+
+
+def test_plan_and_run_say_the_same_warnings(l8b: Path) -> None:
+    """A warning of the plan (a context past the training one) is said by plan, run --dry-run and run alike:
+    every command prints the plan's one report (Prepared.report)."""
+    args = ("--gpu", "200GiB", "--", "-c", "1000000")
+    plan = invoke("plan", str(l8b), *args)
+    dry = invoke("run", str(l8b), "--dry-run", *args)
+    assert plan.exit_code == 0 and dry.exit_code == 0
+    assert "exceeds the training context" in plan.stdout
+    assert "warning: n_ctx_seq 1000192 exceeds the training context 131072" in dry.stderr
+    assert "exceeds" not in dry.stdout  # stdout carries the argv alone

@@ -61,11 +61,16 @@ def test_run_passes_through_and_forwards_ctrl_c(server_bin: ServerBinary, tmp_pa
 
 def test_a_flag_the_server_refuses_is_explained(server_bin: ServerBinary, tmp_path: Path) -> None:
     model = ensure_demo_model(tmp_path)
+    # a flag this binary does not list (its --completion-bash): refused before anything starts
     r = subprocess.run([*LLAMAFIT, "run", str(model), "--server", server_bin.path, "--", "--frobnicate"],
                        capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert r.returncode == 5  # a load failure, explained
-    assert "does not accept --frobnicate" in r.stderr
-    assert "invalid argument" in r.stderr  # the server's own line passed through
+    assert r.returncode == 2 and "does not accept --frobnicate" in r.stderr
+    # a flag it lists with a value it cannot use: the server refuses at start, and that is explained
+    missing = tmp_path / "missing.jinja"
+    r = subprocess.run([*LLAMAFIT, "run", str(model), "--server", server_bin.path, "--", "--chat-template-file",
+                        str(missing)], capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 5, r.stderr  # a load failure, explained
+    assert "missing.jinja" in r.stderr
 
 
 def test_option_table_covers_the_real_binary(server_bin: ServerBinary) -> None:

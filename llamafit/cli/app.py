@@ -41,7 +41,16 @@ from llamafit.cli.options import (
     SpecOpt,
     split_targets,
 )
-from llamafit.cli.output import download_summary, handled, note, out_console, print_json, progress_console, safe
+from llamafit.cli.output import (
+    download_summary,
+    handled,
+    note,
+    out_console,
+    print_json,
+    print_report,
+    progress_console,
+    safe,
+)
 from llamafit.errors import ExitCode
 from llamafit.options import DEFAULTS, Options
 
@@ -83,6 +92,10 @@ def _prepare(model: str, o: Options, json_out: bool = False, quant: str | None =
     from llamafit.prepare import machine_and_server, new_hub, prepare
     from llamafit.quants import planner, prepare_choice, wants_quants
 
+    if wants_quants(model, quant) and o.hf_file:
+        from llamafit.errors import UsageError
+
+        raise UsageError("--hf-file names one file; :best and --quant choose among the repo's", hint="give one")
     machine, found = machine_and_server(o)
     try:
         if wants_quants(model, quant):
@@ -128,10 +141,11 @@ def gpus(
         srv = server_and_caps(server)[0] if not (gpu or cpu_only) or rpc else None
         m = discover_for(o, srv)
         if rpc:
-            from llamafit.rpc import parse_endpoints
+            from llamafit.rpc import parse_endpoints, same_servers
 
-            m, unreachable = machine_with_rpc(m, parse_endpoints(rpc), srv, optional=rpc_optional, cpu_only=cpu_only)
-            notes = [f"RPC server {ep} unreachable (--rpc-optional)" for ep in unreachable]
+            eps, merged = same_servers(parse_endpoints(rpc))
+            m, unreachable = machine_with_rpc(m, eps, srv, optional=rpc_optional, cpu_only=cpu_only)
+            notes = [*merged, *(f"RPC server {ep} unreachable (--rpc-optional)" for ep in unreachable)]
             m = Machine(m.gpus, m.host, (*m.notes, *notes), m.blind)
         if json_out:
             print_json(m.to_json())
@@ -252,6 +266,10 @@ def plan(
     """The memory plan per device and the decisions behind it. Nothing is launched or downloaded."""
     with handled():
         refs, o = _targets(ctx, model)
+        if quants and (len(refs) > 1 or models_preset is not None or o.hf_file):
+            from llamafit.errors import UsageError
+
+            raise UsageError("--quants plans every quant of one repo or folder", hint="give one MODEL, no --hf-file")
         if len(refs) > 1 or models_preset is not None:
             from llamafit.cli.several import plan_several
 
@@ -269,17 +287,14 @@ def plan(
 
             raise typer.Exit(plan_ladder(refs[0], o, json_out))
         prep = _prepare(refs[0], o, json_out, quant)
-        p, argv = prep.plan, prep.argv
-        for n in prep.notes:
-            note(n)
+        # the notes; the decisions and warnings are in the view (and in the JSON)
+        print_report([r for r in prep.report() if r[0] == "note"], decisions=False)
         if json_out:
             print_json(prep.to_json())
             return
         from llamafit.cli.render import print_plan
 
-        for n in p.notes:  # what the machine's discovery said (no NVML, CUDA_VISIBLE_DEVICES, ...)
-            note(n)
-        print_plan(out_console(), p, argv)
+        print_plan(out_console(), prep.plan, prep.argv)
 
 
 @app.command(epilog=RUN_EXAMPLES, short_help="Plan, then launch llama-server and watch it load.")
@@ -349,12 +364,14 @@ def run(
             )  # fmt: skip
             raise typer.Exit(code)
         prep = _prepare(refs[0], o, json_out, quant)
-        for n in prep.notes:
-            note(n)
+        report = prep.report()
+        print_report([r for r in report if r[0] == "note"], decisions=False)
         pending = prep.downloads()
         if dry_run:
+            # the warnings; of the decisions only a choice left to llamafit (no launch follows)
+            print_report([r for r in report if r[0] == "warning"], decisions=False)
             if (chosen := prep.plan.decision("quant.best")) is not None:
-                note(chosen.message)  # a choice the user left to llamafit: say it even without a launch
+                note(chosen.message)
             if pending:
                 note(download_summary(pending, "run would download"))
             if json_out:
@@ -376,8 +393,7 @@ def run(
         env = launch_env(prep.server)
         if env.removed:
             note("not passed to the server (they would change what was planned): " + ", ".join(env.removed))
-        for d in prep.plan.decisions:
-            note(d.message)
+        print_report([r for r in report if r[0] != "note"], decisions=True)
         if exec_:
             from llamafit.supervisor import exec_server
 
@@ -431,21 +447,9 @@ def history(
         if json_out:
             print_json({"schema": "llamafit.history-list/1", "file": str(history_file()), "launches": entries})
             return
-        from rich.table import Table
+        from llamafit.cli.render import history_table
 
-        t = Table(title=f"Launches ({history_file()})", title_justify="left")
-        for col in ("time", "model", "n_ctx", "devices", "KV MiB", "compute MiB (pred -> actual)"):
-            t.add_column(col)
-        for e in entries:
-            pred = e.get("predicted_bytes", {}).get("compute", {})
-            act = e.get("actual_mib", {}).get("compute", {})
-            comp = ", ".join(f"{k} {pred.get(k, 0) / 2**20:.1f} -> {v:.1f}" for k, v in act.items())
-            kv = sum(e.get("actual_mib", {}).get("kv", {}).values())
-            st = e.get("settings", {})
-            t.add_row(
-                safe(e.get("time", "")), safe(e.get("model", {}).get("name", "")), str(st.get("n_ctx", "")),
-                safe(",".join(st.get("devices", [])) or "CPU"), f"{kv:.2f}", safe(comp),
-            )  # fmt: skip
+        t = history_table(entries, str(history_file()))
         out_console().print(t)
         if not entries:
             progress_console().print("[dim]no launches recorded yet: `llamafit run` records each one[/]")

@@ -115,6 +115,20 @@ def note(text: str) -> None:
     progress_console().print(f"[dim]llamafit:[/] {safe(text)}", soft_wrap=True)
 
 
+def warn(text: str) -> None:
+    progress_console().print(f"[yellow]llamafit: warning:[/] {safe(text)}", soft_wrap=True)
+
+
+def print_report(report: Sequence[tuple[str, str]], *, decisions: bool) -> None:
+    """A plan's report (``Prepared.report``): its notes, its decisions (when the view does not show them),
+    its warnings, each the same way in every command."""
+    for kind, text in report:
+        if kind == "warning":
+            warn(text)
+        elif kind == "note" or decisions:
+            note(text)
+
+
 def error(message: str, hint: str | None = None) -> None:
     con = err_console()
     con.print(f"[bold red]error:[/] {safe(message)}", soft_wrap=True)

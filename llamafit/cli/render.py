@@ -102,7 +102,7 @@ SEGMENTS = (
 def _parts(use: Any, used_by_others: int, margin: int, free_after: int) -> list[tuple[str, int]]:
     """(letter, bytes) of one device, in bar order."""
     return [
-        ("W", use.model),
+        ("W", use.model + use.adapters),
         ("K", use.kv),
         ("R", use.rs),
         ("C", use.compute + use.output + use.ngram),
@@ -317,5 +317,26 @@ def quants_table(src: Any, rows: Any) -> Table:
             safe(r.quant.tag), b(r.quant.size), f"{r.bpw:.2f}" if r.bpw else "", fits,
             str(r.plan.n_ctx) if r.fits and r.plan else "", safe(r.placement[1]), safe(r.speculative or ""),
             b(sum(f.size for _, f in down)) if down else ("cached" if r.fits and src.hub else ""),
+        )  # fmt: skip
+    return t
+
+
+# -- history -------------------------------------------------------------------------------------------
+
+
+def history_table(entries: list[dict[str, Any]], path: str) -> Table:
+    """Past launches: their model, context, devices, and compute predicted against logged."""
+    t = Table(title=f"Launches ({path})", title_justify="left")
+    for col in ("time", "model", "n_ctx", "devices", "KV MiB", "compute MiB (pred -> actual)"):
+        t.add_column(col)
+    for e in entries:
+        pred = e.get("predicted_bytes", {}).get("compute", {})
+        act = e.get("actual_mib", {}).get("compute", {})
+        comp = ", ".join(f"{k} {pred.get(k, 0) / 2**20:.1f} -> {v:.1f}" for k, v in act.items())
+        kv = sum(e.get("actual_mib", {}).get("kv", {}).values())
+        st = e.get("settings", {})
+        t.add_row(
+            safe(e.get("time", "")), safe(e.get("model", {}).get("name", "")), str(st.get("n_ctx", "")),
+            safe(",".join(st.get("devices", [])) or "CPU"), f"{kv:.2f}", safe(comp),
         )  # fmt: skip
     return t

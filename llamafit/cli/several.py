@@ -60,7 +60,11 @@ def prepare_several(refs: Sequence[str], models_preset: Path | None, o: Options)
 
     if o.draft or o.hf_file or o.revision:
         raise UsageError("--draft, --hf-file and --revision apply to one model", hint="set them per model in a preset")
-    entries = entries_from_preset(load(models_preset), str(models_preset)) if models_preset else []
+    sections = load(models_preset) if models_preset else []
+    for sec in sections:
+        for line in sec.repeated:
+            note(f"{models_preset}:{line}: [{sec.name}] again: llama-server keeps only this later section's keys")
+    entries = entries_from_preset(sections, str(models_preset)) if models_preset else []
     entries += entries_from_refs(refs, taken=[e.name for e in entries])
     for e in entries:
         if wants_quants(e.ref, None):
@@ -84,8 +88,8 @@ def prepare_several(refs: Sequence[str], models_preset: Path | None, o: Options)
         # caches a remote one), and its derived values are memoized on the one ModelInfo
         if os.path.exists(ref):
             info = models[ref] if ref in models else models.setdefault(ref, load_model(ref))
-            return prepare(ref, opts, machine=m, server=found, hub=hub, model=info)
-        return prepare(ref, opts, machine=m, server=found, hub=hub)
+            return prepare(ref, opts, machine=m, server=found, hub=hub, model=info, speed=False)
+        return prepare(ref, opts, machine=m, server=found, hub=hub, speed=False)
 
     return _Set(plan_together(entries, o, machine, plan), srv, caps, hub)
 
@@ -142,7 +146,8 @@ def run_several(
 
     ps = prepare_several(refs, models_preset, o)
     t = ps.together
-    preset_path = data_dir() / "router" / "preset.ini"
+    # one preset per run: two routers started from one data directory never read each other's
+    preset_path = data_dir() / "router" / f"preset-{os.getpid()}.ini"
     argv = ps.argv(str(preset_path))
     pending = list(dict.fromkeys((st, f) for m in t.members for st, f in m.prep.downloads()))
     if dry_run:
@@ -163,8 +168,11 @@ def run_several(
     if env.removed:
         note("not passed to the server (they would change what was planned): " + ", ".join(env.removed))
     argv = with_buffer_lines(argv, parse_server_args(t.router_args), ps.caps)
-    return supervise_router(t, argv, env.env, verbose=verbose, log_file=log_file, json_out=json_out,
-                            ready_timeout=ready_timeout, plan_doc=to_json(t, argv, str(preset_path)))  # fmt: skip
+    try:
+        return supervise_router(t, argv, env.env, verbose=verbose, log_file=log_file, json_out=json_out,
+                                ready_timeout=ready_timeout, plan_doc=to_json(t, argv, str(preset_path)))  # fmt: skip
+    finally:
+        preset_path.unlink(missing_ok=True)  # the run's own state goes with the run
 
 
 @dataclass

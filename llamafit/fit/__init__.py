@@ -29,6 +29,7 @@ from llamafit.devices import Device, Machine
 from llamafit.errors import UsageError
 from llamafit.fit import messages
 from llamafit.fit.argv_plan import planned_argv, server_defaults
+from llamafit.fit.faster import faster_split
 from llamafit.fit.policy import Outcome, fit_with_policy
 from llamafit.fit.projector import ProjectorPlacement, place_projector
 from llamafit.fit.runtime import RuntimeHost, plan_runtime
@@ -38,6 +39,7 @@ from llamafit.gguf.hparams import ESTIMATED_COMPUTE_ARCHS, UNVERIFIED_MEMORY_ARC
 from llamafit.gguf.mmproj import Projector
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory import backends
+from llamafit.memory.adapters import Adapters
 from llamafit.memory.context import check_cache_types
 from llamafit.memory.footprint import LoadSettings, Use
 from llamafit.memory.mmproj import MmprojUse
@@ -61,6 +63,7 @@ def make_plan(
     mmproj_measured: Callable[[MmprojUse], int | None] | None = None,
     drafter_files: DrafterFiles | None = None,
     rates: Rated | None = None,
+    adapters: Adapters | None = None,
 ) -> Plan:
     """Fit ``model`` (and its drafter) onto ``machine`` under ``req``; DoesNotFitError when nothing fits.
 
@@ -78,7 +81,7 @@ def make_plan(
     base = server_defaults(req)
     calib = calibrate(base, tuple(g.id for g in gpus)) if calibrate is not None else Corrections()
     projector = place_projector(req, machine, [g.id for g in gpus], mmproj, mmproj_measured)
-    search = Search(model, machine, req, gpus, opts, calib, projector.fixed)
+    search = Search(model, machine, req, gpus, opts, calib, projector.fixed, adapters)
     lo, hi = _context_bounds(model, req, base)
     choice = choose(model, opts, drafter_files)
     pinned = req.n_gpu_layers is not None or req.tensor_split is not None or req.overrides is not None
@@ -90,11 +93,18 @@ def make_plan(
         err.plan = _assemble(model, machine, req, search, gpus, closest, out.report, planned, projector,
                              [Decision("fit.none", err.message)], [*calib.notes, *projector.warnings])  # fmt: skip
         raise err
-    t = out.trial
+    t, faster = faster_split(search, out.trial, out.spec, gpus, rates, pinned)
+    if faster is not None and out.placement is not None:  # the placement's sentence names the new split
+        ids = [g.id for g in gpus]
+        was, now = messages.where(out.trial.settings, ids), messages.where(t.settings, ids)
+        out = replace(out, placement=replace(out.placement, message=out.placement.message.replace(was, now)))
     planned = planned_argv(model, t.settings, t.fp.context.n_ctx, gpus, req, machine, out.spec, opts)
     runtime = plan_runtime(model, t, out.spec, opts, req, search)
     planned += runtime.flags
     decisions = _decisions(model, machine, req, search, t, out, planned, calib, projector)
+    if faster is not None:  # right after the placement it changed
+        at = next((i + 1 for i, d in enumerate(decisions) if d.code.startswith("placement.")), len(decisions))
+        decisions.insert(at, faster)
     decisions += [runtime.decision] if runtime.decision else []
     warnings = [*calib.notes, *projector.warnings, *_model_warnings(model, mmproj, choice.notes, choice.drafter)]
     warnings += [*_load_warnings(model, t), *runtime.warnings]

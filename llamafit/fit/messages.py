@@ -320,12 +320,20 @@ def seq_exceeds_train(n_ctx_seq: int, train: int) -> str:
 def runtime_chosen(slots: int, per_slot: int, ckpt: int, cache: int, room: int, flags: Sequence[object]) -> Decision:
     passed = " ".join(" ".join(getattr(f, "tokens", ())) for f in flags)
     ckpts = f"{per_slot} context checkpoint(s) per slot ({slots} x {per_slot} x {fmt_bytes(ckpt)})" if ckpt else ""
-    parts = [p for p in (ckpts, f"a prompt cache of {fmt_bytes(cache)}" if cache else "no prompt cache") if p]
+    pc = f"a prompt cache of {fmt_bytes(cache)}" if cache > 0 else "no prompt cache" if cache == 0 else ""
+    parts = [p for p in (ckpts, pc) if p]
     return Decision(
         "runtime.host",
         f"Host RAM at run time: {' and '.join(parts)}, within the {fmt_bytes(max(room, 0))} the load leaves "
         f"(available less the margin); llama-server's defaults would not fit"
         + (f": passing {passed}." if passed else "."),
+    )
+
+
+def cache_unlimited(left: int) -> str:
+    return (
+        f"--cache-ram -1: the prompt cache may grow without limit; {fmt_bytes(left)} of host RAM is left for it "
+        "after the load and the checkpoints, and past that the host runs out: give --cache-ram MiB"
     )
 
 

@@ -72,7 +72,16 @@ def plan_runtime(
     warnings: list[str] = []
     decision = None
     if cache < 0:
-        warnings.append("--cache-ram -1: the prompt cache may grow without limit")
+        # no limit on the prompt cache: the checkpoints must still fit (what they leave, the cache may take)
+        if growth(n, 0) > room and not user_ckpt and needs:
+            n_fit = max(1, min(n, room // max(1, slots * ckpt) - extra))
+            if n_fit != n:
+                flags.append(Planned("ctx-checkpoints", ("--ctx-checkpoints", str(n_fit))))
+                decision = messages.runtime_chosen(slots, kept(n_fit), ckpt, -1, room, flags)
+            n = n_fit
+        if growth(n, 0) > room:
+            warnings.append(messages.runtime_over(slots, kept(n), ckpt, 0, room))
+        warnings.append(messages.cache_unlimited(max(0, room - growth(n, 0))))
     elif growth(n, cache) > room and not (user_ckpt and user_cache):
         # checkpoints first (they save re-processing whole prompts), the prompt cache takes the rest
         if not user_ckpt and needs:

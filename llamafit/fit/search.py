@@ -16,9 +16,10 @@ from llamafit.calibration import Corrections
 from llamafit.devices import Device, Machine
 from llamafit.errors import DoesNotFitError, UsageError
 from llamafit.fit import messages
-from llamafit.fit.split import split_balanced, split_greedy
+from llamafit.fit.split import split_balanced, split_fastest, split_greedy
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory import backends
+from llamafit.memory.adapters import Adapters
 from llamafit.memory.context import per_layer_memory
 from llamafit.memory.footprint import Footprint, LoadSettings, Use, estimate
 from llamafit.memory.placement import CPU, Override
@@ -85,6 +86,7 @@ class Search:
         opts: SpecOptions,
         calib: Corrections,
         fixed: Mapping[str, Use],
+        adapters: Adapters | None = None,
     ) -> None:
         self.model = model
         self.req = req
@@ -105,6 +107,7 @@ class Search:
         self.limits = {g.id: g.max_tensor for g in gpus if g.max_tensor}
         self.calib = calib
         self.fixed = dict(fixed)  # what does not depend on the fit: the multimodal projector
+        self.adapters = adapters if adapters is not None and not adapters.empty else None
 
     def estimate(
         self,
@@ -137,6 +140,9 @@ class Search:
         dfp, extra = drafter_use(self.model, spec, self.opts, s, fp, self.ids, est, self.card_total)
         for dev, u in self.fixed.items():
             extra[dev] = extra.get(dev, Use()) + u
+        if self.adapters is not None:  # on the devices of the weights they change
+            for dev, b in self.adapters.per_device(fp.placement, self.model.hparams.n_layer).items():
+                extra[dev] = extra.get(dev, Use()) + Use(adapters=b)
         unified = sum(fp.gpus[g].total + extra.get(g, Use()).total for g in self.unified)
         worst, over = CPU, fp.host.total + extra.get(CPU, Use()).total + unified - self.host_usable
         for g in self.ids:
@@ -148,13 +154,15 @@ class Search:
     # -- layer packing across GPUs -------------------------------------------------------------
 
     def pack(
-        self, s: LoadSettings, n_gpu_layers: int, spec: SpecConfig, cuts: Mapping[str, int] | None = None
-    ) -> LoadSettings | None:
+        self, s: LoadSettings, n_gpu_layers: int, spec: SpecConfig, cuts: Mapping[str, int] | None = None,
+        order: Sequence[int] | None = None,
+    ) -> LoadSettings | None:  # fmt: skip
         """Choose per-GPU layer counts (-ts) for the top ``n_gpu_layers`` layers, back to front.
 
         Each card gets what its own budget holds after its fixed costs (runtime overhead, compute
         buffer, the drafter's share, and for the last card the output layer), like llama.cpp's fit
-        (common/fit.cpp:647-729), less ``cuts`` (bytes a card overflowed by in an earlier pass).
+        (common/fit.cpp:647-729), less ``cuts`` (bytes a card overflowed by in an earlier pass);
+        ``order``: fill the cards in this order instead (fastest first, ``split.split_fastest``).
         """
         hp = self.model.hparams
         n_units = hp.n_layer_all + 1
@@ -176,6 +184,9 @@ class Search:
                 cost[il] += p.alloc
         for il in range(hp.n_layer_all):
             cost[il] += mem[il]
+        if self.adapters is not None:
+            layer_of = {t.name: t.layer for t in self.model.tensors}
+            cost = [c + a for c, a in zip(cost, self.adapters.per_layer(layer_of, n_units), strict=True)]
         # a card's compute buffer depends on where the split puts it (first after the CPU layers, the
         # output card, the scheduler's input copies), which the split decides: price the largest here
         compute = max((probe.gpus[g].compute for g in self.ids), default=0)
@@ -185,7 +196,9 @@ class Search:
             - self.fixed.get(dev, Use()).total - (cuts or {}).get(dev, 0)
             for dev in self.ids
         ]  # fmt: skip
-        if any(backends.kind(d) == "rpc" for d in self.ids):
+        if order is not None:
+            counts = split_fastest(cost[first:], budgets, order)
+        elif any(backends.kind(d) == "rpc" for d in self.ids):
             # over RPC the local cards are last in llama.cpp's order: filling back to front keeps as much
             # as possible on this machine and sends only the overflow over the network
             counts = split_greedy(cost[first:], budgets)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar, cast
@@ -129,6 +129,25 @@ def find_shards(path: str) -> list[str]:
 def _int_key(h: GGUFHeader, key: str) -> int | None:
     v = h.get(key)
     return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def with_kv(model: ModelInfo, overrides: Mapping[str, object]) -> tuple[ModelInfo, list[str]]:
+    """The model as llama.cpp loads it with ``--override-kv``: each overridden scalar key read as given (the
+    loader's get_key takes overrides, llama-model-loader.cpp GGUFMeta::override); a key whose value in the
+    file is an array is not overridden (get_arr does not look at overrides), which the notes say."""
+    kv = dict(model.kv)
+    notes = []
+    for key, value in overrides.items():
+        if isinstance(kv.get(key), list):
+            notes.append(f"--override-kv {key}: an array in the file; llama-server does not override arrays")
+            continue
+        kv[key] = value
+    if kv == model.kv:
+        return model, notes
+    check_arch(kv, model.path)
+    hp = resolve_hparams(kv, model.path)
+    tensors = tuple(Tensor(t.info, t.shard, layer_of(t.name, hp.n_layer_all), t.matmul) for t in model.tensors)
+    return ModelInfo(model.path, model.shards, model.shard_sizes, hp, kv, tensors), notes
 
 
 def model_from_headers(headers: Sequence[GGUFHeader], names: Sequence[str]) -> ModelInfo:

@@ -33,6 +33,7 @@ class Use:
     mmproj: int = 0
     overhead: int = 0
     ngram: int = 0  # host structures of ngram speculative decoding
+    adapters: int = 0  # LoRA adapters and control vectors beside the weights they change
 
     @property
     def total(self) -> int:
