@@ -33,8 +33,8 @@ import factory  # noqa: E402
 import shapes  # noqa: E402
 from realserver import CREATED_CHECKPOINT, chat_log, run_argv  # noqa: E402
 
-from llamafit.cli.supervise import compare_all  # noqa: E402
 from llamafit.compare import Row  # noqa: E402
+from llamafit.launch import compare_all  # noqa: E402
 from llamafit.options import Options  # noqa: E402
 from llamafit.prepare import prepare  # noqa: E402
 from llamafit.server import ServerBinary, find_server  # noqa: E402

@@ -1,19 +1,31 @@
-"""After the plan: what a launch measured against what was planned, as data (the CLI shows it).
+"""After the plan: what a launch needs and what it measured against what was planned, as data (the CLI
+shows it; the bench and the tests use the same).
 
-Speed (``llamafit.speed``): each request the server timed (``speed.timings.Served``) beside the plan's
-prediction for that request's prompt and depth, and the record of them a launch leaves in the history,
-which corrects the next plan of the same model on the same devices (``speed.calibrate``).
+* the argv's last touch: ``-lv 4`` so the buffer lines are logged (``with_buffer_lines``);
+* memory: every logged buffer lined up with its prediction (``compare_all``), devices that had less free
+  memory at load than planned (``free_drift``), and the launch record that calibrates the next plan
+  (``record_launch``, which says why when it cannot record);
+* speed (``llamafit.speed``): each request the server timed (``speed.timings.Served``) beside the plan's
+  prediction for that request's prompt and depth, kept in the launch record, which corrects the next
+  plan of the same model on the same devices (``speed.calibrate``).
 """
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from llamafit.argv import ServerArgs
+from llamafit.calibration import HistoryNotWritten, record
+from llamafit.capabilities import Capabilities
+from llamafit.compare import Row, compare, compare_mmproj
 from llamafit.fit.speed import trial_rates_speed
+from llamafit.logparse import LoadLog
 from llamafit.prepare import Prepared
 from llamafit.speed.timings import Served
+from llamafit.units import MiB
 
 
 @dataclass(frozen=True)
@@ -71,3 +83,90 @@ def speed_record(prep: Prepared, checks: Sequence[SpeedCheck]) -> dict[str, Any]
         "predicted": sp.as_dict() if sp is not None else None,
         "served": [c.as_dict() for c in checks],
     }
+
+
+def compare_all(prep: Prepared, log: LoadLog) -> list[Row]:
+    aliases = prep.plan.buffer_aliases
+    rows = compare(prep.plan.footprint, log, "target", aliases)
+    spec = prep.plan.speculative
+    if prep.plan.draft_footprint is not None and spec is not None and spec.drafter is not None:
+        label = "mtp" if spec.drafter.kind == "draft-mtp" else "draft"
+        rows += compare(prep.plan.draft_footprint, log, label, aliases)
+    if prep.plan.mmproj is not None:
+        rows += compare_mmproj(prep.plan.mmproj, log, aliases)
+    return rows
+
+
+def free_drift(prep: Prepared, log: LoadLog) -> list[str]:
+    """Devices that had less free memory when the server loaded than the plan assumed (another
+    process started, or the driver's report moved), by more than half the margin."""
+    out = []
+    for d in prep.plan.devices:
+        seen = log.device_free_mib.get(d.device.id)
+        if seen is None:
+            continue
+        lost = d.device.free - seen * MiB
+        if lost > prep.plan.margin // 2:
+            out.append(
+                f"{d.device.id} had {seen} MiB free when the server loaded, {lost // MiB} MiB less than the plan "
+                f"assumed; the margin absorbed it, but re-plan if something else now runs there"
+            )
+    return out
+
+
+def with_buffer_lines(argv: Sequence[str], user: ServerArgs, caps: Capabilities) -> list[str]:
+    """``argv`` with ``-lv 4`` unless the user set a verbosity: the buffer lines are llama INFO messages,
+    shown from verbosity 4 (a router passes it on to every instance)."""
+    if user.sets_family("verbosity") or not caps.accepts("-lv"):
+        return list(argv)
+    return [*argv, "-lv", "4"]
+
+
+def exit_reason(code: int) -> str:
+    """How a shell-style exit status reads: 134 is SIGABRT."""
+    if code > 128:
+        try:
+            return f"killed by {signal.Signals(code - 128).name} (exit {code})"
+        except ValueError:
+            pass
+    return f"exit {code}"
+
+
+def record_launch(prep: Prepared, log: LoadLog, checks: Sequence[SpeedCheck] = ()) -> list[str]:
+    """What the server really allocated (and served), beside what was predicted: the calibration of later
+    plans; returns why it was not recorded, if it was not. Only when the server used the devices the plan
+    was made for (a plan for a described --gpu, or a card that vanished, would teach the next plan the
+    wrong thing)."""
+    planned = {d.device.id for d in prep.plan.devices}
+    used = {prep.plan.buffer_aliases.get(n, n) for n in log.device_free_mib}
+    if planned != used:
+        was, now = ", ".join(sorted(planned)) or "no GPU", ", ".join(sorted(used)) or "no GPU"
+        return [f"not recorded for calibration: the server used {now}, the plan was for {was}"]
+    actual: dict[str, dict[str, float]] = {}
+    ctx = log.context("target")
+    if ctx is not None:
+        for kind, items in (("kv", ctx.kv), ("rs", ctx.rs), ("output", ctx.output)):
+            for buft, mib in items:
+                actual.setdefault(kind, {})[buft] = actual.get(kind, {}).get(buft, 0.0) + mib
+        actual["compute"] = dict(ctx.compute)
+    model = log.model("target")
+    if model is not None:
+        for buft, mib in model.buffers:
+            actual.setdefault("model", {})[buft] = actual.get("model", {}).get(buft, 0.0) + mib
+    devices = tuple(d.device.id for d in prep.plan.devices)
+    mm = None
+    if prep.plan.mmproj is not None and log.mmproj:
+        compute: dict[str, float] = {}
+        for c in log.mmproj:
+            for buft, mib in c.compute.items():
+                compute[buft] = compute.get(buft, 0.0) + mib
+        mm = (prep.plan.mmproj, compute)
+    try:
+        extra: dict[str, object] = {"argv": prep.argv, "server": prep.server.path if prep.server else None}
+        if (sp := speed_record(prep, checks)) is not None:
+            extra["speed"] = sp
+        record(prep.plan.model, prep.plan.settings, devices, prep.plan.footprint, actual, log.breakdown, extra,
+               mmproj=mm)  # fmt: skip
+    except HistoryNotWritten as e:
+        return [f"this launch was not recorded for calibration: {e}"]
+    return []

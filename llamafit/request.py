@@ -247,6 +247,11 @@ def build_request(
         kw["ctx"] = c or None
     if (o := args.last("--parallel")) is not None:
         kw["n_seq"] = int_value(o.value, o.tokens[0], 1)
+    if (o := args.last("--kv-unified-per-slot")) is not None and (per := int_value(o.value, o.tokens[0], 0)):
+        # without -c the server sizes the pool to n_parallel x N (tools/server/server.cpp:176-186)
+        n_seq = kw.get("n_seq")
+        if "ctx" not in kw and not kw.get("ctx_full"):
+            kw["ctx"] = (n_seq if isinstance(n_seq, int) else 4) * per
     if (f := args.flag("--kv-unified")) is not None:
         kw["kv_unified"] = f
     if (o := args.last("--batch-size")) is not None:

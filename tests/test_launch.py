@@ -332,7 +332,7 @@ def test_device_and_fit_lines_are_read() -> None:
 
 
 def test_memory_taken_after_planning_is_reported(tmp_path: Path) -> None:
-    from llamafit.cli.supervise import free_drift
+    from llamafit.launch import free_drift
     from llamafit.logparse import LoadLog
     from llamafit.options import Options
     from llamafit.prepare import prepare

@@ -19,7 +19,7 @@ import factory
 import pytest
 from realserver import required, run_argv, run_until_ready_then_interrupt
 
-from llamafit.cli.supervise import compare_all
+from llamafit.launch import compare_all
 from llamafit.options import Options
 from llamafit.prepare import discover_for, prepare, server_and_caps
 from llamafit.server import ServerBinary, free_port

@@ -12,10 +12,9 @@ from llamafit import shellwords
 from llamafit.capabilities import ASSUMED, Capabilities
 from llamafit.cli.output import err_console, note, out_console, print_json, progress_console, safe
 from llamafit.cli.render import memory_tables, print_plan, rows_json
-from llamafit.cli.supervise import compare_all, record_launch
 from llamafit.demo import ensure_demo_model
 from llamafit.errors import ExitCode, LlamafitError
-from llamafit.launch import check_speed
+from llamafit.launch import check_speed, compare_all, record_launch
 from llamafit.options import Options
 from llamafit.plan import to_json
 from llamafit.prepare import discover_for, launch_env, prepare, server_and_caps
@@ -66,7 +65,8 @@ def run_demo(server: str | None, json_out: bool) -> int:
     rows = compare_all(prep, outcome.log)
     served = served_from_response(reply)
     checks = [check_speed(prep, served)] if served is not None else []
-    record_launch(prep, outcome.log, checks)
+    for why in record_launch(prep, outcome.log, checks):
+        note(why)
     text = str(reply.get("content", ""))
     rc = outcome.returncode
     if json_out:

@@ -23,12 +23,13 @@ from llamafit.cli.output import (
     safe,
 )
 from llamafit.cli.render import memory_tables, rows_json
-from llamafit.cli.supervise import SHOWN_LINE, compare_all, exit_reason, record_launch, say_killed, with_buffer_lines
+from llamafit.cli.supervise import SHOWN_LINE, say_killed
 from llamafit.devices import Machine
 from llamafit.errors import ExitCode, ServerNotFoundError, UsageError
 from llamafit.failures import Failure, classify
 from llamafit.gguf.model import ModelInfo
 from llamafit.hub.resolve import Hub
+from llamafit.launch import compare_all, exit_reason, record_launch, with_buffer_lines
 from llamafit.logparse import is_error
 from llamafit.options import Options
 from llamafit.paths import data_dir
@@ -227,7 +228,8 @@ def supervise_router(
         if event == "ready" and inst.name not in w.reported:
             log = inst.log()
             rows = compare_all(m.prep, log)
-            record_launch(m.prep, log)  # each instance teaches the next plan of its model, as one server does
+            for why in record_launch(m.prep, log):  # each instance teaches the next plan of its model
+                note(f"{m.entry.name}: {why}")
             w.reported.add(inst.name)
             err.print(f"[green]llamafit: {safe(inst.name)} ready[/] (port {inst.port})")
             if json_out:

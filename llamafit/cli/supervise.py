@@ -2,55 +2,26 @@
 
 from __future__ import annotations
 
-import signal
-from collections.abc import Sequence
 from pathlib import Path
 
 from llamafit import shellwords
-from llamafit.argv import ServerArgs
-from llamafit.calibration import HistoryNotWritten, record
-from llamafit.capabilities import Capabilities
 from llamafit.cli.output import err_console, error, print_json, print_line, progress_console, safe
 from llamafit.cli.render import memory_tables, rows_json
-from llamafit.compare import Row, compare, compare_mmproj
 from llamafit.errors import ExitCode
-from llamafit.launch import SpeedCheck, check_speed, speed_record
+from llamafit.launch import (
+    SpeedCheck,
+    check_speed,
+    compare_all,
+    exit_reason,
+    free_drift,
+    record_launch,
+    with_buffer_lines,
+)
 from llamafit.logparse import LoadLog, is_error
 from llamafit.plan import to_json
 from llamafit.prepare import Prepared
 from llamafit.speed.timings import TimingReader
 from llamafit.supervisor import Outcome, Supervisor, is_key_line
-from llamafit.units import MiB
-
-
-def compare_all(prep: Prepared, log: LoadLog) -> list[Row]:
-    aliases = prep.plan.buffer_aliases
-    rows = compare(prep.plan.footprint, log, "target", aliases)
-    spec = prep.plan.speculative
-    if prep.plan.draft_footprint is not None and spec is not None and spec.drafter is not None:
-        label = "mtp" if spec.drafter.kind == "draft-mtp" else "draft"
-        rows += compare(prep.plan.draft_footprint, log, label, aliases)
-    if prep.plan.mmproj is not None:
-        rows += compare_mmproj(prep.plan.mmproj, log, aliases)
-    return rows
-
-
-def free_drift(prep: Prepared, log: LoadLog) -> list[str]:
-    """Devices that had less free memory when the server loaded than the plan assumed (another
-    process started, or the driver's report moved), by more than half the margin."""
-    out = []
-    for d in prep.plan.devices:
-        seen = log.device_free_mib.get(d.device.id)
-        if seen is None:
-            continue
-        lost = d.device.free - seen * MiB
-        if lost > prep.plan.margin // 2:
-            out.append(
-                f"{d.device.id} had {seen} MiB free when the server loaded, {lost // MiB} MiB less than the plan "
-                f"assumed; the margin absorbed it, but re-plan if something else now runs there"
-            )
-    return out
-
 
 SHOWN_LINE = 2000  # characters of one server line shown on the terminal (--log-file keeps it whole)
 
@@ -116,7 +87,8 @@ def supervise(
     ).run(ready_timeout)
     say_killed(outcome)
     if outcome.ready:
-        record_launch(prep, outcome.log, checks)
+        for why in record_launch(prep, outcome.log, checks):
+            err.print(f"[yellow]llamafit: {safe(why)}[/]", soft_wrap=True)
         if outcome.returncode != 0 and not outcome.interrupted:
             error(
                 f"llama-server stopped after it was ready: {exit_reason(outcome.returncode)}",
@@ -132,69 +104,9 @@ def supervise(
     return int(ExitCode.SERVER_LOAD_FAILED)
 
 
-def with_buffer_lines(argv: Sequence[str], user: ServerArgs, caps: Capabilities) -> list[str]:
-    """``argv`` with ``-lv 4`` unless the user set a verbosity: the buffer lines are llama INFO messages,
-    shown from verbosity 4 (a router passes it on to every instance)."""
-    if user.sets_family("verbosity") or not caps.accepts("-lv"):
-        return list(argv)
-    return [*argv, "-lv", "4"]
-
-
 def say_killed(outcome: Outcome) -> None:
     if outcome.killed_after is not None:
         progress_console().print(
             f"[yellow]llamafit: llama-server had not stopped {outcome.killed_after:.0f} s after the interrupt and "
             "was killed[/] (its signal handler can hang in exit(); nothing of it is left running)"
         )
-
-
-def exit_reason(code: int) -> str:
-    """How a shell-style exit status reads: 134 is SIGABRT."""
-    if code > 128:
-        try:
-            return f"killed by {signal.Signals(code - 128).name} (exit {code})"
-        except ValueError:
-            pass
-    return f"exit {code}"
-
-
-def record_launch(prep: Prepared, log: LoadLog, checks: Sequence[SpeedCheck] = ()) -> None:
-    """What the server really allocated, beside what was predicted: the calibration of later plans.
-    Only when the server used the devices the plan was made for (a plan for a described --gpu, or a
-    card that vanished, would teach the next plan the wrong thing)."""
-    planned = {d.device.id for d in prep.plan.devices}
-    used = {prep.plan.buffer_aliases.get(n, n) for n in log.device_free_mib}
-    if planned != used:
-        was, now = ", ".join(sorted(planned)) or "no GPU", ", ".join(sorted(used)) or "no GPU"
-        progress_console().print(
-            f"[yellow]llamafit: not recorded for calibration:[/] the server used {safe(now)}, "
-            f"the plan was for {safe(was)}"
-        )
-        return
-    actual: dict[str, dict[str, float]] = {}
-    ctx = log.context("target")
-    if ctx is not None:
-        for kind, items in (("kv", ctx.kv), ("rs", ctx.rs), ("output", ctx.output)):
-            for buft, mib in items:
-                actual.setdefault(kind, {})[buft] = actual.get(kind, {}).get(buft, 0.0) + mib
-        actual["compute"] = dict(ctx.compute)
-    model = log.model("target")
-    if model is not None:
-        for buft, mib in model.buffers:
-            actual.setdefault("model", {})[buft] = actual.get("model", {}).get(buft, 0.0) + mib
-    devices = tuple(d.device.id for d in prep.plan.devices)
-    mm = None
-    if prep.plan.mmproj is not None and log.mmproj:
-        compute: dict[str, float] = {}
-        for c in log.mmproj:
-            for buft, mib in c.compute.items():
-                compute[buft] = compute.get(buft, 0.0) + mib
-        mm = (prep.plan.mmproj, compute)
-    try:
-        extra: dict[str, object] = {"argv": prep.argv, "server": prep.server.path if prep.server else None}
-        if (sp := speed_record(prep, checks)) is not None:
-            extra["speed"] = sp
-        record(prep.plan.model, prep.plan.settings, devices, prep.plan.footprint, actual, log.breakdown, extra,
-               mmproj=mm)  # fmt: skip
-    except HistoryNotWritten as e:
-        progress_console().print(f"[yellow]llamafit: this launch was not recorded for calibration:[/] {safe(e)}")
