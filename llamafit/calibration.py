@@ -10,6 +10,7 @@ predicted) and the per-GPU runtime overhead (the breakdown's "unaccounted" colum
 
 from __future__ import annotations
 
+import calendar
 import fcntl
 import hashlib
 import json
@@ -81,10 +82,13 @@ class Corrections:
     overhead: Mapping[str, int] = field(default_factory=dict)  # GPU id -> observed runtime overhead bytes
     source: str = ""  # when and what it came from, for the decision message
     notes: tuple[str, ...] = ()  # records and corrections that were ignored, and why
+    # device id ("host" for RAM) -> the most a failed load showed it holds (a load that ran out of memory)
+    caps: Mapping[str, int] = field(default_factory=dict)
+    caps_source: str = ""
 
     @property
     def empty(self) -> bool:
-        return not self.compute_scale and not self.overhead
+        return not self.compute_scale and not self.overhead and not self.caps
 
 
 class HistoryNotWritten(Exception):
@@ -227,13 +231,70 @@ def _record_problem(entry: Mapping[str, Any], model: ModelInfo) -> str | None:
     return None
 
 
+def record_failed_load(model: ModelInfo, devices: tuple[str, ...], device: str, cap: int, why: str) -> None:
+    """A load that ran out of memory on ``device`` (``host`` for RAM): the most it showed it holds, for the
+    next plans of this model on these devices until a load succeeds (HistoryNotWritten when it cannot)."""
+    entry = {
+        "schema": SCHEMA, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "model": {"id": model_id(model), "path": model.path, "name": model.name},
+        "failed_load": {"devices": list(devices), "device": device, "cap": int(cap), "why": why[:300]},
+    }  # fmt: skip
+    append_line(history_file(), json.dumps(entry, sort_keys=True))
+
+
+MIN_CAP = 64 * MiB  # a recorded capacity below this is not a device's (a hand edit, a failure at start)
+
+
+CAP_DAYS = 7  # a failed load's lesson holds this long (the machine may change: a card freed, RAM added)
+
+
+def failed_load_caps(
+    model: ModelInfo, devices: tuple[str, ...], history: list[dict[str, Any]], now: float | None = None
+) -> tuple[dict[str, int], str]:
+    """The capacities the failed loads of the last ``CAP_DAYS`` showed, for this model on these devices (the
+    smallest per device), and when the newest of them was."""
+    mid = model_id(model)
+    caps: dict[str, int] = {}
+    when = ""
+    limit = (time.time() if now is None else now) - CAP_DAYS * 86400
+    for entry in reversed(history):
+        m, fl = entry.get("model"), entry.get("failed_load")
+        if not isinstance(m, dict) or m.get("id") != mid or not isinstance(fl, dict):
+            continue
+        stamp = str(entry.get("time", ""))
+        try:
+            t = calendar.timegm(time.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ"))
+        except ValueError:
+            continue
+        cap, dev = fl.get("cap"), fl.get("device")
+        if t < limit or tuple(fl.get("devices", ())) != devices or not isinstance(dev, str):
+            continue
+        if not isinstance(cap, int) or isinstance(cap, bool) or cap < MIN_CAP or not (dev == "host" or dev in devices):
+            continue
+        caps[dev] = min(caps.get(dev, cap), cap)
+        when = when or stamp
+    return caps, when
+
+
 def corrections(model: ModelInfo, s: LoadSettings, devices: tuple[str, ...]) -> Corrections:
-    """The newest usable launch's corrections (same model, same settings key), or none; what was ignored
-    and why is in ``notes``."""
+    """The newest usable launch's corrections (same model, same settings key), or none, with what failed
+    loads since showed each device holds; what was ignored and why is in ``notes``."""
+    history = read_history()
+    caps, when = failed_load_caps(model, devices, history)
+    got = _corrections(model, s, devices, history)
+    if not caps:
+        return got
+    return Corrections(got.compute_scale, got.overhead, got.source, got.notes, caps,
+                       f"the failed load of {model.name[:80]} at {when}")  # fmt: skip
+
+
+def _corrections(
+    model: ModelInfo, s: LoadSettings, devices: tuple[str, ...], history: list[dict[str, Any]]
+) -> Corrections:
     mid = model_id(model)
     key = settings_key(s, devices)
     notes: list[str] = []
-    for entry in reversed(read_history()):
+    for entry in reversed(history):
         m, st = entry.get("model"), entry.get("settings")
         if not isinstance(m, dict) or not isinstance(st, dict) or m.get("id") != mid or st.get("key") != key:
             continue

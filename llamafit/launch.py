@@ -5,6 +5,9 @@ shows it; the bench and the tests use the same).
 * memory: every logged buffer lined up with its prediction (``compare_all``), devices that had less free
   memory at load than planned (``free_drift``), and the launch record that calibrates the next plan
   (``record_launch``, which says why when it cannot record);
+* a load that ran out of memory: what it showed the device holds (``failed_load_cap``), kept in the
+  history so the next plan stays within it (``remember_failed_load``; the launch plans again at most
+  ``RETRIES`` times);
 * speed (``llamafit.speed``): each request the server timed (``speed.timings.Served``) beside the plan's
   prediction for that request's prompt and depth, kept in the launch record, which corrects the next
   plan of the same model on the same devices (``speed.calibrate``).
@@ -18,14 +21,71 @@ from dataclasses import dataclass
 from typing import Any
 
 from llamafit.argv import ServerArgs
-from llamafit.calibration import HistoryNotWritten, record
+from llamafit.calibration import HistoryNotWritten, record, record_failed_load
 from llamafit.capabilities import Capabilities
 from llamafit.compare import Row, compare, compare_mmproj
+from llamafit.failures import Failure
 from llamafit.fit.speed import trial_rates_speed
 from llamafit.logparse import LoadLog
 from llamafit.prepare import Prepared
 from llamafit.speed.timings import Served
 from llamafit.units import MiB
+
+RETRIES = 2
+OOM_KINDS = ("device_oom_weights", "device_oom_kv", "device_oom_compute", "device_oom", "host_oom")
+
+
+@dataclass(frozen=True)
+class FailedLoad:
+    device: str  # a device id, or "host"
+    cap: int  # what the next plan may put there
+    message: str
+
+
+def failed_load_cap(prep: Prepared, failure: Failure, log: LoadLog) -> FailedLoad | None:
+    """What a load that ran out of memory showed the device holds: what was allocated there before the
+    failing allocation and at most half of that allocation (the device holds at least the first and less
+    than both), never as much as the plan put there. None for any other failure."""
+    if failure.kind not in OOM_KINDS or not failure.asked:
+        return None
+    dev = failure.device or "host"
+    planned = prep.plan.host.use.total if dev == "host" else next(
+        (d.use.total for d in prep.plan.devices if d.device.id == dev), None
+    )  # fmt: skip
+    if planned is None:
+        return None
+    before = _allocated(log, dev, prep.plan.buffer_aliases)
+    cap = min(before + failure.asked // 2, planned - failure.asked // 2)
+    if cap <= 0:
+        return None
+    where = "host RAM" if dev == "host" else dev
+    return FailedLoad(dev, cap, f"{where} could not take {failure.asked / MiB:.0f} MiB more after "
+                      f"{before / MiB:.0f} MiB: planning for at most {cap / MiB:.0f} MiB there")  # fmt: skip
+
+
+def _allocated(log: LoadLog, dev: str, aliases: dict[str, str]) -> int:
+    """Bytes the log shows were allocated on ``dev`` ("host": host buffers) before the load failed."""
+    from llamafit.memory import backends
+
+    def on(buft: str) -> bool:
+        name = aliases.get(buft, buft)
+        return not backends.is_device_buffer(name) if dev == "host" else backends.device_of_buffer(name) == dev
+
+    mib = sum(m for mdl in log.models for b, m in mdl.buffers if on(b))
+    for c in log.contexts:
+        mib += sum(m for b, m in (*c.kv, *c.rs, *c.output) if on(b)) + sum(m for b, m in c.compute.items() if on(b))
+    return int(mib * MiB)
+
+
+def remember_failed_load(prep: Prepared, f: FailedLoad) -> list[str]:
+    """The failure in the history, so every next plan of this model on these devices stays within it (until
+    a load succeeds); why it could not be kept, if it could not."""
+    devices = tuple(d.device.id for d in prep.plan.devices)
+    try:
+        record_failed_load(prep.plan.model, devices, f.device, f.cap, f.message)
+    except HistoryNotWritten as e:
+        return [f"the failed load was not recorded: {e}"]
+    return []
 
 
 @dataclass(frozen=True)

@@ -224,6 +224,17 @@ def test_the_planned_preset_and_argv_for_people(eights: list[Path], tmp_path: Pa
     assert r.exit_code == ExitCode.USAGE
 
 
+def test_each_run_has_a_preset_of_its_own(eights: list[Path]) -> None:
+    """Two routers started from one data directory at once never read each other's preset."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "llamafit", "run", str(eights[0]), str(eights[1]), "--gpu", "24GiB", "--dry-run"]
+    outs = [subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=os.environ) for _ in range(2)]
+    paths = [next(t for t in o.stdout.split() if t.endswith(".ini")) for o in outs]
+    assert all(o.returncode == 0 for o in outs) and paths[0] != paths[1]
+
+
 def test_an_embedding_server_gets_the_context_it_can_use(shapes: dict[str, Path]) -> None:
     doc = plan_json(str(shapes["qwen3"]), "--cpu-only", "--", "--embeddings", "-np", "2", "-ub", "256")
     assert doc["context"]["n_ctx"] == 512 and doc["context"]["n_batch"] == 256

@@ -263,3 +263,18 @@ def test_cache_ram_unlimited_still_gets_checkpoints_that_fit(tmp_path: Path) -> 
     assert rt.checkpoints <= rt.room and rt.per_slot < 32
     assert any("--cache-ram -1" in w and "give --cache-ram" in w for w in p.warnings)
     assert any(pl.tokens[0] == "--ctx-checkpoints" for pl in p.planned)
+
+
+@pytest.mark.server
+def test_one_rpc_server_given_twice_is_planned_once(server_bin: ServerBinary, tmp_path: Path) -> None:
+    from realserver import rpc_servers
+
+    model = factory.dense().write(tmp_path / "m.gguf")
+    with rpc_servers(server_bin, 1) as (ep,):
+        port = ep.rsplit(":", 1)[1]
+        r = invoke("plan", str(model), "--server", server_bin.path, "--json", "--rpc", ep, "--rpc", f"localhost:{port}")
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert [d["id"] for d in doc["devices"] if d["kind"] == "rpc"] == ["RPC0"]
+    assert doc["argv"][doc["argv"].index("--rpc") + 1] == ep
+    assert any("the same server" in n for n in doc["notes"])

@@ -318,6 +318,9 @@ def run(
             min=0,
         ),
     ] = 1800,
+    no_retry: Annotated[
+        bool, typer.Option("--no-retry", help="Stop at the first load that runs out of memory (no new plan).")
+    ] = False,
     server: ServerOpt = None,
     gpu: GpuOpt = None,
     cpu_only: CpuOnlyOpt = False,
@@ -381,6 +384,7 @@ def run(
             return
         from llamafit.cli.supervise import supervise
         from llamafit.errors import ServerNotFoundError
+        from llamafit.launch import RETRIES
         from llamafit.prepare import launch_env
         from llamafit.server import GET_SERVER_HINT
 
@@ -407,6 +411,8 @@ def run(
                 log_file=log_file,
                 json_out=json_out,
                 ready_timeout=ready_timeout or None,
+                replan=lambda: _prepare(refs[0], o, json_out, quant),
+                retries=0 if no_retry else RETRIES,
             )
         )
 

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from llamafit import shellwords
 from llamafit.cli.output import err_console, error, print_json, print_line, progress_console, safe
 from llamafit.cli.render import memory_tables, rows_json
-from llamafit.errors import ExitCode
+from llamafit.errors import DoesNotFitError, ExitCode
 from llamafit.launch import (
+    RETRIES,
     SpeedCheck,
     check_speed,
     compare_all,
     exit_reason,
+    failed_load_cap,
     free_drift,
     record_launch,
+    remember_failed_load,
     with_buffer_lines,
 )
 from llamafit.logparse import LoadLog, is_error
@@ -34,8 +38,45 @@ def supervise(
     log_file: Path | None,
     json_out: bool,
     ready_timeout: float | None = None,
+    replan: Callable[[], Prepared] | None = None,
+    retries: int = RETRIES,
 ) -> int:
-    """Run the server, show what matters, and return llamafit's exit code."""
+    """Run the server, show what matters, and return llamafit's exit code. A load that runs out of memory
+    is recorded (what it showed the device holds) and, with ``replan``, planned again within that and
+    launched again, at most ``retries`` times, each attempt stated with its numbers."""
+    for attempt in range(retries + 1):
+        rc, outcome = _attempt(prep, env, verbose=verbose, log_file=log_file, json_out=json_out,
+                               ready_timeout=ready_timeout)  # fmt: skip
+        if outcome.ready or outcome.interrupted or outcome.failure is None:
+            return rc
+        cap = failed_load_cap(prep, outcome.failure, outcome.log)
+        if cap is None:
+            return rc
+        for why in remember_failed_load(prep, cap):
+            progress_console().print(f"[yellow]llamafit: {safe(why)}[/]", soft_wrap=True)
+        if replan is None or attempt == retries:
+            if replan is not None:
+                progress_console().print(f"[yellow]llamafit: gave up after {retries + 1} attempts[/]")
+            return rc
+        progress_console().print(
+            f"[yellow]llamafit: {safe(cap.message)}; planning again within it (attempt {attempt + 2} of "
+            f"{retries + 1}; --no-retry stops at the first failure)[/]", soft_wrap=True,
+        )  # fmt: skip
+        try:
+            prep = replan()
+        except DoesNotFitError as e:
+            error(f"after the failed load: {e.message}", e.hint)
+            return int(ExitCode.DOES_NOT_FIT)
+        for d in prep.plan.decisions:
+            if d.code in ("calibration.applied", "context.reduced", "context.train"):
+                progress_console().print(f"[dim]llamafit:[/] {safe(d.message)}", soft_wrap=True)
+    return int(ExitCode.SERVER_LOAD_FAILED)
+
+
+def _attempt(
+    prep: Prepared, env: dict[str, str], *, verbose: bool, log_file: Path | None, json_out: bool,
+    ready_timeout: float | None,
+) -> tuple[int, Outcome]:  # fmt: skip
     argv = with_buffer_lines(prep.argv, prep.user, prep.caps)
     err = progress_console()
     err.print(f"[dim]llamafit:[/] {safe(shellwords.join(argv))}", soft_wrap=True)  # one line, copyable
@@ -94,14 +135,14 @@ def supervise(
                 f"llama-server stopped after it was ready: {exit_reason(outcome.returncode)}",
                 "run with --verbose (or --log-file) to see its last lines",
             )
-        return outcome.returncode
+        return outcome.returncode, outcome
     f = outcome.failure
     if outcome.interrupted and f is not None and f.kind in ("abort", "unknown"):
         err.print("[dim]llamafit: interrupted while loading[/]")
-        return int(ExitCode.INTERRUPTED)
+        return int(ExitCode.INTERRUPTED), outcome
     assert f is not None
     error(f.message, f.hint)
-    return int(ExitCode.SERVER_LOAD_FAILED)
+    return int(ExitCode.SERVER_LOAD_FAILED), outcome
 
 
 def say_killed(outcome: Outcome) -> None:

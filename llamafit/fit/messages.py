@@ -112,7 +112,11 @@ def calibration_applied(c: Corrections) -> Decision | None:
         parts.append("compute buffers x " + ", ".join(f"{v:.2f} ({k})" for k, v in c.compute_scale.items()))
     if c.overhead:
         parts.append("runtime overhead " + ", ".join(f"{fmt_bytes(v)} ({k})" for k, v in c.overhead.items()))
-    return Decision("calibration.applied", f"Calibrated from {c.source}: " + "; ".join(parts) + ".")
+    text = f"Calibrated from {c.source}: " + "; ".join(parts) + "." if parts else ""
+    if c.caps:
+        held = ", ".join(f"{k} at most {fmt_bytes(v)}" for k, v in c.caps.items())
+        text += (" " if text else "") + f"Planned within what {c.caps_source} showed: {held}."
+    return Decision("calibration.applied", text)
 
 
 def unified_memory(devices: Sequence[str], on_devices: int, on_host: int, usable: int) -> Decision:

@@ -102,6 +102,12 @@ class Search:
         self.unified = [g.id for g in gpus if g.uma]
         for g in self.unified:
             self.usable[g] = min(self.usable[g], self.host_usable)
+        # what a failed load showed a device holds (calibration): never plan past it
+        for dev, cap in calib.caps.items():
+            if dev == "host":
+                self.host_usable = min(self.host_usable, cap)
+            elif dev in self.usable:
+                self.usable[dev] = min(self.usable[dev], cap)
         self.total = {g.id: g.total for g in gpus}
         self.free = {g.id: g.free for g in gpus}
         self.limits = {g.id: g.max_tensor for g in gpus if g.max_tensor}
