@@ -77,3 +77,39 @@ def test_no_retry_stops_at_the_first_failure(q06: Path, server_bin: ServerBinary
     rc, _, err = _run(q06, server_bin, "--no-retry")  # each test has a data directory of its own
     assert rc == 5 and "planning again" not in err
     assert history_file().exists()  # the failure is still recorded for the next plan
+
+
+OOM_LINES = """\
+load_tensors: loading model tensors, this can take a while... (mmap = true, direct_io = false)
+load_tensors:        CUDA0 model buffer size =   604.15 MiB
+llama_context: constructing llama_context
+ggml_backend_cuda_buffer_type_alloc_buffer: allocating 4480.00 MiB on device 0: cudaMalloc failed: out of memory
+alloc_tensor_range: failed to allocate CUDA0 buffer of size 4697620480
+llama_init_from_model: failed to initialize the context: failed to allocate buffer for kv cache
+"""
+
+
+def test_a_card_that_runs_out_is_planned_again_with_its_name_and_numbers(
+    q06: Path, server_bin: ServerBinary, tmp_path: Path
+) -> None:
+    """A stand-in for a CUDA build prints a real device OOM's lines at every load (lavapipe's devices never
+    refuse): each attempt is planned within what the last showed CUDA0 holds, then llamafit gives up."""
+    from test_device_list import stand_in
+
+    script = Path(
+        stand_in(tmp_path, server_bin, "Available devices:\n  CUDA0: NVIDIA RTX (24000 MiB, 23000 MiB free)\n")
+    )
+    (tmp_path / "oom.txt").write_text(OOM_LINES)
+    text = script.read_text().replace(
+        'exec "', f'case "$*" in *--port*) cat "{tmp_path / "oom.txt"}" >&2; exit 1;; esac\nexec "', 1
+    )
+    script.write_text(text)
+    port = free_port()
+    r = subprocess.run([sys.executable, "-m", "llamafit", "run", str(q06), "--server", str(script), "--", "--port",
+                        str(port)], capture_output=True, text=True, timeout=180)  # fmt: skip
+    assert r.returncode == 3, r.stderr[-2000:]  # in the end no plan fits what the card showed it holds
+    assert r.stderr.count("CUDA0 ran out of memory allocating the KV cache (asked for 4.4 GiB)") == 2
+    assert "CUDA0 could not take 4480 MiB more after 604 MiB: planning for at most 2844 MiB" in r.stderr
+    assert "attempt 2 of 3" in r.stderr and "after the failed load: " in r.stderr
+    caps, _ = failed_load_caps(load_model(q06), ("CUDA0",), read_history())
+    assert 0 < caps["CUDA0"] < int((604.15 + 2240) * 1024**2)
