@@ -362,3 +362,17 @@ def test_part_of_a_layer_never_costs_context(moe30: ModelInfo) -> None:
         ts = ["-ts", ",".join(str(int(x)) for x in p.settings.tensor_split)] if len(cards) > 1 else []
         with pytest.raises(DoesNotFitError):
             plan(moe30, cards, ["-c", str(p.n_ctx + 256), "-ngl", "all", *ts, "--n-cpu-moe", str(k)])
+
+
+@pytest.mark.parametrize("shape", ["qwen3_8b", "llama31_8b", "gemma3_4b", "qwen3_0_6b"])
+def test_several_small_cards_of_every_shape_never_do_worse_than_one(shape: str, tmp_path: Path) -> None:
+    """What one small card holds, two or three of them hold too (tied and untied outputs, large vocabularies,
+    sliding windows); and a card too small for even its own buffers never makes the machine worse than none."""
+    model = load_model(getattr(factory, shape)().write(tmp_path / f"{shape}.gguf"))
+    for size in (2, 3, 4):
+        fits = [plan(model, [gpu(i, size) for i in range(n)]).fits for n in (1, 2, 3)]
+        assert fits == [True, True, True], (size, fits)
+    tiny = plan(model, [gpu(0, 1.5), gpu(1, 1.5)])
+    assert tiny.fits and tiny.decision("placement.cpu") is not None
+    assert "-dev none" in tiny.decision("placement.cpu").message  # type: ignore[union-attr]
+    assert ("-dev", "none") in [p.tokens for p in tiny.planned]

@@ -26,7 +26,7 @@ from llamafit.argv import Planned
 from llamafit.calibration import Corrections
 from llamafit.capabilities import ASSUMED, Capabilities
 from llamafit.devices import Device, Machine
-from llamafit.errors import UsageError
+from llamafit.errors import DoesNotFitError, UsageError
 from llamafit.fit import messages
 from llamafit.fit.argv_plan import planned_argv, server_defaults
 from llamafit.fit.faster import faster_split
@@ -71,7 +71,39 @@ def make_plan(
     ``calibrate`` returns corrections from past launches for the base settings (llamafit.calibration);
     ``mmproj_measured`` what a past launch measured for the projector's compute buffer; ``rates``: the
     devices' measured or given speed (``llamafit.speed``), for the plan's tokens/s.
+
+    GPUs too small for even their own buffers (runtime, compute) never make a machine worse than none:
+    when no placement on them fits and the user pinned none, the load runs without them (``-dev none``).
     """
+    args = (model, machine, req, opts, caps, calibrate, mmproj, mmproj_measured, drafter_files, rates, adapters)
+    try:
+        return _make_plan(*args)
+    except DoesNotFitError as e:
+        pinned = req.devices is not None or req.n_gpu_layers is not None or req.overrides is not None
+        if req.cpu_only or pinned or not machine.gpus or machine.blind or req.tensor_split is not None:
+            raise
+        try:
+            plan = _make_plan(model, machine, replace(req, devices=()), *args[3:])
+        except DoesNotFitError:
+            raise e from None
+        usable = [(g.id, g.free - req.margins.get(g.id.upper(), req.margin)) for g in machine.gpus]
+        why = messages.gpus_too_small(model.hparams.n_layer_all, usable)
+        return replace(plan, decisions=tuple(why if d.code == "placement.cpu" else d for d in plan.decisions))
+
+
+def _make_plan(
+    model: ModelInfo,
+    machine: Machine,
+    req: Request,
+    opts: SpecOptions | None,
+    caps: Capabilities | Callable[[], Capabilities],
+    calibrate: Callable[[LoadSettings, tuple[str, ...]], Corrections] | None,
+    mmproj: Projector | None,
+    mmproj_measured: Callable[[MmprojUse], int | None] | None,
+    drafter_files: DrafterFiles | None,
+    rates: Rated | None,
+    adapters: Adapters | None,
+) -> Plan:
     opts = opts or SpecOptions(mode="off")
     if problem := check_cache_types(model.hparams, req.type_k, req.type_v, req.flash_attn):
         raise UsageError(f"llama-server would refuse this: {problem}", hint="adjust -ctk/-ctv/-fa")

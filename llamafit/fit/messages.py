@@ -36,6 +36,15 @@ def placement_cpu(n_layer: int, why: str) -> Decision:
     return Decision("placement.cpu", f"All {n_layer} layers on the CPU ({why}).")
 
 
+def gpus_too_small(n_layer: int, usable: Sequence[tuple[str, int]]) -> Decision:
+    room = ", ".join(f"{dev} {fmt_bytes(max(u, 0))}" for dev, u in usable)
+    return Decision(
+        "placement.cpu",
+        f"All {n_layer} layers on the CPU, without the GPUs (-dev none): no placement fits on them, not even their "
+        f"own runtime and compute buffers (usable: {room}).",
+    )
+
+
 def placement_user() -> Decision:
     return Decision("placement.user", "Placement pinned by your -ngl/-ts/-ot flags; only the context was chosen.")
 
