@@ -220,6 +220,67 @@ def _at(prep: Prepared, depth: int, prompt: int) -> tuple[float | None, float | 
     return sp.pp, sp.tg
 
 
+def tune_rows(paths: dict[str, Path]) -> list[dict[str, object]]:
+    """tune on the RPC rig with budgets that leave part of the model on the host: its winner within its
+    default budget, the best of every candidate measured (the exhaustive grid), and the placement
+    llama.cpp's own fit (llama-fit-params, really fitting with the same budgets) picks, measured alike."""
+    import shlex
+    import subprocess
+
+    from llamafit.tune import tune
+
+    srv = find_server()
+    fitp = Path(srv.path).with_name("llama-fit-params")
+    bench = bench_binary(srv.path)
+    if not fitp.exists() or bench is None:
+        return []
+    out = []
+    with rpc_servers(srv, 2) as eps:
+        rpc = ",".join(eps)
+        path = paths["qwen3-0.6b"]
+        args = ("-np", "1", "-c", "4096")
+        probe = prepare(str(path), Options(server=srv.path, server_args=args, rpc=(rpc,), margin="0"), speed=False)
+        margins = [d.usable // (1 << 20) - 250 for d in probe.plan.devices]  # 250 MiB on each device
+        margin = ",".join(f"RPC{i}={m}MiB" for i, m in enumerate(margins))
+        o = Options(server=srv.path, server_args=args, rpc=(rpc,), margin=margin)
+        quick = tune(str(path), o, budget=45)
+        grid = tune(str(path), o, budget=3600)
+        r = subprocess.run(
+            [str(fitp), "-m", str(path), "--rpc", rpc, *args, "-fitt", ",".join(map(str, margins))],
+            capture_output=True,
+            text=True,
+            env=srv.env(),
+            timeout=600,
+        )
+        fitted = shlex.split(r.stdout)
+        res = run_bench(
+            bench,
+            ["-m", str(path), "-p", "512", "-n", "64", "-r", "1", "-rpc", rpc, *bench_flags(fitted)],
+            launch_env(srv).env,
+            900,
+        )
+        got = {("pp" if x.n_prompt else "tg"): x.tokens_per_s for x in res}
+        fp_score = 512 / got["pp"] + 64 / got["tg"] if got.get("pp") and got.get("tg") else None
+
+        def score(t: object) -> float | None:
+            b = getattr(t, "best", None)
+            return None if b is None else b.score("request")
+
+        out.append(
+            {
+                "case": "Qwen3-0.6B over two RPC devices of 250 MiB",
+                "quick_best": quick.best.as_dict() if quick.best else None,
+                "quick_measured": sum(1 for c in quick.candidates if c.tg),
+                "grid_measured": sum(1 for c in grid.candidates if c.tg),
+                "quick_s": score(quick),
+                "grid_s": score(grid),
+                "fit_params_args": fitted,
+                "fit_params_s": fp_score,
+            }
+        )
+    return out
+
+
 def err(d: dict[str, float | None]) -> float | None:
     p, m = d.get("predicted"), d.get("measured")
     return None if p is None or not m else (p - m) / m
@@ -229,6 +290,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rigs", default="cpu,cpu1,rpc,vulkan,vulkan2")
     ap.add_argument("--keep", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "llamafit-speed-bench")
+    ap.add_argument("--tune", action="store_true", help="also hold tune to an exhaustive grid and llama-fit-params")
     a = ap.parse_args()
     a.keep.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("LLAMAFIT_CACHE", str(a.keep / "cache"))
@@ -255,7 +317,19 @@ def main() -> None:
         order = [c.rig for c in CASES]
         rows = sorted([*kept, *rows], key=lambda r: order.index(str(r["rig"])) if r["rig"] in order else 99)
     report(rows)
-    out.write_text(json.dumps({"prompt": PROMPT, "gen": GEN, "rows": rows}, indent=1) + "\n")
+    doc: dict[str, object] = {"prompt": PROMPT, "gen": GEN, "rows": rows}
+    if a.tune:
+        doc["tune"] = tune_rows(paths)
+        for t in doc["tune"]:  # type: ignore[attr-defined]
+            print(
+                f"tune: {t['case']}: winner in its budget {t['quick_s']:.2f} s a request ({t['quick_measured']} "
+                f"measured), best of the grid {t['grid_s']:.2f} s ({t['grid_measured']}), llama-fit-params' "
+                f"placement {t['fit_params_s'] or float('nan'):.2f} s"
+            )
+    else:
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            doc["tune"] = json.loads(out.read_text())["tune"]
+    out.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"\nwrote {out}")
 
 
