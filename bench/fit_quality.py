@@ -34,12 +34,12 @@ import factory  # noqa: E402
 import shapes  # noqa: E402
 from realserver import rpc_servers, run_argv  # noqa: E402
 
-from llamafit.logparse import LoadLog  # noqa: E402
 from llamafit.memory import backends  # noqa: E402
 from llamafit.memory.placement import CPU  # noqa: E402
 from llamafit.options import Options  # noqa: E402
 from llamafit.prepare import Prepared, prepare  # noqa: E402
-from llamafit.server import ServerBinary, find_server  # noqa: E402
+from llamafit.server.binary import ServerBinary, find_server  # noqa: E402
+from llamafit.server.logparse import LoadLog  # noqa: E402
 from llamafit.units import MiB  # noqa: E402
 
 STEP = 256

@@ -50,7 +50,7 @@ def timed(cmd: list[str], runs: int, env: dict[str, str] | None = None) -> tuple
 
 def fit_params_binary() -> str | None:
     try:
-        from llamafit.server import find_server
+        from llamafit.server.binary import find_server
 
         srv = find_server()
     except Exception:
@@ -91,7 +91,7 @@ def main() -> None:
         t_plan, rc = timed(plan_cmd, a.runs, env)
         row = {"model": label, "file_size": size, "plan_s": round(t_plan, 3), "plan_rc": rc}
         if fitp:
-            from llamafit.server import find_server
+            from llamafit.server.binary import find_server
 
             srv = find_server()
             t_fp, rc_fp = timed([fitp, "-m", str(path), "-fitp", "on", "-dev", "none", *settings],
@@ -160,7 +160,7 @@ def rpc_fit(model: Path, runs: int, env: dict[str, str]) -> dict[str, object] | 
     memory) against llama-fit-params really fitting (no -fitp: it iterates placements over the devices)."""
     from realserver import rpc_servers
 
-    from llamafit.server import find_server
+    from llamafit.server.binary import find_server
 
     srv = find_server()
     fitp = fit_params_binary()
@@ -182,7 +182,7 @@ def quants_best(d: Path, runs: int, env: dict[str, str]) -> dict[str, object]:
     from hubserver import FakeHub
     from quantmix import ladder
 
-    from llamafit.server import find_server
+    from llamafit.server.binary import find_server
 
     six = ["Q3_K_M", "IQ4_XS", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0"]
     qdir = d / "quants"

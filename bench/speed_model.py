@@ -38,7 +38,7 @@ from realserver import rpc_servers  # noqa: E402
 
 from llamafit.options import Options  # noqa: E402
 from llamafit.prepare import Prepared, launch_env, prepare  # noqa: E402
-from llamafit.server import ServerBinary, find_server  # noqa: E402
+from llamafit.server.binary import ServerBinary, find_server  # noqa: E402
 from llamafit.speed.bench import bench_binary, bench_flags, run_bench  # noqa: E402
 
 PROMPT, GEN = 512, 32

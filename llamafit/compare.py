@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from llamafit.logparse import LoadLog
 from llamafit.memory.footprint import Footprint
 from llamafit.memory.mmproj import MmprojUse
+from llamafit.server.logparse import LoadLog
 from llamafit.units import MiB
 
 # How far a term may be off before it is flagged. KV, recurrent state, weights and the output buffer

@@ -20,14 +20,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from llamafit.argv import ServerArgs
 from llamafit.calibration import HistoryNotWritten, record, record_failed_load
-from llamafit.capabilities import Capabilities
 from llamafit.compare import Row, compare, compare_mmproj
-from llamafit.failures import Failure
 from llamafit.fit.speed import trial_rates_speed
-from llamafit.logparse import LoadLog
 from llamafit.prepare import Prepared
+from llamafit.server.args import ServerArgs
+from llamafit.server.capabilities import Capabilities
+from llamafit.server.failures import Failure
+from llamafit.server.logparse import LoadLog
 from llamafit.speed.timings import Served
 from llamafit.units import MiB
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from llamafit.argv import Planned
-from llamafit.devices import Device, Host
+from llamafit.devices.machine import Device, Host
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory.footprint import Footprint, LoadSettings, Use
 from llamafit.memory.mmproj import MmprojUse
+from llamafit.server.args import Planned
 from llamafit.speculative import Drafter
 from llamafit.speed.model import Speed
 

@@ -13,12 +13,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from llamafit.argv import ServerArgs, compose, parse_server_args
 from llamafit.calibration import Corrections, corrections, measured_mmproj_compute
-from llamafit.capabilities import ASSUMED, Capabilities, probe
-from llamafit.compat import normalize_bare_flash_attn, supported, translate_user_args
-from llamafit.devices import Machine, discover
-from llamafit.environment import ChildEnv, child_env, config_findings
+from llamafit.devices.machine import Machine, discover
+from llamafit.devices.rpc import discover_rpc, same_servers
 from llamafit.errors import DoesNotFitError, LlamafitError, UsageError
 from llamafit.fit import make_plan
 from llamafit.gguf.checks import check_model
@@ -33,8 +30,11 @@ from llamafit.options import Options
 from llamafit.paths import cache_dir
 from llamafit.plan import Decision, Plan, to_json
 from llamafit.request import Request, build_request, kv_overrides, parse_margins
-from llamafit.rpc import discover_rpc, same_servers
-from llamafit.server import ServerBinary, find_server
+from llamafit.server.args import ServerArgs, compose, parse_server_args
+from llamafit.server.binary import ServerBinary, find_server
+from llamafit.server.capabilities import ASSUMED, Capabilities, probe
+from llamafit.server.compat import normalize_bare_flash_attn, supported, translate_user_args
+from llamafit.server.environment import ChildEnv, child_env, config_findings
 from llamafit.speculative import spec_options
 from llamafit.speed.machine import RateSource
 from llamafit.speed.rates import parse_rate

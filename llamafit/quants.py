@@ -15,8 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from llamafit.capabilities import Capabilities
-from llamafit.devices import Machine
+from llamafit.devices.machine import Machine
 from llamafit.errors import BadModelFileError, DoesNotFitError, LlamafitError, ModelNotFoundError, UsageError
 from llamafit.gguf.model import Tensor
 from llamafit.gguf.naming import split_info
@@ -27,7 +26,8 @@ from llamafit.plan import Decision, Plan
 from llamafit.plan import to_json as plan_to_json
 from llamafit.prepare import Prepared, prepare
 from llamafit.request import whole_expert_layers
-from llamafit.server import ServerBinary
+from llamafit.server.binary import ServerBinary
+from llamafit.server.capabilities import Capabilities
 from llamafit.units import fmt_bytes
 
 BEST = "best"
@@ -227,10 +227,10 @@ def source(model: str, hub: Hub, revision: str | None = None) -> QuantSource:
     return QuantSource(repo, True, qs)
 
 
-Planner = Callable[[str, Options], Prepared]
+QuantPlanner = Callable[[str, Options], Prepared]
 
 
-def plan_quant(src: QuantSource, q: Quant, o: Options, planner: Planner) -> QuantPlan:
+def plan_quant(src: QuantSource, q: Quant, o: Options, planner: QuantPlanner) -> QuantPlan:
     """Plan one quant with the user's options; a refusal or a broken file is the row's verdict."""
     if src.hub:
         model, o = f"{src.ref}:{q.tag}", replace(o, hf_file=q.primary)
@@ -244,7 +244,7 @@ def plan_quant(src: QuantSource, q: Quant, o: Options, planner: Planner) -> Quan
         return QuantPlan(q, error=e)  # this file is broken or partly uploaded; the others may be fine
 
 
-def ladder(src: QuantSource, o: Options, planner: Planner) -> tuple[QuantPlan, ...]:
+def ladder(src: QuantSource, o: Options, planner: QuantPlanner) -> tuple[QuantPlan, ...]:
     """Every quant planned, smallest first."""
     return tuple(plan_quant(src, q, o, planner) for q in src.quants)
 
@@ -256,7 +256,7 @@ class Choice:
     decision: Decision
 
 
-def best(src: QuantSource, o: Options, planner: Planner) -> Choice:
+def best(src: QuantSource, o: Options, planner: QuantPlanner) -> Choice:
     """The highest-precision quant whose plan keeps every layer on the GPUs at a context of at least
     ``--min-ctx``; if none does, the one that leaves the fewest weight bytes on the CPU (the smallest that
     fits: a smaller file leaves less). Bisection over the quants by size plans O(log n) of them. A quant
@@ -363,7 +363,7 @@ def asked_tag(model: str, quant: str | None) -> str:
     )
 
 
-def planner(hub: Hub, machine: Machine, server: tuple[ServerBinary | None, Capabilities]) -> Planner:
+def planner(hub: Hub, machine: Machine, server: tuple[ServerBinary | None, Capabilities]) -> QuantPlanner:
     """``prepare`` with the machine, the server's capabilities and the Hub resolver shared by every quant; the
     speed from cached measurements only (every quant has its own weight types: probing each would take
     seconds a quant)."""
@@ -374,7 +374,7 @@ def planner(hub: Hub, machine: Machine, server: tuple[ServerBinary | None, Capab
     return plan
 
 
-def prepare_choice(model: str, quant: str | None, o: Options, plan: Planner, hub: Hub) -> Prepared:
+def prepare_choice(model: str, quant: str | None, o: Options, plan: QuantPlanner, hub: Hub) -> Prepared:
     """The plan of the quant asked for: ``best``, or a tag (a Hub tag goes the way llama.cpp's ``-hf``
     picks it; a folder's by its file names)."""
     tag = asked_tag(model, quant)

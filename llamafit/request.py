@@ -1,6 +1,6 @@
 """What the user asked for: llamafit's own options plus every llama-server flag given after ``--``.
 
-The extra args are read with the same option table the composer uses (``llamafit.argv``), so a
+The extra args are read with the same option table the composer uses (``llamafit.server.args``), so a
 ``-c``, ``-np``, ``-ctk`` or ``-ot`` given there changes the prediction exactly as it will change the
 server. Values are validated here, once, with messages that say what to type instead.
 """
@@ -11,12 +11,12 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from llamafit.argv import ServerArgs
 from llamafit.errors import UsageError
 from llamafit.ggml import KV_CACHE_TYPES
-from llamafit.memory.graph_sampling import SAMPLING_FLAGS
+from llamafit.memory.graph.sampling import SAMPLING_FLAGS
 from llamafit.memory.placement import Override
 from llamafit.options import DEFAULT_MARGIN_MIB, DEFAULT_MIN_CTX
+from llamafit.server.args import ServerArgs
 
 # common/common.h:1224-1230
 FFN_EXPS_REGEX = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"
@@ -319,7 +319,7 @@ def build_request(
         kw["mmproj_device"] = (o.value or "").strip().upper() if (o.value or "").strip().lower() != "none" else "none"
     rpc_values = [o.value or "" for o in args.items if o.key == "--rpc"]
     if rpc_values:
-        from llamafit.rpc import parse_endpoints
+        from llamafit.devices.rpc import parse_endpoints
 
         kw["rpc"] = tuple(parse_endpoints(rpc_values))
     if (o := args.last("--image-max-tokens")) is not None:

@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llamafit.argv import ServerArgs
 from llamafit.calibration import model_id
 from llamafit.gguf.model import ModelInfo
 from llamafit.paths import data_dir
 from llamafit.plan import DevicePlan
-from llamafit.server import ServerBinary
+from llamafit.server.args import ServerArgs
+from llamafit.server.binary import ServerBinary
 from llamafit.speed.bench import bench_binary, bench_identity
 
 SCHEMA = "llamafit.tune-cache/1"

@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import factory
 
 from llamafit.errors import ServerNotFoundError
-from llamafit.server import ServerBinary, find_server
+from llamafit.server.binary import ServerBinary, find_server
 
 if TYPE_CHECKING:
     from tests.hubserver import FakeHub

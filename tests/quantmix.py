@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from llamafit.server import ServerBinary
+from llamafit.server.binary import ServerBinary
 from tests.factory import Shape
 
 # "[  10/ 399] blk.0.attn_v.weight  - [ 4096, 1024, 1, 1], type = bf16, size = 8.00 MiB -> 2.25 MiB (q4_K)"

@@ -9,9 +9,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
-from llamafit.logparse import LoadLog
-from llamafit.server import ServerBinary, free_port
-from llamafit.supervisor import Supervisor
+from llamafit.server.binary import ServerBinary, free_port
+from llamafit.server.logparse import LoadLog
+from llamafit.server.supervisor import Supervisor
 
 
 def load_log(server: ServerBinary, model: Path | str, args: Sequence[str] = (), timeout: float = 180) -> LoadLog:
@@ -82,7 +82,7 @@ def rpc_servers(server: ServerBinary, n: int = 2, timeout: float = 30) -> Iterat
     each accepts connections; stopped on exit."""
     import subprocess
 
-    from llamafit.rpc import reachable
+    from llamafit.devices.rpc import reachable
 
     exe = Path(server.path).with_name("ggml-rpc-server")
     if not exe.exists():

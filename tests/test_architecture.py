@@ -8,7 +8,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / "llamafit"
-GENERATED = {"llamafit.server_options"}
+GENERATED = {"llamafit.server.option_table"}
 
 
 def module_name(path: Path) -> str:

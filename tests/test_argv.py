@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from llamafit.argv import OPTIONS, Planned, compose, lookup, parse_server_args
 from llamafit.errors import UsageError
 from llamafit.request import FFN_EXPS_REGEX, build_request
+from llamafit.server.args import OPTIONS, Planned, compose, lookup, parse_server_args
 
 
 def test_every_alias_maps_to_one_option() -> None:
@@ -99,7 +99,7 @@ def test_rpc_goes_first_because_devices_are_resolved_at_parse_time() -> None:
 
 
 def test_table_has_every_family_member() -> None:
-    from llamafit.argv import FAMILIES
+    from llamafit.server.args import FAMILIES
 
     for keys in FAMILIES.values():
         for k in keys:

@@ -10,8 +10,8 @@ import pytest
 from test_speculative_vs_server import plan_and_load
 
 from llamafit.compare import compare
-from llamafit.memory.graph_sampling import backend_chain
-from llamafit.server import ServerBinary
+from llamafit.memory.graph.sampling import backend_chain
+from llamafit.server.binary import ServerBinary
 from llamafit.units import MiB
 
 SHAPES = {

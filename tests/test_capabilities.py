@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from llamafit.capabilities import probe
-from llamafit.server import ServerBinary
+from llamafit.server.binary import ServerBinary
+from llamafit.server.capabilities import probe
 
 STAND_IN = """#!/bin/sh
 echo "$1" >> "{log}"

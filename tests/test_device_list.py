@@ -17,10 +17,10 @@ import pytest
 from typer.testing import CliRunner
 
 from llamafit.cli.app import app
-from llamafit.device_list import ListedDevice, parse_device_list
-from llamafit.devices import Host, discover, merge_listed
+from llamafit.devices.listed import ListedDevice, parse_device_list
+from llamafit.devices.machine import Host, discover, merge_listed
 from llamafit.memory import backends
-from llamafit.server import ServerBinary
+from llamafit.server.binary import ServerBinary
 from llamafit.units import GiB, MiB
 
 LISTING = """\
@@ -80,7 +80,7 @@ def test_the_same_card_through_two_backends_is_used_once() -> None:
 
 
 def test_nvml_gives_the_live_numbers_of_the_servers_cuda_devices() -> None:
-    from llamafit.devices import Device
+    from llamafit.devices.machine import Device
 
     listed = [ListedDevice("CUDA0", "NVIDIA H200", 143000 * MiB, 140000 * MiB, "CUDA")]
     nvml = [Device("CUDA0", "NVIDIA H200", 143771 * MiB + 123, 139000 * MiB + 7, uuid="GPU-1", nvml_index=0)]
@@ -231,7 +231,7 @@ def test_gpus_shows_backend_and_unified_memory(tmp_path: Path, server_bin: Serve
 
 
 def test_a_gpu_as_large_as_the_host_shares_its_memory() -> None:
-    from llamafit.devices import Device, _with_uma
+    from llamafit.devices.machine import Device, _with_uma
 
     host = Host(128 * GiB, 120 * GiB)
     jetson = Device("CUDA0", "NVIDIA GB10", 120 * GiB, 110 * GiB)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from llamafit.devices import GpuProbeError, Host, PhysicalGpu, apply_cuda_visible, discover, parse_gpu_spec
+from llamafit.devices.machine import GpuProbeError, Host, PhysicalGpu, apply_cuda_visible, discover, parse_gpu_spec
 from llamafit.errors import UsageError
 from llamafit.units import GiB, MiB
 

@@ -8,13 +8,13 @@ from pathlib import Path
 import factory
 import pytest
 
-from llamafit.argv import compose, parse_server_args
-from llamafit.devices import Device, Host, Machine
+from llamafit.devices.machine import Device, Host, Machine
 from llamafit.errors import DoesNotFitError, UsageError
 from llamafit.fit import make_plan
 from llamafit.gguf.model import ModelInfo, load_model
 from llamafit.memory.placement import Override
 from llamafit.request import PARTIAL_EXPS_REGEX, build_request, experts_on_cpu, whole_expert_layers
+from llamafit.server.args import compose, parse_server_args
 from llamafit.units import GiB, MiB
 
 

@@ -1,9 +1,9 @@
-"""The ggml-alloc replica (llamafit.memory.galloc) on small graphs whose layout can be worked by hand."""
+"""The ggml-alloc replica (llamafit.memory.graph.galloc) on small graphs whose layout can be worked by hand."""
 
 from __future__ import annotations
 
-from llamafit.memory.galloc import F32, Graph, Tensor, Where, buffer_size, placed
-from llamafit.memory.sched import split_buffers
+from llamafit.memory.graph.galloc import F32, Graph, Tensor, Where, buffer_size, placed
+from llamafit.memory.graph.sched import split_buffers
 
 MiB = 1 << 20
 

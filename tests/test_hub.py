@@ -15,11 +15,11 @@ import pytest
 from typer.testing import CliRunner
 
 from llamafit.cli.app import app
-from llamafit.demo import ensure_demo_model
 from llamafit.errors import ExitCode
+from llamafit.gguf.demo_model import ensure_demo_model
 from llamafit.gguf.writer import TensorSpec, write_gguf
 from llamafit.hub.cache import hub_cache_dir
-from llamafit.server import ServerBinary, free_port
+from llamafit.server.binary import ServerBinary, free_port
 from tests import factory
 from tests.hubserver import FakeHub
 from tests.realserver import read_until

@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from llamafit.argv import parse_server_args
 from llamafit.cli.app import app
-from llamafit.demo import ensure_demo_model
-from llamafit.environment import child_env, config_findings
-from llamafit.failures import classify
-from llamafit.server import ServerBinary, free_port
-from llamafit.supervisor import Supervisor, is_key_line
+from llamafit.gguf.demo_model import ensure_demo_model
+from llamafit.server.args import parse_server_args
+from llamafit.server.binary import ServerBinary, free_port
+from llamafit.server.environment import child_env, config_findings
+from llamafit.server.failures import classify
+from llamafit.server.supervisor import Supervisor, is_key_line
 from tests.realserver import read_until
 
 LLAMAFIT = [sys.executable, "-m", "llamafit"]
@@ -316,7 +316,7 @@ def test_real_shape_supervised_table_and_ctrl_c(server_bin: ServerBinary, tmp_pa
 
 
 def test_device_and_fit_lines_are_read() -> None:
-    from llamafit.logparse import parse
+    from llamafit.server.logparse import parse
 
     log = parse([
         f"{PREFIX} I llama_prepare_model_devices: using device CUDA0 (NVIDIA H200) (0000:19:00.0) - 142700 MiB free",
@@ -333,9 +333,9 @@ def test_device_and_fit_lines_are_read() -> None:
 
 def test_memory_taken_after_planning_is_reported(tmp_path: Path) -> None:
     from llamafit.launch import free_drift
-    from llamafit.logparse import LoadLog
     from llamafit.options import Options
     from llamafit.prepare import prepare
+    from llamafit.server.logparse import LoadLog
 
     prep = prepare(str(ensure_demo_model(tmp_path)), Options(gpu=["8GiB"], calibrate=False))
     assert free_drift(prep, LoadLog(device_free_mib={"CUDA0": 8192})) == []

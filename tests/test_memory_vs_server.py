@@ -13,13 +13,13 @@ import factory
 import pytest
 from realserver import load_log
 
-from llamafit.argv import parse_server_args
 from llamafit.compare import TOLERANCE, compare
-from llamafit.devices import Host, Machine
+from llamafit.devices.machine import Host, Machine
 from llamafit.fit import make_plan
 from llamafit.gguf.model import load_model
 from llamafit.request import build_request
-from llamafit.server import ServerBinary
+from llamafit.server.args import parse_server_args
+from llamafit.server.binary import ServerBinary
 from llamafit.units import GiB
 
 pytestmark = pytest.mark.server

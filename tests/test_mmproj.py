@@ -8,19 +8,19 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from llamafit.argv import parse_server_args
 from llamafit.cli.app import app
 from llamafit.compare import compare_mmproj
-from llamafit.devices import Device, Host, Machine
+from llamafit.devices.machine import Device, Host, Machine
 from llamafit.errors import BadModelFileError, UsageError
 from llamafit.fit import make_plan
 from llamafit.gguf.mmproj import Projector, read_projector
 from llamafit.gguf.model import load_model
-from llamafit.logparse import parse
 from llamafit.memory.mmproj import vit_compute_bytes, warmup_side
 from llamafit.plan import to_json
 from llamafit.request import build_request
-from llamafit.server import ServerBinary
+from llamafit.server.args import parse_server_args
+from llamafit.server.binary import ServerBinary
+from llamafit.server.logparse import parse
 from llamafit.units import GiB, MiB
 from tests import factory
 from tests.realserver import run_argv

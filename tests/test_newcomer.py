@@ -18,9 +18,9 @@ from typer.testing import CliRunner
 from llamafit.cli.app import app
 from llamafit.cli.render import memory_tables, plan_view
 from llamafit.compare import Row
-from llamafit.demo import ensure_demo_model
 from llamafit.errors import ExitCode
-from llamafit.server import ServerBinary
+from llamafit.gguf.demo_model import ensure_demo_model
+from llamafit.server.binary import ServerBinary
 from llamafit.units import MiB
 
 LLAMAFIT = [sys.executable, "-m", "llamafit"]
@@ -153,13 +153,13 @@ def test_the_human_plan_says_what_discovery_saw(model: Path) -> None:
 
 
 def test_no_empty_decisions_heading_and_no_negative_zero(model: Path) -> None:
-    from llamafit.devices import Host, Machine
+    from llamafit.devices.machine import Host, Machine
     from llamafit.fit import make_plan
     from llamafit.gguf.model import load_model
     from llamafit.request import build_request
 
     p = make_plan(load_model(model), Machine((), Host(64 << 30, 60 << 30)), build_request(__import__(
-        "llamafit.argv", fromlist=["parse_server_args"]).parse_server_args([])))  # fmt: skip
+        "llamafit.server.args", fromlist=["parse_server_args"]).parse_server_args([])))  # fmt: skip
     lines = [t.plain for t in plan_view(dataclasses.replace(p, decisions=()))]
     assert "Decisions" not in lines
     tables = memory_tables([Row("target", "kv", "CPU", int(4 * MiB), 4.001)])

@@ -23,12 +23,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 
 import shapes
 
-from llamafit.capabilities import ASSUMED
-from llamafit.devices import Device, Host, Machine
+from llamafit.devices.machine import Device, Host, Machine
 from llamafit.errors import LlamafitError
 from llamafit.options import Options
 from llamafit.plan import to_json
 from llamafit.prepare import prepare
+from llamafit.server.capabilities import ASSUMED
 from llamafit.units import GiB
 
 GOLDEN = Path(__file__).parent / "golden" / "plans.json"

@@ -21,7 +21,7 @@ from llamafit.cli.app import app
 from llamafit.errors import ExitCode
 from llamafit.hub.select import HubFile
 from llamafit.quants import group
-from llamafit.server import ServerBinary
+from llamafit.server.binary import ServerBinary
 from tests import factory, quantmix
 from tests.hubserver import FakeHub
 

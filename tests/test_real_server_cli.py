@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from llamafit.argv import OPTIONS
-from llamafit.demo import ensure_demo_model
-from llamafit.server import ServerBinary, free_port
+from llamafit.gguf.demo_model import ensure_demo_model
+from llamafit.server.args import OPTIONS
+from llamafit.server.binary import ServerBinary, free_port
 from tests.realserver import run_until_ready_then_interrupt
 
 pytestmark = pytest.mark.server
@@ -25,7 +25,7 @@ def test_demo_runs_the_whole_pipeline(server_bin: ServerBinary) -> None:
                        timeout=300)  # fmt: skip
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
-    assert doc["schema"] == "llamafit.demo/1"
+    assert doc["schema"] == "llamafit.gguf.demo_model/1"
     assert doc["server"]["exit_code"] == 0
     assert doc["completion"]["tokens"] == 8
     rows = {(m["kind"], m["buffer"]): m for m in doc["memory"]}

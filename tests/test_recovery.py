@@ -17,7 +17,7 @@ from realserver import health
 
 from llamafit.calibration import failed_load_caps, history_file, read_history
 from llamafit.gguf.model import load_model
-from llamafit.server import ServerBinary, free_port
+from llamafit.server.binary import ServerBinary, free_port
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 LIMIT = 3_000_000 * 1024  # ulimit -v 3000000: the 40960-token cache of a 0.6B model does not fit

@@ -8,12 +8,12 @@ from pathlib import Path
 import factory
 import pytest
 
-from llamafit.argv import parse_server_args
-from llamafit.devices import Host, Machine
+from llamafit.devices.machine import Host, Machine
 from llamafit.fit import make_plan
 from llamafit.gguf.model import load_model
-from llamafit.memory.replay import graph_bytes, recurrent_bytes
+from llamafit.memory.graph.replay import graph_bytes, recurrent_bytes
 from llamafit.request import build_request
+from llamafit.server.args import parse_server_args
 from llamafit.units import GiB
 
 

@@ -14,11 +14,11 @@ from typer.testing import CliRunner
 
 from llamafit.cli.app import app
 from llamafit.compare import compare
+from llamafit.devices.rpc import parse_endpoints, rpc_devices
 from llamafit.errors import UsageError
 from llamafit.options import Options
 from llamafit.prepare import prepare
-from llamafit.rpc import parse_endpoints, rpc_devices
-from llamafit.server import ServerBinary, free_port
+from llamafit.server.binary import ServerBinary, free_port
 from llamafit.units import MiB
 from tests import factory
 from tests.realserver import read_until, run_argv
@@ -196,7 +196,7 @@ def test_split_over_backends_the_compute_buffers_are_the_logged_ones(
 ) -> None:
     """Each backend's compute buffer is its share of the scheduler's splits plus the copies of their inputs
     (with pipeline parallelism four of each, and of every graph input); the replay of the scheduler
-    (llamafit.memory.sched) holds every device's and the host's to the log."""
+    (llamafit.memory.graph.sched) holds every device's and the host's to the log."""
     args = [a.replace("{rpc1}", f"RPC0[{rpc_servers[1]}]") for a in args]
     prep = prepare(str(models[model]), Options(server_args=args, rpc=[",".join(rpc_servers)], server=server_bin.path,
                                                calibrate=False))  # fmt: skip

@@ -11,14 +11,14 @@ import factory
 import pytest
 from realserver import CREATED_CHECKPOINT, chat_log
 
-from llamafit.argv import compose, parse_server_args
-from llamafit.devices import Device, Host, Machine
+from llamafit.devices.machine import Device, Host, Machine
 from llamafit.fit import make_plan
 from llamafit.gguf.model import ModelInfo, load_model
 from llamafit.memory.context import checkpoint_bytes, draft_checkpoint_bytes
 from llamafit.plan import Plan, to_json
 from llamafit.request import build_request
-from llamafit.server import ServerBinary
+from llamafit.server.args import compose, parse_server_args
+from llamafit.server.binary import ServerBinary
 from llamafit.speculative import spec_options
 from llamafit.units import GiB, MiB
 

@@ -17,13 +17,13 @@ import psutil
 import pytest
 from typer.testing import CliRunner
 
-from llamafit.argv import parse_server_args
 from llamafit.cli.app import app
 from llamafit.errors import ExitCode, UsageError
-from llamafit.preset import read_ini, section_text, to_tokens
-from llamafit.router import RouterLog
-from llamafit.server import ServerBinary
-from llamafit.together import entries_from_preset
+from llamafit.server.args import parse_server_args
+from llamafit.server.binary import ServerBinary
+from llamafit.several.plan import entries_from_preset
+from llamafit.several.preset import read_ini, section_text, to_tokens
+from llamafit.several.router_log import RouterLog
 from tests import factory
 from tests.realserver import health, read_until
 
@@ -103,7 +103,7 @@ def test_a_planned_section_starts_the_same_server() -> None:
 
 
 def test_models_on_the_command_line_get_names_of_their_own() -> None:
-    from llamafit.together import entries_from_refs
+    from llamafit.several.plan import entries_from_refs
 
     es = entries_from_refs(["/m/chat.gguf", "/n/chat.gguf", "/m/big-00001-of-00003.gguf", "acme/emb:Q8_0"], ["chat"])
     assert [e.name for e in es] == ["chat-2", "chat-3", "big", "emb:Q8_0"]
@@ -370,11 +370,11 @@ def test_a_model_that_fails_to_load_is_named_and_the_router_stops(
 
 
 def test_devices_that_cannot_be_sized_are_said(shapes: dict[str, Path]) -> None:
-    from llamafit.capabilities import ASSUMED
-    from llamafit.devices import Host, Machine
+    from llamafit.devices.machine import Host, Machine
     from llamafit.options import Options
     from llamafit.prepare import prepare
-    from llamafit.together import entries_from_refs, plan_together
+    from llamafit.server.capabilities import ASSUMED
+    from llamafit.several.plan import entries_from_refs, plan_together
     from llamafit.units import GiB
 
     machine = Machine((), Host(64 * GiB, 64 * GiB), blind=("Vulkan0 reports no memory",))

@@ -10,14 +10,14 @@ from pathlib import Path
 import factory
 import pytest
 
-from llamafit.argv import compose, parse_server_args
-from llamafit.capabilities import ASSUMED
-from llamafit.devices import Device, Host, Machine
+from llamafit.devices.machine import Device, Host, Machine
 from llamafit.errors import UsageError
 from llamafit.fit import make_plan
 from llamafit.gguf.model import load_model
 from llamafit.plan import Plan
 from llamafit.request import build_request
+from llamafit.server.args import compose, parse_server_args
+from llamafit.server.capabilities import ASSUMED
 from llamafit.speculative import detect_kind, find_sidecars, spec_options
 from llamafit.units import GiB, MiB, fmt_bytes
 

@@ -9,14 +9,14 @@ import factory
 import pytest
 from realserver import run_argv
 
-from llamafit.argv import compose, parse_server_args
 from llamafit.compare import compare
-from llamafit.devices import Host, Machine
+from llamafit.devices.machine import Host, Machine
 from llamafit.fit import make_plan
 from llamafit.gguf.model import load_model
 from llamafit.plan import Plan
 from llamafit.request import build_request
-from llamafit.server import ServerBinary
+from llamafit.server.args import compose, parse_server_args
+from llamafit.server.binary import ServerBinary
 from llamafit.speculative import spec_options
 from llamafit.units import GiB, MiB
 

@@ -13,14 +13,14 @@ import factory
 import pytest
 from typer.testing import CliRunner
 
-from llamafit.argv import parse_server_args
 from llamafit.cli.app import app
-from llamafit.devices import Device, GpuProbeError, Host, Machine, PhysicalGpu, described_gpu, discover
+from llamafit.devices.machine import Device, GpuProbeError, Host, Machine, PhysicalGpu, described_gpu, discover
 from llamafit.errors import UsageError
 from llamafit.fit import make_plan
 from llamafit.gguf.model import ModelInfo, load_model
 from llamafit.memory.placement import CPU
 from llamafit.request import build_request
+from llamafit.server.args import parse_server_args
 from llamafit.speed import probe as pr
 from llamafit.speed import probe_models as pm
 from llamafit.speed.bench import bench_flags, parse_jsonl

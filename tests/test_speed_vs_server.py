@@ -11,8 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from llamafit.cli.app import app
-from llamafit.demo import ensure_demo_model
-from llamafit.server import ServerBinary
+from llamafit.gguf.demo_model import ensure_demo_model
+from llamafit.server.binary import ServerBinary
 
 pytestmark = pytest.mark.server
 

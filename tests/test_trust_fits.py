@@ -12,20 +12,20 @@ import pytest
 from test_device_list import stand_in
 from typer.testing import CliRunner
 
-from llamafit.argv import parse_server_args
 from llamafit.cli.app import app
-from llamafit.device_list import read_device_list
-from llamafit.devices import Device, GpuProbeError, Host, PhysicalGpu, discover, merge_listed
+from llamafit.devices.listed import read_device_list
+from llamafit.devices.machine import Device, GpuProbeError, Host, PhysicalGpu, discover, merge_listed
+from llamafit.devices.rpc import same_servers
 from llamafit.errors import ExitCode, UsageError
 from llamafit.fit import make_plan
 from llamafit.gguf.model import load_model, with_kv
 from llamafit.gguf.writer import write_gguf
-from llamafit.preset import read_ini
 from llamafit.request import build_request, kv_overrides
-from llamafit.rpc import same_servers
-from llamafit.server import ServerBinary
+from llamafit.server.args import parse_server_args
+from llamafit.server.binary import ServerBinary
+from llamafit.several.plan import entries_from_preset
+from llamafit.several.preset import read_ini
 from llamafit.speculative import spec_options
-from llamafit.together import entries_from_preset
 from llamafit.units import GiB, MiB
 
 HOST = Host(total=64 * GiB, available=60 * GiB)
@@ -126,8 +126,8 @@ def test_a_lora_adapters_buffer_is_what_the_server_allocates(server_bin: ServerB
 
 
 def log_lines(server: ServerBinary, args: list[str]) -> list[str]:
-    from llamafit.server import free_port
-    from llamafit.supervisor import Supervisor
+    from llamafit.server.binary import free_port
+    from llamafit.server.supervisor import Supervisor
 
     argv = [
         server.path,
@@ -216,7 +216,7 @@ class NoNvml:
 
 def test_nvidia_cards_get_their_own_numbers_whatever_the_enumeration_order() -> None:
     """CUDA lists the fastest card first; NVML by PCI bus: each listed card takes the NVML card that is it."""
-    from llamafit.device_list import ListedDevice
+    from llamafit.devices.listed import ListedDevice
 
     slow = Device("NVML0", "NVIDIA GeForce RTX 3060", 12288 * MiB, 2000 * MiB, nvml_index=0, bandwidth=360e9)
     fast = Device("NVML1", "NVIDIA GeForce RTX 4090", 24564 * MiB, 20000 * MiB, nvml_index=1, bandwidth=1008e9)
@@ -252,7 +252,7 @@ def test_a_preset_is_read_as_the_router_reads_it(tmp_path: Path) -> None:
 
 
 def test_cache_ram_unlimited_still_gets_checkpoints_that_fit(tmp_path: Path) -> None:
-    from llamafit.devices import Machine
+    from llamafit.devices.machine import Machine
 
     model = load_model(factory.gemma3_4b().write(tmp_path / "g4b.gguf"))
     small = Machine((), Host(total=32 * GiB, available=16 * GiB))

@@ -16,14 +16,14 @@ import factory
 import pytest
 from typer.testing import CliRunner
 
-from llamafit.argv import parse_server_args
 from llamafit.calibration import HistoryNotWritten, history_file, read_history, record
 from llamafit.cli.app import app
-from llamafit.devices import Host, Machine
+from llamafit.devices.machine import Host, Machine
 from llamafit.errors import ExitCode
 from llamafit.fit import make_plan
 from llamafit.gguf.model import ModelInfo, load_model
 from llamafit.request import build_request
+from llamafit.server.args import parse_server_args
 from llamafit.units import GiB, MiB
 
 GPU = "12GiB"
@@ -44,7 +44,7 @@ def plan_json(model: Path, *args: str) -> dict[str, Any]:
 def write_launch(model: ModelInfo, compute_scale: float, tamper: dict[str, Any] | None = None) -> dict[str, Any]:
     """A launch record as `run` writes it (through calibration.record), for the plan --gpu 12GiB makes,
     with the compute buffers measured at ``compute_scale`` times the prediction."""
-    from llamafit.devices import Device
+    from llamafit.devices.machine import Device
 
     machine = Machine((Device("CUDA0", "--gpu", 12 * GiB, 12 * GiB, source="override"),), Host(64 * GiB, 60 * GiB))
     p = make_plan(model, machine, build_request(parse_server_args([])))

@@ -18,10 +18,10 @@ import psutil
 import pytest
 from realserver import health
 
-from llamafit.demo import ensure_demo_model
 from llamafit.errors import ExitCode
-from llamafit.server import ServerBinary, free_port
-from llamafit.supervisor import Supervisor
+from llamafit.gguf.demo_model import ensure_demo_model
+from llamafit.server.binary import ServerBinary, free_port
+from llamafit.server.supervisor import Supervisor
 
 LLAMAFIT = [sys.executable, "-m", "llamafit"]
 
@@ -103,7 +103,7 @@ time.sleep(600)
 """
 DRIVER = """
 import json, sys
-from llamafit.supervisor import Supervisor
+from llamafit.server.supervisor import Supervisor
 out = Supervisor([sys.executable, "-c", sys.argv[1]], {}, stop_grace=1.5).run()
 print(json.dumps({"killed_after": out.killed_after, "interrupted": out.interrupted}), flush=True)
 """

@@ -22,7 +22,7 @@ from realserver import required, run_argv, run_until_ready_then_interrupt
 from llamafit.launch import compare_all
 from llamafit.options import Options
 from llamafit.prepare import discover_for, prepare, server_and_caps
-from llamafit.server import ServerBinary, free_port
+from llamafit.server.binary import ServerBinary, free_port
 from llamafit.units import MiB
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
@@ -117,7 +117,7 @@ def test_without_graph_reordering_the_compute_buffers_are_the_logged_ones(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
     """With ggml-vulkan's node reordering off (GGML_VK_DISABLE_GRAPH_OPTIMIZE), each Vulkan device's and
-    the host's compute buffer equals the replay of the scheduler (llamafit.memory.sched): the devices'
+    the host's compute buffer equals the replay of the scheduler (llamafit.memory.graph.sched): the devices'
     splits, the copies of their inputs (four with pipeline parallelism), op offload of the CPU layers'
     ops with their weights and caches copied in."""
     monkeypatch.setenv("GGML_VK_DISABLE_GRAPH_OPTIMIZE", "1")

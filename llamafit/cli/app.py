@@ -134,14 +134,14 @@ def gpus(
 ) -> None:
     """Show what llamafit sees: each GPU (name, total, free), RPC devices, and host RAM."""
     with handled():
-        from llamafit.devices import Machine
+        from llamafit.devices.machine import Machine
         from llamafit.prepare import discover_for, machine_with_rpc, server_and_caps
 
         o = Options.from_params(ctx.params)
         srv = server_and_caps(server)[0] if not (gpu or cpu_only) or rpc else None
         m = discover_for(o, srv)
         if rpc:
-            from llamafit.rpc import parse_endpoints, same_servers
+            from llamafit.devices.rpc import parse_endpoints, same_servers
 
             eps, merged = same_servers(parse_endpoints(rpc))
             m, unreachable = machine_with_rpc(m, eps, srv, optional=rpc_optional, cpu_only=cpu_only)
@@ -386,7 +386,7 @@ def run(
         from llamafit.errors import ServerNotFoundError
         from llamafit.launch import RETRIES
         from llamafit.prepare import launch_env
-        from llamafit.server import GET_SERVER_HINT
+        from llamafit.server.binary import GET_SERVER_HINT
 
         if prep.server is None:
             raise ServerNotFoundError("no llama-server found", hint=GET_SERVER_HINT)
@@ -399,7 +399,7 @@ def run(
             note("not passed to the server (they would change what was planned): " + ", ".join(env.removed))
         print_report([r for r in report if r[0] != "note"], decisions=True)
         if exec_:
-            from llamafit.supervisor import exec_server
+            from llamafit.server.supervisor import exec_server
 
             note(shellwords.join(prep.argv))
             exec_server(prep.argv, env.env)

@@ -9,18 +9,18 @@ from __future__ import annotations
 from typing import Any
 
 from llamafit import shellwords
-from llamafit.capabilities import ASSUMED, Capabilities
 from llamafit.cli.output import err_console, note, out_console, print_json, progress_console, safe
 from llamafit.cli.render import memory_tables, print_plan, rows_json
-from llamafit.demo import ensure_demo_model
 from llamafit.errors import ExitCode, LlamafitError
+from llamafit.gguf.demo_model import ensure_demo_model
 from llamafit.launch import check_speed, compare_all, record_launch
 from llamafit.options import Options
 from llamafit.plan import to_json
 from llamafit.prepare import discover_for, launch_env, prepare, server_and_caps
-from llamafit.server import GET_SERVER_HINT, ServerBinary, free_port
+from llamafit.server.binary import GET_SERVER_HINT, ServerBinary, free_port
+from llamafit.server.capabilities import ASSUMED, Capabilities
+from llamafit.server.supervisor import Supervisor
 from llamafit.speed.timings import served_from_response
-from llamafit.supervisor import Supervisor
 
 PROMPT = "The llama"
 READY_TIMEOUT = 120.0  # the demo model loads in about a second; a server this slow is broken
@@ -43,7 +43,7 @@ def run_demo(server: str | None, json_out: bool) -> int:
         note(n)
     if prep.server is None:
         if json_out:
-            print_json({"schema": "llamafit.demo/1", "plan": to_json(prep.plan, prep.argv), "server": None})
+            print_json({"schema": "llamafit.gguf.demo_model/1", "plan": to_json(prep.plan, prep.argv), "server": None})
         else:
             print_plan(out_console(), prep.plan, prep.argv)
         why = missing.message if missing else "no llama-server found"
@@ -71,7 +71,7 @@ def run_demo(server: str | None, json_out: bool) -> int:
     rc = outcome.returncode
     if json_out:
         doc: dict[str, Any] = {
-            "schema": "llamafit.demo/1",
+            "schema": "llamafit.gguf.demo_model/1",
             "plan": to_json(prep.plan, prep.argv),
             "server": {"path": prep.server.path, "exit_code": rc, "url": url},
             "completion": {"prompt": PROMPT, "content": text, "tokens": reply.get("tokens_predicted")},

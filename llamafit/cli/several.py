@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from llamafit import shellwords
-from llamafit.capabilities import Capabilities
 from llamafit.cli.output import (
     download_summary,
     err_console,
@@ -24,20 +23,21 @@ from llamafit.cli.output import (
 )
 from llamafit.cli.render import memory_tables, rows_json
 from llamafit.cli.supervise import SHOWN_LINE, say_killed
-from llamafit.devices import Machine
+from llamafit.devices.machine import Machine
 from llamafit.errors import ExitCode, ServerNotFoundError, UsageError
-from llamafit.failures import Failure, classify
 from llamafit.gguf.model import ModelInfo
 from llamafit.hub.resolve import Hub
 from llamafit.launch import compare_all, exit_reason, record_launch, with_buffer_lines
-from llamafit.logparse import is_error
 from llamafit.options import Options
 from llamafit.paths import data_dir
 from llamafit.prepare import Prepared
-from llamafit.router import RouterLog
-from llamafit.server import GET_SERVER_HINT, ServerBinary
-from llamafit.supervisor import Supervisor, is_key_line
-from llamafit.together import Together, entries_from_preset, entries_from_refs, plan_together, summary, to_json
+from llamafit.server.binary import GET_SERVER_HINT, ServerBinary
+from llamafit.server.capabilities import Capabilities
+from llamafit.server.failures import Failure, classify
+from llamafit.server.logparse import is_error
+from llamafit.server.supervisor import Supervisor, is_key_line
+from llamafit.several.plan import Together, entries_from_preset, entries_from_refs, plan_together, summary, to_json
+from llamafit.several.router_log import RouterLog
 
 
 @dataclass(frozen=True)
@@ -56,8 +56,8 @@ def prepare_several(refs: Sequence[str], models_preset: Path | None, o: Options)
     """The plan of the set, with the server that would run it and the Hub resolver its files came from."""
     from llamafit.gguf.model import load_model
     from llamafit.prepare import machine_and_server, new_hub, prepare
-    from llamafit.preset import load
     from llamafit.quants import wants_quants
+    from llamafit.several.preset import load
 
     if o.draft or o.hf_file or o.revision:
         raise UsageError("--draft, --hf-file and --revision apply to one model", hint="set them per model in a preset")
@@ -115,7 +115,7 @@ def _show(t: Together, argv: list[str], preset_shown: bool) -> None:
 
 
 def plan_several(refs: Sequence[str], models_preset: Path | None, o: Options, json_out: bool, out: Path | None) -> int:
-    from llamafit.together import write_preset
+    from llamafit.several.plan import write_preset
 
     ps = prepare_several(refs, models_preset, o)
     t, argv = ps.together, ps.argv(str(out) if out else "PRESET.ini")
@@ -141,9 +141,9 @@ def run_several(
     log_file: Path | None,
     ready_timeout: float | None,
 ) -> int:
-    from llamafit.argv import parse_server_args
     from llamafit.prepare import launch_env
-    from llamafit.together import write_preset
+    from llamafit.server.args import parse_server_args
+    from llamafit.several.plan import write_preset
 
     ps = prepare_several(refs, models_preset, o)
     t = ps.together

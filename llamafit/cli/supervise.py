@@ -21,11 +21,11 @@ from llamafit.launch import (
     remember_failed_load,
     with_buffer_lines,
 )
-from llamafit.logparse import LoadLog, is_error
 from llamafit.plan import to_json
 from llamafit.prepare import Prepared
+from llamafit.server.logparse import LoadLog, is_error
+from llamafit.server.supervisor import Outcome, Supervisor, is_key_line
 from llamafit.speed.timings import TimingReader
-from llamafit.supervisor import Outcome, Supervisor, is_key_line
 
 SHOWN_LINE = 2000  # characters of one server line shown on the terminal (--log-file keeps it whole)
 

@@ -22,14 +22,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from llamafit.argv import Planned
 from llamafit.calibration import Corrections
-from llamafit.capabilities import ASSUMED, Capabilities
-from llamafit.devices import Device, Machine
+from llamafit.devices.machine import Device, Machine
 from llamafit.errors import DoesNotFitError, UsageError
 from llamafit.fit import messages
-from llamafit.fit.argv_plan import planned_argv, server_defaults
 from llamafit.fit.faster import faster_split
+from llamafit.fit.flags import planned_argv, server_defaults
 from llamafit.fit.policy import Outcome, fit_with_policy
 from llamafit.fit.projector import ProjectorPlacement, place_projector
 from llamafit.fit.runtime import RuntimeHost, plan_runtime
@@ -46,6 +44,8 @@ from llamafit.memory.mmproj import MmprojUse
 from llamafit.memory.placement import CPU, Override
 from llamafit.plan import Decision, DevicePlan, HostPlan, Plan, SpecReport
 from llamafit.request import Request
+from llamafit.server.args import Planned
+from llamafit.server.capabilities import ASSUMED, Capabilities
 from llamafit.speculative import Drafter, DrafterFiles, SpecOptions, choose
 from llamafit.units import pad
 

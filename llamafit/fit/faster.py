@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from llamafit.devices import Device
+from llamafit.devices.machine import Device
 from llamafit.fit.messages import where
 from llamafit.fit.search import Search, Trial
 from llamafit.fit.speed import Rated, trial_speed

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from llamafit.calibration import Corrections
-from llamafit.devices import Machine
+from llamafit.devices.machine import Machine
 from llamafit.errors import DoesNotFitError
 from llamafit.memory.footprint import LoadSettings
 from llamafit.memory.mmproj import MmprojUse

@@ -11,13 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from llamafit.capabilities import Capabilities
 from llamafit.fit import messages
 from llamafit.fit.search import Search, Trial
 from llamafit.memory import backends
 from llamafit.memory.footprint import LoadSettings
 from llamafit.memory.placement import CPU
 from llamafit.plan import Decision, SpecReport
+from llamafit.server.capabilities import Capabilities
 from llamafit.speculative import SpecChoice, SpecConfig, SpecOptions, ngram_host_bytes, rollback_rows, target_settings
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from llamafit.devices import Machine
+from llamafit.devices.machine import Machine
 from llamafit.errors import UsageError
 from llamafit.fit import messages
 from llamafit.gguf.mmproj import Projector

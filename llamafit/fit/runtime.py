@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llamafit.argv import Planned
 from llamafit.fit import messages
 from llamafit.fit.search import Search, Trial
 from llamafit.gguf.model import ModelInfo
@@ -23,6 +22,7 @@ from llamafit.memory.footprint import Use
 from llamafit.memory.placement import CPU
 from llamafit.plan import Decision
 from llamafit.request import Request
+from llamafit.server.args import Planned
 from llamafit.speculative import SpecConfig, SpecOptions
 from llamafit.units import MiB
 

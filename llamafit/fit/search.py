@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from llamafit.calibration import Corrections
-from llamafit.devices import Device, Machine
+from llamafit.devices.machine import Device, Machine
 from llamafit.errors import DoesNotFitError, UsageError
 from llamafit.fit import messages
 from llamafit.fit.split import split_balanced, split_fastest, split_greedy

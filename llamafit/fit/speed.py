@@ -7,13 +7,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Protocol
 
-from llamafit.devices import Device
+from llamafit.devices.machine import Device
 from llamafit.fit.search import Trial
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory import backends
 from llamafit.memory.footprint import Footprint
+from llamafit.memory.graph.replay import nodes_per_layer
 from llamafit.memory.placement import CPU
-from llamafit.memory.replay import nodes_per_layer
 from llamafit.plan import Plan
 from llamafit.speed.model import Speed, predict
 from llamafit.speed.rates import Rates

@@ -15,7 +15,7 @@ Per backend (b11434 sources; docs/backends.md):
   scratch buffers ggml-vulkan allocates outside the graph (``prealloc_x/y``).
 * **Metal** (``ggml-metal.cpp:220-320``): bytes as they are (graph ops may add scratch), 32-byte
   alignment; weights of an mmapped file are wrapped in place as ``MTL<n>_Mapped`` buffers; no host
-  buffer type. Unified memory: see llamafit.devices.
+  buffer type. Unified memory: see llamafit.devices.machine.
 * **SYCL** (``ggml-sycl.cpp:1061-1100``): quantized rows padded like CUDA, 128-byte alignment,
   ``SYCL_Host``.
 * **RPC** (``ggml-rpc.cpp``): the remote backend decides; llamafit assumes a CPU backend there

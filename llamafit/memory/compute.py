@@ -31,9 +31,9 @@ from llamafit.gguf.hparams import Hparams
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory import backends
 from llamafit.memory.context import ContextParams, attention_layers, per_layer_memory, recurrent_layers, swa_cells
-from llamafit.memory.galloc import Tensor
+from llamafit.memory.graph.galloc import Tensor
+from llamafit.memory.graph.replay import graph_bytes, pooling_kind, recurrent_bytes, split_graph_bytes
 from llamafit.memory.placement import CPU, WeightPlacement, output_weight_device
-from llamafit.memory.replay import graph_bytes, pooling_kind, recurrent_bytes, split_graph_bytes
 
 SMALL_INPUT_FLOATS = 10  # positions, token ids, output ids per token
 PP_COPIES = 4  # GGML_SCHED_MAX_COPIES (ggml-backend.cpp:911-912)
@@ -138,7 +138,7 @@ def compute_buffers(
     pool = pooling_kind(pooling, hp.pooling_type) if embeddings else None
     if gpus and replay_split:
         # a server with a device splits the graph (the CPU holds the inputs and the token rows): replayed
-        # through the scheduler (llamafit.memory.sched) where a builder knows the graph
+        # through the scheduler (llamafit.memory.graph.sched) where a builder knows the graph
         order = [*gpus, CPU]
         aligns = {d: backends.alignment(d, 32) for d in order}
         # the host's share lives in the pinned host buffer beside the devices, when they have one
@@ -253,7 +253,7 @@ def compute_buffers(
         # a DFlash drafter's graph makes the logits of every token (dflash.cpp:808-842) and the server
         # samples them on the backend, from a copy padded by one row (build_sampling: ggml_pad(t_logits,
         # 0, 1)); both alive at the end, after the layers' tensors are freed (the variants the replay,
-        # llamafit.memory.graph_dflash, does not build)
+        # llamafit.memory.graph.dflash, does not build)
         padded = hp.n_vocab * (U + 1) * 4 if cp.sampled_rows else 0
         sampled = hp.n_vocab * U * 4 + padded + U * 4 * (2 * E + SMALL_INPUT_FLOATS)
         out[out_dev] = max(out.get(out_dev, 0), sampled)
@@ -270,7 +270,7 @@ def compute_buffers(
     single = len(devices_used) == 1 and not cpu_layers
     whole = graph_bytes(model, cp, n_outputs, fa, pool) if single and pool != "rank" else None
     if whole is not None:
-        # the whole graph on one backend, replayed through ggml-alloc (llamafit.memory.replay): exact
+        # the whole graph on one backend, replayed through ggml-alloc (llamafit.memory.graph.replay): exact
         out = {next(iter(devices_used)): whole}
 
     if gpus:

@@ -14,7 +14,7 @@ from llamafit.gguf.model import ModelInfo
 from llamafit.memory import backends
 from llamafit.memory.compute import compute_buffers, output_buffer_bytes, resolve_flash_attn
 from llamafit.memory.context import ContextParams, memory_buffers, resolve_context
-from llamafit.memory.graph_sampling import backend_chain
+from llamafit.memory.graph.sampling import backend_chain
 from llamafit.memory.placement import CPU, Override, RepackProfile, WeightPlacement, place_weights
 
 

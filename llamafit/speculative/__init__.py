@@ -19,6 +19,7 @@ here prints; decisions come back as data for the fit to record.
 
 from llamafit.speculative.choose import Drafter, DrafterFiles, LocalFiles, SpecChoice, choose
 from llamafit.speculative.cost import SpecConfig, drafter_use, n_draft_max, rollback_rows, target_settings
+from llamafit.speculative.flags import SpecOptions, spec_options
 from llamafit.speculative.kinds import (
     DEFAULT_CACHE_RAM_MIB,
     DEFAULT_CTX_CHECKPOINTS,
@@ -35,7 +36,6 @@ from llamafit.speculative.kinds import (
     has_embedded_mtp,
     ngram_host_bytes,
 )
-from llamafit.speculative.options import SpecOptions, spec_options
 
 __all__ = [
     "DEFAULT_CACHE_RAM_MIB", "DEFAULT_CTX_CHECKPOINTS", "DEFAULT_N_MAX", "DRAFT_GRAPH_RESERVE", "DRAFT_TYPES",

@@ -9,6 +9,7 @@ from typing import Protocol
 from llamafit.errors import AccessError, LlamafitError, ModelNotFoundError, NetworkError, UsageError
 from llamafit.gguf.model import ModelInfo, load_model
 from llamafit.gguf.naming import SIDECARS
+from llamafit.speculative.flags import SpecOptions
 from llamafit.speculative.kinds import (
     DRAFT_TYPES,
     NGRAM_TYPES,
@@ -16,7 +17,6 @@ from llamafit.speculative.kinds import (
     find_sidecars,
     has_embedded_mtp,
 )
-from llamafit.speculative.options import SpecOptions
 
 
 class DrafterFiles(Protocol):

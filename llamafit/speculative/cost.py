@@ -12,9 +12,10 @@ from typing import Protocol
 
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory.footprint import Footprint, LoadSettings, Use
-from llamafit.memory.graph_sampling import DRAFT_CHAIN
+from llamafit.memory.graph.sampling import DRAFT_CHAIN
 from llamafit.memory.placement import CPU
 from llamafit.speculative.choose import Drafter
+from llamafit.speculative.flags import SpecOptions
 from llamafit.speculative.kinds import (
     DRAFT_GRAPH_RESERVE,
     DRAFT_TYPES,
@@ -23,7 +24,6 @@ from llamafit.speculative.kinds import (
     UNSIZED_FRACTION,
     ngram_host_bytes,
 )
-from llamafit.speculative.options import SpecOptions
 
 
 class Estimate(Protocol):

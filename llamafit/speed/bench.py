@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from llamafit.subprocs import run_bounded
+from llamafit.server.bounded import run_bounded
 
 
 class BenchError(Exception):
@@ -106,7 +106,7 @@ _SAME = {"--ubatch-size": "-ub", "--batch-size": "-b", "--flash-attn": "-fa", "-
 def bench_flags(server_args: Sequence[str]) -> list[str]:
     """The flags of a llama-server command line (without the binary and model) that change how the model is
     placed and run, translated for llama-bench, so it measures the load the server would make."""
-    from llamafit.argv import parse_server_args
+    from llamafit.server.args import parse_server_args
 
     args = parse_server_args(server_args)
     out: list[str] = []

@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from llamafit.calibration import model_id, read_history
-from llamafit.devices import Device, Machine
+from llamafit.devices.machine import Device, Machine
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory import backends
 from llamafit.memory.placement import CPU

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from llamafit.gguf.model import load_model
-from llamafit.memory.replay import nodes_per_layer
+from llamafit.memory.graph.replay import nodes_per_layer
 from llamafit.speed import probe_models as pm
 from llamafit.speed.bench import BenchError, BenchResult, bench_identity, run_bench
 from llamafit.speed.rates import Rates

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 
-from llamafit.logparse import strip
+from llamafit.server.logparse import strip
 
 _TASK = re.compile(r"task (?P<task>\d+) \|")
 _PROMPT = re.compile(r"prompt eval time = +(?P<ms>[\d.]+) ms / +(?P<n>\d+) tokens")

@@ -40,7 +40,7 @@ OUTPUTS = 1  # rows the output layer computes per ubatch: one sequence, its last
 OP_OFFLOAD_MIN_BATCH = 32  # ggml-cuda.cu:5739-5758, ggml-vulkan: an op's batch below this stays where its weight is
 # compute nodes of one layer for each weight tensor it has, when the model has no replayed graph: a
 # Llama layer's one-token graph has 19 compute nodes (views and reshapes do no work) for 9 weights, a
-# Qwen3 layer 23 for 11 (llamafit.memory.replay.nodes_per_layer)
+# Qwen3 layer 23 for 11 (llamafit.memory.graph.replay.nodes_per_layer)
 NODES_PER_WEIGHT = 2.1
 
 

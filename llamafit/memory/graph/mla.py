@@ -1,4 +1,4 @@
-"""The reserve graph of a DeepSeek-V2/V3-style MLA model, node by node, for ``llamafit.memory.galloc``.
+"""The reserve graph of a DeepSeek-V2/V3-style MLA model, node by node, for ``llamafit.memory.graph.galloc``.
 
 Mirrors ``src/models/deepseek2.cpp`` (the MLA branch with the absorbed K: the query through its LoRA,
 the compressed KV and its RoPE part, ``wk_b`` absorbed into the query, one K-only cache whose first
@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llamafit.memory.galloc import F32, I32, I64, Graph, Tensor, in_layer
-from llamafit.memory.graph_attention import Reserve
-from llamafit.memory.graph_trunk import Experts, gated_ffn, input_embeddings, moe_ffn, output_head, rms_norm
+from llamafit.memory.graph.attention import Reserve
+from llamafit.memory.graph.galloc import F32, I32, I64, Graph, Tensor, in_layer
+from llamafit.memory.graph.trunk import Experts, gated_ffn, input_embeddings, moe_ffn, output_head, rms_norm
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """From a fit to llama-server's options: the server's defaults before the fit, and the flags a plan passes.
 
-The flags are ``Planned`` entries with the family the user can override them by; ``llamafit.argv.compose``
+The flags are ``Planned`` entries with the family the user can override them by; ``llamafit.server.args.compose``
 puts the user's own flags last (last wins) and never adds an accumulating flag the user already gave.
 """
 
@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from llamafit.argv import Planned
-from llamafit.devices import Device, Machine
+from llamafit.devices.machine import Device, Machine
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory.footprint import LoadSettings
 from llamafit.request import Request, whole_expert_layers
+from llamafit.server.args import Planned
 from llamafit.speculative import SpecConfig, SpecOptions
 
 

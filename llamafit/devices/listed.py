@@ -24,7 +24,7 @@ import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from llamafit.subprocs import run_bounded
+from llamafit.server.bounded import run_bounded
 
 MiB = 1 << 20
 LIST_TIMEOUT = 10.0

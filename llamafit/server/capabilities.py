@@ -18,10 +18,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import cast
 
-from llamafit.argv import OPTIONS
 from llamafit.errors import ServerNotFoundError
-from llamafit.server import GET_SERVER_HINT
-from llamafit.subprocs import run_bounded
+from llamafit.server.args import OPTIONS
+from llamafit.server.binary import GET_SERVER_HINT
+from llamafit.server.bounded import run_bounded
 
 ALL_SPEC_TYPES = (
     "none", "draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark", "ngram-simple",

@@ -1,4 +1,4 @@
-"""The reserve graph of a transformer with a KV cache, node by node, for ``llamafit.memory.galloc``.
+"""The reserve graph of a transformer with a KV cache, node by node, for ``llamafit.memory.graph.galloc``.
 
 Mirrors ``src/models/llama.cpp:99-247`` (Llama, dense or with experts), ``src/models/qwen3.cpp`` and
 ``qwen3moe.cpp`` (Q/K norms before RoPE) and ``src/models/gemma3.cpp:81-217`` (Gemma 3: the scaled
@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llamafit.memory.galloc import F32, I32, I64, Graph, Tensor, in_layer
-from llamafit.memory.graph_sampling import Samplers
-from llamafit.memory.graph_trunk import Experts, gated_ffn, input_embeddings, moe_ffn, output_head, rms_norm
+from llamafit.memory.graph.galloc import F32, I32, I64, Graph, Tensor, in_layer
+from llamafit.memory.graph.sampling import Samplers
+from llamafit.memory.graph.trunk import Experts, gated_ffn, input_embeddings, moe_ffn, output_head, rms_norm
 
 
 @dataclass(frozen=True)

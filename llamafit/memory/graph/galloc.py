@@ -41,7 +41,7 @@ INPLACE_OPS = frozenset({
 
 @dataclass(frozen=True)
 class Where:
-    """Where a graph's own memory sits when it spans several backends (``llamafit.memory.sched``):
+    """Where a graph's own memory sits when it spans several backends (``llamafit.memory.graph.sched``):
     ``device(layer, name)`` for a weight (``name``: its GGUF name in the layer without ``.weight``:
     ``attn_q``, ``ffn_up_exps``, ``ssm_dt.bias``, ``token_embd``, ``output``), a layer's KV cache or
     recurrent state (``cache``) and a layer's pinned norm (``norm``); ``pin_norms``: llama.cpp puts each

@@ -12,8 +12,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from llamafit.logparse import LoadLog, parse
-from llamafit.supervisor import LISTEN
+from llamafit.server.logparse import LoadLog, parse
+from llamafit.server.supervisor import LISTEN
 
 _CHILD = re.compile(r"^\[\s*(?P<port>\d{1,5})\] ?(?P<line>.*)$")
 _SPAWN = re.compile(r"spawning server instance with name=(?P<name>.+?) on port (?P<port>\d+)\s*$")

@@ -1,6 +1,6 @@
 """llama-server's command line: one option table for parsing the user's extra args and composing ours.
 
-The table (``llamafit.server_options``) is generated from llama.cpp's ``common/arg.cpp``: every alias,
+The table (``llamafit.server.option_table``) is generated from llama.cpp's ``common/arg.cpp``: every alias,
 negated alias, arity and env name. Tokens are matched the way llama.cpp matches them (exact, with
 ``_`` -> ``-`` for ``--`` tokens only, no ``--flag=value``; docs/server-cli.md §1.2). Repeats follow
 docs/server-cli.md §1.3: most options are last-wins, a few accumulate.
@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from llamafit.errors import UsageError
-from llamafit.server_options import ROWS
+from llamafit.server.option_table import ROWS
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from llamafit.memory.galloc import I32, I64, Graph, Tensor, pin_norm
-from llamafit.memory.graph_sampling import Samplers, backend_samplers
+from llamafit.memory.graph.galloc import I32, I64, Graph, Tensor, pin_norm
+from llamafit.memory.graph.sampling import Samplers, backend_samplers
 
 
 def rms_norm(x: Tensor, name: str = "") -> Tensor:

@@ -17,10 +17,10 @@ import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from llamafit.device_list import parse_device_list
-from llamafit.devices import Device
+from llamafit.devices.listed import parse_device_list
+from llamafit.devices.machine import Device
 from llamafit.errors import NetworkError, ServerNotFoundError, UsageError
-from llamafit.subprocs import run_bounded
+from llamafit.server.bounded import run_bounded
 
 CONNECT_TIMEOUT = 3.0
 LIST_TIMEOUT = 30.0

@@ -1,7 +1,7 @@
 """What the machine has: the devices llama-server will use, host RAM through psutil, or hardware
 described by --gpu.
 
-The server binary is asked (``llama-server --list-devices``, llamafit.device_list): every backend it
+The server binary is asked (``llama-server --list-devices``, llamafit.devices.listed): every backend it
 was built with, named and ordered as llama.cpp does (CUDA0, ROCm0, Vulkan0, MTL0, SYCL0, ...). NVML is
 the fast path for NVIDIA cards (bytes rather than MiB, other processes' use, UUIDs) and is reconciled
 with the server's CUDA list; without a server binary NVML alone is asked. NVML is the one boundary the
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from llamafit.device_list import (
+from llamafit.devices.listed import (
     DeviceListError,
     ListedDevice,
     Listing,

@@ -1,4 +1,4 @@
-"""The reserve graph of a pure Mamba model, node by node, for ``llamafit.memory.galloc``.
+"""The reserve graph of a pure Mamba model, node by node, for ``llamafit.memory.graph.galloc``.
 
 Mirrors ``src/models/mamba.cpp:87-147`` (the trunk), ``src/models/mamba-base.cpp`` build_mamba_layer
 (9-150, Mamba-1 and Falcon-Mamba) and build_mamba2_layer (153-300), ``src/llama-graph.cpp``
@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llamafit.memory.galloc import F32, I32, Graph, Tensor, in_layer
-from llamafit.memory.graph_attention import Reserve
-from llamafit.memory.graph_sampling import Samplers
-from llamafit.memory.graph_trunk import RecurrentStates, input_embeddings, output_head, rms_norm
+from llamafit.memory.graph.attention import Reserve
+from llamafit.memory.graph.galloc import F32, I32, Graph, Tensor, in_layer
+from llamafit.memory.graph.sampling import Samplers
+from llamafit.memory.graph.trunk import RecurrentStates, input_embeddings, output_head, rms_norm
 
 
 @dataclass(frozen=True)

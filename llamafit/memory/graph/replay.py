@@ -1,8 +1,8 @@
 """Which models' reserve graphs llamafit replays through its ggml-alloc replica, and with what shape.
 
 A replay gives the compute buffers exactly: the whole graph on one backend (``graph_bytes``, through
-``llamafit.memory.galloc``), or split over several (``split_graph_bytes``, through
-``llamafit.memory.sched``). It applies only where a ``graph_*`` builder makes the graph llama.cpp builds
+``llamafit.memory.graph.galloc``), or split over several (``split_graph_bytes``, through
+``llamafit.memory.graph.sched``). It applies only where a ``graph_*`` builder makes the graph llama.cpp builds
 for that model and those settings; anything else (fused QKV, rerankers' heads, DFlash/DSpark, d2t maps,
 grouped routing, per-layer expert counts) keeps the per-phase estimate of ``llamafit.memory.compute``.
 """
@@ -16,13 +16,13 @@ from llamafit.ggml import by_name
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory.backends import pads_rows
 from llamafit.memory.context import ContextParams, swa_cells
-from llamafit.memory.galloc import Graph, Tensor, Where, buffer_size, placed
-from llamafit.memory.graph_attention import Reserve, TransformerShape, transformer_graph
-from llamafit.memory.graph_dflash import DflashShape, Markov, dflash_graph
-from llamafit.memory.graph_hybrid import HybridShape, hybrid_graph
-from llamafit.memory.graph_mamba import MambaShape, mamba_graph
-from llamafit.memory.graph_mla import MlaShape, mla_graph
-from llamafit.memory.graph_mtp import (
+from llamafit.memory.graph.attention import Reserve, TransformerShape, transformer_graph
+from llamafit.memory.graph.dflash import DflashShape, Markov, dflash_graph
+from llamafit.memory.graph.galloc import Graph, Tensor, Where, buffer_size, placed
+from llamafit.memory.graph.hybrid import HybridShape, hybrid_graph
+from llamafit.memory.graph.mamba import MambaShape, mamba_graph
+from llamafit.memory.graph.mla import MlaShape, mla_graph
+from llamafit.memory.graph.mtp import (
     MROPE_SECTIONS,
     MtpShape,
     NextnShape,
@@ -30,10 +30,10 @@ from llamafit.memory.graph_mtp import (
     mtp_compute_bytes,
     nextn_compute_bytes,
 )
-from llamafit.memory.graph_sampling import Samplers
-from llamafit.memory.graph_trunk import Experts
+from llamafit.memory.graph.sampling import Samplers
+from llamafit.memory.graph.sched import VIEW_OPS, split_buffers
+from llamafit.memory.graph.trunk import Experts
 from llamafit.memory.placement import CPU, WeightPlacement, output_weight_device, row_padded_size
-from llamafit.memory.sched import VIEW_OPS, split_buffers
 
 RECURRENT = ("mamba", "mamba2")
 Shape = TransformerShape | MlaShape | MtpShape | NextnShape | HybridShape | DflashShape
@@ -146,7 +146,7 @@ def split_graph_bytes(
 ) -> dict[str, int] | None:
     """Each backend's compute buffer of the reserve graph over several backends (``backends``, the CPU
     last; ``n_copies`` > 1 with pipeline parallelism; ``offload``: op offload, ``sched.split_buffers``),
-    replayed through the scheduler (``llamafit.memory.sched``); None where the builders do not make
+    replayed through the scheduler (``llamafit.memory.graph.sched``); None where the builders do not make
     llama.cpp's graph (MTP heads, EAGLE3, quantized caches, rerankers)."""
     key = ("split_graph_bytes", cp, n_outputs, fa, pooling, n_copies, offload is not None, tuple(backends),
            tuple(alignments.items()), tuple(p.device for p in placement.tensors), placement.layer_device)  # fmt: skip

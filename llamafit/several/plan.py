@@ -25,8 +25,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from llamafit.argv import parse_server_args
-from llamafit.devices import Host, Machine
+from llamafit.devices.machine import Host, Machine
 from llamafit.errors import DoesNotFitError, UsageError
 from llamafit.gguf.naming import split_info
 from llamafit.hub.resolve import is_hub_ref
@@ -34,7 +33,8 @@ from llamafit.memory.context import N_CTX_PAD as CTX_PAD
 from llamafit.options import Options
 from llamafit.plan import Decision
 from llamafit.prepare import Prepared
-from llamafit.preset import GLOBAL, Section, is_truthy, section_text, to_tokens
+from llamafit.server.args import parse_server_args
+from llamafit.several.preset import GLOBAL, Section, is_truthy, section_text, to_tokens
 from llamafit.units import fmt_bytes
 
 HOST = "host"
@@ -154,10 +154,10 @@ def entries_from_preset(sections: Sequence[Section], source: str) -> list[Entry]
 # -- planning them together ------------------------------------------------------------------------
 
 
-Planner = Callable[[str, Options, Machine], Prepared]
+MemberPlanner = Callable[[str, Options, Machine], Prepared]
 
 
-def plan_together(entries: Sequence[Entry], o: Options, machine: Machine, plan: Planner) -> Together:
+def plan_together(entries: Sequence[Entry], o: Options, machine: Machine, plan: MemberPlanner) -> Together:
     """Plan ``entries`` to share ``machine`` (see the module's docstring)."""
     user = parse_server_args(list(o.server_args))
     for key in _NOT_HERE:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from llamafit.memory.galloc import I32, Graph, Tensor
+from llamafit.memory.graph.galloc import I32, Graph, Tensor
 
 # a sampler the chain runs on the backend: (name, parameter); names: top_k (k), top_p, min_p, temp (t),
 # dist

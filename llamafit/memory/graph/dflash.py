@@ -1,4 +1,4 @@
-"""The reserve graph of a DFlash or DSpark drafter's context, node by node, for ``llamafit.memory.galloc``.
+"""The reserve graph of a DFlash or DSpark drafter's context, node by node, for ``llamafit.memory.graph.galloc``.
 
 Mirrors ``src/models/dflash.cpp:567-857`` (the token batch the context reserves with; the embedding
 batch that injects the target's features into the cache is another graph): the target's token rows,
@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llamafit.memory.galloc import I32, Graph, Tensor, in_layer
-from llamafit.memory.graph_attention import Builder, Reserve, TransformerShape
-from llamafit.memory.graph_sampling import backend_samplers
-from llamafit.memory.graph_trunk import rms_norm
+from llamafit.memory.graph.attention import Builder, Reserve, TransformerShape
+from llamafit.memory.graph.galloc import I32, Graph, Tensor, in_layer
+from llamafit.memory.graph.sampling import backend_samplers
+from llamafit.memory.graph.trunk import rms_norm
 
 
 @dataclass(frozen=True)

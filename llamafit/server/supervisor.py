@@ -30,8 +30,8 @@ from typing import IO, Any
 from urllib.parse import urlsplit
 
 from llamafit.errors import ServerLoadError, ServerNotFoundError
-from llamafit.failures import Failure, classify
-from llamafit.logparse import LoadLog, parse
+from llamafit.server.failures import Failure, classify
+from llamafit.server.logparse import LoadLog, parse
 
 _LEVEL = re.compile(r"^(?:\x1b\[[0-9;]*m)*\d+\.\d{2}\.\d{3}\.\d{3} (?:\x1b\[[0-9;]*m)*(?P<level>[IWED]) ")
 LISTEN = re.compile(r"listening on (?P<url>(?:https?|unix)://\S+)|server is listening on (?P<old>https?://\S+)")

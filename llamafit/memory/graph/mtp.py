@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from llamafit.memory.galloc import F32, I32, Graph, Tensor, buffer_size
-from llamafit.memory.graph_attention import Builder, Reserve, TransformerShape
-from llamafit.memory.graph_sampling import backend_samplers
-from llamafit.memory.graph_trunk import gated_ffn, rms_norm
+from llamafit.memory.graph.attention import Builder, Reserve, TransformerShape
+from llamafit.memory.graph.galloc import F32, I32, Graph, Tensor, buffer_size
+from llamafit.memory.graph.sampling import backend_samplers
+from llamafit.memory.graph.trunk import gated_ffn, rms_norm
 
 MROPE_SECTIONS = 4  # qwen35 uses IMROPE: four positions per token (llama-hparams.cpp:285-288)
 

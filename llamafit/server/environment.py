@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from llamafit.argv import OPTIONS, ServerArgs, family_of, lookup
+from llamafit.server.args import OPTIONS, ServerArgs, family_of, lookup
 
 # Options whose value changes what is allocated (beyond the families llamafit plans explicitly).
 MEMORY_KEYS = frozenset({

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llamafit.argv import ServerArgs
 from llamafit.errors import UsageError
 from llamafit.memory.placement import Override
 from llamafit.request import FFN_EXPS_REGEX, int_value, kv_type_value, n_cpu_moe_overrides, override_entries
+from llamafit.server.args import ServerArgs
 from llamafit.speculative.kinds import DEFAULT_CACHE_RAM_MIB, DEFAULT_CTX_CHECKPOINTS, DEFAULT_N_MAX, SPEC_TYPES
 
 
