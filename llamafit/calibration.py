@@ -63,9 +63,17 @@ def settings_key(s: LoadSettings, devices: tuple[str, ...]) -> str:
     """The settings a user chooses that shape the compute graph (not the context size, and not the
     placement the fit chooses, so a record still applies when the fit moves a layer)."""
     parts = (
-        s.n_seq, s.kv_unified, s.n_batch, s.n_ubatch, s.flash_attn, s.type_k, s.type_v, s.offload_kqv,
-        s.swa_full, devices,
-    )  # fmt: skip
+        s.n_seq,
+        s.kv_unified,
+        s.n_batch,
+        s.n_ubatch,
+        s.flash_attn,
+        s.type_k,
+        s.type_v,
+        s.offload_kqv,
+        s.swa_full,
+        devices,
+    )
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:24]
 
 
@@ -235,10 +243,11 @@ def record_failed_load(model: ModelInfo, devices: tuple[str, ...], device: str, 
     """A load that ran out of memory on ``device`` (``host`` for RAM): the most it showed it holds, for the
     next plans of this model on these devices until a load succeeds (HistoryNotWritten when it cannot)."""
     entry = {
-        "schema": SCHEMA, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "schema": SCHEMA,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "model": {"id": model_id(model), "path": model.path, "name": model.name},
         "failed_load": {"devices": list(devices), "device": device, "cap": int(cap), "why": why[:300]},
-    }  # fmt: skip
+    }
     append_line(history_file(), json.dumps(entry, sort_keys=True))
 
 
@@ -284,8 +293,9 @@ def corrections(model: ModelInfo, s: LoadSettings, devices: tuple[str, ...]) -> 
     got = _corrections(model, s, devices, history)
     if not caps:
         return got
-    return Corrections(got.compute_scale, got.overhead, got.source, got.notes, caps,
-                       f"the failed load of {model.name[:80]} at {when}")  # fmt: skip
+    return Corrections(
+        got.compute_scale, got.overhead, got.source, got.notes, caps, f"the failed load of {model.name[:80]} at {when}"
+    )
 
 
 def _corrections(

@@ -49,9 +49,11 @@ def failed_load_cap(prep: Prepared, failure: Failure, log: LoadLog) -> FailedLoa
     if failure.kind not in OOM_KINDS or not failure.asked:
         return None
     dev = failure.device or "host"
-    planned = prep.plan.host.use.total if dev == "host" else next(
-        (d.use.total for d in prep.plan.devices if d.device.id == dev), None
-    )  # fmt: skip
+    planned = (
+        prep.plan.host.use.total
+        if dev == "host"
+        else next((d.use.total for d in prep.plan.devices if d.device.id == dev), None)
+    )
     if planned is None:
         return None
     before = _allocated(log, dev, prep.plan.buffer_aliases)
@@ -59,8 +61,12 @@ def failed_load_cap(prep: Prepared, failure: Failure, log: LoadLog) -> FailedLoa
     if cap <= 0:
         return None
     where = "host RAM" if dev == "host" else dev
-    return FailedLoad(dev, cap, f"{where} could not take {failure.asked / MiB:.0f} MiB more after "
-                      f"{before / MiB:.0f} MiB: planning for at most {cap / MiB:.0f} MiB there")  # fmt: skip
+    return FailedLoad(
+        dev,
+        cap,
+        f"{where} could not take {failure.asked / MiB:.0f} MiB more after "
+        f"{before / MiB:.0f} MiB: planning for at most {cap / MiB:.0f} MiB there",
+    )
 
 
 def _allocated(log: LoadLog, dev: str, aliases: dict[str, str]) -> int:
@@ -102,8 +108,9 @@ class SpeedCheck:
         if s.pp is not None:
             parts.append(f"prompt {s.prompt_tokens} tokens at {s.pp:.1f} tok/s" + _vs(s.pp, self.pp))
         if s.tg is not None:
-            parts.append(f"generation {s.gen_tokens} tokens at {s.tg:.1f} tok/s" + _vs(s.tg, self.tg)
-                         + f" (depth {s.depth})")  # fmt: skip
+            parts.append(
+                f"generation {s.gen_tokens} tokens at {s.tg:.1f} tok/s" + _vs(s.tg, self.tg) + f" (depth {s.depth})"
+            )
         if s.acceptance is not None:
             parts.append(f"drafts accepted {s.acceptance:.0%}")
         return "speed: " + "; ".join(parts)
@@ -111,10 +118,18 @@ class SpeedCheck:
     def as_dict(self) -> dict[str, Any]:
         s = self.served
         return {
-            "prompt_tokens": s.prompt_tokens, "prompt_ms": s.prompt_ms, "gen_tokens": s.gen_tokens,
-            "gen_ms": s.gen_ms, "prompt_total": s.prompt_total, "depth": s.depth, "acceptance": s.acceptance,
-            "pp_measured": s.pp, "pp_predicted": self.pp, "tg_measured": s.tg, "tg_predicted": self.tg,
-        }  # fmt: skip
+            "prompt_tokens": s.prompt_tokens,
+            "prompt_ms": s.prompt_ms,
+            "gen_tokens": s.gen_tokens,
+            "gen_ms": s.gen_ms,
+            "prompt_total": s.prompt_total,
+            "depth": s.depth,
+            "acceptance": s.acceptance,
+            "pp_measured": s.pp,
+            "pp_predicted": self.pp,
+            "tg_measured": s.tg,
+            "tg_predicted": self.tg,
+        }
 
 
 def _vs(measured: float, predicted: float | None) -> str:
@@ -225,8 +240,9 @@ def record_launch(prep: Prepared, log: LoadLog, checks: Sequence[SpeedCheck] = (
         extra: dict[str, object] = {"argv": prep.argv, "server": prep.server.path if prep.server else None}
         if (sp := speed_record(prep, checks)) is not None:
             extra["speed"] = sp
-        record(prep.plan.model, prep.plan.settings, devices, prep.plan.footprint, actual, log.breakdown, extra,
-               mmproj=mm)  # fmt: skip
+        record(
+            prep.plan.model, prep.plan.settings, devices, prep.plan.footprint, actual, log.breakdown, extra, mmproj=mm
+        )
     except HistoryNotWritten as e:
         return [f"this launch was not recorded for calibration: {e}"]
     return []

@@ -181,10 +181,18 @@ def prepare(
         rates = rates_for(mach, info, user, srv, o, progress, measure)
     try:
         plan = make_plan(
-            info, mach, req, opts, caps, calib if o.calibrate else None, mmproj=projector,
-            mmproj_measured=measured_mmproj_compute if o.calibrate else None, drafter_files=hub, rates=rates,
+            info,
+            mach,
+            req,
+            opts,
+            caps,
+            calib if o.calibrate else None,
+            mmproj=projector,
+            mmproj_measured=measured_mmproj_compute if o.calibrate else None,
+            drafter_files=hub,
+            rates=rates,
             adapters=adapters_of(user, info),
-        )  # fmt: skip
+        )
     except DoesNotFitError as e:
         if e.plan is not None:
             e.argv = compose(srv.path if srv else "llama-server", supported(e.plan.planned, caps)[0], user)
@@ -202,14 +210,26 @@ def prepare(
     if winner is None or not winner.flags:
         return prep
     o_ = replace(o, server_args=(*winner.flags, *o.server_args))
-    tuned_prep = prepare(model_path, o_, machine=mach, server=(srv, caps), model=info, hub=hub, tuned=False,
-                         rates=rates, progress=progress)  # fmt: skip
+    tuned_prep = prepare(
+        model_path,
+        o_,
+        machine=mach,
+        server=(srv, caps),
+        model=info,
+        hub=hub,
+        tuned=False,
+        rates=rates,
+        progress=progress,
+    )
     if not tuned_prep.plan.fits:
         return prep
     sp = tuned_prep.plan.speed
     sp = replace(sp, pp=winner.pp, tg=winner.tg, source="measured") if sp is not None else None
-    d = Decision("speed.tuned", f"Starting from what llamafit tune measured fastest here ({winner.when}): "
-                 f"{' '.join(winner.flags)} (pp {winner.pp or 0:.1f}, tg {winner.tg or 0:.1f} tok/s).")  # fmt: skip
+    d = Decision(
+        "speed.tuned",
+        f"Starting from what llamafit tune measured fastest here ({winner.when}): "
+        f"{' '.join(winner.flags)} (pp {winner.pp or 0:.1f}, tg {winner.tg or 0:.1f} tok/s).",
+    )
     plan = replace(tuned_prep.plan, speed=sp, decisions=(*tuned_prep.plan.decisions, d))
     return replace(tuned_prep, plan=plan, user=user)
 
@@ -231,12 +251,35 @@ def adapters_of(user: ServerArgs, info: ModelInfo) -> Adapters | None:
 
 
 # llamafit's own options, which a user may write after -- by mistake (they would reach llama-server)
-LLAMAFIT_OPTIONS = frozenset({
-    "--json", "--server", "--gpu", "--cpu-only", "--margin", "--min-ctx", "--spec", "--prefer", "--draft",
-    "--hf-file", "--revision", "--offline", "--rpc-optional", "--quant", "--quants", "--dry-run", "--exec",
-    "--verbose", "--log-file", "--ready-timeout", "--models-preset-out", "--host-bandwidth", "--budget", "--goal",
-    "--quiet",
-})  # fmt: skip
+LLAMAFIT_OPTIONS = frozenset(
+    {
+        "--json",
+        "--server",
+        "--gpu",
+        "--cpu-only",
+        "--margin",
+        "--min-ctx",
+        "--spec",
+        "--prefer",
+        "--draft",
+        "--hf-file",
+        "--revision",
+        "--offline",
+        "--rpc-optional",
+        "--quant",
+        "--quants",
+        "--dry-run",
+        "--exec",
+        "--verbose",
+        "--log-file",
+        "--ready-timeout",
+        "--models-preset-out",
+        "--host-bandwidth",
+        "--budget",
+        "--goal",
+        "--quiet",
+    }
+)
 
 
 def check_unknown(user: ServerArgs, caps: Capabilities) -> None:
@@ -248,8 +291,10 @@ def check_unknown(user: ServerArgs, caps: Capabilities) -> None:
             continue
         tok = occ.tokens[0]
         if tok in LLAMAFIT_OPTIONS:
-            raise UsageError(f"{tok} is llamafit's option, written after --: it would go to llama-server",
-                             hint=f"put {tok} before --")  # fmt: skip
+            raise UsageError(
+                f"{tok} is llamafit's option, written after --: it would go to llama-server",
+                hint=f"put {tok} before --",
+            )
         if tok == "--":
             raise UsageError("a second -- among the server flags", hint="all after the first -- goes to llama-server")
         if not tok.startswith("-"):
@@ -264,10 +309,14 @@ _BENCH_FLAGS = {"--flash-attn": "-fa", "--cache-type-k": "-ctk", "--cache-type-v
 
 
 def rates_for(
-    mach: Machine, model: ModelInfo, user: ServerArgs, srv: ServerBinary | None, o: Options,
+    mach: Machine,
+    model: ModelInfo,
+    user: ServerArgs,
+    srv: ServerBinary | None,
+    o: Options,
     progress: Callable[[str], None] | None = None,
     measure: bool = True,
-) -> RateSource:  # fmt: skip
+) -> RateSource:
     """The devices' speed for this model, as the server will run it: its thread count, repacking, flash
     attention and cache types (``llamafit.speed.machine``)."""
     threads = None
@@ -283,10 +332,19 @@ def rates_for(
     ub = user.last("--ubatch-size")
     prompt = int(ub.value or 0) if ub is not None and (ub.value or "").isdecimal() else 512
     return RateSource(
-        mach, model, server_path=srv.path if srv else None, env=launch_env(srv).env if srv else dict(os.environ),
-        threads=threads, flags=flags, prompt=max(32, min(prompt, 2048)), host_bandwidth=bw, here=not o.gpu,
-        progress=progress, calibrate=o.calibrate, measure=measure,
-    )  # fmt: skip
+        mach,
+        model,
+        server_path=srv.path if srv else None,
+        env=launch_env(srv).env if srv else dict(os.environ),
+        threads=threads,
+        flags=flags,
+        prompt=max(32, min(prompt, 2048)),
+        host_bandwidth=bw,
+        here=not o.gpu,
+        progress=progress,
+        calibrate=o.calibrate,
+        measure=measure,
+    )
 
 
 def _with_rpc(

@@ -324,5 +324,11 @@ def build_request(
         kw["rpc"] = tuple(parse_endpoints(rpc_values))
     if (o := args.last("--image-max-tokens")) is not None:
         kw["image_max_tokens"] = int_value(o.value, o.tokens[0], -1)
-    return Request(server_args=args, margin=margin, margins=dict(margins or {}), min_ctx=min_ctx, cpu_only=cpu_only,
-                   **kw)  # type: ignore[arg-type]  # fmt: skip
+    return Request(
+        server_args=args,
+        margin=margin,
+        margins=dict(margins or {}),
+        min_ctx=min_ctx,
+        cpu_only=cpu_only,
+        **kw,  # type: ignore[arg-type]
+    )

@@ -57,12 +57,15 @@ class Candidate:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "flags": list(self.flags), "why": self.why,
+            "flags": list(self.flags),
+            "why": self.why,
             "argv": self.prepared.argv if self.prepared else None,
             "fits": self.prepared is not None and self.prepared.plan.fits,
             "predicted": {"pp": _r(self.predicted_pp), "tg": _r(self.predicted_tg)},
-            "pp": _r(self.pp), "tg": _r(self.tg), "error": self.error,
-        }  # fmt: skip
+            "pp": _r(self.pp),
+            "tg": _r(self.tg),
+            "error": self.error,
+        }
 
 
 def _r(x: float | None) -> float | None:
@@ -79,10 +82,14 @@ class TuneResult:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "schema": SCHEMA, "goal": self.goal, "prompt": PROMPT, "gen": GEN, "stopped": self.stopped,
+            "schema": SCHEMA,
+            "goal": self.goal,
+            "prompt": PROMPT,
+            "gen": GEN,
+            "stopped": self.stopped,
             "candidates": [c.as_dict() for c in self.candidates],
             "best": self.best.as_dict() if self.best else None,
-        }  # fmt: skip
+        }
 
 
 def _variations(base: Prepared, cores: int) -> list[tuple[tuple[str, ...], str]]:
@@ -129,8 +136,13 @@ def tune(
 
     def planned(flags: tuple[str, ...], why: str) -> Candidate | None:
         try:
-            p = base if not flags else prepare(model, replace(o, server_args=(*ctx, *flags, *o.server_args)),
-                                               tuned=False, rates=base.rates)  # fmt: skip
+            p = (
+                base
+                if not flags
+                else prepare(
+                    model, replace(o, server_args=(*ctx, *flags, *o.server_args)), tuned=False, rates=base.rates
+                )
+            )
         except LlamafitError as e:
             return Candidate(flags, None, why, error=e.message)
         if tuple(p.argv[1:]) in seen or not p.plan.fits:
@@ -170,8 +182,17 @@ def tune(
 
 def _measure(bench: str, env: dict[str, str], c: Candidate) -> Candidate:
     assert c.prepared is not None
-    args = ["-m", c.prepared.plan.model.path, "-p", str(PROMPT), "-n", str(GEN), "-r", "1",
-            *bench_flags(c.prepared.argv[1:])]  # fmt: skip
+    args = [
+        "-m",
+        c.prepared.plan.model.path,
+        "-p",
+        str(PROMPT),
+        "-n",
+        str(GEN),
+        "-r",
+        "1",
+        *bench_flags(c.prepared.argv[1:]),
+    ]
     try:
         res = run_bench(bench, args, env, BENCH_TIMEOUT)
     except BenchError as e:

@@ -61,15 +61,27 @@ def _read() -> dict[str, Any]:
 
 
 def remember(
-    model: ModelInfo, devices: Sequence[DevicePlan], server: ServerBinary | None, user: ServerArgs,
-    flags: Sequence[str], pp: float | None, tg: float | None, goal: str,
-) -> None:  # fmt: skip
+    model: ModelInfo,
+    devices: Sequence[DevicePlan],
+    server: ServerBinary | None,
+    user: ServerArgs,
+    flags: Sequence[str],
+    pp: float | None,
+    tg: float | None,
+    goal: str,
+) -> None:
     key = tune_key(model, devices, server, user)
     if key is None:
         return
     doc = _read()
-    doc[key] = {"flags": list(flags), "pp": pp, "tg": tg, "goal": goal, "model": model.name,
-                "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}  # fmt: skip
+    doc[key] = {
+        "flags": list(flags),
+        "pp": pp,
+        "tg": tg,
+        "goal": goal,
+        "model": model.name,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
     path = tune_file()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}")

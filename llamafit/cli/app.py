@@ -362,9 +362,15 @@ def run(
 
                 raise UsageError("--exec runs one server; several models run under the router that llamafit watches")
             code = run_several(
-                refs, models_preset, o, dry_run=dry_run, json_out=json_out, verbose=verbose, log_file=log_file,
+                refs,
+                models_preset,
+                o,
+                dry_run=dry_run,
+                json_out=json_out,
+                verbose=verbose,
+                log_file=log_file,
                 ready_timeout=ready_timeout or None,
-            )  # fmt: skip
+            )
             raise typer.Exit(code)
         prep = _prepare(refs[0], o, json_out, quant)
         report = prep.report()

@@ -75,8 +75,16 @@ def commands(app: Any) -> list[Cmd]:
             kind = "model" if p.name in MODEL_PARAMS else "file" if p.name in FILE_PARAMS else ""
             names = tuple(p.opts) + tuple(getattr(p, "secondary_opts", ()) or ())
             multiple = bool(getattr(p, "multiple", False))
-            opts.append(Opt(names, _first_sentence(getattr(p, "help", "")), not getattr(p, "is_flag", False), choices,
-                            kind, multiple))  # fmt: skip
+            opts.append(
+                Opt(
+                    names,
+                    _first_sentence(getattr(p, "help", "")),
+                    not getattr(p, "is_flag", False),
+                    choices,
+                    kind,
+                    multiple,
+                )
+            )
         opts.append(Opt(("--help", "-h"), "Show help and exit", False))
         out.append(Cmd(name, _first_sentence(cmd.help), tuple(opts), positional, passthrough))
     return out

@@ -192,9 +192,15 @@ def plan_view(plan: Any, width: int = 80, text_width: int | None = None) -> list
         " sharing one KV cache" if cp.kv_unified and cp.n_seq_max > 1 else ""
     )
     out += pack_items(
-        [f"context {cp.n_ctx}", slots, f"K {cp.type_k} / V {cp.type_v}",
-         f"flash attention {'on' if plan.footprint.flash_attn else 'off'}"], width, indent="",
-    )  # fmt: skip
+        [
+            f"context {cp.n_ctx}",
+            slots,
+            f"K {cp.type_k} / V {cp.type_v}",
+            f"flash attention {'on' if plan.footprint.flash_attn else 'off'}",
+        ],
+        width,
+        indent="",
+    )
     out += speed_lines(plan.speed, tw)
     out.append(Text(""))
     for d in plan.devices:
@@ -202,16 +208,30 @@ def plan_view(plan: Any, width: int = 80, text_width: int | None = None) -> list
         others = max(dev.total - dev.free, 0)
         margin = min(dev.free - d.usable, max(dev.free, 0))
         free_after = dev.free - margin - d.use.total
-        out += device_block(dev.id, safe_plain(dev.name), dev.total, _parts(d.use, others, margin, free_after),
-                            d.use.total - d.usable, width)  # fmt: skip
+        out += device_block(
+            dev.id,
+            safe_plain(dev.name),
+            dev.total,
+            _parts(d.use, others, margin, free_after),
+            d.use.total - d.usable,
+            width,
+        )
         out.append(Text(""))
     h = plan.host
     others = max(h.host.total - h.host.available, 0)
     margin = min(h.host.available - h.usable, max(h.host.available, 0))
-    out += device_block("host", "RAM", h.host.total, _parts(h.use, others, margin, h.host.available - margin -
-                        h.use.total), h.use.total - h.usable, width)  # fmt: skip
-    out += [Text(line.plain, style="dim") for line in pack_items(
-        [f"{ch} {name}" for ch, name, _ in SEGMENTS], width, indent="")]  # fmt: skip
+    out += device_block(
+        "host",
+        "RAM",
+        h.host.total,
+        _parts(h.use, others, margin, h.host.available - margin - h.use.total),
+        h.use.total - h.usable,
+        width,
+    )
+    out += [
+        Text(line.plain, style="dim")
+        for line in pack_items([f"{ch} {name}" for ch, name, _ in SEGMENTS], width, indent="")
+    ]
     out.append(Text(""))
     if plan.decisions:
         out.append(Text("Decisions", style="bold"))
@@ -314,10 +334,15 @@ def quants_table(src: Any, rows: Any) -> Table:
         fits = "[green]yes" if r.full else "[yellow]yes" if r.fits else "[red]no"  # yellow: weights on the CPU
         down = r.prepared.downloads() if r.prepared is not None else []
         t.add_row(
-            safe(r.quant.tag), b(r.quant.size), f"{r.bpw:.2f}" if r.bpw else "", fits,
-            str(r.plan.n_ctx) if r.fits and r.plan else "", safe(r.placement[1]), safe(r.speculative or ""),
+            safe(r.quant.tag),
+            b(r.quant.size),
+            f"{r.bpw:.2f}" if r.bpw else "",
+            fits,
+            str(r.plan.n_ctx) if r.fits and r.plan else "",
+            safe(r.placement[1]),
+            safe(r.speculative or ""),
             b(sum(f.size for _, f in down)) if down else ("cached" if r.fits and src.hub else ""),
-        )  # fmt: skip
+        )
     return t
 
 
@@ -336,7 +361,11 @@ def history_table(entries: list[dict[str, Any]], path: str) -> Table:
         kv = sum(e.get("actual_mib", {}).get("kv", {}).values())
         st = e.get("settings", {})
         t.add_row(
-            safe(e.get("time", "")), safe(e.get("model", {}).get("name", "")), str(st.get("n_ctx", "")),
-            safe(",".join(st.get("devices", [])) or "CPU"), f"{kv:.2f}", safe(comp),
-        )  # fmt: skip
+            safe(e.get("time", "")),
+            safe(e.get("model", {}).get("name", "")),
+            str(st.get("n_ctx", "")),
+            safe(",".join(st.get("devices", [])) or "CPU"),
+            f"{kv:.2f}",
+            safe(comp),
+        )
     return t

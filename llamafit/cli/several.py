@@ -170,8 +170,16 @@ def run_several(
         note("not passed to the server (they would change what was planned): " + ", ".join(env.removed))
     argv = with_buffer_lines(argv, parse_server_args(t.router_args), ps.caps)
     try:
-        return supervise_router(t, argv, env.env, verbose=verbose, log_file=log_file, json_out=json_out,
-                                ready_timeout=ready_timeout, plan_doc=to_json(t, argv, str(preset_path)))  # fmt: skip
+        return supervise_router(
+            t,
+            argv,
+            env.env,
+            verbose=verbose,
+            log_file=log_file,
+            json_out=json_out,
+            ready_timeout=ready_timeout,
+            plan_doc=to_json(t, argv, str(preset_path)),
+        )
     finally:
         preset_path.unlink(missing_ok=True)  # the run's own state goes with the run
 
@@ -240,8 +248,10 @@ def supervise_router(
                     err.print(table)
             for r in rows:
                 if not r.within:
-                    err.print(f"[yellow]llamafit: {safe(inst.name)}: {r.context} {r.kind} on {r.buft} is off by "
-                              f"{r.diff_mib or 0:+.2f} MiB[/]")  # fmt: skip
+                    err.print(
+                        f"[yellow]llamafit: {safe(inst.name)}: {r.context} {r.kind} on {r.buft} is off by "
+                        f"{r.diff_mib or 0:+.2f} MiB[/]"
+                    )
             finish_if_all_ready()
         elif event == "exited" and not inst.ready and inst.name in resident and w.failed is None:
             pred = {d.device.id: d.use.total for d in m.prep.plan.devices}
@@ -271,8 +281,10 @@ def supervise_router(
         err.print("[dim]llamafit: interrupted while loading[/]")
         return int(ExitCode.INTERRUPTED)
     if outcome.ready or outcome.failure is None:
-        error(f"the models were not all ready after {ready_timeout or 0:.0f} s and the router was stopped",
-              "raise --ready-timeout, or run with --verbose")  # fmt: skip
+        error(
+            f"the models were not all ready after {ready_timeout or 0:.0f} s and the router was stopped",
+            "raise --ready-timeout, or run with --verbose",
+        )
         return int(ExitCode.SERVER_LOAD_FAILED)
     error(outcome.failure.message, outcome.failure.hint)
     return int(ExitCode.SERVER_LOAD_FAILED)

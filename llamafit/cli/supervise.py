@@ -45,8 +45,9 @@ def supervise(
     is recorded (what it showed the device holds) and, with ``replan``, planned again within that and
     launched again, at most ``retries`` times, each attempt stated with its numbers."""
     for attempt in range(retries + 1):
-        rc, outcome = _attempt(prep, env, verbose=verbose, log_file=log_file, json_out=json_out,
-                               ready_timeout=ready_timeout)  # fmt: skip
+        rc, outcome = _attempt(
+            prep, env, verbose=verbose, log_file=log_file, json_out=json_out, ready_timeout=ready_timeout
+        )
         if outcome.ready or outcome.interrupted or outcome.failure is None:
             return rc
         cap = failed_load_cap(prep, outcome.failure, outcome.log)
@@ -60,8 +61,9 @@ def supervise(
             return rc
         progress_console().print(
             f"[yellow]llamafit: {safe(cap.message)}; planning again within it (attempt {attempt + 2} of "
-            f"{retries + 1}; --no-retry stops at the first failure)[/]", soft_wrap=True,
-        )  # fmt: skip
+            f"{retries + 1}; --no-retry stops at the first failure)[/]",
+            soft_wrap=True,
+        )
         try:
             prep = replan()
         except DoesNotFitError as e:
@@ -74,9 +76,14 @@ def supervise(
 
 
 def _attempt(
-    prep: Prepared, env: dict[str, str], *, verbose: bool, log_file: Path | None, json_out: bool,
+    prep: Prepared,
+    env: dict[str, str],
+    *,
+    verbose: bool,
+    log_file: Path | None,
+    json_out: bool,
     ready_timeout: float | None,
-) -> tuple[int, Outcome]:  # fmt: skip
+) -> tuple[int, Outcome]:
     argv = with_buffer_lines(prep.argv, prep.user, prep.caps)
     err = progress_console()
     err.print(f"[dim]llamafit:[/] {safe(shellwords.join(argv))}", soft_wrap=True)  # one line, copyable
@@ -104,9 +111,12 @@ def _attempt(
         drift = free_drift(prep, log)
         if json_out:
             doc = {
-                "schema": "llamafit.run/1", "url": url, "plan": to_json(prep.plan, argv), "memory": rows_json(rows),
+                "schema": "llamafit.run/1",
+                "url": url,
+                "plan": to_json(prep.plan, argv),
+                "memory": rows_json(rows),
                 "server": {"device_free_mib": log.device_free_mib, "fit": log.fit},
-            }  # fmt: skip
+            }
             print_json(doc)
         else:
             for table in memory_tables(rows):

@@ -110,6 +110,12 @@ def _table(doc: dict[str, Any]) -> Any:
     best = doc["best"]["flags"] if doc["best"] else None
     for c in doc["candidates"]:
         mark = " *" if best is not None and c["flags"] == best else ""
-        t.add_row(safe(c["why"]) + mark, f(c["predicted"]["pp"]), f(c["predicted"]["tg"]), f(c["pp"]), f(c["tg"]),
-                  safe(c["error"] or ("" if c["pp"] or c["tg"] else "not measured")))  # fmt: skip
+        t.add_row(
+            safe(c["why"]) + mark,
+            f(c["predicted"]["pp"]),
+            f(c["predicted"]["tg"]),
+            f(c["pp"]),
+            f(c["tg"]),
+            safe(c["error"] or ("" if c["pp"] or c["tg"] else "not measured")),
+        )
     return t

@@ -35,11 +35,26 @@ _LINE = re.compile(
 # ggml-vulkan's device line at debug verbosity (ggml-vulkan.cpp:5168): "uma" is an integrated GPU
 _VK_INFO = re.compile(r"ggml_vulkan: (?P<i>\d+) = .* \| uma: (?P<uma>[01]) \|")
 # device name prefix -> backend, as each backend names its devices (GGML_CUDA_NAME, GGML_VK_NAME, ...)
-PREFIXES = {"CUDA": "CUDA", "ROCm": "ROCm", "MUSA": "MUSA", "Vulkan": "Vulkan", "SYCL": "SYCL", "MTL": "Metal",
-            "Metal": "Metal", "RPC": "RPC"}  # fmt: skip
+PREFIXES = {
+    "CUDA": "CUDA",
+    "ROCm": "ROCm",
+    "MUSA": "MUSA",
+    "Vulkan": "Vulkan",
+    "SYCL": "SYCL",
+    "MTL": "Metal",
+    "Metal": "Metal",
+    "RPC": "RPC",
+}
 # variables that change which devices a backend shows (docs/backends.md)
-SELECTION_VARS = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL",
-                  "GGML_VK_VISIBLE_DEVICES", "ONEAPI_DEVICE_SELECTOR", "MUSA_VISIBLE_DEVICES")  # fmt: skip
+SELECTION_VARS = (
+    "CUDA_VISIBLE_DEVICES",
+    "HIP_VISIBLE_DEVICES",
+    "ROCR_VISIBLE_DEVICES",
+    "GPU_DEVICE_ORDINAL",
+    "GGML_VK_VISIBLE_DEVICES",
+    "ONEAPI_DEVICE_SELECTOR",
+    "MUSA_VISIBLE_DEVICES",
+)
 
 
 @dataclass(frozen=True)

@@ -235,9 +235,12 @@ def described_gpu(spec: str, index: int) -> Device:
         else:
             card = card or gpus.lookup(speed)
             if card is None:
-                raise UsageError(f"--gpu {spec}: no card called {speed!r} is known",
-                                 hint="give its bandwidth instead (e.g. 24GiB@1008GB/s), or one of: "
-                                 + ", ".join(gpus.names()[:12]) + ", ...")  # fmt: skip
+                raise UsageError(
+                    f"--gpu {spec}: no card called {speed!r} is known",
+                    hint="give its bandwidth instead (e.g. 24GiB@1008GB/s), or one of: "
+                    + ", ".join(gpus.names()[:12])
+                    + ", ...",
+                )
             bandwidth, source, name = card.bandwidth, "table", f"{card.name} (--gpu {spec})"
     if mem:
         free, total = parse_gpu_spec(mem)
@@ -246,12 +249,21 @@ def described_gpu(spec: str, index: int) -> Device:
     elif card is not None and card.memory:
         free = total = card.memory
     else:
-        raise UsageError(f"--gpu {spec}: {card.name if card else spec} comes with several memory sizes",
-                         hint=f"give it, e.g. --gpu 48GiB@{spec.strip()}")  # fmt: skip
+        raise UsageError(
+            f"--gpu {spec}: {card.name if card else spec} comes with several memory sizes",
+            hint=f"give it, e.g. --gpu 48GiB@{spec.strip()}",
+        )
     if card is not None and card.memory and total > card.memory * 1.02:
         raise UsageError(f"--gpu {spec}: the {card.name} has {card.memory >> 30} GiB", hint="give FREE/TOTAL within it")
-    return Device(id=f"CUDA{index}", name=name, total=total, free=free, source="override", bandwidth=bandwidth,
-                  bandwidth_source=source)  # fmt: skip
+    return Device(
+        id=f"CUDA{index}",
+        name=name,
+        total=total,
+        free=free,
+        source="override",
+        bandwidth=bandwidth,
+        bandwidth_source=source,
+    )
 
 
 def host_memory() -> Host:
@@ -318,18 +330,29 @@ def _nvml_devices(
         return None, [f"no NVIDIA GPU found (NVML: {e})"]
     notes: list[str] = []
     if not visible_only:
-        return [Device(id=f"NVML{g.index}", name=g.name, total=g.total, free=g.free, uuid=g.uuid, nvml_index=g.index,
-                       **_speed_fields(g)) for g in phys], notes  # fmt: skip
+        return [
+            Device(
+                id=f"NVML{g.index}",
+                name=g.name,
+                total=g.total,
+                free=g.free,
+                uuid=g.uuid,
+                nvml_index=g.index,
+                **_speed_fields(g),
+            )
+            for g in phys
+        ], notes
     visible = apply_cuda_visible(phys, env.get("CUDA_VISIBLE_DEVICES"))
     if len(visible) < len(phys):
         notes.append(f"CUDA_VISIBLE_DEVICES={env.get('CUDA_VISIBLE_DEVICES')} shows {len(visible)} of {len(phys)} GPUs")
     if not visible:
         notes.append("no GPU is visible; planning a CPU-only load")
     devs = [
-        Device(id=f"CUDA{i}", name=g.name, total=g.total, free=g.free, uuid=g.uuid, nvml_index=g.index,
-               **_speed_fields(g))
+        Device(
+            id=f"CUDA{i}", name=g.name, total=g.total, free=g.free, uuid=g.uuid, nvml_index=g.index, **_speed_fields(g)
+        )
         for i, g in enumerate(visible)
-    ]  # fmt: skip
+    ]
     return devs, notes
 
 
@@ -389,10 +412,18 @@ def merge_listed(
             continue
         devs.append(
             by_order.get(d.name)
-            or Device(d.name, d.description, d.total, d.free, source="server", backend=d.backend,
-                      kind="rpc" if d.backend == "RPC" else "gpu", uma=d.integrated or _shares_host(d),
-                      max_tensor=_max_tensor(d))
-        )  # fmt: skip
+            or Device(
+                d.name,
+                d.description,
+                d.total,
+                d.free,
+                source="server",
+                backend=d.backend,
+                kind="rpc" if d.backend == "RPC" else "gpu",
+                uma=d.integrated or _shares_host(d),
+                max_tensor=_max_tensor(d),
+            )
+        )
     discrete = [d for d in devs if d.kind == "gpu" and not any(ld.name == d.id and ld.integrated for ld in listed)]
     if discrete and len(discrete) < len([d for d in devs if d.kind == "gpu"]):
         dropped = [d.id for d in devs if d.kind == "gpu" and d not in discrete]

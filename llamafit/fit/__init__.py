@@ -122,8 +122,19 @@ def _make_plan(
         err, closest = search.refusal(base, lo, out.spec)
         planned = planned_argv(model, closest.settings, closest.fp.context.n_ctx, gpus, req, machine, out.spec, opts)
         # the plan that could not be made, for --json: the closest end, with what each device misses by
-        err.plan = _assemble(model, machine, req, search, gpus, closest, out.report, planned, projector,
-                             [Decision("fit.none", err.message)], [*calib.notes, *projector.warnings])  # fmt: skip
+        err.plan = _assemble(
+            model,
+            machine,
+            req,
+            search,
+            gpus,
+            closest,
+            out.report,
+            planned,
+            projector,
+            [Decision("fit.none", err.message)],
+            [*calib.notes, *projector.warnings],
+        )
         raise err
     t, faster = faster_split(search, out.trial, out.spec, gpus, rates, pinned)
     if faster is not None and out.placement is not None:  # the placement's sentence names the new split
@@ -144,8 +155,7 @@ def _make_plan(
         warnings.append(messages.min_ctx_above_training(req.min_ctx, _train(model)))
     if len(gpus) < len(machine.gpus) and req.devices is None and len(gpus) == MAX_SPLIT_DEVICES:
         warnings.append(messages.devices_capped(len(machine.gpus), MAX_SPLIT_DEVICES))
-    plan = _assemble(model, machine, req, search, gpus, t, out.report, planned, projector, decisions, warnings,
-                     runtime)  # fmt: skip
+    plan = _assemble(model, machine, req, search, gpus, t, out.report, planned, projector, decisions, warnings, runtime)
     return replace(plan, speed=trial_speed(model, t, gpus, rates)) if rates is not None else plan
 
 
@@ -155,9 +165,16 @@ def _train(model: ModelInfo) -> int:
 
 
 def _decisions(
-    model: ModelInfo, machine: Machine, req: Request, search: Search, t: Trial, out: Outcome,
-    planned: list[Planned], calib: Corrections, projector: ProjectorPlacement,
-) -> list[Decision]:  # fmt: skip
+    model: ModelInfo,
+    machine: Machine,
+    req: Request,
+    search: Search,
+    t: Trial,
+    out: Outcome,
+    planned: list[Planned],
+    calib: Corrections,
+    projector: ProjectorPlacement,
+) -> list[Decision]:
     """Every choice the plan made, context first, each with its reason."""
     decisions = [*_context_decisions(model, req, t), *filter(None, [messages.calibration_applied(calib)])]
     decisions += [*projector.decisions, out.placement] if out.placement else [*projector.decisions]
@@ -179,22 +196,41 @@ def _decisions(
 
 
 def _assemble(
-    model: ModelInfo, machine: Machine, req: Request, search: Search, gpus: list[Device], t: Trial,
-    report: SpecReport, planned: list[Planned], projector: ProjectorPlacement, decisions: list[Decision],
-    warnings: list[str], runtime: RuntimeHost | None = None,
-) -> Plan:  # fmt: skip
+    model: ModelInfo,
+    machine: Machine,
+    req: Request,
+    search: Search,
+    gpus: list[Device],
+    t: Trial,
+    report: SpecReport,
+    planned: list[Planned],
+    projector: ProjectorPlacement,
+    decisions: list[Decision],
+    warnings: list[str],
+    runtime: RuntimeHost | None = None,
+) -> Plan:
     unified = sum(t.fp.gpus[g].total + t.extra.get(g, Use()).total for g in search.unified)
     layers_on = {g.id: sum(1 for d in t.fp.layer_device if d == g.id) for g in gpus}
     return Plan(
-        model=model, settings=t.settings, footprint=t.fp,
-        devices=tuple(DevicePlan(g, search.usable[g.id], t.fp.gpus[g.id] + t.extra.get(g.id, Use()),
-                                 layers_on[g.id]) for g in gpus),
+        model=model,
+        settings=t.settings,
+        footprint=t.fp,
+        devices=tuple(
+            DevicePlan(g, search.usable[g.id], t.fp.gpus[g.id] + t.extra.get(g.id, Use()), layers_on[g.id])
+            for g in gpus
+        ),
         host=HostPlan(machine.host, search.host_usable, t.fp.host + t.extra.get(CPU, Use()), unified, runtime),
-        decisions=tuple(decisions), warnings=tuple(warnings), planned=tuple(planned), margin=req.margin,
-        notes=machine.notes, draft_footprint=t.draft, speculative=report, mmproj=projector.use,
+        decisions=tuple(decisions),
+        warnings=tuple(warnings),
+        planned=tuple(planned),
+        margin=req.margin,
+        notes=machine.notes,
+        draft_footprint=t.draft,
+        speculative=report,
+        mmproj=projector.use,
         buffer_aliases=machine.buffer_aliases,
         blind=machine.blind,
-    )  # fmt: skip
+    )
 
 
 def check_buffer_types(req: Request, opts: SpecOptions, machine: Machine) -> None:

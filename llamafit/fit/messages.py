@@ -353,8 +353,10 @@ def cache_unlimited(left: int) -> str:
 def runtime_over(slots: int, per_slot: int, ckpt: int, cache: int, room: int) -> str:
     parts = []
     if ckpt and per_slot:
-        parts.append(f"{fmt_bytes(slots * per_slot * ckpt)} of context checkpoints ({slots} slots x {per_slot} x "
-                     f"{fmt_bytes(ckpt)})")  # fmt: skip
+        parts.append(
+            f"{fmt_bytes(slots * per_slot * ckpt)} of context checkpoints ({slots} slots x {per_slot} x "
+            f"{fmt_bytes(ckpt)})"
+        )
     if cache:
         parts.append(f"{fmt_bytes(cache)} of prompt cache")
     return (
@@ -364,13 +366,20 @@ def runtime_over(slots: int, per_slot: int, ckpt: int, cache: int, room: int) ->
 
 
 def does_not_fit(
-    name: str, with_drafter: bool, n_ctx: int, gpu_needs: Sequence[tuple[str, int, int]], host_need: tuple[int, int],
-    has_gpus: bool, projector_on_gpu: bool,
-) -> DoesNotFitError:  # fmt: skip
+    name: str,
+    with_drafter: bool,
+    n_ctx: int,
+    gpu_needs: Sequence[tuple[str, int, int]],
+    host_need: tuple[int, int],
+    has_gpus: bool,
+    projector_on_gpu: bool,
+) -> DoesNotFitError:
     """The refusal, with the two ends: everything on the GPUs (``gpu_needs``: device, need, usable),
     and everything the GPUs cannot hold on the host (need, usable)."""
-    parts = [f"on the GPU {dev} needs {fmt_bytes(need)} of {fmt_bytes(max(usable, 0))} usable"
-             for dev, need, usable in gpu_needs]  # fmt: skip
+    parts = [
+        f"on the GPU {dev} needs {fmt_bytes(need)} of {fmt_bytes(max(usable, 0))} usable"
+        for dev, need, usable in gpu_needs
+    ]
     need, usable = host_need
     parts.append(
         f"{'offloaded to the CPU' if has_gpus else 'on the CPU'} it needs {fmt_bytes(need)} of host RAM "

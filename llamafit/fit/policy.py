@@ -62,14 +62,19 @@ def fit_with_policy(
         return search.fit(target_settings(model, base, spec, opts), lo_, hi_, pinned, spec)
 
     def outcome(
-        t: Trial | None, placement: Decision | None, spec: SpecConfig, code: str, message: str,
+        t: Trial | None,
+        placement: Decision | None,
+        spec: SpecConfig,
+        code: str,
+        message: str,
         reason: str | None = None,
-    ) -> Outcome:  # fmt: skip
+    ) -> Outcome:
         """``drafter`` in the report is the one considered, kept or dropped; ``chosen`` what runs."""
         chosen = ",".join(spec.types) or "none"
         n_rs = rollback_rows(model, spec, opts)
-        return Outcome(t, placement, spec, SpecReport(requested, chosen, d, reason, n_rs, message, code,
-                                                      spec.draft_devices))  # fmt: skip
+        return Outcome(
+            t, placement, spec, SpecReport(requested, chosen, d, reason, n_rs, message, code, spec.draft_devices)
+        )
 
     if d is None:
         spec = SpecConfig(None, choice.ngram)
@@ -90,8 +95,9 @@ def fit_with_policy(
     elif opts.devices is None and not d.embedded and len(search.ids) > 1:
         options += [(g,) for g in search.ids]
 
-    def fallback(alone: Trial, alone_dec: Decision | None, dropped: Callable[[str | None, tuple[int, int] | None],
-                 str]) -> Outcome:  # fmt: skip
+    def fallback(
+        alone: Trial, alone_dec: Decision | None, dropped: Callable[[str | None, tuple[int, int] | None], str]
+    ) -> Outcome:
         """The drafter is dropped and the target keeps ``alone``. ngram-mod (when this build has it)
         runs only if its verification batch fits beside that plan for free: the same context, the same
         layers and experts on the GPUs; else no speculation. The message states its cost either way."""
@@ -106,8 +112,11 @@ def fit_with_policy(
             msg = dropped(ngram, ngram_cost(search, opts, r))
             return outcome(r, alone_dec, spec, "speculative.dropped", msg, "drafter_no_vram")
         priced = search.run(target_settings(model, alone.settings, spec, opts), spec)
-        msg = dropped(None, None) + " " + messages.fallback_refused(ngram, ngram_cost(search, opts, priced),
-                                                                     priced.worst or None)  # fmt: skip
+        msg = (
+            dropped(None, None)
+            + " "
+            + messages.fallback_refused(ngram, ngram_cost(search, opts, priced), priced.worst or None)
+        )
         return outcome(alone, alone_dec, SpecConfig(), "speculative.dropped", msg, "drafter_no_vram")
 
     def beside(spec: SpecConfig, alone: Trial, lo_: int, hi_: int) -> Trial | None:

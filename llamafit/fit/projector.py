@@ -43,16 +43,23 @@ def place_projector(
     use = mmproj_use(projector, dev, flash_attn=req.flash_attn, image_max_tokens=req.image_max_tokens)
     got = measured(use) if measured is not None else None
     if got is not None:
-        use = mmproj_use(projector, dev, flash_attn=req.flash_attn, image_max_tokens=req.image_max_tokens,
-                         measured_compute=got)  # fmt: skip
+        use = mmproj_use(
+            projector, dev, flash_attn=req.flash_attn, image_max_tokens=req.image_max_tokens, measured_compute=got
+        )
     why = (
-        "--no-mmproj-offload" if not req.mmproj_offload
-        else f"-mmdev {req.mmproj_device}" if req.mmproj_device
-        else "the first -dev device" if req.devices
-        else "llama.cpp puts it on the first GPU" if dev != CPU
+        "--no-mmproj-offload"
+        if not req.mmproj_offload
+        else f"-mmdev {req.mmproj_device}"
+        if req.mmproj_device
+        else "the first -dev device"
+        if req.devices
+        else "llama.cpp puts it on the first GPU"
+        if dev != CPU
         else "no GPU"
-    )  # fmt: skip
+    )
     return ProjectorPlacement(
-        use, {dev: Use(mmproj=use.weights + use.compute)}, (messages.projector_placed(use, why),),
+        use,
+        {dev: Use(mmproj=use.weights + use.compute)},
+        (messages.projector_placed(use, why),),
         tuple(messages.projector_warnings(use)),
-    )  # fmt: skip
+    )

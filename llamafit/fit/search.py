@@ -127,10 +127,17 @@ class Search:
     ) -> Footprint:
         """The memory model with this machine's calibration applied (compute scale, runtime overhead)."""
         return estimate(
-            model, s, ids, free=[self.free[i] for i in ids], compute_scale=self.calib.compute_scale or None,
-            overhead=self.calib.overhead, context_label=context_label, share_weights=share_weights,
-            limits=self.limits, exact_compute=exact_compute,
-        )  # fmt: skip
+            model,
+            s,
+            ids,
+            free=[self.free[i] for i in ids],
+            compute_scale=self.calib.compute_scale or None,
+            overhead=self.calib.overhead,
+            context_label=context_label,
+            share_weights=share_weights,
+            limits=self.limits,
+            exact_compute=exact_compute,
+        )
 
     def card_total(self, dev: str) -> int:
         return self.total.get(dev, self.host.total)
@@ -160,9 +167,13 @@ class Search:
     # -- layer packing across GPUs -------------------------------------------------------------
 
     def pack(
-        self, s: LoadSettings, n_gpu_layers: int, spec: SpecConfig, cuts: Mapping[str, int] | None = None,
+        self,
+        s: LoadSettings,
+        n_gpu_layers: int,
+        spec: SpecConfig,
+        cuts: Mapping[str, int] | None = None,
         order: Sequence[int] | None = None,
-    ) -> LoadSettings | None:  # fmt: skip
+    ) -> LoadSettings | None:
         """Choose per-GPU layer counts (-ts) for the top ``n_gpu_layers`` layers, back to front.
 
         Each card gets what its own budget holds after its fixed costs (runtime overhead, compute
@@ -181,8 +192,9 @@ class Search:
         probe = self.estimate(self.model, probe_s, self.ids, exact_compute=False)
         # the placement does not change the context: the probe's is the one every split gets
         mem = per_layer_memory(hp, probe.context) if s.offload_kqv else [0] * hp.n_layer_all
-        _, probe_draft = drafter_use(self.model, spec, self.opts, probe_s, probe, self.ids, self.estimate,
-                                     self.card_total)  # fmt: skip
+        _, probe_draft = drafter_use(
+            self.model, spec, self.opts, probe_s, probe, self.ids, self.estimate, self.card_total
+        )
         cost = [0] * n_units
         for p in probe.placement.tensors:
             il = p.tensor.layer
@@ -198,10 +210,14 @@ class Search:
         compute = max((probe.gpus[g].compute for g in self.ids), default=0)
         first = n_units - ngl
         budgets = [
-            self.usable[dev] - probe.gpus[dev].overhead - compute - probe_draft.get(dev, Use()).total
-            - self.fixed.get(dev, Use()).total - (cuts or {}).get(dev, 0)
+            self.usable[dev]
+            - probe.gpus[dev].overhead
+            - compute
+            - probe_draft.get(dev, Use()).total
+            - self.fixed.get(dev, Use()).total
+            - (cuts or {}).get(dev, 0)
             for dev in self.ids
-        ]  # fmt: skip
+        ]
         if order is not None:
             counts = split_fastest(cost[first:], budgets, order)
         elif any(backends.kind(d) == "rpc" for d in self.ids):
@@ -463,8 +479,13 @@ class Search:
         on_host = self.run(replace(s, n_gpu_layers=0, overrides=()) if base.overrides == () else s, spec)
         ends.append(on_host)
         err = messages.does_not_fit(
-            self.model.name, spec.drafter is not None, on_host.fp.context.n_ctx, needs,
-            (on_host.total(CPU), self.host_usable), bool(self.ids), any(dev != CPU for dev in self.fixed),
-        )  # fmt: skip
+            self.model.name,
+            spec.drafter is not None,
+            on_host.fp.context.n_ctx,
+            needs,
+            (on_host.total(CPU), self.host_usable),
+            bool(self.ids),
+            any(dev != CPU for dev in self.fixed),
+        )
         # an end that fits was ruled out by the user's placement (-ngl, -ot): not the plan to show
         return err, min([t for t in ends if not t.ok] or ends, key=lambda t: t.over)

@@ -81,7 +81,16 @@ def trial_rates_speed(plan: Plan, source: Rated, *, depth: int, prompt: int) -> 
     used = _used(fp, devices, plan.settings.op_offload)
     npl = plan.model.memo(("nodes_per_layer",), lambda: nodes_per_layer(plan.model))
     return predict(
-        plan.model, fp.placement, fp.context, source.rates(used), flash_attn=fp.flash_attn, devices=devices,
-        depth=depth, prompt=prompt, nodes_per_layer=npl, op_offload=plan.settings.op_offload,
-        limits={d.device.id: d.device.max_tensor for d in plan.devices if d.device.max_tensor}, full_context=False,
-    )  # fmt: skip
+        plan.model,
+        fp.placement,
+        fp.context,
+        source.rates(used),
+        flash_attn=fp.flash_attn,
+        devices=devices,
+        depth=depth,
+        prompt=prompt,
+        nodes_per_layer=npl,
+        op_offload=plan.settings.op_offload,
+        limits={d.device.id: d.device.max_tensor for d in plan.devices if d.device.max_tensor},
+        full_context=False,
+    )

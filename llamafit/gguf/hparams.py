@@ -15,20 +15,63 @@ from llamafit.gguf.reader import ArrayInfo
 
 # llm_arch_is_recurrent / llm_arch_is_hybrid / llm_arch_supports_rs_rollback (src/llama-arch.cpp:1110-1179)
 RECURRENT_ARCHS = frozenset({"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"})
-HYBRID_ARCHS = frozenset({
-    "jamba", "falcon-h1", "plamo2", "granitehybrid", "lfm2", "lfm2moe", "nemotron_h", "nemotron_h_moe",
-    "qwen3next", "kimi-linear", "bailingmoe3", "kimi-k3", "glm5-next", "qwen35", "qwen35moe", "qwen4exp",
-    "deepseek4", "minimax-01",
-})  # fmt: skip
-RS_ROLLBACK_ARCHS = frozenset({
-    "kimi-k3", "qwen35", "qwen35moe", "qwen4exp", "deepseek4", "glm5-next", "nemotron_h", "nemotron_h_moe",
-    "lfm2", "lfm2moe", "bailingmoe3",
-})  # fmt: skip
+HYBRID_ARCHS = frozenset(
+    {
+        "jamba",
+        "falcon-h1",
+        "plamo2",
+        "granitehybrid",
+        "lfm2",
+        "lfm2moe",
+        "nemotron_h",
+        "nemotron_h_moe",
+        "qwen3next",
+        "kimi-linear",
+        "bailingmoe3",
+        "kimi-k3",
+        "glm5-next",
+        "qwen35",
+        "qwen35moe",
+        "qwen4exp",
+        "deepseek4",
+        "minimax-01",
+    }
+)
+RS_ROLLBACK_ARCHS = frozenset(
+    {
+        "kimi-k3",
+        "qwen35",
+        "qwen35moe",
+        "qwen4exp",
+        "deepseek4",
+        "glm5-next",
+        "nemotron_h",
+        "nemotron_h_moe",
+        "lfm2",
+        "lfm2moe",
+        "bailingmoe3",
+    }
+)
 # create_memory returns no memory module for these (src/llama-model.cpp:2363-2380)
-NO_MEMORY_ARCHS = frozenset({
-    "bert", "jina-bert-v2", "jina-bert-v3", "nomic-bert", "nomic-bert-moe", "neo-bert", "eurobert",
-    "wavtokenizer-dec", "modern-bert", "gemma-embedding", "dream", "llada", "llada-moe", "rnd1", "clef",
-})  # fmt: skip
+NO_MEMORY_ARCHS = frozenset(
+    {
+        "bert",
+        "jina-bert-v2",
+        "jina-bert-v3",
+        "nomic-bert",
+        "nomic-bert-moe",
+        "neo-bert",
+        "eurobert",
+        "wavtokenizer-dec",
+        "modern-bert",
+        "gemma-embedding",
+        "dream",
+        "llada",
+        "llada-moe",
+        "rnd1",
+        "clef",
+    }
+)
 # Cache layouts (DSA/MSA indexers) modelled from llama.cpp's source but not yet held to a real load;
 # deepseek32's DSA cache and DeepSeek-V4's caches and compressor states are (tests/test_memory_vs_server.py).
 # The plan says so.
@@ -293,8 +336,17 @@ def resolve_hparams(kv: dict[str, Any], src: str) -> Hparams:
             is_recr = [il < n_layer and (il + 1) % interval != 0 for il in range(n_all)]
     elif arch in ("nemotron_h", "nemotron_h_moe"):
         is_recr = [il < n_layer and n_head_kv[il] == 0 and n_ff[il] == 0 for il in range(n_all)]
-    elif arch in ("jamba", "granitehybrid", "lfm2", "lfm2moe", "kimi-linear", "kimi-k3", "bailingmoe3",
-                  "minimax-01", "plamo2"):  # fmt: skip
+    elif arch in (
+        "jamba",
+        "granitehybrid",
+        "lfm2",
+        "lfm2moe",
+        "kimi-linear",
+        "kimi-k3",
+        "bailingmoe3",
+        "minimax-01",
+        "plamo2",
+    ):
         is_recr = [il < n_layer and n_head_kv[il] == 0 for il in range(n_all)]
     elif arch == "falcon-h1":
         is_recr = [True] * n_all

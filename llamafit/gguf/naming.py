@@ -12,8 +12,12 @@ _SPLIT = re.compile(r"^(.+)-([0-9]{5})-of-([0-9]{5})$", re.IGNORECASE)
 _TAG = re.compile(r"[-.]([A-Z0-9_]+)$", re.IGNORECASE)
 # drafter kind -> the keyword its sidecar file contains (case-sensitive), in llama.cpp's priority
 # when a folder or repo has several (common/arg.cpp:546-565)
-SIDECARS = (("draft-mtp", "mtp-"), ("draft-dspark", "dspark-"), ("draft-dflash", "dflash-"),
-            ("draft-eagle3", "eagle3-"))  # fmt: skip
+SIDECARS = (
+    ("draft-mtp", "mtp-"),
+    ("draft-dspark", "dspark-"),
+    ("draft-dflash", "dflash-"),
+    ("draft-eagle3", "eagle3-"),
+)
 
 
 @dataclass(frozen=True)

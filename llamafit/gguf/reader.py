@@ -135,8 +135,19 @@ class GGUFHeader:
 
 # GGUF value types (ggml/include/gguf.h)
 _U8, _I8, _U16, _I16, _U32, _I32, _F32, _BOOL, _STR, _ARR, _U64, _I64, _F64 = range(13)
-_SCALAR_FMT = {_U8: "B", _I8: "b", _U16: "H", _I16: "h", _U32: "I", _I32: "i", _F32: "f",
-               _BOOL: "?", _U64: "Q", _I64: "q", _F64: "d"}  # fmt: skip
+_SCALAR_FMT = {
+    _U8: "B",
+    _I8: "b",
+    _U16: "H",
+    _I16: "h",
+    _U32: "I",
+    _I32: "i",
+    _F32: "f",
+    _BOOL: "?",
+    _U64: "Q",
+    _I64: "q",
+    _F64: "d",
+}
 _SCALAR_SIZE = {t: struct.calcsize("<" + f) for t, f in _SCALAR_FMT.items()}
 
 _U32_S = struct.Struct("<I")

@@ -90,9 +90,11 @@ class Hub:
         key = (repo, revision)
         if key in self._states:
             return self._states[key]
-        branch = "" if revision and len(revision) == 40 and all(c in "0123456789abcdef" for c in revision) else (
-            revision or "main"
-        )  # fmt: skip
+        branch = (
+            ""
+            if revision and len(revision) == 40 and all(c in "0123456789abcdef" for c in revision)
+            else (revision or "main")
+        )
         st: RepoState | None = None
         if not self.offline:
             try:
@@ -183,8 +185,9 @@ class Hub:
                 projector = projector_from_header(self.header(st, sel.mmproj), self.remember(st, sel.mmproj))
             except LlamafitError as e:
                 self.notes.append(f"the projector {sel.mmproj.path} was left out: {e.message}")
-        return HubModel(st, tag, model, sel.model_files, projector, sel.mmproj if projector else None,
-                        tuple(self.notes))  # fmt: skip
+        return HubModel(
+            st, tag, model, sel.model_files, projector, sel.mmproj if projector else None, tuple(self.notes)
+        )
 
     def resolve_draft(self, ref: str, *, revision: str | None = None, kinds: Sequence[str] = ()) -> str:
         """A draft repo (``--draft owner/repo[:QUANT]``, ``-hfd``): its sidecar of the asked kind, or of

@@ -144,8 +144,9 @@ def compute_buffers(
         # the host's share lives in the pinned host buffer beside the devices, when they have one
         aligns[CPU] = backends.alignment(backends.host_buffer(gpus) or CPU, 32)
         offload = _op_offload(gpus, limits or {}) if op_offload else None
-        split = split_graph_bytes(model, cp, n_outputs, fa, placement, order, aligns, pool,
-                                  PP_COPIES if pipeline_parallel else 1, offload)  # fmt: skip
+        split = split_graph_bytes(
+            model, cp, n_outputs, fa, placement, order, aligns, pool, PP_COPIES if pipeline_parallel else 1, offload
+        )
         if split is not None:
             return ComputeEstimate({k: v for k, v in split.items() if v > 0}, fa, pipeline_parallel)
     dims = layer_dims(model)

@@ -240,9 +240,14 @@ def memory_allocs(hp: Hparams, cp: ContextParams) -> list[_Alloc]:
                     and not (cls == "dsa_iswa" and hp.is_swa[il])
                 ):
                     out.append(
-                        _Alloc("kv", "idx", il, _k_only_rows(hp.indexer_head_size, cp.type_k, cp.n_ctx_seq, ns),
-                               cp.n_ctx_seq)
-                    )  # fmt: skip
+                        _Alloc(
+                            "kv",
+                            "idx",
+                            il,
+                            _k_only_rows(hp.indexer_head_size, cp.type_k, cp.n_ctx_seq, ns),
+                            cp.n_ctx_seq,
+                        )
+                    )
         if cls == "msa":
             # MSA index cache on the sparse layers: one K head of indexer.key_length, and (not MLA) a V
             # of value_length (llama-kv-cache-msa.cpp:13-50)
@@ -289,8 +294,9 @@ def per_layer_memory(hp: Hparams, cp: ContextParams) -> list[int]:
 
 # M-RoPE models keep a 2D position and a token id per cell (llama_kv_cell_ext, llama-kv-cells.h:13-20;
 # llama-kv-cache.cpp:1846-1849); their rope type comes from the architecture (llama-model.cpp:3203-3213)
-MROPE_ARCHS = frozenset({"qwen2vl", "paddleocr", "qwen3vl", "qwen3vlmoe", "qwen35", "qwen35moe", "clef", "qwen4exp",
-                         "qwen3tts"})  # fmt: skip
+MROPE_ARCHS = frozenset(
+    {"qwen2vl", "paddleocr", "qwen3vl", "qwen3vlmoe", "qwen35", "qwen35moe", "clef", "qwen4exp", "qwen3tts"}
+)
 CELL_EXT_BYTES = 12
 
 

@@ -142,17 +142,36 @@ def estimate(
         gpu_ids = [gpu_ids[min(s.main_gpu, len(gpu_ids) - 1)]]
     splits = list(s.tensor_split) if any(s.tensor_split) else (list(free) if free else [1.0] * len(gpu_ids))
     splits = (splits + [0.0] * len(gpu_ids))[: len(gpu_ids)]
-    key = ("placement", tuple(gpu_ids), tuple(splits), s.n_gpu_layers, s.overrides, s.use_mmap, s.no_host, s.repack,
-           s.load_nextn, profile, tuple(sorted((limits or {}).items())))  # fmt: skip
+    key = (
+        "placement",
+        tuple(gpu_ids),
+        tuple(splits),
+        s.n_gpu_layers,
+        s.overrides,
+        s.use_mmap,
+        s.no_host,
+        s.repack,
+        s.load_nextn,
+        profile,
+        tuple(sorted((limits or {}).items())),
+    )
     # the fit asks for the same placement at many contexts: it is computed once per model and key
     placement = model.memo(
         key,
         lambda: place_weights(
-            model, gpus=gpu_ids, splits=splits, n_gpu_layers=s.n_gpu_layers, overrides=s.overrides,
-            use_mmap=s.use_mmap, no_host=s.no_host, repack=s.repack, load_nextn=s.load_nextn, profile=profile,
+            model,
+            gpus=gpu_ids,
+            splits=splits,
+            n_gpu_layers=s.n_gpu_layers,
+            overrides=s.overrides,
+            use_mmap=s.use_mmap,
+            no_host=s.no_host,
+            repack=s.repack,
+            load_nextn=s.load_nextn,
+            profile=profile,
             limits=limits,
         ),
-    )  # fmt: skip
+    )
     fa = resolve_flash_attn(
         s.flash_attn, offload_kqv=s.offload_kqv, have_gpu=bool(gpu_ids), quantized_v=by_name(s.type_v).quantized
     )
@@ -188,10 +207,19 @@ def estimate(
     pp = len(gpu_ids) > 1 and ngl > hp.n_layer_all and s.split_mode == "layer" and s.offload_kqv and not s.overrides
     mem = memory_buffers(hp, cp, placement.layer_device)
     comp = compute_buffers(
-        model, cp, placement, gpus=gpu_ids, n_outputs=cp.n_outputs_max, fa=fa, op_offload=s.op_offload,
-        pipeline_parallel=pp, embeddings=s.embeddings, pooling=s.pooling, replay_split=exact_compute,
+        model,
+        cp,
+        placement,
+        gpus=gpu_ids,
+        n_outputs=cp.n_outputs_max,
+        fa=fa,
+        op_offload=s.op_offload,
+        pipeline_parallel=pp,
+        embeddings=s.embeddings,
+        pooling=s.pooling,
+        replay_split=exact_compute,
         limits=limits,
-    )  # fmt: skip
+    )
     out_bytes = output_buffer_bytes(
         hp, cp.n_outputs_max, cp.n_seq_max, embeddings=s.embeddings, sampling=cp.sampled_rows > 0
     )

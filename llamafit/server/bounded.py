@@ -16,9 +16,15 @@ from collections.abc import Sequence
 def run_bounded(argv: Sequence[str], *, env: dict[str, str] | None, timeout: float) -> subprocess.CompletedProcess[str]:
     """Run ``argv`` with no stdin, capture its output (text), and kill its process group at ``timeout``."""
     proc = subprocess.Popen(
-        list(argv), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        errors="replace", start_new_session=True,
-    )  # fmt: skip
+        list(argv),
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        errors="replace",
+        start_new_session=True,
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -24,9 +24,18 @@ from llamafit.server.binary import GET_SERVER_HINT
 from llamafit.server.bounded import run_bounded
 
 ALL_SPEC_TYPES = (
-    "none", "draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark", "ngram-simple",
-    "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache",
-)  # fmt: skip
+    "none",
+    "draft-simple",
+    "draft-eagle3",
+    "draft-mtp",
+    "draft-dflash",
+    "draft-dspark",
+    "ngram-simple",
+    "ngram-map-k",
+    "ngram-map-k4v",
+    "ngram-mod",
+    "ngram-cache",
+)
 PROBE_VERSION = 2
 _SPEC_RE = re.compile(r"^\s*--spec-type\s+\[?(?P<types>[a-z0-9,|-]+)\]?", re.MULTILINE)
 _BUILD_RE = re.compile(r"\(build (\d+), commit (\S+)\)|^version: (\d+) \(([0-9a-f]+)\)", re.MULTILINE)
@@ -50,10 +59,18 @@ class Capabilities:
 
 
 # the stubs of build b11434 that fail with "the argument has been removed" (common/arg.cpp:4407-4445)
-_REMOVED_B11434 = frozenset({
-    "--draft", "--draft-n", "--draft-max", "--draft-min", "--draft-n-min", "--spec-ngram-size-n",
-    "--spec-ngram-size-m", "--spec-ngram-min-hits",
-})  # fmt: skip
+_REMOVED_B11434 = frozenset(
+    {
+        "--draft",
+        "--draft-n",
+        "--draft-max",
+        "--draft-min",
+        "--draft-n-min",
+        "--spec-ngram-size-n",
+        "--spec-ngram-size-m",
+        "--spec-ngram-min-hits",
+    }
+)
 
 ASSUMED = Capabilities(
     path="",

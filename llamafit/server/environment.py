@@ -17,15 +17,55 @@ from pathlib import Path
 from llamafit.server.args import OPTIONS, ServerArgs, family_of, lookup
 
 # Options whose value changes what is allocated (beyond the families llamafit plans explicitly).
-MEMORY_KEYS = frozenset({
-    "--ctx-size", "--parallel", "--kv-unified", "--batch-size", "--ubatch-size", "--flash-attn", "--cache-type-k",
-    "--cache-type-v", "--gpu-layers", "--tensor-split", "--split-mode", "--main-gpu", "--device", "--override-tensor",
-    "--cpu-moe", "--n-cpu-moe", "--n-cpu-ffn", "--fit", "--fit-target", "--fit-ctx", "--swa-full", "--kv-offload",
-    "--load-mode", "--repack", "--no-host", "--op-offload", "--spec-type", "--spec-default", "--spec-draft-model",
-    "--spec-draft-hf", "--spec-draft-ngl", "--spec-draft-device", "--spec-draft-type-k", "--spec-draft-type-v",
-    "--spec-draft-n-max", "--mmproj", "--mmproj-offload", "--lora", "--lora-scaled", "--rpc", "--ctx-checkpoints",
-    "--cache-ram", "--kv-unified-per-slot", "--model", "--hf-repo",
-})  # fmt: skip
+MEMORY_KEYS = frozenset(
+    {
+        "--ctx-size",
+        "--parallel",
+        "--kv-unified",
+        "--batch-size",
+        "--ubatch-size",
+        "--flash-attn",
+        "--cache-type-k",
+        "--cache-type-v",
+        "--gpu-layers",
+        "--tensor-split",
+        "--split-mode",
+        "--main-gpu",
+        "--device",
+        "--override-tensor",
+        "--cpu-moe",
+        "--n-cpu-moe",
+        "--n-cpu-ffn",
+        "--fit",
+        "--fit-target",
+        "--fit-ctx",
+        "--swa-full",
+        "--kv-offload",
+        "--load-mode",
+        "--repack",
+        "--no-host",
+        "--op-offload",
+        "--spec-type",
+        "--spec-default",
+        "--spec-draft-model",
+        "--spec-draft-hf",
+        "--spec-draft-ngl",
+        "--spec-draft-device",
+        "--spec-draft-type-k",
+        "--spec-draft-type-v",
+        "--spec-draft-n-max",
+        "--mmproj",
+        "--mmproj-offload",
+        "--lora",
+        "--lora-scaled",
+        "--rpc",
+        "--ctx-checkpoints",
+        "--cache-ram",
+        "--kv-unified-per-slot",
+        "--model",
+        "--hf-repo",
+    }
+)
 SCRUBBED_EXACT = ("MTMD_BACKEND_DEVICE", "AIP_MODE")
 
 

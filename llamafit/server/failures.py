@@ -76,56 +76,71 @@ def classify(
                 "device_oom_mmproj",
                 f"{device} ran out of memory loading the projector (asked for {what}){plan_says()}",
                 "keep the projector on the CPU with --no-mmproj-offload, or leave more room with --margin 2GiB",
-                device, asked,
-            )  # fmt: skip
+                device,
+                asked,
+            )
         if "error loading model" in joined or "unable to allocate" in joined:
             return Failure(
-                "device_oom_weights", f"{device} ran out of memory loading the weights (asked for {what}){plan_says()}",
-                oom_hint, device, asked,
-            )  # fmt: skip
+                "device_oom_weights",
+                f"{device} ran out of memory loading the weights (asked for {what}){plan_says()}",
+                oom_hint,
+                device,
+                asked,
+            )
         if "kv cache" in joined:
             return Failure(
-                "device_oom_kv", f"{device} ran out of memory allocating the KV cache (asked for {what}){plan_says()}",
-                oom_hint, device, asked,
-            )  # fmt: skip
+                "device_oom_kv",
+                f"{device} ran out of memory allocating the KV cache (asked for {what}){plan_says()}",
+                oom_hint,
+                device,
+                asked,
+            )
         if "compute" in joined or "graph_reserve" in joined or "ggml_gallocr" in joined:
             return Failure(
                 "device_oom_compute",
                 f"{device} ran out of memory for the compute buffers (asked for {what}){plan_says()}",
-                oom_hint, device, asked,
-            )  # fmt: skip
+                oom_hint,
+                device,
+                asked,
+            )
         return Failure("device_oom", f"{device} ran out of memory (asked for {what}){plan_says()}", oom_hint, device)
     if m := next((m for t in text if (m := _HOST_OOM.search(t))), None):
         size = int(float(m["mb"]) * 1024 * 1024) if m["mb"] else int(m["size"])
         return Failure(
-            "host_oom", f"the host ran out of memory (an allocation of {fmt_bytes(size)} failed)",
+            "host_oom",
+            f"the host ran out of memory (an allocation of {fmt_bytes(size)} failed)",
             "close other programs, use -lm mmap (the default) instead of -lm none, fewer slots (-np) or a "
-            "smaller --cache-ram", None, size,
-        )  # fmt: skip
+            "smaller --cache-ram",
+            None,
+            size,
+        )
     if m := next((m for t in text if (m := _OPEN_FAIL.search(t))), None):
         return Failure("model_file", f"llama-server could not open {m['path']}: {m['why']}", "check the path")
     if "failed to load model" in joined and ("invalid magic" in joined or "GGUF" in joined):
         return Failure("model_file", "llama-server could not read the model file as GGUF", "is the file complete?")
     if m := next((m for t in text if (m := _BAD_ARG.search(t))), None):
         return Failure(
-            "bad_argument", f"this llama-server does not accept {m['arg']}",
+            "bad_argument",
+            f"this llama-server does not accept {m['arg']}",
             "check the flag with llama-server --help; it may be newer or older than this build",
-        )  # fmt: skip
+        )
     if m := next((m for t in text if (m := _ARG_ERR.search(t))), None):
         return Failure("bad_argument", f"llama-server refused {m['arg']}: {m['why']}", "fix the value or drop the flag")
     if m := next((m for t in text if (m := _BIND.search(t))), None):
         return Failure(
-            "port_in_use", f"port {m['port']} on {m['host']} is already in use",
+            "port_in_use",
+            f"port {m['port']} on {m['host']} is already in use",
             "stop the other server or pass -- --port N (0 picks a free one)",
-        )  # fmt: skip
+        )
     if m := next((m for t in text if (m := _CTX_ERR.search(t))), None):
         return Failure("context", f"llama-server refused the context settings: {m.group(1)}", "adjust -ctk/-ctv/-fa")
     if "failed to load multimodal model" in joined:
         why = next((m["why"] for t in text if (m := _MTMD_ERR.search(t))), "")
         return Failure(
-            "mmproj", "llama-server could not load the multimodal projector" + (f": {why}" if why else ""),
+            "mmproj",
+            "llama-server could not load the multimodal projector" + (f": {why}" if why else ""),
             "pass the mmproj file made for this model (--mmproj), or drop it",
-        )  # fmt: skip
+        )
     if "failed to load draft model" in joined or "failed to create MTP context" in joined:
         return Failure("draft", "llama-server could not load the drafter", "check --draft, or run with --spec off")
     if returncode < 0 or returncode >= 128:
@@ -134,15 +149,18 @@ def classify(
         why = f" after a CUDA error: {cuda['why']}" if cuda else ""
         name = {6: "SIGABRT", 9: "SIGKILL", 11: "SIGSEGV"}.get(sig, f"signal {sig}")
         return Failure(
-            "abort", f"llama-server was killed by {name} while loading{why}",
-            "an out-of-memory during warmup aborts: try --margin 2GiB or a smaller -c" if sig == 6
+            "abort",
+            f"llama-server was killed by {name} while loading{why}",
+            "an out-of-memory during warmup aborts: try --margin 2GiB or a smaller -c"
+            if sig == 6
             else "the system may have run out of memory (check dmesg for the OOM killer)",
-        )  # fmt: skip
+        )
     # the last error-level line, else the last line that says "error", else its very last words
     tail = next((strip(r) for r in reversed(lines) if is_error(r)), "") or next(
         (t for t in reversed(text) if "error" in t.lower()), next((t for t in reversed(text) if t.strip()), "")
     )
     return Failure(
-        "unknown", f"llama-server exited with code {returncode} before it was ready" + (f": {tail}" if tail else ""),
+        "unknown",
+        f"llama-server exited with code {returncode} before it was ready" + (f": {tail}" if tail else ""),
         "run with --verbose to see its whole log, or --log-file FILE to keep it",
-    )  # fmt: skip
+    )

@@ -23,8 +23,10 @@ _RS = re.compile(r"llama_memory_recurrent: +(?P<buft>\S+) RS buffer size = +(?P<
 _DSV4_STATE = re.compile(r"llama_dsv4_comp_state: +(?P<buft>\S+) DSV4 \w+ state buffer size = +(?P<mib>[\d.]+) MiB")
 _COMPUTE = re.compile(r"sched_reserve: +(?P<buft>\S+) compute buffer size = +(?P<mib>[\d.]+) MiB")
 _OUTPUT = re.compile(r"llama_context: +(?P<buft>\S+) +output buffer size = +(?P<mib>[\d.]+) MiB")
-_CTXVAL = re.compile(r"llama_context: (?P<key>n_ctx|n_ctx_seq|n_seq_max|n_batch|n_ubatch|n_rs_seq|n_outputs_max)"
-                     r" +=\s+(?P<val>\d+)")  # fmt: skip
+_CTXVAL = re.compile(
+    r"llama_context: (?P<key>n_ctx|n_ctx_seq|n_seq_max|n_batch|n_ubatch|n_rs_seq|n_outputs_max)"
+    r" +=\s+(?P<val>\d+)"
+)
 _FA = re.compile(r"resolve_fused_ops: Flash Attention (?P<state>enabled|not supported)")
 # tools/mtmd/clip.cpp:202-207, 2125, 3815, 3773 (docs/memory-model.md §7.6)
 _CLIP_BACKEND = re.compile(r"clip_ctx: CLIP using (?P<backend>\S+) backend")

@@ -36,10 +36,18 @@ from llamafit.server.logparse import LoadLog, parse
 _LEVEL = re.compile(r"^(?:\x1b\[[0-9;]*m)*\d+\.\d{2}\.\d{3}\.\d{3} (?:\x1b\[[0-9;]*m)*(?P<level>[IWED]) ")
 LISTEN = re.compile(r"listening on (?P<url>(?:https?|unix)://\S+)|server is listening on (?P<old>https?://\S+)")
 KEY_EVENTS = (
-    "loading model", "model loaded", "listening on", "initializing, n_slots", "loading draft model",
-    "creating MTP draft context", "speculative decoding context initialized", "loaded multimodal model",
-    "exiting due to", "shutting down", "Received second interrupt",
-)  # fmt: skip
+    "loading model",
+    "model loaded",
+    "listening on",
+    "initializing, n_slots",
+    "loading draft model",
+    "creating MTP draft context",
+    "speculative decoding context initialized",
+    "loaded multimodal model",
+    "exiting due to",
+    "shutting down",
+    "Received second interrupt",
+)
 
 
 CONFIRM_TIMEOUT = 30.0  # from `listening on` to the task loop answering: milliseconds on a healthy server
@@ -129,9 +137,17 @@ class Supervisor:
         if self.log_file is not None:
             self._sink = open(self.log_file, "a", encoding="utf-8", errors="replace")  # noqa: SIM115
         self._proc = subprocess.Popen(
-            self.argv, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            text=True, errors="replace", bufsize=1, start_new_session=True, preexec_fn=_die_with_parent(),
-        )  # fmt: skip
+            self.argv,
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            errors="replace",
+            bufsize=1,
+            start_new_session=True,
+            preexec_fn=_die_with_parent(),
+        )
         self._reader = threading.Thread(target=self._pump, name="llama-server log", daemon=True)
         self._reader.start()
 

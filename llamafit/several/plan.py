@@ -40,11 +40,30 @@ from llamafit.units import fmt_bytes
 HOST = "host"
 # what stays on the router's own command line: how it listens and logs. Everything else goes into each
 # model's section (the router lays its own flags over every model's, so a -c there would undo the plan)
-ROUTER_KEYS = frozenset({
-    "--host", "--port", "--api-key", "--api-key-file", "--ssl-key-file", "--ssl-cert-file", "--timeout",
-    "--threads-http", "--path", "--api-prefix", "--webui", "--models-autoload", "--metrics", "--verbosity",
-    "--verbose", "--log-disable", "--log-file", "--log-colors", "--log-prefix", "--log-timestamps",
-})  # fmt: skip
+ROUTER_KEYS = frozenset(
+    {
+        "--host",
+        "--port",
+        "--api-key",
+        "--api-key-file",
+        "--ssl-key-file",
+        "--ssl-cert-file",
+        "--timeout",
+        "--threads-http",
+        "--path",
+        "--api-prefix",
+        "--webui",
+        "--models-autoload",
+        "--metrics",
+        "--verbosity",
+        "--verbose",
+        "--log-disable",
+        "--log-file",
+        "--log-colors",
+        "--log-prefix",
+        "--log-timestamps",
+    }
+)
 _MODEL_KEYS = ("--model", "--hf-repo", "--hf-file")
 _NOT_HERE = ("--models-preset", "--models-max", "--models-dir")
 _FACTOR_STEPS = 7  # bisection steps on the context factor: 1/128 of what each model gets alone
@@ -339,8 +358,13 @@ def to_json(t: Together, argv: Sequence[str], preset_path: str | None) -> dict[s
 
 
 def _member_json(m: Member) -> dict[str, Any]:
-    return {"name": m.entry.name, "ref": m.entry.ref, "resident": m.resident, "alone_ctx": m.alone_ctx,
-            **m.prep.to_json()}  # fmt: skip
+    return {
+        "name": m.entry.name,
+        "ref": m.entry.ref,
+        "resident": m.resident,
+        "alone_ctx": m.alone_ctx,
+        **m.prep.to_json(),
+    }
 
 
 def summary(t: Together) -> list[str]:

@@ -135,8 +135,16 @@ def drafter_use(
         return None, use
     if d.embedded:
         # the MTP context runs on the target model: its KV over the NextN layers, its compute
-        ds = replace(s, n_ctx=n_ctx, type_k=opts.type_k, type_v=opts.type_v, n_outputs_max=s.n_seq, n_rs_seq=0,
-                     extract_hidden=0, backend_sampling=False)  # fmt: skip
+        ds = replace(
+            s,
+            n_ctx=n_ctx,
+            type_k=opts.type_k,
+            type_v=opts.type_v,
+            n_outputs_max=s.n_seq,
+            n_rs_seq=0,
+            extract_hidden=0,
+            backend_sampling=False,
+        )
         dfp = estimate(model, ds, ids, context_label="mtp", share_weights=True)
         # the NextN weights are loaded for the drafter: show them as the drafter's
         hp = model.hparams
@@ -154,12 +162,22 @@ def drafter_use(
         per_seq = max(1, opts.n_max + 1) if d.kind in BLOCK_DRAFTERS else 1
         sampled = d.kind in BACKEND_SAMPLED and opts.backend_sampling
         ds = replace(
-            s, n_ctx=n_ctx, type_k=opts.type_k, type_v=opts.type_v, n_gpu_layers=opts.ngl,
-            tensor_split=split, overrides=opts.overrides, n_outputs_max=s.n_seq * per_seq,
-            n_rs_seq=0, load_nextn=d.kind == "draft-mtp", extract_hidden=0, split_mode="layer",
-            sampled_rows=per_seq if sampled else 0, backend_sampling=False,
+            s,
+            n_ctx=n_ctx,
+            type_k=opts.type_k,
+            type_v=opts.type_v,
+            n_gpu_layers=opts.ngl,
+            tensor_split=split,
+            overrides=opts.overrides,
+            n_outputs_max=s.n_seq * per_seq,
+            n_rs_seq=0,
+            load_nextn=d.kind == "draft-mtp",
+            extract_hidden=0,
+            split_mode="layer",
+            sampled_rows=per_seq if sampled else 0,
+            backend_sampling=False,
             sampler_chain=DRAFT_CHAIN,
-        )  # fmt: skip
+        )
         dfp = estimate(d.model, ds, devs, context_label="mtp" if d.kind == "draft-mtp" else "draft")
     for dev in [*dfp.gpus, CPU]:
         use[dev] = use.get(dev, Use()) + _as_draft_use(dfp, dev)

@@ -98,9 +98,19 @@ def run_bench(bench: str, args: Sequence[str], env: dict[str, str], timeout: flo
 
 # llama-server flags that shape a load, as llama-bench spells them (tools/llama-bench/llama-bench.cpp
 # print_usage): lists take "/" where the server takes ",", overrides ";"
-_SAME = {"--ubatch-size": "-ub", "--batch-size": "-b", "--flash-attn": "-fa", "--cache-type-k": "-ctk",
-         "--cache-type-v": "-ctv", "--threads": "-t", "--split-mode": "-sm", "--main-gpu": "-mg",
-         "--n-cpu-moe": "-ncmoe", "--rpc": "-rpc", "--load-mode": "-lm"}  # fmt: skip
+_SAME = {
+    "--ubatch-size": "-ub",
+    "--batch-size": "-b",
+    "--flash-attn": "-fa",
+    "--cache-type-k": "-ctk",
+    "--cache-type-v": "-ctv",
+    "--threads": "-t",
+    "--split-mode": "-sm",
+    "--main-gpu": "-mg",
+    "--n-cpu-moe": "-ncmoe",
+    "--rpc": "-rpc",
+    "--load-mode": "-lm",
+}
 
 
 def bench_flags(server_args: Sequence[str]) -> list[str]:

@@ -90,6 +90,7 @@ def correction(history: Sequence[Mapping[str, Any]], key: str) -> SpeedCorrectio
                 if isinstance(entry.get("model"), dict)
                 else "this model"
             )
-            return SpeedCorrection(factors.get("tg", 1.0), factors.get("pp", 1.0), f"your launch of {name} at {when}",
-                                   tuple(notes))  # fmt: skip
+            return SpeedCorrection(
+                factors.get("tg", 1.0), factors.get("pp", 1.0), f"your launch of {name} at {when}", tuple(notes)
+            )
     return SpeedCorrection(notes=tuple(notes))

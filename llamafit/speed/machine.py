@@ -171,10 +171,19 @@ class RateSource:
                 continue
             try:
                 got = pr.measure(
-                    bench, self.env, t, types=[] if light else types, twin=None if light else twin,
-                    attn=None if light else attn, prompt=self.prompt, threads=self.threads, directory=d,
-                    have=have, progress=self.progress, extra=self.flags,
-                )  # fmt: skip
+                    bench,
+                    self.env,
+                    t,
+                    types=[] if light else types,
+                    twin=None if light else twin,
+                    attn=None if light else attn,
+                    prompt=self.prompt,
+                    threads=self.threads,
+                    directory=d,
+                    have=have,
+                    progress=self.progress,
+                    extra=self.flags,
+                )
             except BenchError as e:
                 self.notes.append(f"the speed of {t.device} could not be measured: {e}")
                 continue

@@ -32,11 +32,32 @@ I32 = 4
 I64 = 8
 
 # ggml_op_can_inplace (ggml-alloc.c:22-49), by the names this module gives ops
-INPLACE_OPS = frozenset({
-    "fill", "scale", "diag_mask_zero", "diag_mask_inf", "add", "add_id", "add1", "sub", "mul", "div", "sqr",
-    "sqrt", "log", "unary", "rope", "rope_back", "silu_back", "rms_norm", "rms_norm_back", "clamp", "soft_max",
-    "soft_max_back",
-})  # fmt: skip
+INPLACE_OPS = frozenset(
+    {
+        "fill",
+        "scale",
+        "diag_mask_zero",
+        "diag_mask_inf",
+        "add",
+        "add_id",
+        "add1",
+        "sub",
+        "mul",
+        "div",
+        "sqr",
+        "sqrt",
+        "log",
+        "unary",
+        "rope",
+        "rope_back",
+        "silu_back",
+        "rms_norm",
+        "rms_norm_back",
+        "clamp",
+        "soft_max",
+        "soft_max_back",
+    }
+)
 
 
 @dataclass(frozen=True)

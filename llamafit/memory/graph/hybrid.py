@@ -36,10 +36,18 @@ def hybrid_graph(sh: HybridShape, r: Reserve) -> Graph:
     """The reserve graph (its weights, caches and states tagged under ``galloc.placed``)."""
     n_layer, a = len(sh.is_recr), sh.block
     shape = TransformerShape(
-        arch="qwen35", n_layer=n_layer, n_embd=a.n_embd, n_vocab=a.n_vocab, n_head=a.n_head,
-        n_head_kv=(a.n_head_kv,) * n_layer, head_k=a.head_dim, head_v=a.head_dim, n_ff=(a.n_ff,) * n_layer,
-        is_swa=(False,) * n_layer, n_pos=MROPE_SECTIONS,
-    )  # fmt: skip
+        arch="qwen35",
+        n_layer=n_layer,
+        n_embd=a.n_embd,
+        n_vocab=a.n_vocab,
+        n_head=a.n_head,
+        n_head_kv=(a.n_head_kv,) * n_layer,
+        head_k=a.head_dim,
+        head_v=a.head_dim,
+        n_ff=(a.n_ff,) * n_layer,
+        is_swa=(False,) * n_layer,
+        n_pos=MROPE_SECTIONS,
+    )
     b = Builder(shape, r)
     _Linear(b, sh, r.n_rs_seq).build()
     return b.g

@@ -55,9 +55,18 @@ def mtp_compute_bytes(sh: MtpShape, r: Reserve, alignment: int = 32) -> int:
     """The CPU compute buffer of a Qwen3.5 MTP context's pp reserve."""
     E, hd, nh, nkv = sh.n_embd, sh.head_dim, sh.n_head, sh.n_head_kv
     shape = TransformerShape(
-        arch="qwen35", n_layer=1, n_embd=E, n_vocab=sh.n_vocab, n_head=nh, n_head_kv=(nkv,), head_k=hd, head_v=hd,
-        n_ff=(sh.n_ff,), is_swa=(False,), n_pos=MROPE_SECTIONS,
-    )  # fmt: skip
+        arch="qwen35",
+        n_layer=1,
+        n_embd=E,
+        n_vocab=sh.n_vocab,
+        n_head=nh,
+        n_head_kv=(nkv,),
+        head_k=hd,
+        head_v=hd,
+        n_ff=(sh.n_ff,),
+        is_swa=(False,),
+        n_pos=MROPE_SECTIONS,
+    )
     b = Builder(shape, r)
 
     def block(inp_sa: Tensor) -> Tensor:

@@ -115,31 +115,74 @@ def _cast(t: Tensor) -> Tensor:
 
 # the sampler sequence llama-server builds (common.h:264-274), then dist; names as --samplers takes them
 DEFAULT_SEQUENCE = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature")
-_CHARS = {"d": "dry", "k": "top_k", "y": "typ_p", "p": "top_p", "s": "top_n_sigma", "m": "min_p",
-          "t": "temperature", "x": "xtc", "i": "infill", "e": "penalties", "a": "adaptive_p"}  # fmt: skip
-_ALIASES = {"temp": "temperature", "typical_p": "typ_p", "typical": "typ_p", "nucleus": "top_p",
-            "repetition": "penalties"}  # fmt: skip
+_CHARS = {
+    "d": "dry",
+    "k": "top_k",
+    "y": "typ_p",
+    "p": "top_p",
+    "s": "top_n_sigma",
+    "m": "min_p",
+    "t": "temperature",
+    "x": "xtc",
+    "i": "infill",
+    "e": "penalties",
+    "a": "adaptive_p",
+}
+_ALIASES = {
+    "temp": "temperature",
+    "typical_p": "typ_p",
+    "typical": "typ_p",
+    "nucleus": "top_p",
+    "repetition": "penalties",
+}
 # common_params_sampling's defaults (common.h:227-256), and the GGUF keys a model may override them with
 # (common.cpp:1124-1146: a value the user gives wins)
 _DEFAULTS: dict[str, float] = {
-    "top_k": 40, "top_p": 0.95, "min_p": 0.05, "xtc_probability": 0.0, "xtc_threshold": 0.1, "typ_p": 1.0,
-    "temp": 0.8, "dynatemp_range": 0.0, "penalty_last_n": 64, "penalty_repeat": 1.0, "penalty_freq": 0.0,
-    "penalty_present": 0.0, "dry_multiplier": 0.0, "mirostat": 0, "top_n_sigma": -1.0,
-}  # fmt: skip
+    "top_k": 40,
+    "top_p": 0.95,
+    "min_p": 0.05,
+    "xtc_probability": 0.0,
+    "xtc_threshold": 0.1,
+    "typ_p": 1.0,
+    "temp": 0.8,
+    "dynatemp_range": 0.0,
+    "penalty_last_n": 64,
+    "penalty_repeat": 1.0,
+    "penalty_freq": 0.0,
+    "penalty_present": 0.0,
+    "dry_multiplier": 0.0,
+    "mirostat": 0,
+    "top_n_sigma": -1.0,
+}
 _FLAGS = {
-    "--top-k": "top_k", "--top-p": "top_p", "--min-p": "min_p", "--xtc-probability": "xtc_probability",
-    "--xtc-threshold": "xtc_threshold", "--typical": "typ_p", "--temp": "temp", "--dynatemp-range": "dynatemp_range",
-    "--repeat-last-n": "penalty_last_n", "--repeat-penalty": "penalty_repeat", "--frequency-penalty": "penalty_freq",
-    "--presence-penalty": "penalty_present", "--dry-multiplier": "dry_multiplier", "--mirostat": "mirostat",
+    "--top-k": "top_k",
+    "--top-p": "top_p",
+    "--min-p": "min_p",
+    "--xtc-probability": "xtc_probability",
+    "--xtc-threshold": "xtc_threshold",
+    "--typical": "typ_p",
+    "--temp": "temp",
+    "--dynatemp-range": "dynatemp_range",
+    "--repeat-last-n": "penalty_last_n",
+    "--repeat-penalty": "penalty_repeat",
+    "--frequency-penalty": "penalty_freq",
+    "--presence-penalty": "penalty_present",
+    "--dry-multiplier": "dry_multiplier",
+    "--mirostat": "mirostat",
     "--top-nsigma": "top_n_sigma",
-}  # fmt: skip
+}
 SAMPLING_FLAGS = frozenset({*_FLAGS, "--samplers", "--sampler-seq"})
 _MODEL_KEYS = {
-    "top_k": "general.sampling.top_k", "top_p": "general.sampling.top_p", "min_p": "general.sampling.min_p",
-    "xtc_probability": "general.sampling.xtc_probability", "xtc_threshold": "general.sampling.xtc_threshold",
-    "temp": "general.sampling.temp", "penalty_last_n": "general.sampling.penalty_last_n",
-    "penalty_repeat": "general.sampling.penalty_repeat", "mirostat": "general.sampling.mirostat",
-}  # fmt: skip
+    "top_k": "general.sampling.top_k",
+    "top_p": "general.sampling.top_p",
+    "min_p": "general.sampling.min_p",
+    "xtc_probability": "general.sampling.xtc_probability",
+    "xtc_threshold": "general.sampling.xtc_threshold",
+    "temp": "general.sampling.temp",
+    "penalty_last_n": "general.sampling.penalty_last_n",
+    "penalty_repeat": "general.sampling.penalty_repeat",
+    "mirostat": "general.sampling.mirostat",
+}
 
 
 def backend_chain(model_kv: Mapping[str, object], user: Sequence[tuple[str, str]]) -> tuple[Step, ...]:

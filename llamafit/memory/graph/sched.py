@@ -120,9 +120,11 @@ def split_buffers(
         if n.op in VIEW_OPS:
             continue
         b = where[n]
-        need_new = b == split.backend and bool(split.inputs) and any(
-            s.weight and s.view_src is None and where.get(s, b) != b for s in n.src
-        )  # fmt: skip
+        need_new = (
+            b == split.backend
+            and bool(split.inputs)
+            and any(s.weight and s.view_src is None and where.get(s, b) != b for s in n.src)
+        )
         if b != split.backend or need_new:
             split.end = i
             split = _Split(b, i)
@@ -136,8 +138,9 @@ def split_buffers(
                 # outputs (allocated first, never freed); the current copy (0) is the one the node reads
                 kept = n_copies > 1
                 size = s.padded if b in pads_rows and s.padded is not None else s.size
-                copies[s, b] = [Tensor(s.ne, s.nb, s.esize, is_input=kept, is_output=kept, size=size)
-                                for _ in range(n_copies)]  # fmt: skip
+                copies[s, b] = [
+                    Tensor(s.ne, s.nb, s.esize, is_input=kept, is_output=kept, size=size) for _ in range(n_copies)
+                ]
                 split.inputs.append(s)
             new[j] = copies[s, b][0]
         if new != list(n.src):

@@ -1,0 +1,335 @@
+"""The shape each graph builder takes, read from a model: its dimensions, its experts, which layers are
+recurrent, its drafter heads; None where no builder makes the graph llama.cpp builds for that model (the
+per-phase estimate of ``llamafit.memory.compute`` stays there). ``llamafit.memory.graph.replay`` replays
+what these describe."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from llamafit.gguf.model import ModelInfo
+from llamafit.memory.graph.attention import TransformerShape
+from llamafit.memory.graph.dflash import DflashShape, Markov
+from llamafit.memory.graph.hybrid import HybridShape
+from llamafit.memory.graph.mamba import MambaShape
+from llamafit.memory.graph.mla import MlaShape
+from llamafit.memory.graph.mtp import MROPE_SECTIONS, MtpShape, NextnShape
+from llamafit.memory.graph.trunk import Experts
+
+RECURRENT = ("mamba", "mamba2")
+Shape = TransformerShape | MlaShape | MtpShape | NextnShape | HybridShape | DflashShape
+# arch -> the sliding-window type its builder knows
+TRANSFORMER = {"llama": "none", "qwen3": "none", "qwen3moe": "none", "glm4moe": "none", "gemma3": "standard"}
+
+
+def mamba_shape(model: ModelInfo) -> MambaShape | None:
+    hp = model.hparams
+    if hp.arch not in RECURRENT or not hp.ssm_dt_rank:
+        return None
+    return MambaShape(
+        version=2 if hp.arch == "mamba2" else 1,
+        n_layer=hp.n_layer,
+        n_embd=hp.n_embd,
+        n_vocab=hp.n_vocab,
+        d_conv=hp.ssm_d_conv,
+        d_inner=hp.ssm_d_inner,
+        d_state=hp.ssm_d_state,
+        dt_rank=hp.ssm_dt_rank,
+        n_group=max(1, hp.ssm_n_group),
+        dt_b_c_rms=hp.ssm_dt_b_c_rms,
+    )
+
+
+def model_shape(model: ModelInfo, mtp: bool) -> Shape | None:
+    arch = model.hparams.arch
+    if mtp:
+        return _mtp_shape(model) if arch == "qwen35" else _nextn_shape(model) if arch == "glm4moe" else None
+    if arch == "qwen35":
+        return _hybrid_shape(model)
+    if arch == "eagle3":
+        return _eagle3_shape(model)
+    if arch == "dflash":
+        return _dflash_shape(model)
+    return _mla_shape(model) if arch == "deepseek2" else _transformer_shape(model)
+
+
+def _dflash_shape(model: ModelInfo) -> DflashShape | None:
+    """The drafter's Qwen3 blocks (src/models/dflash.cpp load_arch_tensors), its head's rows and d2t map,
+    DSpark's trained block; None for the variants with other nodes (DFlash2's convolutions and selector,
+    attention sinks or post-norms, per-layer sliding windows, shared K/V, the DeepSeek-V4 backbone)."""
+    hp = model.hparams
+    shapes = {t.name: t.info.shape for t in model.tensors}
+    if hp.swa_type != "none" or len(set(hp.n_head[: hp.n_layer])) != 1 or not hp.n_head[0]:
+        return None
+    if any(
+        n.startswith(("selector_", "hc_")) or ".dflash_" in n or "attn_sinks" in n or "post_norm" in n for n in shapes
+    ):
+        return None
+    for il in range(hp.n_layer):
+        need = ("attn_q", "attn_k", "attn_v", "attn_q_norm", "attn_k_norm", "ffn_gate", "ffn_up")
+        if any(f"blk.{il}.{t}.weight" not in shapes for t in need):
+            return None
+    d2t = shapes.get("d2t")
+    head = shapes.get("output.weight")
+    block = model.kv.get("dflash.block_size")
+    w1 = shapes.get("markov_w1.weight")
+    anchor = model.kv.get("dflash.sample_from_anchor")
+    markov = (
+        Markov(
+            block_size=block,
+            rank=w1[0],
+            confidence="conf_proj.weight" in shapes,
+            confidence_bias="conf_proj.bias" in shapes,
+            w2_scale="markov_w2.scale" in shapes,
+            sample_from_anchor=anchor is not False,
+        )
+        if w1 is not None and isinstance(block, int)
+        else None
+    )
+    trunk = TransformerShape(
+        arch="qwen3",
+        n_layer=hp.n_layer,
+        n_embd=hp.n_embd,
+        n_vocab=hp.n_vocab,
+        n_head=hp.n_head[0],
+        n_head_kv=tuple(hp.n_head_kv[: hp.n_layer]),
+        head_k=hp.head_k,
+        head_v=hp.head_v,
+        n_ff=tuple(hp.n_ff[: hp.n_layer]),
+        is_swa=(False,) * hp.n_layer,
+        qk_norm=True,
+    )
+    return DflashShape(
+        trunk,
+        n_vocab_draft=head[1] if head is not None and len(head) > 1 else hp.n_vocab,
+        d2t=d2t is not None,
+        markov=markov,
+    )
+
+
+def _eagle3_shape(model: ModelInfo) -> TransformerShape | None:
+    """An EAGLE3 drafter's one block (separate Q/K/V over the doubled input, a gated FFN), without the
+    draft-to-target vocabulary map (d2t: a filled logits tensor and a set_rows, not replayed)."""
+    hp = model.hparams
+    names = {t.name for t in model.tensors}
+    need = {"blk.0.attn_q.weight", "blk.0.attn_k.weight", "blk.0.attn_v.weight", "blk.0.ffn_gate.weight"}
+    if hp.n_layer != 1 or "d2t" in names or not need <= names or not hp.n_head[0]:
+        return None
+    return TransformerShape(
+        arch="eagle3",
+        n_layer=1,
+        n_embd=hp.n_embd,
+        n_vocab=hp.n_vocab,
+        n_head=hp.n_head[0],
+        n_head_kv=(hp.n_head_kv[0],),
+        head_k=hp.head_k,
+        head_v=hp.head_v,
+        n_ff=(hp.n_ff[0],),
+        is_swa=(False,),
+    )
+
+
+def _nextn_shape(model: ModelInfo) -> NextnShape | None:
+    """GLM-4.5's one NextN block: the trunk's layer shape at the NextN layer's index."""
+    hp = model.hparams
+    trunk = _transformer_shape(model)
+    if trunk is None or hp.n_nextn != 1:
+        return None
+    shapes = {t.name: t.info.shape for t in model.tensors}
+    il = hp.n_layer
+    experts = _experts(model, shapes, il)
+    shexp = shapes.get(f"blk.{il}.ffn_up_shexp.weight")
+    if experts is None or f"blk.{il}.nextn.eh_proj.weight" not in shapes:
+        return None
+    return NextnShape(
+        replace(
+            trunk,
+            n_layer=1,
+            n_head_kv=(hp.n_head_kv[il],),
+            n_ff=(hp.n_ff[il],),
+            is_swa=(False,),
+            experts=experts,
+            qk_norm=f"blk.{il}.attn_q_norm.weight" in shapes,
+            n_dense_lead=0,
+            n_ff_shexp=shexp[1] if shexp else 0,
+        )
+    )
+
+
+def _hybrid_shape(model: ModelInfo) -> HybridShape | None:
+    """Qwen3.5 (dense): fused qkv and an output gate on the delta-net layers, separate Q (with its gate),
+    K and V on the attention layers."""
+    hp = model.hparams
+    shapes = {t.name: t.info.shape for t in model.tensors}
+    n = hp.n_layer
+    heads = {hp.n_head[il] for il in range(n) if not hp.is_recr[il]}
+    kv_heads = {hp.n_head_kv[il] for il in range(n) if not hp.is_recr[il]}
+    if len(heads) != 1 or len(kv_heads) != 1 or hp.head_k != hp.head_v or not hp.ssm_dt_rank or hp.n_expert:
+        return None
+    for il in range(n):
+        need = ("attn_qkv", "attn_gate", "ssm_beta", "ssm_alpha") if hp.is_recr[il] else ("attn_q", "attn_k")
+        if any(f"blk.{il}.{t}.weight" not in shapes for t in need) or f"blk.{il}.ffn_up.weight" not in shapes:
+            return None
+    block = MtpShape(
+        n_embd=hp.n_embd,
+        n_vocab=hp.n_vocab,
+        n_head=heads.pop(),
+        n_head_kv=kv_heads.pop(),
+        head_dim=hp.head_k,
+        n_ff=shapes["blk.0.ffn_up.weight"][1],
+    )
+    return HybridShape(
+        block=block,
+        is_recr=tuple(hp.is_recr[:n]),
+        d_conv=hp.ssm_d_conv,
+        d_inner=hp.ssm_d_inner,
+        d_state=hp.ssm_d_state,
+        n_group=hp.ssm_n_group,
+        n_v_heads=hp.ssm_dt_rank,
+    )
+
+
+def _mtp_shape(model: ModelInfo) -> MtpShape | None:
+    """Qwen3.5's one NextN block with separate Q (query and gate), K and V and a dense FFN."""
+    hp = model.hparams
+    if hp.n_nextn != 1:
+        return None
+    il = hp.n_layer
+    shapes = {t.name: t.info.shape for t in model.tensors}
+    q = shapes.get(f"blk.{il}.attn_q.weight")
+    up = shapes.get(f"blk.{il}.ffn_up.weight")
+    if q is None or up is None or f"blk.{il}.nextn.eh_proj.weight" not in shapes:
+        return None
+    if q[1] != 2 * hp.n_head[il] * hp.head_k or hp.head_k != hp.head_v:
+        return None
+    return MtpShape(
+        n_embd=hp.n_embd,
+        n_vocab=hp.n_vocab,
+        n_head=hp.n_head[il],
+        n_head_kv=hp.n_head_kv[il],
+        head_dim=hp.head_k,
+        n_ff=up[1],
+    )
+
+
+def _transformer_shape(model: ModelInfo) -> TransformerShape | None:
+    hp = model.hparams
+    if TRANSFORMER.get(hp.arch) != hp.swa_type or hp.n_layer_kv_from_start >= 0:
+        return None
+    if hp.n_nextn and hp.arch != "glm4moe":
+        return None  # glm4-moe.cpp leaves its NextN blocks to the MTP graph; other trunks are not known here
+    if bool(hp.n_expert) != (hp.arch in ("qwen3moe", "glm4moe")) and hp.arch != "llama":
+        return None  # experts only where the builder routes them
+    if isinstance(model.kv.get(f"{hp.arch}.expert_used_count"), list):
+        return None  # a per-layer expert count
+    if not hp.causal or len(set(hp.n_head)) != 1 or not hp.n_head[0]:
+        return None
+    shapes = {t.name: t.info.shape for t in model.tensors}
+    names = set(shapes)
+    lead = hp.n_layer_dense_lead if hp.arch == "glm4moe" else 0
+    experts = _experts(model, shapes, hp.n_layer - 1) if hp.n_expert else None
+    if hp.n_expert and experts is None:
+        return None
+    shexp = shapes.get(f"blk.{hp.n_layer - 1}.ffn_up_shexp.weight")
+    for il in range(hp.n_layer):
+        ffn = f"blk.{il}.ffn_up_exps.weight" if experts and il >= lead else f"blk.{il}.ffn_gate.weight"
+        need = {f"blk.{il}.attn_q.weight", f"blk.{il}.attn_k.weight", ffn}
+        if hp.arch in ("qwen3", "qwen3moe", "gemma3"):
+            need |= {f"blk.{il}.attn_q_norm.weight", f"blk.{il}.attn_k_norm.weight"}
+        if not need <= names or f"blk.{il}.attn_qkv.weight" in names:
+            return None  # fused QKV or a non-gated FFN: other nodes
+    if hp.arch == "gemma3" and (hp.head_k_swa != hp.head_k or hp.head_v_swa != hp.head_v):
+        return None
+    sections = model.kv.get(f"{hp.arch}.rope.dimension_sections")
+    mrope = isinstance(sections, list) and any(isinstance(x, int) and x for x in sections)
+    return TransformerShape(
+        arch=hp.arch,
+        n_layer=hp.n_layer,
+        n_embd=hp.n_embd,
+        n_vocab=hp.n_vocab,
+        n_head=hp.n_head[0],
+        n_head_kv=tuple(hp.n_head_kv[: hp.n_layer]),
+        head_k=hp.head_k,
+        head_v=hp.head_v,
+        n_ff=tuple(hp.n_ff[: hp.n_layer]),
+        is_swa=tuple(hp.is_swa[: hp.n_layer]),
+        experts=experts,
+        n_pos=MROPE_SECTIONS if mrope else 1,
+        qk_norm="blk.0.attn_q_norm.weight" in names and "blk.0.attn_k_norm.weight" in names,
+        n_dense_lead=lead,
+        n_ff_shexp=shexp[1] if shexp is not None and hp.arch == "glm4moe" else 0,
+    )
+
+
+def _experts(model: ModelInfo, shapes: dict[str, tuple[int, ...]], il: int) -> Experts | None:
+    """The routing of one MoE layer (build_moe_ffn's arguments as each model passes them): Llama and
+    Qwen3-MoE softmax with normalized weights; DeepSeek-V2/V3 and GLM-4.5 from the header (gating
+    function, expert_weights_norm, expert_weights_scale) with the selection bias exp_probs_b."""
+    hp, kv = model.hparams, model.kv
+    up = shapes.get(f"blk.{il}.ffn_up_exps.weight")
+    if up is None or len(up) != 3 or f"blk.{il}.ffn_gate_up_exps.weight" in shapes:
+        return None  # fused gate/up experts: other nodes
+    scale = _num(kv.get(f"{hp.arch}.expert_weights_scale"))
+    if hp.arch in ("llama", "qwen3moe"):
+        return Experts(n_expert=up[2], n_used=hp.n_expert_used, n_ff=up[1], norm_w=True, scale=scale)
+    gating = int(_num(kv.get(f"{hp.arch}.expert_gating_func")))
+    if gating == 0:  # older GGUFs without the key: glm4-moe.cpp:16-18, deepseek2.cpp:23-31
+        old_glm_lite = hp.n_layer in (47, 48) and hp.n_vocab == 154880
+        gating = 2 if hp.arch == "glm4moe" or old_glm_lite else 1
+    if gating not in (1, 2):
+        return None
+    return Experts(
+        n_expert=up[2],
+        n_used=hp.n_expert_used,
+        n_ff=up[1],
+        sigmoid=gating == 2,
+        probs_bias=f"blk.{il}.exp_probs_b.bias" in shapes,
+        norm_w=bool(kv.get(f"{hp.arch}.expert_weights_norm", False)),
+        scale=scale,
+    )
+
+
+def _mla_shape(model: ModelInfo) -> MlaShape | None:
+    """DeepSeek-V2/V3 MLA (absorbed K) with a q LoRA or without, dense lead layers, experts with a shared
+    expert; sizes read off the tensor table (deepseek2.cpp load_arch_tensors)."""
+    hp = model.hparams
+    kv = model.kv
+    if not hp.mla or hp.n_nextn or hp.n_layer_kv_from_start >= 0 or not hp.causal:
+        return None
+    if _num(kv.get(f"{hp.arch}.expert_group_count")) > 1 or _num(kv.get(f"{hp.arch}.attention.temperature_scale")):
+        return None  # grouped routing, temperature-scaled queries: other nodes
+    shapes = {t.name: t.info.shape for t in model.tensors}
+    il = hp.n_layer - 1  # an MoE layer when there are experts
+    k_b = shapes.get(f"blk.{il}.attn_k_b.weight")
+    v_b = shapes.get(f"blk.{il}.attn_v_b.weight")
+    kv_a = shapes.get(f"blk.{il}.attn_kv_a_mqa.weight")
+    if k_b is None or v_b is None or kv_a is None or len(k_b) != 3:
+        return None
+    q_a = shapes.get(f"blk.{il}.attn_q_a.weight")
+    experts = _experts(model, shapes, il)
+    if experts is None:
+        return None
+    lead = hp.n_layer_dense_lead
+    dense_up = shapes.get("blk.0.ffn_up.weight") if lead else None
+    shexp = shapes.get(f"blk.{il}.ffn_up_shexp.weight")
+    rank = k_b[1]
+    return MlaShape(
+        n_layer=hp.n_layer,
+        n_embd=hp.n_embd,
+        n_vocab=hp.n_vocab,
+        n_head=k_b[2],
+        kv_lora_rank=rank,
+        rope_dim=kv_a[1] - rank,
+        nope_dim=k_b[0],
+        v_dim=v_b[1],
+        q_lora_rank=q_a[1] if q_a is not None else 0,
+        n_dense_lead=lead,
+        n_ff=dense_up[1] if dense_up is not None else 0,
+        n_ff_shexp=shexp[1] if shexp is not None else 0,
+        experts=experts,
+    )
+
+
+def _num(v: object) -> float:
+    """A GGUF number, or 0 for anything else (the header is untrusted input)."""
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else 0.0
