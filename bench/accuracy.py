@@ -27,11 +27,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE.parent / "tests"))
 
-import factory  # noqa: E402
 import shapes  # noqa: E402
-from realserver import CREATED_CHECKPOINT, chat_log, run_argv  # noqa: E402
 
 from llamafit.compare import Row  # noqa: E402
 from llamafit.launch import compare_all  # noqa: E402
@@ -39,6 +36,8 @@ from llamafit.options import Options  # noqa: E402
 from llamafit.prepare import prepare  # noqa: E402
 from llamafit.server.binary import ServerBinary, find_server  # noqa: E402
 from llamafit.units import MiB  # noqa: E402
+from tests import factory  # noqa: E402
+from tests.realserver import CREATED_CHECKPOINT, chat_log, run_argv  # noqa: E402
 
 NR = ["--no-repack"]
 

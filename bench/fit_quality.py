@@ -28,11 +28,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE.parent / "tests"))
 
-import factory  # noqa: E402
 import shapes  # noqa: E402
-from realserver import rpc_servers, run_argv  # noqa: E402
 
 from llamafit.memory import backends  # noqa: E402
 from llamafit.memory.placement import CPU  # noqa: E402
@@ -41,6 +38,8 @@ from llamafit.prepare import Prepared, prepare  # noqa: E402
 from llamafit.server.binary import ServerBinary, find_server  # noqa: E402
 from llamafit.server.logparse import LoadLog  # noqa: E402
 from llamafit.units import MiB  # noqa: E402
+from tests import factory  # noqa: E402
+from tests.realserver import rpc_servers, run_argv  # noqa: E402
 
 STEP = 256
 

@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests"))
+sys.path.insert(0, str(HERE.parent))
 
-import factory  # noqa: E402
+from tests import factory  # noqa: E402
 
 
 def llama31_70b() -> factory.Shape:

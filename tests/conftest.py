@@ -3,21 +3,25 @@
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-import factory
-
 from llamafit.errors import ServerNotFoundError
 from llamafit.server.binary import ServerBinary, find_server
+from tests import factory
 
 if TYPE_CHECKING:
     from tests.hubserver import FakeHub
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that needs the real llama-server (``server_bin``, directly or through a fixture such as the
+    quants llama-quantize writes) carries the ``server`` marker, so ``-m "not server"`` deselects it."""
+    for item in items:
+        if "server_bin" in getattr(item, "fixturenames", ()) and item.get_closest_marker("server") is None:
+            item.add_marker(pytest.mark.server)
 
 
 @pytest.fixture(autouse=True)

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import factory
 import pytest
-from test_speculative_vs_server import plan_and_load
 
 from llamafit.compare import compare
 from llamafit.memory.graph.sampling import backend_chain
 from llamafit.server.binary import ServerBinary
 from llamafit.units import MiB
+from tests import factory
+from tests.test_speculative_vs_server import plan_and_load
 
 SHAPES = {
     "qwen3_4b": factory.qwen3_4b,

@@ -72,10 +72,10 @@ def test_plan_asks_the_chosen_server_about_its_fallback(tmp_path: Path) -> None:
     """Auto drops an MTP head that does not fit; on a build without ngram-mod nothing replaces it."""
     import json
 
-    import factory
     from typer.testing import CliRunner
 
     from llamafit.cli.app import app
+    from tests import factory
 
     model = factory.glm4moe(n_layer=4, n_embd=1024, n_ff_exp=512, n_expert=16).write(tmp_path / "m.gguf")
     exe, _ = stand_in(tmp_path)

@@ -12,7 +12,6 @@ import json
 import stat
 from pathlib import Path
 
-import factory
 import pytest
 from typer.testing import CliRunner
 
@@ -22,6 +21,7 @@ from llamafit.devices.machine import Host, discover, merge_listed
 from llamafit.memory import backends
 from llamafit.server.binary import ServerBinary
 from llamafit.units import GiB, MiB
+from tests import factory
 
 LISTING = """\
 load_backend: loaded CPU backend from libggml-cpu.so

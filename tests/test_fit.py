@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-import factory
 import pytest
 
 from llamafit.devices.machine import Device, Host, Machine
@@ -16,6 +15,7 @@ from llamafit.memory.placement import Override
 from llamafit.request import PARTIAL_EXPS_REGEX, build_request, experts_on_cpu, whole_expert_layers
 from llamafit.server.args import compose, parse_server_args
 from llamafit.units import GiB, MiB
+from tests import factory
 
 
 @pytest.fixture(scope="module")

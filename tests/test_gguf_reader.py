@@ -5,7 +5,6 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
-import factory
 import gguf
 import pytest
 
@@ -13,6 +12,7 @@ from llamafit.errors import BadModelFileError, ModelNotFoundError
 from llamafit.ggml import TYPES
 from llamafit.gguf.reader import ArrayInfo, read_file_header
 from llamafit.gguf.writer import TensorSpec, write_gguf
+from tests import factory
 
 
 def test_type_table_matches_the_gguf_package() -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import factory
 import pytest
 
 from llamafit.gguf.model import load_model
@@ -13,6 +12,7 @@ from llamafit.memory.context import ContextParams, memory_buffers, resolve_conte
 from llamafit.memory.footprint import LoadSettings, estimate
 from llamafit.memory.placement import CPU, Override, layer_devices, place_weights
 from llamafit.units import MiB
+from tests import factory
 
 
 def _kv_mib(model_path: Path, **kw: object) -> float:

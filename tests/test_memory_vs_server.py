@@ -9,9 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import factory
 import pytest
-from realserver import load_log
 
 from llamafit.compare import TOLERANCE, compare
 from llamafit.devices.machine import Host, Machine
@@ -21,6 +19,8 @@ from llamafit.request import build_request
 from llamafit.server.args import parse_server_args
 from llamafit.server.binary import ServerBinary
 from llamafit.units import GiB
+from tests import factory
+from tests.realserver import load_log
 
 pytestmark = pytest.mark.server
 

@@ -11,7 +11,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import factory
 import pytest
 from typer.testing import CliRunner
 
@@ -22,6 +21,7 @@ from llamafit.errors import ExitCode
 from llamafit.gguf.demo_model import ensure_demo_model
 from llamafit.server.binary import ServerBinary
 from llamafit.units import MiB
+from tests import factory
 
 LLAMAFIT = [sys.executable, "-m", "llamafit"]
 

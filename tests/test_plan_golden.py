@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import factory
 import pytest
+
+from tests import factory
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-import factory
 import pytest
 
 from llamafit.devices.machine import Host, Machine
@@ -15,6 +14,7 @@ from llamafit.memory.graph.replay import graph_bytes, recurrent_bytes
 from llamafit.request import build_request
 from llamafit.server.args import parse_server_args
 from llamafit.units import GiB
+from tests import factory
 
 
 def _context(path: Path, args: list[str]):  # type: ignore[no-untyped-def]

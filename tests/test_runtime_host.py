@@ -7,9 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import factory
 import pytest
-from realserver import CREATED_CHECKPOINT, chat_log
 
 from llamafit.devices.machine import Device, Host, Machine
 from llamafit.fit import make_plan
@@ -21,6 +19,8 @@ from llamafit.server.args import compose, parse_server_args
 from llamafit.server.binary import ServerBinary
 from llamafit.speculative import spec_options
 from llamafit.units import GiB, MiB
+from tests import factory
+from tests.realserver import CREATED_CHECKPOINT, chat_log
 
 CHECKPOINT_TOKENS = re.compile(r"created context checkpoint .*n_tokens = (?P<n>\d+), size = (?P<mib>[\d.]+) MiB")
 CACHE_STATE = re.compile(r"cache state: (?P<n>\d+) prompts, (?P<mib>[\d.]+) MiB \(limits: (?P<limit>[\d.]+) MiB")

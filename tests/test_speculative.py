@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import factory
 import pytest
 
 from llamafit.devices.machine import Device, Host, Machine
@@ -20,6 +19,7 @@ from llamafit.server.args import compose, parse_server_args
 from llamafit.server.capabilities import ASSUMED
 from llamafit.speculative import detect_kind, find_sidecars, spec_options
 from llamafit.units import GiB, MiB, fmt_bytes
+from tests import factory
 
 HOST = Host(total=256 * GiB, available=240 * GiB)
 NO_NGRAM_MOD = ASSUMED.__class__(

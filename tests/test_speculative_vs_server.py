@@ -5,9 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import factory
 import pytest
-from realserver import run_argv
 
 from llamafit.compare import compare
 from llamafit.devices.machine import Host, Machine
@@ -19,6 +17,8 @@ from llamafit.server.args import compose, parse_server_args
 from llamafit.server.binary import ServerBinary
 from llamafit.speculative import spec_options
 from llamafit.units import GiB, MiB
+from tests import factory
+from tests.realserver import run_argv
 
 pytestmark = pytest.mark.server
 HOST = Machine((), Host(total=64 * GiB, available=64 * GiB))

@@ -9,7 +9,6 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-import factory
 import pytest
 from typer.testing import CliRunner
 
@@ -29,6 +28,7 @@ from llamafit.speed.gpus import lookup
 from llamafit.speed.rates import Rates, nvml_rates, parse_rate
 from llamafit.speed.timings import TimingReader
 from llamafit.units import GiB
+from tests import factory
 
 HOST = Host(total=128 * GiB, available=120 * GiB)
 # a host and a card as a probe would measure them: the card streams 10x faster

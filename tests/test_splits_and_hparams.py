@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import factory
 import pytest
 
 from llamafit.errors import BadModelFileError, ModelNotFoundError
 from llamafit.gguf.model import load_model
 from llamafit.gguf.writer import TensorSpec, write_gguf
+from tests import factory
 
 write_split = factory.write_split
 

@@ -7,9 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import factory
 import pytest
-from test_device_list import stand_in
 from typer.testing import CliRunner
 
 from llamafit.cli.app import app
@@ -27,6 +25,8 @@ from llamafit.several.plan import entries_from_preset
 from llamafit.several.preset import read_ini
 from llamafit.speculative import spec_options
 from llamafit.units import GiB, MiB
+from tests import factory
+from tests.test_device_list import stand_in
 
 HOST = Host(total=64 * GiB, available=60 * GiB)
 
@@ -267,7 +267,7 @@ def test_cache_ram_unlimited_still_gets_checkpoints_that_fit(tmp_path: Path) -> 
 
 @pytest.mark.server
 def test_one_rpc_server_given_twice_is_planned_once(server_bin: ServerBinary, tmp_path: Path) -> None:
-    from realserver import rpc_servers
+    from tests.realserver import rpc_servers
 
     model = factory.dense().write(tmp_path / "m.gguf")
     with rpc_servers(server_bin, 1) as (ep,):

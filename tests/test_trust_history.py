@@ -12,7 +12,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-import factory
 import pytest
 from typer.testing import CliRunner
 
@@ -25,6 +24,7 @@ from llamafit.gguf.model import ModelInfo, load_model
 from llamafit.request import build_request
 from llamafit.server.args import parse_server_args
 from llamafit.units import GiB, MiB
+from tests import factory
 
 GPU = "12GiB"
 

@@ -8,12 +8,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import factory
 import pytest
 from typer.testing import CliRunner
 
 from llamafit.cli.app import app
 from llamafit.errors import ExitCode
+from tests import factory
 
 A = "llama"
 

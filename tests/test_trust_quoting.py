@@ -6,12 +6,12 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-import factory
 import pytest
 from typer.testing import CliRunner
 
 from llamafit.cli.app import app
 from llamafit.shellwords import join, quote
+from tests import factory
 
 NASTY = [
     "n2/\x1b[31mxy.gguf",  # an ESC: a colour sequence

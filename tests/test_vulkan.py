@@ -15,15 +15,15 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import factory
 import pytest
-from realserver import required, run_argv, run_until_ready_then_interrupt
 
 from llamafit.launch import compare_all
 from llamafit.options import Options
 from llamafit.prepare import discover_for, prepare, server_and_caps
 from llamafit.server.binary import ServerBinary, free_port
 from llamafit.units import MiB
+from tests import factory
+from tests.realserver import required, run_argv, run_until_ready_then_interrupt
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 LLAMAFIT = [sys.executable, "-m", "llamafit"]
