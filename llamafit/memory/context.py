@@ -144,7 +144,7 @@ def swa_cells(hp: Hparams, cp: ContextParams) -> int:
 
 
 def kv_row_bytes(hp: Hparams, il: int, type_k: str, type_v: str, v_trans: bool) -> tuple[int, int]:
-    """Bytes of one cell of layer ``il``: (K, V). MLA stores K only (kv-cache.cpp:230-234)."""
+    """Bytes of one cell of layer ``il``: (K, V). MLA stores K only (src/llama-kv-cache.cpp:230-234)."""
     k = row_size(by_name(type_k), hp.n_embd_k_gqa(il))
     if hp.mla:
         return k, 0

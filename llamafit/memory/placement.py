@@ -153,13 +153,13 @@ def place_weights(
     target_of: dict[str, str] = {}
     for o in overrides:
         for name in _matching(model, o.pattern):
-            target_of.setdefault(name, o.buft)  # the first matching pattern wins (loader.cpp:1235-1258)
+            target_of.setdefault(name, o.buft)  # the first matching pattern wins (llama-model-loader.cpp:1235-1258)
     host_buft = backends.host_buffer(gpus)
     tied = not any(t.name == "output.weight" for t in model.tensors)
 
     def cpu_buft(t: Tensor, matmul: bool) -> str:
         # CPU list: [device host buffer unless --no-host] -> [CPU_REPACK unless -nr] -> CPU
-        # (llama-model.cpp:1079-1139); with mmap the host buffer becomes plain CPU (loader.cpp:1268-1276).
+        # (llama-model.cpp:1079-1139); with mmap the host buffer becomes plain CPU (llama-model-loader.cpp:1268-1276).
         # RPC devices have no host buffer type, so beside them repacking still applies.
         if host_buft is not None and not no_host:
             return "CPU" if use_mmap else host_buft
@@ -192,7 +192,7 @@ def place_weights(
         placed.append(p)
         if tied and t.name == "token_embd.weight":
             # Tied embeddings: the output layer re-creates token_embd as a matmul weight in its own
-            # buffer type, sharing the tensor only when that is the input's (loader.cpp:1370-1386).
+            # buffer type, sharing the tensor only when that is the input's (llama-model-loader.cpp:1370-1386).
             out = place(t, hp.n_layer_all, True)
             if out.buft != p.buft:
                 placed.append(out)
@@ -201,7 +201,7 @@ def place_weights(
 
 
 def _matching(model: ModelInfo, pattern: str) -> frozenset[str]:
-    """The names of ``model``'s tensors an -ot pattern matches (std::regex_search, loader.cpp:1241)."""
+    """The names of ``model``'s tensors an -ot pattern matches (std::regex_search, llama-model-loader.cpp:1241)."""
 
     def names() -> frozenset[str]:
         rx = re.compile(pattern)

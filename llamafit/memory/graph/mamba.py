@@ -1,6 +1,6 @@
 """The reserve graph of a pure Mamba model, node by node, for ``llamafit.memory.graph.galloc``.
 
-Mirrors ``src/models/mamba.cpp:87-147`` (the trunk), ``src/models/mamba-base.cpp`` build_mamba_layer
+Mirrors ``src/models/mamba.cpp:87-137`` (the trunk), ``src/models/mamba-base.cpp`` build_mamba_layer
 (9-150, Mamba-1 and Falcon-Mamba) and build_mamba2_layer (153-300), ``src/llama-graph.cpp``
 build_inp_embd (2413-2533, its three selectable inputs all stay in the graph), build_rs (3587-3626,
 3661-3676) and build_inp_out_ids (2569-2589). The reserve ubatch (llama-context.cpp:2526-2566,
