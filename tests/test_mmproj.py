@@ -123,12 +123,13 @@ def test_the_projector_takes_its_room_from_the_context(files: dict[str, Path], t
 
 
 def test_no_room_on_the_gpu_says_how_to_keep_the_projector_off_it(files: dict[str, Path]) -> None:
-    from llamafit.errors import DoesNotFitError
-
-    with pytest.raises(DoesNotFitError) as e:
-        _plan(files, [_gpu(0, 2.0)], [])
-    assert "--no-mmproj-offload" in (e.value.hint or "")
-    assert _plan(files, [_gpu(0, 2.0)], ["--no-mmproj-offload"]).mmproj.device == "CPU"
+    """A card too small for the projector and its own buffers: the load goes without it (-dev none, the
+    projector with it), and the plan says how to keep the projector on the CPU and the card for layers."""
+    p = _plan(files, [_gpu(0, 2.0)], [])
+    d = p.decision("placement.cpu")
+    assert p.fits and p.mmproj.device == "CPU" and d is not None and "--no-mmproj-offload" in d.message
+    kept = _plan(files, [_gpu(0, 2.0)], ["--no-mmproj-offload"])
+    assert kept.mmproj.device == "CPU" and kept.placement_code != "placement.cpu"
 
 
 def test_a_projector_for_another_model_is_flagged(files: dict[str, Path]) -> None:

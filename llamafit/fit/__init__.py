@@ -87,7 +87,8 @@ def make_plan(
         except DoesNotFitError:
             raise e from None
         usable = [(g.id, g.free - req.margins.get(g.id.upper(), req.margin)) for g in machine.gpus]
-        why = messages.gpus_too_small(model.hparams.n_layer_all, usable)
+        offloaded = mmproj is not None and req.mmproj_offload and req.mmproj_device is None
+        why = messages.gpus_too_small(model.hparams.n_layer_all, usable, projector=offloaded)
         return replace(plan, decisions=tuple(why if d.code == "placement.cpu" else d for d in plan.decisions))
 
 

@@ -36,12 +36,14 @@ def placement_cpu(n_layer: int, why: str) -> Decision:
     return Decision("placement.cpu", f"All {n_layer} layers on the CPU ({why}).")
 
 
-def gpus_too_small(n_layer: int, usable: Sequence[tuple[str, int]]) -> Decision:
+def gpus_too_small(n_layer: int, usable: Sequence[tuple[str, int]], projector: bool = False) -> Decision:
     room = ", ".join(f"{dev} {fmt_bytes(max(u, 0))}" for dev, u in usable)
+    hint = " --no-mmproj-offload keeps the projector on the CPU and may leave the GPUs room for layers."
+    hint = hint if projector else ""
     return Decision(
         "placement.cpu",
         f"All {n_layer} layers on the CPU, without the GPUs (-dev none): no placement fits on them, not even their "
-        f"own runtime and compute buffers (usable: {room}).",
+        f"own runtime and compute buffers (usable: {room}).{hint}",
     )
 
 
