@@ -109,7 +109,7 @@ _llamafit() {
                 --models-preset) :; return 0 ;;
             esac
             if [[ "$cur" == -* ]]; then
-                COMPREPLY=($(compgen -W "--dry-run --exec --verbose -v --log-file --ready-timeout --server --gpu --cpu-only --margin --min-ctx --spec --prefer --draft --hf-file --revision --offline --rpc --rpc-optional --host-bandwidth --quant --models-preset --json --quiet -q --help -h" -- "$cur")); return 0
+                COMPREPLY=($(compgen -W "--dry-run --exec --verbose -v --log-file --ready-timeout --no-retry --server --gpu --cpu-only --margin --min-ctx --spec --prefer --draft --hf-file --revision --offline --rpc --rpc-optional --host-bandwidth --quant --models-preset --json --quiet -q --help -h" -- "$cur")); return 0
             fi
             _llamafit_models ;;
         tune)

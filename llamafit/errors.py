@@ -22,12 +22,15 @@ class ExitCode(IntEnum):
     BAD_MODEL_FILE = 7  # not a GGUF, truncated, hostile or inconsistent header
     NETWORK = 8  # Hub unreachable, timeout, gated repo
     INTERRUPTED = 130  # Ctrl-C before the server was running
+    OUTPUT_CLOSED = 141  # stdout closed before the output was written (128 + SIGPIPE, as a piped tool)
 
 
 class LlamafitError(Exception):
     """Base of every error the CLI knows how to explain."""
 
     exit_code: ExitCode = ExitCode.INTERNAL
+    # what the command prints under --json when it fails this way (the plan that does not fit), if anything
+    doc: dict[str, Any] | None = None
 
     def __init__(self, message: str, hint: str | None = None) -> None:
         super().__init__(message)
@@ -45,6 +48,7 @@ class DoesNotFitError(LlamafitError):
 
     plan: Any = None
     argv: list[str] | None = None
+    model: str | None = None  # of several models planned together, the one that does not fit alone
 
     exit_code = ExitCode.DOES_NOT_FIT
 

@@ -16,20 +16,26 @@ shows it; the bench and the tests use the same).
 from __future__ import annotations
 
 import signal
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from llamafit.calibration import HistoryNotWritten, record, record_failed_load
 from llamafit.compare import Row, compare, compare_mmproj
+from llamafit.errors import ServerNotFoundError
 from llamafit.fit.speed import trial_rates_speed
-from llamafit.prepare import Prepared
+from llamafit.hub.resolve import Hub, RepoState
+from llamafit.hub.select import HubFile
+from llamafit.paths import not_an_input
+from llamafit.prepare import Prepared, launch_env
 from llamafit.server.args import ServerArgs
+from llamafit.server.binary import GET_SERVER_HINT, ServerBinary
 from llamafit.server.capabilities import Capabilities
 from llamafit.server.failures import Failure
 from llamafit.server.logparse import LoadLog
 from llamafit.speed.timings import Served
-from llamafit.units import MiB
+from llamafit.units import MiB, fmt_bytes
 
 RETRIES = 2
 OOM_KINDS = ("device_oom_weights", "device_oom_kv", "device_oom_compute", "device_oom", "host_oom")
@@ -187,6 +193,39 @@ def free_drift(prep: Prepared, log: LoadLog) -> list[str]:
                 f"assumed; the margin absorbed it, but re-plan if something else now runs there"
             )
     return out
+
+
+def downloads_line(pending: Sequence[tuple[RepoState, HubFile]], verb: str) -> str:
+    """``verb N file(s), SIZE: repo/path, ...`` for Hub files a plan uses that the cache lacks."""
+    total = sum(f.size for _, f in pending)
+    names = ", ".join(f"{st.repo}/{f.path}" for st, f in pending[:3]) + (" ..." if len(pending) > 3 else "")
+    return f"{verb} {len(pending)} file(s), {fmt_bytes(total)}: {names}"
+
+
+def before_launch(
+    server: ServerBinary | None,
+    pending: Sequence[tuple[RepoState, HubFile]],
+    hub: Hub | None,
+    log_file: Path | None,
+    inputs: Sequence[str | Path],
+    say: Callable[[str], None],
+) -> dict[str, str]:
+    """What every launch does first, of one model or of a router, and ``tune`` before it measures: a server
+    to run, a log file that is none of the inputs, the Hub files the plan uses downloaded (``say`` hears
+    what, before it starts), and the server's environment without the inherited llama.cpp settings that
+    would change what was planned."""
+    if server is None:
+        raise ServerNotFoundError("no llama-server found", hint=GET_SERVER_HINT)
+    if log_file is not None:
+        not_an_input(log_file, inputs, "the log file")
+    if pending:
+        assert hub is not None  # Hub files come from a plan's Hub resolver
+        say(downloads_line(pending, "downloading"))
+        hub.download(pending)
+    env = launch_env(server)
+    if env.removed:
+        say("not passed to the server (they would change what was planned): " + ", ".join(env.removed))
+    return env.env
 
 
 def with_buffer_lines(argv: Sequence[str], user: ServerArgs, caps: Capabilities) -> list[str]:

@@ -153,9 +153,12 @@ def prepare(
     if req.rpc:
         mach, user, req = _with_rpc(mach, user, req, srv, o, notes)
     projector = read_projector(req.mmproj) if req.mmproj else None
+    local = os.path.exists(model_path) or not is_hub_ref(model_path)
+    if local and (o.hf_file or o.revision):
+        raise UsageError("--hf-file and --revision apply to a Hub repo, not to a local file")
     if model is not None:
         info = model
-    elif not os.path.exists(model_path) and is_hub_ref(model_path):
+    elif not local:
         auto_mm = req.mmproj_auto and not req.mmproj and not req.mmproj_url
         hm = the_hub().resolve_model(model_path, hf_file=o.hf_file, revision=o.revision, mmproj=auto_mm)
         info = hm.model
@@ -163,8 +166,6 @@ def prepare(
             projector = hm.mmproj
             req = replace(req, mmproj=hm.mmproj.path)
     else:
-        if o.hf_file or o.revision:
-            raise UsageError("--hf-file and --revision apply to a Hub repo, not to a local file")
         info = load_model(model_path)
 
     # --override-kv changes what the loader reads: the memory model reads the same keys
@@ -207,20 +208,23 @@ def prepare(
         notes += extra_notes(user)
     prep = Prepared(plan, argv, user, srv, caps, tuple(notes), hub, rates)
     winner = cached_winner(info, plan.devices, srv, user) if tuned and speed else None
-    if winner is None or not winner.flags:
+    if winner is None:
         return prep
-    o_ = replace(o, server_args=(*winner.flags, *o.server_args))
-    tuned_prep = prepare(
-        model_path,
-        o_,
-        machine=mach,
-        server=(srv, caps),
-        model=info,
-        hub=hub,
-        tuned=False,
-        rates=rates,
-        progress=progress,
-    )
+    if not winner.flags:  # tune measured the plan as it is fastest: its speed is known, not estimated
+        tuned_prep = prep
+    else:
+        o_ = replace(o, server_args=(*winner.flags, *o.server_args))
+        tuned_prep = prepare(
+            model_path,
+            o_,
+            machine=mach,
+            server=(srv, caps),
+            model=info,
+            hub=hub,
+            tuned=False,
+            rates=rates,
+            progress=progress,
+        )
     if not tuned_prep.plan.fits:
         return prep
     sp = tuned_prep.plan.speed
@@ -228,7 +232,7 @@ def prepare(
     d = Decision(
         "speed.tuned",
         f"Starting from what llamafit tune measured fastest here ({winner.when}): "
-        f"{' '.join(winner.flags)} (pp {winner.pp or 0:.1f}, tg {winner.tg or 0:.1f} tok/s).",
+        f"{' '.join(winner.flags) or 'the plan as it is'} (pp {winner.pp or 0:.1f}, tg {winner.tg or 0:.1f} tok/s).",
     )
     plan = replace(tuned_prep.plan, speed=sp, decisions=(*tuned_prep.plan.decisions, d))
     return replace(tuned_prep, plan=plan, user=user)

@@ -10,24 +10,23 @@ keeps more on the GPUs at the same settings. ``best`` bisects on it and plans O(
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from llamafit.devices.machine import Machine
 from llamafit.errors import BadModelFileError, DoesNotFitError, LlamafitError, ModelNotFoundError, UsageError
 from llamafit.gguf.model import Tensor
 from llamafit.gguf.naming import split_info
 from llamafit.hub.resolve import Hub, is_hub_ref
-from llamafit.hub.select import HubFile, is_first_shard, is_model_file, split_files, split_repo_tag
+from llamafit.hub.select import HubFile, is_first_shard, is_model_file, split_repo_tag
 from llamafit.options import Options
 from llamafit.plan import Decision, Plan
 from llamafit.plan import to_json as plan_to_json
-from llamafit.prepare import Prepared, prepare
+from llamafit.planner import Planner
+from llamafit.prepare import Prepared
 from llamafit.request import whole_expert_layers
-from llamafit.server.binary import ServerBinary
-from llamafit.server.capabilities import Capabilities
 from llamafit.units import fmt_bytes
 
 BEST = "best"
@@ -156,10 +155,20 @@ def _n_params(tensors: Sequence[Tensor]) -> int:
 def group(files: Sequence[HubFile]) -> tuple[Quant, ...]:
     """The model files of a listing as quants (split sets kept together), smallest first."""
     firsts = [f for f in files if is_model_file(f.path) and is_first_shard(f)]
-    sets = [tuple(sorted(split_files(files, f), key=_shard_index)) for f in firsts]
+    shards: dict[tuple[str, int], list[HubFile]] = {}  # one pass, not one per set: listings run to thousands
+    for f in files:
+        if (i := split_info(f.path)) is not None and i.count > 1:
+            shards.setdefault((i.prefix, i.count), []).append(f)
+    sets = [tuple(sorted(_set_of(f, shards), key=_shard_index)) for f in firsts]
     tags = _tags([f.path for f in firsts])
     quants = [Quant(t, s) for t, s in zip(tags, sets, strict=True)]
     return tuple(sorted(quants, key=lambda q: (q.size, q.primary)))
+
+
+def _set_of(first: HubFile, shards: dict[tuple[str, int], list[HubFile]]) -> list[HubFile]:
+    """``split_files`` over the index ``group`` made."""
+    i = split_info(first.path)
+    return [first] if i is None or i.count <= 1 else shards.get((i.prefix, i.count), [first])
 
 
 def _shard_index(f: HubFile) -> int:
@@ -179,7 +188,8 @@ def _tags(paths: Sequence[str]) -> list[str]:
         common = os.path.commonprefix(stems)  # noqa: RUF071 - file names, compared by character
         cut = max(common.rfind("-"), common.rfind(".")) + 1
         tags = [s[cut:] or o for s, o in zip(stems, own, strict=True)]
-    return [p if tags.count(t) > 1 else t for t, p in zip(tags, prefixes, strict=True)]
+    seen = Counter(tags)
+    return [p if seen[t] > 1 else t for t, p in zip(tags, prefixes, strict=True)]
 
 
 def folder_files(folder: Path) -> tuple[HubFile, ...]:
@@ -196,8 +206,11 @@ def folder_files(folder: Path) -> tuple[HubFile, ...]:
                     out.append(HubFile(p.relative_to(folder).as_posix(), p.stat().st_size))
                 except OSError:
                     continue
-                if len(out) >= _FOLDER_MAX_FILES:
-                    return tuple(out)
+                if len(out) > _FOLDER_MAX_FILES:  # said, not cut: :best would choose among a part
+                    raise UsageError(
+                        f"{folder} holds more than {_FOLDER_MAX_FILES} GGUF files; llamafit plans at most that many",
+                        hint="give the folder of one model's quants",
+                    )
     return tuple(out)
 
 
@@ -244,8 +257,17 @@ def plan_quant(src: QuantSource, q: Quant, o: Options, planner: QuantPlanner) ->
         return QuantPlan(q, error=e)  # this file is broken or partly uploaded; the others may be fine
 
 
+MAX_LADDER = 128  # quants one --quants plans (a header read and a plan each); real repos list under 40
+
+
 def ladder(src: QuantSource, o: Options, planner: QuantPlanner) -> tuple[QuantPlan, ...]:
-    """Every quant planned, smallest first."""
+    """Every quant planned, smallest first; a listing of more than MAX_LADDER is refused before any is
+    planned (``:best`` bisects and plans a few of any number)."""
+    if len(src.quants) > MAX_LADDER:
+        raise UsageError(
+            f"{src.ref} lists {len(src.quants)} quants; --quants plans at most {MAX_LADDER}",
+            hint=f"use {src.ref}:best (it plans a few of them), or name one with :QUANT",
+        )
     return tuple(plan_quant(src, q, o, planner) for q in src.quants)
 
 
@@ -287,20 +309,26 @@ def best(src: QuantSource, o: Options, planner: QuantPlanner) -> Choice:
         while cands and at(0).error is not None:
             del cands[0]
         if not cands or not at(0).fits:
-            planned = _in_order(src, seen)
-            smallest = next((p for p in planned if p.refused is not None), None)
-            if smallest is None or smallest.refused is None:
-                err = next((p.error for p in planned if p.error is not None), None)
-                raise ModelNotFoundError(
-                    f"no quant of {src.ref} could be planned" + (f": {err.message}" if err else ""),
-                    hint=err.hint if err else None,
-                )
-            e = smallest.refused
-            e.message = f"no quant of {src.ref} fits; the smallest, {smallest.quant.tag}: {e.message}"
-            raise e
+            raise none_fits(src, _in_order(src, seen))
         chosen, why = at(0), "smallest"
     planned = _in_order(src, seen)
     return Choice(chosen, planned, _decision(src, chosen, planned, why, o.min_ctx))
+
+
+def none_fits(src: QuantSource, planned: Sequence[QuantPlan]) -> LlamafitError:
+    """The one answer of ``:best`` and ``--quants`` when no quant fits: the smallest refusal (exit 3), or,
+    when none could even be planned (every file broken or missing), the first file's error (exit 4)."""
+    smallest = next((p for p in planned if p.refused is not None), None)
+    if smallest is None or smallest.refused is None:
+        err = next((p.error for p in planned if p.error is not None), None)
+        return ModelNotFoundError(
+            f"no quant of {src.ref} could be planned" + (f": {err.message}" if err else ""),
+            hint=err.hint if err else None,
+        )
+    e = smallest.refused
+    out = DoesNotFitError(f"no quant of {src.ref} fits; the smallest, {smallest.quant.tag}: {e.message}", e.hint)
+    out.plan, out.argv = e.plan, e.argv  # the closest plan, for --json
+    return out
 
 
 def _in_order(src: QuantSource, seen: dict[str, QuantPlan]) -> tuple[QuantPlan, ...]:
@@ -363,20 +391,21 @@ def asked_tag(model: str, quant: str | None) -> str:
     )
 
 
-def planner(hub: Hub, machine: Machine, server: tuple[ServerBinary | None, Capabilities]) -> QuantPlanner:
-    """``prepare`` with the machine, the server's capabilities and the Hub resolver shared by every quant; the
-    speed from cached measurements only (every quant has its own weight types: probing each would take
-    seconds a quant)."""
+def quant_planner(p: Planner) -> QuantPlanner:
+    """Plans of the command's context (the machine, the server's capabilities and the Hub resolver shared by
+    every quant); the speed from cached measurements only (every quant has its own weight types: probing
+    each would take seconds a quant)."""
 
     def plan(model: str, opts: Options) -> Prepared:
-        return prepare(model, opts, machine=machine, server=server, hub=hub, measure=False)
+        return p.plan(model, opts, measure=False)
 
     return plan
 
 
-def prepare_choice(model: str, quant: str | None, o: Options, plan: QuantPlanner, hub: Hub) -> Prepared:
+def prepare_choice(model: str, quant: str | None, o: Options, planner: Planner) -> Prepared:
     """The plan of the quant asked for: ``best``, or a tag (a Hub tag goes the way llama.cpp's ``-hf``
     picks it; a folder's by its file names)."""
+    plan, hub = quant_planner(planner), planner.hub
     tag = asked_tag(model, quant)
     if tag.lower() != BEST:
         if not os.path.isdir(model):

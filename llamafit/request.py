@@ -82,9 +82,10 @@ def int_value(value: str | None, flag: str, minimum: int | None = None) -> int:
     if value is None or not re.fullmatch(r"-?[0-9]+", value.strip()):
         hint = f"e.g. {flag} 8192" + ("; write ASCII digits" if value and any(c.isdigit() for c in value) else "")
         raise UsageError(f"{flag} expects an integer, got {value!r}", hint=hint)
-    v = int(value)
+    digits = value.strip().lstrip("-").lstrip("0")
+    v = int(value) if len(digits) <= 12 else 2**63  # no 4300-digit conversion (Python refuses those)
     if not -(2**31) <= v < 2**31:
-        raise UsageError(f"{flag} {value}: out of range (llama-server reads it as a 32-bit integer)")
+        raise UsageError(f"{flag} {value[:40]}: out of range (llama-server reads it as a 32-bit integer)")
     if minimum is not None and v < minimum:
         raise UsageError(f"{flag} must be at least {minimum}, got {v}")
     return v

@@ -24,8 +24,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from llamafit.errors import LlamafitError, ServerNotFoundError
+from llamafit.launch import before_launch
 from llamafit.options import Options
-from llamafit.prepare import Prepared, launch_env, prepare
+from llamafit.planner import Planner
+from llamafit.prepare import Prepared
 from llamafit.speed.bench import BenchError, bench_binary, bench_flags, run_bench
 from llamafit.tuned import remember
 
@@ -119,7 +121,8 @@ def tune(
 ) -> TuneResult:
     """Plan, list the candidates that fit, and measure them fastest-predicted first within ``budget`` s."""
     say = progress or (lambda _m: None)
-    base = prepare(model, o, tuned=False, progress=progress)
+    planner = Planner.for_options(o)  # the machine, the server and the model, once for every candidate
+    base = planner.plan(model, tuned=False, progress=progress)
     if base.server is None:
         raise ServerNotFoundError("tune measures with llama-bench, and no llama-server was found")
     bench = bench_binary(base.server.path)
@@ -127,22 +130,14 @@ def tune(
         raise ServerNotFoundError(
             f"no llama-bench beside {base.server.path}", hint="llama.cpp builds it beside llama-server; use that build"
         )
-    if pending := base.downloads():
-        assert base.hub is not None
-        say(f"downloading {len(pending)} file(s) to measure them")
-        base.hub.download(pending)
+    env = before_launch(base.server, base.downloads(), base.hub, None, (), say)  # the files it measures
     ctx = ("-c", str(base.plan.n_ctx))  # every candidate keeps the plan's context
     seen: set[tuple[str, ...]] = set()
 
     def planned(flags: tuple[str, ...], why: str) -> Candidate | None:
         try:
-            p = (
-                base
-                if not flags
-                else prepare(
-                    model, replace(o, server_args=(*ctx, *flags, *o.server_args)), tuned=False, rates=base.rates
-                )
-            )
+            with_flags = replace(o, server_args=(*ctx, *flags, *o.server_args))
+            p = base if not flags else planner.plan(model, with_flags, tuned=False, rates=base.rates)
         except LlamafitError as e:
             return Candidate(flags, None, why, error=e.message)
         if tuple(p.argv[1:]) in seen or not p.plan.fits:
@@ -154,7 +149,6 @@ def tune(
     cands = [c for f, why in _variations(base, os.cpu_count() or 1) if (c := planned(f, why)) is not None]
     refused = [c for c in cands if c.prepared is None]
     order = sorted((c for c in cands if c.prepared is not None), key=lambda c: c.score(goal, measured=False))
-    env = launch_env(base.server).env
     deadline = time.monotonic() + budget
     measured: list[Candidate] = []
     stopped = None

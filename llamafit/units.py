@@ -39,7 +39,13 @@ def parse_size(text: str) -> int:
             f"not a size: {text!r}",
             hint="write a number with a unit, e.g. 24GiB, 23500MiB or 80GB (a bare number is MiB)",
         )
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    value = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    if not value <= MAX_SIZE:  # also inf, from a number of hundreds of digits
+        raise UsageError(f"not a size: {text[:40]!r} is more than 1 EiB", hint="e.g. 24GiB")
+    return int(value)
+
+
+MAX_SIZE = float(1 << 60)  # no memory of a machine comes near it; beyond it, a typo
 
 
 def fmt_bytes(n: int | float) -> str:

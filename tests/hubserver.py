@@ -18,6 +18,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
+DRIP = 0.5  # seconds between the bytes of a dripped answer
+
 
 @dataclass
 class Repo:
@@ -39,7 +41,8 @@ class Request:
 
 class FakeHub:
     def __init__(self) -> None:
-        # a fault to inject: "html" (every answer is a web page), "stall_tree" (the tree listing never answers)
+        # a fault to inject: "html" (every answer is a web page), "stall_tree" (the tree listing never answers),
+        # "drip_info" / "drip_file" (the repo's info, or a file's bytes, one byte every DRIP seconds)
         self.fault: str | None = None
         self.delay_per_mib = 0.0  # seconds between 1 MiB chunks of a file (a slow link)
         self.repos: dict[str, Repo] = {}
@@ -54,7 +57,7 @@ class FakeHub:
         return f"http://127.0.0.1:{self.server.server_address[1]}"
 
     def add(self, name: str, files: dict[str, Path], **kw: object) -> Repo:
-        commit = hashlib.sha1(name.encode()).hexdigest()
+        commit = str(kw.pop("commit", "")) or hashlib.sha1(name.encode()).hexdigest()  # a hostile one if given
         repo = Repo(files, commit, **kw)  # type: ignore[arg-type]
         self.repos[name] = repo
         return repo
@@ -94,11 +97,23 @@ class FakeHub:
                     self.send_header(k, v)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
-                if self.command != "HEAD":
+                if self.command != "HEAD" and hub.fault == "drip_info" and "/api/models/" in self.path:
+                    self._drip(body)
+                elif self.command != "HEAD":
                     self.wfile.write(body)
                 with hub.lock:
                     hub.requests.append(Request(self.command, self.path, self.headers.get("Range"),
                                                 0 if self.command == "HEAD" else len(body)))  # fmt: skip
+
+            def _drip(self, body: bytes) -> None:
+                """A byte at a time: every read the client makes gets an answer, the whole never comes."""
+                try:
+                    for i in range(len(body)):
+                        self.wfile.write(body[i : i + 1])
+                        self.wfile.flush()
+                        time.sleep(DRIP)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
 
             def _error(self, code: int, error_code: str, message: str) -> None:
                 body = json.dumps({"error": message}).encode()
@@ -209,6 +224,10 @@ class FakeHub:
                 self.send_header("Content-Length", str(n))
                 self.end_headers()
                 sent = 0
+                if hub.fault == "drip_file":
+                    with open(local, "rb") as fh:
+                        fh.seek(start)
+                        return self._drip(fh.read(n))
                 try:
                     with open(local, "rb") as fh:
                         fh.seek(start)

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import http.client
+import json
+import os
 import re
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -194,3 +200,42 @@ def chat_log(server: ServerBinary, model: Path | str, args: Sequence[str], promp
     finally:
         out = sup.stop()
     return out.lines
+
+
+# -- llamafit run, as a user starts it ---------------------------------------------------------------
+
+
+def read_json_doc(p: subprocess.Popen[str], timeout: float) -> dict:  # type: ignore[type-arg]
+    """The JSON document llamafit prints when every resident model is ready (its last line is "}")."""
+    assert p.stdout is not None
+    ok, lines = read_until(p.stdout, "}\n", timeout)
+    while ok and lines[-1] != "}\n":  # a nested object's closing brace: read on to the document's
+        more_ok, more = read_until(p.stdout, "}\n", timeout)
+        ok, lines = more_ok, lines + more
+    assert ok, "".join(lines)[-2000:] + (p.stderr.read()[-3000:] if p.poll() is not None and p.stderr else "")
+    return json.loads("".join(lines))  # type: ignore[no-any-return]
+
+
+def router_models(url: str) -> dict[str, str]:
+    host, port = url.split("//")[1].split(":")
+    c = http.client.HTTPConnection(host, int(port), timeout=5)
+    c.request("GET", "/models")
+    data = json.loads(c.getresponse().read())
+    return {m["id"]: m["status"]["value"] for m in data["data"]}
+
+
+def stop_run(p: subprocess.Popen[str]) -> int:
+    p.send_signal(signal.SIGINT)
+    try:
+        p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    return p.returncode
+
+
+def launch_run(args: list[str], server: ServerBinary) -> subprocess.Popen[str]:
+    env = dict(os.environ, LLAMAFIT_SERVER=server.path)
+    cmd = [sys.executable, "-m", "llamafit", "run", *args]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)

@@ -6,12 +6,12 @@ import json
 import shlex
 from pathlib import Path
 
-import factory
 import pytest
 from typer.testing import CliRunner
 
 from llamafit.cli.app import app
 from llamafit.errors import ExitCode
+from tests import factory
 
 runner = CliRunner()
 
@@ -162,12 +162,12 @@ def test_every_command_has_working_help(command: str) -> None:
 
 def test_an_unexpected_error_is_reported_as_one_line_with_its_type(l8b: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The last-resort handler names the real exception (it once hid it behind its own UnboundLocalError)."""
-    import llamafit.prepare
+    from llamafit.planner import Planner
 
     def broken(*_a: object, **_k: object) -> None:
         raise ZeroDivisionError("a bug \x1b]0;title\x07 here")
 
-    monkeypatch.setattr(llamafit.prepare, "prepare", broken)
+    monkeypatch.setattr(Planner, "plan", broken)
     r = invoke("plan", str(l8b), "--gpu", "24GiB")
     assert r.exit_code == ExitCode.INTERNAL
     assert "internal error: ZeroDivisionError: a bug" in r.stderr and "LLAMAFIT_DEBUG=1" in r.stderr

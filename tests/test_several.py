@@ -7,7 +7,6 @@ import http.client
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -25,7 +24,7 @@ from llamafit.several.plan import entries_from_preset
 from llamafit.several.preset import read_ini, section_text, to_tokens
 from llamafit.several.router_log import RouterLog
 from tests import factory
-from tests.realserver import health, read_until
+from tests.realserver import health, launch_run, read_json_doc, router_models, stop_run
 
 # -- the preset format -----------------------------------------------------------------------------
 
@@ -153,6 +152,7 @@ def plan_json(*args: str, code: int = 0) -> dict:  # type: ignore[type-arg]
 def test_two_models_that_fit_keep_what_they_get_alone(eights: list[Path]) -> None:
     doc = plan_json(str(eights[0]), str(eights[1]), "--gpu", "24GiB")
     a, b = doc["models"]
+    assert doc["schema"] == "llamafit.plan-set/1" and a["schema"] == b["schema"] == "llamafit.plan/1"
     assert doc["models_max"] == 2 and a["resident"] and b["resident"]
     assert a["context"]["n_ctx"] == a["alone_ctx"] == 40960 == b["context"]["n_ctx"]
     assert {d["code"] for d in doc["decisions"]} == {"models.resident", "models.context"}
@@ -226,8 +226,6 @@ def test_the_planned_preset_and_argv_for_people(eights: list[Path], tmp_path: Pa
 
 def test_each_run_has_a_preset_of_its_own(eights: list[Path]) -> None:
     """Two routers started from one data directory at once never read each other's preset."""
-    import subprocess
-    import sys
 
     cmd = [sys.executable, "-m", "llamafit", "run", str(eights[0]), str(eights[1]), "--gpu", "24GiB", "--dry-run"]
     outs = [subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=os.environ) for _ in range(2)]
@@ -245,42 +243,6 @@ def test_an_embedding_server_gets_the_context_it_can_use(shapes: dict[str, Path]
 # -- the real router ---------------------------------------------------------------------------------
 
 
-def _read_json(p: subprocess.Popen[str], timeout: float) -> dict:  # type: ignore[type-arg]
-    """The JSON document llamafit prints when every resident model is ready (its last line is "}")."""
-    assert p.stdout is not None
-    ok, lines = read_until(p.stdout, "}\n", timeout)
-    while ok and lines[-1] != "}\n":  # a nested object's closing brace: read on to the document's
-        more_ok, more = read_until(p.stdout, "}\n", timeout)
-        ok, lines = more_ok, lines + more
-    assert ok, "".join(lines)[-2000:] + (p.stderr.read()[-3000:] if p.poll() is not None and p.stderr else "")
-    return json.loads("".join(lines))  # type: ignore[no-any-return]
-
-
-def _models(url: str) -> dict[str, str]:
-    host, port = url.split("//")[1].split(":")
-    c = http.client.HTTPConnection(host, int(port), timeout=5)
-    c.request("GET", "/models")
-    data = json.loads(c.getresponse().read())
-    return {m["id"]: m["status"]["value"] for m in data["data"]}
-
-
-def _stop(p: subprocess.Popen[str]) -> int:
-    p.send_signal(signal.SIGINT)
-    try:
-        p.communicate(timeout=60)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-    return p.returncode
-
-
-def _launch(args: list[str], server: ServerBinary) -> subprocess.Popen[str]:
-    env = dict(os.environ, LLAMAFIT_SERVER=server.path)
-    return subprocess.Popen([sys.executable, "-m", "llamafit", "run", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
-
-
 @pytest.mark.server
 def test_a_chat_model_with_a_drafter_and_an_embedding_model_run_together(
     server_bin: ServerBinary, shapes: dict[str, Path], tmp_path: Path
@@ -294,17 +256,17 @@ def test_a_chat_model_with_a_drafter_and_an_embedding_model_run_together(
         f"[chat]\nmodel = {chat}\nmodel-draft = {draft}\nnp = 1\n\n"
         f"[embed]\nmodel = {embed}\nembeddings = true\npooling = mean\nubatch-size = 256\n"
     )
-    p = _launch(["--models-preset", str(ini), "--cpu-only", "--json", "--", "--port", "0"], server_bin)
+    p = launch_run(["--models-preset", str(ini), "--cpu-only", "--json", "--", "--port", "0"], server_bin)
     try:
-        doc = _read_json(p, 180)
-        assert doc["schema"] == "llamafit.run/1" and doc["models_max"] == 2
+        doc = read_json_doc(p, 180)
+        assert doc["schema"] == "llamafit.run-set/1" and doc["models_max"] == 2
         assert set(doc["models"]) == {"chat", "embed"}
         for name, m in doc["models"].items():
             rows = m["memory"]
             assert rows and all(r["within_tolerance"] for r in rows), (name, rows)
             assert all(r["actual_mib"] is not None for r in rows if r["predicted"] > 0)
         assert any(r["context"] == "draft" for r in doc["models"]["chat"]["memory"])  # the drafter, held too
-        assert _models(doc["url"]) == {"chat": "loaded", "embed": "loaded"}
+        assert router_models(doc["url"]) == {"chat": "loaded", "embed": "loaded"}
         # the plan the router runs: every model's own flags honoured, the sum within the host's budget
         plan = {m["name"]: m for m in doc["plan"]["models"]}
         assert plan["embed"]["context"]["n_ubatch"] == plan["embed"]["context"]["n_batch"] == 256
@@ -314,7 +276,7 @@ def test_a_chat_model_with_a_drafter_and_an_embedding_model_run_together(
         assert host["fits"] and host["need"] == sum(m["host"]["need"] for m in plan.values()) <= host["usable"]
         ports = [m["port"] for m in doc["models"].values()]
     finally:
-        code = _stop(p)
+        code = stop_run(p)
     assert code == 0
     time.sleep(0.5)
     assert [health(port) for port in ports] == [0, 0]  # every instance went with the router
@@ -332,11 +294,11 @@ def test_a_set_that_does_not_fit_runs_one_at_a_time(server_bin: ServerBinary, tm
     margin = psutil.virtual_memory().available - int(alone * 1.5)
     args = [str(one), str(two), "--cpu-only", "--json", "--margin", f"host={margin}B", "--", "-c", "4096",
             "--no-warmup", "--port", "0"]  # fmt: skip
-    p = _launch(args, server_bin)
+    p = launch_run(args, server_bin)
     try:
-        doc = _read_json(p, 180)
+        doc = read_json_doc(p, 180)
         assert doc["models_max"] == 1 and set(doc["models"]) == {"one"}
-        assert _models(doc["url"]) == {"one": "loaded", "two": "unloaded"}
+        assert router_models(doc["url"]) == {"one": "loaded", "two": "unloaded"}
         host, port = doc["url"].split("//")[1].split(":")
         c = http.client.HTTPConnection(host, int(port), timeout=10)
         c.request(
@@ -344,11 +306,11 @@ def test_a_set_that_does_not_fit_runs_one_at_a_time(server_bin: ServerBinary, tm
         )
         assert c.getresponse().status == 200
         deadline = time.monotonic() + 120
-        while _models(doc["url"]) != {"one": "unloaded", "two": "loaded"}:
-            assert time.monotonic() < deadline, _models(doc["url"])
+        while router_models(doc["url"]) != {"one": "unloaded", "two": "loaded"}:
+            assert time.monotonic() < deadline, router_models(doc["url"])
             time.sleep(0.3)
     finally:
-        assert _stop(p) == 0
+        assert stop_run(p) == 0
 
 
 @pytest.mark.server
@@ -361,7 +323,7 @@ def test_a_model_that_fails_to_load_is_named_and_the_router_stops(
         f"[*]\nno-warmup = true\n\n[chat]\nmodel = {shapes['dense']}\nnp = 1\n\n"
         f"[broken]\nmodel = {shapes['qwen3']}\nchat-template-file = {tmp_path / 'missing.jinja'}\n"
     )
-    p = _launch(["--models-preset", str(ini), "--cpu-only", "--verbose", "--", "--port", "0"], server_bin)
+    p = launch_run(["--models-preset", str(ini), "--cpu-only", "--verbose", "--", "--port", "0"], server_bin)
     _, err = p.communicate(timeout=180)
     assert p.returncode == ExitCode.SERVER_LOAD_FAILED, err[-3000:]
     assert "broken failed to load" in err

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import psutil
 import pytest
-from realserver import health
 
 from llamafit.errors import ExitCode
 from llamafit.gguf.demo_model import ensure_demo_model
 from llamafit.server.binary import ServerBinary, free_port
 from llamafit.server.supervisor import Supervisor
+from tests.realserver import health
 
 LLAMAFIT = [sys.executable, "-m", "llamafit"]
 
@@ -203,14 +203,26 @@ def test_a_server_that_never_gets_ready(tmp_path: Path, model: Path) -> None:
 
 
 def test_a_child_that_holds_the_log_open_after_the_server_exits(tmp_path: Path, model: Path) -> None:
-    srv = stand_in(tmp_path, 'import subprocess\nsubprocess.Popen(["sleep", "300"])\n'
-                             'print("0.00.000.000 E srv  main: exiting due to model loading error", file=sys.stderr)\n'
-                             "sys.exit(1)\n")  # fmt: skip
+    pid_file = tmp_path / "child.pid"  # this test's own child, not any `sleep 300` on the machine
+    body = (
+        f"import subprocess\nc = subprocess.Popen(['sleep', '300'])\nopen({str(pid_file)!r}, 'w').write(str(c.pid))\n"
+        'print("0.00.000.000 E srv  main: exiting due to model loading error", file=sys.stderr)\nsys.exit(1)\n'
+    )
+    srv = stand_in(tmp_path, body)
     t = time.monotonic()
     r = subprocess.run([*LLAMAFIT, "run", str(model), "--server", srv], capture_output=True, text=True, timeout=60)
     assert r.returncode == ExitCode.SERVER_LOAD_FAILED, r.stderr
     assert time.monotonic() - t < 20
-    assert not [p for p in psutil.process_iter(["cmdline"]) if (p.info["cmdline"] or [])[:2] == ["sleep", "300"]]
+    child = int(pid_file.read_text())
+    assert wait_for(lambda: not _alive(child), 5), "the server's child outlived llamafit"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        p = psutil.Process(pid)
+        return p.status() != psutil.STATUS_ZOMBIE and p.cmdline()[:2] == ["sleep", "300"]
+    except psutil.NoSuchProcess:
+        return False
 
 
 # -- after ready ------------------------------------------------------------------------------------------

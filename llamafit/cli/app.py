@@ -11,7 +11,7 @@ import os
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
@@ -42,14 +42,15 @@ from llamafit.cli.options import (
     split_targets,
 )
 from llamafit.cli.output import (
-    download_summary,
     handled,
+    json_failure,
     note,
     out_console,
     print_json,
     print_report,
     progress_console,
     safe,
+    set_json,
 )
 from llamafit.errors import ExitCode
 from llamafit.options import DEFAULTS, Options
@@ -86,27 +87,25 @@ def _root(
 
 def _prepare(model: str, o: Options, json_out: bool = False, quant: str | None = None) -> Prepared:
     """The plan and argv (of the quant asked for with ``:best``/``--quant``); when nothing fits and
-    ``json_out``, the plan that could not be made goes to stdout (``"fits": false``) before the error
-    (exit 3)."""
+    ``json_out``, the plan that could not be made is the error's document (``"fits": false``, exit 3)."""
     from llamafit.errors import DoesNotFitError
-    from llamafit.prepare import machine_and_server, new_hub, prepare
-    from llamafit.quants import planner, prepare_choice, wants_quants
+    from llamafit.planner import Planner
+    from llamafit.quants import prepare_choice, wants_quants
 
     if wants_quants(model, quant) and o.hf_file:
         from llamafit.errors import UsageError
 
         raise UsageError("--hf-file names one file; :best and --quant choose among the repo's", hint="give one")
-    machine, found = machine_and_server(o)
+    planner = Planner.for_options(o)
     try:
         if wants_quants(model, quant):
-            hub = new_hub(o.offline)
-            return prepare_choice(model, quant, o, planner(hub, machine, found), hub)
-        return prepare(model, o, machine=machine, server=found, progress=lambda m: note(f"measuring speed: {m}"))
+            return prepare_choice(model, quant, o, planner)
+        return planner.plan(model, progress=lambda m: note(f"measuring speed: {m}"))
     except DoesNotFitError as e:
         if json_out and e.plan is not None and e.argv is not None:
             from llamafit.plan import to_json
 
-            print_json(to_json(e.plan, e.argv))
+            e.doc = to_json(e.plan, e.argv)  # printed with the error (cli.output.json_failure)
         raise
 
 
@@ -174,29 +173,7 @@ def inspect(
 
         info = load_any_model(model, hf_file=hf_file, revision=revision, offline=offline)
         if json_out:
-            hp = info.hparams
-            doc: dict[str, Any] = {
-                "schema": "llamafit.inspect/1",
-                "path": info.path,
-                "shards": list(info.shards),
-                "name": info.name,
-                "architecture": hp.arch,
-                "file_size": info.file_size,
-                "tensor_bytes": info.tensor_bytes,
-                "n_tensors": len(info.tensors),
-                "hparams": {k: (list(v) if isinstance(v, tuple) else v) for k, v in hp.__dict__.items()},
-                "tensors": [
-                    {
-                        "name": t.name,
-                        "type": t.info.type.name,
-                        "shape": list(t.info.shape),
-                        "bytes": t.info.nbytes,
-                        "shard": t.shard,
-                    }
-                    for t in info.tensors
-                ],
-            }
-            print_json(doc)
+            print_json(info.to_json())
             return
         from llamafit.cli.render import model_tables
 
@@ -338,7 +315,12 @@ def run(
     quant: QuantOpt = None,
     models_preset: ModelsPresetOpt = None,
     json_out: Annotated[
-        bool, typer.Option("--json", help="When the server is ready, print the plan and predicted vs actual as JSON.")
+        bool,
+        typer.Option(
+            "--json",
+            callback=set_json,
+            help="When the server is ready, print the plan and predicted vs actual as JSON (a failure's too).",
+        ),
     ] = False,
     quiet: QuietOpt = False,
 ) -> None:
@@ -382,37 +364,29 @@ def run(
             if (chosen := prep.plan.decision("quant.best")) is not None:
                 note(chosen.message)
             if pending:
-                note(download_summary(pending, "run would download"))
+                from llamafit.launch import downloads_line
+
+                note(downloads_line(pending, "run would download"))
             if json_out:
                 print_json(prep.to_json())  # the plan, with the argv in it
             else:
                 typer.echo(shellwords.join(prep.argv))
             return
         from llamafit.cli.supervise import supervise
-        from llamafit.errors import ServerNotFoundError
-        from llamafit.launch import RETRIES
-        from llamafit.prepare import launch_env
-        from llamafit.server.binary import GET_SERVER_HINT
+        from llamafit.launch import RETRIES, before_launch
+        from llamafit.paths import named_files
 
-        if prep.server is None:
-            raise ServerNotFoundError("no llama-server found", hint=GET_SERVER_HINT)
-        if pending:
-            assert prep.hub is not None
-            note(download_summary(pending, "downloading"))
-            prep.hub.download(pending)
-        env = launch_env(prep.server)
-        if env.removed:
-            note("not passed to the server (they would change what was planned): " + ", ".join(env.removed))
+        env = before_launch(prep.server, pending, prep.hub, log_file, named_files(prep.argv[1:]), note)
         print_report([r for r in report if r[0] != "note"], decisions=True)
         if exec_:
             from llamafit.server.supervisor import exec_server
 
             note(shellwords.join(prep.argv))
-            exec_server(prep.argv, env.env)
+            exec_server(prep.argv, env)
         raise typer.Exit(
             supervise(
                 prep,
-                env.env,
+                env,
                 verbose=verbose,
                 log_file=log_file,
                 json_out=json_out,
@@ -485,13 +459,25 @@ def completion(
 
 
 def main() -> None:
-    """Console-script entry point (see llamafit.cli.entry for the completion fast path)."""
+    """Console-script entry point (see llamafit.cli.entry for the completion fast path). Click's own
+    usage errors (a bad option value, an unknown option) come here rather than exit inside Click, so that
+    under ``--json`` they print their document like every other failure."""
+    args = sys.argv[1:]
+    set_json("--json" in args[: args.index("--")] if "--" in args else "--json" in args)
     try:
-        app()
+        rv = app(standalone_mode=False)
+    except typer.Abort:
+        sys.exit(int(ExitCode.INTERRUPTED))
     except SystemExit:
         raise
-    except Exception as e:  # pragma: no cover - last resort; commands handle their own errors
-        if os.environ.get("LLAMAFIT_DEBUG"):
+    except Exception as e:
+        if callable(getattr(e, "show", None)) and isinstance(getattr(e, "exit_code", None), int):
+            # Click's own usage errors (typer's click, whose classes typer does not export but BadParameter)
+            e.show()  # type: ignore[attr-defined]
+            json_failure(e.exit_code, e.format_message(), None)  # type: ignore[attr-defined]
+            sys.exit(e.exit_code)  # type: ignore[attr-defined]
+        if os.environ.get("LLAMAFIT_DEBUG"):  # pragma: no cover - last resort; commands handle their own errors
             raise
         print(f"internal error: {type(e).__name__}: {e}", file=sys.stderr)
         sys.exit(int(ExitCode.INTERNAL))
+    sys.exit(rv if isinstance(rv, int) else 0)

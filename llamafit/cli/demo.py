@@ -16,7 +16,8 @@ from llamafit.gguf.demo_model import ensure_demo_model
 from llamafit.launch import check_speed, compare_all, record_launch
 from llamafit.options import Options
 from llamafit.plan import to_json
-from llamafit.prepare import discover_for, launch_env, prepare, server_and_caps
+from llamafit.planner import Planner
+from llamafit.prepare import discover_for, launch_env, new_hub, server_and_caps
 from llamafit.server.binary import GET_SERVER_HINT, ServerBinary, free_port
 from llamafit.server.capabilities import ASSUMED, Capabilities
 from llamafit.server.supervisor import Supervisor
@@ -38,7 +39,7 @@ def run_demo(server: str | None, json_out: bool) -> int:
     # -lv 4 makes llama.cpp print the buffer sizes we compare with; the port is a free loopback one
     args = ("--host", "127.0.0.1", "--port", str(free_port()), "-lv", "4", "--log-colors", "off")
     o = Options(server_args=args, server=server)
-    prep = prepare(str(path), o, machine=discover_for(o, found[0]), server=found)
+    prep = Planner(o, discover_for(o, found[0]), *found, new_hub(offline=True)).plan(str(path))
     for n in prep.notes:
         note(n)
     if prep.server is None:

@@ -7,28 +7,25 @@ from llamafit.options import Options
 
 
 def plan_ladder(model: str, o: Options, json_out: bool) -> int:
-    """``plan --quants``: every quant planned; exit 3 when none fits (the table is printed first)."""
-    from llamafit.errors import DoesNotFitError
-    from llamafit.prepare import machine_and_server, new_hub
-    from llamafit.quants import ladder, ladder_json, planner, source
+    """``plan --quants``: every quant planned; when none fits, the table (or the ladder's JSON, with the
+    error in it) and the answer ``:best`` gives (``quants.none_fits``)."""
+    from llamafit.planner import Planner
+    from llamafit.quants import ladder, ladder_json, none_fits, quant_planner, source
 
-    machine, found = machine_and_server(o)
-    hub = new_hub(o.offline)
-    src = source(model, hub, o.revision)
-    rows = ladder(src, o, planner(hub, machine, found))
-    if json_out:
+    planner = Planner.for_options(o)
+    src = source(model, planner.hub, o.revision)
+    rows = ladder(src, o, quant_planner(planner))
+    fits = any(r.fits for r in rows)
+    if json_out and fits:
         print_json(ladder_json(src, rows))
-    else:
+    elif not json_out:
         from llamafit.cli.render import quants_table
 
         out_console().print(quants_table(src, rows))
     for n in dict.fromkeys(n for r in rows if r.prepared for n in r.prepared.notes):
         note(n)
-    if not any(r.fits for r in rows):
-        fitted = [r for r in rows if r.refused is not None]
-        raise DoesNotFitError(
-            f"no quant of {src.ref} fits this machine"
-            + (f"; the smallest misses: {fitted[0].refused.message}" if fitted and fitted[0].refused else ""),
-            hint="try a smaller --min-ctx, -ctk q8_0 -ctv q8_0, or another machine (--gpu)",
-        )
+    if not fits:
+        err = none_fits(src, rows)
+        err.doc = ladder_json(src, rows) if json_out else None
+        raise err
     return 0

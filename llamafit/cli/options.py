@@ -14,7 +14,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from llamafit.cli.output import set_quiet
+from llamafit.cli.output import set_json, set_quiet
 from llamafit.options import DEFAULT_MARGIN_MIB, MAX_CTX_TRAIN
 
 
@@ -172,7 +172,9 @@ QuantOpt = Annotated[
         "that keeps every layer on the GPUs at --min-ctx (else the one leaving the least on the CPU).",
     ),
 ]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
+JsonOpt = Annotated[
+    bool, typer.Option("--json", callback=set_json, help="Print one JSON object on stdout (a failure's too).")
+]
 QuietOpt = Annotated[
     bool,
     typer.Option("--quiet", "-q", callback=set_quiet, help="Only errors on stderr (no notes or progress)."),

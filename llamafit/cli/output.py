@@ -6,10 +6,12 @@ into one message and a documented exit code. Every command and view prints throu
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import sys
+import threading
 import traceback
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -23,12 +25,19 @@ from llamafit.shellwords import UNSAFE
 if TYPE_CHECKING:
     from rich.console import Console
 
-_QUIET = {"on": False}
+_STATE = {"quiet": False, "json": False, "printed": False}
+ERROR_SCHEMA = "llamafit.error/1"
 
 
 def set_quiet(value: bool) -> bool:
     """The ``--quiet`` callback: set on every invocation (also back to False)."""
-    _QUIET["on"] = bool(value)
+    _STATE["quiet"] = bool(value)
+    return value
+
+
+def set_json(value: bool) -> bool:
+    """The ``--json`` callback: a failure then prints its document on stdout too (``json_failure``)."""
+    _STATE["json"], _STATE["printed"] = bool(value), False
     return value
 
 
@@ -61,7 +70,14 @@ def _console(**kw: Any) -> Console:
         # a pipe or a file: no wrapping and no truncation (tables of data stay whole, lines greppable);
         # COLUMNS still sets a width on purpose
         kw.setdefault("width", UNWRAPPED)
-    return Console(highlight=False, color_system=None if plain else "auto", **kw)
+
+    class Closable(Console):
+        def on_broken_pipe(self) -> None:  # rich's hook; its own exits 1, which reads as a bug of ours
+            self.quiet = True
+            _drop_closed_streams()
+            raise OutputClosed("the output was closed before it was written")
+
+    return Closable(highlight=False, color_system=None if plain else "auto", **kw)
 
 
 UNWRAPPED = 10_000
@@ -81,7 +97,7 @@ def err_console() -> Console:
 
 def progress_console() -> Console:
     """Notes, progress, the server's passthrough and predicted-vs-actual tables on stderr: silent under --quiet."""
-    return _console(stderr=True, quiet=_QUIET["on"])
+    return _console(stderr=True, quiet=_STATE["quiet"])
 
 
 def out_console() -> Console:
@@ -89,25 +105,76 @@ def out_console() -> Console:
     return _console()
 
 
+class OutputClosed(LlamafitError):
+    """stdout went away (``| head -1``, ``| true``) before the data was written: exit as a tool that
+    SIGPIPE stopped, without a traceback."""
+
+    exit_code = ExitCode.OUTPUT_CLOSED
+
+
+def _write(text: str) -> None:
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _drop_closed_streams()
+        if threading.current_thread() is threading.main_thread():
+            raise OutputClosed("stdout was closed before the output was written") from None
+        # a server's ready line on its watcher thread: the server runs on, its URL unread
+
+
+def _drop_closed_streams() -> None:
+    """stdout or stderr whose reader went away writes to /dev/null from now on, so neither a later write
+    nor the flush at exit raises again."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BrokenPipeError:
+            with contextlib.suppress(OSError, ValueError):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
+        except (OSError, ValueError):
+            pass
+
+
 def print_line(text: str) -> None:
     """One line of data on stdout (a URL, an argv), shown under --quiet too."""
-    sys.stdout.write(text + "\n")
-    sys.stdout.flush()
+    _write(text + "\n")
 
 
 def print_json(doc: dict[str, Any]) -> None:
     """One JSON document on stdout, the only way the CLI prints JSON."""
-    sys.stdout.write(json.dumps(doc, indent=2) + "\n")
-    sys.stdout.flush()
+    _STATE["printed"] = True
+    _write(json.dumps(doc, indent=2) + "\n")
 
 
-def download_summary(pending: Sequence[Any], verb: str) -> str:
-    """``verb N file(s), SIZE: repo/path, ...`` for Hub files a plan uses that the cache lacks."""
-    from llamafit.units import fmt_bytes
+def error_doc(code: int, message: str, hint: str | None) -> dict[str, Any]:
+    """The ``error`` object of a failure's JSON: the exit code, its name, what happened, what to try."""
+    try:
+        kind = ExitCode(code).name.lower()
+    except ValueError:
+        kind = "server_exit"  # run passes llama-server's own code on
+    return {"exit_code": code, "kind": kind, "message": message, "hint": hint}
 
-    total = sum(f.size for _, f in pending)
-    names = ", ".join(f"{st.repo}/{f.path}" for st, f in pending[:3]) + (" ..." if len(pending) > 3 else "")
-    return f"{verb} {len(pending)} file(s), {fmt_bytes(total)}: {names}"
+
+def json_failure(code: int, message: str, hint: str | None = None, doc: dict[str, Any] | None = None) -> None:
+    """Under ``--json``, the failure as one document on stdout, unless one was printed already: the
+    command's own document (the plan that does not fit, the quant ladder) with an ``error`` member, else a
+    ``llamafit.error/1`` document (with ``plan`` where a plan was made)."""
+    if not _STATE["json"] or _STATE["printed"]:
+        return
+    err = error_doc(code, message, hint)
+    if doc is not None and "schema" in doc and doc.get("schema") != ERROR_SCHEMA:
+        print_json({**doc, "error": err})
+    else:
+        print_json({"schema": ERROR_SCHEMA, "error": err, **(doc or {})})
+
+
+def failed(code: ExitCode, message: str, hint: str | None = None, plan: dict[str, Any] | None = None) -> int:
+    """A failure a command returns rather than raises (a server that did not load): said on stderr, and
+    under ``--json`` on stdout; the exit code."""
+    error(message, hint)
+    json_failure(int(code), message, hint, {"plan": plan} if plan is not None else None)
+    return int(code)
 
 
 def note(text: str) -> None:
@@ -144,18 +211,25 @@ def handled() -> Iterator[None]:
         yield
     except typer.Exit:
         raise
+    except OutputClosed as e:
+        raise typer.Exit(int(e.exit_code)) from None  # nobody reads stdout or needs telling
+    except BrokenPipeError:  # a table printed through rich to a closed pipe
+        _drop_closed_streams()
+        raise typer.Exit(int(ExitCode.OUTPUT_CLOSED)) from None
     except LlamafitError as e:
         error(e.message, e.hint)
         if os.environ.get("LLAMAFIT_DEBUG"):
             traceback.print_exc()
+        json_failure(int(e.exit_code), e.message, e.hint, e.doc)
         raise typer.Exit(int(e.exit_code)) from None
     except KeyboardInterrupt:
+        json_failure(int(ExitCode.INTERRUPTED), "interrupted")
         raise typer.Exit(int(ExitCode.INTERRUPTED)) from None
     except Exception as e:
         if os.environ.get("LLAMAFIT_DEBUG"):
             traceback.print_exc()
-        error(
-            f"internal error: {type(e).__name__}: {e}",
-            "this is a bug in llamafit; run again with LLAMAFIT_DEBUG=1 and report the traceback",
-        )
+        message = f"internal error: {type(e).__name__}: {e}"
+        hint = "this is a bug in llamafit; run again with LLAMAFIT_DEBUG=1 and report the traceback"
+        error(message, hint)
+        json_failure(int(ExitCode.INTERNAL), message, hint)
         raise typer.Exit(int(ExitCode.INTERNAL)) from None

@@ -12,22 +12,23 @@ from typing import Any
 
 from llamafit import shellwords
 from llamafit.cli.output import (
-    download_summary,
     err_console,
     error,
+    failed,
+    json_failure,
     note,
     print_json,
     print_line,
     progress_console,
     safe,
+    warn,
 )
 from llamafit.cli.render import memory_tables, rows_json
 from llamafit.cli.supervise import SHOWN_LINE, say_killed
 from llamafit.devices.machine import Machine
-from llamafit.errors import ExitCode, ServerNotFoundError, UsageError
-from llamafit.gguf.model import ModelInfo
+from llamafit.errors import DoesNotFitError, ExitCode, ServerNotFoundError, UsageError
 from llamafit.hub.resolve import Hub
-from llamafit.launch import compare_all, exit_reason, record_launch, with_buffer_lines
+from llamafit.launch import before_launch, compare_all, downloads_line, exit_reason, record_launch, with_buffer_lines
 from llamafit.options import Options
 from llamafit.paths import data_dir
 from llamafit.prepare import Prepared
@@ -36,7 +37,15 @@ from llamafit.server.capabilities import Capabilities
 from llamafit.server.failures import Failure, classify
 from llamafit.server.logparse import is_error
 from llamafit.server.supervisor import Supervisor, is_key_line
-from llamafit.several.plan import Together, entries_from_preset, entries_from_refs, plan_together, summary, to_json
+from llamafit.several.plan import (
+    RUN_SET_SCHEMA,
+    Together,
+    entries_from_preset,
+    entries_from_refs,
+    plan_together,
+    summary,
+    to_json,
+)
 from llamafit.several.router_log import RouterLog
 
 
@@ -54,10 +63,9 @@ class _Set:
 
 def prepare_several(refs: Sequence[str], models_preset: Path | None, o: Options) -> _Set:
     """The plan of the set, with the server that would run it and the Hub resolver its files came from."""
-    from llamafit.gguf.model import load_model
-    from llamafit.prepare import machine_and_server, new_hub, prepare
+    from llamafit.planner import Planner
     from llamafit.quants import wants_quants
-    from llamafit.several.preset import load
+    from llamafit.several.preset import load, renamed
 
     if o.draft or o.hf_file or o.revision:
         raise UsageError("--draft, --hf-file and --revision apply to one model", hint="set them per model in a preset")
@@ -65,6 +73,8 @@ def prepare_several(refs: Sequence[str], models_preset: Path | None, o: Options)
     for sec in sections:
         for line in sec.repeated:
             note(f"{models_preset}:{line}: [{sec.name}] again: llama-server keeps only this later section's keys")
+    for text in renamed(sections):
+        note(f"{models_preset}: {text}")
     entries = entries_from_preset(sections, str(models_preset)) if models_preset else []
     entries += entries_from_refs(refs, taken=[e.name for e in entries])
     for e in entries:
@@ -75,24 +85,25 @@ def prepare_several(refs: Sequence[str], models_preset: Path | None, o: Options)
             )
     if not entries:
         raise UsageError("no model given", hint="llamafit run MODEL [MODEL ...], or --models-preset FILE")
-    machine, found = machine_and_server(o)
-    srv, caps = found
+    planner = Planner.for_options(o)
+    srv, caps, hub = planner.server, planner.caps, planner.hub
     if srv is not None and caps.flags and not caps.accepts("--models-preset"):
         raise ServerNotFoundError(
             f"{srv.path} has no router mode (--models-preset): too old for several models", hint=GET_SERVER_HINT
         )
-    hub = new_hub(o.offline)
-    models: dict[str, ModelInfo] = {}
 
     def plan(ref: str, opts: Options, m: Machine) -> Prepared:
-        # the joint fit plans each model many times: a local file's header is read once (the Hub client
-        # caches a remote one), and its derived values are memoized on the one ModelInfo
-        if os.path.exists(ref):
-            info = models[ref] if ref in models else models.setdefault(ref, load_model(ref))
-            return prepare(ref, opts, machine=m, server=found, hub=hub, model=info, speed=False)
-        return prepare(ref, opts, machine=m, server=found, hub=hub, speed=False)
+        # the joint fit plans each model many times, each from the one context (a header read once)
+        return planner.plan(ref, opts, machine=m, speed=False)
 
-    return _Set(plan_together(entries, o, machine, plan), srv, caps, hub)
+    try:
+        return _Set(plan_together(entries, o, planner.machine, plan), srv, caps, hub)
+    except DoesNotFitError as e:
+        if e.plan is not None and e.argv is not None:
+            from llamafit.plan import to_json as plan_json
+
+            e.doc = {"model": e.model, "plan": plan_json(e.plan, e.argv)}  # --json: the plan that misses
+        raise
 
 
 def _show(t: Together, argv: list[str], preset_shown: bool) -> None:
@@ -120,7 +131,7 @@ def plan_several(refs: Sequence[str], models_preset: Path | None, o: Options, js
     ps = prepare_several(refs, models_preset, o)
     t, argv = ps.together, ps.argv(str(out) if out else "PRESET.ini")
     if out is not None:
-        write_preset(t, out)
+        write_preset(t, out, [models_preset] if models_preset else [])
     if json_out:
         print_json(to_json(t, argv, str(out) if out else None))
         return 0
@@ -141,7 +152,6 @@ def run_several(
     log_file: Path | None,
     ready_timeout: float | None,
 ) -> int:
-    from llamafit.prepare import launch_env
     from llamafit.server.args import parse_server_args
     from llamafit.several.plan import write_preset
 
@@ -153,27 +163,21 @@ def run_several(
     pending = list(dict.fromkeys((st, f) for m in t.members for st, f in m.prep.downloads()))
     if dry_run:
         if pending:
-            note(download_summary(pending, "run would download"))
+            note(downloads_line(pending, "run would download"))
         if json_out:
             print_json(to_json(t, argv, str(preset_path)))
         else:
             _show(t, argv, preset_shown=True)
         return 0
-    if ps.server is None:
-        raise ServerNotFoundError("no llama-server found", hint=GET_SERVER_HINT)
-    if pending:
-        note(download_summary(pending, "downloading"))
-        ps.hub.download(pending)
+    inputs: list[str | Path] = [*t.files(), *([models_preset] if models_preset else [])]
+    env = before_launch(ps.server, pending, ps.hub, log_file, inputs, note)
     write_preset(t, preset_path)
-    env = launch_env(ps.server)
-    if env.removed:
-        note("not passed to the server (they would change what was planned): " + ", ".join(env.removed))
     argv = with_buffer_lines(argv, parse_server_args(t.router_args), ps.caps)
     try:
         return supervise_router(
             t,
             argv,
-            env.env,
+            env,
             verbose=verbose,
             log_file=log_file,
             json_out=json_out,
@@ -220,7 +224,7 @@ def supervise_router(
         w.done = True
         err.print(f"[green]llamafit: ready[/] at {safe(w.url)}: " + ", ".join(sorted(resident)) + " loaded")
         if json_out:
-            doc = {"schema": "llamafit.run/1", "url": w.url, "models_max": t.models_max, "models": w.memory}
+            doc = {"schema": RUN_SET_SCHEMA, "url": w.url, "models_max": t.models_max, "models": w.memory}
             print_json({**doc, "plan": plan_doc})
         else:
             print_line(w.url)  # data: where the router listens, for scripts
@@ -266,25 +270,25 @@ def supervise_router(
         late = bool(ready_timeout) and not w.done and time.monotonic() - started > (ready_timeout or 0)
         return w.failed is not None or late
 
-    sup = Supervisor(argv, env, log_file=log_file, on_line=on_line, on_ready=on_ready, probe="/models")
+    sup = Supervisor(argv, env, log_file=log_file, on_line=on_line, on_ready=on_ready, probe="/models", on_warning=warn)
     outcome = sup.run(ready_timeout, stop_when=stop_when)
     say_killed(outcome)
-    if w.failed is not None:
-        name, f = w.failed
-        error(f"{name} failed to load: {f.message}", f.hint)
-        return int(ExitCode.SERVER_LOAD_FAILED)
     if w.done:
         if outcome.returncode != 0 and not outcome.interrupted:
             error(f"llama-server's router stopped after it was ready: {exit_reason(outcome.returncode)}")
         return outcome.returncode
-    if outcome.interrupted:
+    if outcome.interrupted:  # before a failure: the instances the router stopped on Ctrl-C did not fail
         err.print("[dim]llamafit: interrupted while loading[/]")
+        json_failure(int(ExitCode.INTERRUPTED), "interrupted while loading", None, {"plan": plan_doc})
         return int(ExitCode.INTERRUPTED)
+    if w.failed is not None:
+        name, f = w.failed
+        return failed(ExitCode.SERVER_LOAD_FAILED, f"{name} failed to load: {f.message}", f.hint, plan_doc)
     if outcome.ready or outcome.failure is None:
-        error(
+        return failed(
+            ExitCode.SERVER_LOAD_FAILED,
             f"the models were not all ready after {ready_timeout or 0:.0f} s and the router was stopped",
             "raise --ready-timeout, or run with --verbose",
+            plan_doc,
         )
-        return int(ExitCode.SERVER_LOAD_FAILED)
-    error(outcome.failure.message, outcome.failure.hint)
-    return int(ExitCode.SERVER_LOAD_FAILED)
+    return failed(ExitCode.SERVER_LOAD_FAILED, outcome.failure.message, outcome.failure.hint, plan_doc)

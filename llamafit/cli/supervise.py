@@ -6,7 +6,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 from llamafit import shellwords
-from llamafit.cli.output import err_console, error, print_json, print_line, progress_console, safe
+from llamafit.cli.output import (
+    err_console,
+    error,
+    failed,
+    json_failure,
+    print_json,
+    print_line,
+    progress_console,
+    safe,
+    warn,
+)
 from llamafit.cli.render import memory_tables, rows_json
 from llamafit.errors import DoesNotFitError, ExitCode
 from llamafit.launch import (
@@ -49,16 +59,16 @@ def supervise(
             prep, env, verbose=verbose, log_file=log_file, json_out=json_out, ready_timeout=ready_timeout
         )
         if outcome.ready or outcome.interrupted or outcome.failure is None:
-            return rc
+            return _said(rc, outcome, prep)
         cap = failed_load_cap(prep, outcome.failure, outcome.log)
         if cap is None:
-            return rc
+            return _said(rc, outcome, prep)
         for why in remember_failed_load(prep, cap):
             progress_console().print(f"[yellow]llamafit: {safe(why)}[/]", soft_wrap=True)
         if replan is None or attempt == retries:
             if replan is not None:
                 progress_console().print(f"[yellow]llamafit: gave up after {retries + 1} attempts[/]")
-            return rc
+            return _said(rc, outcome, prep)
         progress_console().print(
             f"[yellow]llamafit: {safe(cap.message)}; planning again within it (attempt {attempt + 2} of "
             f"{retries + 1}; --no-retry stops at the first failure)[/]",
@@ -67,12 +77,21 @@ def supervise(
         try:
             prep = replan()
         except DoesNotFitError as e:
-            error(f"after the failed load: {e.message}", e.hint)
-            return int(ExitCode.DOES_NOT_FIT)
+            return failed(ExitCode.DOES_NOT_FIT, f"after the failed load: {e.message}", e.hint)
         for d in prep.plan.decisions:
             if d.code in ("calibration.applied", "context.reduced", "context.train"):
                 progress_console().print(f"[dim]llamafit:[/] {safe(d.message)}", soft_wrap=True)
     return int(ExitCode.SERVER_LOAD_FAILED)
+
+
+def _said(rc: int, outcome: Outcome, prep: Prepared) -> int:
+    """The exit code; under ``--json`` a load that failed (or was interrupted) is also a document on stdout
+    (``_attempt`` said it on stderr), with the plan that was launched."""
+    if not outcome.ready:
+        f = outcome.failure
+        message = "interrupted while loading" if rc == ExitCode.INTERRUPTED or f is None else f.message
+        json_failure(rc, message, f.hint if f else None, {"plan": to_json(prep.plan, prep.argv)})
+    return rc
 
 
 def _attempt(
@@ -134,7 +153,14 @@ def _attempt(
     usable = {d.device.id: d.usable for d in prep.plan.devices}
     predicted = {d.device.id: d.use.total for d in prep.plan.devices}
     outcome = Supervisor(
-        argv, env, log_file=log_file, on_line=on_line, on_ready=on_ready, predicted=predicted, usable=usable
+        argv,
+        env,
+        log_file=log_file,
+        on_line=on_line,
+        on_ready=on_ready,
+        predicted=predicted,
+        usable=usable,
+        on_warning=warn,
     ).run(ready_timeout)
     say_killed(outcome)
     if outcome.ready:

@@ -24,7 +24,7 @@ from llamafit.server.bounded import run_bounded
 
 CONNECT_TIMEOUT = 3.0
 LIST_TIMEOUT = 30.0
-_ENDPOINT = re.compile(r"^(?P<host>\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+):(?P<port>\d{1,5})$")
+_ENDPOINT = re.compile(r"^(?P<host>[A-Za-z0-9_.-]+):(?P<port>\d{1,5})$")
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,13 @@ def parse_endpoints(values: Sequence[str]) -> list[str]:
             if not ep:
                 # llama-server registers every comma-separated entry and fails on an empty one
                 raise UsageError(f"--rpc {v!r} has an empty endpoint", hint="e.g. --rpc 192.168.1.20:50052")
+            if ep.startswith("[") or ep.count(":") > 1:
+                # ggml-rpc's parse_endpoint splits at the first ':' (ggml-rpc.cpp:293-305): an IPv6 address
+                # gives it no port, and llama-server aborts
+                raise UsageError(
+                    f"--rpc {ep!r}: llama.cpp's RPC client cannot take an IPv6 address",
+                    hint="give an IPv4 address or a host name, e.g. --rpc 127.0.0.1:50052",
+                )
             m = _ENDPOINT.match(ep)
             if not m or not 0 < int(m["port"]) < 65536:
                 raise UsageError(f"--rpc {ep!r} is not host:port", hint="e.g. --rpc 192.168.1.20:50052")
@@ -145,10 +152,14 @@ def discover_rpc(
         raise ServerNotFoundError(f"could not run {server}: {e.strerror or e}") from None
     devs = rpc_devices(r.stdout)
     if r.returncode != 0 or not devs:
-        tail = (r.stderr.strip().splitlines() or ["no output"])[-1][:200]
         if "failed to find RPC backend" in r.stderr:
             raise ServerNotFoundError(
                 "this llama-server was built without RPC support", hint="rebuild it with -DGGML_RPC=ON"
             )
-        raise NetworkError(f"llama-server could not list the devices of {', '.join(up)}: {tail}")
+        from llamafit.server.failures import abort_reason  # only when it failed: the plan's path stays light
+
+        raise NetworkError(
+            f"llama-server could not list the devices of {', '.join(up)}: {abort_reason(r.stderr)}",
+            hint="each --rpc endpoint must be a ggml-rpc-server of the same llama.cpp build as this llama-server",
+        )
     return RpcDevices(tuple(devs), tuple(d for d, _ in down))

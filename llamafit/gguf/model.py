@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar, cast
+from typing import Any, TypeVar, cast
 
 from llamafit.errors import BadModelFileError, ModelNotFoundError
 from llamafit.gguf.checks import check_arch
@@ -77,6 +77,32 @@ class ModelInfo:
 
     def has_tensor(self, name: str) -> bool:
         return any(t.name == name for t in self.tensors)
+
+    def to_json(self) -> dict[str, Any]:
+        """``llamafit.inspect/1``: the architecture, the hyperparameters, every tensor and shard."""
+        hp = self.hparams
+        tensors = [
+            {
+                "name": t.name,
+                "type": t.info.type.name,
+                "shape": list(t.info.shape),
+                "bytes": t.info.nbytes,
+                "shard": t.shard,
+            }
+            for t in self.tensors
+        ]
+        return {
+            "schema": "llamafit.inspect/1",
+            "path": self.path,
+            "shards": list(self.shards),
+            "name": self.name,
+            "architecture": hp.arch,
+            "file_size": self.file_size,
+            "tensor_bytes": self.tensor_bytes,
+            "n_tensors": len(self.tensors),
+            "hparams": {k: (list(v) if isinstance(v, tuple) else v) for k, v in hp.__dict__.items()},
+            "tensors": tensors,
+        }
 
 
 def split_parts(path: str) -> tuple[str, int, int] | None:

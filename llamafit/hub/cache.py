@@ -17,7 +17,7 @@ from pathlib import Path
 
 from llamafit.hub.select import HubFile
 
-_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+COMMIT_ID = re.compile(r"^[0-9a-f]{40}$")
 
 
 def hub_cache_dir(env: Mapping[str, str] | None = None) -> Path:
@@ -42,7 +42,7 @@ def snapshot_path(hub: Path, repo: str, commit: str, path: str) -> Path:
 def cached_commit(hub: Path, repo: str, revision: str | None = None) -> str | None:
     """The commit the cache holds for ``revision`` (a branch name or a commit), else for main."""
     refs = repo_folder(hub, repo) / "refs"
-    if revision and _COMMIT.match(revision):
+    if revision and COMMIT_ID.match(revision):
         return revision if (repo_folder(hub, repo) / "snapshots" / revision).is_dir() else None
     names = [revision] if revision else ["main"]
     for name in names:
@@ -50,7 +50,7 @@ def cached_commit(hub: Path, repo: str, revision: str | None = None) -> str | No
             c = (refs / name).read_text(encoding="ascii", errors="replace").strip()
         except OSError:
             continue
-        if _COMMIT.match(c):
+        if COMMIT_ID.match(c):
             return c
     if revision:
         return None
@@ -58,7 +58,7 @@ def cached_commit(hub: Path, repo: str, revision: str | None = None) -> str | No
         for entry in sorted(refs.iterdir()):
             if entry.is_file():
                 c = entry.read_text(encoding="ascii", errors="replace").strip()
-                if _COMMIT.match(c):
+                if COMMIT_ID.match(c):
                     return c
     except OSError:
         pass

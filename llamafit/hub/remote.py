@@ -19,6 +19,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -28,8 +29,8 @@ from typing import Any, TypeVar, cast
 
 from llamafit.errors import AccessError, BadModelFileError, LlamafitError, ModelNotFoundError, NetworkError
 from llamafit.gguf.reader import GGUFHeader, read_header
-from llamafit.hub.cache import repo_folder
-from llamafit.hub.select import HubFile
+from llamafit.hub.cache import COMMIT_ID, repo_folder
+from llamafit.hub.select import HubFile, is_safe_repo_path
 
 FIRST_RANGE = 64 << 10  # a small header in one request; the counts it holds size the next ones
 MAX_REMOTE_HEADER = 64 << 20  # the largest real headers (262k-token vocabularies) are under 16 MiB
@@ -73,6 +74,40 @@ def bounded(fn: Callable[[], T], seconds: float, what: str) -> T:
     return cast(T, box["value"])
 
 
+def redacted(url: str) -> str:
+    """``url`` as it may be shown: ``user:password@`` (HF_ENDPOINT may carry them) becomes ``***@``."""
+    return _USERINFO.sub(r"\1***@", url)
+
+
+_USERINFO = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*://)[^/@]*@")
+
+
+_UNLIKE_HUB = "the endpoint (HF_ENDPOINT / MODEL_ENDPOINT) is not behaving like the Hub; refusing its listing"
+
+
+def checked_commit(repo: str, endpoint: str, commit: str) -> str:
+    """A listing is untrusted text: its commit and every path become parts of a cache path (and of
+    ``-m``), so they are held to what huggingface_hub accepts (``REGEX_COMMIT_HASH``; a pointer path
+    inside ``snapshots/``, ``file_download.py:_get_pointer_path``) before anything is planned."""
+    if not COMMIT_ID.match(commit):
+        raise ModelNotFoundError(
+            f"{redacted(endpoint)} answered a commit for {repo} that is not a commit id: {commit[:60]!r}",
+            hint=_UNLIKE_HUB,
+        )
+    return commit
+
+
+def checked_files(repo: str, endpoint: str, files: list[HubFile]) -> None:
+    """Every listed path stays inside the repo (``checked_commit``)."""
+    where = redacted(endpoint)
+    for f in files:
+        if not is_safe_repo_path(f.path):
+            raise ModelNotFoundError(
+                f"{where} listed a file of {repo} whose path would leave the repo: {f.path[:200]!r}",
+                hint=_UNLIKE_HUB,
+            )
+
+
 def endpoint_from_env(env: dict[str, str] | None = None) -> str:
     """llama.cpp's choice (common/common.cpp:1520-1533): MODEL_ENDPOINT, else HF_ENDPOINT, else the Hub."""
     e = os.environ if env is None else env
@@ -84,6 +119,7 @@ def translated(repo: str, what: str, endpoint: str = "") -> Iterator[None]:
     """huggingface_hub's and the transport's exceptions, as llamafit errors with what to do next."""
     from huggingface_hub import errors as hf
 
+    endpoint = redacted(endpoint)
     try:
         yield
     except LlamafitError:
@@ -185,9 +221,13 @@ class HubClient:
         """The commit ``revision`` (default: the default branch) points at, and its files with sizes."""
         api = self._api()
         timeout = hub_timeout()
+        where = redacted(self.endpoint)
         with translated(repo, "listing the repo", self.endpoint):
-            info = api.model_info(repo, revision=revision, timeout=timeout)
-            commit = str(info.sha)
+            # the library's timeout is per read: a server that drips its answer is cut by the deadline
+            info = bounded(
+                lambda: api.model_info(repo, revision=revision, timeout=timeout), timeout, f"{repo}'s info at {where}"
+            )
+            commit = checked_commit(repo, self.endpoint, str(info.sha))
 
             def tree() -> list[HubFile]:
                 files = []
@@ -199,7 +239,8 @@ class HubClient:
                     files.append(HubFile(str(entry.path), int(entry.size), str(oid) if oid else None))
                 return files
 
-            files = bounded(tree, 3 * timeout, f"listing the files of {repo} at {self.endpoint}")
+            files = bounded(tree, 3 * timeout, f"listing the files of {repo} at {where}")
+        checked_files(repo, self.endpoint, files)
         return Listing(repo, commit, tuple(files), bool(getattr(info, "gated", False)))
 
     # -- headers -----------------------------------------------------------------------------------
@@ -235,12 +276,16 @@ class HubClient:
         url = hf_hub_url(repo, path, revision=commit, endpoint=self.endpoint)
 
         def fetch(offset: int, n: int) -> bytes:
+            timeout = hub_timeout()  # for the whole request: a drip of bytes keeps each read alive
+            return bounded(lambda: ranged(offset, n, timeout), timeout, f"reading the header of {repo}/{path}")
+
+        def ranged(offset: int, n: int, timeout: float) -> bytes:
             headers = build_hf_headers()
             headers["Range"] = f"bytes={offset}-{offset + n - 1}"
             headers["Accept-Encoding"] = "identity"
             with (
                 translated(repo, f"reading the header of {path}", self.endpoint),
-                get_session().stream("GET", url, headers=headers, timeout=hub_timeout(), follow_redirects=True) as r,
+                get_session().stream("GET", url, headers=headers, timeout=timeout, follow_redirects=True) as r,
             ):
                 if r.status_code >= 400:
                     r.read()
@@ -321,6 +366,8 @@ def write_ref(hub_dir: Path, repo: str, branch: str, commit: str) -> None:
     """Point ``refs/<branch>`` at the commit, as a download by llama.cpp or huggingface_hub would, so
     llama.cpp's offline mode and ours find the snapshot."""
     refs = repo_folder(hub_dir, repo) / "refs"
+    if not is_safe_repo_path(branch) or not COMMIT_ID.match(commit):
+        return  # a revision such as ../x names no ref of this repo: nothing is written outside it
     try:
         refs.mkdir(parents=True, exist_ok=True)
         tmp = refs / f".{branch.replace('/', '_')}.{os.getpid()}"

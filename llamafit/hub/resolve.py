@@ -20,7 +20,7 @@ from llamafit.gguf.mmproj import Projector, projector_from_header
 from llamafit.gguf.model import ModelInfo, load_model, model_from_headers
 from llamafit.gguf.naming import SIDECARS
 from llamafit.gguf.reader import GGUFHeader, read_file_header
-from llamafit.hub.cache import cached_commit, cached_files, hub_cache_dir, is_cached, snapshot_path
+from llamafit.hub.cache import COMMIT_ID, cached_commit, cached_files, hub_cache_dir, is_cached, snapshot_path
 from llamafit.hub.remote import HubClient, write_ref
 from llamafit.hub.select import (
     HubFile,
@@ -90,11 +90,7 @@ class Hub:
         key = (repo, revision)
         if key in self._states:
             return self._states[key]
-        branch = (
-            ""
-            if revision and len(revision) == 40 and all(c in "0123456789abcdef" for c in revision)
-            else (revision or "main")
-        )
+        branch = "" if revision and COMMIT_ID.match(revision) else (revision or "main")
         st: RepoState | None = None
         if not self.offline:
             try:
@@ -229,7 +225,8 @@ class Hub:
         return {kind: self.remember(st, hf) for kind, hf in sel.sidecars.items()}
 
     def exists(self, path: str) -> bool:
-        return path in self.known or os.path.exists(path)
+        # a local drafter as LocalFiles takes one: a regular file (a folder or a FIFO is none, and would block)
+        return path in self.known or os.path.isfile(path)
 
     def size(self, path: str) -> int | None:
         if path in self.known:

@@ -46,6 +46,16 @@ def is_valid_repo_id(repo: str) -> bool:
     return not special and slash == 1
 
 
+def is_safe_repo_path(path: str) -> bool:
+    """A repo-relative POSIX path that stays inside the repo's snapshot: no absolute path, no ``.``
+    or ``..`` or empty part, no backslash (a separator on Windows) and no control character."""
+    if not path or len(path) > 1024 or path.startswith("/") or "\\" in path:
+        return False
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in path):
+        return False
+    return all(part not in ("", ".", "..") for part in path.split("/"))
+
+
 def split_repo_tag(ref: str) -> tuple[str, str]:
     """``owner/repo[:QUANT]`` -> (repo, tag), as common_download_split_repo_tag: the tag is the last
     ``:`` piece, the repo the first."""

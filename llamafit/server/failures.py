@@ -148,6 +148,8 @@ def classify(
         cuda = next((m for t in text if (m := _CUDA_ERR.search(t))), None)
         why = f" after a CUDA error: {cuda['why']}" if cuda else ""
         name = {6: "SIGABRT", 9: "SIGKILL", 11: "SIGSEGV"}.get(sig, f"signal {sig}")
+        if not why and (said := next((m.group(1) for t in text if (m := _ABORT.match(t.strip()))), None)):
+            why = f": {said[:200]}"  # GGML_ABORT's own words
         return Failure(
             "abort",
             f"llama-server was killed by {name} while loading{why}",
@@ -164,3 +166,18 @@ def classify(
         f"llama-server exited with code {returncode} before it was ready" + (f": {tail}" if tail else ""),
         "run with --verbose to see its whole log, or --log-file FILE to keep it",
     )
+
+
+def abort_reason(stderr: str) -> str:
+    """What a llama.cpp that aborted says went wrong: GGML_ABORT's ``file:line: message`` line (the debugger
+    backtrace printed after it says nothing useful), else the last error-looking line, else the last line."""
+    lines = [x.strip() for x in stderr.splitlines() if x.strip()]
+    for x in lines:
+        if m := _ABORT.match(x):
+            return m.group(1)[:200]
+    errors = [x for x in lines if re.search(r"error|fail", x, re.IGNORECASE) and not _BACKTRACE.search(x)]
+    return (errors or lines or ["no output"])[-1][:200]
+
+
+_ABORT = re.compile(r"^\S+\.(?:c|cc|cpp|h|m|mm|cu):\d+: (?:GGML_ASSERT\()?(.+)$")
+_BACKTRACE = re.compile(r"No such file or directory$|^#\d+ |libc-start|^\[New LWP|^\[Thread")

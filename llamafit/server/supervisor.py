@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import IO, Any
 from urllib.parse import urlsplit
 
-from llamafit.errors import ServerLoadError, ServerNotFoundError
+from llamafit.errors import ServerLoadError, ServerNotFoundError, UsageError
 from llamafit.server.failures import Failure, classify
 from llamafit.server.logparse import LoadLog, parse
 
@@ -105,6 +105,7 @@ class Supervisor:
         usable: dict[str, int] | None = None,
         probe: str = "/slots",
         stop_grace: float = STOP_GRACE,
+        on_warning: Callable[[str], None] | None = None,
     ) -> None:
         self.argv = list(argv)
         self.probe = probe  # what the task loop answers once ready (the router: /models)
@@ -112,6 +113,8 @@ class Supervisor:
         self.killed_after: float | None = None
         self.env = env
         self.log_file = log_file
+        self.log_lost: str | None = None
+        self.on_warning = on_warning
         self.on_line = on_line
         self.on_ready = on_ready
         self.predicted = predicted
@@ -135,7 +138,10 @@ class Supervisor:
         forwards one interrupt), tied to llamafit's life (it is killed when llamafit dies, even by SIGKILL:
         PR_SET_PDEATHSIG on Linux)."""
         if self.log_file is not None:
-            self._sink = open(self.log_file, "a", encoding="utf-8", errors="replace")  # noqa: SIM115
+            try:
+                self._sink = open(self.log_file, "a", encoding="utf-8", errors="replace")  # noqa: SIM115
+            except OSError as e:
+                raise UsageError(f"cannot write the log file {self.log_file}: {e.strerror or e}") from None
         self._proc = subprocess.Popen(
             self.argv,
             env=self.env,
@@ -157,8 +163,7 @@ class Supervisor:
             raw = whole if len(whole) <= MAX_LINE else whole[:MAX_LINE] + f" ... ({len(whole) - MAX_LINE} more)\n"
             self._keep(raw)
             if self._sink is not None:
-                self._sink.write(whole)  # the log file keeps every byte
-                self._sink.flush()
+                self._to_log_file(whole)
             if self.on_line:
                 self.on_line(raw.rstrip("\n"))
             if self.url is None and (m := LISTEN.search(raw)):
@@ -166,6 +171,21 @@ class Supervisor:
                 # confirmed on its own thread, so the log keeps flowing meanwhile
                 self._announcer = threading.Thread(target=self._announce, name="llama-server ready", daemon=True)
                 self._announcer.start()
+
+    def _to_log_file(self, whole: str) -> None:
+        """The log file keeps every byte, while it can: a full disk or a lost mount stops the copy (said
+        once), never the reading of the server's log that supervision needs."""
+        assert self._sink is not None
+        try:
+            self._sink.write(whole)
+            self._sink.flush()
+        except (OSError, ValueError) as e:
+            self.log_lost = f"the log file {self.log_file} stopped taking lines ({getattr(e, 'strerror', None) or e})"
+            with contextlib.suppress(OSError, ValueError):
+                self._sink.close()
+            self._sink = None
+            if self.on_warning:
+                self.on_warning(self.log_lost + "; the server runs on, its log is no longer copied")
 
     def _keep(self, raw: str) -> None:
         """What the load report and the failure classification need, bounded: the lines up to ready (the
@@ -295,7 +315,8 @@ class Supervisor:
         if self._announcer is not None:
             self._announcer.join(timeout=CONFIRM_TIMEOUT)
         if self._sink is not None:
-            self._sink.close()
+            with contextlib.suppress(OSError, ValueError):  # a full disk refuses the last buffered bytes too
+                self._sink.close()
             self._sink = None
         code = exit_status(self._proc.returncode)
         ready = self._ready.is_set()

@@ -31,10 +31,11 @@ from llamafit.gguf.naming import split_info
 from llamafit.hub.resolve import is_hub_ref
 from llamafit.memory.context import N_CTX_PAD as CTX_PAD
 from llamafit.options import Options
+from llamafit.paths import named_files, write_output
 from llamafit.plan import Decision
 from llamafit.prepare import Prepared
 from llamafit.server.args import parse_server_args
-from llamafit.several.preset import GLOBAL, Section, is_truthy, section_text, to_tokens
+from llamafit.several.preset import GLOBAL, Section, is_truthy, router_name, section_text, to_tokens
 from llamafit.units import fmt_bytes
 
 HOST = "host"
@@ -112,6 +113,10 @@ class Together:
             parts.append("\n" + section_text(m.entry.name, args, extra))
         return "".join(parts)
 
+    def files(self) -> list[str]:
+        """The files the members' command lines name."""
+        return [f for m in self.members for f in named_files(m.prep.argv[1:])]
+
     def argv(self, binary: str, preset_path: str) -> list[str]:
         return [binary, "--models-preset", preset_path, "--models-max", str(self.models_max), *self.router_args]
 
@@ -123,8 +128,10 @@ def entries_from_refs(refs: Sequence[str], taken: Sequence[str] = ()) -> list[En
     """Models given on the command line, named as llama-server names a file (its name without .gguf;
     a repo by its name and quant), unique among themselves and the ``taken`` names (a preset's)."""
     out: list[Entry] = []
+    names = set(taken)
     for ref in refs:
-        out.append(Entry(_unique(_name_of(ref), [*taken, *(e.name for e in out)]), ref))
+        out.append(Entry(_unique(router_name(_name_of(ref)), names), ref))
+        names.add(out[-1].name)
     return out
 
 
@@ -135,18 +142,20 @@ def _name_of(ref: str) -> str:
     return os.path.basename(info.prefix if info else ref.rstrip("/"))
 
 
-def _unique(name: str, taken: Sequence[str]) -> str:
+def _unique(name: str, taken: set[str]) -> str:
+    """``name``, or ``name-2``, ``-3``, ... (before a ``:TAG``, which the router would read the number into)."""
     name = re.sub(r"[\]\r\n]", "_", name) or "model"
+    head, colon, tag = name.rpartition(":") if ":" in name else (name, "", "")
     out, k = name, 2
     while out in taken:
-        out, k = f"{name}-{k}", k + 1
+        out, k = f"{head}-{k}{colon}{tag}", k + 1
     return out
 
 
 def entries_from_preset(sections: Sequence[Section], source: str) -> list[Entry]:
     """The model sections of a user's preset, with ``[*]`` under each (llama.cpp's cascade)."""
     glob = next((s for s in sections if s.name == GLOBAL), None)
-    out: list[Entry] = []
+    out: dict[str, Entry] = {}  # by the router's name: of two sections it names alike, it keeps the later
     for s in sections:
         if s.name in (GLOBAL, ""):
             continue
@@ -164,10 +173,11 @@ def entries_from_preset(sections: Sequence[Section], source: str) -> list[Entry]
             raise UsageError(f"{source} [{s.name}]: no model (model = FILE, or hf-repo = owner/repo[:QUANT])")
         rest = tuple(args.without(_MODEL_KEYS).tokens())
         on = only.pop("load-on-startup", None)
-        out.append(Entry(s.name, ref, rest, hf_file, None if on is None else is_truthy(on), tuple(only.items())))
+        name = router_name(s.name)
+        out[name] = Entry(name, ref, rest, hf_file, None if on is None else is_truthy(on), tuple(only.items()))
     if not out:
         raise UsageError(f"{source} has no model sections", hint="[name] then model = FILE")
-    return out
+    return list(out.values())
 
 
 # -- planning them together ------------------------------------------------------------------------
@@ -176,8 +186,18 @@ def entries_from_preset(sections: Sequence[Section], source: str) -> list[Entry]
 MemberPlanner = Callable[[str, Options, Machine], Prepared]
 
 
+SET_SCHEMA = "llamafit.plan-set/1"  # one shape per schema name: a set's plan is not one model's
+RUN_SET_SCHEMA = "llamafit.run-set/1"
+MAX_MODELS = 128  # models planned together: each is planned some tens of times in the joint fit
+
+
 def plan_together(entries: Sequence[Entry], o: Options, machine: Machine, plan: MemberPlanner) -> Together:
     """Plan ``entries`` to share ``machine`` (see the module's docstring)."""
+    if len(entries) > MAX_MODELS:
+        raise UsageError(
+            f"{len(entries)} models to plan together; llamafit plans at most {MAX_MODELS}",
+            hint="split them over several presets (routers), or give the ones this machine should serve",
+        )
     user = parse_server_args(list(o.server_args))
     for key in _NOT_HERE:
         if user.has(key):
@@ -196,7 +216,7 @@ def plan_together(entries: Sequence[Entry], o: Options, machine: Machine, plan: 
         try:
             alone.append(one(e, None, machine))
         except DoesNotFitError as err:
-            err.message = f"{e.name} does not fit this machine even alone: {err.message}"
+            err.message, err.model = f"{e.name} does not fit this machine even alone: {err.message}", e.name
             raise
     pinned = [e.pinned_ctx(model_args) for e in entries]
     alone_ctx = [p.plan.n_ctx for p in alone]
@@ -223,7 +243,8 @@ def plan_together(entries: Sequence[Entry], o: Options, machine: Machine, plan: 
         return done if k >= n or _any_k_fit(done, k, limits) else None
 
     modes = (True, False) if any(whole) else (False,)
-    for k, strict in ((k, strict) for k in range(n, 0, -1) for strict in modes):
+    counts = resident_counts(n, lambda k: attempt(k, 0.0, False) is not None)
+    for k, strict in ((k, strict) for k in counts for strict in modes):
         f, got = 1.0, attempt(k, 1.0, strict)
         if got is None:
             # the largest factor that fits, keeping the plans of the last one that did
@@ -259,6 +280,20 @@ def plan_together(entries: Sequence[Entry], o: Options, machine: Machine, plan: 
             )
         return Together(members, k, decisions, machine, router_args)
     raise AssertionError("every model fits alone, so one at a time fits")  # k = 1 is each alone
+
+
+def resident_counts(n: int, fits: Callable[[int], bool]) -> list[int]:
+    """The numbers of resident models worth trying, most first: all ``n``, else the largest ``k`` for which
+    ``fits(k)`` (the models at ``--min-ctx``) found by bisection: room for more resident models never grows
+    as ``k`` does, and a scan down from ``n`` would plan a preset of hundreds of models ``n`` times over.
+    ``k = 1`` always fits (each model fits alone)."""
+    if n <= 1 or fits(n):
+        return [n]
+    lo, hi = 1, n  # fits(lo), not fits(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return [lo]
 
 
 def _pad(ctx: float) -> int:
@@ -330,7 +365,7 @@ def _decisions(members: Sequence[Member], k: int, f: float, pinned: Sequence[boo
 
 
 def to_json(t: Together, argv: Sequence[str], preset_path: str | None) -> dict[str, Any]:
-    """``llamafit.plan/1`` for several models: the router's argv and preset, each model's own plan under
+    """``llamafit.plan-set/1``, the plan of several models: the router's argv and preset, each model's own plan under
     ``models``, and the shared budgets: each device's and the host's need (the sum of the ``models_max``
     largest users) against what is usable."""
     limits = _limits(t.members[0].prep, t.machine)
@@ -344,7 +379,7 @@ def to_json(t: Together, argv: Sequence[str], preset_path: str | None) -> dict[s
     devices = [{"id": dev, **budget(dev, lim)} for dev, lim in limits.items() if dev != HOST]
     host = budget(HOST, limits[HOST])
     return {
-        "schema": "llamafit.plan/1",
+        "schema": SET_SCHEMA,
         "argv": list(argv),
         "preset_path": preset_path,
         "preset": t.preset(),
@@ -380,8 +415,7 @@ def summary(t: Together) -> list[str]:
     return out
 
 
-def write_preset(t: Together, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(t.preset(), encoding="utf-8")
-    os.replace(tmp, path)
+def write_preset(t: Together, path: Path, inputs: Sequence[str | Path] = ()) -> None:
+    """The planned preset into ``path`` (atomically), never over one of the files the set reads: the
+    ``inputs`` (a preset given) and every file a member's command line names."""
+    write_output(path, t.preset(), [*inputs, *t.files()], "the preset")

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from llamafit.errors import UsageError
+from llamafit.paths import read_regular_file
 from llamafit.server.args import OPTIONS, Option, parse_server_args
 
 GLOBAL = "*"
@@ -56,41 +57,71 @@ class Section:
 def read_ini(text: str, source: str = "preset") -> list[Section]:
     """The sections of a preset, in file order (llama.cpp's grammar: a line that is no header, key line,
     comment or blank line makes the whole file invalid)."""
-    sections: list[Section] = []
+    sections: dict[str, Section] = {}  # by name, in file order
     current: Section | None = None
     for n, line in enumerate(text.splitlines(), 1):
         if _BLANK.match(line):
             continue
         if m := _HEADER.match(line):
-            again = next((s for s in sections if s.name == m.group(1)), None)
+            again = sections.get(m.group(1))
             if again is not None:  # llama.cpp starts the section over: the earlier header's keys are gone
                 again.values.clear()
                 again.repeated.append(n)
                 current = again
             else:
-                current = Section(m.group(1))
-                sections.append(current)
+                current = sections[m.group(1)] = Section(m.group(1))
             continue
         if m := _KV.match(line):
             if current is None:  # keys before any header belong to llama.cpp's default (unnamed) preset
-                current = Section("")
-                sections.append(current)
+                current = sections[""] = Section("")
             current.values[m.group(1)] = m.group(2)
             continue
         raise UsageError(f"{source}:{n}: not a preset line: {line[:80]!r}", hint="lines are [section] or key = value")
-    return sections
+    return list(sections.values())
 
 
 def load(path: str | Path) -> list[Section]:
     p = Path(path)
-    try:
-        with p.open("rb") as f:
-            data = f.read(MAX_PRESET_BYTES + 1)
-    except OSError as e:
-        raise UsageError(f"cannot read the preset {p}: {e.strerror or e}") from None
+    data = read_regular_file(p, MAX_PRESET_BYTES + 1, "the preset")
     if len(data) > MAX_PRESET_BYTES:
         raise UsageError(f"{p} is larger than {MAX_PRESET_BYTES >> 20} MiB: not a preset")
     return read_ini(data.decode("utf-8", errors="replace"), str(p))
+
+
+def renamed(sections: Sequence[Section]) -> list[str]:
+    """What the router makes of the section names: a tag it renames, and sections it takes for one model
+    (of which it keeps the later), each said once."""
+    out: list[str] = []
+    first: dict[str, str] = {}
+    for s in sections:
+        name = router_name(s.name)
+        if name in first and first[name] != s.name:
+            out.append(f"[{first[name]}] and [{s.name}] are one model for llama-server ({name}): the later is kept")
+        elif name != s.name:
+            out.append(f"[{s.name}] is {name} for llama-server's router (its quant tag made canonical)")
+        first.setdefault(name, s.name)
+    return out
+
+
+def router_name(section: str) -> str:
+    """The name llama-server's router gives a preset's section, the one its log and ``/models`` use: the
+    quant tag after the last ``:`` made canonical (common/preset.cpp:20-35, 292-299): its last ``-``/``.``
+    piece of letters, digits and ``_``, upper-cased (``repo:UD-Q4_K_XL`` is ``repo:Q4_K_XL``,
+    ``qwen:latest`` is ``qwen:LATEST``); byte-wise, as std::toupper in the C locale."""
+    if section in ("", GLOBAL):
+        return section
+    head, colon, tag = section.rpartition(":")
+    if not colon:
+        return section
+    m = _TAG_END.search(tag)
+    return f"{head}:{_upper(m.group(1) if m else tag)}"
+
+
+_TAG_END = re.compile(r"[-.]([A-Z0-9_]+)\Z", re.IGNORECASE | re.ASCII)
+
+
+def _upper(text: str) -> str:
+    return "".join(c.upper() if "a" <= c <= "z" else c for c in text)
 
 
 def to_tokens(values: dict[str, str], source: str) -> tuple[list[str], dict[str, str]]:
