@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
@@ -151,21 +151,33 @@ def required(var: str, fail: str, skip: str) -> str:
 
 
 def run_until_ready_then_interrupt(
-    argv: Sequence[str], port: int, timeout: float = 300, env: dict[str, str] | None = None
+    argv: Sequence[str],
+    port: int,
+    timeout: float = 300,
+    env: dict[str, str] | None = None,
+    *,
+    may_fail: bool = False,
+    preexec: Callable[[], None] | None = None,
 ) -> tuple[int, str, str]:
     """Start ``argv`` (a llamafit command that launches a server on ``port``), wait until that server
-    answers /health with 200, send SIGINT to llamafit, and return (exit code, stdout, stderr)."""
+    answers /health with 200, send SIGINT to llamafit, and return (exit code, stdout, stderr).
+    ``may_fail``: llamafit exiting first is a result too, not an error of the test."""
     import signal
     import subprocess
 
-    p = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    p = subprocess.Popen(
+        list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, preexec_fn=preexec
+    )
     try:
         deadline = time.monotonic() + timeout
         while health(port) != 200:
+            if may_fail and p.poll() is not None:
+                break
             assert p.poll() is None, p.communicate()[1]
             assert time.monotonic() < deadline, "the server never became ready"
             time.sleep(0.2)
-        p.send_signal(signal.SIGINT)
+        if p.poll() is None:
+            p.send_signal(signal.SIGINT)
         out, err = p.communicate(timeout=60)
     finally:
         if p.poll() is None:
@@ -239,3 +251,36 @@ def launch_run(args: list[str], server: ServerBinary) -> subprocess.Popen[str]:
     env = dict(os.environ, LLAMAFIT_SERVER=server.path)
     cmd = [sys.executable, "-m", "llamafit", "run", *args]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+# -- stand-in servers -----------------------------------------------------------------------------------
+
+# answers the probes like a llama-server (so plans use it, with the flags it lists), then runs the test's body
+STAND_IN = r"""#!{python}
+import os, sys, signal, time
+args = sys.argv[1:]
+if "--list-devices" in args:
+    print("Available devices:\n  (none)"); sys.exit(0)
+if args[:1] == ["--completion-bash"]:
+    print('opts="{flags}"'); sys.exit(0)
+if args[:1] in (["--help"], ["--version"]):
+    print("version: 1 (build 11434, commit deadbee)", file=sys.stderr); sys.exit(0)
+"""
+STAND_IN_FLAGS = "-m -c -ngl -fit -lv --port --host -np"
+READY = 'print("0.00.000.000 I srv  main: listening on http://127.0.0.1:1", file=sys.stderr, flush=True)\n'
+
+
+def stand_in(tmp_path: Path, body: str, *, header: str | None = None, flags: str = STAND_IN_FLAGS) -> str:
+    """A small script in the server's place that misbehaves in one precise way (``body``, after a header
+    that answers the probes; ``header`` replaces that header, for a binary that answers nothing)."""
+    import sys
+
+    exe = tmp_path / "llama-server"
+    text = (
+        header.format(python=sys.executable)
+        if header is not None
+        else STAND_IN.format(python=sys.executable, flags=flags)
+    )
+    exe.write_text(text + body)
+    exe.chmod(0o755)
+    return str(exe)

@@ -17,7 +17,7 @@ from llamafit.calibration import failed_load_caps, history_file, read_history
 from llamafit.gguf.model import load_model
 from llamafit.server.binary import ServerBinary, free_port
 from tests import factory
-from tests.realserver import health
+from tests.realserver import run_until_ready_then_interrupt
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 LIMIT = 3_000_000 * 1024  # ulimit -v 3000000: the 40960-token cache of a 0.6B model does not fit
@@ -32,29 +32,7 @@ def _run(model: Path, server: ServerBinary, *extra: str) -> tuple[int, str, str]
     argv = [sys.executable, "-m", "llamafit", "run", str(model), "--cpu-only", "--server", server.path, *extra,
             "--", "-np", "1", "--port", str(port), "--no-warmup"]  # fmt: skip
     env = dict(os.environ, LD_LIBRARY_PATH=server.lib_dir or os.environ.get("LD_LIBRARY_PATH", ""))
-    return until_ready(argv, port, env, _limited)
-
-
-def until_ready(argv: list[str], port: int, env: dict[str, str], preexec: object = None) -> tuple[int, str, str]:
-    """Run ``llamafit run`` until it fails or its server serves, then interrupt it: its code and output."""
-    import signal
-    import time
-
-    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                         preexec_fn=preexec)  # type: ignore[arg-type]  # fmt: skip
-    try:
-        deadline = time.monotonic() + 240
-        while p.poll() is None and health(port) != 200:
-            assert time.monotonic() < deadline, "neither ready nor failed"
-            time.sleep(0.3)
-        if p.poll() is None:
-            p.send_signal(signal.SIGINT)
-        out, err = p.communicate(timeout=60)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-    return p.returncode, out, err
+    return run_until_ready_then_interrupt(argv, port, 240, env, may_fail=True, preexec=_limited)
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +91,7 @@ def test_a_card_that_runs_out_is_planned_again_with_its_name_and_numbers(
     port = free_port()
     argv = [sys.executable, "-m", "llamafit", "run", str(q06), "--server", str(script), "--", "--port", str(port),
             "--no-warmup", "-np", "1"]  # fmt: skip
-    rc, out, err = until_ready(argv, port, dict(os.environ))
+    rc, out, err = run_until_ready_then_interrupt(argv, port, 240, dict(os.environ), may_fail=True)
     assert err.count("CUDA0 ran out of memory allocating the KV cache (asked for 4.4 GiB)") == 2, err[-3000:]
     assert "CUDA0 could not take 4480 MiB more after 604 MiB: planning for at most" in err
     assert "attempt 2 of 3" in err and "attempt 3 of 3" in err

@@ -28,29 +28,16 @@ from llamafit.several.plan import resident_counts
 from llamafit.several.preset import router_name
 from tests import factory
 from tests.hubserver import FakeHub
-from tests.realserver import launch_run, read_json_doc, router_models, stop_run
+from tests.realserver import READY, STAND_IN_FLAGS, launch_run, read_json_doc, router_models, stop_run
+from tests.realserver import stand_in as server_stand_in
 
 LLAMAFIT = [sys.executable, "-m", "llamafit"]
 
-# answers the probes like a llama-server with a router, then does what the test asks
-HEADER = r"""#!{python}
-import os, sys, signal, time
-args = sys.argv[1:]
-if "--list-devices" in args:
-    print("Available devices:\n  (none)"); sys.exit(0)
-if args[:1] == ["--completion-bash"]:
-    print('opts="-m -c -ngl -fit -lv --port --host -np --models-preset --models-max --no-warmup"'); sys.exit(0)
-if args[:1] in (["--help"], ["--version"]):
-    print("version: 1 (build 11434, commit deadbee)", file=sys.stderr); sys.exit(0)
-"""
-READY = 'print("0.00.000.000 I srv  main: listening on http://127.0.0.1:1", file=sys.stderr, flush=True)\n'
+ROUTER_FLAGS = f"{STAND_IN_FLAGS} --models-preset --models-max --no-warmup"
 
 
 def stand_in(tmp_path: Path, body: str) -> str:
-    exe = tmp_path / "llama-server"
-    exe.write_text(HEADER.format(python=sys.executable) + body)
-    exe.chmod(0o755)
-    return str(exe)
+    return server_stand_in(tmp_path, body, flags=ROUTER_FLAGS)
 
 
 def cli(*args: str, timeout: float = 120, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -21,31 +21,9 @@ from llamafit.errors import ExitCode
 from llamafit.gguf.demo_model import ensure_demo_model
 from llamafit.server.binary import ServerBinary, free_port
 from llamafit.server.supervisor import Supervisor
-from tests.realserver import health
+from tests.realserver import READY, health, stand_in
 
 LLAMAFIT = [sys.executable, "-m", "llamafit"]
-
-# answers the probes like a llama-server (so plans use it), then does what the test asks
-HEADER = r"""#!{python}
-import os, sys, signal, time
-args = sys.argv[1:]
-if "--list-devices" in args:
-    print("Available devices:\n  (none)"); sys.exit(0)
-if args[:1] == ["--completion-bash"]:
-    print('opts="-m -c -ngl -fit -lv --port --host -np"'); sys.exit(0)
-if args[:1] in (["--help"], ["--version"]):
-    print("version: 1 (build 11434, commit deadbee)", file=sys.stderr); sys.exit(0)
-"""
-
-
-READY = 'print("0.00.000.000 I srv  main: listening on http://127.0.0.1:1", file=sys.stderr, flush=True)\n'
-
-
-def stand_in(tmp_path: Path, body: str, header: str = HEADER) -> str:
-    exe = tmp_path / "llama-server"
-    exe.write_text(header.format(python=sys.executable) + body)
-    exe.chmod(0o755)
-    return str(exe)
 
 
 @pytest.fixture
