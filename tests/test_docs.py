@@ -44,3 +44,14 @@ def test_no_citation_without_a_file() -> None:
 def test_a_missing_section_is_caught(tmp_path: Path) -> None:
     doc = ROOT / "docs" / "memory-model.md"
     assert "5.5" in sections(doc) and "5.55" not in sections(doc) and "99" not in sections(doc)
+
+
+def test_the_exit_code_table_has_every_code_and_its_json() -> None:
+    """README's table names every exit code llamafit uses, each with what --json prints on stdout."""
+    from llamafit.errors import ExitCode
+
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    table = text[text.index("## Exit codes") : text.index("## Environment")]
+    rows = {int(m.group(1)): m.group(2) for m in re.finditer(r"^\| (\d+) \|(.*)\|$", table, re.M)}
+    assert set(rows) == {int(c) for c in ExitCode}
+    assert all(row.count("|") >= 1 and row.rsplit("|", 1)[1].strip() for row in rows.values())
