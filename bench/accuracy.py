@@ -80,6 +80,8 @@ def build_files(d: Path, quick: bool) -> dict[str, Path]:
     if not quick:
         w("qwen3_30b_a3b", shapes.qwen3_30b_a3b())
         w("glm45_air_cut", shapes.glm45_air_cut())
+        w("qwen35_35b_a3b", shapes.qwen35_35b_a3b())
+        w("qwen3_next_80b", shapes.qwen3_next_80b_a3b())
     split_dir = d / "split"
     split_dir.mkdir(exist_ok=True)
     first = split_dir / "llama8b-Q4_K-00001-of-00003.gguf"
@@ -154,6 +156,20 @@ def cases(quick: bool) -> list[Case]:
             Case("MoE: Qwen3-30B-A3B", "qwen3_30b_a3b", [*NR, "-c", "8192", "-np", "3", "-fa", "off"]),
             Case("MoE + MTP: GLM-4.5-Air layers", "glm45_air_cut", [*NR, "-c", "8192"], spec="draft-mtp"),
             Case("MoE + MTP: GLM-4.5-Air layers", "glm45_air_cut", [*NR, "-c", "16384", "-np", "1"]),
+            *(
+                Case(label, key, [*NR, *args], spec=spec)
+                for label, key in (
+                    ("hybrid MoE: Qwen3.5-35B-A3B", "qwen35_35b_a3b"),
+                    ("hybrid MoE: Qwen3-Next-80B-A3B", "qwen3_next_80b"),
+                )
+                for args, spec in (
+                    (["-c", "16384"], "off"),
+                    (["-c", "8192", "-fa", "off"], "off"),
+                    (["-c", "16384"], "draft-mtp"),
+                    (["-c", "16384", "-np", "2"], "draft-mtp"),
+                    (["-c", "8192", "-np", "2"], "ngram-simple"),
+                )
+            ),
         ]
     return cs
 
@@ -166,7 +182,7 @@ def rel(r: Row) -> float | None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true", help="skip the two largest shapes")
+    ap.add_argument("--quick", action="store_true", help="skip the largest shapes")
     ap.add_argument("--server")
     ap.add_argument("--keep", type=Path)
     a = ap.parse_args()

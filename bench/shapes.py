@@ -50,6 +50,26 @@ def hybrid_mtp_like() -> factory.Shape:
                           n_vocab=151936, ctx=262144, w="q8_0")  # fmt: skip
 
 
+def qwen35_35b_a3b() -> factory.Shape:
+    """Qwen/Qwen3.5-35B-A3B: 40 layers (gated delta-net, full attention every 4th), 2048 embd, 16 heads, 2 KV
+    heads of 256, delta-net 16 key and 32 value heads of 128, 256 experts (8 used) of 512, a gated shared
+    expert of 512, 248320 vocab, one MTP layer."""
+    return factory.qwen35(name="Qwen3.5-35B-A3B (shape)", n_layer=40, n_nextn=1, n_embd=2048, n_head=16,
+                          n_head_kv=2, head_dim=256, d_state=128, n_group=16, dt_rank=32, n_expert=256,
+                          n_expert_used=8, n_ff_exp=512, n_ff_shexp=512, n_vocab=248320, ctx=262144,
+                          w="q4_K")  # fmt: skip
+
+
+def qwen3_next_80b_a3b() -> factory.Shape:
+    """Qwen/Qwen3-Next-80B-A3B: 48 layers (gated delta-net, full attention every 4th), 2048 embd, 16 heads, 2
+    KV heads of 256, delta-net 16 key and 32 value heads of 128, 512 experts (10 used) of 512, a gated shared
+    expert of 512, 151936 vocab, one MTP layer; q/k/v/z in one ssm_in as the published GGUFs have it."""
+    return factory.qwen3next(name="Qwen3-Next-80B-A3B (shape)", n_layer=48, n_nextn=1, n_embd=2048, n_head=16,
+                             n_head_kv=2, head_dim=256, d_state=128, n_group=16, dt_rank=32, n_expert=512,
+                             n_expert_used=10, n_ff_exp=512, n_ff_shexp=512, n_vocab=151936, ctx=262144,
+                             w="q4_K")  # fmt: skip
+
+
 def mamba_130m() -> factory.Shape:
     """state-spaces/mamba-130m: 24 layers, 768 embd, d_state 16, d_conv 4, dt_rank 48, 50280 vocab."""
     return factory.mamba(name="Mamba-130M (shape)", n_layer=24, n_embd=768, d_state=16, dt_rank=48, n_vocab=50280,

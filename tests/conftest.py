@@ -62,6 +62,10 @@ def shapes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "glm4moe": factory.glm4moe(),
         "hybrid": factory.qwen35(),
         "hybrid_mtp": factory.qwen35(n_nextn=1, name="hybrid-mtp"),
+        "hybrid_moe": factory.qwen35(n_expert=8, name="hybrid-moe"),
+        "hybrid_moe_mtp": factory.qwen35(n_expert=8, n_nextn=1, name="hybrid-moe-mtp"),
+        "next": factory.qwen3next(name="next"),
+        "next_mtp": factory.qwen3next(n_nextn=1, name="next-mtp"),
         "mamba": factory.mamba(),
     }
     out = {}

@@ -579,10 +579,15 @@ def qwen35(
     interval: int = 4,
     n_vocab: int = 512,
     ctx: int = 32768,
+    n_expert: int = 0,
+    n_expert_used: int = 2,
+    n_ff_exp: int = 128,
+    n_ff_shexp: int = 256,
     w: str = "f16",
 ) -> Shape:
-    """Qwen3.5 dense hybrid: gated delta-net layers with full attention every ``interval`` (qwen35.cpp)."""
-    arch = "qwen35"
+    """Qwen3.5 hybrid: gated delta-net layers with full attention every ``interval`` (qwen35.cpp); with
+    ``n_expert``, Qwen3.5-MoE's routed experts and sigmoid-gated shared expert (qwen35moe.cpp)."""
+    arch = "qwen35moe" if n_expert else "qwen35"
     n_all = n_layer + n_nextn
     kv = _base_kv(arch, name, n_all, n_embd, ctx, n_vocab)
     d_inner = d_state * dt_rank
@@ -603,6 +608,13 @@ def qwen35(
     })  # fmt: skip
     if n_nextn:
         kv[f"{arch}.nextn_predict_layers"] = n_nextn
+    if n_expert:
+        kv.update({
+            f"{arch}.expert_count": n_expert,
+            f"{arch}.expert_used_count": n_expert_used,
+            f"{arch}.expert_feed_forward_length": n_ff_exp,
+            f"{arch}.expert_shared_feed_forward_length": n_ff_shexp,
+        })  # fmt: skip
     key_dim = d_state * n_group
     value_dim = d_state * dt_rank
     ts = _io(n_embd, n_vocab, w, False)
@@ -638,11 +650,23 @@ def qwen35(
             ]
         else:
             ts += full_attn(i)
-        ts += [
-            TensorSpec(f"blk.{i}.ffn_gate.weight", (n_embd, n_ff), w),
-            TensorSpec(f"blk.{i}.ffn_down.weight", (n_ff, n_embd), w),
-            TensorSpec(f"blk.{i}.ffn_up.weight", (n_embd, n_ff), w),
-        ]
+        if n_expert:
+            ts += [
+                TensorSpec(f"blk.{i}.ffn_gate_inp.weight", (n_embd, n_expert), "f32"),
+                TensorSpec(f"blk.{i}.ffn_gate_exps.weight", (n_embd, n_ff_exp, n_expert), w),
+                TensorSpec(f"blk.{i}.ffn_down_exps.weight", (n_ff_exp, n_embd, n_expert), w),
+                TensorSpec(f"blk.{i}.ffn_up_exps.weight", (n_embd, n_ff_exp, n_expert), w),
+                TensorSpec(f"blk.{i}.ffn_gate_inp_shexp.weight", (n_embd,), "f32"),
+                TensorSpec(f"blk.{i}.ffn_gate_shexp.weight", (n_embd, n_ff_shexp), w),
+                TensorSpec(f"blk.{i}.ffn_down_shexp.weight", (n_ff_shexp, n_embd), w),
+                TensorSpec(f"blk.{i}.ffn_up_shexp.weight", (n_embd, n_ff_shexp), w),
+            ]
+        else:
+            ts += [
+                TensorSpec(f"blk.{i}.ffn_gate.weight", (n_embd, n_ff), w),
+                TensorSpec(f"blk.{i}.ffn_down.weight", (n_ff, n_embd), w),
+                TensorSpec(f"blk.{i}.ffn_up.weight", (n_embd, n_ff), w),
+            ]
         if i >= n_layer:
             ts += [
                 TensorSpec(f"blk.{i}.nextn.eh_proj.weight", (2 * n_embd, n_embd), w),
@@ -650,6 +674,28 @@ def qwen35(
                 TensorSpec(f"blk.{i}.nextn.hnorm.weight", (n_embd,)),
                 TensorSpec(f"blk.{i}.nextn.shared_head_norm.weight", (n_embd,)),
             ]
+    return Shape(arch, kv, ts)
+
+
+def qwen3next(*, legacy_qkvz: bool = True, **kw: Any) -> Shape:
+    """Qwen3-Next (qwen3next.cpp): Qwen3.5-MoE's blocks with one beta/alpha projection (ssm_ba),
+    the query/key/value/gate projection fused into ``ssm_in`` (``legacy_qkvz``, the GGUFs converted so far)
+    or split as Qwen3.5's, and plain (not multi-section) rope."""
+    kw.setdefault("n_expert", 8)
+    base = qwen35(**kw)
+    arch = "qwen3next"
+    kv = {k.replace("qwen35moe.", f"{arch}."): v for k, v in base.kv.items() if not k.endswith("dimension_sections")}
+    n_embd, dt_rank = kv[f"{arch}.embedding_length"], kv[f"{arch}.ssm.time_step_rank"]
+    w = next(t.type for t in base.tensors if t.name == "output.weight")
+    ts: list[TensorSpec] = []
+    for t in base.tensors:
+        layer, _, name = t.name.partition(".")[2].partition(".")
+        if name == "ssm_beta.weight":
+            ts.append(TensorSpec(f"blk.{layer}.ssm_ba.weight", (n_embd, 2 * dt_rank), w))
+        elif legacy_qkvz and name == "attn_qkv.weight":  # q, k, v and z: the value width twice
+            ts.append(TensorSpec(f"blk.{layer}.ssm_in.weight", (n_embd, t.shape[1] + kv[f"{arch}.ssm.inner_size"]), w))
+        elif name != "ssm_alpha.weight" and not (legacy_qkvz and name == "attn_gate.weight"):
+            ts.append(t)
     return Shape(arch, kv, ts)
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from llamafit.memory.graph.galloc import F32, I32, I64, Graph, Tensor, in_layer
 from llamafit.memory.graph.sampling import Samplers
-from llamafit.memory.graph.trunk import Experts, gated_ffn, input_embeddings, moe_ffn, output_head, rms_norm
+from llamafit.memory.graph.trunk import Experts, gated_ffn, input_embeddings, output_head, rms_norm, routed_and_shared
 
 
 @dataclass(frozen=True)
@@ -117,8 +117,7 @@ class Builder:
         sh = self.sh
         if sh.experts is None or il < sh.n_dense_lead:
             return gated_ffn(cur, sh.n_ff[il])
-        routed = moe_ffn(self.g, cur, sh.experts)
-        return Graph.like("add", routed, gated_ffn(cur, sh.n_ff_shexp, "_shexp")) if sh.n_ff_shexp else routed
+        return routed_and_shared(self.g, cur, sh.experts, sh.n_ff_shexp, gated=False)
 
     def attention(self, cur: Tensor, il: int) -> Tensor:
         sh, T = self.sh, self.T

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 from llamafit.memory.graph.attention import Builder, Reserve, TransformerShape
 from llamafit.memory.graph.galloc import F32, I32, Graph, Tensor, in_layer
-from llamafit.memory.graph.mtp import MROPE_SECTIONS, MtpShape, gated_attention
+from llamafit.memory.graph.mtp import MtpShape, block_ffn, gated_attention
 from llamafit.memory.graph.sampling import backend_samplers
-from llamafit.memory.graph.trunk import RecurrentStates, gated_ffn, input_embeddings, pool, rms_norm
+from llamafit.memory.graph.trunk import RecurrentStates, input_embeddings, pool, rms_norm
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,10 @@ class HybridShape:
     d_state: int  # head_k_dim of the delta-net
     n_group: int  # num_k_heads
     n_v_heads: int  # ssm.time_step_rank
+    # Qwen3-Next (qwen3next.cpp:314-563): one beta/alpha projection (ssm_ba), q/k/v/z from one projection
+    # (ssm_in, the legacy GGUFs) unless split as Qwen3.5's, and q/k repeated to the value heads
+    qwen3next: bool = False
+    legacy_qkvz: bool = False
 
 
 def hybrid_graph(sh: HybridShape, r: Reserve) -> Graph:
@@ -46,7 +50,7 @@ def hybrid_graph(sh: HybridShape, r: Reserve) -> Graph:
         head_v=a.head_dim,
         n_ff=(a.n_ff,) * n_layer,
         is_swa=(False,) * n_layer,
-        n_pos=MROPE_SECTIONS,
+        n_pos=a.n_pos,
     )
     b = Builder(shape, r)
     _Linear(b, sh, r.n_rs_seq).build()
@@ -75,7 +79,7 @@ class _Linear:
                 g.expand(cur)
                 cur = self.layer(cur) if recr else gated_attention(b, cur, a.n_head, a.n_head_kv, a.head_dim)
                 residual = Graph.like("add", cur, inp_l)
-                inp_l = Graph.like("add", gated_ffn(rms_norm(residual), a.n_ff), residual)
+                inp_l = Graph.like("add", block_ffn(g, a, rms_norm(residual)), residual)
         h_nextn = rms_norm(inp_l, "output_norm")
         embd = Graph.get_rows(h_nextn, out_ids)
         logits = Graph.mul_mat(Graph.weight((a.n_embd, a.n_vocab), "output"), embd)
@@ -86,14 +90,20 @@ class _Linear:
             backend_samplers(g, logits, self.n_seqs, b.r.samplers)
 
     def layer(self, cur: Tensor) -> Tensor:
-        """qwen35.cpp build_layer_attn_linear."""
+        """qwen35.cpp build_layer_attn_linear (qwen3next.cpp:395-563 with ``qwen3next``)."""
         sh, b, nst, ns = self.sh, self.b, self.nst, self.n_seqs
         W = Graph.weight
         E, nv, nk, hk, hv = sh.block.n_embd, sh.n_v_heads, sh.n_group, sh.d_state, self.head_v
-        qkv = Graph.reshape(Graph.mul_mat(W((E, self.conv_ch), "attn_qkv"), cur), (self.conv_ch, nst, ns))
-        z = Graph.mul_mat(W((E, sh.d_inner), "attn_gate"), cur)
-        beta = Graph.like("unary", Graph.reshape(Graph.mul_mat(W((E, nv), "ssm_beta"), cur), (1, nv, nst, ns)))
-        alpha = Graph.reshape(Graph.mul_mat(W((E, nv), "ssm_alpha"), cur), (nv, nst, ns))
+        if sh.legacy_qkvz:
+            qkv, z = self.qkvz_legacy(cur)
+        else:
+            qkv = Graph.reshape(Graph.mul_mat(W((E, self.conv_ch), "attn_qkv"), cur), (self.conv_ch, nst, ns))
+            z = Graph.mul_mat(W((E, sh.d_inner), "attn_gate"), cur)
+        if sh.qwen3next:
+            beta, alpha = self.beta_alpha(cur)
+        else:
+            beta = Graph.like("unary", Graph.reshape(Graph.mul_mat(W((E, nv), "ssm_beta"), cur), (1, nv, nst, ns)))
+            alpha = Graph.reshape(Graph.mul_mat(W((E, nv), "ssm_alpha"), cur), (nv, nst, ns))
         gate = Graph.like("unary", Graph.like("add", alpha, W((nv,), "ssm_dt.bias")))
         gate = Graph.like("mul", gate, W((nv,), "ssm_a"))
         gate = Graph.reshape(gate, (1, nv, nst, ns))
@@ -111,6 +121,8 @@ class _Linear:
         q = Graph.like("scale", Graph.like("rms_norm", Graph.view(mix, (hk, nk, nst, ns), (hk * F32, mix.nb[1]))))
         k = Graph.like("scale", Graph.like("rms_norm", Graph.view(mix, (hk, nk, nst, ns), (hk * F32, mix.nb[1]))))
         v = Graph.view(mix, (hv, nv, nst, ns), (hv * F32, mix.nb[1]))
+        if sh.qwen3next and nk != nv:  # repeat-interleaved to the value heads (qwen3next.cpp:517-538)
+            q, k = self.repeat(q), self.repeat(k)
         # the fused gated delta-net: the output rows, then K state snapshots (ggml.c:6398-6416)
         gdn = Graph.op("gated_delta_net", (hv * nv, b.T + self.K * hv * ns), q, k, v, gate, beta, state)
         written = min(nst, self.K) if self.K > 1 else 1
@@ -120,3 +132,42 @@ class _Linear:
         normed = Graph.like("mul", rms_norm(out, "ssm_norm"), Graph.like("unary", z4))
         y = Graph.mul_mat(W((sh.d_inner, E), "ssm_out"), Graph.reshape(normed, (hv * nv, nst, ns)))
         return Graph.reshape(y, (E, b.T))
+
+    def qkvz_legacy(self, cur: Tensor) -> tuple[Tensor, Tensor]:
+        """qwen3next.cpp build_qkvz's legacy path: one projection viewed per k head as q, k, v and z; z made
+        contiguous, q, k and v each made contiguous and concatenated (the conv's input)."""
+        sh, nst, ns = self.sh, self.nst, self.n_seqs
+        E, nv, nk, hk, hv = sh.block.n_embd, sh.n_v_heads, sh.n_group, sh.d_state, self.head_v
+        per_k = 2 * hk + 2 * hv * (nv // nk)
+        mixed = Graph.mul_mat(Graph.weight((E, per_k * nk), "ssm_in"), cur)
+        r = Graph.reshape(mixed, (per_k, nk, nst, ns))
+
+        def part(width: int) -> Tensor:
+            return Graph.view(r, (width, nk, nst, ns), (r.nb[1], r.nb[2], r.nb[3]))
+
+        z = Graph.op("cont", (hv * nv // nk, nk, nst, ns), part(hv * nv // nk))
+        q = Graph.op("cont", (hk * nk, nst, ns), part(hk))
+        k = Graph.op("cont", (hk * nk, nst, ns), part(hk))
+        v = Graph.op("cont", (hv * nv, nst, ns), part(hv * nv // nk))
+        qk = Graph.op("concat", (2 * hk * nk, nst, ns), q, k)
+        return Graph.op("concat", (self.conv_ch, nst, ns), qk, v), z
+
+    def beta_alpha(self, cur: Tensor) -> tuple[Tensor, Tensor]:
+        """qwen3next.cpp:418-448: beta and alpha viewed per k head out of one projection, each made
+        contiguous; beta through its sigmoid."""
+        sh, nst, ns = self.sh, self.nst, self.n_seqs
+        nv, nk = sh.n_v_heads, sh.n_group
+        mixed = Graph.mul_mat(Graph.weight((sh.block.n_embd, 2 * nv), "ssm_ba"), cur)
+        r = Graph.reshape(mixed, (2 * nv // nk, nk, nst, ns))
+        b = Graph.view(r, (nv // nk, nk, nst, ns), (r.nb[1], r.nb[2], r.nb[3]))
+        a = Graph.view(r, (nv // nk, nk, nst, ns), (r.nb[1], r.nb[2], r.nb[3]))
+        beta = Graph.like("unary", Graph.op("cont", b.ne, b))
+        return Graph.reshape(beta, (1, nv, nst, ns)), Graph.op("cont", (nv, nst, ns), a)
+
+    def repeat(self, x: Tensor) -> Tensor:
+        """ggml_repeat_4d of (head_k, 1, k heads, tokens) to (head_k, v/k, k heads, tokens), reshaped to
+        (head_k, v heads, tokens per sequence, sequences)."""
+        sh = self.sh
+        hk, nk, rf, T = sh.d_state, sh.n_group, sh.n_v_heads // sh.n_group, self.b.T
+        rep = Graph.op("repeat", (hk, rf, nk, T), Graph.reshape(x, (hk, 1, nk, T)))
+        return Graph.reshape(rep, (hk, nk * rf, self.nst, self.n_seqs))

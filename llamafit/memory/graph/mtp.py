@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from llamafit.memory.graph.attention import Builder, Reserve, TransformerShape
 from llamafit.memory.graph.galloc import F32, I32, Graph, Tensor, buffer_size
 from llamafit.memory.graph.sampling import backend_samplers
-from llamafit.memory.graph.trunk import gated_ffn, rms_norm
+from llamafit.memory.graph.trunk import Experts, gated_ffn, rms_norm, routed_and_shared
 
 MROPE_SECTIONS = 4  # qwen35 uses IMROPE: four positions per token (llama-hparams.cpp:285-288)
 
@@ -29,6 +29,18 @@ class MtpShape:
     n_head_kv: int
     head_dim: int
     n_ff: int
+    experts: Experts | None = None  # Qwen3.5-MoE: routed experts and a gated shared expert (qwen35moe.cpp)
+    n_ff_shexp: int = 0
+    n_pos: int = MROPE_SECTIONS  # positions per token (Qwen3-Next: plain rope, 1)
+    rows_before_ffn: bool = False  # Qwen3-Next's MTP block keeps the output rows before its FFN
+
+
+def block_ffn(g: Graph, sh: MtpShape, cur: Tensor) -> Tensor:
+    """A Qwen3.5 block's FFN: dense (qwen35.cpp build_layer_ffn), or the routed experts plus the shared
+    expert behind its sigmoid gate (qwen35moe.cpp build_layer_ffn; its MTP block, qwen35moe.cpp:678-716)."""
+    if sh.experts is None:
+        return gated_ffn(cur, sh.n_ff)
+    return routed_and_shared(g, cur, sh.experts, sh.n_ff_shexp, gated=True)
 
 
 def gated_attention(b: Builder, cur: Tensor, nh: int, nkv: int, hd: int) -> Tensor:
@@ -65,15 +77,18 @@ def mtp_compute_bytes(sh: MtpShape, r: Reserve, alignment: int = 32) -> int:
         head_v=hd,
         n_ff=(sh.n_ff,),
         is_swa=(False,),
-        n_pos=MROPE_SECTIONS,
+        n_pos=sh.n_pos,
     )
     b = Builder(shape, r)
 
-    def block(inp_sa: Tensor) -> Tensor:
-        residual = Graph.like("add", gated_attention(b, rms_norm(inp_sa), nh, nkv, hd), inp_sa)
-        return Graph.like("add", gated_ffn(rms_norm(residual), sh.n_ff), residual)
+    def block(inp_sa: Tensor, out_ids: Tensor) -> Tensor:
+        attn = gated_attention(b, rms_norm(inp_sa), nh, nkv, hd)
+        if sh.rows_before_ffn:  # qwen3next.cpp:760-763
+            attn, inp_sa = Graph.get_rows(attn, out_ids), Graph.get_rows(inp_sa, out_ids)
+        residual = Graph.like("add", attn, inp_sa)
+        return Graph.like("add", block_ffn(b.g, sh, rms_norm(residual)), residual)
 
-    return buffer_size(_nextn_graph(b, block), alignment)
+    return buffer_size(_nextn_graph(b, block, sh.rows_before_ffn), alignment)
 
 
 @dataclass(frozen=True)
@@ -88,24 +103,24 @@ def nextn_compute_bytes(sh: NextnShape, r: Reserve, alignment: int = 32) -> int:
     """The CPU compute buffer of a GLM-4.5 MTP context's pp reserve."""
     b = Builder(sh.block, r)
 
-    def block(inp_sa: Tensor) -> Tensor:
+    def block(inp_sa: Tensor, _out_ids: Tensor) -> Tensor:
         ffn_inp = Graph.like("add", b.attention(rms_norm(inp_sa), 0), inp_sa)
         return Graph.like("add", b.ffn(rms_norm(ffn_inp), 0), ffn_inp)
 
     return buffer_size(_nextn_graph(b, block), alignment)
 
 
-def _nextn_graph(b: Builder, block: Callable[[Tensor], Tensor]) -> Graph:
+def _nextn_graph(b: Builder, block: Callable[[Tensor, Tensor], Tensor], rows_in_block: bool = False) -> Graph:
     """What the MTP graphs share: the token rows and the trunk's hidden state (inputs), each normed,
-    concatenated and projected (``eh_proj``); the block; the head norm (``t_h_nextn``, an output) and the
-    logits of the output rows."""
+    concatenated and projected (``eh_proj``); the block (given the output rows' ids); the head norm
+    (``t_h_nextn``, an output) and the logits of the output rows (``rows_in_block``: already kept)."""
     g, T, E, V = b.g, b.T, b.sh.n_embd, b.sh.n_vocab
     W = Graph.weight
     tokens = Graph.get_rows(W((E, V)), Graph.input((T,), I32))
     concat = Graph.op("concat", (2 * E, T), rms_norm(tokens), rms_norm(Graph.input((E, T))))
-    h_nextn = rms_norm(block(Graph.mul_mat(W((2 * E, E)), concat)))
     out_ids = Graph.input((max(1, min(b.r.n_outputs, T)),), I32)
-    logits = Graph.mul_mat(W((E, V)), Graph.get_rows(h_nextn, out_ids))
+    h_nextn = rms_norm(block(Graph.mul_mat(W((2 * E, E)), concat), out_ids))
+    logits = Graph.mul_mat(W((E, V)), h_nextn if rows_in_block else Graph.get_rows(h_nextn, out_ids))
     g.expand(logits)
     h_nextn.is_output = logits.is_output = True  # t_h_nextn and t_logits (llama-graph.cpp:1396-1408)
     return g

@@ -19,6 +19,7 @@ from llamafit.memory.graph.trunk import Experts
 RECURRENT = ("mamba", "mamba2")
 Shape = TransformerShape | MlaShape | MtpShape | NextnShape | HybridShape | DflashShape
 # arch -> the sliding-window type its builder knows
+QWEN35 = ("qwen35", "qwen35moe", "qwen3next")  # the hybrids whose graphs graph.hybrid builds
 TRANSFORMER = {"llama": "none", "qwen3": "none", "qwen3moe": "none", "glm4moe": "none", "gemma3": "standard"}
 
 
@@ -43,8 +44,8 @@ def mamba_shape(model: ModelInfo) -> MambaShape | None:
 def model_shape(model: ModelInfo, mtp: bool) -> Shape | None:
     arch = model.hparams.arch
     if mtp:
-        return _mtp_shape(model) if arch == "qwen35" else _nextn_shape(model) if arch == "glm4moe" else None
-    if arch == "qwen35":
+        return _mtp_shape(model) if arch in QWEN35 else _nextn_shape(model) if arch == "glm4moe" else None
+    if arch in QWEN35:
         return _hybrid_shape(model)
     if arch == "eagle3":
         return _eagle3_shape(model)
@@ -157,26 +158,39 @@ def _nextn_shape(model: ModelInfo) -> NextnShape | None:
 
 
 def _hybrid_shape(model: ModelInfo) -> HybridShape | None:
-    """Qwen3.5 (dense): fused qkv and an output gate on the delta-net layers, separate Q (with its gate),
-    K and V on the attention layers."""
+    """Qwen3.5 (dense or MoE) and Qwen3-Next: fused qkv and an output gate (or Qwen3-Next's one ssm_in) on
+    the delta-net layers, separate Q (with its gate), K and V on the attention layers."""
     hp = model.hparams
     shapes = {t.name: t.info.shape for t in model.tensors}
     n = hp.n_layer
     heads = {hp.n_head[il] for il in range(n) if not hp.is_recr[il]}
     kv_heads = {hp.n_head_kv[il] for il in range(n) if not hp.is_recr[il]}
-    if len(heads) != 1 or len(kv_heads) != 1 or hp.head_k != hp.head_v or not hp.ssm_dt_rank or hp.n_expert:
+    if len(heads) != 1 or len(kv_heads) != 1 or hp.head_k != hp.head_v or not hp.ssm_dt_rank:
         return None
+    ffns = {_block_ffn(model, shapes, il) for il in range(n)}
+    if len(ffns) != 1 or (ffn := ffns.pop()) is None:
+        return None  # a layer with another FFN than the rest
+    nxt = hp.arch == "qwen3next"
+    legacy = nxt and "blk.0.ssm_in.weight" in shapes
+    linear: tuple[str, ...] = ("ssm_in",) if legacy else ("attn_qkv", "attn_gate")
+    linear += ("ssm_ba",) if nxt else ("ssm_beta", "ssm_alpha")
     for il in range(n):
-        need = ("attn_qkv", "attn_gate", "ssm_beta", "ssm_alpha") if hp.is_recr[il] else ("attn_q", "attn_k")
-        if any(f"blk.{il}.{t}.weight" not in shapes for t in need) or f"blk.{il}.ffn_up.weight" not in shapes:
+        need = linear if hp.is_recr[il] else ("attn_q", "attn_k")
+        if any(f"blk.{il}.{t}.weight" not in shapes for t in need):
             return None
+    if nxt and hp.ssm_dt_rank % hp.ssm_n_group:
+        return None
+    n_ff, experts, n_ff_shexp = ffn
     block = MtpShape(
         n_embd=hp.n_embd,
         n_vocab=hp.n_vocab,
         n_head=heads.pop(),
         n_head_kv=kv_heads.pop(),
         head_dim=hp.head_k,
-        n_ff=shapes["blk.0.ffn_up.weight"][1],
+        n_ff=n_ff,
+        experts=experts,
+        n_ff_shexp=n_ff_shexp,
+        n_pos=1 if nxt else MROPE_SECTIONS,
     )
     return HybridShape(
         block=block,
@@ -186,19 +200,36 @@ def _hybrid_shape(model: ModelInfo) -> HybridShape | None:
         d_state=hp.ssm_d_state,
         n_group=hp.ssm_n_group,
         n_v_heads=hp.ssm_dt_rank,
+        qwen3next=nxt,
+        legacy_qkvz=legacy,
     )
 
 
+def _block_ffn(model: ModelInfo, shapes: dict[str, tuple[int, ...]], il: int) -> tuple[int, Experts | None, int] | None:
+    """A Qwen3.5 block's FFN as (dense width, experts, shared expert width): dense for qwen35, routed
+    experts and a sigmoid-gated shared expert (or none) for qwen35moe; None for any other layout."""
+    if model.hparams.arch == "qwen35":
+        up = shapes.get(f"blk.{il}.ffn_up.weight")
+        return (up[1], None, 0) if up is not None and f"blk.{il}.ffn_gate.weight" in shapes else None
+    experts = _experts(model, shapes, il)
+    if experts is None or isinstance(model.kv.get(f"{model.hparams.arch}.expert_used_count"), list):
+        return None
+    shexp = shapes.get(f"blk.{il}.ffn_up_shexp.weight")
+    if shexp is not None and f"blk.{il}.ffn_gate_inp_shexp.weight" not in shapes:
+        return None
+    return (0, experts, shexp[1] if shexp is not None else 0)
+
+
 def _mtp_shape(model: ModelInfo) -> MtpShape | None:
-    """Qwen3.5's one NextN block with separate Q (query and gate), K and V and a dense FFN."""
+    """Qwen3.5's one NextN block with separate Q (query and gate), K and V and the trunk's kind of FFN."""
     hp = model.hparams
     if hp.n_nextn != 1:
         return None
     il = hp.n_layer
     shapes = {t.name: t.info.shape for t in model.tensors}
     q = shapes.get(f"blk.{il}.attn_q.weight")
-    up = shapes.get(f"blk.{il}.ffn_up.weight")
-    if q is None or up is None or f"blk.{il}.nextn.eh_proj.weight" not in shapes:
+    ffn = _block_ffn(model, shapes, il)
+    if q is None or ffn is None or f"blk.{il}.nextn.eh_proj.weight" not in shapes:
         return None
     if q[1] != 2 * hp.n_head[il] * hp.head_k or hp.head_k != hp.head_v:
         return None
@@ -208,7 +239,11 @@ def _mtp_shape(model: ModelInfo) -> MtpShape | None:
         n_head=hp.n_head[il],
         n_head_kv=hp.n_head_kv[il],
         head_dim=hp.head_k,
-        n_ff=up[1],
+        n_ff=ffn[0],
+        experts=ffn[1],
+        n_ff_shexp=ffn[2],
+        n_pos=1 if hp.arch == "qwen3next" else MROPE_SECTIONS,
+        rows_before_ffn=hp.arch == "qwen3next",
     )
 
 
@@ -270,7 +305,7 @@ def _experts(model: ModelInfo, shapes: dict[str, tuple[int, ...]], il: int) -> E
     if up is None or len(up) != 3 or f"blk.{il}.ffn_gate_up_exps.weight" in shapes:
         return None  # fused gate/up experts: other nodes
     scale = _num(kv.get(f"{hp.arch}.expert_weights_scale"))
-    if hp.arch in ("llama", "qwen3moe"):
+    if hp.arch in ("llama", "qwen3moe", "qwen35moe", "qwen3next"):
         return Experts(n_expert=up[2], n_used=hp.n_expert_used, n_ff=up[1], norm_w=True, scale=scale)
     gating = int(_num(kv.get(f"{hp.arch}.expert_gating_func")))
     if gating == 0:  # older GGUFs without the key: glm4-moe.cpp:16-18, deepseek2.cpp:23-31

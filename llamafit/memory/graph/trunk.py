@@ -127,6 +127,20 @@ def moe_ffn(g: Graph, cur: Tensor, ex: Experts) -> Tensor:
     return Graph.like("cont", out) if ex.n_used == 1 else out
 
 
+def routed_and_shared(g: Graph, cur: Tensor, ex: Experts, n_ff_shexp: int, gated: bool) -> Tensor:
+    """The routed experts, then the shared expert beside them (``n_ff_shexp``; 0: none) added: plain
+    (glm4-moe.cpp, deepseek2.cpp) or scaled by a sigmoid gate of one value per token (``gated``:
+    ffn_gate_inp_shexp, qwen35moe.cpp:494-545, qwen3next.cpp:565-625)."""
+    routed = moe_ffn(g, cur, ex)
+    if not n_ff_shexp:
+        return routed
+    shared = gated_ffn(cur, n_ff_shexp, "_shexp")
+    if gated:
+        gate = Graph.mul_mat(Graph.weight((cur.ne[0],), "ffn_gate_inp_shexp"), cur)
+        shared = Graph.like("mul", shared, Graph.like("unary", gate))
+    return Graph.like("add", routed, shared)
+
+
 class RecurrentStates:
     """build_rs over the full recurrent memory of a reserve (llama-graph.cpp:3587-3676; one state per
     sequence: llama-memory-recurrent.cpp:1291-1346), shared by the Mamba and delta-net replays."""
