@@ -12,8 +12,9 @@ from dataclasses import dataclass, field, fields, replace
 from llamafit.ggml import by_name
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory import backends
-from llamafit.memory.compute import compute_buffers, output_buffer_bytes, resolve_flash_attn
+from llamafit.memory.compute import ComputeSettings, compute_buffers, output_buffer_bytes, resolve_flash_attn
 from llamafit.memory.context import ContextParams, memory_buffers, resolve_context
+from llamafit.memory.graph.replay import pooling_kind
 from llamafit.memory.graph.sampling import backend_chain
 from llamafit.memory.placement import CPU, Override, RepackProfile, WeightPlacement, place_weights
 
@@ -206,20 +207,18 @@ def estimate(
     ngl = hp.n_layer_all + 1 if s.n_gpu_layers < 0 else s.n_gpu_layers
     pp = len(gpu_ids) > 1 and ngl > hp.n_layer_all and s.split_mode == "layer" and s.offload_kqv and not s.overrides
     mem = memory_buffers(hp, cp, placement.layer_device)
-    comp = compute_buffers(
-        model,
-        cp,
-        placement,
-        gpus=gpu_ids,
+    # build_pooling follows the trunk when the context makes embeddings (llama-graph.cpp:3797-3895)
+    settings = ComputeSettings(
+        gpus=tuple(gpu_ids),
         n_outputs=cp.n_outputs_max,
         fa=fa,
         op_offload=s.op_offload,
         pipeline_parallel=pp,
-        embeddings=s.embeddings,
-        pooling=s.pooling,
+        pooling=pooling_kind(s.pooling, hp.pooling_type) if s.embeddings else None,
         replay_split=exact_compute,
-        limits=limits,
+        limits=limits or {},
     )
+    comp = compute_buffers(model, cp, placement, settings)
     out_bytes = output_buffer_bytes(
         hp, cp.n_outputs_max, cp.n_seq_max, embeddings=s.embeddings, sampling=cp.sampled_rows > 0
     )
