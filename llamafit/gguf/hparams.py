@@ -249,6 +249,11 @@ def vocab_size(kv: dict[str, Any], arch: str) -> int:
     return 0
 
 
+def _flags(values: list[Any], n: int) -> list[bool]:
+    """A per-layer flag array from the file, cut or padded with False to ``n`` layers."""
+    return [bool(x) for x in values[:n]] + [False] * max(0, n - len(values))
+
+
 def resolve_hparams(kv: dict[str, Any], src: str) -> Hparams:
     arch = kv.get("general.architecture")
     if not isinstance(arch, str) or not arch:
@@ -266,6 +271,7 @@ def resolve_hparams(kv: dict[str, Any], src: str) -> Hparams:
     n_nextn = g("nextn_predict_layers")
     if n_nextn > n_all:
         raise BadModelFileError(f"{src}: nextn_predict_layers ({n_nextn}) exceeds block_count ({n_all})")
+    n_layer = n_all - n_nextn
     n_embd = g("embedding_length")
     n_head = _per_layer(kv, f"{arch}.attention.head_count", n_all, 0, src)
     n_head_kv = (
@@ -283,75 +289,9 @@ def resolve_hparams(kv: dict[str, Any], src: str) -> Hparams:
     head_k_swa = g("attention.key_length_swa", head_k)
     head_v_swa = g("attention.value_length_swa", head_v)
     mla = f"{arch}.attention.key_length_mla" in kv and f"{arch}.attention.value_length_mla" in kv
-
-    # sliding window (per-arch rules, see _SWA_RULES)
-    n_swa = g("attention.sliding_window")
-    swa_type = "none"
-    is_swa = [False] * n_all
-    rule = _SWA_RULES.get(arch)
-    pattern_kv = kv.get(f"{arch}.attention.sliding_window_pattern")
-    if arch == "gemma4":
-        swa_type = "standard"
-        if isinstance(pattern_kv, list):
-            is_swa = [bool(x) for x in pattern_kv[:n_all]] + [False] * max(0, n_all - len(pattern_kv))
-    elif arch == "lfm2" and n_swa > 0:
-        swa_type = "standard"
-    elif rule is not None:
-        pattern, dense_first, default_swa, needs_key, chunked = rule
-        file_has = f"{arch}.attention.sliding_window" in kv
-        if arch == "exaone4":  # SWA only for the 64-layer (32B) model (exaone4.cpp:2)
-            active = n_all - n_nextn == 64
-        elif needs_key:
-            active = n_swa > 0
-        else:  # llama4: an explicit sliding_window of 0 turns chunked attention off (llama4.cpp:6-12)
-            active = not (chunked and file_has and n_swa == 0)
-        if active:
-            if chunked or arch == "smallthinker" or not file_has:
-                n_swa = default_swa or n_swa
-            swa_type = "chunked" if chunked else "standard"
-            if isinstance(pattern_kv, list):
-                is_swa = [bool(x) for x in pattern_kv[:n_all]] + [False] * max(0, n_all - len(pattern_kv))
-            else:
-                if isinstance(pattern_kv, int) and not isinstance(pattern_kv, bool):
-                    pattern = pattern_kv
-                n_layer = n_all - n_nextn
-                for il in range(n_layer):
-                    if dense_first:
-                        is_swa[il] = pattern == 0 or il % pattern != 0
-                    else:
-                        is_swa[il] = pattern == 0 or il % pattern < pattern - 1
-    if arch == "phi3":
-        swa_type, is_swa = "none", [False] * n_all
-
-    # recurrent layers (per-arch rules)
-    n_layer = n_all - n_nextn
-    if arch in RECURRENT_ARCHS:
-        is_recr = [True] * n_all
-    elif arch in ("qwen3next", "qwen35", "qwen35moe", "qwen4exp", "glm5-next"):
-        rl = kv.get(f"{arch}.attention.recurrent_layers")
-        if isinstance(rl, list):
-            is_recr = [bool(x) for x in rl[:n_all]] + [False] * max(0, n_all - len(rl))
-        else:
-            interval = g("full_attention_interval", 4) or 4
-            is_recr = [il < n_layer and (il + 1) % interval != 0 for il in range(n_all)]
-    elif arch in ("nemotron_h", "nemotron_h_moe"):
-        is_recr = [il < n_layer and n_head_kv[il] == 0 and n_ff[il] == 0 for il in range(n_all)]
-    elif arch in (
-        "jamba",
-        "granitehybrid",
-        "lfm2",
-        "lfm2moe",
-        "kimi-linear",
-        "kimi-k3",
-        "bailingmoe3",
-        "minimax-01",
-        "plamo2",
-    ):
-        is_recr = [il < n_layer and n_head_kv[il] == 0 for il in range(n_all)]
-    elif arch == "falcon-h1":
-        is_recr = [True] * n_all
-    else:
-        is_recr = [False] * n_all
+    swa_type, n_swa, is_swa = _sliding_window(kv, arch, g("attention.sliding_window"), n_all, n_nextn)
+    interval = g("full_attention_interval", 4) if arch in _INTERVAL_HYBRIDS else 4
+    is_recr = _recurrent_layers(kv, arch, interval, n_all, n_layer, n_head_kv, n_ff)
     if arch == "lfm2" and swa_type != "none":
         is_swa = [not r for r in is_recr[:n_layer]] + [False] * n_nextn
 
@@ -368,19 +308,7 @@ def resolve_hparams(kv: dict[str, Any], src: str) -> Hparams:
     ff_exp = kv.get(f"{arch}.expert_feed_forward_length", 0)
     n_ff_exp = max(ff_exp) if isinstance(ff_exp, list) and ff_exp else (ff_exp if isinstance(ff_exp, int) else 0)
 
-    indexer_full: tuple[bool, ...] = ()
-    if arch in ("glm-dsa", "hy_v4", "dots3note", "deepseek32"):
-        n_layer = n_all - n_nextn
-        if arch == "glm-dsa" and g("context_length") >= 1048576:
-            default = [bool(x) for x in _GLM_5_2_INDEXER_TYPES] + [False] * max(0, n_all - len(_GLM_5_2_INDEXER_TYPES))
-        else:
-            default = [True] * n_all  # GLM 5/5.1 and the others: every trunk layer (glm-dsa.cpp:59-66)
-        types = kv.get(f"{arch}.attention.indexer.types")
-        if isinstance(types, list):
-            default[: len(types)] = [bool(x) for x in types]
-        elif isinstance(types, int) and not isinstance(types, bool):
-            default[:n_layer] = [bool(types)] * n_layer
-        indexer_full = tuple(default[:n_all])
+    indexer_full = _indexer_layers(kv, arch, g("context_length"), n_all, n_layer)
     ratios = kv.get(f"{arch}.attention.compress_ratios")
     compress = tuple(int(x) for x in ratios[:n_all]) if isinstance(ratios, list) else ()
 
@@ -428,3 +356,93 @@ def resolve_hparams(kv: dict[str, Any], src: str) -> Hparams:
         ssm_dt_b_c_rms=bool(kv.get(f"{arch}.ssm.dt_b_c_rms", False)),
         pooling_type=g("pooling_type"),
     )
+
+
+def _sliding_window(kv: dict[str, Any], arch: str, n_swa: int, n_all: int, n_nextn: int) -> tuple[str, int, list[bool]]:
+    """(swa_type, n_swa, is_swa) by each architecture's rule (``_SWA_RULES``; gemma4 and lfm2 by their own)."""
+    swa_type = "none"
+    is_swa = [False] * n_all
+    rule = _SWA_RULES.get(arch)
+    pattern_kv = kv.get(f"{arch}.attention.sliding_window_pattern")
+    if arch == "gemma4":
+        swa_type = "standard"
+        if isinstance(pattern_kv, list):
+            is_swa = _flags(pattern_kv, n_all)
+    elif arch == "lfm2" and n_swa > 0:
+        swa_type = "standard"
+    elif rule is not None:
+        pattern, dense_first, default_swa, needs_key, chunked = rule
+        file_has = f"{arch}.attention.sliding_window" in kv
+        if arch == "exaone4":  # SWA only for the 64-layer (32B) model (exaone4.cpp:2)
+            active = n_all - n_nextn == 64
+        elif needs_key:
+            active = n_swa > 0
+        else:  # llama4: an explicit sliding_window of 0 turns chunked attention off (llama4.cpp:6-12)
+            active = not (chunked and file_has and n_swa == 0)
+        if active:
+            if chunked or arch == "smallthinker" or not file_has:
+                n_swa = default_swa or n_swa
+            swa_type = "chunked" if chunked else "standard"
+            if isinstance(pattern_kv, list):
+                is_swa = _flags(pattern_kv, n_all)
+            else:
+                if isinstance(pattern_kv, int) and not isinstance(pattern_kv, bool):
+                    pattern = pattern_kv
+                for il in range(n_all - n_nextn):
+                    if dense_first:
+                        is_swa[il] = pattern == 0 or il % pattern != 0
+                    else:
+                        is_swa[il] = pattern == 0 or il % pattern < pattern - 1
+    if arch == "phi3":
+        return "none", n_swa, [False] * n_all
+    return swa_type, n_swa, is_swa
+
+
+# hybrids with full attention every ``full_attention_interval`` layers unless the file lists them
+_INTERVAL_HYBRIDS = frozenset({"qwen3next", "qwen35", "qwen35moe", "qwen4exp", "glm5-next"})
+# hybrids whose attention layers carry no KV heads in the file (their recurrent layers have none)
+_RECURRENT_WITHOUT_KV_HEADS = frozenset(
+    {"jamba", "granitehybrid", "lfm2", "lfm2moe", "kimi-linear", "kimi-k3", "bailingmoe3", "minimax-01", "plamo2"}
+)
+
+
+def _recurrent_layers(
+    kv: dict[str, Any],
+    arch: str,
+    interval: int,
+    n_all: int,
+    n_layer: int,
+    n_head_kv: tuple[int, ...],
+    n_ff: tuple[int, ...],
+) -> list[bool]:
+    """Which layers are recurrent, by each architecture's rule (``interval``: full_attention_interval)."""
+    if arch in RECURRENT_ARCHS or arch == "falcon-h1":
+        return [True] * n_all
+    if arch in _INTERVAL_HYBRIDS:
+        rl = kv.get(f"{arch}.attention.recurrent_layers")
+        if isinstance(rl, list):
+            return _flags(rl, n_all)
+        interval = interval or 4
+        return [il < n_layer and (il + 1) % interval != 0 for il in range(n_all)]
+    if arch in ("nemotron_h", "nemotron_h_moe"):
+        return [il < n_layer and n_head_kv[il] == 0 and n_ff[il] == 0 for il in range(n_all)]
+    if arch in _RECURRENT_WITHOUT_KV_HEADS:
+        return [il < n_layer and n_head_kv[il] == 0 for il in range(n_all)]
+    return [False] * n_all
+
+
+def _indexer_layers(kv: dict[str, Any], arch: str, n_ctx_train: int, n_all: int, n_layer: int) -> tuple[bool, ...]:
+    """The layers with a full DSA/MSA indexer: GLM 5.2 (1M context) a fixed pattern, the others every trunk
+    layer (glm-dsa.cpp:59-66), unless the file lists them."""
+    if arch not in ("glm-dsa", "hy_v4", "dots3note", "deepseek32"):
+        return ()
+    if arch == "glm-dsa" and n_ctx_train >= 1048576:
+        flags = _flags(list(_GLM_5_2_INDEXER_TYPES), n_all)
+    else:
+        flags = [True] * n_all
+    types = kv.get(f"{arch}.attention.indexer.types")
+    if isinstance(types, list):
+        flags[: len(types)] = [bool(x) for x in types]
+    elif isinstance(types, int) and not isinstance(types, bool):
+        flags[:n_layer] = [bool(types)] * n_layer
+    return tuple(flags[:n_all])
