@@ -4,41 +4,28 @@ supervised with each instance's memory held to its own plan."""
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from llamafit import shellwords
 from llamafit.cli.output import (
-    err_console,
-    error,
-    failed,
-    json_failure,
     note,
     print_json,
     print_line,
-    progress_console,
-    safe,
-    warn,
 )
-from llamafit.cli.render import memory_tables, rows_json
-from llamafit.cli.supervise import SHOWN_LINE, say_killed
+from llamafit.cli.supervise import View, finish
 from llamafit.devices.machine import Machine
-from llamafit.errors import DoesNotFitError, ExitCode, ServerNotFoundError, UsageError
+from llamafit.errors import DoesNotFitError, ServerNotFoundError, UsageError
 from llamafit.hub.resolve import Hub
-from llamafit.launch import before_launch, compare_all, downloads_line, exit_reason, record_launch, with_buffer_lines
+from llamafit.launch import before_launch, downloads_line, with_buffer_lines
 from llamafit.options import Options
 from llamafit.paths import data_dir
 from llamafit.prepare import Prepared
 from llamafit.server.binary import GET_SERVER_HINT, ServerBinary
 from llamafit.server.capabilities import Capabilities
-from llamafit.server.failures import Failure, classify
-from llamafit.server.logparse import is_error
-from llamafit.server.supervisor import Supervisor, is_key_line
+from llamafit.serving import serve_router
 from llamafit.several.plan import (
-    RUN_SET_SCHEMA,
     Together,
     entries_from_preset,
     entries_from_refs,
@@ -46,7 +33,6 @@ from llamafit.several.plan import (
     summary,
     to_json,
 )
-from llamafit.several.router_log import RouterLog
 
 
 @dataclass(frozen=True)
@@ -174,121 +160,10 @@ def run_several(
     write_preset(t, preset_path)
     argv = with_buffer_lines(argv, parse_server_args(t.router_args), ps.caps)
     try:
-        return supervise_router(
-            t,
-            argv,
-            env,
-            verbose=verbose,
-            log_file=log_file,
-            json_out=json_out,
-            ready_timeout=ready_timeout,
-            plan_doc=to_json(t, argv, str(preset_path)),
+        plan_doc = to_json(t, argv, str(preset_path))
+        view = View(verbose=verbose, json_out=json_out, models_max=t.models_max, plan_doc=plan_doc)
+        return finish(
+            serve_router(t, argv, env, view, log_file=log_file, ready_timeout=ready_timeout, plan_doc=plan_doc)
         )
     finally:
         preset_path.unlink(missing_ok=True)  # the run's own state goes with the run
-
-
-@dataclass
-class _Watch:
-    url: str | None = None
-    failed: tuple[str, Failure] | None = None
-    reported: set[str] = field(default_factory=set)
-    done: bool = False
-    memory: dict[str, Any] = field(default_factory=dict)
-
-
-def supervise_router(
-    t: Together,
-    argv: list[str],
-    env: dict[str, str],
-    *,
-    verbose: bool,
-    log_file: Path | None,
-    json_out: bool,
-    ready_timeout: float | None,
-    plan_doc: dict[str, Any] | None = None,
-) -> int:
-    """Run the router; as each resident instance becomes ready, hold its buffers to its plan; when all are
-    ready, print the router's URL. A resident instance that fails to load stops the router (exit 5)."""
-    err = progress_console()
-    err.print(f"[dim]llamafit:[/] {safe(shellwords.join(argv))}", soft_wrap=True)
-    plans = {m.entry.name: m for m in t.members}
-    resident = {m.entry.name for m in t.members if m.resident}
-    rl = RouterLog()
-    w = _Watch()
-    started = time.monotonic()
-
-    def finish_if_all_ready() -> None:
-        if w.done or w.url is None or not resident <= w.reported:
-            return
-        w.done = True
-        err.print(f"[green]llamafit: ready[/] at {safe(w.url)}: " + ", ".join(sorted(resident)) + " loaded")
-        if json_out:
-            doc = {"schema": RUN_SET_SCHEMA, "url": w.url, "models_max": t.models_max, "models": w.memory}
-            print_json({**doc, "plan": plan_doc})
-        else:
-            print_line(w.url)  # data: where the router listens, for scripts
-
-    def on_line(line: str) -> None:
-        inst, text, event = rl.feed(line)
-        if verbose or is_key_line(text) or event == "exited":
-            shown = line if len(line) <= SHOWN_LINE else line[:SHOWN_LINE] + " ..."
-            (err_console() if is_error(text) else err).print(safe(shown), highlight=False, soft_wrap=True)
-        if inst is None or inst.name not in plans:
-            return
-        m = plans[inst.name]
-        if event == "ready" and inst.name not in w.reported:
-            log = inst.log()
-            rows = compare_all(m.prep, log)
-            for why in record_launch(m.prep, log):  # each instance teaches the next plan of its model
-                note(f"{m.entry.name}: {why}")
-            w.reported.add(inst.name)
-            err.print(f"[green]llamafit: {safe(inst.name)} ready[/] (port {inst.port})")
-            if json_out:
-                w.memory[inst.name] = {"port": inst.port, "memory": rows_json(rows)}
-            else:
-                for table in memory_tables(rows):
-                    table.title = f"{safe(inst.name)}: {table.title}"
-                    err.print(table)
-            for r in rows:
-                if not r.within:
-                    err.print(
-                        f"[yellow]llamafit: {safe(inst.name)}: {r.context} {r.kind} on {r.buft} is off by "
-                        f"{r.diff_mib or 0:+.2f} MiB[/]"
-                    )
-            finish_if_all_ready()
-        elif event == "exited" and not inst.ready and inst.name in resident and w.failed is None:
-            pred = {d.device.id: d.use.total for d in m.prep.plan.devices}
-            usable = {d.device.id: d.usable for d in m.prep.plan.devices}
-            w.failed = (inst.name, classify(inst.lines, inst.exit_code or 1, pred, usable))
-
-    def on_ready(url: str, _log: object) -> None:
-        w.url = url
-        finish_if_all_ready()
-
-    def stop_when() -> bool:
-        late = bool(ready_timeout) and not w.done and time.monotonic() - started > (ready_timeout or 0)
-        return w.failed is not None or late
-
-    sup = Supervisor(argv, env, log_file=log_file, on_line=on_line, on_ready=on_ready, probe="/models", on_warning=warn)
-    outcome = sup.run(ready_timeout, stop_when=stop_when)
-    say_killed(outcome)
-    if w.done:
-        if outcome.returncode != 0 and not outcome.interrupted:
-            error(f"llama-server's router stopped after it was ready: {exit_reason(outcome.returncode)}")
-        return outcome.returncode
-    if outcome.interrupted:  # before a failure: the instances the router stopped on Ctrl-C did not fail
-        err.print("[dim]llamafit: interrupted while loading[/]")
-        json_failure(int(ExitCode.INTERRUPTED), "interrupted while loading", None, {"plan": plan_doc})
-        return int(ExitCode.INTERRUPTED)
-    if w.failed is not None:
-        name, f = w.failed
-        return failed(ExitCode.SERVER_LOAD_FAILED, f"{name} failed to load: {f.message}", f.hint, plan_doc)
-    if outcome.ready or outcome.failure is None:
-        return failed(
-            ExitCode.SERVER_LOAD_FAILED,
-            f"the models were not all ready after {ready_timeout or 0:.0f} s and the router was stopped",
-            "raise --ready-timeout, or run with --verbose",
-            plan_doc,
-        )
-    return failed(ExitCode.SERVER_LOAD_FAILED, outcome.failure.message, outcome.failure.hint, plan_doc)

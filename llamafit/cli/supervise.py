@@ -1,15 +1,15 @@
-"""``llamafit run``'s supervision view: the server's key lines, ready, predicted vs actual, failures."""
+"""``llamafit run``'s view of serving (``llamafit.serving``): the server's key lines, ready, predicted vs
+actual, failures on stderr; the URL, or under ``--json`` the run's document, on stdout."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from llamafit import shellwords
 from llamafit.cli.output import (
     err_console,
     error,
-    failed,
     json_failure,
     print_json,
     print_line,
@@ -18,24 +18,21 @@ from llamafit.cli.output import (
     warn,
 )
 from llamafit.cli.render import memory_tables, rows_json
-from llamafit.errors import DoesNotFitError, ExitCode
-from llamafit.launch import (
-    RETRIES,
-    SpeedCheck,
-    check_speed,
-    compare_all,
-    exit_reason,
-    failed_load_cap,
-    free_drift,
-    record_launch,
-    remember_failed_load,
-    with_buffer_lines,
-)
-from llamafit.plan import to_json
+from llamafit.compare import Row
+from llamafit.launch import RETRIES
 from llamafit.prepare import Prepared
-from llamafit.server.logparse import LoadLog, is_error
-from llamafit.server.supervisor import Outcome, Supervisor, is_key_line
-from llamafit.speed.timings import TimingReader
+from llamafit.serving import (
+    AllReady,
+    Event,
+    InstanceReady,
+    Note,
+    Problem,
+    Ready,
+    Served,
+    ServerLine,
+    serve,
+)
+from llamafit.several.plan import RUN_SET_SCHEMA
 
 SHOWN_LINE = 2000  # characters of one server line shown on the terminal (--log-file keeps it whole)
 
@@ -51,139 +48,103 @@ def supervise(
     replan: Callable[[], Prepared] | None = None,
     retries: int = RETRIES,
 ) -> int:
-    """Run the server, show what matters, and return llamafit's exit code. A load that runs out of memory
-    is recorded (what it showed the device holds) and, with ``replan``, planned again within that and
-    launched again, at most ``retries`` times, each attempt stated with its numbers."""
-    for attempt in range(retries + 1):
-        rc, outcome = _attempt(
-            prep, env, verbose=verbose, log_file=log_file, json_out=json_out, ready_timeout=ready_timeout
-        )
-        if outcome.ready or outcome.interrupted or outcome.failure is None:
-            return _said(rc, outcome, prep)
-        cap = failed_load_cap(prep, outcome.failure, outcome.log)
-        if cap is None:
-            return _said(rc, outcome, prep)
-        for why in remember_failed_load(prep, cap):
-            progress_console().print(f"[yellow]llamafit: {safe(why)}[/]", soft_wrap=True)
-        if replan is None or attempt == retries:
-            if replan is not None:
-                progress_console().print(f"[yellow]llamafit: gave up after {retries + 1} attempts[/]")
-            return _said(rc, outcome, prep)
-        progress_console().print(
-            f"[yellow]llamafit: {safe(cap.message)}; planning again within it (attempt {attempt + 2} of "
-            f"{retries + 1}; --no-retry stops at the first failure)[/]",
-            soft_wrap=True,
-        )
-        try:
-            prep = replan()
-        except DoesNotFitError as e:
-            return failed(ExitCode.DOES_NOT_FIT, f"after the failed load: {e.message}", e.hint)
-        for d in prep.plan.decisions:
-            if d.code in ("calibration.applied", "context.reduced", "context.train"):
-                progress_console().print(f"[dim]llamafit:[/] {safe(d.message)}", soft_wrap=True)
-    return int(ExitCode.SERVER_LOAD_FAILED)
+    """Serve one model, render what happens, and return llamafit's exit code."""
+    view = View(verbose=verbose, json_out=json_out)
+    return finish(
+        serve(prep, env, view, log_file=log_file, ready_timeout=ready_timeout, replan=replan, retries=retries)
+    )
 
 
-def _said(rc: int, outcome: Outcome, prep: Prepared) -> int:
-    """The exit code; under ``--json`` a load that failed (or was interrupted) is also a document on stdout
-    (``_attempt`` said it on stderr), with the plan that was launched."""
-    if not outcome.ready:
-        f = outcome.failure
-        message = "interrupted while loading" if rc == ExitCode.INTERRUPTED or f is None else f.message
-        json_failure(rc, message, f.hint if f else None, {"plan": to_json(prep.plan, prep.argv)})
-    return rc
+def finish(served: Served) -> int:
+    """The exit code; under ``--json`` a failure is also its document on stdout (said on stderr already)."""
+    if served.failure is not None:
+        json_failure(served.code, *served.failure)
+    return served.code
 
 
-def _attempt(
-    prep: Prepared,
-    env: dict[str, str],
-    *,
-    verbose: bool,
-    log_file: Path | None,
-    json_out: bool,
-    ready_timeout: float | None,
-) -> tuple[int, Outcome]:
-    argv = with_buffer_lines(prep.argv, prep.user, prep.caps)
-    err = progress_console()
-    err.print(f"[dim]llamafit:[/] {safe(shellwords.join(argv))}", soft_wrap=True)  # one line, copyable
-    err.print(f"[dim]llamafit:[/] loading {safe(prep.plan.model.name)} ...")
+class View:
+    """Renders serving's events; for the router, ``models_max`` and ``plan_doc`` make its document."""
 
-    reader = TimingReader()
-    checks: list[SpeedCheck] = []
+    def __init__(
+        self,
+        *,
+        verbose: bool,
+        json_out: bool,
+        models_max: int | None = None,
+        plan_doc: dict[str, Any] | None = None,
+    ) -> None:
+        self.verbose, self.json_out = verbose, json_out
+        self.models_max, self.plan_doc = models_max, plan_doc
+        self.memory: dict[str, Any] = {}  # the router's instances, as they became ready
+        self.err = progress_console()
 
-    def on_line(line: str) -> None:
-        if (served := reader.feed(line)) is not None:
-            checks.append(check_speed(prep, served))
-            err.print(f"[dim]llamafit:[/] {safe(checks[-1].message())}", soft_wrap=True)
-        if verbose or is_key_line(line):
-            con = err_console() if is_error(line) else err  # the server's errors even under --quiet
-            if len(line) > SHOWN_LINE:
-                line = line[:SHOWN_LINE] + f" ... ({len(line) - SHOWN_LINE} more characters)"
-            con.print(safe(line), highlight=False, soft_wrap=True)
-
-    def on_ready(url: str, log: LoadLog) -> None:
-        rows = compare_all(prep, log)
-        off = [r for r in rows if not r.within]
-        err.print(f"[green]llamafit: ready[/] at {safe(url)}")
-        if not json_out:
-            print_line(url)  # data: where the server listens, for scripts (also under --quiet)
-        drift = free_drift(prep, log)
-        if json_out:
-            doc = {
-                "schema": "llamafit.run/1",
-                "url": url,
-                "plan": to_json(prep.plan, argv),
-                "memory": rows_json(rows),
-                "server": {"device_free_mib": log.device_free_mib, "fit": log.fit},
-            }
-            print_json(doc)
+    def __call__(self, e: Event) -> None:
+        err = self.err
+        if isinstance(e, ServerLine):
+            if self.verbose or e.key:
+                line = e.text
+                if len(line) > SHOWN_LINE:
+                    line = line[:SHOWN_LINE] + f" ... ({len(line) - SHOWN_LINE} more characters)"
+                # the server's errors even under --quiet
+                (err_console() if e.error else err).print(safe(line), highlight=False, soft_wrap=True)
+        elif isinstance(e, Note):
+            if e.level == "warning":
+                warn(e.text)
+            elif e.level == "notice":
+                err.print(f"[yellow]llamafit: {safe(e.text)}[/]", soft_wrap=True)
+            else:
+                err.print(f"[dim]llamafit:[/] {safe(e.text)}", soft_wrap=True)
+        elif isinstance(e, Problem):
+            error(e.message, e.hint)
+        elif isinstance(e, Ready):
+            self.ready(e)
+        elif isinstance(e, InstanceReady):
+            self.instance_ready(e)
         else:
-            for table in memory_tables(rows):
+            self.all_ready(e)
+
+    def ready(self, e: Ready) -> None:
+        err = self.err
+        err.print(f"[green]llamafit: ready[/] at {safe(e.url)}")
+        if self.json_out:
+            server = {"device_free_mib": e.device_free_mib, "fit": list(e.fit)}
+            doc = {"schema": "llamafit.run/1", "url": e.url, "plan": e.plan_doc, "memory": rows_json(list(e.rows))}
+            print_json({**doc, "server": server})
+        else:
+            print_line(e.url)  # data: where the server listens, for scripts (also under --quiet)
+            for table in memory_tables(list(e.rows)):
                 err.print(table)
-        for line in log.fit:
+        for line in e.fit:
             err.print(f"[dim]llamafit: llama.cpp's --fit:[/] {safe(line)}", soft_wrap=True)
-        for msg in drift:
+        for msg in e.drift:
             err.print(f"[yellow]llamafit: {safe(msg)}[/]", soft_wrap=True)
-        for r in off:
-            err.print(
-                f"[yellow]llamafit: {r.context} {r.kind} on {r.buft} is off by {r.diff_mib or 0:+.2f} MiB[/] "
-                "(beyond its tolerance; the next plan for this model corrects it)"
-            )
+        for r in e.rows:
+            if not r.within:
+                err.print(
+                    f"[yellow]llamafit: {_off(r)}[/] (beyond its tolerance; the next plan for this model corrects it)"
+                )
 
-    usable = {d.device.id: d.usable for d in prep.plan.devices}
-    predicted = {d.device.id: d.use.total for d in prep.plan.devices}
-    outcome = Supervisor(
-        argv,
-        env,
-        log_file=log_file,
-        on_line=on_line,
-        on_ready=on_ready,
-        predicted=predicted,
-        usable=usable,
-        on_warning=warn,
-    ).run(ready_timeout)
-    say_killed(outcome)
-    if outcome.ready:
-        for why in record_launch(prep, outcome.log, checks):
-            err.print(f"[yellow]llamafit: {safe(why)}[/]", soft_wrap=True)
-        if outcome.returncode != 0 and not outcome.interrupted:
-            error(
-                f"llama-server stopped after it was ready: {exit_reason(outcome.returncode)}",
-                "run with --verbose (or --log-file) to see its last lines",
-            )
-        return outcome.returncode, outcome
-    f = outcome.failure
-    if outcome.interrupted and f is not None and f.kind in ("abort", "unknown"):
-        err.print("[dim]llamafit: interrupted while loading[/]")
-        return int(ExitCode.INTERRUPTED), outcome
-    assert f is not None
-    error(f.message, f.hint)
-    return int(ExitCode.SERVER_LOAD_FAILED), outcome
+    def instance_ready(self, e: InstanceReady) -> None:
+        err = self.err
+        err.print(f"[green]llamafit: {safe(e.name)} ready[/] (port {e.port})")
+        if self.json_out:
+            self.memory[e.name] = {"port": e.port, "memory": rows_json(list(e.rows))}
+        else:
+            for table in memory_tables(list(e.rows)):
+                table.title = f"{safe(e.name)}: {table.title}"
+                err.print(table)
+        for r in e.rows:
+            if not r.within:
+                err.print(f"[yellow]llamafit: {safe(e.name)}: {_off(r)}[/]")
+
+    def all_ready(self, e: AllReady) -> None:
+        self.err.print(f"[green]llamafit: ready[/] at {safe(e.url)}: " + ", ".join(e.names) + " loaded")
+        if self.json_out:
+            doc = {"schema": RUN_SET_SCHEMA, "url": e.url, "models_max": self.models_max, "models": self.memory}
+            print_json({**doc, "plan": self.plan_doc})
+        else:
+            print_line(e.url)  # data: where the router listens, for scripts
 
 
-def say_killed(outcome: Outcome) -> None:
-    if outcome.killed_after is not None:
-        progress_console().print(
-            f"[yellow]llamafit: llama-server had not stopped {outcome.killed_after:.0f} s after the interrupt and "
-            "was killed[/] (its signal handler can hang in exit(); nothing of it is left running)"
-        )
+def _off(r: Row) -> str:
+    return f"{r.context} {r.kind} on {r.buft} is off by {r.diff_mib or 0:+.2f} MiB"

@@ -1,0 +1,311 @@
+"""Serving a plan: llama-server (one model) or its router (several) launched and watched while it loads,
+what it allocated held to the plan, a load that ran out of memory planned again and relaunched.
+
+What happens is reported as events while it happens (``on_event``: notes, the server's lines, ready with
+the compared buffers as rows) and returned as a ``Served`` (the exit code, and the failure a script reads
+under ``--json``); nothing here prints. ``llamafit.cli.supervise`` renders both.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from llamafit import shellwords
+from llamafit.compare import Row
+from llamafit.errors import DoesNotFitError, ExitCode
+from llamafit.launch import (
+    RETRIES,
+    SpeedCheck,
+    check_speed,
+    compare_all,
+    exit_reason,
+    failed_load_cap,
+    free_drift,
+    record_launch,
+    remember_failed_load,
+    with_buffer_lines,
+)
+from llamafit.plan import to_json
+from llamafit.prepare import Prepared
+from llamafit.server.failures import Failure, classify
+from llamafit.server.logparse import LoadLog, is_error
+from llamafit.server.supervisor import Outcome, Supervisor, is_key_line
+from llamafit.several.plan import Together
+from llamafit.several.router_log import RouterLog
+from llamafit.speed.timings import TimingReader
+
+
+@dataclass(frozen=True)
+class Note:
+    """Something llamafit says while it serves: ``info`` (progress), ``notice`` (worth a look: a correction
+    recorded, a retry), ``warning`` (the supervisor's warnings)."""
+
+    text: str
+    level: str = "info"
+
+
+@dataclass(frozen=True)
+class ServerLine:
+    text: str
+    key: bool  # one of the lines shown without --verbose (loading, buffers, ready, errors)
+    error: bool  # an error line: shown even under --quiet
+
+
+@dataclass(frozen=True)
+class Problem:
+    """An error to say (the exit code and any ``--json`` document come with ``Served``)."""
+
+    message: str
+    hint: str | None = None
+
+
+@dataclass(frozen=True)
+class Ready:
+    """The server is ready at ``url``; ``rows``: each buffer it logged against the plan."""
+
+    url: str
+    rows: tuple[Row, ...]
+    drift: tuple[str, ...]  # free memory that moved between the plan and the load
+    fit: tuple[str, ...]  # llama.cpp's own --fit lines
+    device_free_mib: dict[str, float]
+    plan_doc: dict[str, Any]  # the plan that was launched (llamafit.plan/1)
+
+
+@dataclass(frozen=True)
+class InstanceReady:
+    """One of the router's models is ready on its own port; ``rows`` as in ``Ready``."""
+
+    name: str
+    port: int
+    rows: tuple[Row, ...]
+
+
+@dataclass(frozen=True)
+class AllReady:
+    url: str
+    names: tuple[str, ...]  # the resident models, all loaded
+
+
+Event = Note | ServerLine | Problem | Ready | InstanceReady | AllReady
+OnEvent = Callable[[Event], None]
+
+
+@dataclass(frozen=True)
+class Served:
+    """How serving ended: the exit code, and under ``--json`` the failure document's message, hint and the
+    plan it carries (None when it ended well or the document was already complete)."""
+
+    code: int
+    failure: tuple[str, str | None, dict[str, Any] | None] | None = None
+
+
+def serve(
+    prep: Prepared,
+    env: dict[str, str],
+    on_event: OnEvent,
+    *,
+    log_file: Path | None = None,
+    ready_timeout: float | None = None,
+    replan: Callable[[], Prepared] | None = None,
+    retries: int = RETRIES,
+) -> Served:
+    """Run one model's server until it exits. A load that runs out of memory is recorded (what it showed
+    the device holds) and, with ``replan``, planned again within that and launched again, at most
+    ``retries`` times, each attempt stated with its numbers."""
+    for attempt in range(retries + 1):
+        rc, outcome = _attempt(prep, env, on_event, log_file, ready_timeout)
+        if outcome.ready or outcome.interrupted or outcome.failure is None:
+            return _ended(rc, outcome, prep)
+        cap = failed_load_cap(prep, outcome.failure, outcome.log)
+        if cap is None:
+            return _ended(rc, outcome, prep)
+        for why in remember_failed_load(prep, cap):
+            on_event(Note(why, "notice"))
+        if replan is None or attempt == retries:
+            if replan is not None:
+                on_event(Note(f"gave up after {retries + 1} attempts", "notice"))
+            return _ended(rc, outcome, prep)
+        on_event(
+            Note(
+                f"{cap.message}; planning again within it (attempt {attempt + 2} of {retries + 1}; "
+                "--no-retry stops at the first failure)",
+                "notice",
+            )
+        )
+        try:
+            prep = replan()
+        except DoesNotFitError as e:
+            message = f"after the failed load: {e.message}"
+            on_event(Problem(message, e.hint))
+            return Served(int(ExitCode.DOES_NOT_FIT), (message, e.hint, None))
+        for d in prep.plan.decisions:
+            if d.code in ("calibration.applied", "context.reduced", "context.train"):
+                on_event(Note(d.message))
+    return Served(int(ExitCode.SERVER_LOAD_FAILED))
+
+
+def _ended(rc: int, outcome: Outcome, prep: Prepared) -> Served:
+    """A load that failed (or was interrupted) is also a document under ``--json``, with the plan that was
+    launched (``_attempt`` said it on stderr)."""
+    if outcome.ready:
+        return Served(rc)
+    f = outcome.failure
+    message = "interrupted while loading" if rc == ExitCode.INTERRUPTED or f is None else f.message
+    return Served(rc, (message, f.hint if f else None, {"plan": to_json(prep.plan, prep.argv)}))
+
+
+def _attempt(
+    prep: Prepared, env: dict[str, str], on_event: OnEvent, log_file: Path | None, ready_timeout: float | None
+) -> tuple[int, Outcome]:
+    argv = with_buffer_lines(prep.argv, prep.user, prep.caps)  # the log level the comparison reads
+    on_event(Note(shellwords.join(argv)))  # one line, copyable
+    on_event(Note(f"loading {prep.plan.model.name} ..."))
+    reader = TimingReader()
+    checks: list[SpeedCheck] = []
+
+    def on_line(line: str) -> None:
+        if (served := reader.feed(line)) is not None:
+            checks.append(check_speed(prep, served))
+            on_event(Note(checks[-1].message()))
+        on_event(ServerLine(line, is_key_line(line), is_error(line)))
+
+    def on_ready(url: str, log: LoadLog) -> None:
+        rows = tuple(compare_all(prep, log))
+        doc = to_json(prep.plan, argv)
+        on_event(Ready(url, rows, tuple(free_drift(prep, log)), tuple(log.fit), dict(log.device_free_mib), doc))
+
+    outcome = Supervisor(
+        argv,
+        env,
+        log_file=log_file,
+        on_line=on_line,
+        on_ready=on_ready,
+        predicted={d.device.id: d.use.total for d in prep.plan.devices},
+        usable={d.device.id: d.usable for d in prep.plan.devices},
+        on_warning=lambda text: on_event(Note(text, "warning")),
+    ).run(ready_timeout)
+    _killed(outcome, on_event)
+    if outcome.ready:
+        for why in record_launch(prep, outcome.log, checks):
+            on_event(Note(why, "notice"))
+        if outcome.returncode != 0 and not outcome.interrupted:
+            on_event(
+                Problem(
+                    f"llama-server stopped after it was ready: {exit_reason(outcome.returncode)}",
+                    "run with --verbose (or --log-file) to see its last lines",
+                )
+            )
+        return outcome.returncode, outcome
+    f = outcome.failure
+    if outcome.interrupted and f is not None and f.kind in ("abort", "unknown"):
+        on_event(Note("interrupted while loading"))
+        return int(ExitCode.INTERRUPTED), outcome
+    assert f is not None
+    on_event(Problem(f.message, f.hint))
+    return int(ExitCode.SERVER_LOAD_FAILED), outcome
+
+
+def _killed(outcome: Outcome, on_event: OnEvent) -> None:
+    if outcome.killed_after is not None:
+        on_event(
+            Note(
+                f"llama-server had not stopped {outcome.killed_after:.0f} s after the interrupt and was killed "
+                "(its signal handler can hang in exit(); nothing of it is left running)",
+                "notice",
+            )
+        )
+
+
+@dataclass
+class _Watch:
+    url: str | None = None
+    failed: tuple[str, Failure] | None = None
+    reported: set[str] = field(default_factory=set)
+    done: bool = False
+
+
+def serve_router(
+    t: Together,
+    argv: list[str],
+    env: dict[str, str],
+    on_event: OnEvent,
+    *,
+    log_file: Path | None = None,
+    ready_timeout: float | None = None,
+    plan_doc: dict[str, Any] | None = None,
+) -> Served:
+    """Run the router; as each resident instance becomes ready, hold its buffers to its plan; when all are
+    ready, say so. A resident instance that fails to load stops the router (exit 5)."""
+    on_event(Note(shellwords.join(argv)))
+    plans = {m.entry.name: m for m in t.members}
+    resident = {m.entry.name for m in t.members if m.resident}
+    rl = RouterLog()
+    w = _Watch()
+    started = time.monotonic()
+
+    def finish_if_all_ready() -> None:
+        if w.done or w.url is None or not resident <= w.reported:
+            return
+        w.done = True
+        on_event(AllReady(w.url, tuple(sorted(resident))))
+
+    def on_line(line: str) -> None:
+        inst, text, event = rl.feed(line)
+        on_event(ServerLine(line, is_key_line(text) or event == "exited", is_error(text)))
+        if inst is None or inst.name not in plans:
+            return
+        m = plans[inst.name]
+        if event == "ready" and inst.name not in w.reported:
+            log = inst.log()
+            rows = tuple(compare_all(m.prep, log))
+            for why in record_launch(m.prep, log):  # each instance teaches the next plan of its model
+                on_event(Note(f"{m.entry.name}: {why}"))
+            w.reported.add(inst.name)
+            on_event(InstanceReady(inst.name, inst.port, rows))
+            finish_if_all_ready()
+        elif event == "exited" and not inst.ready and inst.name in resident and w.failed is None:
+            pred = {d.device.id: d.use.total for d in m.prep.plan.devices}
+            usable = {d.device.id: d.usable for d in m.prep.plan.devices}
+            w.failed = (inst.name, classify(inst.lines, inst.exit_code or 1, pred, usable))
+
+    def on_ready(url: str, _log: object) -> None:
+        w.url = url
+        finish_if_all_ready()
+
+    def stop_when() -> bool:
+        late = bool(ready_timeout) and not w.done and time.monotonic() - started > (ready_timeout or 0)
+        return w.failed is not None or late
+
+    sup = Supervisor(
+        argv,
+        env,
+        log_file=log_file,
+        on_line=on_line,
+        on_ready=on_ready,
+        probe="/models",
+        on_warning=lambda text: on_event(Note(text, "warning")),
+    )
+    outcome = sup.run(ready_timeout, stop_when=stop_when)
+    _killed(outcome, on_event)
+    if w.done:
+        if outcome.returncode != 0 and not outcome.interrupted:
+            on_event(Problem(f"llama-server's router stopped after it was ready: {exit_reason(outcome.returncode)}"))
+        return Served(outcome.returncode)
+    plan = {"plan": plan_doc}
+    if outcome.interrupted:  # before a failure: the instances the router stopped on Ctrl-C did not fail
+        on_event(Note("interrupted while loading"))
+        return Served(int(ExitCode.INTERRUPTED), ("interrupted while loading", None, plan))
+    if w.failed is not None:
+        name, f = w.failed
+        message, hint = f"{name} failed to load: {f.message}", f.hint
+    elif outcome.ready or outcome.failure is None:
+        message = f"the models were not all ready after {ready_timeout or 0:.0f} s and the router was stopped"
+        hint = "raise --ready-timeout, or run with --verbose"
+    else:
+        message, hint = outcome.failure.message, outcome.failure.hint
+    on_event(Problem(message, hint))
+    return Served(int(ExitCode.SERVER_LOAD_FAILED), (message, hint, plan))
