@@ -137,6 +137,17 @@ def _ffn(i: int, n_embd: int, n_ff: int, w: str) -> list[TensorSpec]:
     ]
 
 
+def _gate_down_up(i: int, fmt: str, n_embd: int, n_ff: int, w: str, n_expert: int = 0) -> list[TensorSpec]:
+    """A block's gate, down and up projections, named by ``fmt`` (``ffn_{}``, ``ffn_{}_exps``, ``ffn_{}_shexp``);
+    ``n_expert``: one of each per expert."""
+    e = (n_expert,) if n_expert else ()
+    return [
+        TensorSpec(f"blk.{i}.{fmt.format('gate')}.weight", (n_embd, n_ff, *e), w),
+        TensorSpec(f"blk.{i}.{fmt.format('down')}.weight", (n_ff, n_embd, *e), w),
+        TensorSpec(f"blk.{i}.{fmt.format('up')}.weight", (n_embd, n_ff, *e), w),
+    ]
+
+
 def _io(n_embd: int, n_vocab: int, w: str, tied: bool) -> list[TensorSpec]:
     ts = [TensorSpec("token_embd.weight", (n_embd, n_vocab), w), TensorSpec("output_norm.weight", (n_embd,))]
     if not tied:
@@ -651,22 +662,12 @@ def qwen35(
         else:
             ts += full_attn(i)
         if n_expert:
-            ts += [
-                TensorSpec(f"blk.{i}.ffn_gate_inp.weight", (n_embd, n_expert), "f32"),
-                TensorSpec(f"blk.{i}.ffn_gate_exps.weight", (n_embd, n_ff_exp, n_expert), w),
-                TensorSpec(f"blk.{i}.ffn_down_exps.weight", (n_ff_exp, n_embd, n_expert), w),
-                TensorSpec(f"blk.{i}.ffn_up_exps.weight", (n_embd, n_ff_exp, n_expert), w),
-                TensorSpec(f"blk.{i}.ffn_gate_inp_shexp.weight", (n_embd,), "f32"),
-                TensorSpec(f"blk.{i}.ffn_gate_shexp.weight", (n_embd, n_ff_shexp), w),
-                TensorSpec(f"blk.{i}.ffn_down_shexp.weight", (n_ff_shexp, n_embd), w),
-                TensorSpec(f"blk.{i}.ffn_up_shexp.weight", (n_embd, n_ff_shexp), w),
-            ]
+            ts += [TensorSpec(f"blk.{i}.ffn_gate_inp.weight", (n_embd, n_expert), "f32")]
+            ts += _gate_down_up(i, "ffn_{}_exps", n_embd, n_ff_exp, w, n_expert)
+            ts += [TensorSpec(f"blk.{i}.ffn_gate_inp_shexp.weight", (n_embd,), "f32")]
+            ts += _gate_down_up(i, "ffn_{}_shexp", n_embd, n_ff_shexp, w)
         else:
-            ts += [
-                TensorSpec(f"blk.{i}.ffn_gate.weight", (n_embd, n_ff), w),
-                TensorSpec(f"blk.{i}.ffn_down.weight", (n_ff, n_embd), w),
-                TensorSpec(f"blk.{i}.ffn_up.weight", (n_embd, n_ff), w),
-            ]
+            ts += _gate_down_up(i, "ffn_{}", n_embd, n_ff, w)
         if i >= n_layer:
             ts += [
                 TensorSpec(f"blk.{i}.nextn.eh_proj.weight", (2 * n_embd, n_embd), w),
@@ -1000,19 +1001,11 @@ def glm4moe(
             ts += [
                 TensorSpec(f"blk.{i}.ffn_gate_inp.weight", (n_embd, n_expert), "f32"),
                 TensorSpec(f"blk.{i}.exp_probs_b.bias", (n_expert,)),
-                TensorSpec(f"blk.{i}.ffn_gate_exps.weight", (n_embd, n_ff_exp, n_expert), w),
-                TensorSpec(f"blk.{i}.ffn_down_exps.weight", (n_ff_exp, n_embd, n_expert), w),
-                TensorSpec(f"blk.{i}.ffn_up_exps.weight", (n_embd, n_ff_exp, n_expert), w),
-                TensorSpec(f"blk.{i}.ffn_gate_shexp.weight", (n_embd, n_ff_exp), w),
-                TensorSpec(f"blk.{i}.ffn_down_shexp.weight", (n_ff_exp, n_embd), w),
-                TensorSpec(f"blk.{i}.ffn_up_shexp.weight", (n_embd, n_ff_exp), w),
             ]
+            ts += _gate_down_up(i, "ffn_{}_exps", n_embd, n_ff_exp, w, n_expert)
+            ts += _gate_down_up(i, "ffn_{}_shexp", n_embd, n_ff_exp, w)
         else:
-            ts += [
-                TensorSpec(f"blk.{i}.ffn_gate.weight", (n_embd, n_ff), w),
-                TensorSpec(f"blk.{i}.ffn_down.weight", (n_ff, n_embd), w),
-                TensorSpec(f"blk.{i}.ffn_up.weight", (n_embd, n_ff), w),
-            ]
+            ts += _gate_down_up(i, "ffn_{}", n_embd, n_ff, w)
         if i >= n_layer:
             ts += [
                 TensorSpec(f"blk.{i}.nextn.eh_proj.weight", (2 * n_embd, n_embd), w),
