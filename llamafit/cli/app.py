@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from llamafit import __version__, shellwords
+from llamafit import __version__
 from llamafit.cli.options import (
     CpuOnlyOpt,
     DraftOpt,
@@ -354,47 +354,21 @@ def run(
                 ready_timeout=ready_timeout or None,
             )
             raise typer.Exit(code)
-        prep = _prepare(refs[0], o, json_out, quant)
-        report = prep.report()
-        print_report([r for r in report if r[0] == "note"], decisions=False)
-        pending = prep.downloads()
-        if dry_run:
-            # the warnings; of the decisions only a choice left to llamafit (no launch follows)
-            print_report([r for r in report if r[0] == "warning"], decisions=False)
-            if (chosen := prep.plan.decision("quant.best")) is not None:
-                note(chosen.message)
-            if pending:
-                from llamafit.launch import downloads_line
+        from llamafit.cli.supervise import run_one
+        from llamafit.launch import RETRIES
 
-                note(downloads_line(pending, "run would download"))
-            if json_out:
-                print_json(prep.to_json())  # the plan, with the argv in it
-            else:
-                typer.echo(shellwords.join(prep.argv))
-            return
-        from llamafit.cli.supervise import supervise
-        from llamafit.launch import RETRIES, before_launch
-        from llamafit.paths import named_files
-
-        env = before_launch(prep.server, pending, prep.hub, log_file, named_files(prep.argv[1:]), note)
-        print_report([r for r in report if r[0] != "note"], decisions=True)
-        if exec_:
-            from llamafit.server.supervisor import exec_server
-
-            note(shellwords.join(prep.argv))
-            exec_server(prep.argv, env)
-        raise typer.Exit(
-            supervise(
-                prep,
-                env,
-                verbose=verbose,
-                log_file=log_file,
-                json_out=json_out,
-                ready_timeout=ready_timeout or None,
-                replan=lambda: _prepare(refs[0], o, json_out, quant),
-                retries=0 if no_retry else RETRIES,
-            )
+        code = run_one(
+            _prepare(refs[0], o, json_out, quant),
+            dry_run=dry_run,
+            exec_=exec_,
+            json_out=json_out,
+            verbose=verbose,
+            log_file=log_file,
+            ready_timeout=ready_timeout or None,
+            replan=lambda: _prepare(refs[0], o, json_out, quant),
+            retries=0 if no_retry else RETRIES,
         )
+        raise typer.Exit(code)
 
 
 def _register_tune() -> None:

@@ -7,19 +7,23 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from llamafit import shellwords
 from llamafit.cli.output import (
     err_console,
     error,
     json_failure,
+    note,
     print_json,
     print_line,
+    print_report,
     progress_console,
     safe,
     warn,
 )
 from llamafit.cli.render import memory_tables, rows_json
 from llamafit.compare import Row
-from llamafit.launch import RETRIES
+from llamafit.launch import RETRIES, before_launch, downloads_line
+from llamafit.paths import named_files
 from llamafit.prepare import Prepared
 from llamafit.serving import (
     AllReady,
@@ -35,6 +39,54 @@ from llamafit.serving import (
 from llamafit.several.plan import RUN_SET_SCHEMA
 
 SHOWN_LINE = 2000  # characters of one server line shown on the terminal (--log-file keeps it whole)
+
+
+def run_one(
+    prep: Prepared,
+    *,
+    dry_run: bool,
+    exec_: bool,
+    json_out: bool,
+    verbose: bool,
+    log_file: Path | None,
+    ready_timeout: float | None,
+    replan: Callable[[], Prepared],
+    retries: int,
+) -> int:
+    """``run`` with one model, once planned: the argv (``--dry-run``), or the downloads and the environment,
+    then the server replacing llamafit (``--exec``) or served and watched."""
+    report = prep.report()
+    print_report([r for r in report if r[0] == "note"], decisions=False)
+    pending = prep.downloads()
+    if dry_run:
+        # the warnings; of the decisions only a choice left to llamafit (no launch follows)
+        print_report([r for r in report if r[0] == "warning"], decisions=False)
+        if (chosen := prep.plan.decision("quant.best")) is not None:
+            note(chosen.message)
+        if pending:
+            note(downloads_line(pending, "run would download"))
+        if json_out:
+            print_json(prep.to_json())  # the plan, with the argv in it
+        else:
+            print_line(shellwords.join(prep.argv))
+        return 0
+    env = before_launch(prep.server, pending, prep.hub, log_file, named_files(prep.argv[1:]), note)
+    print_report([r for r in report if r[0] != "note"], decisions=True)
+    if exec_:
+        from llamafit.server.supervisor import exec_server
+
+        note(shellwords.join(prep.argv))
+        exec_server(prep.argv, env)
+    return supervise(
+        prep,
+        env,
+        verbose=verbose,
+        log_file=log_file,
+        json_out=json_out,
+        ready_timeout=ready_timeout,
+        replan=replan,
+        retries=retries,
+    )
 
 
 def supervise(
