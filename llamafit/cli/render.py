@@ -357,7 +357,7 @@ def history_table(entries: list[dict[str, Any]], path: str) -> Table:
     for e in entries:
         pred = e.get("predicted_bytes", {}).get("compute", {})
         act = e.get("actual_mib", {}).get("compute", {})
-        comp = ", ".join(f"{k} {pred.get(k, 0) / 2**20:.1f} -> {v:.1f}" for k, v in act.items())
+        comp = ", ".join(f"{k} {pred.get(k, 0) / MiB:.1f} -> {v:.1f}" for k, v in act.items())
         kv = sum(e.get("actual_mib", {}).get("kv", {}).values())
         st = e.get("settings", {})
         t.add_row(

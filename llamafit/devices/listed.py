@@ -24,9 +24,10 @@ import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from llamafit.memory import backends
 from llamafit.server.bounded import run_bounded
+from llamafit.units import MiB
 
-MiB = 1 << 20
 LIST_TIMEOUT = 10.0
 CACHE_VERSION = 1
 _LINE = re.compile(
@@ -35,16 +36,6 @@ _LINE = re.compile(
 # ggml-vulkan's device line at debug verbosity (ggml-vulkan.cpp:5168): "uma" is an integrated GPU
 _VK_INFO = re.compile(r"ggml_vulkan: (?P<i>\d+) = .* \| uma: (?P<uma>[01]) \|")
 # device name prefix -> backend, as each backend names its devices (GGML_CUDA_NAME, GGML_VK_NAME, ...)
-PREFIXES = {
-    "CUDA": "CUDA",
-    "ROCm": "ROCm",
-    "MUSA": "MUSA",
-    "Vulkan": "Vulkan",
-    "SYCL": "SYCL",
-    "MTL": "Metal",
-    "Metal": "Metal",
-    "RPC": "RPC",
-}
 # variables that change which devices a backend shows (docs/backends.md)
 SELECTION_VARS = (
     "CUDA_VISIBLE_DEVICES",
@@ -68,8 +59,9 @@ class ListedDevice:
 
 
 def backend_of(name: str) -> str:
-    prefix = re.sub(r"\d+$", "", name)
-    return PREFIXES.get(prefix, "")
+    """The backend of a listed device's name (``CUDA0``, ``MTL0``), "" for one llamafit does not know."""
+    b = backends.backend(name)
+    return b.name if b is not None else ""
 
 
 # a device line llamafit cannot read: indented, a name and a colon, then anything (common/arg.cpp:1165)

@@ -15,7 +15,7 @@ from llamafit.fit import messages
 from llamafit.fit.search import Search, Trial
 from llamafit.memory import backends
 from llamafit.memory.footprint import LoadSettings
-from llamafit.memory.placement import CPU
+from llamafit.memory.placement import CPU, gpu_layers
 from llamafit.plan import Decision, SpecReport
 from llamafit.server.capabilities import Capabilities
 from llamafit.speculative import SpecChoice, SpecConfig, SpecOptions, ngram_host_bytes, rollback_rows, target_settings
@@ -123,7 +123,7 @@ def fit_with_policy(
         """The drafter beside the target's own placement (its GPU layers and experts), at the largest
         context in [lo_, hi_]: the drafter may take what is left, never push the target off the GPU."""
         s_a = alone.settings
-        ngl = model.hparams.n_layer_all + 1 if s_a.n_gpu_layers < 0 else s_a.n_gpu_layers
+        ngl = gpu_layers(s_a.n_gpu_layers, model.hparams.n_layer_all)
         s_base = replace(target_settings(model, base, spec, opts), overrides=s_a.overrides)
 
         def attempt(ctx: int) -> Trial | None:

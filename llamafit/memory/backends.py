@@ -35,8 +35,9 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from llamafit.units import MiB
+
 CPU = "CPU"
-MiB = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ BACKENDS = {
     "SYCL": Backend("SYCL", "SYCL_Host", True, 128, 384 * MiB),
     "RPC": Backend("RPC", None, False, 32, 0),
 }
-_PREFIX = re.compile(r"^(?P<prefix>CUDA|ROCm|MUSA|Vulkan|MTL|SYCL|RPC)\d*")
+_PREFIX = re.compile(r"^(?P<prefix>CUDA|ROCm|MUSA|Vulkan|MTL|Metal|SYCL|RPC)\d*")
 
 
 @functools.cache  # a handful of names, asked for every tensor of every placement the fit tries
@@ -72,7 +73,7 @@ def backend(device: str) -> Backend | None:
     if device.endswith("_Host"):
         return None
     m = _PREFIX.match(device)
-    return BACKENDS[m["prefix"]] if m else None
+    return BACKENDS["MTL" if m["prefix"] == "Metal" else m["prefix"]] if m else None
 
 
 def kind(device: str) -> str:

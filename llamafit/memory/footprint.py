@@ -16,7 +16,7 @@ from llamafit.memory.compute import ComputeSettings, compute_buffers, output_buf
 from llamafit.memory.context import ContextParams, memory_buffers, resolve_context
 from llamafit.memory.graph.replay import pooling_kind
 from llamafit.memory.graph.sampling import backend_chain
-from llamafit.memory.placement import CPU, Override, RepackProfile, WeightPlacement, place_weights
+from llamafit.memory.placement import CPU, Override, RepackProfile, WeightPlacement, gpu_layers, place_weights
 
 
 @dataclass(frozen=True)
@@ -204,7 +204,7 @@ def estimate(
         ),
         mtp=context_label == "mtp",
     )
-    ngl = hp.n_layer_all + 1 if s.n_gpu_layers < 0 else s.n_gpu_layers
+    ngl = gpu_layers(s.n_gpu_layers, hp.n_layer_all)
     pp = len(gpu_ids) > 1 and ngl > hp.n_layer_all and s.split_mode == "layer" and s.offload_kqv and not s.overrides
     mem = memory_buffers(hp, cp, placement.layer_device)
     # build_pooling follows the trunk when the context makes embeddings (llama-graph.cpp:3797-3895)

@@ -56,13 +56,18 @@ def host_repack_profile() -> RepackProfile:
     return REPACK_NONE
 
 
+def gpu_layers(n_gpu_layers: int, n_layer_all: int) -> int:
+    """``-ngl`` as a count: below 0 ("all", or unset and resolved to all) is every layer and the output."""
+    return n_layer_all + 1 if n_gpu_layers < 0 else n_gpu_layers
+
+
 def layer_devices(n_layer_all: int, n_gpu_layers: int, gpus: Sequence[str], splits: Sequence[float]) -> list[str]:
     """Device of each layer ``0..n_layer_all`` (the last entry is the output layer).
 
     ``n_gpu_layers`` < 0 means all (``n_layer_all + 1``). ``splits`` are the -ts proportions, or
     the devices' free memory when -ts is unset (llama-model.cpp:1557-1603).
     """
-    ngl = n_layer_all + 1 if n_gpu_layers < 0 else n_gpu_layers
+    ngl = gpu_layers(n_gpu_layers, n_layer_all)
     if not gpus:
         return [CPU] * (n_layer_all + 1)
     cum: list[float] = []

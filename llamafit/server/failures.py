@@ -105,7 +105,7 @@ def classify(
             )
         return Failure("device_oom", f"{device} ran out of memory (asked for {what}){plan_says()}", oom_hint, device)
     if m := next((m for t in text if (m := _HOST_OOM.search(t))), None):
-        size = int(float(m["mb"]) * 1024 * 1024) if m["mb"] else int(m["size"])
+        size = int(float(m["mb"]) * MiB) if m["mb"] else int(m["size"])
         return Failure(
             "host_oom",
             f"the host ran out of memory (an allocation of {fmt_bytes(size)} failed)",
