@@ -32,6 +32,10 @@ _TRUTHY = {"on", "enabled", "true", "1"}
 _FALSY = {"off", "disabled", "false", "0"}
 
 
+DEFAULT_CTX_CHECKPOINTS = 32  # -ctxcp (common.h:635)
+DEFAULT_CACHE_RAM_MIB = 8192  # -cram (common.h:638)
+
+
 @dataclass(frozen=True)
 class Request:
     """Everything that constrains the plan. ``None`` means "llamafit decides"."""
@@ -55,6 +59,8 @@ class Request:
     offload_kqv: bool = True
     swa_full: bool = False
     backend_sampling: bool = False  # -bs: each slot's sampler chain runs in the graph
+    ctx_checkpoints: int | None = None  # --ctx-checkpoints (None: the server's default, llamafit may lower it)
+    cache_ram_mib: int | None = None  # --cache-ram (None: the server's default, llamafit may lower it)
     sampling_args: tuple[tuple[str, str], ...] = ()  # the sampling flags given, in order
     embeddings: bool = False  # --embeddings / --reranking: every token of a batch is an output
     pooling: str | None = None  # --pooling TYPE (--reranking: rank)
@@ -259,6 +265,10 @@ def build_request(
         kw["n_batch"] = int_value(o.value, o.tokens[0], 1)
     if (o := args.last("--ubatch-size")) is not None:
         kw["n_ubatch"] = int_value(o.value, o.tokens[0], 1)
+    if (o := args.last("--ctx-checkpoints")) is not None:
+        kw["ctx_checkpoints"] = int_value(o.value, o.tokens[0], 0)
+    if (o := args.last("--cache-ram")) is not None:
+        kw["cache_ram_mib"] = int_value(o.value, o.tokens[0], -1)
     if (o := args.last("--flash-attn")) is not None:
         kw["flash_attn"] = parse_bool_value(o.value, o.tokens[0], allow_auto=True)
     if (o := args.last("--cache-type-k")) is not None:

@@ -143,7 +143,7 @@ def _make_plan(
         was, now = messages.where(out.trial.settings, ids), messages.where(t.settings, ids)
         out = replace(out, placement=replace(out.placement, message=out.placement.message.replace(was, now)))
     planned = planned_argv(model, t.settings, t.fp.context.n_ctx, gpus, req, machine, out.spec, opts)
-    runtime = plan_runtime(model, t, out.spec, opts, req, search)
+    runtime = plan_runtime(model, t, out.spec, req, search)
     planned += runtime.flags
     decisions = _decisions(model, machine, req, search, t, out, planned, calib, projector)
     if faster is not None:  # right after the placement it changed

@@ -21,9 +21,9 @@ from llamafit.memory.context import checkpoint_bytes, draft_checkpoint_bytes
 from llamafit.memory.footprint import Use
 from llamafit.memory.placement import CPU
 from llamafit.plan import Decision
-from llamafit.request import Request
+from llamafit.request import DEFAULT_CACHE_RAM_MIB, DEFAULT_CTX_CHECKPOINTS, Request
 from llamafit.server.args import Planned
-from llamafit.speculative import SpecConfig, SpecOptions
+from llamafit.speculative import SpecConfig
 from llamafit.units import MiB
 
 
@@ -47,9 +47,7 @@ class RuntimeHost:
         return self.checkpoints + max(self.prompt_cache, 0)
 
 
-def plan_runtime(
-    model: ModelInfo, t: Trial, spec: SpecConfig, opts: SpecOptions, req: Request, search: Search
-) -> RuntimeHost:
+def plan_runtime(model: ModelInfo, t: Trial, spec: SpecConfig, req: Request, search: Search) -> RuntimeHost:
     hp = model.hparams
     cp = t.fp.context
     needs = (hp.swa_type != "none" and not cp.swa_full) or any(hp.is_recr) or cp.n_rs_seq > 0
@@ -58,9 +56,9 @@ def plan_runtime(
     extra = 1 if spec.drafter is not None and any(hp.is_recr) else 0
     unified = sum(t.fp.gpus[g].total + t.extra.get(g, Use()).total for g in search.unified)
     room = search.host_usable - (t.fp.host.total + t.extra.get(CPU, Use()).total + unified)
-    user_ckpt = req.server_args.last("--ctx-checkpoints") is not None
-    user_cache = req.server_args.last("--cache-ram") is not None
-    slots, n, cache = cp.n_seq_max, (opts.ctx_checkpoints if needs else 0), opts.cache_ram_mib
+    user_ckpt, user_cache = req.ctx_checkpoints is not None, req.cache_ram_mib is not None
+    n = (DEFAULT_CTX_CHECKPOINTS if req.ctx_checkpoints is None else req.ctx_checkpoints) if needs else 0
+    slots, cache = cp.n_seq_max, DEFAULT_CACHE_RAM_MIB if req.cache_ram_mib is None else req.cache_ram_mib
 
     def kept(n: int) -> int:  # checkpoints the server keeps per slot with --ctx-checkpoints n
         return n + extra if n else 0

@@ -21,8 +21,6 @@ from llamafit.speculative.choose import Drafter, DrafterFiles, LocalFiles, SpecC
 from llamafit.speculative.cost import SpecConfig, drafter_use, n_draft_max, rollback_rows, target_settings
 from llamafit.speculative.flags import SpecOptions, spec_options
 from llamafit.speculative.kinds import (
-    DEFAULT_CACHE_RAM_MIB,
-    DEFAULT_CTX_CHECKPOINTS,
     DEFAULT_N_MAX,
     DRAFT_GRAPH_RESERVE,
     DRAFT_TYPES,
@@ -38,8 +36,6 @@ from llamafit.speculative.kinds import (
 )
 
 __all__ = [
-    "DEFAULT_CACHE_RAM_MIB",
-    "DEFAULT_CTX_CHECKPOINTS",
     "DEFAULT_N_MAX",
     "DRAFT_GRAPH_RESERVE",
     "DRAFT_TYPES",

@@ -8,7 +8,7 @@ from llamafit.errors import UsageError
 from llamafit.memory.placement import Override
 from llamafit.request import FFN_EXPS_REGEX, int_value, kv_type_value, n_cpu_moe_overrides, override_entries
 from llamafit.server.args import ServerArgs
-from llamafit.speculative.kinds import DEFAULT_CACHE_RAM_MIB, DEFAULT_CTX_CHECKPOINTS, DEFAULT_N_MAX, SPEC_TYPES
+from llamafit.speculative.kinds import DEFAULT_N_MAX, SPEC_TYPES
 
 
 @dataclass(frozen=True)
@@ -27,8 +27,6 @@ class SpecOptions:
     overrides: tuple[Override, ...] = ()  # -otd / -cmoed / -ncmoed
     type_k: str = "f16"  # -ctkd
     type_v: str = "f16"  # -ctvd
-    ctx_checkpoints: int = DEFAULT_CTX_CHECKPOINTS
-    cache_ram_mib: int = DEFAULT_CACHE_RAM_MIB
     ngram_mod_n_max: int = 64
     backend_sampling: bool = True  # --[no-]spec-draft-backend-sampling (common.h:335: on)
 
@@ -83,10 +81,6 @@ def spec_options(
         kw["type_k"] = kv_type_value(occ.value, occ.tokens[0])
     if (occ := args.last("--spec-draft-type-v")) is not None:
         kw["type_v"] = kv_type_value(occ.value, occ.tokens[0])
-    if (occ := args.last("--ctx-checkpoints")) is not None:
-        kw["ctx_checkpoints"] = int_value(occ.value, occ.tokens[0], 0)
-    if (occ := args.last("--cache-ram")) is not None:
-        kw["cache_ram_mib"] = int_value(occ.value, occ.tokens[0], -1)
     if (on := args.flag("--spec-draft-backend-sampling")) is not None:
         kw["backend_sampling"] = on
     if (occ := args.last("--spec-ngram-mod-n-max")) is not None:

@@ -31,8 +31,6 @@ NGRAM_N_MAX = {"ngram-simple": 48, "ngram-map-k": 48, "ngram-map-k4v": 48, "ngra
 # The seed's flat reserve for a drafter whose size cannot be known: 5 % of the card plus a draft graph.
 UNSIZED_FRACTION = 0.05
 DRAFT_GRAPH_RESERVE = 224 * MiB
-DEFAULT_CTX_CHECKPOINTS = 32  # -ctxcp (common.h:635)
-DEFAULT_CACHE_RAM_MIB = 8192  # -cram (common.h:638)
 
 
 def ngram_host_bytes(spec_type: str, n_parallel: int) -> int:
