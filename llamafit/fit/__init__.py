@@ -188,7 +188,7 @@ def _decisions(
     if any(backends.kind(dev) == "rpc" for dev in t.fp.layer_device):
         decisions.append(messages.rpc_network(t.fp.layer_device, machine))
     if search.unified:
-        unified = sum(t.fp.gpus[g].total + t.extra.get(g, Use()).total for g in search.unified)
+        unified = search.unified_use(t.fp, t.extra)
         host_use = t.fp.host.total + t.extra.get(CPU, Use()).total
         decisions.append(messages.unified_memory(search.unified, unified, host_use, search.host_usable))
     if machine.blind:
@@ -210,7 +210,7 @@ def _assemble(
     warnings: list[str],
     runtime: RuntimeHost | None = None,
 ) -> Plan:
-    unified = sum(t.fp.gpus[g].total + t.extra.get(g, Use()).total for g in search.unified)
+    unified = search.unified_use(t.fp, t.extra)
     layers_on = {g.id: sum(1 for d in t.fp.layer_device if d == g.id) for g in gpus}
     return Plan(
         model=model,

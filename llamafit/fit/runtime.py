@@ -54,7 +54,7 @@ def plan_runtime(model: ModelInfo, t: Trial, spec: SpecConfig, req: Request, sea
     ckpt = checkpoint_bytes(hp, cp) + _drafter_state(spec, t) if needs else 0
     # speculative decoding on a context that cannot remove tokens keeps one more (server-context.cpp:3229-3305)
     extra = 1 if spec.drafter is not None and any(hp.is_recr) else 0
-    unified = sum(t.fp.gpus[g].total + t.extra.get(g, Use()).total for g in search.unified)
+    unified = search.unified_use(t.fp, t.extra)
     room = search.host_usable - (t.fp.host.total + t.extra.get(CPU, Use()).total + unified)
     user_ckpt, user_cache = req.ctx_checkpoints is not None, req.cache_ram_mib is not None
     n = (DEFAULT_CTX_CHECKPOINTS if req.ctx_checkpoints is None else req.ctx_checkpoints) if needs else 0

@@ -20,14 +20,14 @@ from llamafit.fit.split import split_balanced, split_fastest, split_greedy
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory import backends
 from llamafit.memory.adapters import Adapters
-from llamafit.memory.context import per_layer_memory
+from llamafit.memory.context import N_CTX_PAD, per_layer_memory
 from llamafit.memory.footprint import Footprint, LoadSettings, Use, estimate
 from llamafit.memory.placement import CPU, Override
 from llamafit.plan import Decision
 from llamafit.request import PARTIAL_EXPS_REGEX, Request, experts_on_cpu
 from llamafit.speculative import SpecConfig, SpecOptions, drafter_use
 
-CTX_STEP = 256
+CTX_STEP = N_CTX_PAD  # the server pads n_ctx to this: the only contexts that differ
 # -ts takes fewer values than llama_max_devices() = 16 (common/arg.cpp:2843, src/llama.cpp:86-88)
 MAX_SPLIT_DEVICES = 15
 
@@ -145,6 +145,10 @@ class Search:
     def budget(self, dev: str) -> int:
         return self.usable.get(dev, self.host_usable)
 
+    def unified_use(self, fp: Footprint, extra: dict[str, Use]) -> int:
+        """What the unified-memory devices hold (their memory is host RAM: counted against the host too)."""
+        return sum(fp.gpus[g].total + extra.get(g, Use()).total for g in self.unified)
+
     def run(self, s: LoadSettings, spec: SpecConfig, exact: bool = True) -> Trial:
         """``s`` priced; ``exact=False``: split graphs' compute by the per-phase estimate (the bisections'
         quick probes, settled with exact trials after)."""
@@ -156,7 +160,7 @@ class Search:
         if self.adapters is not None:  # on the devices of the weights they change
             for dev, b in self.adapters.per_device(fp.placement, self.model.hparams.n_layer).items():
                 extra[dev] = extra.get(dev, Use()) + Use(adapters=b)
-        unified = sum(fp.gpus[g].total + extra.get(g, Use()).total for g in self.unified)
+        unified = self.unified_use(fp, extra)
         worst, over = CPU, fp.host.total + extra.get(CPU, Use()).total + unified - self.host_usable
         for g in self.ids:
             o = fp.gpus[g].total + extra.get(g, Use()).total - self.usable[g]
