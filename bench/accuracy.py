@@ -80,6 +80,7 @@ def build_files(d: Path, quick: bool) -> dict[str, Path]:
     if not quick:
         w("qwen3_30b_a3b", shapes.qwen3_30b_a3b())
         w("glm45_air_cut", shapes.glm45_air_cut())
+        w("dsv32_cut", shapes.deepseek_v32_cut())
         w("qwen35_35b_a3b", shapes.qwen35_35b_a3b())
         w("qwen3_next_80b", shapes.qwen3_next_80b_a3b())
     split_dir = d / "split"
@@ -156,6 +157,8 @@ def cases(quick: bool) -> list[Case]:
             Case("MoE: Qwen3-30B-A3B", "qwen3_30b_a3b", [*NR, "-c", "8192", "-np", "3", "-fa", "off"]),
             Case("MoE + MTP: GLM-4.5-Air layers", "glm45_air_cut", [*NR, "-c", "8192"], spec="draft-mtp"),
             Case("MoE + MTP: GLM-4.5-Air layers", "glm45_air_cut", [*NR, "-c", "16384", "-np", "1"]),
+            Case("DSA: DeepSeek-V3.2 layers", "dsv32_cut", [*NR, "-c", "16384", "-np", "1"]),
+            Case("DSA: DeepSeek-V3.2 layers", "dsv32_cut", [*NR, "-c", "8192", "-np", "1", "-fa", "off"]),
             *(
                 Case(label, key, [*NR, *args], spec=spec)
                 for label, key in (

@@ -70,6 +70,18 @@ def qwen3_next_80b_a3b() -> factory.Shape:
                              w="q4_K")  # fmt: skip
 
 
+def deepseek_v32_cut() -> factory.Shape:
+    """deepseek-ai/DeepSeek-V3.2's layer dimensions (7168 embd, 128 heads, q LoRA 1536, kv LoRA 512, rope 64,
+    nope 128, v 128, 256 experts, 8 used, of 2048, one shared, dense first layers of 18432, the lightning
+    indexer: 64 heads of 128, top-k 2048; 129280 vocab) at 6 layers (3 dense, 3 MoE) instead of 61, so the
+    CPU build loads it in seconds; per-layer buffers are the full model's."""
+    return factory.deepseek2(name="DeepSeek-V3.2 layers, 6 deep (shape)", n_layer=6, n_embd=7168, n_head=128,
+                             kv_lora_rank=512, rope_dim=64, nope_dim=128, v_dim=128, n_dense_lead=3,
+                             q_lora_rank=1536, n_ff=18432, n_expert=256, n_expert_used=8, n_ff_exp=2048,
+                             n_vocab=129280, ctx=163840, w="q4_K", dsa=True, indexer_heads=64, indexer_dim=128,
+                             indexer_top_k=2048)  # fmt: skip
+
+
 def mamba_130m() -> factory.Shape:
     """state-spaces/mamba-130m: 24 layers, 768 embd, d_state 16, d_conv 4, dt_rank 48, 50280 vocab."""
     return factory.mamba(name="Mamba-130M (shape)", n_layer=24, n_embd=768, d_state=16, dt_rank=48, n_vocab=50280,

@@ -60,6 +60,8 @@ def shapes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "mla": factory.deepseek2(),
         "dsa": factory.deepseek2(dsa=True, name="dsa"),
         "glm4moe": factory.glm4moe(),
+        "glm_dsa": factory.glm_dsa(name="glm-dsa"),
+        "glm_dsa_mtp": factory.glm_dsa(n_nextn=1, indexer_types=(1, 0, 1, 0, 0), name="glm-dsa-mtp"),
         "hybrid": factory.qwen35(),
         "hybrid_mtp": factory.qwen35(n_nextn=1, name="hybrid-mtp"),
         "hybrid_moe": factory.qwen35(n_expert=8, name="hybrid-moe"),

@@ -299,6 +299,7 @@ def deepseek2(
     dsa: bool = False,
     indexer_heads: int = 4,
     indexer_dim: int = 64,
+    indexer_top_k: int = 64,
 ) -> Shape:
     """DeepSeek-V3 style MLA with q LoRA and split attn_k_b/attn_v_b (src/models/deepseek2.cpp); with
     ``dsa`` the DeepSeek-V3.2 sparse-attention variant with its lightning indexer (deepseek32.cpp)."""
@@ -326,7 +327,7 @@ def deepseek2(
         kv.update({
             f"{arch}.attention.indexer.head_count": indexer_heads,
             f"{arch}.attention.indexer.key_length": indexer_dim,
-            f"{arch}.attention.indexer.top_k": 64,
+            f"{arch}.attention.indexer.top_k": indexer_top_k,
             f"{arch}.expert_gating_func": 2,
         })  # fmt: skip
     ts = _io(n_embd, n_vocab, w, False)
@@ -570,6 +571,22 @@ def dspark_dsv4(
     for i in range(n_layer):
         ts += _dsv4_block(i, n_embd, n_head, head_dim, q_lora_rank, o_groups, o_lora_rank, hc_mult, n_expert,
                           n_ff_exp, w)  # fmt: skip
+    return Shape(arch, kv, ts)
+
+
+def glm_dsa(*, indexer_types: tuple[int, ...] = (1, 1, 0, 0), n_nextn: int = 0, **kw: Any) -> Shape:
+    """GLM-5 (glm-dsa.cpp): DeepSeek-V3.2's blocks with sigmoid routing by default and, per
+    ``indexer_types``, layers that reuse the last full layer's top-k (no indexer tensors of their own);
+    ``n_nextn`` MTP layers declared in the header whose tensors the file does not carry (trunk-only)."""
+    base = deepseek2(dsa=True, n_layer=len(indexer_types), **kw)
+    arch = "glm-dsa"
+    kv = {k.replace("deepseek32.", f"{arch}."): v for k, v in base.kv.items() if k != "deepseek32.expert_gating_func"}
+    kv[f"{arch}.attention.indexer.types"] = list(indexer_types)
+    if n_nextn:
+        kv[f"{arch}.block_count"] = len(indexer_types) + n_nextn
+        kv[f"{arch}.nextn_predict_layers"] = n_nextn
+    shared = {i for i, full in enumerate(indexer_types) if not full}
+    ts = [t for t in base.tensors if not (".indexer." in t.name and int(t.name.split(".")[1]) in shared)]
     return Shape(arch, kv, ts)
 
 

@@ -48,6 +48,8 @@ CASES = [
     ("mla", ["-c", "4096", "-ctk", "q8_0", "-ctv", "q8_0"]),
     ("dsa", ["-c", "4096"]),
     ("dsa", ["-c", "8192", "-np", "2"]),
+    ("glm_dsa", ["-c", "4096"]),  # layers that reuse a full layer's top-k
+    ("glm_dsa_mtp", ["-c", "8192", "-np", "2"]),  # NextN layers declared, not in the file
     ("glm4moe", ["-c", "4096"]),
     ("glm4moe", ["-c", "4096", "-ncmoe", "2"]),
     ("hybrid", ["-c", "4096"]),
@@ -178,7 +180,7 @@ REPLAY_ARGS = [
     ["-c", "8192", "-np", "3", "-fa", "off", "-ub", "256"],
     ["-c", "6000", "-np", "2", "-kvu", "-fa", "off"],
 ]
-REPLAY_SHAPES = ("dense", "qwen3", "gemma3", "moe", "mla", "hybrid", "glm4moe", "hybrid_moe", "next")
+REPLAY_SHAPES = ("dense", "qwen3", "gemma3", "moe", "mla", "dsa", "glm_dsa", "hybrid", "glm4moe", "hybrid_moe", "next")
 REPLAY_CASES = [(s, a) for s in REPLAY_SHAPES for a in REPLAY_ARGS]
 
 
@@ -190,7 +192,8 @@ def test_a_dense_transformer_compute_buffer_is_the_allocator_replay(
     (DeepSeek-V3 style: absorbed K, a K-only cache, shared expert), the Qwen3.5 hybrid (gated delta-net
     and gated attention layers), Qwen3.5-MoE (its experts and gated shared expert: the per-phase estimate
     was 9-17 % over on Qwen3.5-35B-A3B's shape) and Qwen3-Next (one ssm_in and ssm_ba projection, q/k
-    repeated to the value heads) with flash attention on and off, one and
+    repeated to the value heads), DeepSeek-V3.2 and GLM-5's sparse attention (the lightning indexer, its
+    top-k opening the mask; the per-phase estimate was 6-7 % under) with flash attention on and off, one and
     several streams: the replayed reserve graph gives the compute buffer to the log's 0.01 MiB. With the
     per-phase estimate Gemma 3 without flash attention was 5 % under (a second transposed-V index input)
     and MLA up to 6 % under (V made contiguous, n_kv x kv_lora_rank in the cache's type)."""

@@ -50,6 +50,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "hybrid": factory.qwen35().write(d / "hybrid.gguf"),
         "hybrid_moe": factory.qwen35(n_expert=8, name="hybrid-moe").write(d / "hybrid-moe.gguf"),
         "next": factory.qwen3next(name="next").write(d / "next.gguf"),
+        "glm_dsa": factory.glm_dsa(name="glm-dsa", n_vocab=4096).write(d / "glm-dsa.gguf"),
         "mamba2": factory.mamba2().write(d / "mamba2.gguf"),
         "mamba": factory.mamba().write(d / "mamba.gguf"),
         "dflash": factory.dflash(
@@ -178,6 +179,7 @@ SPLITS = [
     ("hybrid", ["-c", "4096", "-np", "2", "-ngl", "4", "-ts", "2,1", "-fa", "off"]),
     ("hybrid_moe", ["-c", "4096", "-ngl", "all", "-ts", "1,1", "--n-cpu-moe", "2"]),  # gated shared expert
     ("next", ["-c", "4096", "-ngl", "5", "-ts", "1,1", "-fa", "off"]),  # ssm_in, ssm_ba, repeated q/k
+    ("glm_dsa", ["-c", "4096", "-ngl", "3", "-ts", "1,1"]),  # the lightning indexer and its cache, partial
     ("mamba2", ["-c", "4096", "-np", "2", "-ngl", "3", "-ts", "1,1"]),  # pure recurrent, partial
     ("mamba", ["-c", "4096", "-ngl", "3", "-ts", "2,1"]),
     # a full offload without overrides: pipeline parallelism (four copies of every input)
@@ -188,6 +190,7 @@ SPLITS = [
     ("mla", ["-c", "4096", "-ts", "1,1"]),
     ("hybrid", ["-c", "4096", "-ts", "1,1"]),
     ("next", ["-c", "4096", "-np", "2", "-ts", "1,1"]),
+    ("glm_dsa", ["-c", "4096", "-np", "2", "-ts", "1,1"]),
     ("mamba2", ["-c", "4096", "-ts", "1,1"]),
     # backend sampling: 130 verification rows, each sampler chain's ops and its random input per row
     ("qwen06", ["-c", "4096", "-bs", "-ngl", "20", "-ts", "3,2", "--spec-type", "ngram-mod", "-np", "2"]),

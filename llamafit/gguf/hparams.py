@@ -73,9 +73,10 @@ NO_MEMORY_ARCHS = frozenset(
     }
 )
 # Cache layouts (DSA/MSA indexers) modelled from llama.cpp's source but not yet held to a real load;
-# deepseek32's DSA cache and DeepSeek-V4's caches and compressor states are (tests/test_memory_vs_server.py).
+# deepseek32's and glm-dsa's DSA caches and DeepSeek-V4's caches and compressor states are
+# (tests/test_memory_vs_server.py).
 # The plan says so.
-UNVERIFIED_MEMORY_ARCHS = frozenset({"glm-dsa", "dots3note", "minimax-m3", "hy_v4", "qwen4exp", "glm5-next"})
+UNVERIFIED_MEMORY_ARCHS = frozenset({"dots3note", "minimax-m3", "hy_v4", "qwen4exp", "glm5-next"})
 # Graphs no replay builds whose compute buffer the per-phase estimate measurably misses: arch -> what
 # the plan says (measured on shapes the real server loaded; tests/test_memory_vs_server.py)
 ESTIMATED_COMPUTE_ARCHS = {

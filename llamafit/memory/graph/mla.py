@@ -5,7 +5,10 @@ the compressed KV and its RoPE part, ``wk_b`` absorbed into the query, one K-onl
 ``kv_lora_rank`` columns are V), ``build_attn`` for a K-only cache (llama-graph.cpp:3056-3112: Q, V, K
 expanded in that order), build_attn_mha with ``v_mla`` (2691-2830: without flash attention V is made
 contiguous transposed, ``n_kv x kv_lora_rank`` per stream), the dense lead layers' FFN and the MoE
-layers' experts plus the shared expert (``graph_trunk``).
+layers' experts plus the shared expert (``graph_trunk``). DeepSeek-V3.2 and GLM-5's sparse attention
+(``src/models/deepseek32.cpp:210-420``, ``glm-dsa.cpp``) add the lightning indexer: its rotated query and
+key, the key stored in the indexer's own cache, the scores over that cache and their top-k, which
+unmask the attention's mask (``build_attn`` for the DSA input, llama-graph.cpp:3114-3187).
 """
 
 from __future__ import annotations
@@ -15,6 +18,19 @@ from dataclasses import dataclass
 from llamafit.memory.graph.attention import Reserve
 from llamafit.memory.graph.galloc import F32, I32, I64, Graph, Tensor, in_layer
 from llamafit.memory.graph.trunk import Experts, gated_ffn, input_embeddings, moe_ffn, output_head, rms_norm
+
+
+@dataclass(frozen=True)
+class Indexer:
+    """The DSA lightning indexer of a layer that computes its own top-k (GLM-5's shared layers reuse the
+    last one: ``full``)."""
+
+    n_head: int
+    head_dim: int
+    top_k: int
+    rot: int  # the Hadamard rotation of its cache, always made for it (llama-kv-cache.cpp:321-351)
+    full: tuple[bool, ...]
+    fused: bool = True  # ggml_lightning_indexer (cparams.fused_lid), else the scores op by op
 
 
 @dataclass(frozen=True)
@@ -32,6 +48,7 @@ class MlaShape:
     n_ff: int  # the dense layers' FFN
     n_ff_shexp: int  # the shared expert's FFN (0: none)
     experts: Experts
+    indexer: Indexer | None = None
 
 
 def mla_graph(shape: MlaShape, r: Reserve) -> Graph:
@@ -48,6 +65,11 @@ class _Builder:
         self.pos = Graph.input((self.T,), I32)
         self.k_idxs = Graph.input((self.T,), I64)
         self.mask = Graph.input((r.n_kv, self.T // self.ns, 1, self.ns), 2 if r.flash_attn else F32)
+        self.top_k: Tensor | None = None
+        if (ix := sh.indexer) is not None:  # build_attn_inp_k_dsa_impl (llama-graph.cpp:3411-3441)
+            self.k_idxs_lid = Graph.input((self.T,), I64)
+            self.mask_lid = Graph.input((r.n_kv, self.T // self.ns, 1, self.ns), 2 if ix.fused else F32)
+            self.k_rot = Graph.input((ix.rot, ix.rot), F32)
 
     def graph(self) -> Graph:
         sh, g, T = self.sh, self.g, self.T
@@ -55,7 +77,7 @@ class _Builder:
         out_ids = Graph.input((max(1, min(self.r.n_outputs, T)),), I32)
         for il in range(sh.n_layer):
             with in_layer(il):
-                cur = self.attention(rms_norm(inp_l))
+                cur = self.attention(rms_norm(inp_l), il)
                 if il == sh.n_layer - 1:
                     cur = Graph.get_rows(cur, out_ids)
                     inp_l = Graph.get_rows(inp_l, out_ids)
@@ -70,14 +92,16 @@ class _Builder:
         output_head(g, inp_l, sh.n_vocab, self.r.pooling, max(1, self.r.n_seqs), self.r.samplers)
         return g
 
-    def attention(self, cur: Tensor) -> Tensor:
+    def attention(self, cur: Tensor, il: int) -> Tensor:
         sh, r, g, T, ns = self.sh, self.r, self.g, self.T, self.ns
         W = Graph.weight
         rank, rope, nh = sh.kv_lora_rank, sh.rope_dim, sh.n_head
         k_mla = sh.nope_dim + rope
         if sh.q_lora_rank:
-            q = rms_norm(Graph.mul_mat(W((sh.n_embd, sh.q_lora_rank), "attn_q_a"), cur))
-            q = Graph.mul_mat(W((sh.q_lora_rank, nh * k_mla), "attn_q_b"), q)
+            qr = rms_norm(Graph.mul_mat(W((sh.n_embd, sh.q_lora_rank), "attn_q_a"), cur))
+            if sh.indexer is not None and sh.indexer.full[il]:
+                self.top_k = self.index(cur, qr, sh.indexer)
+            q = Graph.mul_mat(W((sh.q_lora_rank, nh * k_mla), "attn_q_b"), qr)
         else:
             q = Graph.mul_mat(W((sh.n_embd, nh * k_mla), "attn_q"), cur)
         q = Graph.reshape(q, (k_mla, nh, T))
@@ -97,19 +121,20 @@ class _Builder:
             g.expand(t)
         cache = Graph.cache((rank + rope, r.n_kv * ns), r.cache_esize)
         g.expand(Graph.set_rows(cache, Graph.view(k_cur, (rank + rope, T), (k_cur.nb[2],)), self.k_idxs))
+        mask = self.mask if self.top_k is None else self.sparse_mask(self.top_k)
         qs = Graph.view(q_cur, (rank + rope, T // ns, nh, ns))
         kp = Graph.view(cache, (rank + rope, r.n_kv, 1, ns))
         # V is the first kv_lora_rank columns of each cache row: a view with the cache's row stride
         vp = Graph.view(cache, (rank, r.n_kv, 1, ns), (cache.nb[1], cache.nb[1] * r.n_kv, cache.nb[1] * r.n_kv))
         v_mla = W((rank, sh.v_dim, nh), "attn_v_b")
         if r.flash_attn:
-            out = Graph.op("flash_attn_ext", (rank, nh, T // ns, ns), qs, kp, vp, self.mask)
+            out = Graph.op("flash_attn_ext", (rank, nh, T // ns, ns), qs, kp, vp, mask)
             out = Graph.view(out, (rank, T // ns, nh, ns), op="permute")
             out = Graph.op("mul_mat", (sh.v_dim, T // ns, nh, ns), v_mla, out)
             out = Graph.op("cont", (sh.v_dim, nh, T // ns, ns), Graph.view(out, (sh.v_dim, nh, T // ns, ns)))
             attn = Graph.reshape(out, (sh.v_dim * nh, T))
         else:
-            kq = Graph.like("soft_max", Graph.op("mul_mat", (r.n_kv, T // ns, nh, ns), kp, qs), self.mask)
+            kq = Graph.like("soft_max", Graph.op("mul_mat", (r.n_kv, T // ns, nh, ns), kp, qs), mask)
             vt = Graph.transpose(vp)
             v = Graph.op("cont", vt.ne, vt, esize=r.cache_esize)  # ggml_cont keeps the cache's type
             kqv = Graph.op("mul_mat", (rank, T // ns, nh, ns), v, kq)
@@ -117,3 +142,54 @@ class _Builder:
             attn = Graph.op("cont", (sh.v_dim * nh, T), Graph.view(kqv, (sh.v_dim, nh, T // ns, ns), op="permute"))
         g.expand(attn)
         return Graph.mul_mat(W((sh.v_dim * nh, sh.n_embd), "attn_output"), attn)
+
+    def index(self, cur: Tensor, qr: Tensor, ix: Indexer) -> Tensor:
+        """The lightning indexer (deepseek32.cpp:226-321): the top-k cells of its scores, per token."""
+        r, g, T, ns = self.r, self.g, self.T, self.ns
+        W = Graph.weight
+        hd, nih = ix.head_dim, ix.n_head
+        iq = Graph.reshape(Graph.mul_mat(W((self.sh.q_lora_rank, nih * hd), "indexer.attn_q_b"), qr), (hd, nih, T))
+        iq = Graph.like("rope", iq, self.pos)
+        ik = Graph.mul_mat(W((self.sh.n_embd, hd), "indexer.attn_k"), cur)
+        # build_norm(LLM_NORM) with a bias: the norm, then the weight and the bias in place
+        ik = Graph.like(
+            "add",
+            Graph.like("mul", Graph.like("norm", ik), W((hd,), "indexer.k_norm")),
+            W((hd,), "indexer.k_norm.bias"),
+        )
+        ik = Graph.like("rope", Graph.reshape(ik, (hd, 1, T)), self.pos)
+        iq = Graph.mul_mat(self.k_rot, iq)  # the Hadamard transform of both
+        ik = Graph.mul_mat(self.k_rot, ik)
+        cache = Graph.cache((hd, r.n_kv * ns), r.cache_esize)
+        g.expand(Graph.set_rows(cache, Graph.view(ik, (hd, T), (ik.nb[2],)), self.k_idxs_lid))
+        weights = Graph.mul_mat(W((self.sh.n_embd, nih), "indexer.proj"), cur)
+        keys = Graph.view(cache, (hd, 1, r.n_kv, ns))
+        iq = Graph.view(iq, (hd, nih, T // ns, ns))
+        weights = Graph.like("scale", Graph.view(weights, (nih, T // ns, 1, ns)))
+        if ix.fused:
+            score = Graph.op("lightning_indexer", (r.n_kv, T // ns, 1, ns), iq, keys, weights, self.mask_lid)
+        else:  # the scores op by op (deepseek32.cpp:284-316)
+            kq = Graph.op(
+                "mul_mat",
+                (r.n_kv, T // ns, nih, ns),
+                Graph.view(keys, keys.ne, op="permute"),
+                Graph.view(iq, (hd, T // ns, nih, ns), op="permute"),
+            )
+            kq = Graph.op("cont", (nih, T // ns, r.n_kv, ns), Graph.view(kq, (nih, T // ns, r.n_kv, ns), op="permute"))
+            s = Graph.op("sum_rows", (1, T // ns, r.n_kv, ns), Graph.like("mul", Graph.like("unary", kq), weights))
+            s = Graph.op("cont", (r.n_kv, T // ns, 1, ns), Graph.view(s, (r.n_kv, T // ns, 1, ns), op="permute"))
+            score = Graph.like("add", s, self.mask_lid)
+        top = Graph.op("top_k", (min(r.n_kv, ix.top_k), T // ns, 1, ns), score, esize=I32)
+        return Graph.op("cont", top.ne, top, esize=I32)
+
+    def sparse_mask(self, top_k: Tensor) -> Tensor:
+        """The attention's mask with only the top-k cells open (llama-graph.cpp:3144-3170): a mask of -inf,
+        zeros written at the top-k cells through set_rows, then the causal mask added."""
+        m = self.mask
+        filled = Graph.like("fill", m)
+        rows = Graph.view(filled, (1, m.ne[0], m.ne[1], m.ne[3]), (filled.nb[0], filled.nb[1], filled.nb[2]))
+        idx = Graph.view(top_k, (top_k.ne[0], top_k.ne[1], top_k.ne[3], 1))
+        zeros = Graph.like("fill", Graph.new((1, top_k.ne[0], top_k.ne[1], top_k.ne[3])))
+        opened = Graph.set_rows(rows, zeros, idx)
+        opened = Graph.view(opened, m.ne)
+        return Graph.like("add", opened, m)

@@ -12,11 +12,12 @@ from llamafit.memory.graph.attention import TransformerShape
 from llamafit.memory.graph.dflash import DflashShape, Markov
 from llamafit.memory.graph.hybrid import HybridShape
 from llamafit.memory.graph.mamba import MambaShape
-from llamafit.memory.graph.mla import MlaShape
+from llamafit.memory.graph.mla import Indexer, MlaShape
 from llamafit.memory.graph.mtp import MROPE_SECTIONS, MtpShape, NextnShape
 from llamafit.memory.graph.trunk import Experts
 
 RECURRENT = ("mamba", "mamba2")
+MLA = ("deepseek2", "deepseek32", "glm-dsa")  # the MLA trunks graph.mla builds (with DSA's indexer: the last two)
 Shape = TransformerShape | MlaShape | MtpShape | NextnShape | HybridShape | DflashShape
 # arch -> the sliding-window type its builder knows
 QWEN35 = ("qwen35", "qwen35moe", "qwen3next")  # the hybrids whose graphs graph.hybrid builds
@@ -51,7 +52,7 @@ def model_shape(model: ModelInfo, mtp: bool) -> Shape | None:
         return _eagle3_shape(model)
     if arch == "dflash":
         return _dflash_shape(model)
-    return _mla_shape(model) if arch == "deepseek2" else _transformer_shape(model)
+    return _mla_shape(model) if arch in MLA else _transformer_shape(model)
 
 
 def _dflash_shape(model: ModelInfo) -> DflashShape | None:
@@ -308,9 +309,9 @@ def _experts(model: ModelInfo, shapes: dict[str, tuple[int, ...]], il: int) -> E
     if hp.arch in ("llama", "qwen3moe", "qwen35moe", "qwen3next"):
         return Experts(n_expert=up[2], n_used=hp.n_expert_used, n_ff=up[1], norm_w=True, scale=scale)
     gating = int(_num(kv.get(f"{hp.arch}.expert_gating_func")))
-    if gating == 0:  # older GGUFs without the key: glm4-moe.cpp:16-18, deepseek2.cpp:23-31
+    if gating == 0:  # GGUFs without the key: glm4-moe.cpp:16-18, deepseek2.cpp:23-31
         old_glm_lite = hp.n_layer in (47, 48) and hp.n_vocab == 154880
-        gating = 2 if hp.arch == "glm4moe" or old_glm_lite else 1
+        gating = 2 if hp.arch in ("glm4moe", "glm-dsa") or old_glm_lite else 1  # glm-dsa.cpp:53-57
     if gating not in (1, 2):
         return None
     return Experts(
@@ -329,8 +330,10 @@ def _mla_shape(model: ModelInfo) -> MlaShape | None:
     expert; sizes read off the tensor table (deepseek2.cpp load_arch_tensors)."""
     hp = model.hparams
     kv = model.kv
-    if not hp.mla or hp.n_nextn or hp.n_layer_kv_from_start >= 0 or not hp.causal:
+    if not hp.mla or hp.n_layer_kv_from_start >= 0 or not hp.causal:
         return None
+    if hp.n_nextn and hp.arch == "deepseek2":
+        return None  # DeepSeek-V3's NextN layers: not held to a load here
     if _num(kv.get(f"{hp.arch}.expert_group_count")) > 1 or _num(kv.get(f"{hp.arch}.attention.temperature_scale")):
         return None  # grouped routing, temperature-scaled queries: other nodes
     shapes = {t.name: t.info.shape for t in model.tensors}
@@ -348,6 +351,9 @@ def _mla_shape(model: ModelInfo) -> MlaShape | None:
     dense_up = shapes.get("blk.0.ffn_up.weight") if lead else None
     shexp = shapes.get(f"blk.{il}.ffn_up_shexp.weight")
     rank = k_b[1]
+    indexer = _indexer(model, shapes) if hp.arch != "deepseek2" else None
+    if hp.arch != "deepseek2" and (indexer is None or q_a is None):
+        return None
     return MlaShape(
         n_layer=hp.n_layer,
         n_embd=hp.n_embd,
@@ -362,7 +368,28 @@ def _mla_shape(model: ModelInfo) -> MlaShape | None:
         n_ff=dense_up[1] if dense_up is not None else 0,
         n_ff_shexp=shexp[1] if shexp is not None else 0,
         experts=experts,
+        indexer=indexer,
     )
+
+
+def _indexer(model: ModelInfo, shapes: dict[str, tuple[int, ...]]) -> Indexer | None:
+    """DSA's lightning indexer (deepseek32.cpp:109-115): its heads from its projection, its cache's
+    rotation (llama-kv-cache.cpp:321-351: the largest power-of-two multiple of 64 dividing its head size,
+    which the rotation's matmul needs it to equal); GLM-5's shared layers from the header."""
+    hp = model.hparams
+    proj = shapes.get("blk.0.indexer.proj.weight")
+    hd = hp.indexer_head_size
+    if proj is None or len(proj) != 2 or not hd or hd % 64 or not hp.indexer_top_k:
+        return None
+    rot = 64
+    while hd % (2 * rot) == 0:
+        rot *= 2
+    if rot != hd:
+        return None
+    full = hp.is_indexer_full[: hp.n_layer] if hp.is_indexer_full else (True,) * hp.n_layer
+    if not full or not full[0]:
+        return None  # a shared layer needs a full one before it (glm-dsa.cpp)
+    return Indexer(n_head=proj[1], head_dim=hd, top_k=hp.indexer_top_k, rot=rot, full=tuple(full))
 
 
 def _num(v: object) -> float:
