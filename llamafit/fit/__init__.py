@@ -38,6 +38,7 @@ from llamafit.gguf.mmproj import Projector
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory import backends
 from llamafit.memory.adapters import Adapters
+from llamafit.memory.builds import match
 from llamafit.memory.context import check_cache_types
 from llamafit.memory.footprint import LoadSettings, Use
 from llamafit.memory.mmproj import MmprojUse
@@ -156,7 +157,11 @@ def _make_plan(
         warnings.append(messages.min_ctx_above_training(req.min_ctx, _train(model)))
     if len(gpus) < len(machine.gpus) and req.devices is None and len(gpus) == MAX_SPLIT_DEVICES:
         warnings.append(messages.devices_capped(len(machine.gpus), MAX_SPLIT_DEVICES))
+    build = match(caps.build, caps.probed) if isinstance(caps, Capabilities) else None
+    if build is not None and build.message is not None:
+        warnings.append(build.message)
     plan = _assemble(model, machine, req, search, gpus, t, out.report, planned, projector, decisions, warnings, runtime)
+    plan = replace(plan, memory_build=build)
     return replace(plan, speed=trial_speed(model, t, gpus, rates)) if rates is not None else plan
 
 

