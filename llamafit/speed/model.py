@@ -157,19 +157,23 @@ def predict(
 ) -> Speed:
     """pp and tg of one plan at ``depth`` (and, with ``full_context``, with the context full)."""
 
+    seen: dict[tuple[int, int], Evaluation] = {}  # decode's evaluation is also the tg phase's
+
     def ev(tokens: int, at: int) -> Evaluation:
-        return evaluate(
-            model,
-            placement,
-            cp,
-            tokens=tokens,
-            depth=at,
-            flash_attn=flash_attn,
-            devices=devices,
-            nodes_per_layer=nodes_per_layer,
-            op_offload=op_offload,
-            limits=limits,
-        )
+        if (tokens, at) not in seen:
+            seen[(tokens, at)] = evaluate(
+                model,
+                placement,
+                cp,
+                tokens=tokens,
+                depth=at,
+                flash_attn=flash_attn,
+                devices=devices,
+                nodes_per_layer=nodes_per_layer,
+                op_offload=op_offload,
+                limits=limits,
+            )
+        return seen[(tokens, at)]
 
     def phase(at: int, n_prompt: int) -> tuple[_Time, _Time]:
         tg = evaluation_time(ev(1, at), rates)
