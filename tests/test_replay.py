@@ -27,20 +27,20 @@ def _context(path: Path, args: list[str]):  # type: ignore[no-untyped-def]
 
 REPLAYED = [
     (shape, args)
-    for shape in ("dense", "qwen3", "gemma3", "moe", "mla", "hybrid", "glm4moe")
+    for shape in ("dense", "qwen3", "gemma3", "moe", "mla", "dsa", "glm_dsa", "hybrid", "hybrid_moe", "next", "glm4moe")
     for args in (
         ["-c", "4096"],
         ["-c", "4096", "-fa", "off"],
         ["-c", "8192", "-np", "2"],
         ["-c", "4096", "-ctk", "q8_0"],
     )
-    if "-ctk" not in args or shape not in ("mla", "hybrid")  # quantized caches: build_attn's graphs only
+    if "-ctk" not in args or shape not in ("mla", "dsa", "glm_dsa", "hybrid", "hybrid_moe", "next")  # build_attn's only
 ]
 
 
 @pytest.mark.parametrize(("shape", "args"), REPLAYED, ids=[f"{s}:{' '.join(a)}" for s, a in REPLAYED])
 def test_the_replayed_graphs(shapes: dict[str, Path], shape: str, args: list[str]) -> None:
-    """Llama, Qwen3, Gemma 3, Qwen3-MoE, MLA, the Qwen3.5 hybrid and GLM-4.5."""
+    """Llama, Qwen3, Gemma 3, Qwen3-MoE, MLA and its DSA variants, the Qwen3.5 hybrids, Qwen3-Next, GLM-4.5."""
     model, cp, fa = _context(shapes[shape], args)
     assert graph_bytes(model, cp, cp.n_outputs_max, fa) is not None
     assert recurrent_bytes(model, cp, cp.n_outputs_max) is None
@@ -49,12 +49,15 @@ def test_the_replayed_graphs(shapes: dict[str, Path], shape: str, args: list[str
 @pytest.mark.parametrize(
     ("shape", "args", "why"),
     [
-        ("dsa", ["-c", "4096"], "an architecture without a builder"),
+        ("dsv4", ["-c", "4096"], "an architecture without a builder"),
         ("hybrid", ["-c", "4096", "-ctk", "q8_0"], "quantized caches add rotation inputs"),
     ],
 )
-def test_other_graphs_keep_the_estimate(shapes: dict[str, Path], shape: str, args: list[str], why: str) -> None:
-    model, cp, fa = _context(shapes[shape], args)
+def test_other_graphs_keep_the_estimate(
+    shapes: dict[str, Path], tmp_path: Path, shape: str, args: list[str], why: str
+) -> None:
+    path = factory.deepseek4().write(tmp_path / "dsv4.gguf") if shape == "dsv4" else shapes[shape]
+    model, cp, fa = _context(path, args)
     assert graph_bytes(model, cp, cp.n_outputs_max, fa) is None, why
 
 
