@@ -60,12 +60,13 @@ def qwen35_35b_a3b() -> factory.Shape:
                           w="q4_K")  # fmt: skip
 
 
-def qwen3_next_80b_a3b() -> factory.Shape:
-    """Qwen/Qwen3-Next-80B-A3B: 48 layers (gated delta-net, full attention every 4th), 2048 embd, 16 heads, 2
-    KV heads of 256, delta-net 16 key and 32 value heads of 128, 512 experts (10 used) of 512, a gated shared
-    expert of 512, 151936 vocab, one MTP layer; q/k/v/z in one ssm_in as the published GGUFs have it."""
-    return factory.qwen3next(name="Qwen3-Next-80B-A3B (shape)", n_layer=48, n_nextn=1, n_embd=2048, n_head=16,
-                             n_head_kv=2, head_dim=256, d_state=128, n_group=16, dt_rank=32, n_expert=512,
+def qwen3_next_80b_cut() -> factory.Shape:
+    """Qwen/Qwen3-Next-80B-A3B's layers (gated delta-net, full attention every 4th; 2048 embd, 16 heads, 2 KV
+    heads of 256, delta-net 16 key and 32 value heads of 128, 512 experts (10 used) of 512, a gated shared
+    expert of 512, 151936 vocab, one MTP layer; q/k/v/z in one ssm_in as the published GGUFs have it) at 12
+    layers instead of 48, so the weights fit this machine's RAM; per-layer buffers are the full model's."""
+    return factory.qwen3next(name="Qwen3-Next-80B-A3B layers, 12 deep (shape)", n_layer=12, n_nextn=1, n_embd=2048,
+                             n_head=16, n_head_kv=2, head_dim=256, d_state=128, n_group=16, dt_rank=32, n_expert=512,
                              n_expert_used=10, n_ff_exp=512, n_ff_shexp=512, n_vocab=151936, ctx=262144,
                              w="q4_K")  # fmt: skip
 
@@ -73,9 +74,9 @@ def qwen3_next_80b_a3b() -> factory.Shape:
 def deepseek_v32_cut() -> factory.Shape:
     """deepseek-ai/DeepSeek-V3.2's layer dimensions (7168 embd, 128 heads, q LoRA 1536, kv LoRA 512, rope 64,
     nope 128, v 128, 256 experts, 8 used, of 2048, one shared, dense first layers of 18432, the lightning
-    indexer: 64 heads of 128, top-k 2048; 129280 vocab) at 6 layers (3 dense, 3 MoE) instead of 61, so the
-    CPU build loads it in seconds; per-layer buffers are the full model's."""
-    return factory.deepseek2(name="DeepSeek-V3.2 layers, 6 deep (shape)", n_layer=6, n_embd=7168, n_head=128,
+    indexer: 64 heads of 128, top-k 2048; 129280 vocab) at 4 layers (3 dense, 1 MoE) instead of 61, so it fits
+    this machine's RAM and the CPU build loads it in seconds; per-layer buffers are the full model's."""
+    return factory.deepseek2(name="DeepSeek-V3.2 layers, 4 deep (shape)", n_layer=4, n_embd=7168, n_head=128,
                              kv_lora_rank=512, rope_dim=64, nope_dim=128, v_dim=128, n_dense_lead=3,
                              q_lora_rank=1536, n_ff=18432, n_expert=256, n_expert_used=8, n_ff_exp=2048,
                              n_vocab=129280, ctx=163840, w="q4_K", dsa=True, indexer_heads=64, indexer_dim=128,
