@@ -325,3 +325,20 @@ def test_a_launchs_speed_corrects_the_next_plan_unless_it_is_not_sane() -> None:
     assert correction([_record("k", "not a list")], "k").empty  # type: ignore[arg-type]
     r = Rates(read=10e9, matmul=1e11, node=1e-6).calibrated(1.25, 1.0)
     assert r.read == pytest.approx(8e9) and r.node == pytest.approx(1.25e-6) and r.matmul == pytest.approx(1e11)
+
+
+def test_drafter_decisions_say_what_they_mean_for_speed(tmp_path: Path) -> None:
+    """With a speed model, a drafter decision states the target's predicted generation and that drafting's
+    gain is not known before it is measured (no speed-up is claimed)."""
+    target = factory.dense(name="target", n_layer=8, n_embd=1024, n_ff=2816, n_vocab=32000).write(tmp_path / "t.gguf")
+    draft = factory.dense(name="draft", n_layer=2, n_embd=256, n_vocab=32000).write(tmp_path / "d.gguf")
+    r = CliRunner().invoke(app, ["plan", str(target), "--draft", str(draft), "--gpu", "24GiB@1008GB/s",
+                                 "--host-bandwidth", "80GB/s", "--json", "--", "-c", "4096"])  # fmt: skip
+    doc = json.loads(r.stdout)
+    d = next(d for d in doc["decisions"] if d["code"] == "speculative.drafter")
+    assert f"predicted at {doc['speed']['tg']:.1f} tok/s" in d["message"] and "not known" in d["message"]
+    # without a speed model nothing is said about speed
+    r = CliRunner().invoke(app, ["plan", str(target), "--draft", str(draft), "--gpu", "24GiB", "--json", "--",
+                                 "-c", "4096"])  # fmt: skip
+    d = next(d for d in json.loads(r.stdout)["decisions"] if d["code"] == "speculative.drafter")
+    assert "tok/s" not in d["message"]

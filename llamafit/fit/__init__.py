@@ -48,6 +48,7 @@ from llamafit.request import Request
 from llamafit.server.args import Planned
 from llamafit.server.capabilities import ASSUMED, Capabilities
 from llamafit.speculative import Drafter, DrafterFiles, SpecOptions, choose
+from llamafit.speed.model import Speed
 from llamafit.units import pad
 
 __all__ = ["CTX_STEP", "make_plan", "select_gpus"]
@@ -162,7 +163,23 @@ def _make_plan(
         warnings.append(build.message)
     plan = _assemble(model, machine, req, search, gpus, t, out.report, planned, projector, decisions, warnings, runtime)
     plan = replace(plan, memory_build=build)
-    return replace(plan, speed=trial_speed(model, t, gpus, rates)) if rates is not None else plan
+    return _with_speed(plan, trial_speed(model, t, gpus, rates)) if rates is not None else plan
+
+
+SPEED_WORDED = ("speculative.drafter", "speculative.dropped", "speculative.ngram")
+
+
+def _with_speed(plan: Plan, speed: Speed) -> Plan:
+    """The plan with its speed, and each drafter decision saying what it means for speed."""
+    if speed.tg is None:
+        return replace(plan, speed=speed)
+    decisions = tuple(
+        replace(d, message=f"{d.message} {messages.spec_speed_words(d.code, speed.tg)}")
+        if d.code in SPEED_WORDED and d.message
+        else d
+        for d in plan.decisions
+    )
+    return replace(plan, speed=speed, decisions=decisions)
 
 
 def _train(model: ModelInfo) -> int:

@@ -233,6 +233,22 @@ def spec_auto_kept(d: Drafter, n_ctx: int, on: str | None) -> str:
     )
 
 
+def spec_speed_words(code: str, tg: float) -> str:
+    """What a drafter decision says about speed where the plan has a speed model: the target's own predicted
+    generation, and that a drafter's gain is not known before it is measured (acceptance depends on the
+    prompts)."""
+    if code == "speculative.dropped":
+        return (
+            f"Without it generation is predicted at {tg:.1f} tok/s; what the drafter would have gained is not "
+            "known (it depends on how often its tokens are accepted on your prompts)."
+        )
+    return (
+        f"Generation without drafting is predicted at {tg:.1f} tok/s; what drafting gains is not known until it "
+        "is measured (it depends on how often the drafted tokens are accepted on your prompts: run shows each "
+        "request's speed)."
+    )
+
+
 def spec_auto_dropped(
     d: Drafter, n_ctx: int, need: tuple[str, int, int] | None, fallback: str | None, cost: tuple[int, int] | None
 ) -> str:
