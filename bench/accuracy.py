@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -191,6 +192,7 @@ def main() -> None:
     ap.add_argument("--keep", type=Path)
     ap.add_argument("--out", type=Path, default=HERE / "results" / "accuracy.json", help="where the JSON goes")
     a = ap.parse_args()
+    os.environ["LLAMAFIT_PROBE"] = "off"  # memory only: the speed probe's llama-bench runs would dominate
     srv = find_server(a.server)
     d = a.keep or Path(tempfile.mkdtemp(prefix="llamafit-accuracy-"))
     d.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,7 @@ from llamafit.server.logparse import LoadLog
 from llamafit.units import MiB
 
 # How far a term may be off before it is flagged. KV, recurrent state, weights and the output buffer
-# are modelled exactly (to the log's 0.01 MiB); the compute buffer is an estimate (memory/compute.py).
+# are modelled exactly (to the log's 0.01 MiB); the compute buffer is replayed or estimated (memory/compute.py).
 TOLERANCE = {"model": 0.0, "kv": 0.0, "rs": 0.0, "output": 0.0, "compute": 0.10}
 
 

@@ -2,7 +2,7 @@
 
 The compute buffer a backend logs (``sched_reserve: ... compute buffer size``) is the high-water mark
 ggml-alloc reaches while it lays out the reserve graph's intermediate tensors in one buffer. Where the
-per-phase terms of ``llamafit.memory.compute`` are not exact (graphs whose working set fragments the
+per-phase terms of ``llamafit.memory.phases`` are not exact (graphs whose working set fragments the
 buffer), a model's graph is built here node by node, as its ``src/models/*.cpp`` builds it, and
 allocated as ggml does:
 

@@ -4,7 +4,7 @@ A replay gives the compute buffers exactly: the whole graph on one backend (``gr
 ``llamafit.memory.graph.galloc``), or split over several (``split_graph_bytes``, through
 ``llamafit.memory.graph.sched``). It applies only where a ``graph_*`` builder makes the graph llama.cpp builds
 for that model and those settings; anything else (fused QKV, rerankers' heads, DFlash/DSpark, d2t maps,
-grouped routing, per-layer expert counts) keeps the per-phase estimate of ``llamafit.memory.compute``.
+grouped routing, per-layer expert counts) keeps the per-phase estimate of ``llamafit.memory.phases``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The shape each graph builder takes, read from a model: its dimensions, its experts, which layers are
 recurrent, its drafter heads; None where no builder makes the graph llama.cpp builds for that model (the
-per-phase estimate of ``llamafit.memory.compute`` stays there). ``llamafit.memory.graph.replay`` replays
+per-phase estimate of ``llamafit.memory.phases`` stays there). ``llamafit.memory.graph.replay`` replays
 what these describe."""
 
 from __future__ import annotations
