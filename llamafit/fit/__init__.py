@@ -84,6 +84,8 @@ def make_plan(
         pinned = req.devices is not None or req.n_gpu_layers is not None or req.overrides is not None
         if req.cpu_only or pinned or not machine.gpus or machine.blind or req.tensor_split is not None:
             raise
+        if model.tensor_bytes > machine.host.available - req.margins.get("host", req.margin):
+            raise  # without the GPUs every weight is in host RAM: more than it has, so that cannot fit either
         try:
             plan = _make_plan(model, machine, replace(req, devices=()), *args[3:])
         except DoesNotFitError:
