@@ -30,7 +30,6 @@ class Indexer:
     top_k: int
     rot: int  # the Hadamard rotation of its cache, always made for it (llama-kv-cache.cpp:321-351)
     full: tuple[bool, ...]
-    fused: bool = True  # ggml_lightning_indexer (cparams.fused_lid), else the scores op by op
 
 
 @dataclass(frozen=True)
@@ -68,7 +67,9 @@ class _Builder:
         self.top_k: Tensor | None = None
         if (ix := sh.indexer) is not None:  # build_attn_inp_k_dsa_impl (llama-graph.cpp:3411-3441)
             self.k_idxs_lid = Graph.input((self.T,), I64)
-            self.mask_lid = Graph.input((r.n_kv, self.T // self.ns, 1, self.ns), 2 if ix.fused else F32)
+            # F16: the fused ggml_lightning_indexer's mask (cparams.fused_lid; a backend without that op
+            # scores op by op, deepseek32.cpp:284-316, which is not replayed)
+            self.mask_lid = Graph.input((r.n_kv, self.T // self.ns, 1, self.ns), 2)
             self.k_rot = Graph.input((ix.rot, ix.rot), F32)
 
     def graph(self) -> Graph:
@@ -166,19 +167,7 @@ class _Builder:
         keys = Graph.view(cache, (hd, 1, r.n_kv, ns))
         iq = Graph.view(iq, (hd, nih, T // ns, ns))
         weights = Graph.like("scale", Graph.view(weights, (nih, T // ns, 1, ns)))
-        if ix.fused:
-            score = Graph.op("lightning_indexer", (r.n_kv, T // ns, 1, ns), iq, keys, weights, self.mask_lid)
-        else:  # the scores op by op (deepseek32.cpp:284-316)
-            kq = Graph.op(
-                "mul_mat",
-                (r.n_kv, T // ns, nih, ns),
-                Graph.view(keys, keys.ne, op="permute"),
-                Graph.view(iq, (hd, T // ns, nih, ns), op="permute"),
-            )
-            kq = Graph.op("cont", (nih, T // ns, r.n_kv, ns), Graph.view(kq, (nih, T // ns, r.n_kv, ns), op="permute"))
-            s = Graph.op("sum_rows", (1, T // ns, r.n_kv, ns), Graph.like("mul", Graph.like("unary", kq), weights))
-            s = Graph.op("cont", (r.n_kv, T // ns, 1, ns), Graph.view(s, (r.n_kv, T // ns, 1, ns), op="permute"))
-            score = Graph.like("add", s, self.mask_lid)
+        score = Graph.op("lightning_indexer", (r.n_kv, T // ns, 1, ns), iq, keys, weights, self.mask_lid)
         top = Graph.op("top_k", (min(r.n_kv, ix.top_k), T // ns, 1, ns), score, esize=I32)
         return Graph.op("cont", top.ne, top, esize=I32)
 
