@@ -7,21 +7,10 @@ import re
 
 from llamafit.gguf.model import ModelInfo
 from llamafit.gguf.naming import SIDECARS, quant_bits
+from llamafit.server.capabilities import ALL_SPEC_TYPES
 from llamafit.units import MiB
 
-SPEC_TYPES = (
-    "none",
-    "draft-simple",
-    "draft-eagle3",
-    "draft-mtp",
-    "draft-dflash",
-    "draft-dspark",
-    "ngram-simple",
-    "ngram-map-k",
-    "ngram-map-k4v",
-    "ngram-mod",
-    "ngram-cache",
-)
+SPEC_TYPES = ALL_SPEC_TYPES  # --spec-type's values, as the server parses them
 DRAFT_TYPES = frozenset({"draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark"})
 ROLLBACK_TYPES = frozenset({"draft-mtp", "draft-eagle3", "draft-dflash", "draft-dspark"})  # common.h:399-405
 NGRAM_TYPES = frozenset({"ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache"})
