@@ -27,6 +27,7 @@ class ComputeEstimate:
     per_buft: dict[str, int]  # "CPU" (host compute buffer) or GPU id -> bytes
     flash_attn: bool  # how "auto" resolved
     pipeline_parallel: bool
+    replayed: bool = True  # False: the per-phase estimate (a graph no builder makes)
 
 
 @dataclass(frozen=True)
@@ -58,20 +59,21 @@ def compute_buffers(
 ) -> ComputeEstimate:
     """Bytes of every compute buffer the pp reserve creates (``sched_reserve: ... compute buffer size``)."""
 
-    def estimate(per_buft: dict[str, int]) -> ComputeEstimate:
-        return ComputeEstimate({k: v for k, v in per_buft.items() if v > 0}, s.fa, s.pipeline_parallel)
+    def estimate(per_buft: dict[str, int], replayed: bool) -> ComputeEstimate:
+        kept = {k: v for k, v in per_buft.items() if v > 0}
+        return ComputeEstimate(kept, s.fa, s.pipeline_parallel, replayed)
 
     if s.gpus and s.replay_split and (split := _split_replay(model, cp, placement, s)) is not None:
-        return estimate(split)
+        return estimate(split, True)
     ph = per_phase(model, cp, placement, s.gpus, s.n_outputs, s.fa, s.op_offload)
-    out = ph.out
+    out, replayed = ph.out, False
     if ph.single_backend and s.pooling != "rank":
         whole = graph_bytes(model, cp, s.n_outputs, s.fa, s.pooling)
         if whole is not None:  # the whole graph on one backend, replayed through ggml-alloc: exact
-            out = {placement.layer_device[model.hparams.n_layer_all]: whole}
+            out, replayed = {placement.layer_device[model.hparams.n_layer_all]: whole}, True
     if s.gpus:
         out = device_terms(out, ph, model, cp, placement, s.gpus, s.fa, s.pipeline_parallel)
-    return estimate(out)
+    return estimate(out, replayed)
 
 
 def _split_replay(

@@ -105,6 +105,8 @@ class Footprint:
     buffers: tuple[PredictedBuffer, ...] = field(repr=False)
     flash_attn: bool = True
     pipeline_parallel: bool = False
+    # the compute buffers replayed from the graph (False: the per-phase estimate of a graph no builder makes)
+    compute_replayed: bool = True
 
     @property
     def layer_device(self) -> tuple[str, ...]:
@@ -267,4 +269,5 @@ def estimate(
         buffers=tuple(buffers),
         flash_attn=fa,
         pipeline_parallel=pp,
+        compute_replayed=comp.replayed,
     )
