@@ -10,7 +10,7 @@ import contextlib
 import os
 import signal
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 
 def run_bounded(argv: Sequence[str], *, env: dict[str, str] | None, timeout: float) -> subprocess.CompletedProcess[str]:
@@ -36,6 +36,20 @@ def run_bounded(argv: Sequence[str], *, env: dict[str, str] | None, timeout: flo
         kill_group(proc)
         raise
     return subprocess.CompletedProcess(list(argv), proc.returncode, out, err)
+
+
+def run_tool(
+    argv: Sequence[str], *, env: dict[str, str] | None, timeout: float, fail: Callable[[str], Exception]
+) -> subprocess.CompletedProcess[str]:
+    """``run_bounded`` for a llama.cpp tool whose failure is the caller's error: ``fail(why)`` is raised when it
+    does not finish within ``timeout`` or cannot be started."""
+    name = os.path.basename(argv[0])
+    try:
+        return run_bounded(argv, env=env, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise fail(f"{name} did not finish within {timeout:.0f} s") from None
+    except OSError as e:
+        raise fail(f"{name} could not be started: {e.strerror or e}") from None
 
 
 def kill_group(proc: subprocess.Popen[str]) -> None:

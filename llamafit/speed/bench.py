@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from llamafit.server.bounded import run_bounded
+from llamafit.server.bounded import run_tool
 
 
 class BenchError(Exception):
@@ -82,13 +81,7 @@ def parse_jsonl(text: str) -> list[BenchResult]:
 
 def run_bench(bench: str, args: Sequence[str], env: dict[str, str], timeout: float) -> list[BenchResult]:
     """``llama-bench ARGS -o jsonl``, bounded; BenchError with its last words when it fails."""
-    argv = [bench, *args, "-o", "jsonl"]
-    try:
-        r = run_bounded(argv, env=env, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise BenchError(f"llama-bench did not finish within {timeout:.0f} s") from None
-    except OSError as e:
-        raise BenchError(f"llama-bench could not be started: {e}") from None
+    r = run_tool([bench, *args, "-o", "jsonl"], env=env, timeout=timeout, fail=BenchError)
     results = parse_jsonl(r.stdout)
     if r.returncode != 0 or not results:
         tail = " ".join((r.stderr or "").strip().splitlines()[-2:])[-300:]
