@@ -93,10 +93,20 @@ class Corrections:
     # device id ("host" for RAM) -> the most a failed load showed it holds (a load that ran out of memory)
     caps: Mapping[str, int] = field(default_factory=dict)
     caps_source: str = ""
+    # buffer type -> what the binary's own no-alloc load measured / predicted (llamafit.bound): a floor
+    measured_scale: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def empty(self) -> bool:
         return not self.compute_scale and not self.overhead and not self.caps
+
+    @property
+    def compute_factors(self) -> dict[str, float]:
+        """Each compute buffer's factor: the launch's calibration, raised to the no-alloc measurement."""
+        out = dict(self.compute_scale)
+        for b, f in self.measured_scale.items():
+            out[b] = max(f, out.get(b, 0.0))
+        return out
 
 
 class HistoryNotWritten(Exception):

@@ -11,7 +11,7 @@ from typing import Any
 
 from llamafit.devices.machine import Device, Host
 from llamafit.gguf.model import ModelInfo
-from llamafit.memory.builds import BuildMatch
+from llamafit.memory.builds import Bound, BuildMatch
 from llamafit.memory.footprint import Footprint, LoadSettings, Use
 from llamafit.memory.mmproj import MmprojUse
 from llamafit.server.args import Planned
@@ -99,6 +99,7 @@ class Plan:
     blind: tuple[str, ...] = ()  # devices the server will use that llamafit cannot size (llama.cpp's fit places)
     speed: Speed | None = None  # what the plan gives in tokens/s (llamafit.speed), None: not asked for
     memory_build: BuildMatch | None = None  # the llama.cpp build it is priced for, against the server's
+    memory_bound: Bound | None = None  # its compute held to the binary's no-alloc measurement (llamafit.bound)
 
     @property
     def fits(self) -> bool:
@@ -137,6 +138,7 @@ def to_json(plan: Plan, argv: list[str]) -> dict[str, Any]:
             "priced_for": plan.memory_build.priced,
             "server_build": plan.memory_build.server,
             "sure": plan.memory_build.sure,
+            "bound": plan.memory_bound.to_json() if plan.memory_bound is not None else None,
         },
         "context": {
             "n_ctx": cp.n_ctx,

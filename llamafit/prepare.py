@@ -9,10 +9,11 @@ the binary accepts.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from llamafit import bound
 from llamafit.calibration import Corrections, corrections, measured_mmproj_compute
 from llamafit.devices.machine import Machine, discover
 from llamafit.devices.rpc import discover_rpc, same_servers
@@ -175,33 +176,49 @@ def prepare(
     # what llama-server would refuse or abort on, before a plan calls it fitting
     check_model(info.kv, info.hparams, (t.name for t in info.tensors), info.path)
 
-    def calib(s: LoadSettings, devices: tuple[str, ...]) -> Corrections:
-        return corrections(info, s, devices)
-
     if speed and rates is None:
         rates = rates_for(mach, info, user, srv, o, progress, measure)
-    try:
-        plan = make_plan(
-            info,
-            mach,
-            req,
-            opts,
-            caps,
-            calib if o.calibrate else None,
-            mmproj=projector,
-            mmproj_measured=measured_mmproj_compute if o.calibrate else None,
-            drafter_files=hub,
-            rates=rates,
-            adapters=adapters_of(user, info),
-        )
-    except DoesNotFitError as e:
-        if e.plan is not None:
-            e.argv = compose(srv.path if srv else "llama-server", supported(e.plan.planned, caps)[0], user)
-        raise
+
+    def argv_of(p: Plan) -> list[str]:
+        return compose(srv.path if srv else "llama-server", supported(p.planned, caps)[0], user)
+
+    def plan_with(scale: Mapping[str, float]) -> Plan:
+        """The plan, its compute buffers scaled to the binary's no-alloc measurement (llamafit.bound)."""
+
+        def calib(s: LoadSettings, devices: tuple[str, ...]) -> Corrections:
+            c = corrections(info, s, devices) if o.calibrate else Corrections()
+            return replace(c, measured_scale=dict(scale)) if scale else c
+
+        try:
+            return make_plan(
+                info,
+                mach,
+                req,
+                opts,
+                caps,
+                calib if o.calibrate or scale else None,
+                mmproj=projector,
+                mmproj_measured=measured_mmproj_compute if o.calibrate else None,
+                drafter_files=hub,
+                rates=rates,
+                adapters=adapters_of(user, info),
+            )
+        except DoesNotFitError as e:
+            if e.plan is not None:
+                e.argv = argv_of(e.plan)
+            raise
+
+    def replan(scale: Mapping[str, float]) -> tuple[Plan, list[str]]:
+        p = plan_with(scale)
+        return p, argv_of(p)
+
+    plan = plan_with({})
+    argv = argv_of(plan)
+    if srv is not None and (why := bound.reasons(plan)):
+        plan, argv, held = bound.bounded(plan, argv, replan, srv, why)
+        plan = replace(plan, memory_bound=held, decisions=(*plan.decisions, Decision("memory.bound", held.message)))
     notes += rates.notes if rates is not None else []
-    planned, dropped = supported(plan.planned, caps)
-    argv = compose(srv.path if srv else "llama-server", planned, user)
-    notes += [*dropped, *config_findings(os.environ, parse_server_args(argv[1:]))]
+    notes += [*supported(plan.planned, caps)[1], *config_findings(os.environ, parse_server_args(argv[1:]))]
     if hub is not None:
         notes += hub.notes
     if extra_notes:

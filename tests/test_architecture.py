@@ -129,7 +129,7 @@ FLOORS = [
     {"launch"},
     {"planner"},
     {"prepare"},
-    {"fit", "tuned"},
+    {"fit", "tuned", "bound"},
     {"hub", "plan"},
     {"speculative", "request"},
     {"speed", "devices", "calibration", "compare"},

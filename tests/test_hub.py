@@ -38,6 +38,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "gemma": factory.gemma3().write(d / "gemma3-Q8_0.gguf"),
         "mmproj": factory.siglip_mmproj(text_embd=256).write(d / "mmproj-gemma3-F16.gguf"),
         "demo": ensure_demo_model(d),
+        "dsv4": factory.deepseek4().write(d / "dsv4-Q8_0.gguf"),
         "readme": d / "README.md",
         "broken": d / "broken-Q8_0.gguf",
     }
@@ -85,6 +86,7 @@ def fake_hub(files: dict[str, Path]) -> Iterator[FakeHub]:
     hub.add("acme/gated", {"Qwen3-0.6B-Q8_0.gguf": f["q06_q8"]}, gated=True, token=TOKEN)
     hub.add("acme/broken", {"broken-Q8_0.gguf": f["broken"]})
     hub.add("acme/demo", {"README.md": f["readme"], "demo-Q8_0.gguf": f["demo"], "demo-F16.gguf": f["q06_q8"]})
+    hub.add("acme/dsv4", {"dsv4-Q8_0.gguf": f["dsv4"]})
     hub.start()
     yield hub
     hub.stop()
@@ -264,6 +266,27 @@ def test_run_downloads_the_planned_files_then_launches_them(
                        capture_output=True, text=True, timeout=120)  # fmt: skip
     assert r.returncode == 4 and "not in the Hugging Face cache" in r.stderr
     shutil.rmtree(hub_cache_dir() / "models--acme--demo")
+
+
+@pytest.mark.server
+def test_a_hub_plan_is_held_to_the_binarys_measurement_once_downloaded(hub: FakeHub, server_bin: ServerBinary) -> None:
+    """DeepSeek-V4's compute is estimated: its plan waits for the file to be measured by llama-fit-params;
+    run downloads it, makes the plan again, and launches the plan the measurement raised."""
+    doc = plan_json("acme/dsv4:Q8_0", "--cpu-only", "--", "-c", "4096")
+    assert doc["memory_model"]["bound"]["by"] is None and "not downloaded yet" in doc["memory_model"]["bound"]["note"]
+    port = free_port()
+    env = dict(os.environ, LLAMAFIT_SERVER=server_bin.path)
+    run = ["run", "acme/dsv4:Q8_0", "--cpu-only", "--", "-c", "4096", "--port", str(port)]
+    argv = [sys.executable, "-m", "llamafit", *run]
+    p = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    assert p.stderr is not None
+    ready, seen = read_until(p.stderr, "llamafit: ready")
+    p.send_signal(2)
+    err = "".join(seen) + p.stderr.read()
+    p.wait(timeout=60)
+    assert ready and p.returncode == 0, err
+    assert "downloading 1 file(s)" in err and "Compute checked with llama-fit-params's no-alloc load" in err
+    shutil.rmtree(hub_cache_dir() / "models--acme--dsv4")
 
 
 def test_cache_directory_precedence_is_llama_cpps() -> None:

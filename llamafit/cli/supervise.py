@@ -71,6 +71,10 @@ def run_one(
             print_line(shellwords.join(prep.argv))
         return 0
     env = before_launch(prep.server, pending, prep.hub, log_file, named_files(prep.argv[1:]), note)
+    if (held := prep.plan.memory_bound) is not None and held.after_download:
+        # the files are here now: the plan is made again and held to the binary's own no-alloc measurement
+        prep = replan()
+        report = prep.report()
     print_report([r for r in report if r[0] != "note"], decisions=True)
     if exec_:
         from llamafit.server.supervisor import exec_server

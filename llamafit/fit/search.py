@@ -131,7 +131,7 @@ class Search:
             s,
             ids,
             free=[self.free[i] for i in ids],
-            compute_scale=self.calib.compute_scale or None,
+            compute_scale=self.calib.compute_factors or None,
             overhead=self.calib.overhead,
             context_label=context_label,
             share_weights=share_weights,

