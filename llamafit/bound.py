@@ -4,15 +4,14 @@ The model mirrors one build's allocations (llamafit.memory.builds) and replays t
 for. Where the compute is the per-phase estimate, or the server is another build, the plan is checked
 against what that binary's llama-fit-params measures with ``no_alloc`` (llamafit.server.fitprint).
 
-llama-fit-params cannot be given every server setting: it takes no ``-kvu`` and reserves ``n_batch``
-outputs where the server reserves one per slot. It is run at the settings it can reproduce (a unified
-cache of S slots becomes S streams of the whole context each: every stream spans what the unified one
-does, but for a sliding window: what the server's settings cost more is added from the model), with more
-outputs than the server will reserve: an upper bound. For a graph llamafit replays on a build known to
-reserve one output per slot, the replay prices those extra outputs and they are taken off; otherwise they
-stay, which costs up to (n_ubatch - S) rows of logits on the output device where the output is the
-graph's peak. The plan's compute buffers are raised to it where they are below (a scale, applied like a
-launch's calibration, never down), the plan made again and measured again until it is within.
+llama-fit-params cannot be given every server setting: it takes no ``-kvu`` and reserves a whole ubatch of
+outputs where the server (from b9464) reserves one per slot. It is run at the settings it can reproduce (a
+unified cache of S slots becomes S streams of the whole context each: every stream spans what the unified
+one does), what the model says the server's own settings cost more is added (a unified sliding window, a
+drafter's rows), and the extra outputs are kept: an upper bound, at a cost of up to (n_ubatch - S) rows of
+logits on the output device where the output is the graph's peak. The plan's compute buffers are raised to
+it where they are below (a scale, applied like a launch's calibration, never down), the plan made again
+and measured again until it is within.
 """
 
 from __future__ import annotations
@@ -25,8 +24,10 @@ from llamafit.errors import LlamafitError
 from llamafit.fit import messages
 from llamafit.gguf.hparams import ESTIMATED_COMPUTE_ARCHS
 from llamafit.gguf.model import ModelInfo
+from llamafit.memory import backends
 from llamafit.memory.builds import OUTPUTS_PER_SLOT_SINCE, Bound
 from llamafit.memory.footprint import LoadSettings, estimate
+from llamafit.memory.placement import CPU
 from llamafit.paths import cache_dir
 from llamafit.plan import Plan
 from llamafit.server.args import parse_server_args
@@ -34,6 +35,7 @@ from llamafit.server.binary import ServerBinary
 from llamafit.server.capabilities import probe
 from llamafit.server.environment import child_env
 from llamafit.server.fitprint import NAME, NoAllocFailed, beside, measure
+from llamafit.units import MiB
 
 ROUNDS = 3  # measure, re-plan, measure again: the scale settles in one or two
 SLACK = 16 << 10  # the log's two decimals of MiB (5 KiB) and a little more: not a difference
@@ -115,11 +117,16 @@ def bounded(
         except NoAllocFailed as e:
             return plan, list(argv), replace(last, note=str(e), binary=None)
         pred = predicted_compute(plan.model, plan, plan.settings)
-        floor = held_to(kind, m.compute, pred, plan)
+        seen = dict(m.compute) if m.logged else from_table(m.table, pred, plan)
+        floor = held_to(seen, pred, plan)
         raised = {b: v / pred[b] for b, v in floor.items() if pred.get(b) and v > pred[b] * scale.get(b, 1.0) + SLACK}
-        unmatched = sorted(set(m.compute) - set(pred))
+        unmatched = sorted(set(seen) - set(pred))
         note = f"buffers the model does not name: {', '.join(unmatched)}" if unmatched else ""
-        last = Bound(why, fitparams, m.argv, dict(m.compute), pred, dict(scale), rounds, note, kind, floor)
+        if not m.logged:
+            note = "its log lost the compute lines: its table's whole MiB, one more each" + (
+                f"; {note}" if note else ""
+            )
+        last = Bound(why, fitparams, m.argv, seen, pred, dict(scale), rounds, note, kind, floor)
         if not raised:
             break
         if rounds == ROUNDS:
@@ -129,38 +136,54 @@ def bounded(
     return _without_estimate_warning(plan), list(argv), last
 
 
+def from_table(table: Mapping[str, int], pred: Mapping[str, int], plan: Plan) -> dict[str, int]:
+    """The plan's compute buffers from llama-fit-params' table: each device's floored MiB plus one (above
+    what it measured); the host's row for the host buffer. A buffer on a device it does not list is left out."""
+    names = {v: k for k, v in plan.buffer_aliases.items()}  # device id -> the name llama.cpp gives it (RPC)
+    out = {}
+    for buft in pred:
+        dev = backends.device_of_buffer(buft)
+        row = "Host" if dev == CPU else next((r for r in (dev, names.get(dev)) if r in table), None)
+        if row is not None and row in table:
+            out[buft] = (table[row] + 1) * MiB
+    return out
+
+
 def floor_kind(plan: Plan) -> str:
-    """``transferred``: the measurement less what its extra outputs cost, priced by the replay (a build known to
-    reserve one output per slot, as b11434 does); ``upper``: the measurement with its extra outputs kept, an
-    upper bound (a graph the model only estimates, a build that does not say, or one that reserves every
-    token's outputs as llama-fit-params does)."""
+    """How the measurement stands to the server's compute. ``own``: a build before b9464, whose server
+    reserved a whole ubatch of outputs as llama-fit-params does: the measurement is that build's own
+    reservation. ``upper``: a later build reserves one output per slot (and one that does not say is taken
+    as one), so the measurement is above it by up to the extra rows of logits. Taking the replay's price of
+    those rows off would not stay a bound: on b10985 four plans would be 0.6 to 18 % under, where that build
+    grew a phase the extra outputs hide (bench/README.md, Drift)."""
     b = plan.memory_build
-    if not plan.footprint.compute_replayed or b is None or b.server is None:
-        return "upper"
-    return "transferred" if b.server >= OUTPUTS_PER_SLOT_SINCE else "upper"
+    return "own" if b is not None and b.server is not None and b.server < OUTPUTS_PER_SLOT_SINCE else "upper"
 
 
-def held_to(kind: str, measured: Mapping[str, int], pred: Mapping[str, int], plan: Plan) -> dict[str, int]:
-    """What the plan's compute is held to: ``measured`` (at llama-fit-params' settings) moved to the server's
-    by the model's own difference between the two. ``transferred`` takes the whole difference; ``upper``
-    only what the server's settings cost more (a unified sliding-window cache spans more cells than S
-    streams of it do), never what they cost less."""
-    s_fp = replace(
-        plan.settings,
-        n_ctx=int(noalloc_context(plan.settings, plan.n_ctx)[1]),
-        kv_unified=False,
-        n_outputs_max=0,  # n_batch: common_context_params leave it unset (src/llama-context.cpp:252)
-        n_rs_seq=0,
-        sampled_rows=0,
-        sampler_chain=(),
-        load_nextn=False,
-    )
-    at_fp = predicted_compute(plan.model, plan, s_fp)
+def held_to(measured: Mapping[str, int], pred: Mapping[str, int], plan: Plan) -> dict[str, int]:
+    """What the plan's compute is held to: ``measured`` (at llama-fit-params' settings) and what the model says
+    the server's settings cost more than those (a unified sliding-window cache spans more cells than S streams
+    of it do; a drafter's verification rows), never what they cost less."""
+    s = plan.settings
+    c = int(noalloc_context(s, plan.n_ctx)[1])
+    # n_outputs_max 0 is n_batch: common_context_params leave it unset (src/llama-context.cpp:252)
+    at_fp = predicted_compute(plan.model, plan, replace(_undrafted(s), n_ctx=c, kv_unified=False, n_outputs_max=0))
+    outs = s.n_outputs_max if s.n_outputs_max >= s.n_batch else min(s.n_batch, s.n_seq)  # pooled: all of a batch
+    unspec = predicted_compute(plan.model, plan, replace(_undrafted(s), n_outputs_max=outs))
+    # the layer inputs a drafter reads stay alive to the graph's end (graph outputs, src/llama-graph.cpp:1406-1414):
+    # an estimate does not place them, so each device holding layers is given them all
+    kept = 0 if plan.footprint.compute_replayed else 4 * plan.model.hparams.n_embd * s.n_ubatch * s.extract_hidden
     out = {}
     for b, v in measured.items():
-        more = pred.get(b, 0) - at_fp.get(b, 0)
-        out[b] = v + (more if kind == "transferred" else max(0, more))
+        unified = max(0, unspec.get(b, 0) - at_fp.get(b, 0))
+        spec = max(0, pred.get(b, 0) - unspec.get(b, 0))
+        out[b] = v + unified + spec + (kept if b in pred else 0)
     return out
+
+
+def _undrafted(s: LoadSettings) -> LoadSettings:
+    """``s`` without what a drafter adds to the target's context (llama-fit-params loads no drafter)."""
+    return replace(s, n_rs_seq=0, sampled_rows=0, sampler_chain=(), load_nextn=False, extract_hidden=0)
 
 
 def _without_estimate_warning(plan: Plan) -> Plan:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -16,10 +17,11 @@ from typer.testing import CliRunner
 
 from llamafit.bound import SLACK
 from llamafit.cli.app import app
+from llamafit.memory.footprint import PredictedBuffer
 from llamafit.options import Options
 from llamafit.prepare import prepare
 from llamafit.server.binary import ServerBinary
-from llamafit.server.fitprint import NAME, NoAllocFailed, beside, measure, parse_compute
+from llamafit.server.fitprint import NAME, NoAllocFailed, beside, measure, parse_compute, parse_table
 from llamafit.units import MiB
 from tests import factory
 from tests.realserver import load_log, run_argv
@@ -33,8 +35,8 @@ esac
 """
 
 
-def _compute(plan_buffers: object) -> dict[str, int]:
-    return {b.buft: b.nbytes for b in plan_buffers if b.kind == "compute" and b.context == "target"}  # type: ignore[attr-defined]
+def _compute(buffers: Sequence[PredictedBuffer], context: str = "target") -> dict[str, int]:
+    return {b.buft: b.nbytes for b in buffers if b.kind == "compute" and b.context == context}
 
 
 def _fitparams(server_bin: ServerBinary) -> str:
@@ -43,11 +45,16 @@ def _fitparams(server_bin: ServerBinary) -> str:
     return fp
 
 
-def _wrapper(tmp_path: Path, name: str, real: str, lib_dir: str | None, *, version: str | None = None) -> str:
-    """``real`` under another folder (so nothing is found beside it), saying ``version`` when asked."""
+def _wrapper(
+    tmp_path: Path, name: str, real: str, lib_dir: str | None, *, version: str | None = None, hide: str = ""
+) -> str:
+    """``real`` under another folder (so nothing is found beside it), saying ``version`` when asked and not
+    listing the flag ``hide``."""
     exe = tmp_path / name
     ld = f'export LD_LIBRARY_PATH="{lib_dir}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}"\n' if lib_dir else ""
     say = f'if [ "$1" = --version ]; then echo "{version}" >&2; exit 0; fi\n' if version else ""
+    if hide:
+        say += f'if [ "$1" = --completion-bash ]; then "{real}" "$@" | sed "s/{hide}//g"; exit 0; fi\n'
     exe.write_text(f'#!/bin/sh\n{ld}{say}exec "{real}" "$@"\n')
     exe.chmod(0o755)
     return str(exe)
@@ -77,22 +84,35 @@ def test_the_no_alloc_measurement_is_the_servers_compute(server_bin: ServerBinar
 
 
 @pytest.mark.server
-@pytest.mark.parametrize("args", [["-c", "4096"], ["-c", "8192", "-np", "2"]], ids=["unified-auto", "np2"])
-def test_an_estimated_compute_is_bounded_never_under(server_bin: ServerBinary, tmp_path: Path, args: list[str]) -> None:
+@pytest.mark.parametrize(
+    ("args", "spec"),
+    [(["-c", "4096"], "off"), (["-c", "8192", "-np", "2"], "off"), (["-c", "4096"], "draft-dspark")],
+    ids=["unified-auto", "np2", "dspark"],
+)
+def test_an_estimated_compute_is_bounded_never_under(
+    server_bin: ServerBinary, tmp_path: Path, args: list[str], spec: str
+) -> None:
     """DeepSeek-V4's compute is the per-phase estimate (14-36 % under): the plan is raised to the binary's
-    no-alloc measurement and is then never under the real load, with the server's default unified cache too."""
+    no-alloc measurement and is then never under the real load, with the server's default unified cache
+    and with a DSpark drafter reading the target's layers too (llama-fit-params loads no drafter)."""
     model = factory.deepseek4().write(tmp_path / "dsv4.gguf")
-    prep = prepare(str(model), Options(server_args=tuple(args), cpu_only=True), speed=False)
+    draft = str(factory.dspark_dsv4().write(tmp_path / "dspark.gguf")) if spec != "off" else None
+    o = Options(server_args=tuple(args), cpu_only=True, spec=spec, draft=draft)
+    prep = prepare(str(model), o, speed=False)
     plan = prep.plan
     assert plan.memory_bound is not None and plan.memory_bound.binary == _fitparams(server_bin)
     assert plan.memory_bound.scale, "the estimate is under the measurement: the plan is raised"
     assert plan.decision("memory.bound") is not None
     assert not any("is estimated, not replayed" in w for w in plan.warnings)
-    real = run_argv(server_bin, prep.argv[1:]).context("target")
-    assert real is not None
-    planned = _compute(plan.footprint.buffers)
-    for buft, mib in real.compute.items():
-        assert planned[buft] >= mib * MiB - SLACK, (buft, planned[buft] / MiB, mib)
+    log = run_argv(server_bin, prep.argv[1:])
+    for label, fp in (("target", plan.footprint), ("draft", plan.draft_footprint)):
+        real = log.context(label)
+        if fp is None or real is None:
+            assert label == "draft" and spec == "off"
+            continue
+        planned = _compute(fp.buffers, label)
+        for buft, mib in real.compute.items():
+            assert planned[buft] >= mib * MiB - SLACK, (label, buft, planned[buft] / MiB, mib)
     doc = prep.to_json()["memory_model"]["bound"]
     assert doc["by"] == plan.memory_bound.binary and doc["measured_mib"]["CPU"] > doc["predicted_mib"]["CPU"]
 
@@ -110,22 +130,18 @@ def test_a_server_that_does_not_say_its_build_is_bounded_by_its_fitparams(
     server_bin: ServerBinary, tmp_path: Path
 ) -> None:
     """A build that prints ``build 0`` and is not in a package cannot be placed: its own llama-fit-params
-    bounds the plan (here it reserves n_batch outputs where the server reserves one per slot: above the model)."""
-    srv = _wrapper(
-        tmp_path,
-        "llama-server",
-        server_bin.path,
-        server_bin.lib_dir,
-        version="version: 0.6.0-dev (build 0, commit unknown)",
-    )
+    bounds the plan, an upper bound (it reserves a whole ubatch of outputs; the server, one per slot)."""
+    zero = "version: 0.6.0-dev (build 0, commit unknown)"
+    srv = _wrapper(tmp_path, "llama-server", server_bin.path, server_bin.lib_dir, version=zero)
     _wrapper(tmp_path, NAME, _fitparams(server_bin), server_bin.lib_dir)
     model = factory.qwen3_0_6b().write(tmp_path / "q.gguf")
     prep = prepare(str(model), Options(server=srv, server_args=("-c", "4096"), cpu_only=True), speed=False)
     plan = prep.plan
     assert plan.memory_build is not None and plan.memory_build.sure == "unknown"
     b = plan.memory_bound
-    assert b is not None and b.binary == str(tmp_path / NAME)
+    assert b is not None and b.binary == str(tmp_path / NAME) and b.kind == "upper"
     assert any("does not say" in r for r in b.reasons)
+    assert b.scale["CPU"] > 2  # a whole ubatch of logits rows (151936-token vocabulary) above one per slot
     real = run_argv(server_bin, prep.argv[1:]).context("target")
     assert real is not None
     planned = _compute(plan.footprint.buffers)
@@ -157,21 +173,45 @@ def test_no_fitparams_or_a_failing_one_leaves_the_plan_and_says_why(server_bin: 
 
 @pytest.mark.server
 @pytest.mark.parametrize(
-    ("version", "kind"), [("version: 11000 (abcdef0)", "transferred"), ("version: 9400 (abcdef0)", "upper")]
+    ("version", "kind"), [("version: 11000 (abcdef0)", "upper"), ("version: 9400 (abcdef0)", "own")]
 )
 def test_a_numbered_build_is_held_by_what_it_reserves(
     server_bin: ServerBinary, tmp_path: Path, version: str, kind: str
 ) -> None:
-    """From b9464 the server reserves one output per slot: llama-fit-params' extra outputs are priced by the
-    replay and taken off (the replayed model is then within the measurement); an older server reserved a
-    whole ubatch of outputs as llama-fit-params does, so its measurement is taken as it is."""
+    """From b9464 the server reserves one output per slot: llama-fit-params' whole ubatch of outputs makes its
+    measurement an upper bound. An older server reserved a whole ubatch itself: the measurement is its own
+    (and the b11434 model, one row per slot, is under it). Either way the plan is raised to it."""
     srv = _wrapper(tmp_path, "llama-server", server_bin.path, server_bin.lib_dir, version=version)
     _wrapper(tmp_path, NAME, _fitparams(server_bin), server_bin.lib_dir)
     model = factory.qwen3_0_6b().write(tmp_path / "q.gguf")
     prep = prepare(str(model), Options(server=srv, server_args=("-c", "4096", "-np", "2"), cpu_only=True), speed=False)
     b = prep.plan.memory_bound
     assert b is not None and b.kind == kind and b.binary is not None
-    if kind == "transferred":  # this binary is b11434 in truth: the replay's difference is exact
-        assert not b.scale and abs(b.floor["CPU"] - b.predicted["CPU"]) <= SLACK
-    else:  # the logits of a whole ubatch (151936-token vocabulary) above the model's one row per slot
-        assert b.scale["CPU"] > 2 and b.floor == b.measured
+    assert b.scale["CPU"] > 2 and b.floor == b.measured  # no unified cache, no drafter: nothing added
+    held = prep.plan.decision("memory.bound")
+    assert held is not None and ("its own reservation" in held.message) == (kind == "own")
+
+
+TABLE_ONLY = """#!/bin/sh
+case "$1" in
+  --completion-bash) echo 'opts="-m -c -np -fit -fitp -v"' ;;
+  --version) echo 'version: 11434 (deadbee)' >&2 ;;
+  *) echo 'Host 24 3 30' ;;
+esac
+"""
+
+
+@pytest.mark.server
+def test_a_log_cut_short_falls_back_to_the_table(server_bin: ServerBinary, tmp_path: Path) -> None:
+    """llama-fit-params' log is written by a thread its exit can cut short; its stdout table is always
+    written, in whole MiB (floored): each row is taken one MiB up, so it stays above what it measured."""
+    assert parse_table("CUDA0 4000 512 300\nHost 24 3 30\n") == {"CUDA0": 300, "Host": 30}
+    srv = _wrapper(tmp_path, "llama-server", server_bin.path, server_bin.lib_dir)
+    fake = tmp_path / NAME
+    fake.write_text(TABLE_ONLY)
+    fake.chmod(0o755)
+    model = factory.deepseek4().write(tmp_path / "dsv4.gguf")
+    plan = prepare(str(model), Options(server=srv, server_args=("-c", "4096"), cpu_only=True), speed=False).plan
+    b = plan.memory_bound
+    assert b is not None and b.binary == str(fake) and "its log lost the compute lines" in b.note
+    assert b.measured == {"CPU": 31 * MiB} and _compute(plan.footprint.buffers)["CPU"] >= 31 * MiB - SLACK

@@ -82,7 +82,7 @@ class Bound:
     scale: Mapping[str, float] = field(default_factory=dict)  # applied to the plan's compute buffers
     rounds: int = 0
     note: str = ""  # why it was not measured
-    kind: str = ""  # upper | transferred (llamafit.bound.floor_kind)
+    kind: str = ""  # upper | own (llamafit.bound.floor_kind)
     floor: Mapping[str, int] = field(default_factory=dict)  # what the plan's compute is held to
     after_download: bool = False  # not measured: the model is a Hub file not downloaded yet
 
@@ -96,14 +96,14 @@ class Bound:
         def mib(v: int) -> str:
             return f"{v / MiB:.2f} MiB"
 
-        if self.kind == "transferred":
-            seen = ", ".join(
-                f"{b} {mib(v)} at its settings, {mib(self.floor.get(b, v))} at the server's"
-                for b, v in self.measured.items()
-            )
-            how = "(less the outputs it reserves beyond the server's, priced by the replay)"
+        def held(b: str, v: int) -> str:
+            f = self.floor.get(b, v)
+            return f"{b} {mib(v)}" + (f" (held to {mib(f)} for the server's settings)" if f != v else "")
+
+        seen = ", ".join(held(b, v) for b, v in self.measured.items())
+        if self.kind == "own":
+            how = "(that build reserves a whole ubatch of outputs as it does: its own reservation)"
         else:
-            seen = ", ".join(f"{b} {mib(v)}" for b, v in self.measured.items())
             how = "(an upper bound: it reserves outputs for a whole ubatch, the server one per slot)"
         model = ", ".join(f"{b} {mib(v)}" for b, v in self.predicted.items())
         head = f"Compute checked with {name}'s no-alloc load ({why}): {seen} {how}; the model says {model}"

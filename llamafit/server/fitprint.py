@@ -36,7 +36,14 @@ class NoAllocFailed(Exception):
 @dataclass(frozen=True)
 class NoAlloc:
     argv: tuple[str, ...]
-    compute: Mapping[str, int]  # buffer type -> bytes of the last reserve (the one the server keeps)
+    compute: Mapping[str, int]  # buffer type -> bytes of the last reserve (the one the server keeps), from its log
+    # its stdout table: device name ("Host" for the host's buffers) -> whole MiB of compute (floored)
+    table: Mapping[str, int]
+
+    @property
+    def logged(self) -> bool:
+        """The log's exact lines were read (else only the table's floored MiB)."""
+        return bool(self.compute)
 
 
 def beside(server_path: str) -> str | None:
@@ -57,14 +64,36 @@ def parse_compute(text: str) -> dict[str, int]:
     return out
 
 
+ATTEMPTS = 3  # its log is written by a thread that exit can cut short: a run may lose the last lines
+
+
 def measure(binary: str, args: Sequence[str], env: dict[str, str], timeout: float = TIMEOUT) -> NoAlloc:
-    """Run ``binary -fitp on -v ARGS`` (its process group killed at ``timeout``) and read its compute buffers."""
+    """Run ``binary -fitp on -v ARGS`` (its process group killed at ``timeout``) and read its compute buffers.
+
+    The table it prints on stdout (common/fit.cpp:1100-1112, whole MiB, always written) says which devices
+    have compute; a run whose log lacks some of their lines is run again, and after the last attempt the
+    table alone is returned."""
     argv = (binary, *args, "-fitp", "on", "-v")
-    done = run_tool(argv, env=env, timeout=timeout, fail=NoAllocFailed)
-    compute = parse_compute(done.stderr + "\n" + done.stdout)
-    if done.returncode != 0 or not compute:
-        last = [ln for ln in (done.stderr or "").splitlines() if ln.strip()][-1:]
-        raise NoAllocFailed(
-            f"{NAME} exited {done.returncode} without a compute buffer" + (f" ({strip(last[0])})" if last else "")
-        )
-    return NoAlloc(argv, compute)
+    table: dict[str, int] = {}
+    for _ in range(ATTEMPTS):
+        done = run_tool(argv, env=env, timeout=timeout, fail=NoAllocFailed)
+        if done.returncode != 0:
+            last = [ln for ln in (done.stderr or "").splitlines() if ln.strip()][-1:]
+            tail = f" ({strip(last[0])})" if last else ""
+            raise NoAllocFailed(f"{NAME} exited {done.returncode} without a compute buffer{tail}")
+        compute, table = parse_compute(done.stderr), parse_table(done.stdout)
+        if compute and len(compute) >= sum(1 for v in table.values() if v > 0):
+            return NoAlloc(argv, compute, table)
+    if not table:
+        raise NoAllocFailed(f"{NAME} printed no memory table")
+    return NoAlloc(argv, {}, table)
+
+
+def parse_table(stdout: str) -> dict[str, int]:
+    """Each row of the ``DEVICE model context compute`` table: the device's compute, whole MiB."""
+    out: dict[str, int] = {}
+    for line in stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 4 and all(p.isdigit() for p in parts[1:]):
+            out[parts[0]] = int(parts[3])
+    return out
