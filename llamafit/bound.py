@@ -44,7 +44,11 @@ _SET_HERE = frozenset({"--model", "--ctx-size", "--parallel", "--kv-unified", "-
 
 
 def reasons(plan: Plan) -> tuple[str, ...]:
-    """Why this plan's compute should be held to the binary's own measurement (none: it is replayed for this build)."""
+    """Why this plan's compute should be held to the binary's own measurement (none: it is replayed for this
+    build, or a launch of it on this machine corrected every compute buffer it has)."""
+    target = {b.buft for b in plan.footprint.buffers if b.kind == "compute" and b.context == "target"}
+    if target and target <= set(plan.calibrated_compute):
+        return ()
     out = []
     if not plan.footprint.compute_replayed:
         out.append(f"{plan.model.arch}'s compute is estimated, no replay builds its graph")

@@ -100,11 +100,12 @@ class Corrections:
     def empty(self) -> bool:
         return not self.compute_scale and not self.overhead and not self.caps
 
-    @property
-    def compute_factors(self) -> dict[str, float]:
-        """Each compute buffer's factor: the launch's calibration, raised to the no-alloc measurement."""
+    def compute_factors(self, context: str) -> dict[str, float]:
+        """Each compute buffer's factor in one context: the launch's calibration, and for the target (the only
+        context llama-fit-params loads) raised to its no-alloc measurement (a drafter's estimated compute takes
+        that factor too: llamafit.memory.footprint's ``estimate_scale``)."""
         out = dict(self.compute_scale)
-        for b, f in self.measured_scale.items():
+        for b, f in self.measured_scale.items() if context == "target" else ():
             out[b] = max(f, out.get(b, 0.0))
         return out
 
@@ -127,7 +128,10 @@ def record(
     predicted: dict[str, dict[str, int]] = {}
     for b in fp.buffers:
         predicted.setdefault(b.kind, {})
-        predicted[b.kind][b.buft] = predicted[b.kind].get(b.buft, 0) + b.nbytes
+        # the model's own number, not the one scaled by an earlier calibration or a no-alloc bound: the next
+        # plan applies actual / predicted to the model's own number again
+        own = round(b.nbytes / fp.compute_scaled.get(b.buft, 1.0)) if b.kind == "compute" else b.nbytes
+        predicted[b.kind][b.buft] = predicted[b.kind].get(b.buft, 0) + own
     entry: dict[str, Any] = {
         "schema": SCHEMA,
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

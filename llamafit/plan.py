@@ -100,6 +100,7 @@ class Plan:
     speed: Speed | None = None  # what the plan gives in tokens/s (llamafit.speed), None: not asked for
     memory_build: BuildMatch | None = None  # the llama.cpp build it is priced for, against the server's
     memory_bound: Bound | None = None  # its compute held to the binary's no-alloc measurement (llamafit.bound)
+    calibrated_compute: tuple[str, ...] = ()  # compute buffers a past launch of this model corrected
 
     @property
     def fits(self) -> bool:

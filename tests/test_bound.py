@@ -215,3 +215,27 @@ def test_a_log_cut_short_falls_back_to_the_table(server_bin: ServerBinary, tmp_p
     b = plan.memory_bound
     assert b is not None and b.binary == str(fake) and "its log lost the compute lines" in b.note
     assert b.measured == {"CPU": 31 * MiB} and _compute(plan.footprint.buffers)["CPU"] >= 31 * MiB - SLACK
+
+
+@pytest.mark.server
+def test_a_launch_calibrates_past_the_bound(server_bin: ServerBinary, tmp_path: Path) -> None:
+    """The bound is for a first plan: once a launch on this machine logged the compute buffers, the next plan
+    takes them (the record keeps the model's own number, not the bound's, so the correction is not compounded)
+    and is not bounded again."""
+    from llamafit.calibration import record
+
+    zero = "version: 0.6.0-dev (build 0, commit unknown)"
+    srv = _wrapper(tmp_path, "llama-server", server_bin.path, server_bin.lib_dir, version=zero)
+    _wrapper(tmp_path, NAME, _fitparams(server_bin), server_bin.lib_dir)
+    model = factory.qwen3_0_6b().write(tmp_path / "q.gguf")
+    o = Options(server=srv, server_args=("-c", "4096", "-np", "2"), cpu_only=True)
+    first = prepare(str(model), o, speed=False)
+    assert first.plan.memory_bound is not None and first.plan.memory_bound.scale
+    real = run_argv(server_bin, first.argv[1:]).context("target")
+    assert real is not None
+    devices = tuple(d.device.id for d in first.plan.devices)
+    record(first.plan.model, first.plan.settings, devices, first.plan.footprint, {"compute": dict(real.compute)}, {})
+    again = prepare(str(model), o, speed=False)
+    assert again.plan.memory_bound is None and again.plan.decision("calibration.applied") is not None
+    planned = _compute(again.plan.footprint.buffers)
+    assert {b: round(v / MiB, 2) for b, v in planned.items()} == real.compute

@@ -164,7 +164,7 @@ def _make_plan(
     if build is not None and build.message is not None:
         warnings.append(build.message)
     plan = _assemble(model, machine, req, search, gpus, t, out.report, planned, projector, decisions, warnings, runtime)
-    plan = replace(plan, memory_build=build)
+    plan = replace(plan, memory_build=build, calibrated_compute=tuple(calib.compute_scale))
     return _with_speed(plan, trial_speed(model, t, gpus, rates)) if rates is not None else plan
 
 

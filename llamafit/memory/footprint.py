@@ -107,6 +107,9 @@ class Footprint:
     pipeline_parallel: bool = False
     # the compute buffers replayed from the graph (False: the per-phase estimate of a graph no builder makes)
     compute_replayed: bool = True
+    # buffer type -> the factor its compute buffer was scaled by (calibration, llamafit.bound): the model's own
+    # number is nbytes / factor
+    compute_scaled: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def layer_device(self) -> tuple[str, ...]:
@@ -128,6 +131,7 @@ def estimate(
     context_label: str = "target",
     share_weights: bool = False,
     compute_scale: Mapping[str, float] | None = None,
+    estimate_scale: Mapping[str, float] | None = None,
     limits: Mapping[str, int] | None = None,
     exact_compute: bool = True,
 ) -> Footprint:
@@ -135,7 +139,9 @@ def estimate(
 
     ``free`` (bytes per GPU) is only used for llama.cpp's default layer split when ``-ts`` is unset.
     ``share_weights``: a second context over an already loaded model (an MTP context): no weights.
-    ``overhead`` may be per GPU; ``compute_scale`` (buffer name -> factor) applies calibration.
+    ``overhead`` may be per GPU; ``compute_scale`` (buffer name -> factor) applies calibration;
+    ``estimate_scale`` only to a compute that is the per-phase estimate (a drafter over a graph no replay builds
+    takes the factor its target's no-alloc measurement showed).
     ``exact_compute=False``: a split graph's compute buffers by the per-phase estimate, not the replay of
     the scheduler (a quick probe; ``llamafit.memory.compute``).
     """
@@ -242,10 +248,13 @@ def estimate(
             add(_buft_device(b.buft), kv=b.nbytes)
         else:
             add(_buft_device(b.buft), rs=b.nbytes)
+    factors = dict(compute_scale or {})
+    for name, by in (estimate_scale or {}).items() if not comp.replayed else ():
+        factors[name] = max(by, factors.get(name, 0.0))
     for dev, size in comp.per_buft.items():
         buft = dev if dev != CPU else (backends.host_buffer(gpu_ids) or CPU)
-        if compute_scale and buft in compute_scale:
-            size = int(size * compute_scale[buft])
+        if buft in factors:
+            size = int(size * factors[buft])
         buffers.append(PredictedBuffer(context_label, "compute", buft, size))
         add(dev, compute=size)
     out_dev = placement.layer_device[hp.n_layer_all]
@@ -270,4 +279,5 @@ def estimate(
         flash_attn=fa,
         pipeline_parallel=pp,
         compute_replayed=comp.replayed,
+        compute_scaled={b: f for b, f in factors.items() if b in {x.buft for x in buffers}},
     )
