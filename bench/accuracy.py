@@ -194,6 +194,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=HERE / "results" / "accuracy.json", help="where the JSON goes")
     ap.add_argument("--only", action="append", default=[], help="only the cases whose label has this text")
     ap.add_argument("--update", action="store_true", help="with --only: replace those cases' rows in --out")
+    ap.add_argument("--no-checkpoints", action="store_true", help="skip the run-time checkpoint chats (slow)")
     a = ap.parse_args()
     os.environ["LLAMAFIT_PROBE"] = "off"  # memory only: the speed probe's llama-bench runs would dominate
     srv = find_server(a.server)
@@ -234,7 +235,7 @@ def main() -> None:
                             "buffer": r.buft, "predicted_mib": round(r.predicted / MiB, 3),
                             "actual_mib": r.actual_mib, "rel_error": e, "within": r.within,
                             "bound": bound})  # fmt: skip
-    if not a.only:
+    if not a.only and not a.no_checkpoints:
         results += checkpoint_rows(files, srv)
     out = a.out.resolve()
     if a.update and a.only and out.exists():  # the other cases' rows as the last full run left them
