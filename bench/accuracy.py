@@ -79,6 +79,7 @@ def build_files(d: Path, quick: bool) -> dict[str, Path]:
     w("mamba2", factory.mamba_codestral_7b())
     w("falcon_mamba", shapes.falcon_mamba_7b())
     w("mla", shapes.mla_v2_lite_like())
+    w("glm_dsa", factory.glm_dsa())
     if not quick:
         w("qwen3_30b_a3b", shapes.qwen3_30b_a3b())
         w("glm45_air_cut", shapes.glm45_air_cut())
@@ -140,6 +141,12 @@ def cases(quick: bool) -> list[Case]:
             [*NR, "-c", "8192", "-ub", "16", "-np", "4"],
             spec="draft-dspark",
             draft="dspark",
+        ),
+        Case("DSA: GLM-5-style (glm-dsa, small; layers sharing a top-k)", "glm_dsa", ["-c", "8192"]),
+        Case(
+            "DSA: GLM-5-style (glm-dsa, small; layers sharing a top-k)",
+            "glm_dsa",
+            ["-c", "8192", "-np", "1", "-fa", "off"],
         ),
         Case("DeepSeek-V4 (small shape)", "dsv4", ["-c", "8192", "-np", "2"]),
         Case("DeepSeek-V4 (small shape)", "dsv4", ["-c", "4096"]),
