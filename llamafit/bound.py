@@ -39,8 +39,21 @@ from llamafit.units import MiB
 
 ROUNDS = 3  # measure, re-plan, measure again: the scale settles in one or two
 SLACK = 16 << 10  # the log's two decimals of MiB (5 KiB) and a little more: not a difference
-# what the server's argv says that llama-fit-params is told by llamafit or cannot take at all
-_SET_HERE = frozenset({"--model", "--ctx-size", "--parallel", "--kv-unified", "--fit-print", "--verbose"})
+# what the server's argv says that llama-fit-params is told by llamafit, or that would hide the log it is read from
+_SET_HERE = frozenset(
+    {
+        "--model",
+        "--ctx-size",
+        "--parallel",
+        "--kv-unified",
+        "--fit-print",
+        "--verbose",
+        "--verbosity",
+        "--log-jsonl",
+        "--log-disable",
+        "--log-file",
+    }
+)
 
 
 def reasons(plan: Plan) -> tuple[str, ...]:

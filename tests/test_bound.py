@@ -72,6 +72,20 @@ def test_the_compute_lines_of_a_log_last_reserve_wins() -> None:
     assert parse_compute("nothing here\n") == {}
 
 
+def test_llama_fit_params_is_given_what_it_takes_of_the_servers_argv() -> None:
+    """The placement, batch and cache flags it accepts pass; the context and slots are llamafit's (a unified
+    cache of S slots as S whole-context streams); what would hide or reshape its log, and what it does not
+    take (a port, a projector), stay out."""
+    from llamafit.bound import noalloc_args, noalloc_context
+    from llamafit.memory.footprint import LoadSettings
+
+    server = ["-m", "x.gguf", "-c", "4096", "-lv", "1", "--log-jsonl", "-ngl", "3", "--port", "8", "--mmproj", "p"]
+    takes = {"-m", "-c", "-lv", "--log-jsonl", "-ngl", "-fa"}.__contains__
+    assert noalloc_args("m.gguf", [*server, "-fa", "on"], takes) == ["-m", "m.gguf", "-ngl", "3", "-fa", "on"]
+    assert noalloc_context(LoadSettings(n_seq=4, kv_unified=True), 8192) == ["-c", "32768", "-np", "4"]
+    assert noalloc_context(LoadSettings(n_seq=2, kv_unified=False), 8192) == ["-c", "8192", "-np", "2"]
+
+
 @pytest.mark.server
 def test_the_no_alloc_measurement_is_the_servers_compute(server_bin: ServerBinary, tmp_path: Path) -> None:
     """At settings it can be given, llama-fit-params' compute is the buffer the real server allocates."""
