@@ -72,12 +72,26 @@ def reasons(plan: Plan) -> tuple[str, ...]:
     return tuple(out)
 
 
-def noalloc_context(s: LoadSettings, n_ctx: int) -> list[str]:
-    """llama-fit-params' -c/-np for a load with ``s`` at ``n_ctx``: a unified cache of S slots becomes S
-    streams of the whole context each (it takes no -kvu), so every stream spans what the unified one does."""
+def noalloc_context(s: LoadSettings, n_ctx: int, per_seq: bool) -> tuple[int, int]:
+    """llama-fit-params' -np and -c for a load with ``s`` at ``n_ctx`` (it takes no -kvu). A unified cache of S
+    slots becomes one stream of the whole context where the graph has no per-sequence part (the attention
+    spans the same cells; S streams would cost a GPU backend more: 86 against 38 MiB on Vulkan), and S streams
+    of the whole context each where it has one (recurrent state, DeepSeek-V4's compressors: one stream is
+    under there, 18.17 against 20.17 MiB)."""
     streams = max(1, s.n_seq)
-    c = n_ctx * streams if s.kv_unified and streams > 1 else n_ctx
-    return ["-c", str(c), "-np", str(streams)]
+    if not s.kv_unified or streams == 1:
+        return streams, n_ctx
+    return (streams, n_ctx * streams) if per_seq else (1, n_ctx)
+
+
+def noalloc_settings(plan: Plan) -> tuple[LoadSettings, list[str]]:
+    """The settings llama-fit-params is run at, for the model to price too, and its -c/-np."""
+    s = plan.settings
+    per_seq = any(plan.model.hparams.is_recr) or not plan.footprint.compute_replayed
+    n_seq, c = noalloc_context(s, plan.n_ctx, per_seq)
+    # n_outputs_max 0 is n_batch: common_context_params leave it unset (src/llama-context.cpp:252)
+    fp = replace(_undrafted(s), n_ctx=c, n_seq=n_seq, kv_unified=False, n_outputs_max=0)
+    return fp, ["-c", str(c), "-np", str(n_seq)]
 
 
 def noalloc_args(model_path: str, server_args: Sequence[str], accepts: Callable[[str], bool]) -> list[str]:
@@ -128,7 +142,7 @@ def bounded(
     scale: dict[str, float] = {}
     last = Bound(why)
     for rounds in range(1, ROUNDS + 1):
-        args = [*noalloc_args(plan.model.path, argv[1:], fit_caps.accepts), *noalloc_context(plan.settings, plan.n_ctx)]
+        args = [*noalloc_args(plan.model.path, argv[1:], fit_caps.accepts), *noalloc_settings(plan)[1]]
         try:
             m = measure(fitparams, args, env)
         except NoAllocFailed as e:
@@ -182,9 +196,7 @@ def held_to(measured: Mapping[str, int], pred: Mapping[str, int], plan: Plan) ->
     the server's settings cost more than those (a unified sliding-window cache spans more cells than S streams
     of it do; a drafter's verification rows), never what they cost less."""
     s = plan.settings
-    c = int(noalloc_context(s, plan.n_ctx)[1])
-    # n_outputs_max 0 is n_batch: common_context_params leave it unset (src/llama-context.cpp:252)
-    at_fp = predicted_compute(plan.model, plan, replace(_undrafted(s), n_ctx=c, kv_unified=False, n_outputs_max=0))
+    at_fp = predicted_compute(plan.model, plan, noalloc_settings(plan)[0])
     outs = s.n_outputs_max if s.n_outputs_max >= s.n_batch else min(s.n_batch, s.n_seq)  # pooled: all of a batch
     unspec = predicted_compute(plan.model, plan, replace(_undrafted(s), n_outputs_max=outs))
     # the layer inputs a drafter reads stay alive to the graph's end (graph outputs, src/llama-graph.cpp:1406-1414):

@@ -74,16 +74,18 @@ def test_the_compute_lines_of_a_log_last_reserve_wins() -> None:
 
 def test_llama_fit_params_is_given_what_it_takes_of_the_servers_argv() -> None:
     """The placement, batch and cache flags it accepts pass; the context and slots are llamafit's (a unified
-    cache of S slots as S whole-context streams); what would hide or reshape its log, and what it does not
-    take (a port, a projector), stay out."""
+    cache as one stream of it, or as S whole-context streams for a graph with per-sequence parts); what would
+    hide or reshape its log, and what it does not take (a port, a projector), stay out."""
     from llamafit.bound import noalloc_args, noalloc_context
     from llamafit.memory.footprint import LoadSettings
 
     server = ["-m", "x.gguf", "-c", "4096", "-lv", "1", "--log-jsonl", "-ngl", "3", "--port", "8", "--mmproj", "p"]
     takes = {"-m", "-c", "-lv", "--log-jsonl", "-ngl", "-fa"}.__contains__
     assert noalloc_args("m.gguf", [*server, "-fa", "on"], takes) == ["-m", "m.gguf", "-ngl", "3", "-fa", "on"]
-    assert noalloc_context(LoadSettings(n_seq=4, kv_unified=True), 8192) == ["-c", "32768", "-np", "4"]
-    assert noalloc_context(LoadSettings(n_seq=2, kv_unified=False), 8192) == ["-c", "8192", "-np", "2"]
+    unified, per_slot = LoadSettings(n_seq=4, kv_unified=True), LoadSettings(n_seq=2, kv_unified=False)
+    assert noalloc_context(unified, 8192, per_seq=False) == (1, 8192)  # one stream spans the unified cells
+    assert noalloc_context(unified, 8192, per_seq=True) == (4, 32768)  # a per-sequence graph keeps its S
+    assert noalloc_context(per_slot, 8192, per_seq=False) == (2, 8192)  # what the server is given
 
 
 @pytest.mark.server
