@@ -6,12 +6,12 @@ against what that binary's llama-fit-params measures with ``no_alloc`` (llamafit
 
 llama-fit-params cannot be given every server setting: it takes no ``-kvu`` and reserves a whole ubatch of
 outputs where the server (from b9464) reserves one per slot. It is run at the settings it can reproduce (a
-unified cache of S slots becomes S streams of the whole context each: every stream spans what the unified
-one does), what the model says the server's own settings cost more is added (a unified sliding window, a
-drafter's rows), and the extra outputs are kept: an upper bound, at a cost of up to (n_ubatch - S) rows of
-logits on the output device where the output is the graph's peak. The plan's compute buffers are raised to
-it where they are below (a scale, applied like a launch's calibration, never down), the plan made again
-and measured again until it is within.
+unified cache as one stream of it, or as S streams of the whole context where the graph has per-sequence
+parts: ``noalloc_context``), what the model says the server's own settings cost more is added (a unified
+sliding window, a drafter's rows), and the extra outputs are kept: an upper bound, at a cost of up to
+(n_ubatch - S) rows of logits on the output device where the output is the graph's peak. The plan's compute
+buffers are raised to it where they are below (a scale, applied like a launch's calibration, never down),
+the plan made again and measured again until it is within.
 """
 
 from __future__ import annotations
