@@ -20,7 +20,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
-from llamafit.errors import LlamafitError
+from llamafit.errors import DoesNotFitError, LlamafitError
 from llamafit.fit import messages
 from llamafit.gguf.hparams import ESTIMATED_COMPUTE_ARCHS
 from llamafit.gguf.model import ModelInfo
@@ -163,7 +163,12 @@ def bounded(
         if rounds == ROUNDS:
             return plan, list(argv), replace(last, note=f"still above the plan after {ROUNDS} rounds")
         scale.update({b: max(f, scale.get(b, 1.0)) for b, f in raised.items()})
-        plan, argv = replan(dict(scale))
+        try:
+            plan, argv = replan(dict(scale))
+        except DoesNotFitError as e:  # it fitted as the model priced it: say what made it not
+            raised_to = ", ".join(f"{b} {floor[b] / MiB:.2f} MiB" for b in raised)
+            e.message += f" (with its compute raised to what {NAME} measured: {raised_to})"
+            raise
     return _without_estimate_warning(plan), list(argv), last
 
 

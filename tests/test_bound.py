@@ -255,3 +255,24 @@ def test_a_launch_calibrates_past_the_bound(server_bin: ServerBinary, tmp_path: 
     assert again.plan.memory_bound is None and again.plan.decision("calibration.applied") is not None
     planned = _compute(again.plan.footprint.buffers)
     assert {b: round(v / MiB, 2) for b, v in planned.items()} == real.compute
+
+
+@pytest.mark.server
+def test_a_plan_the_measurement_pushes_past_the_budget_says_so(server_bin: ServerBinary, tmp_path: Path) -> None:
+    """On host RAM that holds DeepSeek-V4's load as the estimate prices it but not as llama-fit-params
+    measures it, the plan does not fit, and says that the measurement is why."""
+    from llamafit.devices.machine import Host, Machine
+    from llamafit.errors import DoesNotFitError
+
+    model = factory.deepseek4().write(tmp_path / "dsv4.gguf")
+    o = Options(server_args=("-c", "4096"), cpu_only=True, margin="0")
+    roomy = prepare(str(model), o, speed=False, machine=Machine((), Host(total=64 << 30, available=32 << 30)))
+    held = roomy.plan.memory_bound
+    assert held is not None and held.scale
+    # what the plan needs without the bound, with a little room: less than the measurement adds
+    extra = sum(held.floor.values()) - sum(held.predicted.values())
+    need = roomy.plan.host.use.total - extra
+    tight = Machine((), Host(total=64 << 30, available=need + extra // 2))
+    with pytest.raises(DoesNotFitError) as e:
+        prepare(str(model), o, speed=False, machine=tight)
+    assert "with its compute raised to what llama-fit-params measured: CPU 20.18 MiB" in e.value.message
