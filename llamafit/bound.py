@@ -147,7 +147,7 @@ def bounded(
             m = measure(fitparams, args, env)
         except NoAllocFailed as e:
             return plan, list(argv), replace(last, note=str(e), binary=None)
-        pred = predicted_compute(plan.model, plan, plan.settings)
+        pred = plan.footprint.own_compute()  # what the plan priced, before the scale
         seen = dict(m.compute) if m.logged else from_table(m.table, pred, plan)
         floor = held_to(seen, pred, plan)
         raised = {b: v / pred[b] for b, v in floor.items() if pred.get(b) and v > pred[b] * scale.get(b, 1.0) + SLACK}

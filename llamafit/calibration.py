@@ -127,11 +127,12 @@ def record(
     """Append one launch and return it; HistoryNotWritten says why it could not be recorded."""
     predicted: dict[str, dict[str, int]] = {}
     for b in fp.buffers:
-        predicted.setdefault(b.kind, {})
-        # the model's own number, not the one scaled by an earlier calibration or a no-alloc bound: the next
-        # plan applies actual / predicted to the model's own number again
-        own = round(b.nbytes / fp.compute_scaled.get(b.buft, 1.0)) if b.kind == "compute" else b.nbytes
-        predicted[b.kind][b.buft] = predicted[b.kind].get(b.buft, 0) + own
+        if b.kind != "compute":
+            predicted.setdefault(b.kind, {})
+            predicted[b.kind][b.buft] = predicted[b.kind].get(b.buft, 0) + b.nbytes
+    # the model's own number, not the one scaled by an earlier calibration or a no-alloc bound: the next plan
+    # applies actual / predicted to the model's own number again
+    predicted["compute"] = fp.own_compute()
     entry: dict[str, Any] = {
         "schema": SCHEMA,
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

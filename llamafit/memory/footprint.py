@@ -115,6 +115,14 @@ class Footprint:
     def layer_device(self) -> tuple[str, ...]:
         return self.placement.layer_device
 
+    def own_compute(self, context: str = "target") -> dict[str, int]:
+        """Each compute buffer of ``context`` as the memory model prices it, before any scale applied to it."""
+        out: dict[str, int] = {}
+        for b in self.buffers:
+            if b.kind == "compute" and b.context == context:
+                out[b.buft] = out.get(b.buft, 0) + round(b.nbytes / self.compute_scaled.get(b.buft, 1.0))
+        return out
+
 
 def _buft_device(buft: str) -> str:
     return backends.device_of_buffer(buft)
