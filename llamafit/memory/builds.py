@@ -78,7 +78,7 @@ class Bound:
     binary: str | None = None  # the llama-fit-params that measured (None: not measured)
     argv: tuple[str, ...] = ()
     measured: Mapping[str, int] = field(default_factory=dict)  # buffer -> bytes, at llama-fit-params' settings
-    predicted: Mapping[str, int] = field(default_factory=dict)  # the memory model at the same settings
+    predicted: Mapping[str, int] = field(default_factory=dict)  # the plan's own compute (the model, unscaled)
     scale: Mapping[str, float] = field(default_factory=dict)  # applied to the plan's compute buffers
     rounds: int = 0
     note: str = ""  # why it was not measured

@@ -259,10 +259,11 @@ def estimate(
     factors = dict(compute_scale or {})
     for name, by in (estimate_scale or {}).items() if not comp.replayed else ():
         factors[name] = max(by, factors.get(name, 0.0))
+    scaled: dict[str, float] = {}
     for dev, size in comp.per_buft.items():
         buft = dev if dev != CPU else (backends.host_buffer(gpu_ids) or CPU)
         if buft in factors:
-            size = int(size * factors[buft])
+            size, scaled[buft] = int(size * factors[buft]), factors[buft]
         buffers.append(PredictedBuffer(context_label, "compute", buft, size))
         add(dev, compute=size)
     out_dev = placement.layer_device[hp.n_layer_all]
@@ -287,5 +288,5 @@ def estimate(
         flash_attn=fa,
         pipeline_parallel=pp,
         compute_replayed=comp.replayed,
-        compute_scaled={b: f for b, f in factors.items() if b in {x.buft for x in buffers}},
+        compute_scaled=scaled,
     )
