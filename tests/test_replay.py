@@ -50,7 +50,6 @@ def test_the_replayed_graphs(shapes: dict[str, Path], shape: str, args: list[str
     ("shape", "args", "why"),
     [
         ("dsv4", ["-c", "4096"], "an architecture without a builder"),
-        ("hybrid", ["-c", "4096", "-ctk", "q8_0"], "quantized caches add rotation inputs"),
     ],
 )
 def test_other_graphs_keep_the_estimate(
