@@ -25,6 +25,7 @@ from typing import Any
 
 from llamafit.gguf.mmproj import Projector
 from llamafit.gguf.model import ModelInfo
+from llamafit.memory.builds import MIRRORED
 from llamafit.memory.footprint import Footprint, LoadSettings
 from llamafit.memory.mmproj import MmprojUse
 from llamafit.paths import data_dir
@@ -62,7 +63,7 @@ def mmproj_key(m: MmprojUse) -> str:
 def settings_key(s: LoadSettings, devices: tuple[str, ...]) -> str:
     """The settings a user chooses that shape the compute graph (not the context size, and not the
     placement the fit chooses, so a record still applies when the fit moves a layer)."""
-    parts = (
+    parts: tuple[object, ...] = (
         s.n_seq,
         s.kv_unified,
         s.n_batch,
@@ -74,6 +75,8 @@ def settings_key(s: LoadSettings, devices: tuple[str, ...]) -> str:
         s.swa_full,
         devices,
     )
+    if s.build != MIRRORED:  # another build allocates otherwise: its records are its own (b11434's keep their key)
+        parts = (*parts, s.build)
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:24]
 
 
@@ -99,6 +102,12 @@ class Corrections:
     @property
     def empty(self) -> bool:
         return not self.compute_scale and not self.overhead and not self.caps
+
+    @property
+    def drafter_scale(self) -> dict[str, float]:
+        """What a drafter's estimated compute takes from the target's measurement: only a raise (a build's own
+        reservation may lower the target's compute; nothing measured the drafter's)."""
+        return {b: f for b, f in self.measured_scale.items() if f > 1.0}
 
     def compute_factors(self, context: str) -> dict[str, float]:
         """Each compute buffer's factor in one context: the launch's calibration, and for the target (the only
@@ -152,6 +161,7 @@ def record(
             "flash_attn": s.flash_attn,
             "type_k": s.type_k,
             "type_v": s.type_v,
+            "build": s.build,
             "n_gpu_layers": s.n_gpu_layers,
             "tensor_split": list(s.tensor_split),
             "devices": list(devices),

@@ -139,6 +139,7 @@ def to_json(plan: Plan, argv: list[str]) -> dict[str, Any]:
             "priced_for": plan.memory_build.priced,
             "server_build": plan.memory_build.server,
             "sure": plan.memory_build.sure,
+            "differences": list(plan.memory_build.differences),
             "bound": plan.memory_bound.to_json() if plan.memory_bound is not None else None,
         },
         "context": {

@@ -195,15 +195,23 @@ def test_a_numbered_build_is_held_by_what_it_reserves(
     server_bin: ServerBinary, tmp_path: Path, version: str, kind: str
 ) -> None:
     """From b9464 the server reserves one output per slot: llama-fit-params' whole ubatch of outputs makes its
-    measurement an upper bound. An older server reserved a whole ubatch itself: the measurement is its own
-    (and the b11434 model, one row per slot, is under it). Either way the plan is raised to it."""
+    measurement an upper bound, and the plan is raised to it. An older server reserved a whole ubatch itself:
+    the measurement is its own, and the plan takes it, down too: the model prices that build's rules (every
+    ubatch token's logits, before b9415 an F32 mask with its F16 cast), and here the binary is b11434's, whose
+    F16 mask is below them."""
     srv = _wrapper(tmp_path, "llama-server", server_bin.path, server_bin.lib_dir, version=version)
     _wrapper(tmp_path, NAME, _fitparams(server_bin), server_bin.lib_dir)
     model = factory.qwen3_0_6b().write(tmp_path / "q.gguf")
     prep = prepare(str(model), Options(server=srv, server_args=("-c", "4096", "-np", "2"), cpu_only=True), speed=False)
     b = prep.plan.memory_bound
     assert b is not None and b.kind == kind and b.binary is not None
-    assert b.scale["CPU"] > 2 and b.floor == b.measured  # no unified cache, no drafter: nothing added
+    assert b.floor == b.measured  # no unified cache, no drafter: nothing added
+    if kind == "upper":
+        assert b.scale["CPU"] > 2 and b.predicted["CPU"] < b.measured["CPU"] / 2
+    else:
+        assert b.scale["CPU"] < 1 and b.measured["CPU"] < b.predicted["CPU"] < 1.1 * b.measured["CPU"]
+        compute = sum(x.nbytes for x in prep.plan.footprint.buffers if x.kind == "compute" and x.context == "target")
+        assert abs(compute - b.measured["CPU"]) < 64 << 10
     held = prep.plan.decision("memory.bound")
     assert held is not None and ("its own reservation" in held.message) == (kind == "own")
 

@@ -107,7 +107,9 @@ def test_a_plan_says_which_build_it_is_priced_for(tmp_path: Path) -> None:
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     mm = doc["memory_model"]
-    assert (mm["priced_for"], mm["server_build"], mm["sure"]) == (11434, 4321, "unmeasured")
+    # older than any build whose source was read: priced with the oldest one's rules (llamafit.memory.builds)
+    assert (mm["priced_for"], mm["server_build"], mm["sure"]) == (9093, 4321, "unmeasured")
+    assert "logits reserved for every ubatch token" in mm["differences"]
     # its own no-alloc measurement would bound the plan: this stand-in has no llama-fit-params beside it
     assert mm["bound"]["by"] is None and "no llama-fit-params beside" in mm["bound"]["note"]
     assert any("b4321, older than the b11434" in w for w in doc["warnings"])

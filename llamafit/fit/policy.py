@@ -71,7 +71,7 @@ def fit_with_policy(
     ) -> Outcome:
         """``drafter`` in the report is the one considered, kept or dropped; ``chosen`` what runs."""
         chosen = ",".join(spec.types) or "none"
-        n_rs = rollback_rows(model, spec, opts)
+        n_rs = rollback_rows(model, spec, opts, base.build)
         return Outcome(
             t, placement, spec, SpecReport(requested, chosen, d, reason, n_rs, message, code, spec.draft_devices)
         )

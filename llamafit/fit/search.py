@@ -132,7 +132,7 @@ class Search:
             ids,
             free=[self.free[i] for i in ids],
             compute_scale=self.calib.compute_factors(context_label) or None,
-            estimate_scale=self.calib.measured_scale if context_label != "target" else None,
+            estimate_scale=self.calib.drafter_scale if context_label != "target" else None,
             overhead=self.calib.overhead,
             context_label=context_label,
             share_weights=share_weights,

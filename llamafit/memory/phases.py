@@ -31,6 +31,7 @@ from llamafit.ggml import by_name
 from llamafit.gguf.hparams import Hparams
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory import backends
+from llamafit.memory.builds import kq_mask_f16
 from llamafit.memory.context import ContextParams, attention_layers, per_layer_memory, recurrent_layers, swa_cells
 from llamafit.memory.graph.replay import recurrent_bytes
 from llamafit.memory.placement import CPU, WeightPlacement, output_weight_device
@@ -127,7 +128,7 @@ def per_phase(
     dims = layer_dims(model)
     U = cp.n_ubatch
     layer_dev = placement.layer_device
-    attn_layers = set(attention_layers(hp, cp.mtp)) if hp.has_memory and not hp.is_recurrent_arch else set()
+    attn_layers = set(attention_layers(hp, cp.mtp, cp.build)) if hp.has_memory and not hp.is_recurrent_arch else set()
     if not hp.has_memory:
         attn_layers = set(range(hp.n_layer_all))
     recr_layers = set(recurrent_layers(hp, cp.mtp))
@@ -135,7 +136,8 @@ def per_phase(
     recurrent_graph = recurrent_bytes(model, cp, n_outputs)
     n_kv_full = cp.n_ctx_seq
     n_kv_swa = swa_cells(hp, cp) if hp.swa_type != "none" else 0
-    mask_bytes = 2 if fa else 4
+    # builds before KQ_MASK_F16_SINCE made a flash-attention mask F32 and cast it: both alive
+    mask_bytes = (2 if kq_mask_f16(cp.build) else 6) if fa else 4
     peak: dict[str, float] = {}  # per backend: peak floats per token
     kq: dict[str, int] = {}  # per backend: a phase's absolute bytes
     masks: dict[str, set[str]] = {}
@@ -295,7 +297,7 @@ def device_terms(
     out = dict(out)
     layer_dev = placement.layer_device
     n_kv_full, n_kv_swa = cp.n_ctx_seq, swa_cells(hp, cp) if hp.swa_type != "none" else 0
-    mask_bytes = 2 if fa else 4
+    mask_bytes = (2 if kq_mask_f16(cp.build) else 4) if fa else 4  # an older build's F32 input is the host's
     row = U * 4 * hp.n_embd
     # without flash attention the mask input comes with an F16 twin (measured: + n_kv x U x 2)
     host_masks = sum(

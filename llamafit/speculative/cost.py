@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from llamafit.gguf.model import ModelInfo
+from llamafit.memory.builds import MIRRORED, keeps_rollback, mtp_cache_types, nextn_weights
 from llamafit.memory.footprint import Footprint, LoadSettings, Use
 from llamafit.memory.graph.sampling import DRAFT_CHAIN
 from llamafit.memory.placement import CPU
@@ -73,10 +74,13 @@ def n_draft_max(kinds: set[str] | list[str], opts: SpecOptions) -> int:
     return n
 
 
-def rollback_rows(model: ModelInfo, config: SpecConfig, opts: SpecOptions) -> int:
-    """Recurrent-state rows per slot the target keeps for the drafter to roll back to (n_rs_seq)."""
+def rollback_rows(model: ModelInfo, config: SpecConfig, opts: SpecOptions, build: int = MIRRORED) -> int:
+    """Recurrent-state rows per slot the target keeps for the drafter to roll back to (n_rs_seq), on the
+    server's ``build`` (the drafters and architectures that keep them grew over builds)."""
     d = config.drafter
-    return opts.n_max if d is not None and d.kind in ROLLBACK_TYPES and model.hparams.supports_rs_rollback else 0
+    if d is None or d.kind not in ROLLBACK_TYPES or not model.hparams.supports_rs_rollback:
+        return 0
+    return opts.n_max if keeps_rollback(build, model.arch, d.kind) else 0
 
 
 def target_settings(model: ModelInfo, base: LoadSettings, config: SpecConfig, opts: SpecOptions) -> LoadSettings:
@@ -90,10 +94,11 @@ def target_settings(model: ModelInfo, base: LoadSettings, config: SpecConfig, op
     d = config.drafter
     if d is None:
         return s
-    if n_rs := rollback_rows(model, config, opts):
+    if n_rs := rollback_rows(model, config, opts, base.build):
         s = replace(s, n_rs_seq=n_rs)
     if d.embedded:
-        s = replace(s, load_nextn=True, extract_hidden=1)
+        # a loader from before the architecture's MTP skipped the NextN weights (llamafit.memory.builds)
+        s = replace(s, load_nextn=nextn_weights(base.build, model.arch, True), extract_hidden=1)
     elif d.kind == "draft-eagle3":
         s = replace(s, extract_hidden=3)
     elif d.kind in BLOCK_DRAFTERS and d.model is not None:
@@ -134,12 +139,14 @@ def drafter_use(
         use[on] = use.get(on, Use()) + Use(draft_model=weights, draft_compute=DRAFT_GRAPH_RESERVE)
         return None, use
     if d.embedded:
-        # the MTP context runs on the target model: its KV over the NextN layers, its compute
+        # the MTP context runs on the target model: its KV over the NextN layers, its compute; its cache
+        # types are -ctkd/-ctvd on the builds since MTP_DRAFT_CACHE_TYPES_SINCE, the target's before
+        type_k, type_v = mtp_cache_types(s.build, (s.type_k, s.type_v), (opts.type_k, opts.type_v))
         ds = replace(
             s,
             n_ctx=n_ctx,
-            type_k=opts.type_k,
-            type_v=opts.type_v,
+            type_k=type_k,
+            type_v=type_v,
             n_outputs_max=s.n_seq,
             n_rs_seq=0,
             extract_hidden=0,

@@ -57,6 +57,18 @@ class Reserve:
     rot_k: int = 0  # Hadamard rotation size for a quantized K cache (llama-kv-cache.cpp:321-348), 0: none
     rot_v: int = 0  # the same for a quantized V cache
     samplers: Samplers | None = None  # each slot's backend sampler chain, None: no backend sampling
+    mask_f16: bool = True  # a flash-attention mask made F16 (older builds: F32 and a cast, kq_mask())
+    mla_mask_f16: bool = True  # the same for the MLA and indexer masks (F16 from a later build)
+
+
+def kq_mask(shape: tuple[int, int, int, int], fa: bool, f16: bool = True) -> Tensor:
+    """The KQ mask the attention reads: F16 under flash attention (src/llama-graph.cpp:29-46). Builds before
+    KQ_MASK_F16_SINCE made it F32 and cast it (``ggml_cast``): an input and a node the first attention adds."""
+    if not fa:
+        return Graph.input(shape, F32)
+    if f16:
+        return Graph.input(shape, 2)
+    return Graph.op("cpy", shape, Graph.input(shape, F32), esize=2)
 
 
 def transformer_graph(shape: TransformerShape, r: Reserve) -> Graph:
@@ -75,12 +87,11 @@ class Builder:
         self.ns = max(1, r.n_stream)
         self.gemma = sh.arch == "gemma3"
         v_rows = self.T if r.flash_attn else self.T * max(sh.n_head_kv) * sh.head_v
-        mask = 2 if r.flash_attn else F32
         self.inputs = {
             kind: {
                 "k_idxs": Graph.input((self.T,), I64),
                 "v_idxs": Graph.input((v_rows,), I64),
-                "mask": Graph.input((n_kv, self.T // self.ns, 1, self.ns), mask),
+                "mask": kq_mask((n_kv, self.T // self.ns, 1, self.ns), r.flash_attn, r.mask_f16),
                 "k_rot": Graph.input((r.rot_k, r.rot_k)),
                 "v_rot": Graph.input((r.rot_v, r.rot_v)),
             }

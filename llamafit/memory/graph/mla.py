@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llamafit.memory.graph.attention import Reserve
+from llamafit.memory.graph.attention import Reserve, kq_mask
 from llamafit.memory.graph.galloc import F32, I32, I64, Graph, Tensor, in_layer
 from llamafit.memory.graph.trunk import Experts, gated_ffn, input_embeddings, moe_ffn, output_head, rms_norm
 
@@ -63,13 +63,13 @@ class _Builder:
         self.ns = max(1, r.n_stream)
         self.pos = Graph.input((self.T,), I32)
         self.k_idxs = Graph.input((self.T,), I64)
-        self.mask = Graph.input((r.n_kv, self.T // self.ns, 1, self.ns), 2 if r.flash_attn else F32)
+        self.mask = kq_mask((r.n_kv, self.T // self.ns, 1, self.ns), r.flash_attn, r.mla_mask_f16)
         self.top_k: Tensor | None = None
         if (ix := sh.indexer) is not None:  # build_attn_inp_k_dsa_impl (llama-graph.cpp:3411-3441)
             self.k_idxs_lid = Graph.input((self.T,), I64)
             # F16: the fused ggml_lightning_indexer's mask (cparams.fused_lid; a backend without that op
             # scores op by op, deepseek32.cpp:284-316, which is not replayed)
-            self.mask_lid = Graph.input((r.n_kv, self.T // self.ns, 1, self.ns), 2)
+            self.mask_lid = kq_mask((r.n_kv, self.T // self.ns, 1, self.ns), True, r.mla_mask_f16)
             self.k_rot = Graph.input((ix.rot, ix.rot), F32)
 
     def graph(self) -> Graph:

@@ -15,6 +15,7 @@ from dataclasses import replace
 from llamafit.ggml import by_name
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory.backends import pads_rows
+from llamafit.memory.builds import kq_mask_f16, mla_mask_f16
 from llamafit.memory.context import ContextParams, swa_cells
 from llamafit.memory.graph.attention import Reserve, TransformerShape, transformer_graph
 from llamafit.memory.graph.dflash import DflashShape, dflash_graph
@@ -127,6 +128,8 @@ def _reserve(
         n_rs_seq=cp.n_rs_seq if hp.supports_rs_rollback else 0,
         pooling=pooling,
         samplers=Samplers(n_outputs, cp.sampled_rows, cp.sampler_chain) if cp.sampled_rows else None,
+        mask_f16=kq_mask_f16(cp.build),
+        mla_mask_f16=mla_mask_f16(cp.build),
     )
 
 

@@ -1,0 +1,191 @@
+"""What llamafit prices for another llama.cpp build: the rules read from each build's own source
+(llamafit.memory.builds), each checked against the b11434 model at the settings that build really ran with.
+bench/accuracy.py --server holds them to a real older build (bench/results/accuracy-b9310.json)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from llamafit.devices.machine import Host, Machine
+from llamafit.fit import make_plan
+from llamafit.gguf.model import load_model
+from llamafit.memory.builds import KQ_MASK_F16_SINCE, MTP_DRAFT_CACHE_TYPES_SINCE, OUTPUTS_PER_SLOT_SINCE, match
+from llamafit.memory.footprint import estimate
+from llamafit.plan import Plan, to_json
+from llamafit.request import build_request
+from llamafit.server.args import parse_server_args
+from llamafit.server.capabilities import ASSUMED, Capabilities
+from llamafit.speculative import spec_options
+from llamafit.units import GiB
+from tests import factory
+
+HOST = Host(total=256 * GiB, available=240 * GiB)
+
+
+def at(build: int | None) -> Capabilities:
+    """A probed server of ``build`` (None: one that does not say) with b11434's flags."""
+    said = f"version: {build} (abcdef0)" if build else "version: 0.6.0-dev (build 0, commit unknown)"
+    return replace(ASSUMED, path="llama-server", version=said, build=build, probed=True)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("builds")
+    q35 = factory.qwen35(
+        name="Qwen3.5-style MTP", n_layer=24, n_nextn=1, n_embd=2048, n_head=16, n_head_kv=2, head_dim=256,
+        n_ff=6144, n_vocab=151936, w="q4_K",
+    )  # fmt: skip
+    eagle = factory.eagle3(n_embd=2048, n_target=2048, n_head=16, n_head_kv=2, n_ff=6144, target_layers=(2, 11, 20))
+    return {
+        "q35": q35.write(d / "q35-mtp.gguf"),
+        "eagle3": eagle.write(d / "eagle3-q35.gguf"),
+        "qwen06b": factory.qwen3_0_6b().write(d / "Qwen3-0.6B-Q8_0.gguf"),
+        "glm": factory.glm4moe(n_layer=8, n_nextn=1, n_vocab=32000).write(d / "glm4moe-mtp.gguf"),
+    }
+
+
+def plan(model: Path, args: list[str], caps: Capabilities, spec: str = "off", draft: str | None = None) -> Plan:
+    a = parse_server_args(args)
+    opts = spec_options(a, mode=spec, draft=draft)
+    return make_plan(load_model(model), Machine((), HOST), build_request(a), opts, caps)
+
+
+def buffer(p: Plan, context: str, kind: str) -> int:
+    fp = p.draft_footprint if context != "target" else p.footprint
+    assert fp is not None
+    return sum(b.nbytes for b in fp.buffers if b.kind == kind and b.context == context)
+
+
+def test_an_mtp_context_before_9326_takes_the_targets_cache_types(models: dict[str, Path]) -> None:
+    """9246-9310 made the MTP context from the target's parameters: its cache is -ctk/-ctv's, not -ctkd's f16."""
+    q8 = ["-c", "8192", "-ctk", "q8_0", "-ctv", "q8_0"]
+    old = plan(models["q35"], q8, at(MTP_DRAFT_CACHE_TYPES_SINCE - 16), spec="draft-mtp")
+    new = plan(models["q35"], q8, at(MTP_DRAFT_CACHE_TYPES_SINCE), spec="draft-mtp")
+    as_q8 = plan(
+        models["q35"], [*q8, "-ctkd", "q8_0", "-ctvd", "q8_0"], at(MTP_DRAFT_CACHE_TYPES_SINCE), spec="draft-mtp"
+    )
+    assert buffer(old, "mtp", "kv") == buffer(as_q8, "mtp", "kv") < buffer(new, "mtp", "kv")
+    assert buffer(old, "target", "kv") == buffer(new, "target", "kv")
+    words = old.memory_build.message if old.memory_build else ""
+    assert "an MTP context's cache in -ctk/-ctv" in words and "-ctk/-ctv" not in " ".join(new.memory_build.differences)  # type: ignore[union-attr]
+
+
+def test_a_build_that_does_not_say_prices_the_larger_mtp_cache(models: dict[str, Path]) -> None:
+    """Where the build is not known, the MTP context's K and V take whichever type is larger."""
+    f16_k = ["-c", "8192", "-ctk", "f16", "-ctv", "q8_0", "-ctkd", "q4_0", "-ctvd", "f16"]
+    unknown = plan(models["q35"], f16_k, at(None), spec="draft-mtp")
+    f16 = plan(models["q35"], ["-c", "8192", "-ctk", "f16", "-ctv", "q8_0"], at(11434), spec="draft-mtp")
+    assert unknown.memory_build is not None and unknown.memory_build.sure == "unknown"
+    assert buffer(unknown, "mtp", "kv") == buffer(f16, "mtp", "kv")  # f16 K (the target's), f16 V (-ctvd)
+
+
+def test_an_eagle3_drafter_keeps_rollback_rows_from_9725(models: dict[str, Path]) -> None:
+    """EAGLE3 ran from 9246, but its target kept rollback rows only from 9725 (need_n_rs_seq)."""
+    args = ["-c", "8192", "-np", "1"]
+    old = plan(models["q35"], args, at(9713), spec="draft-eagle3", draft=str(models["eagle3"]))
+    new = plan(models["q35"], args, at(9725), spec="draft-eagle3", draft=str(models["eagle3"]))
+    assert old.speculative is not None and new.speculative is not None
+    assert old.speculative.chosen == new.speculative.chosen == "draft-eagle3"
+    assert old.speculative.n_rs_seq == 0 < new.speculative.n_rs_seq
+    assert buffer(old, "target", "rs") * (1 + new.speculative.n_rs_seq) == buffer(new, "target", "rs")
+    assert "no rollback rows for an EAGLE3 drafter" in match(9713, True, "qwen35").differences
+
+
+def test_rollback_architectures_follow_the_build(models: dict[str, Path]) -> None:
+    assert (
+        "no rollback rows for deepseek4 (a speculative target keeps none)"
+        in match(10227, True, "deepseek4").differences
+    )
+    assert not match(10235, True, "deepseek4").differences or all(
+        "deepseek4" not in d for d in match(10235, True, "deepseek4").differences
+    )
+
+
+def test_the_nextn_layers_cache_follows_the_build(models: dict[str, Path]) -> None:
+    """glm4moe with its NextN layer under draft-mtp: from 10909 the target's cache holds the trunk and the MTP
+    context's the NextN layer; from 10603 (its loader's MTP) to 10908 both hold every layer; before, its loader
+    kept the NextN layer out of both and its weights unloaded (b9310: the MTP context logged the target's 256
+    MiB of cache, bench/results/accuracy-b9310.json)."""
+    args = ["-c", "8192", "-np", "1"]
+    split, every, trunk = (plan(models["glm"], args, at(b), spec="draft-mtp") for b in (10909, 10700, 9310))
+    per_layer = buffer(split, "mtp", "kv")  # one NextN layer
+    assert buffer(split, "target", "kv") == 8 * per_layer
+    assert buffer(every, "target", "kv") == buffer(every, "mtp", "kv") == 9 * per_layer
+    assert buffer(trunk, "target", "kv") == buffer(trunk, "mtp", "kv") == 8 * per_layer
+    nextn = sum(d.use.draft_model for d in split.devices) + split.host.use.draft_model
+    assert nextn > 0 and trunk.host.use.draft_model == 0 and not any(d.use.draft_model for d in trunk.devices)
+    no_mtp = plan(models["glm"], args, at(10909))
+    assert buffer(no_mtp, "target", "kv") == 8 * per_layer  # the trunk's on every build from 10909
+
+
+def test_qwen35_before_10216_loads_its_nextn_weights_always(models: dict[str, Path]) -> None:
+    """Its loader took the NextN block with or without an MTP drafter before load_mtp (b9310's Qwen3.5-35B-A3B
+    logged 455 MiB more weights than b11434's rule gives)."""
+    args = ["-c", "8192"]
+    old, new = plan(models["q35"], args, at(10204)), plan(models["q35"], args, at(10216))
+    mtp = plan(models["q35"], args, at(10216), spec="draft-mtp")
+    assert buffer(old, "target", "model") == buffer(mtp, "target", "model") > buffer(new, "target", "model")
+
+
+def test_a_build_before_9464_reserves_every_ubatch_tokens_logits(models: dict[str, Path]) -> None:
+    """Its server set no n_outputs_max: the reserve's outputs were its tokens (graph_reserve(n_tokens, n_seqs,
+    n_tokens)), as llama-fit-params still does; the output buffer is the same (it grows at run time)."""
+    args = ["-c", "4096", "-np", "2", "-fa", "on"]
+    old = plan(models["qwen06b"], args, at(OUTPUTS_PER_SLOT_SINCE - 11))
+    new = plan(models["qwen06b"], args, at(OUTPUTS_PER_SLOT_SINCE))
+    model = load_model(models["qwen06b"])
+    all_outputs = estimate(model, replace(new.settings, n_outputs_max=0), ())
+    assert buffer(old, "target", "compute") == sum(b.nbytes for b in all_outputs.buffers if b.kind == "compute")
+    assert buffer(old, "target", "compute") > buffer(new, "target", "compute")
+    assert buffer(old, "target", "output") == buffer(new, "target", "output")
+
+
+def test_a_build_before_9415_casts_an_f32_mask(models: dict[str, Path]) -> None:
+    """Under flash attention 9409 and older made the KQ mask F32 and cast it to F16: more compute, by at most
+    the input's two more bytes and the cast's two per cell and token (ggml-alloc reuses what the peak does
+    not hold); without flash attention the mask is F32 on every build."""
+    for fa, more in (("on", True), ("off", False)):
+        args = ["-c", "8192", "-np", "1", "-fa", fa]
+        old = plan(models["qwen06b"], args, at(KQ_MASK_F16_SINCE - 6))
+        new = plan(models["qwen06b"], args, at(KQ_MASK_F16_SINCE))
+        diff = buffer(old, "target", "compute") - buffer(new, "target", "compute")
+        cp = new.footprint.context
+        assert (0 < diff <= 4 * cp.n_ctx_seq * cp.n_ubatch) if more else diff == 0
+
+
+def test_the_plan_says_which_build_it_priced(models: dict[str, Path]) -> None:
+    p = plan(models["q35"], ["-c", "8192"], at(9305), spec="draft-mtp")
+    j = to_json(p, [])["memory_model"]
+    assert j["priced_for"] == j["server_build"] == 9305 and j["sure"] == "unmeasured"
+    held = plan(models["q35"], ["-c", "8192"], at(9310), spec="draft-mtp")
+    assert held.memory_build is not None and held.memory_build.sure == "measured"  # the bench's b9310 run
+    assert "logits reserved for every ubatch token" in j["differences"]
+    older = plan(models["q35"], ["-c", "8192"], at(8000), spec="draft-mtp")
+    assert to_json(older, [])["memory_model"]["priced_for"] == 9093  # the oldest build whose source was read
+    same = plan(models["q35"], ["-c", "8192"], at(11434), spec="draft-mtp")
+    assert to_json(same, [])["memory_model"]["differences"] == [] and same.memory_build.message is None  # type: ignore[union-attr]
+
+
+def test_a_launch_on_one_build_calibrates_only_that_builds_plans(models: dict[str, Path]) -> None:
+    """Calibration records carry the build: another build allocates otherwise, so its correction is its own."""
+    from llamafit.calibration import corrections, record
+
+    model = load_model(models["qwen06b"])
+    args = ["-c", "4096", "-np", "1"]
+
+    def calibrated(build: int) -> Plan:
+        a = parse_server_args(args)
+        return make_plan(model, Machine((), HOST), build_request(a), spec_options(a, mode="off"), at(build),
+                         calibrate=lambda s, devs: corrections(model, s, devs))  # fmt: skip
+
+    old = calibrated(9310)
+    measured = {b.buft: 1.5 * b.nbytes / 2**20 for b in old.footprint.buffers if b.kind == "compute"}
+    record(
+        model, old.settings, (), old.footprint, {"compute": measured}, {}, {"argv": ["llama-server", "-m", model.path]}
+    )
+    again, other = calibrated(9310), calibrated(11434)
+    assert buffer(again, "target", "compute") > buffer(old, "target", "compute")  # its own record applies
+    assert not other.calibrated_compute and other.decision("calibration.applied") is None
