@@ -114,6 +114,13 @@ def cases(quick: bool) -> list[Case]:
         Case("MTP head: Qwen3.5-style + NextN", "hybrid_mtp", ["-c", "8192"], spec="draft-mtp"),
         Case("MTP head: Qwen3.5-style + NextN", "hybrid_mtp", ["-c", "8192", "-np", "2"], spec="draft-mtp"),
         Case("MTP head: Qwen3.5-style + NextN", "hybrid_mtp", ["-c", "4096", "-fa", "off"], spec="draft-mtp"),
+        # a quantized target cache: the MTP context's is -ctkd/-ctvd's f16 (builds before 9326: the target's)
+        Case(
+            "MTP head: Qwen3.5-style + NextN",
+            "hybrid_mtp",
+            ["-c", "8192", "-ctk", "q8_0", "-ctv", "q8_0"],
+            spec="draft-mtp",
+        ),
         Case("pure recurrent: Mamba-130M", "mamba", ["-c", "4096", "-np", "4"]),
         Case("pure recurrent: Mamba-Codestral-7B (Mamba-2)", "mamba2", [*NR, "-c", "4096", "-np", "4"]),
         Case("pure recurrent: Mamba-Codestral-7B (Mamba-2)", "mamba2", [*NR, "-c", "4096", "-np", "1", "-ub", "256"]),
