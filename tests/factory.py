@@ -695,6 +695,12 @@ def qwen35(
     return Shape(arch, kv, ts)
 
 
+def qwen35_mtp_2b() -> Shape:
+    """A dense Qwen3.5 hybrid with one NextN (MTP) layer and a real vocabulary: 24 layers, 2048 embd, Q4_K."""
+    dims = {"n_layer": 24, "n_nextn": 1, "n_embd": 2048, "n_head": 16, "n_head_kv": 2, "head_dim": 256, "n_ff": 6144}
+    return qwen35(name="Qwen3.5-style MTP", n_vocab=151936, w="q4_K", **dims)
+
+
 def qwen3next(*, legacy_qkvz: bool = True, **kw: Any) -> Shape:
     """Qwen3-Next (qwen3next.cpp): Qwen3.5-MoE's blocks with one beta/alpha projection (ssm_ba),
     the query/key/value/gate projection fused into ``ssm_in`` (``legacy_qkvz``, the GGUFs converted so far)

@@ -34,10 +34,7 @@ def at(build: int | None) -> Capabilities:
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("builds")
-    q35 = factory.qwen35(
-        name="Qwen3.5-style MTP", n_layer=24, n_nextn=1, n_embd=2048, n_head=16, n_head_kv=2, head_dim=256,
-        n_ff=6144, n_vocab=151936, w="q4_K",
-    )  # fmt: skip
+    q35 = factory.qwen35_mtp_2b()
     eagle = factory.eagle3(n_embd=2048, n_target=2048, n_head=16, n_head_kv=2, n_ff=6144, target_layers=(2, 11, 20))
     return {
         "q35": q35.write(d / "q35-mtp.gguf"),

@@ -231,7 +231,9 @@ QUANTIZED = [
     ["-c", "4096", "-ctk", "q8_0", "-ctv", "q8_0", "-np", "3", "-no-kvu"],
     ["-c", "4096", "-ctk", "q4_0", "-fa", "off"],
 ]
-QUANTIZED_CASES = [(s, a) for s in ("dense", "gemma3", "moe", "glm4moe", "hybrid", "hybrid_moe", "next") for a in QUANTIZED]
+QUANTIZED_CASES = [
+    (s, a) for s in ("dense", "gemma3", "moe", "glm4moe", "hybrid", "hybrid_moe", "next") for a in QUANTIZED
+]
 
 
 @pytest.mark.parametrize(("shape", "args"), QUANTIZED_CASES, ids=[f"{s}:{' '.join(a)}" for s, a in QUANTIZED_CASES])

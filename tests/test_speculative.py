@@ -31,10 +31,7 @@ NO_NGRAM_MOD = ASSUMED.__class__(
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("spec")
-    q35_mtp = factory.qwen35(
-        name="Qwen3.5-style MTP", n_layer=24, n_nextn=1, n_embd=2048, n_head=16, n_head_kv=2, head_dim=256,
-        n_ff=6144, n_vocab=151936, w="q4_K",
-    )  # fmt: skip
+    q35_mtp = factory.qwen35_mtp_2b()
     return {
         "glm": factory.glm45_air().write(d / "GLM-4.5-Air-Q4_K_M.gguf"),
         "qwen8b": factory.qwen3_8b().write(d / "Qwen3-8B-Q4_K_M.gguf"),
