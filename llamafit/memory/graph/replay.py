@@ -65,10 +65,8 @@ def graph_bytes(
     if shape is None or cp.v_trans == fa or not cp.offload_kqv:
         return None  # an "auto" that resolved off keeps V untransposed: a graph the builder does not make
     rot_k, rot_v = _rotations(model, cp)
-    if (rot_k or rot_v or by_name(cp.type_k).quantized) and not isinstance(
-        shape, (TransformerShape, DflashShape, HybridShape)
-    ):
-        return None  # quantized caches beside the graphs whose attention is not build_attn's
+    if (rot_k or rot_v or by_name(cp.type_k).quantized) and isinstance(shape, MlaShape):
+        return None  # a quantized cache beside MLA's absorbed attention: not build_attn's rotations
     if pooling not in (None, "none", "mean", "cls", "last") or (pooling is not None and isinstance(shape, MtpShape)):
         return None  # a reranker's classification head: other nodes
     r = _reserve(model, cp, n_outputs, fa, pooling, (rot_k, rot_v))
