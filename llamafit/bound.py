@@ -67,7 +67,7 @@ def reasons(plan: Plan) -> tuple[str, ...]:
     if not plan.footprint.compute_replayed:
         out.append(f"{plan.model.arch}'s compute is estimated, no replay builds its graph")
     b = plan.memory_build
-    if b is not None and b.sure in ("unknown", "unmeasured", "measured"):
+    if b is not None and b.sure in ("unknown", "unmeasured", "measured", "placed"):
         said = f"b{b.server}" if b.server is not None else "a build it does not say"
         out.append(f"the server is {said}, the model mirrors b{MIRRORED}'s graphs")
     return tuple(out)
@@ -202,7 +202,7 @@ def floor_kind(plan: Plan) -> str:
     those rows off would not stay a bound: on b10985 four plans would be 0.6 to 18 % under, where that build
     grew a phase the extra outputs hide (bench/README.md, Drift)."""
     b = plan.memory_build
-    return "own" if b is not None and b.server is not None and b.server < OUTPUTS_PER_SLOT_SINCE else "upper"
+    return "own" if b is not None and b.build is not None and b.build < OUTPUTS_PER_SLOT_SINCE else "upper"
 
 
 def held_to(measured: Mapping[str, int], pred: Mapping[str, int], plan: Plan) -> dict[str, int]:

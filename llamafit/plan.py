@@ -140,6 +140,7 @@ def to_json(plan: Plan, argv: list[str]) -> dict[str, Any]:
             "server_build": plan.memory_build.server,
             "sure": plan.memory_build.sure,
             "differences": list(plan.memory_build.differences),
+            "placed_in": list(plan.memory_build.placed) if plan.memory_build.placed else None,
             "bound": plan.memory_bound.to_json() if plan.memory_bound is not None else None,
         },
         "context": {

