@@ -25,7 +25,8 @@ from typing import Any
 
 from llamafit.gguf.mmproj import Projector
 from llamafit.gguf.model import ModelInfo
-from llamafit.memory.builds import MIRRORED
+from llamafit.memory import backends
+from llamafit.memory.builds import MIRRORED, pool_copies
 from llamafit.memory.footprint import Footprint, LoadSettings
 from llamafit.memory.mmproj import MmprojUse
 from llamafit.paths import data_dir
@@ -339,10 +340,17 @@ def _corrections(
             continue
         pred, act = entry["predicted_bytes"]["compute"], entry["actual_mib"]["compute"]
         scale: dict[str, float] = {}
+        pooled = pool_copies(s.build, s.type_k, s.type_v, s.flash_attn)
         for buft, p in pred.items():
             if buft not in act:
                 continue
             ratio = float(act[buft]) * MiB / float(p)
+            if pooled and ratio < 1.0 and backends.cuda_like(str(buft)):
+                notes.append(
+                    f"the launch of {when} logged {str(buft)[:40]}'s compute buffer below the plan, but b{s.build}'s "
+                    "CUDA pool takes the F16 copies of a quantized cache at run time, outside that buffer: not lowered"
+                )
+                continue
             if SANE_SCALE[0] <= ratio <= SANE_SCALE[1]:
                 scale[str(buft)] = ratio
             else:

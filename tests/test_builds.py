@@ -222,3 +222,23 @@ def test_a_build_that_says_build_0_is_placed_by_its_ggml(
 
 def small_model(tmp_path: Path) -> Path:
     return factory.qwen3_0_6b().write(tmp_path / "q.gguf")
+
+
+def test_an_old_cuda_builds_log_does_not_lower_a_quantized_caches_compute(models: dict[str, Path]) -> None:
+    """Before b9489 CUDA's pool took the F16 copies of a quantized K/V at run time (#23907): the logged compute
+    buffer leaves them out, so a launch's record does not take them off the next plan; from b9489 it does."""
+    from llamafit.calibration import corrections, record
+    from llamafit.devices.machine import Device
+    from llamafit.units import MiB
+
+    model = load_model(models["qwen06b"])
+    machine = Machine((Device("CUDA0", "--gpu", 12 * GiB, 12 * GiB, source="override"),), HOST)
+    a = parse_server_args(["-c", "8192", "-ctk", "q8_0", "-ctv", "q8_0"])
+    for build, lowered in ((9484, False), (9489, True)):
+        p = make_plan(model, machine, build_request(a), spec_options(a, mode="off"), at(build))
+        measured = {b.buft: 0.8 * b.nbytes / MiB for b in p.footprint.buffers if b.kind == "compute"}
+        assert "CUDA0" in measured
+        record(model, p.settings, ("CUDA0",), p.footprint, {"compute": measured}, {}, {"argv": ["llama-server"]})
+        c = corrections(model, p.settings, ("CUDA0",))
+        assert ("CUDA0" in c.compute_scale) == lowered, c
+        assert any("CUDA pool" in n for n in c.notes) != lowered

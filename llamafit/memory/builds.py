@@ -118,6 +118,13 @@ def mla_mask_f16(build: int) -> bool:
     return known(build) >= MLA_MASK_F16_SINCE
 
 
+def pool_copies(build: int, type_k: str, type_v: str, flash_attn: str) -> bool:
+    """Whether a CUDA load on ``build`` takes the F16 copies of a quantized cache in its pool at run time, so
+    that its logged compute buffer leaves out what the plan keeps for them (CUDA_FA_COPY_RESERVED_SINCE)."""
+    quantized = by_name(type_k).quantized or by_name(type_v).quantized
+    return build != UNKNOWN and known(build) < CUDA_FA_COPY_RESERVED_SINCE and quantized and flash_attn != "off"
+
+
 def keeps_rollback(build: int, arch: str, kind: str) -> bool:
     """Whether the target keeps rollback rows for a ``kind`` drafter on ``arch`` (llama-context.cpp:107-112)."""
     b = known(build)
