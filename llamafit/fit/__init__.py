@@ -38,7 +38,7 @@ from llamafit.gguf.mmproj import Projector
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory import backends
 from llamafit.memory.adapters import Adapters
-from llamafit.memory.builds import MIRRORED, match, nextn_weights, priced_build
+from llamafit.memory.builds import MIRRORED, match, nextn_weights
 from llamafit.memory.context import check_cache_types
 from llamafit.memory.footprint import LoadSettings, Use
 from llamafit.memory.mmproj import MmprojUse
@@ -117,7 +117,8 @@ def _make_plan(
     req, opts = _overrides_by_device(req, opts, machine)
     # the server's build prices what changed between builds (llamafit.memory.builds); a lazy probe is not
     # forced for it: a plan without a probed server is priced as b11434
-    built = priced_build(caps.build, caps.probed, caps.ggml, model.arch) if isinstance(caps, Capabilities) else MIRRORED
+    build = match(caps.build, caps.probed, model.arch, caps.ggml) if isinstance(caps, Capabilities) else None
+    built = build.rules if build is not None else MIRRORED
     base = replace(server_defaults(req), build=built, load_nextn=nextn_weights(built, model.arch, False))
     calib = calibrate(base, tuple(g.id for g in gpus)) if calibrate is not None else Corrections()
     projector = place_projector(req, machine, [g.id for g in gpus], mmproj, mmproj_measured)
@@ -163,7 +164,6 @@ def _make_plan(
         warnings.append(messages.min_ctx_above_training(req.min_ctx, _train(model)))
     if len(gpus) < len(machine.gpus) and req.devices is None and len(gpus) == MAX_SPLIT_DEVICES:
         warnings.append(messages.devices_capped(len(machine.gpus), MAX_SPLIT_DEVICES))
-    build = match(caps.build, caps.probed, model.arch, caps.ggml) if isinstance(caps, Capabilities) else None
     if build is not None and build.message is not None:
         warnings.append(build.message)
     plan = _assemble(model, machine, req, search, gpus, t, out.report, planned, projector, decisions, warnings, runtime)

@@ -213,6 +213,14 @@ class BuildMatch:
     ggml: tuple[int, int, int] | None = None
 
     @property
+    def rules(self) -> int:
+        """The build a plan's settings carry: the server's own number (the rules clamp it to the builds read;
+        calibration keys its records by it), the one its ggml version settles on, or UNKNOWN."""
+        if self.sure == "unknown":
+            return UNKNOWN
+        return self.server if self.server is not None else self.priced
+
+    @property
     def build(self) -> int | None:
         """The server's build as far as it is known: what it says, or the one its ggml version settles on."""
         if self.server is not None:
@@ -261,18 +269,6 @@ class BuildMatch:
         return f"{head}; {compute}"
 
 
-def priced_build(
-    server_build: int | None, probed: bool, ggml: tuple[int, int, int] | None = None, arch: str = ""
-) -> int:
-    """The build a plan is priced for: the probed server's, else the one its ggml version settles on
-    (UNKNOWN when it does not say or that version spans a change), else b11434 (no server to ask)."""
-    if not probed:
-        return MIRRORED
-    if server_build is not None and server_build > 0:
-        return server_build
-    return settled(*placed(ggml), arch) if ggml is not None else UNKNOWN
-
-
 def match(
     server_build: int | None, probed: bool = True, arch: str = "", ggml: tuple[int, int, int] | None = None
 ) -> BuildMatch:
@@ -281,8 +277,8 @@ def match(
     if not probed:
         return BuildMatch(MIRRORED, None, "assumed")
     if server_build is None and ggml is not None:
-        span, b = placed(ggml), priced_build(None, True, ggml, arch)
-        if b == UNKNOWN:
+        span = placed(ggml)
+        if (b := settled(*span, arch)) == UNKNOWN:
             return BuildMatch(MIRRORED, None, "unknown", placed=span, ggml=ggml)
         return BuildMatch(known(b), None, "placed", differences(b, arch), span, ggml)
     if server_build is None:
