@@ -10,8 +10,9 @@ unified cache as one stream of it, or as S streams of the whole context where th
 parts: ``noalloc_context``), what the model says the server's own settings cost more is added (a unified
 sliding window, a drafter's rows), and the extra outputs are kept: an upper bound, at a cost of up to
 (n_ubatch - S) rows of logits on the output device where the output is the graph's peak. The plan's compute
-buffers are raised to it where they are below (a scale, applied like a launch's calibration, never down),
-the plan made again and measured again until it is within.
+buffers are raised to it where they are below (a scale, applied like a launch's calibration), the plan made
+again and measured again until it is within. On a build before b9464 the measurement is that build's own
+reservation (``floor_kind``): where nothing was added to it, the plan takes it, lower too.
 """
 
 from __future__ import annotations
@@ -143,14 +144,15 @@ def bounded(
     scale: dict[str, float] = {}
     last = Bound(why)
     for rounds in range(1, ROUNDS + 1):
-        args = [*noalloc_args(plan.model.path, argv[1:], fit_caps.accepts), *noalloc_settings(plan)[1]]
+        at_fp, fp_args = noalloc_settings(plan)
+        args = [*noalloc_args(plan.model.path, argv[1:], fit_caps.accepts), *fp_args]
         try:
             m = measure(fitparams, args, env)
         except NoAllocFailed as e:
             return plan, list(argv), replace(last, note=str(e), binary=None)
         pred = plan.footprint.own_compute()  # what the plan priced, before the scale
         seen = dict(m.compute) if m.logged else from_table(m.table, pred, plan)
-        floor = held_to(seen, pred, plan)
+        floor = held_to(seen, pred, plan, at_fp)
         # an upper bound only raises; a build's own reservation at the server's own settings (nothing added for
         # what llama-fit-params cannot set: -kvu, samplers, a drafter's rows) is the buffer itself, up or down
         own = {b for b, v in floor.items() if kind == "own" and v == seen.get(b)}
@@ -205,12 +207,12 @@ def floor_kind(plan: Plan) -> str:
     return "own" if b is not None and b.build is not None and b.build < OUTPUTS_PER_SLOT_SINCE else "upper"
 
 
-def held_to(measured: Mapping[str, int], pred: Mapping[str, int], plan: Plan) -> dict[str, int]:
-    """What the plan's compute is held to: ``measured`` (at llama-fit-params' settings) and what the model says
-    the server's settings cost more than those (a unified sliding-window cache spans more cells than S streams
-    of it do; a drafter's verification rows), never what they cost less."""
+def held_to(measured: Mapping[str, int], pred: Mapping[str, int], plan: Plan, noalloc: LoadSettings) -> dict[str, int]:
+    """What the plan's compute is held to: ``measured`` (at llama-fit-params' settings, ``noalloc``) and what the
+    model says the server's settings cost more than those (a unified sliding-window cache spans more cells
+    than S streams of it do; a drafter's verification rows), never what they cost less."""
     s = plan.settings
-    at_fp = predicted_compute(plan.model, plan, noalloc_settings(plan)[0])
+    at_fp = predicted_compute(plan.model, plan, noalloc)
     outs = s.n_outputs_max if s.n_outputs_max >= s.n_batch else min(s.n_batch, s.n_seq)  # pooled: all of a batch
     unspec = predicted_compute(plan.model, plan, replace(_undrafted(s), n_outputs_max=outs))
     # the layer inputs a drafter reads stay alive to the graph's end (graph outputs, src/llama-graph.cpp:1406-1414):

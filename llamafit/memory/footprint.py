@@ -194,6 +194,9 @@ def estimate(
     fa = resolve_flash_attn(
         s.flash_attn, offload_kqv=s.offload_kqv, have_gpu=bool(gpu_ids), quantized_v=by_name(s.type_v).quantized
     )
+    # builds before OUTPUTS_PER_SLOT_SINCE reserve every ubatch token's logits (graph_reserve(n_tokens, n_seqs,
+    # n_tokens) in their llama-context.cpp) and sample them all; the output buffer grows at run time as now
+    per_slot = outputs_per_slot(s.build)
     cp = resolve_context(
         hp,
         n_ctx=s.n_ctx,
@@ -212,9 +215,7 @@ def estimate(
         # (llama-context.cpp:1291-1302)
         sampled_rows=0
         if s.split_mode == "tensor"
-        # a build before OUTPUTS_PER_SLOT_SINCE sampled every output of the reserve (no per-slot limit)
-        else s.sampled_rows
-        or ((s.n_outputs_max if outputs_per_slot(s.build) else s.n_batch) if s.backend_sampling else 0),
+        else s.sampled_rows or ((s.n_outputs_max if per_slot else s.n_batch) if s.backend_sampling else 0),
         sampler_chain=(
             s.sampler_chain
             if s.sampled_rows
@@ -231,9 +232,7 @@ def estimate(
     # build_pooling follows the trunk when the context makes embeddings (llama-graph.cpp:3797-3895)
     settings = ComputeSettings(
         gpus=tuple(gpu_ids),
-        # builds before OUTPUTS_PER_SLOT_SINCE reserve every ubatch token's logits (graph_reserve(n_tokens,
-        # n_seqs, n_tokens) in their llama-context.cpp); the output buffer grows at run time as it does now
-        n_outputs=cp.n_outputs_max if outputs_per_slot(s.build) else cp.n_batch,
+        n_outputs=cp.n_outputs_max if per_slot else cp.n_batch,
         fa=fa,
         op_offload=s.op_offload,
         pipeline_parallel=pp,
