@@ -117,7 +117,8 @@ def _make_plan(
     req, opts = _overrides_by_device(req, opts, machine)
     # the server's build prices what changed between builds (llamafit.memory.builds); a lazy probe is not
     # forced for it: a plan without a probed server is priced as b11434
-    build = match(caps.build, caps.probed, model.arch, caps.ggml) if isinstance(caps, Capabilities) else None
+    nextn = model.hparams.n_nextn > 0
+    build = match(caps.build, caps.probed, model.arch, caps.ggml, nextn) if isinstance(caps, Capabilities) else None
     built = build.rules if build is not None else MIRRORED
     base = replace(server_defaults(req), build=built, load_nextn=nextn_weights(built, model.arch, False))
     calib = calibrate(base, tuple(g.id for g in gpus)) if calibrate is not None else Corrections()

@@ -85,14 +85,18 @@ class Rule:
     by_arch: Mapping[str, int] = field(default_factory=dict)
     only: frozenset[str] | None = None  # the architectures it concerns (None: every one)
     moot: tuple[str, ...] = ()  # rules that, where a build is also before them, say what it allocates instead
+    nextn: bool = False  # it concerns only a model with NextN layers (an MTP drafter's is one)
 
-    def first(self, arch: str) -> int:
-        """The first build that allocates as b11434 for a model of ``arch`` (0: every build read does)."""
-        return 0 if self.only is not None and arch not in self.only else self.by_arch.get(arch, self.since)
+    def first(self, arch: str, nextn: bool = True) -> int:
+        """The first build that allocates as b11434 for a model of ``arch`` (``nextn``: with NextN layers); 0:
+        every build read does."""
+        if (self.only is not None and arch not in self.only) or (self.nextn and not nextn):
+            return 0
+        return self.by_arch.get(arch, self.since)
 
 
 RULES = (
-    Rule("mtp-cache-types", MTP_DRAFT_CACHE_TYPES_SINCE, "an MTP context's cache in -ctk/-ctv"),
+    Rule("mtp-cache-types", MTP_DRAFT_CACHE_TYPES_SINCE, "an MTP context's cache in -ctk/-ctv", nextn=True),
     Rule("kq-mask-f16", KQ_MASK_F16_SINCE, "an F32 KQ mask cast to F16 under flash attention"),
     Rule(
         "mla-mask-f16",
@@ -108,6 +112,7 @@ RULES = (
         "with NextN layers: the target's cache and an MTP context's each hold every layer",
         by_arch={**NEXTN_FILTER_SINCE, **dict.fromkeys(HYBRID_ARCHS, 0)},  # the hybrids' filters are b11434's
         moot=("nextn-loaded",),
+        nextn=True,
     ),
     Rule(
         "nextn-loaded",
@@ -115,12 +120,14 @@ RULES = (
         "with NextN layers: the target's cache and an MTP context's each hold the trunk's layers (its NextN "
         "weights unloaded)",
         by_arch=NEXTN_TRUNK_ONLY_BEFORE,
+        nextn=True,
     ),
     Rule(
         "nextn-for-mtp-only",
         0,
         "the NextN weights loaded with or without an MTP drafter",
         by_arch=NEXTN_ALWAYS_LOADED_BEFORE,
+        nextn=True,
     ),
     Rule(
         "rollback-arch", 0, "no rollback rows for {arch} (a speculative target keeps none)", by_arch=ROLLBACK_ARCH_SINCE
@@ -144,10 +151,10 @@ def known(build: int) -> int:
     return MIRRORED if build == UNKNOWN else min(max(build, OLDEST_READ), MIRRORED)
 
 
-def before(key: str, build: int, arch: str = "") -> bool:
-    """Whether ``build`` allocates otherwise than b11434 by rule ``key`` for a model of ``arch`` (a build that
-    does not say allocates as b11434)."""
-    return build != UNKNOWN and known(build) < _RULE[key].first(arch)
+def before(key: str, build: int, arch: str = "", nextn: bool = True) -> bool:
+    """Whether ``build`` allocates otherwise than b11434 by rule ``key`` for a model of ``arch`` (``nextn``: with
+    NextN layers); a build that does not say allocates as b11434."""
+    return build != UNKNOWN and known(build) < _RULE[key].first(arch, nextn)
 
 
 def placed(ggml: tuple[int, int, int]) -> tuple[int, int]:
@@ -164,9 +171,10 @@ def placed(ggml: tuple[int, int, int]) -> tuple[int, int]:
     return GGML_BUILDS[older][0], GGML_BUILDS[newer][1] or MIRRORED
 
 
-def settled(lo: int, hi: int, arch: str) -> int:
-    """A build whose rules price every build in [lo, hi] for ``arch``; UNKNOWN where one changed inside."""
-    return UNKNOWN if any(lo < r.first(arch) <= hi for r in RULES) else hi
+def settled(lo: int, hi: int, arch: str, nextn: bool = True) -> int:
+    """A build whose rules price every build in [lo, hi] for a model of ``arch`` (``nextn``: with NextN
+    layers); UNKNOWN where one changed inside."""
+    return UNKNOWN if any(lo < r.first(arch, nextn) <= hi for r in RULES) else hi
 
 
 def outputs_per_slot(build: int) -> bool:
@@ -226,12 +234,13 @@ def mtp_cache_types(build: int, target: tuple[str, str], draft: tuple[str, str])
     return target if before("mtp-cache-types", build) else draft
 
 
-def differences(build: int, arch: str = "") -> tuple[str, ...]:
-    """What ``build`` allocates otherwise than b11434 for a model of ``arch``, as the plan mirrors it (empty:
-    as b11434), in the order of RULES; a rule is left out where one it is moot beside also applies."""
+def differences(build: int, arch: str = "", nextn: bool = True) -> tuple[str, ...]:
+    """What ``build`` allocates otherwise than b11434 for a model of ``arch`` (``nextn``: with NextN layers), as
+    the plan mirrors it (empty: as b11434), in the order of RULES; a rule is left out where one it is moot
+    beside also applies."""
     out = []
     for r in RULES:
-        if r.older and before(r.key, build, arch) and not any(before(m, build, arch) for m in r.moot):
+        if r.older and before(r.key, build, arch, nextn) and not any(before(m, build, arch) for m in r.moot):
             out.append(r.older.format(arch=arch))
     return tuple(out)
 
@@ -313,23 +322,28 @@ class BuildMatch:
 
 
 def match(
-    server_build: int | None, probed: bool = True, arch: str = "", ggml: tuple[int, int, int] | None = None
+    server_build: int | None,
+    probed: bool = True,
+    arch: str = "",
+    ggml: tuple[int, int, int] | None = None,
+    nextn: bool = True,
 ) -> BuildMatch:
     """How the build a plan is priced for relates to the server's (``probed``: a server was asked) for a
-    model of ``arch``; ``ggml``: the library version beside a server that does not say its build."""
+    model of ``arch`` (``nextn``: with NextN layers); ``ggml``: the library version beside a server that does
+    not say its build."""
     if not probed:
         return BuildMatch(MIRRORED, None, "assumed")
     if server_build is None and ggml is not None:
         span = placed(ggml)
-        if (b := settled(*span, arch)) == UNKNOWN:
+        if (b := settled(*span, arch, nextn)) == UNKNOWN:
             return BuildMatch(MIRRORED, None, "unknown", placed=span, ggml=ggml)
-        return BuildMatch(known(b), None, "placed", differences(b, arch), span, ggml)
+        return BuildMatch(known(b), None, "placed", differences(b, arch, nextn), span, ggml)
     if server_build is None:
         return BuildMatch(MIRRORED, None, "unknown")
     if server_build == MIRRORED:
         return BuildMatch(MIRRORED, server_build, "exact")
     sure = "measured" if server_build in MEASURED_DRIFT else "unmeasured"
-    return BuildMatch(known(server_build), server_build, sure, differences(server_build, arch))
+    return BuildMatch(known(server_build), server_build, sure, differences(server_build, arch, nextn))
 
 
 @dataclass(frozen=True)
