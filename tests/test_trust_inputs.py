@@ -71,6 +71,18 @@ def test_a_sound_file_passes(tmp_path: Path) -> None:
     assert r.exit_code == 0, r.output
 
 
+def test_a_trunk_only_file_plans_where_its_loader_takes_one(tmp_path: Path) -> None:
+    """NextN blocks declared and left out of the file: glm-dsa's loader takes it (trunk_only,
+    src/models/glm4-moe.cpp:32-40 and its kin; tests/test_memory_vs_server.py loads it), Qwen3.5's does not."""
+    trunk_only = factory.glm_dsa(n_nextn=1, indexer_types=(1, 0, 1, 0, 0)).write(tmp_path / "glm-dsa.gguf")
+    r = CliRunner().invoke(app, ["plan", str(trunk_only), "--gpu", "8GiB"])
+    assert r.exit_code == 0, r.output
+    q35 = factory.qwen35(n_layer=4, n_nextn=1)
+    no_block(4)(q35)
+    r = CliRunner().invoke(app, ["plan", str(q35.write(tmp_path / "q35.gguf")), "--gpu", "8GiB"])
+    assert r.exit_code == ExitCode.BAD_MODEL_FILE and "block 4 has no tensors" in r.stderr, r.output
+
+
 @pytest.mark.parametrize(
     ("args", "said"),
     [

@@ -3,9 +3,10 @@
 llama-server refuses or aborts on these at load (src/llama-model.cpp:373, 1300-1400; the loader's
 "missing tensor" error); a plan that calls such a file fitting would send the user to a crash. Checked:
 the architecture is one this llama.cpp knows, the keys every model needs are there and sane, expert
-counts obey llama.cpp's asserts, attention models have heads, and every block has tensors. The
-per-architecture lists of required tensors (src/models/*.cpp) are not mirrored: a file missing one of
-those still reaches llama-server, whose "missing tensor" error llamafit reports as a model-file failure.
+counts obey llama.cpp's asserts, attention models have heads, and every block has tensors (a trunk-only
+file of an architecture whose loader allows it may leave out its NextN blocks). The per-architecture lists
+of required tensors (src/models/*.cpp) are not mirrored: a file missing one of those still reaches
+llama-server, whose "missing tensor" error llamafit reports as a model-file failure.
 """
 
 from __future__ import annotations
@@ -18,6 +19,22 @@ from llamafit.gguf.hparams import Hparams
 from llamafit.options import MAX_CTX_TRAIN
 
 MAX_EXPERTS = 1024  # LLAMA_MAX_EXPERTS, src/llama-hparams.h:12
+# the loaders that take a file without its NextN blocks ("trunk_only": the first NextN block's eh_proj absent
+# makes its tensors not required, src/models/glm4-moe.cpp:32-40, the same in each of these files' loaders)
+TRUNK_ONLY_ARCHS = frozenset(
+    {
+        "bailingmoe3",
+        "cohere2moe",
+        "deepseek2",
+        "deepseek32",
+        "glm-dsa",
+        "glm4moe",
+        "glm5-next",
+        "hy_v3",
+        "mimo2",
+        "step35",
+    }
+)
 
 
 def check_arch(kv: Mapping[str, object], src: str) -> None:
@@ -53,7 +70,10 @@ def check_model(kv: Mapping[str, object], hp: Hparams, tensor_names: Iterable[st
         raise BadModelFileError(f"{src}: {arch}.attention.head_count is 0 for a model with attention")
     names = set(tensor_names)
     blocks = {int(n.split(".")[1]) for n in names if n.startswith("blk.") and n.split(".")[1].isdigit()}
-    missing = [il for il in range(hp.n_layer_all) if il not in blocks]
+    held = hp.n_layer_all
+    if hp.arch in TRUNK_ONLY_ARCHS and hp.n_nextn and f"blk.{hp.n_layer}.nextn.eh_proj.weight" not in names:
+        held = hp.n_layer  # a trunk-only file: its NextN blocks may be left out (no MTP drafter in it)
+    missing = [il for il in range(held) if il not in blocks]
     if missing:
         raise BadModelFileError(
             f"{src}: {arch}.block_count is {hp.n_layer_all} but block {missing[0]} has no tensors "
