@@ -34,7 +34,7 @@ from llamafit.server.args import parse_server_args
 from llamafit.server.binary import ServerBinary
 from llamafit.server.capabilities import ASSUMED, Capabilities, ggml_version
 from llamafit.speculative import spec_options
-from llamafit.units import GiB
+from llamafit.units import GiB, MiB
 from tests import factory
 from tests.realserver import wrapped
 
@@ -159,6 +159,36 @@ def test_the_nextn_layers_cache_follows_the_build(models: dict[str, Path]) -> No
     assert nextn > 0 and trunk.host.use.draft_model == 0 and not any(d.use.draft_model for d in trunk.devices)
     no_mtp = plan(models["glm"], args, at(10909))
     assert buffer(no_mtp, "target", "kv") == 8 * per_layer  # the trunk's on every build from 10909
+
+
+def test_before_its_mtp_graph_an_mtp_context_is_a_second_target(models: dict[str, Path]) -> None:
+    """glm4moe from 9528 (its hparams no longer kept the NextN layer out) to 10602 (its MTP graph): both caches
+    hold every layer, the NextN weights are skipped and the MTP context builds the trunk's graph (b10173,
+    GLM-4.5-Air's layers: 288 MiB of cache each, its compute the target's 178.01 MiB,
+    bench/results/accuracy-b10173.json). Asked for, it is priced so; under Auto the head is not drafted."""
+    args = ["-c", "8192", "-np", "1"]
+    old, new = (plan(models["glm"], args, at(b), spec="draft-mtp") for b in (10173, 10603))
+    per_layer = buffer(new, "target", "kv") // 9  # 10603-10908: every layer in both as well
+    assert buffer(old, "target", "kv") == buffer(old, "mtp", "kv") == 9 * per_layer
+    assert buffer(old, "mtp", "compute") > buffer(new, "mtp", "compute")  # the trunk's graph, not the head's
+    assert old.host.use.draft_model == 0 and new.host.use.draft_model > 0
+    said = " ".join(old.notes + old.warnings + tuple(d.message for d in old.decisions))
+    assert "has no MTP graph for glm4moe (from b10603)" in said and "kept as asked" in said
+    auto_old, auto_new = (plan(models["glm"], args, at(b), spec="auto") for b in (10173, 10603))
+    assert auto_new.speculative.drafter is not None and auto_new.speculative.drafter.kind == "draft-mtp"
+    assert auto_old.speculative.drafter is None
+    said = " ".join(auto_old.notes + auto_old.warnings + tuple(d.message for d in auto_old.decisions))
+    assert "the NextN head is not drafted with" in said
+
+
+def test_glm_dsa_cached_every_layers_indexer_before_10248(tmp_path: Path) -> None:
+    """10142-10247 read the indexer types and still cached an indexer row on every layer (b10173: 4.00 MiB of
+    indexer cache where b11434, which caches only the full indexers' layers, takes 2.00)."""
+    m = factory.glm_dsa(indexer_types=(1, 1, 0, 0)).write(tmp_path / "glm-dsa.gguf")
+    old, new = (plan(m, ["-c", "8192"], at(b)) for b in (10240, 10248))
+    # the two servers' logs: 10.00 MiB of MLA cache and 4.00 (b10173) or 2.00 (b11434) of indexer cache
+    assert (buffer(old, "target", "kv"), buffer(new, "target", "kv")) == (14 * MiB, 12 * MiB)
+    assert "an indexer cache on every layer, those that share a top-k too" in old.memory_build.differences  # type: ignore[union-attr]
 
 
 def test_qwen35_before_10216_loads_its_nextn_weights_always(models: dict[str, Path]) -> None:

@@ -125,7 +125,7 @@ def _make_plan(
     projector = place_projector(req, machine, [g.id for g in gpus], mmproj, mmproj_measured)
     search = Search(model, machine, req, gpus, opts, calib, projector.fixed, adapters)
     lo, hi = _context_bounds(model, req, base)
-    choice = choose(model, opts, drafter_files)
+    choice = choose(model, opts, drafter_files, built)
     pinned = req.n_gpu_layers is not None or req.tensor_split is not None or req.overrides is not None
     out = fit_with_policy(search, base, lo, hi, pinned, choice, opts, caps)
     if out.trial is None or out.placement is None:

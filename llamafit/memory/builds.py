@@ -61,12 +61,20 @@ ROLLBACK_TYPE_SINCE = {"draft-mtp": 9246, "draft-eagle3": 9725, "draft-dflash": 
 # a model with NextN (MTP) layers: create_memory gives the target's cache the trunk's layers and the MTP
 # context's the NextN layers alone, for these architectures from these builds (src/llama-model.cpp; the
 # hybrids keep their own filters) and for every one from 10909. Before, both caches took every layer
-# (llama_kv_cache over n_layer_all): the MTP context's was a second target cache (b9310, GLM-4.5-Air: 256
-# MiB logged where b11434 takes 32), and glm4moe's loader kept its NextN layer out of both before 10603
-# (n_layer_kv_from_start).
+# (llama_kv_cache over n_layer_all; b10173, GLM-4.5-Air: 288 MiB each where b11434 takes 256 and 32), and
+# glm4moe's hparams kept its NextN layer out of both before 9528 (n_layer_kv_from_start; b9310: 256 each).
 NEXTN_FILTER_SINCE = {"step35": 9542, "hy_v3": 9993, "glm-dsa": 10178, "mimo2": 10189, "deepseek32": 10240}
 NEXTN_FILTER_ALL_SINCE = 10909
-NEXTN_TRUNK_ONLY_BEFORE = {"glm4moe": 10603}
+NEXTN_TRUNK_ONLY_BEFORE = {"glm4moe": 9528}
+# the builds that gave these architectures an MTP graph (LLM_GRAPH_TYPE_DECODER_MTP in src/models/*.cpp);
+# before, their loaders skipped the NextN tensors ("preserved but unused", TENSOR_SKIP) and an MTP context
+# built the trunk's graph again: a second target (b10173, GLM-4.5-Air: its compute 178.01 MiB, the
+# target's, where the NextN head's is 146.76). Other architectures' first MTP builds loaded no NextN
+# tensors before at all (a file with them is refused), or had the graph from their first build.
+MTP_GRAPH_SINCE = {"glm4moe": 10603, "glm-dsa": 10178, "mimo2": 10189, "deepseek32": 10240}
+# glm-dsa's indexer cache on the layers of a full indexer only (filter_lid, src/llama-model.cpp); 10142 to
+# 10247 read the indexer types but cached every layer's (b10173: 4.00 MiB where b11434 takes 2.00)
+INDEXER_BY_TYPE_SINCE = {"glm-dsa": 10248}
 # and the NextN weights: loaded only for MTP (load_mtp) from these builds; qwen35 and qwen35moe loaded their
 # NextN block always before (b9310's Qwen3.5-35B-A3B: 455 MiB more weights without a drafter)
 NEXTN_ALWAYS_LOADED_BEFORE = {"qwen35": 10216, "qwen35moe": 10216}
@@ -111,16 +119,29 @@ RULES = (
         NEXTN_FILTER_ALL_SINCE,
         "with NextN layers: the target's cache and an MTP context's each hold every layer",
         by_arch={**NEXTN_FILTER_SINCE, **dict.fromkeys(HYBRID_ARCHS, 0)},  # the hybrids' filters are b11434's
-        moot=("nextn-loaded",),
+        moot=("nextn-cache-trunk",),
         nextn=True,
     ),
     Rule(
-        "nextn-loaded",
+        "nextn-cache-trunk",
         0,
-        "with NextN layers: the target's cache and an MTP context's each hold the trunk's layers (its NextN "
-        "weights unloaded)",
+        "with NextN layers: the target's cache and an MTP context's each hold the trunk's layers",
         by_arch=NEXTN_TRUNK_ONLY_BEFORE,
         nextn=True,
+    ),
+    Rule(
+        "mtp-graph",
+        0,
+        "no MTP graph for {arch}: its NextN weights are not loaded and an MTP context runs the whole model "
+        "again (a second target's cache and compute)",
+        by_arch=MTP_GRAPH_SINCE,
+        nextn=True,
+    ),
+    Rule(
+        "indexer-by-type",
+        0,
+        "an indexer cache on every layer, those that share a top-k too",
+        by_arch=INDEXER_BY_TYPE_SINCE,
     ),
     Rule(
         "nextn-for-mtp-only",
@@ -210,14 +231,24 @@ def nextn_cache(build: int, arch: str) -> str:
     """Which layers the caches of a model with NextN layers hold: "split" (the target's the trunk, the MTP
     context's the NextN layers), "all" (both every layer) or "trunk" (both the trunk's). The hybrids' own
     filters are b11434's (Qwen3.5's MTP cache was NextN-only from speculation's first build, 9246)."""
-    if before("nextn-loaded", build, arch):
+    if before("nextn-cache-trunk", build, arch):
         return "trunk"
     return "all" if before("nextn-split", build, arch) else "split"
 
 
+def mtp_graph(build: int, arch: str) -> bool:
+    """Whether an MTP context on ``arch`` builds the NextN head's graph (else the trunk's again)."""
+    return not before("mtp-graph", build, arch)
+
+
+def indexer_by_type(build: int, arch: str) -> bool:
+    """Whether the indexer cache holds only the layers of a full indexer (else every layer of the cache)."""
+    return not before("indexer-by-type", build, arch)
+
+
 def nextn_weights(build: int, arch: str, mtp: bool) -> bool:
     """Whether the target loads its NextN layers' weights (``mtp``: an MTP drafter asks for them)."""
-    if before("nextn-loaded", build, arch):
+    if not mtp_graph(build, arch):
         return False
     return mtp or before("nextn-for-mtp-only", build, arch)
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from llamafit.ggml import by_name, row_size
 from llamafit.gguf.hparams import Hparams
 from llamafit.memory import backends
-from llamafit.memory.builds import MIRRORED, nextn_cache
+from llamafit.memory.builds import MIRRORED, indexer_by_type, nextn_cache
 from llamafit.memory.placement import CPU, CPU_ALIGN
 from llamafit.units import pad
 
@@ -228,7 +228,7 @@ def memory_allocs(hp: Hparams, cp: ContextParams) -> list[_Alloc]:
 
     if cls != "recurrent":
         layers = [il for il in attention_layers(hp, cp.mtp, cp.build) if hp.has_kv(il)]
-        if cls in ("dsa", "dsa_iswa") and hp.n_nextn > 0:
+        if cls in ("dsa", "dsa_iswa") and hp.n_nextn > 0 and nextn_cache(cp.build, hp.arch) == "split":
             layers = [il for il in layers if il < hp.n_layer]
         swa_size = swa_cells(hp, cp) if hp.swa_type != "none" else cp.n_ctx_seq
         for il in layers:
@@ -236,13 +236,12 @@ def memory_allocs(hp: Hparams, cp: ContextParams) -> list[_Alloc]:
             attn("swa" if swa else "kv", il, swa_size if swa else cp.n_ctx_seq)
         if cls in ("dsa", "dsa_iswa"):
             # the lightning indexer: a K-only single-head cache (llama-kv-cache-dsa.cpp:14-53)
-            full = hp.is_indexer_full or (True,) * hp.n_layer_all
+            # on the cache's layers (every one before a build's NextN filter), of a full indexer where the build
+            # reads them by type (llamafit.memory.builds)
+            by_type = hp.is_indexer_full and indexer_by_type(cp.build, hp.arch)
+            full = hp.is_indexer_full if by_type else (True,) * hp.n_layer_all
             for il in layers:
-                if (
-                    il < hp.n_layer
-                    and (hp.arch == "deepseek32" or full[il])
-                    and not (cls == "dsa_iswa" and hp.is_swa[il])
-                ):
+                if (hp.arch == "deepseek32" or full[il]) and not (cls == "dsa_iswa" and hp.is_swa[il]):
                     out.append(
                         _Alloc(
                             "kv",

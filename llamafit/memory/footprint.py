@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, fields, replace
 from llamafit.ggml import by_name
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory import backends
-from llamafit.memory.builds import MIRRORED, outputs_per_slot
+from llamafit.memory.builds import MIRRORED, mtp_graph, outputs_per_slot
 from llamafit.memory.compute import ComputeSettings, compute_buffers, output_buffer_bytes, resolve_flash_attn
 from llamafit.memory.context import ContextParams, memory_buffers, resolve_context
 from llamafit.memory.graph.replay import pooling_kind
@@ -223,7 +223,8 @@ def estimate(
             if s.backend_sampling
             else ()
         ),
-        mtp=context_label == "mtp",
+        # an MTP context on a build without the architecture's MTP graph is a second target (llamafit.memory.builds)
+        mtp=context_label == "mtp" and mtp_graph(s.build, hp.arch),
         build=s.build,
     )
     ngl = gpu_layers(s.n_gpu_layers, hp.n_layer_all)

@@ -9,6 +9,7 @@ from typing import Protocol
 from llamafit.errors import AccessError, LlamafitError, ModelNotFoundError, NetworkError, UsageError
 from llamafit.gguf.model import ModelInfo, load_model
 from llamafit.gguf.naming import SIDECARS
+from llamafit.memory.builds import MIRRORED, MTP_GRAPH_SINCE, mtp_graph
 from llamafit.speculative.flags import SpecOptions
 from llamafit.speculative.kinds import (
     DRAFT_TYPES,
@@ -121,16 +122,30 @@ def _refuse_mismatch(target: ModelInfo, d: Drafter) -> None:
         )
 
 
-def choose(target: ModelInfo, opts: SpecOptions, files: DrafterFiles | None = None) -> SpecChoice:
+def choose(
+    target: ModelInfo, opts: SpecOptions, files: DrafterFiles | None = None, build: int = MIRRORED
+) -> SpecChoice:
     """Which drafter (and ngram type) the options ask for; no memory considered yet. A drafter that
-    cannot serve this target is refused when asked for and passed over when Auto finds it beside it."""
-    c = _choose(target, opts, files or LocalFiles())
+    cannot serve this target is refused when asked for and passed over when Auto finds it beside it; so
+    is a NextN head on a ``build`` without the architecture's MTP graph (asked for, it is priced as the
+    second target that build runs)."""
+    c = _choose(target, opts, files or LocalFiles(), build)
     if c.drafter is not None and c.explicit:
         _refuse_mismatch(target, c.drafter)
     return c
 
 
-def _choose(target: ModelInfo, opts: SpecOptions, files: DrafterFiles) -> SpecChoice:
+def _no_mtp_graph(target: ModelInfo, build: int) -> str | None:
+    """Why an embedded NextN head drafts nothing on ``build`` (None: it has the architecture's MTP graph)."""
+    if mtp_graph(build, target.arch):
+        return None
+    return (
+        f"llama.cpp b{build} has no MTP graph for {target.arch} (from b{MTP_GRAPH_SINCE[target.arch]}): its MTP "
+        "context runs the whole model again and drafts nothing the model predicted"
+    )
+
+
+def _choose(target: ModelInfo, opts: SpecOptions, files: DrafterFiles, build: int) -> SpecChoice:
     notes: list[str] = []
     user_draft_types = [t for t in opts.user_types if t in DRAFT_TYPES]
     ngram = next((t for t in reversed(opts.user_types) if t in NGRAM_TYPES), None)
@@ -145,7 +160,8 @@ def _choose(target: ModelInfo, opts: SpecOptions, files: DrafterFiles) -> SpecCh
                 _open_drafter(path, "extra args" if opts.user_draft else "--draft", kind, files), ngram, True
             )
         if kind == "draft-mtp" and has_embedded_mtp(target):
-            return SpecChoice(Drafter(kind, None, target, "embedded"), ngram, True)
+            said = (f"--spec-type draft-mtp kept as asked: {why}",) if (why := _no_mtp_graph(target, build)) else ()
+            return SpecChoice(Drafter(kind, None, target, "embedded"), ngram, True, said)
         if opts.user_draft_hf:
             return SpecChoice(Drafter(kind, opts.user_draft_hf, None, "extra args"), ngram, True)
         side = files.sidecars(target.path).get(kind)
@@ -164,7 +180,8 @@ def _choose(target: ModelInfo, opts: SpecOptions, files: DrafterFiles) -> SpecCh
         if path:
             return SpecChoice(_open_drafter(path, source, opts.mode, files), None, True)
         if opts.mode == "draft-mtp" and has_embedded_mtp(target):
-            return SpecChoice(Drafter("draft-mtp", None, target, "embedded"), None, True)
+            said = (f"--spec draft-mtp kept as asked: {why}",) if (why := _no_mtp_graph(target, build)) else ()
+            return SpecChoice(Drafter("draft-mtp", None, target, "embedded"), None, True, said)
         side = files.sidecars(target.path).get(opts.mode)
         if side:
             return SpecChoice(_open_drafter(side, "sidecar", opts.mode, files), None, True)
@@ -179,7 +196,9 @@ def _choose(target: ModelInfo, opts: SpecOptions, files: DrafterFiles) -> SpecCh
     if opts.user_draft_hf:
         return SpecChoice(Drafter("draft-simple", opts.user_draft_hf, None, "extra args"), None, True)
     if has_embedded_mtp(target):
-        return SpecChoice(Drafter("draft-mtp", None, target, "embedded"), None, False)
+        if (why := _no_mtp_graph(target, build)) is None:
+            return SpecChoice(Drafter("draft-mtp", None, target, "embedded"), None, False)
+        notes.append(f"the NextN head is not drafted with: {why}")
     sidecars = files.sidecars(target.path)
     for kind, _ in SIDECARS:
         if kind in sidecars:
