@@ -80,6 +80,7 @@ def build_files(d: Path, quick: bool) -> dict[str, Path]:
     w("falcon_mamba", shapes.falcon_mamba_7b())
     w("mla", shapes.mla_v2_lite_like())
     w("glm_dsa", factory.glm_dsa())
+    w("glm_dsa_nextn", factory.glm_dsa(n_nextn=1, indexer_types=(1, 0, 1, 0, 0)))
     if not quick:
         w("qwen3_30b_a3b", shapes.qwen3_30b_a3b())
         w("glm45_air_cut", shapes.glm45_air_cut())
@@ -155,6 +156,8 @@ def cases(quick: bool) -> list[Case]:
             "glm_dsa",
             ["-c", "8192", "-np", "1", "-fa", "off"],
         ),
+        # a declared NextN layer: b11434's cache holds the trunk; builds before 10178 held every layer
+        Case("DSA + NextN: GLM-5-style with an MTP layer declared", "glm_dsa_nextn", ["-c", "8192"]),
         Case("DeepSeek-V4 (small shape)", "dsv4", ["-c", "8192", "-np", "2"]),
         Case("DeepSeek-V4 (small shape)", "dsv4", ["-c", "4096"]),
         Case("DeepSeek-V4 + DSpark drafter (small)", "dsv4", ["-c", "4096"], spec="draft-dspark", draft="dspark_dsv4"),
