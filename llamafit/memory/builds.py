@@ -276,11 +276,14 @@ def differences(build: int, arch: str = "", nextn: bool = True) -> tuple[str, ..
     return tuple(out)
 
 
-# builds held to the accuracy bench (bench/accuracy.py --server, bench/results/accuracy-b10985.json): what
+# builds held to the accuracy bench (bench/accuracy.py --server, bench/results/accuracy-b<build>.json): what
 # the b11434 model gives on them
 MEASURED_DRIFT = {
     9310: "weights, KV caches, recurrent state, output buffers and the context exact with its rules; compute "
     "from exact to 11 % over, none under, once held to its llama-fit-params",
+    10173: "weights, KV caches, recurrent state, output buffers and the MTP contexts exact with its rules; "
+    "compute none under once held to its llama-fit-params (an upper bound: a median 135 MiB over until a launch "
+    "calibrates it)",
     10985: "weights, KV cache, recurrent state and the context exact; compute from 18 % under (a Qwen3.5 "
     "hybrid with its MTP head; the hybrids and MLA up to 9 % under) to 18 % over",
 }
