@@ -271,7 +271,7 @@ def differences(build: int, arch: str = "", nextn: bool = True) -> tuple[str, ..
     beside also applies."""
     out = []
     for r in RULES:
-        if r.older and before(r.key, build, arch, nextn) and not any(before(m, build, arch) for m in r.moot):
+        if r.older and before(r.key, build, arch, nextn) and not any(before(m, build, arch, nextn) for m in r.moot):
             out.append(r.older.format(arch=arch))
     return tuple(out)
 

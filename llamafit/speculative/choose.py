@@ -145,6 +145,12 @@ def _no_mtp_graph(target: ModelInfo, build: int) -> str | None:
     )
 
 
+def _asked_head(target: ModelInfo, build: int, ngram: str | None, asked: str) -> SpecChoice:
+    """The embedded NextN head ``asked`` for: kept, and said where the build runs it as a second target."""
+    said = (f"{asked} kept as asked: {why}",) if (why := _no_mtp_graph(target, build)) else ()
+    return SpecChoice(Drafter("draft-mtp", None, target, "embedded"), ngram, True, said)
+
+
 def _choose(target: ModelInfo, opts: SpecOptions, files: DrafterFiles, build: int) -> SpecChoice:
     notes: list[str] = []
     user_draft_types = [t for t in opts.user_types if t in DRAFT_TYPES]
@@ -160,8 +166,7 @@ def _choose(target: ModelInfo, opts: SpecOptions, files: DrafterFiles, build: in
                 _open_drafter(path, "extra args" if opts.user_draft else "--draft", kind, files), ngram, True
             )
         if kind == "draft-mtp" and has_embedded_mtp(target):
-            said = (f"--spec-type draft-mtp kept as asked: {why}",) if (why := _no_mtp_graph(target, build)) else ()
-            return SpecChoice(Drafter(kind, None, target, "embedded"), ngram, True, said)
+            return _asked_head(target, build, ngram, "--spec-type draft-mtp")
         if opts.user_draft_hf:
             return SpecChoice(Drafter(kind, opts.user_draft_hf, None, "extra args"), ngram, True)
         side = files.sidecars(target.path).get(kind)
@@ -180,8 +185,7 @@ def _choose(target: ModelInfo, opts: SpecOptions, files: DrafterFiles, build: in
         if path:
             return SpecChoice(_open_drafter(path, source, opts.mode, files), None, True)
         if opts.mode == "draft-mtp" and has_embedded_mtp(target):
-            said = (f"--spec draft-mtp kept as asked: {why}",) if (why := _no_mtp_graph(target, build)) else ()
-            return SpecChoice(Drafter("draft-mtp", None, target, "embedded"), None, True, said)
+            return _asked_head(target, build, None, "--spec draft-mtp")
         side = files.sidecars(target.path).get(opts.mode)
         if side:
             return SpecChoice(_open_drafter(side, "sidecar", opts.mode, files), None, True)
