@@ -18,7 +18,9 @@ out="$cache/vulkan-$version"
 # what the binaries are built from and as: a cached folder built otherwise is built again. The build number is
 # the release's (a tree without git would say "build 0"), as a release build says it: plans are priced for it
 targets=(llama-server llama-bench llama-fit-params)
-recipe="targets=${targets[*]} build=${version%%.*} vulkan=on rpc=on native=off"
+flags=(-DCMAKE_BUILD_TYPE=Release -DGGML_VULKAN=ON -DGGML_RPC=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
+  -DGGML_NATIVE=OFF "-DLLAMA_BUILD_NUMBER=${version%%.*}")
+recipe="${targets[*]} ${flags[*]}"
 if [ "$(cat "$out/RECIPE" 2>/dev/null)" = "$recipe" ]; then
   echo "$out/bin"
   exit 0
@@ -61,9 +63,7 @@ fi
 
 build="$cache/vulkan-build-$version"
 log "building ${targets[*]} with Vulkan from $src (10-25 minutes on 2 cores)"
-cmake -S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_VULKAN=ON -DGGML_RPC=ON \
-  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DGGML_NATIVE=OFF -DLLAMA_BUILD_NUMBER="${version%%.*}" \
-  ${headers:+-DVulkan_INCLUDE_DIR="$headers/usr/include"} >&2
+cmake -S "$src" -B "$build" -G Ninja "${flags[@]}" ${headers:+-DVulkan_INCLUDE_DIR="$headers/usr/include"} >&2
 cmake --build "$build" --target "${targets[@]}" -j "${LLAMA_CPP_BUILD_JOBS:-2}" >&2
 rm -rf "$out.partial" && mkdir -p "$out.partial"
 cp -a "$build/bin" "$out.partial/bin"
