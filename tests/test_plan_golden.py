@@ -1,6 +1,6 @@
 """Plans of the benchmark shapes are held to a committed record, so a refactor cannot change a plan unnoticed.
 
-Each case plans a shape-faithful file of a public model (bench/shapes.py, tests/factory.py) on a described
+Each case plans a shape-faithful file of a public model (bench/shapes.py, tests/factory/) on a described
 machine (no NVML, no host RAM reading, no server probe), and its ``llamafit.plan/1`` JSON, or the refusal's
 message and hint, must equal the one in ``tests/golden/plans.json``. A change that means to change plans
 regenerates the record with ``LLAMAFIT_REGEN_GOLDEN=1 pytest tests/test_plan_golden.py`` and says why in

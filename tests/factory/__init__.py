@@ -1,0 +1,66 @@
+"""A GGUF factory for the tests: small real models and shape-faithful sparse copies of public models.
+
+Each builder returns the metadata and tensor list that the matching ``src/models/<arch>.cpp``
+``load_arch_tensors`` asks for, so the real llama-server loads the file. Shapes of public models come
+from their published configs (config.json on the Hub).
+
+The builders live by family in this package's modules; every one is importable from here."""
+
+from llamafit.gguf.writer import TensorSpec
+from tests.factory.base import (
+    Shape,
+    bpe_vocab,
+    gpu,
+    with_vocab,
+    write_split,
+)
+from tests.factory.drafters import dflash, dspark_qwen3_4b, eagle3
+from tests.factory.mla import deepseek2, deepseek4, dspark_dsv4, glm_dsa
+from tests.factory.projectors import gemma3_siglip_896, siglip_mmproj
+from tests.factory.recurrent import mamba, mamba2, mamba_codestral_7b, qwen3next, qwen35, qwen35_mtp_2b
+from tests.factory.transformers import (
+    dense,
+    gemma3,
+    gemma3_4b,
+    glm4moe,
+    glm45_air,
+    llama31_8b,
+    moe,
+    qwen3_0_6b,
+    qwen3_4b,
+    qwen3_8b,
+)
+
+__all__ = [
+    "Shape",
+    "TensorSpec",
+    "bpe_vocab",
+    "deepseek2",
+    "deepseek4",
+    "dense",
+    "dflash",
+    "dspark_dsv4",
+    "dspark_qwen3_4b",
+    "eagle3",
+    "gemma3",
+    "gemma3_4b",
+    "gemma3_siglip_896",
+    "glm4moe",
+    "glm45_air",
+    "glm_dsa",
+    "gpu",
+    "llama31_8b",
+    "mamba",
+    "mamba2",
+    "mamba_codestral_7b",
+    "moe",
+    "qwen3_0_6b",
+    "qwen3_4b",
+    "qwen3_8b",
+    "qwen3next",
+    "qwen35",
+    "qwen35_mtp_2b",
+    "siglip_mmproj",
+    "with_vocab",
+    "write_split",
+]

@@ -1,0 +1,225 @@
+"""Attention transformers: dense and MoE (Llama, Qwen3, Gemma-3, GLM-4.5) and the public shapes."""
+
+from __future__ import annotations
+
+from llamafit.gguf.writer import TensorSpec
+from tests.factory.base import Shape, _attn, _base_kv, _ffn, _gate_down_up, _io
+
+
+def dense(
+    *,
+    arch: str = "llama",
+    name: str = "dense",
+    n_layer: int = 4,
+    n_embd: int = 256,
+    n_head: int = 8,
+    n_head_kv: int = 2,
+    head_dim: int | None = None,
+    n_ff: int = 512,
+    n_vocab: int = 512,
+    ctx: int = 8192,
+    w: str = "f16",
+    tied: bool = False,
+) -> Shape:
+    """llama / qwen3 / qwen2-style dense GQA transformer (llama.cpp, qwen3.cpp load_arch_tensors)."""
+    hd = head_dim or n_embd // n_head
+    kv = _base_kv(arch, name, n_layer, n_embd, ctx, n_vocab)
+    kv.update({
+        f"{arch}.feed_forward_length": n_ff,
+        f"{arch}.attention.head_count": n_head,
+        f"{arch}.attention.head_count_kv": n_head_kv,
+        f"{arch}.attention.key_length": hd,
+        f"{arch}.attention.value_length": hd,
+        f"{arch}.rope.dimension_count": hd,
+        f"{arch}.rope.freq_base": 500000.0,
+    })  # fmt: skip
+    ts = _io(n_embd, n_vocab, w, tied)
+    for i in range(n_layer):
+        ts += _attn(i, n_embd, n_head * hd, n_head_kv * hd, n_head * hd, w)
+        if arch == "qwen3":
+            ts += [
+                TensorSpec(f"blk.{i}.attn_k_norm.weight", (hd,)),
+                TensorSpec(f"blk.{i}.attn_q_norm.weight", (hd,)),
+            ]
+        ts += _ffn(i, n_embd, n_ff, w)
+    return Shape(arch, kv, ts)
+
+
+def moe(
+    *,
+    name: str = "moe",
+    n_layer: int = 4,
+    n_embd: int = 256,
+    n_head: int = 8,
+    n_head_kv: int = 2,
+    head_dim: int = 64,
+    n_expert: int = 8,
+    n_expert_used: int = 2,
+    n_ff_exp: int = 128,
+    n_vocab: int = 512,
+    ctx: int = 8192,
+    w: str = "f16",
+) -> Shape:
+    """qwen3moe (src/models/qwen3moe.cpp)."""
+    arch = "qwen3moe"
+    kv = _base_kv(arch, name, n_layer, n_embd, ctx, n_vocab)
+    kv.update({
+        f"{arch}.feed_forward_length": n_ff_exp * n_expert_used,
+        f"{arch}.expert_feed_forward_length": n_ff_exp,
+        f"{arch}.expert_count": n_expert,
+        f"{arch}.expert_used_count": n_expert_used,
+        f"{arch}.attention.head_count": n_head,
+        f"{arch}.attention.head_count_kv": n_head_kv,
+        f"{arch}.attention.key_length": head_dim,
+        f"{arch}.attention.value_length": head_dim,
+        f"{arch}.rope.freq_base": 1000000.0,
+    })  # fmt: skip
+    ts = _io(n_embd, n_vocab, w, False)
+    for i in range(n_layer):
+        ts += _attn(i, n_embd, n_head * head_dim, n_head_kv * head_dim, n_head * head_dim, w)
+        ts += [
+            TensorSpec(f"blk.{i}.attn_k_norm.weight", (head_dim,)),
+            TensorSpec(f"blk.{i}.attn_q_norm.weight", (head_dim,)),
+            TensorSpec(f"blk.{i}.ffn_norm.weight", (n_embd,)),
+            TensorSpec(f"blk.{i}.ffn_gate_inp.weight", (n_embd, n_expert), "f32"),
+            TensorSpec(f"blk.{i}.ffn_gate_exps.weight", (n_embd, n_ff_exp, n_expert), w),
+            TensorSpec(f"blk.{i}.ffn_down_exps.weight", (n_ff_exp, n_embd, n_expert), w),
+            TensorSpec(f"blk.{i}.ffn_up_exps.weight", (n_embd, n_ff_exp, n_expert), w),
+        ]
+    return Shape(arch, kv, ts)
+
+
+def gemma3(
+    *,
+    name: str = "gemma3",
+    n_layer: int = 6,
+    n_embd: int = 256,
+    n_head: int = 4,
+    n_head_kv: int = 1,
+    head_dim: int = 64,
+    n_ff: int = 512,
+    n_vocab: int = 512,
+    ctx: int = 32768,
+    sliding_window: int = 512,
+    w: str = "f16",
+) -> Shape:
+    """gemma3 with interleaved sliding-window attention (5 SWA : 1 global, src/models/gemma3.cpp)."""
+    arch = "gemma3"
+    kv = _base_kv(arch, name, n_layer, n_embd, ctx, n_vocab)
+    kv.update({
+        f"{arch}.feed_forward_length": n_ff,
+        f"{arch}.attention.head_count": n_head,
+        f"{arch}.attention.head_count_kv": n_head_kv,
+        f"{arch}.attention.key_length": head_dim,
+        f"{arch}.attention.value_length": head_dim,
+        f"{arch}.attention.sliding_window": sliding_window,
+        f"{arch}.rope.freq_base": 1000000.0,
+    })  # fmt: skip
+    ts = _io(n_embd, n_vocab, w, True)
+    for i in range(n_layer):
+        ts += _attn(i, n_embd, n_head * head_dim, n_head_kv * head_dim, n_head * head_dim, w)
+        ts += [
+            TensorSpec(f"blk.{i}.post_attention_norm.weight", (n_embd,)),
+            TensorSpec(f"blk.{i}.attn_k_norm.weight", (head_dim,)),
+            TensorSpec(f"blk.{i}.attn_q_norm.weight", (head_dim,)),
+        ]
+        ts += _ffn(i, n_embd, n_ff, w)
+        ts.append(TensorSpec(f"blk.{i}.post_ffw_norm.weight", (n_embd,)))
+    return Shape(arch, kv, ts)
+
+
+def llama31_8b(w: str = "q4_K") -> Shape:
+    """meta-llama/Llama-3.1-8B: 32 layers, 4096 embd, 32 heads, 8 KV heads, 14336 FFN, 128256 vocab."""
+    return dense(arch="llama", name="Llama-3.1-8B (shape)", n_layer=32, n_embd=4096, n_head=32, n_head_kv=8,
+                 n_ff=14336, n_vocab=128256, ctx=131072, w=w)  # fmt: skip
+
+
+def qwen3_8b(w: str = "q4_K") -> Shape:
+    """Qwen/Qwen3-8B: 36 layers, 4096 embd, 32 heads, 8 KV heads (head 128), 12288 FFN, 151936 vocab."""
+    return dense(arch="qwen3", name="Qwen3-8B (shape)", n_layer=36, n_embd=4096, n_head=32, n_head_kv=8,
+                 head_dim=128, n_ff=12288, n_vocab=151936, ctx=40960, w=w)  # fmt: skip
+
+
+def gemma3_4b(w: str = "q4_K") -> Shape:
+    """google/gemma-3-4b-it (text): 34 layers, 2560 embd, 8 heads, 4 KV heads of 256, 10240 FFN, SWA 1024."""
+    return gemma3(name="Gemma-3-4B (shape)", n_layer=34, n_embd=2560, n_head=8, n_head_kv=4, head_dim=256,
+                  n_ff=10240, n_vocab=262144, ctx=131072, sliding_window=1024, w=w)  # fmt: skip
+
+
+def qwen3_4b(w: str = "q4_K") -> Shape:
+    """Qwen/Qwen3-4B: 36 layers, 2560 embd, 32 heads, 8 KV heads (head 128), 9728 FFN, tied embeddings."""
+    return dense(arch="qwen3", name="Qwen3-4B (shape)", n_layer=36, n_embd=2560, n_head=32, n_head_kv=8,
+                 head_dim=128, n_ff=9728, n_vocab=151936, ctx=40960, w=w, tied=True)  # fmt: skip
+
+
+def qwen3_0_6b(w: str = "q8_0") -> Shape:
+    """Qwen/Qwen3-0.6B: 28 layers, 1024 embd, 16 heads, 8 KV heads (head 128), 3072 FFN, tied embeddings."""
+    return dense(arch="qwen3", name="Qwen3-0.6B (shape)", n_layer=28, n_embd=1024, n_head=16, n_head_kv=8,
+                 head_dim=128, n_ff=3072, n_vocab=151936, ctx=40960, w=w, tied=True)  # fmt: skip
+
+
+def glm4moe(
+    *,
+    name: str = "glm4moe",
+    n_layer: int = 4,
+    n_nextn: int = 1,
+    n_embd: int = 256,
+    n_head: int = 8,
+    n_head_kv: int = 2,
+    head_dim: int = 64,
+    n_ff: int = 512,
+    n_dense_lead: int = 1,
+    n_expert: int = 8,
+    n_expert_used: int = 2,
+    n_ff_exp: int = 128,
+    n_vocab: int = 512,
+    ctx: int = 32768,
+    w: str = "f16",
+) -> Shape:
+    """GLM-4.5 style MoE with a shared expert and NextN (MTP) blocks (src/models/glm4-moe.cpp)."""
+    arch = "glm4moe"
+    n_all = n_layer + n_nextn
+    kv = _base_kv(arch, name, n_all, n_embd, ctx, n_vocab)
+    kv.update({
+        f"{arch}.feed_forward_length": n_ff,
+        f"{arch}.expert_feed_forward_length": n_ff_exp,
+        f"{arch}.expert_count": n_expert,
+        f"{arch}.expert_used_count": n_expert_used,
+        f"{arch}.expert_shared_count": 1,
+        f"{arch}.leading_dense_block_count": n_dense_lead,
+        f"{arch}.nextn_predict_layers": n_nextn,
+        f"{arch}.attention.head_count": n_head,
+        f"{arch}.attention.head_count_kv": n_head_kv,
+        f"{arch}.attention.key_length": head_dim,
+        f"{arch}.attention.value_length": head_dim,
+        f"{arch}.rope.dimension_count": head_dim // 2,
+    })  # fmt: skip
+    ts = _io(n_embd, n_vocab, w, False)
+    for i in range(n_all):
+        ts += _attn(i, n_embd, n_head * head_dim, n_head_kv * head_dim, n_head * head_dim, w)
+        ts.append(TensorSpec(f"blk.{i}.post_attention_norm.weight", (n_embd,)))
+        if i >= n_dense_lead:
+            ts += [
+                TensorSpec(f"blk.{i}.ffn_gate_inp.weight", (n_embd, n_expert), "f32"),
+                TensorSpec(f"blk.{i}.exp_probs_b.bias", (n_expert,)),
+            ]
+            ts += _gate_down_up(i, "ffn_{}_exps", n_embd, n_ff_exp, w, n_expert)
+            ts += _gate_down_up(i, "ffn_{}_shexp", n_embd, n_ff_exp, w)
+        else:
+            ts += _gate_down_up(i, "ffn_{}", n_embd, n_ff, w)
+        if i >= n_layer:
+            ts += [
+                TensorSpec(f"blk.{i}.nextn.eh_proj.weight", (2 * n_embd, n_embd), w),
+                TensorSpec(f"blk.{i}.nextn.enorm.weight", (n_embd,)),
+                TensorSpec(f"blk.{i}.nextn.hnorm.weight", (n_embd,)),
+                TensorSpec(f"blk.{i}.nextn.shared_head_norm.weight", (n_embd,)),
+            ]
+    return Shape(arch, kv, ts)
+
+
+def glm45_air(w: str = "q4_K") -> Shape:
+    """zai-org/GLM-4.5-Air: 46 layers + 1 NextN, 4096 embd, 96 heads (8 KV, head 128), 128 experts (8 used)
+    of 1408, one shared expert, first layer dense (10944), 151552 vocabulary, 131072 context."""
+    return glm4moe(name="GLM-4.5-Air (shape)", n_layer=46, n_nextn=1, n_embd=4096, n_head=96, n_head_kv=8,
+                   head_dim=128, n_ff=10944, n_dense_lead=1, n_expert=128, n_expert_used=8, n_ff_exp=1408,
+                   n_vocab=151552, ctx=131072, w=w)  # fmt: skip
