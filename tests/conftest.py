@@ -69,6 +69,9 @@ def shapes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "next": factory.qwen3next(name="next"),
         "next_mtp": factory.qwen3next(n_nextn=1, name="next-mtp"),
         "mamba": factory.mamba(),
+        "lfm2": factory.lfm2(),
+        "lfm2_swa": factory.lfm2(n_swa=512, name="lfm2-swa"),
+        "nemotron_h": factory.nemotron_h(),
     }
     out = {}
     for name, shape in built.items():

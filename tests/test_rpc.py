@@ -53,6 +53,9 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "glm_dsa": factory.glm_dsa(name="glm-dsa", n_vocab=4096).write(d / "glm-dsa.gguf"),
         "mamba2": factory.mamba2().write(d / "mamba2.gguf"),
         "mamba": factory.mamba().write(d / "mamba.gguf"),
+        "lfm2": factory.lfm2().write(d / "lfm2.gguf"),
+        "lfm2_swa": factory.lfm2(n_swa=512, name="lfm2-swa").write(d / "lfm2-swa.gguf"),
+        "nemotron_h": factory.nemotron_h().write(d / "nemotron-h.gguf"),
         "dflash": factory.dflash(
             n_layer=3, n_embd=1024, n_head=16, n_head_kv=8, n_ff=3072, target_layers=(1, 9, 17)
         ).write(dd / "dflash-qwen3-0.6b.gguf"),
@@ -182,6 +185,8 @@ SPLITS = [
     ("glm_dsa", ["-c", "4096", "-ngl", "3", "-ts", "1,1"]),  # the lightning indexer and its cache, partial
     ("mamba2", ["-c", "4096", "-np", "2", "-ngl", "3", "-ts", "1,1"]),  # pure recurrent, partial
     ("mamba", ["-c", "4096", "-ngl", "3", "-ts", "2,1"]),
+    ("lfm2_swa", ["-c", "4096", "-ngl", "5", "-ts", "2,1"]),  # short convolutions, windowed attention, partial
+    ("nemotron_h", ["-c", "4096", "-ngl", "5", "-ts", "2,1", "-fa", "off"]),  # Mamba-2, attention, MLP, partial
     # a full offload without overrides: pipeline parallelism (four copies of every input)
     ("qwen06", ["-c", "4096", "-ts", "3,2"]),
     ("qwen06", ["-c", "8192", "-ub", "256", "-ts", "1,1", "-fa", "off"]),
@@ -192,6 +197,8 @@ SPLITS = [
     ("next", ["-c", "4096", "-np", "2", "-ts", "1,1"]),
     ("glm_dsa", ["-c", "4096", "-np", "2", "-ts", "1,1"]),
     ("mamba2", ["-c", "4096", "-ts", "1,1"]),
+    ("lfm2", ["-c", "4096", "-np", "2", "-ts", "1,1", "-fa", "off"]),
+    ("nemotron_h", ["-c", "4096", "-np", "2", "-ts", "1,1"]),
     # backend sampling: 130 verification rows, each sampler chain's ops and its random input per row
     ("qwen06", ["-c", "4096", "-bs", "-ngl", "20", "-ts", "3,2", "--spec-type", "ngram-mod", "-np", "2"]),
     ("qwen06", ["-c", "4096", "-bs", "-ts", "1,1", "-np", "2", "--spec-type", "ngram-mod"]),
@@ -214,6 +221,29 @@ def test_split_over_backends_the_compute_buffers_are_the_logged_ones(
     assert {r.buft for r in rows if r.actual_mib} == {"RPC0", "RPC1", "CPU"}
     for r in rows:
         assert r.actual_mib is not None and abs(r.predicted / MiB - r.actual_mib) <= 0.006, r
+
+
+@pytest.mark.parametrize("model", ["lfm2", "nemotron_h"])
+def test_auto_flash_attention_goes_off_where_the_scheduler_moves_a_layers_attention(
+    rpc_servers: list[str], server_bin: ServerBinary, models: dict[str, Path], model: str
+) -> None:
+    """With -ngl 4 the first attention layer stays on the host, and the next recurrent layer gathers its states
+    on RPC0 right after its attention in the graph: the scheduler expands RPC0 up onto that attention, so
+    resolve_fused_ops turns -fa auto off (llama-context.cpp:509-562), with V still untransposed in the cache.
+    The plan resolves it the same way and its compute buffers are those of that graph (RPC0's is 6x what flash
+    attention takes); with every layer offloaded flash attention stays on."""
+    for ngl, fa in (("4", False), ("all", True)):
+        args = ["-c", "4096", "-ngl", ngl, "-ts", "1,1"]
+        prep = prepare(str(models[model]), Options(server_args=args, rpc=[",".join(rpc_servers)],
+                                                   server=server_bin.path, calibrate=False))  # fmt: skip
+        assert prep.plan.footprint.flash_attn is fa
+        assert ("memory.flash_attn" in {d.code for d in prep.plan.decisions}) is not fa  # said, with the way out
+        log = run_argv(server_bin, prep.argv[1:])
+        ctx = log.context("target")
+        assert ctx is not None and ctx.flash_attn is fa  # "Flash Attention enabled" / "not supported"
+        rows = [r for r in compare(prep.plan.footprint, log, "target", prep.plan.buffer_aliases) if r.kind == "compute"]
+        for r in rows:
+            assert r.actual_mib is not None and abs(r.predicted / MiB - r.actual_mib) <= 0.006, (ngl, r)
 
 
 DRAFTERS = [

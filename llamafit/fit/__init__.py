@@ -213,6 +213,8 @@ def _decisions(
         decisions.append(messages.slots_auto(t.fp.context.n_ctx))
     if any(p.family == "fit" for p in planned):
         decisions.append(messages.fit_off())
+    if req.flash_attn == "auto" and t.fp.flash_attn is False and t.fp.context.offload_kqv:
+        decisions.append(messages.flash_attn_resolved_off())
     if any(backends.kind(dev) == "rpc" for dev in t.fp.layer_device):
         decisions.append(messages.rpc_network(t.fp.layer_device, machine))
     if search.unified:

@@ -151,6 +151,15 @@ def fit_off() -> Decision:
     return Decision("fit.off", "Passing -fit off: the placement is planned, the server should not change it.")
 
 
+def flash_attn_resolved_off() -> Decision:
+    return Decision(
+        "memory.flash_attn",
+        "Flash attention goes off under -fa auto on this placement: llama.cpp's probe finds a host layer's "
+        "attention scheduled on a device (llama-context.cpp:509-562), and the compute buffers are priced "
+        "without it; -fa on keeps it.",
+    )
+
+
 def rpc_network(layer_device: Sequence[str], machine: Machine) -> Decision:
     """Where layers sit across machines, and which layer boundaries send activations over the network."""
     where_ = {g.id: g.endpoint or "this machine" for g in machine.gpus}

@@ -10,14 +10,14 @@ beside devices, and the per-phase estimate, take the scheduler's device terms (`
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from llamafit.gguf.hparams import Hparams
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory import backends
 from llamafit.memory.context import ContextParams
 from llamafit.memory.graph.galloc import Tensor
-from llamafit.memory.graph.replay import graph_bytes, split_graph_bytes
+from llamafit.memory.graph.replay import flash_attn_stays, graph_bytes, split_graph_bytes
 from llamafit.memory.phases import OP_OFFLOAD_MIN_BATCH, PP_COPIES, device_terms, per_phase
 from llamafit.memory.placement import CPU, WeightPlacement
 
@@ -36,7 +36,8 @@ class ComputeSettings:
 
     gpus: tuple[str, ...]
     n_outputs: int  # outputs of the reserve's ubatch
-    fa: bool  # flash attention, resolved
+    fa: bool  # flash attention, resolved before the placement is known
+    fa_auto: bool = False  # -fa auto: over several backends the scheduler may still turn it off
     op_offload: bool = True
     pipeline_parallel: bool = False
     pooling: str | None = None  # an embedding context's pooling (resolved); None: not one
@@ -63,6 +64,8 @@ def compute_buffers(
         kept = {k: v for k, v in per_buft.items() if v > 0}
         return ComputeEstimate(kept, s.fa, s.pipeline_parallel, replayed)
 
+    if s.gpus and s.fa and s.fa_auto and s.replay_split and _fa_moved(model, cp, placement, s):
+        s = replace(s, fa=False)  # cp keeps V untransposed: the cache was made with "auto" counted on
     if s.gpus and s.replay_split and (split := _split_replay(model, cp, placement, s)) is not None:
         return estimate(split, True)
     ph = per_phase(model, cp, placement, s.gpus, s.n_outputs, s.fa, s.op_offload)
@@ -88,6 +91,13 @@ def _split_replay(
     offload = _op_offload(s.gpus, s.limits) if s.op_offload else None
     n_copies = PP_COPIES if s.pipeline_parallel else 1
     return split_graph_bytes(model, cp, s.n_outputs, s.fa, placement, order, aligns, s.pooling, n_copies, offload)
+
+
+def _fa_moved(model: ModelInfo, cp: ContextParams, placement: WeightPlacement, s: ComputeSettings) -> bool:
+    """-fa auto resolved off: a layer's attention the scheduler puts on another device than the layer's."""
+    order = [*s.gpus, CPU]
+    offload = _op_offload(s.gpus, s.limits) if s.op_offload else None
+    return flash_attn_stays(model, cp, placement, order, offload) is False
 
 
 def _op_offload(gpus: Sequence[str], limits: Mapping[str, int]) -> Callable[[Tensor, str], str | None]:

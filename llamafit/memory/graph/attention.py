@@ -59,6 +59,9 @@ class Reserve:
     samplers: Samplers | None = None  # each slot's backend sampler chain, None: no backend sampling
     mask_f16: bool = True  # a flash-attention mask made F16 (older builds: F32 and a cast, kq_mask())
     mla_mask_f16: bool = True  # the same for the MLA and indexer masks (F16 from a later build)
+    # without flash attention V is cached transposed, unless "auto" resolved it off after the cache was made
+    # (create_memory counts "auto" as on: llama-context.cpp:205); attention then transposes a copy of V
+    v_trans: bool = True
 
 
 def kq_mask(shape: tuple[int, int, int, int], fa: bool, f16: bool = True) -> Tensor:
@@ -86,7 +89,8 @@ class Builder:
         self.T = -(-r.n_tokens // n_seqs) * n_seqs  # graph_reserve: a multiple of n_seqs
         self.ns = max(1, r.n_stream)
         self.gemma = sh.arch == "gemma3"
-        v_rows = self.T if r.flash_attn else self.T * max(sh.n_head_kv) * sh.head_v
+        self.v_trans = not r.flash_attn and r.v_trans
+        v_rows = self.T * max(sh.n_head_kv) * sh.head_v if self.v_trans else self.T
         self.inputs = {
             kind: {
                 "k_idxs": Graph.input((self.T,), I64),
@@ -165,7 +169,7 @@ class Builder:
         v_cache = Graph.cache((hv * n_kv_h, n_kv * ns), r.cache_esize_v)
         k2 = Graph.view(k, (hk * n_kv_h, T), (k.nb[2],))
         g.expand(Graph.set_rows(k_cache, k2, inp["k_idxs"]))
-        if r.flash_attn:
+        if not self.v_trans:
             v2 = Graph.view(v, (hv * n_kv_h, T), (v.nb[2],))
             g.expand(Graph.set_rows(v_cache, v2, inp["v_idxs"]))
         else:  # the transposed V: one row per element (llama-kv-cache.cpp:1410-1436)
@@ -175,7 +179,7 @@ class Builder:
         # build_attn_mha: the query split into streams and permuted, the cache views permuted (views all)
         qs = Graph.view(q, (hk, T // ns, nh, ns))
         kp = Graph.view(k_cache, (hk, n_kv, n_kv_h, ns))
-        vp = Graph.view(v_cache, (hv, n_kv, n_kv_h, ns) if r.flash_attn else (n_kv, hv, n_kv_h, ns))
+        vp = Graph.view(v_cache, (n_kv, hv, n_kv_h, ns) if self.v_trans else (hv, n_kv, n_kv_h, ns))
         mask = inp["mask"]
         if r.flash_attn:
             out = Graph.op("flash_attn_ext", (hv, nh, T // ns, ns), qs, kp, vp, mask)
@@ -183,6 +187,8 @@ class Builder:
         else:
             kq = Graph.op("mul_mat", (n_kv, T // ns, nh, ns), kp, qs)
             kq = Graph.like("soft_max", kq, mask)
+            if not self.v_trans:  # llama-graph.cpp:2801-2805
+                vp = Graph.op("cont", (n_kv, hv, n_kv_h, ns), Graph.transpose(vp), esize=vp.esize)
             kqv = Graph.op("mul_mat", (hv, T // ns, nh, ns), vp, kq)
             perm = Graph.view(kqv, (hv, nh, T // ns, ns), (kqv.nb[2], kqv.nb[1], kqv.nb[3]))
             cur = Graph.op("cont", (hv * nh, T), perm)

@@ -39,11 +39,12 @@ class MambaShape:
 def mamba_graph(shape: MambaShape, r: Reserve) -> Graph:
     """The reserve graph of a pure Mamba model (its weights and states tagged under ``galloc.placed``);
     of ``r`` only the batch, the sequences, the outputs and the rollback snapshots matter."""
-    return _Builder(shape, r.n_tokens, r.n_seqs, r.n_outputs, r.n_rs_seq, r.samplers).graph()
+    return MambaLayers(shape, r.n_tokens, r.n_seqs, r.n_outputs, r.n_rs_seq, r.samplers).graph()
 
 
-class _Builder:
-    """One reserve graph: the trunk's inputs, build_rs, and the layers of either Mamba generation."""
+class MambaLayers:
+    """One reserve graph: the trunk's inputs, build_rs, and the layers of either Mamba generation (``g``: a
+    hybrid's graph its Mamba-2 layers are built into, ``llamafit.memory.graph.layered``)."""
 
     def __init__(
         self,
@@ -53,9 +54,10 @@ class _Builder:
         n_outputs: int,
         n_rs_seq: int,
         samplers: Samplers | None = None,
+        g: Graph | None = None,
     ) -> None:
         self.sh, self.samplers = sh, samplers
-        self.g = Graph()
+        self.g = Graph() if g is None else g
         self.n_seqs = max(1, n_seqs)
         self.T = -(-n_tokens // self.n_seqs) * self.n_seqs  # graph_reserve: a multiple of n_seqs
         self.nst = self.T // self.n_seqs

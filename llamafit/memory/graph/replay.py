@@ -21,6 +21,7 @@ from llamafit.memory.graph.attention import Reserve, TransformerShape, transform
 from llamafit.memory.graph.dflash import DflashShape, dflash_graph
 from llamafit.memory.graph.galloc import Graph, Tensor, Where, buffer_size, placed
 from llamafit.memory.graph.hybrid import HybridShape, hybrid_graph
+from llamafit.memory.graph.layered import LayeredShape, layered_graph
 from llamafit.memory.graph.mamba import MambaShape, mamba_graph
 from llamafit.memory.graph.mla import MlaShape, mla_graph
 from llamafit.memory.graph.mtp import (
@@ -31,7 +32,7 @@ from llamafit.memory.graph.mtp import (
     nextn_compute_bytes,
 )
 from llamafit.memory.graph.sampling import Samplers
-from llamafit.memory.graph.sched import VIEW_OPS, split_buffers
+from llamafit.memory.graph.sched import VIEW_OPS, attention_stays, split_buffers
 from llamafit.memory.graph.shapes import RECURRENT, Shape, mamba_shape, model_shape
 from llamafit.memory.placement import CPU, WeightPlacement, output_weight_device, row_padded_size
 
@@ -62,9 +63,11 @@ def graph_bytes(
     if model.hparams.arch in RECURRENT:
         return recurrent_bytes(model, cp, n_outputs) if pooling in (None, "none") else None
     shape: Shape | None = model.memo(("transformer_shape", cp.mtp), lambda: model_shape(model, cp.mtp))
-    if shape is None or cp.v_trans == fa or not cp.offload_kqv:
-        return None  # an "auto" that resolved off keeps V untransposed: a graph the builder does not make
+    if shape is None or not _attention_as_set(shape, cp, fa) or not cp.offload_kqv:
+        return None  # an "auto" resolved off keeps V untransposed: a graph only attention.Builder's make
     rot_k, rot_v = _rotations(model, cp)
+    if isinstance(shape, LayeredShape) and shape.swa:
+        rot_k = rot_v = 0  # build_inp_mem_hybrid_iswa makes no rotation inputs (llama-graph.cpp:3741-3770)
     if (rot_k or rot_v or by_name(cp.type_k).quantized) and isinstance(shape, MlaShape):
         return None  # a quantized cache beside MLA's absorbed attention: not build_attn's rotations
     if pooling not in (None, "none", "mean", "cls", "last") or (pooling is not None and isinstance(shape, MtpShape)):
@@ -79,7 +82,7 @@ def graph_bytes(
     return model.memo(("graph_bytes", type(shape).__name__, r), lambda: buffer_size(_graph(shape, r)))
 
 
-ReplayShape = TransformerShape | MlaShape | HybridShape | MambaShape | DflashShape
+ReplayShape = TransformerShape | MlaShape | HybridShape | MambaShape | DflashShape | LayeredShape
 
 
 def _graph(shape: ReplayShape, r: Reserve) -> Graph:
@@ -92,6 +95,8 @@ def _graph(shape: ReplayShape, r: Reserve) -> Graph:
         return hybrid_graph(shape, r)
     if isinstance(shape, DflashShape):
         return dflash_graph(shape, r)
+    if isinstance(shape, LayeredShape):
+        return layered_graph(shape, r)
     return transformer_graph(shape, r)
 
 
@@ -128,6 +133,7 @@ def _reserve(
         samplers=Samplers(n_outputs, cp.sampled_rows, cp.sampler_chain) if cp.sampled_rows else None,
         mask_f16=kq_mask_f16(cp.build),
         mla_mask_f16=mla_mask_f16(cp.build),
+        v_trans=cp.v_trans,
     )
 
 
@@ -162,56 +168,9 @@ def split_graph_bytes(
     )
 
     def replay() -> dict[str, int] | None:
-        hp = model.hparams
-        mamba = mamba_shape(model)
-        shape = mamba or model.memo(("transformer_shape", cp.mtp), lambda: model_shape(model, cp.mtp))
-        if not isinstance(shape, ReplayShape) or cp.mtp:
+        g = _placed_graph(model, cp, placement, lambda r: r, n_outputs, fa, pooling)
+        if g is None:
             return None
-        if isinstance(shape, TransformerShape) and shape.arch == "eagle3":
-            return None
-        if not cp.offload_kqv or pooling not in ((None, "none") if mamba else (None, "none", "mean", "cls", "last")):
-            return None
-        quantized = by_name(cp.type_k).quantized or by_name(cp.type_v).quantized
-        if not mamba and (cp.v_trans == fa or quantized):
-            return None
-        layer_dev = placement.layer_device
-        table: dict[tuple[int | None, str], str] = {}
-        sizes: dict[tuple[int | None, str], tuple[int, int]] = {}
-        for p in placement.tensors:
-            name = p.tensor.name
-            # blk.N.attn_q.weight -> attn_q; biases keep their suffix (ssm_dt.bias beside ssm_dt.weight)
-            base = (name.split(".", 2)[2] if name.startswith("blk.") else name).removesuffix(".weight")
-            table.setdefault((p.tensor.layer, base), p.device)
-            sizes.setdefault((p.tensor.layer, base), (p.tensor.info.nbytes, row_padded_size(p.tensor)))
-        out_dev = layer_dev[hp.n_layer_all]
-        output = output_weight_device(placement, out_dev)
-
-        def device(layer: int | None, name: str) -> str:
-            if name == "output":
-                return output
-            if name == "output_norm":
-                return table.get((hp.n_layer_all, name), out_dev)
-            if layer is None:  # the input layer's, else the output layer's (DSpark's heads, d2t)
-                return table.get((None, name), table.get((hp.n_layer_all, name), CPU))
-            if name in ("cache", "norm"):
-                return layer_dev[layer]  # the caches are the layer's with offload_kqv (llama-kv-cache.cpp:118-141)
-            return table.get((layer, name), layer_dev[layer])
-
-        def size(layer: int | None, name: str) -> tuple[int, int] | None:
-            if name == "output":
-                name, layer = (
-                    ("output", hp.n_layer_all) if (hp.n_layer_all, "output") in sizes else ("token_embd", None)
-                )
-            elif name == "output_norm" or (layer is None and (None, name) not in sizes):
-                layer = hp.n_layer_all
-            return sizes.get((layer, name))
-
-        r = _reserve(model, cp, n_outputs, fa, pooling)
-        # llama.cpp pins each layer's norms to the layer's device on a full offload or a small batch
-        # (llama-context.cpp:2646-2661)
-        pin = all(d != CPU for d in layer_dev) or r.n_tokens < 32
-        with placed(Where(device, pin, size)):
-            g = _graph(shape, r)
         pads = frozenset(b for b in backends if pads_rows(b))
         return split_buffers(g, backends, alignments, offload, n_copies, pads)
 
@@ -223,7 +182,7 @@ def nodes_per_layer(model: ModelInfo) -> float | None:
     speed model's per-node overheads; None where no builder makes the model's graph."""
     hp = model.hparams
     shape = mamba_shape(model) or model.memo(("transformer_shape", False), lambda: model_shape(model, False))
-    if not isinstance(shape, TransformerShape | MlaShape | HybridShape | MambaShape) or hp.n_layer < 2:
+    if not isinstance(shape, TransformerShape | MlaShape | HybridShape | MambaShape | LayeredShape) or hp.n_layer < 2:
         return None
     r = Reserve(
         n_tokens=1,
@@ -235,11 +194,18 @@ def nodes_per_layer(model: ModelInfo) -> float | None:
         flash_attn=True,
     )
 
-    def nodes(sh: TransformerShape | MlaShape | HybridShape | MambaShape) -> int:
+    def nodes(sh: TransformerShape | MlaShape | HybridShape | MambaShape | LayeredShape) -> int:
         return sum(1 for n in _graph(sh, r).nodes if n.op not in VIEW_OPS)
 
     # the graph less its first layer's: what the layers after it add (the input and output nodes cancel)
-    one = replace(shape, is_recr=shape.is_recr[:1]) if isinstance(shape, HybridShape) else replace(shape, n_layer=1)
+    if isinstance(shape, HybridShape):
+        one: TransformerShape | MlaShape | HybridShape | MambaShape | LayeredShape = replace(
+            shape, is_recr=shape.is_recr[:1]
+        )
+    elif isinstance(shape, LayeredShape):
+        one = replace(shape, kinds=shape.kinds[:1], n_head_kv=shape.n_head_kv[:1], n_ff=shape.n_ff[:1])
+    else:
+        one = replace(shape, n_layer=1)
     return (nodes(shape) - nodes(one)) / (hp.n_layer - 1)
 
 
@@ -255,3 +221,108 @@ def _rotations(model: ModelInfo, cp: ContextParams) -> tuple[int, int]:
     if by_name(cp.type_v).quantized and hp.head_v % 64 == 0:
         rot_v = 64
     return rot_k, rot_v
+
+
+def flash_attn_stays(
+    model: ModelInfo,
+    cp: ContextParams,
+    placement: WeightPlacement,
+    backends: Sequence[str],
+    offload: Callable[[Tensor, str], str | None] | None = None,
+) -> bool | None:
+    """Whether -fa auto stays on over several backends: resolve_fused_ops' probe (llama-context.cpp:509-562,
+    630-659), the graph of one token per sequence with flash attention, each layer's attention where the
+    scheduler puts it (``sched.attention_stays``); None where no builder makes the graph."""
+
+    def probe(r: Reserve) -> Reserve:
+        n = max(1, r.n_seqs)
+        return replace(r, n_tokens=n, n_outputs=n, samplers=None)
+
+    key = (
+        "flash_attn_stays",
+        cp,
+        tuple(backends),
+        offload is not None,
+        tuple(p.device for p in placement.tensors),
+        placement.layer_device,
+    )
+
+    def run() -> bool | None:
+        g = _placed_graph(model, cp, placement, probe, cp.n_seq_max, True)
+        return None if g is None else attention_stays(g, backends, offload)
+
+    return model.memo(key, run)
+
+
+def _placed_graph(
+    model: ModelInfo,
+    cp: ContextParams,
+    placement: WeightPlacement,
+    reserve: Callable[[Reserve], Reserve],
+    n_outputs: int,
+    fa: bool,
+    pooling: str | None = None,
+) -> Graph | None:
+    """The reserve graph (its reserve made by ``reserve``) with each weight, cache and pinned norm tagged with
+    its backend, for the scheduler; None where the builders do not make llama.cpp's graph (MTP heads, EAGLE3,
+    quantized caches, rerankers)."""
+    hp = model.hparams
+    mamba = mamba_shape(model)
+    shape = mamba or model.memo(("transformer_shape", cp.mtp), lambda: model_shape(model, cp.mtp))
+    if not isinstance(shape, ReplayShape) or cp.mtp:
+        return None
+    if isinstance(shape, TransformerShape) and shape.arch == "eagle3":
+        return None
+    if not cp.offload_kqv or pooling not in ((None, "none") if mamba else (None, "none", "mean", "cls", "last")):
+        return None
+    quantized = by_name(cp.type_k).quantized or by_name(cp.type_v).quantized
+    if not mamba and (quantized or not _attention_as_set(shape, cp, fa)):
+        return None
+    layer_dev = placement.layer_device
+    table: dict[tuple[int | None, str], str] = {}
+    sizes: dict[tuple[int | None, str], tuple[int, int]] = {}
+    for p in placement.tensors:
+        name = p.tensor.name
+        # blk.N.attn_q.weight -> attn_q; biases keep their suffix (ssm_dt.bias beside ssm_dt.weight)
+        base = (name.split(".", 2)[2] if name.startswith("blk.") else name).removesuffix(".weight")
+        table.setdefault((p.tensor.layer, base), p.device)
+        sizes.setdefault((p.tensor.layer, base), (p.tensor.info.nbytes, row_padded_size(p.tensor)))
+    out_dev = layer_dev[hp.n_layer_all]
+    output = output_weight_device(placement, out_dev)
+
+    def device(layer: int | None, name: str) -> str:
+        if name == "output":
+            return output
+        if name == "output_norm":
+            return table.get((hp.n_layer_all, name), out_dev)
+        if layer is None:  # the input layer's, else the output layer's (DSpark's heads, d2t)
+            return table.get((None, name), table.get((hp.n_layer_all, name), CPU))
+        if name in ("cache", "norm"):
+            return layer_dev[layer]  # the caches are the layer's with offload_kqv (llama-kv-cache.cpp:118-141)
+        return table.get((layer, name), layer_dev[layer])
+
+    def size(layer: int | None, name: str) -> tuple[int, int] | None:
+        if name == "output":
+            name, layer = ("output", hp.n_layer_all) if (hp.n_layer_all, "output") in sizes else ("token_embd", None)
+        elif name == "output_norm" or (layer is None and (None, name) not in sizes):
+            layer = hp.n_layer_all
+        return sizes.get((layer, name))
+
+    r = reserve(_reserve(model, cp, n_outputs, fa, pooling))
+    # llama.cpp pins each layer's norms to the layer's device on a full offload or a small batch
+    # (llama-context.cpp:2646-2661)
+    pin = all(d != CPU for d in layer_dev) or r.n_tokens < 32
+    with placed(Where(device, pin, size)):
+        return _graph(shape, r)
+
+
+def _attention_as_set(shape: Shape | ReplayShape, cp: ContextParams, fa: bool) -> bool:
+    """Whether the builder makes the attention over a cache made for ``cp`` under ``fa``: V transposed without
+    flash attention, or untransposed (an "auto" resolved off after the cache was made), which the graphs
+    built on ``attention.Builder`` make."""
+    if cp.v_trans != fa:
+        return True
+    builder = isinstance(shape, HybridShape | LayeredShape) or (
+        isinstance(shape, TransformerShape) and shape.arch != "eagle3"
+    )
+    return not fa and builder

@@ -55,58 +55,7 @@ def split_buffers(
     input then has that many copies, never freed: ggml-backend.cpp:1519-1525, 1551-1580, 1703-1730).
     ``pads_rows``: backends whose copy of a quantized weight takes its padded size (ggml-cuda)."""
     cpu = backends[-1]
-    where: dict[Tensor, str] = {}  # tensors hash by identity (eq=False)
-
-    def from_cur(t: Tensor) -> str | None:
-        base = t.view_src or t
-        if base.external and base.backend is not None:
-            return base.backend  # 1.dst / 1.vsrc: pre-allocated memory
-        if t.is_input:
-            return cpu  # 1.inp
-        if t.op in NO_WEIGHT_CHOICE:
-            return None
-        for s in t.src:
-            if s.weight and s.view_src is None and s.backend is not None:
-                if offload is not None and s.backend == cpu:
-                    off = offload(t, s.backend)
-                    if off is not None:
-                        return off  # 1.off
-                return s.backend  # 1.wgt
-        return None
-
-    # pass 1
-    for t in (*g.leafs, *g.nodes):
-        b = t.pinned or from_cur(t)
-        if b is not None:
-            where[t] = b
-    # pass 2: expand the GPUs down and up (the CPU's assignments stop an expansion), then every backend
-    ops = [n for n in g.nodes if n.op not in VIEW_OPS]
-    for order, skip_cpu in ((ops, True), (ops[::-1], True), (ops, False), (ops[::-1], False)):
-        cur: str | None = None
-        for n in order:
-            b = where.get(n)
-            if b is not None:
-                cur = None if skip_cpu and b == cpu else b
-            elif cur is not None:
-                where[n] = cur
-    # pass 3: the unassigned (none here once a graph has one assigned node): the backend most sources are on
-    for n in ops:
-        if n not in where:
-            counts = {b: sum(1 for s in n.src if (where.get(s) or where.get(s.view_src or s)) == b) for b in backends}
-            where[n] = max(backends, key=lambda b: counts[b])  # the first of the best, like the C loop
-    # pass 4: views follow their source, sources their node
-    for n in g.nodes:
-        if n.view_src is not None and n not in where:
-            b = where.get(n.view_src)
-            if b is not None:
-                where[n] = b
-        for s in n.src:
-            if s not in where:
-                b = where.get(s.view_src) if s.view_src is not None else where.get(n)
-                if b is not None:
-                    where[s] = b
-        if n not in where:
-            where[n] = backends[0]
+    where = assign(g, backends, offload)
 
     # pass 5: splits and the copies of their inputs
     first = next((n for n in g.nodes if n.op not in VIEW_OPS), None)
@@ -177,3 +126,81 @@ def split_buffers(
     leaf_buffers += [where.get(t, cpu) for t in g.leafs]
     aligns = {b: alignments.get(b, 32) for b in backends}
     return allocate(leafs, nodes, aligns, leaf_buffers=leaf_buffers, node_buffers=buffers, srcs=srcs)
+
+
+def assign(
+    g: Graph, backends: Sequence[str], offload: Callable[[Tensor, str], str | None] | None = None
+) -> dict[Tensor, str]:
+    """Passes 1-4 of ggml_backend_sched_split_graph: the backend of every node, view and source of ``g``."""
+    cpu = backends[-1]
+    where: dict[Tensor, str] = {}  # tensors hash by identity (eq=False)
+
+    def from_cur(t: Tensor) -> str | None:
+        base = t.view_src or t
+        if base.external and base.backend is not None:
+            return base.backend  # 1.dst / 1.vsrc: pre-allocated memory
+        if t.is_input:
+            return cpu  # 1.inp
+        if t.op in NO_WEIGHT_CHOICE:
+            return None
+        for s in t.src:
+            if s.weight and s.view_src is None and s.backend is not None:
+                if offload is not None and s.backend == cpu:
+                    off = offload(t, s.backend)
+                    if off is not None:
+                        return off  # 1.off
+                return s.backend  # 1.wgt
+        return None
+
+    # pass 1
+    for t in (*g.leafs, *g.nodes):
+        b = t.pinned or from_cur(t)
+        if b is not None:
+            where[t] = b
+    # pass 2: expand the GPUs down and up (the CPU's assignments stop an expansion), then every backend
+    ops = [n for n in g.nodes if n.op not in VIEW_OPS]
+    for order, skip_cpu in ((ops, True), (ops[::-1], True), (ops, False), (ops[::-1], False)):
+        cur: str | None = None
+        for n in order:
+            b = where.get(n)
+            if b is not None:
+                cur = None if skip_cpu and b == cpu else b
+            elif cur is not None:
+                where[n] = cur
+    # pass 3: the unassigned (none here once a graph has one assigned node): the backend most sources are on
+    for n in ops:
+        if n not in where:
+            counts = {b: sum(1 for s in n.src if (where.get(s) or where.get(s.view_src or s)) == b) for b in backends}
+            where[n] = max(backends, key=lambda b: counts[b])  # the first of the best, like the C loop
+    # pass 4: views follow their source, sources their node
+    for n in g.nodes:
+        if n.view_src is not None and n not in where:
+            b = where.get(n.view_src)
+            if b is not None:
+                where[n] = b
+        for s in n.src:
+            if s not in where:
+                b = where.get(s.view_src) if s.view_src is not None else where.get(n)
+                if b is not None:
+                    where[s] = b
+        if n not in where:
+            where[n] = backends[0]
+
+    return where
+
+
+def attention_stays(
+    g: Graph, backends: Sequence[str], offload: Callable[[Tensor, str], str | None] | None = None
+) -> bool:
+    """resolve_fused_ops' flash-attention probe (llama-context.cpp:509-562) on its one-token-per-sequence
+    graph ``g``: flash attention stays on when the scheduler puts every layer's attention on the layer's
+    device (the device of the cache it reads). A layer on the host whose attention is followed in the graph
+    by a node of a device (Nemotron-H's or LFM2's next recurrent layer gathering its states there) has its
+    attention expanded up onto that device: "auto" is then resolved off."""
+    where = assign(g, backends, offload)
+    for n in g.nodes:
+        if n.op == "flash_attn_ext":
+            cache = n.src[1].view_src or n.src[1]
+            if cache.backend is not None and where.get(n) != cache.backend:
+                return False
+    return True
