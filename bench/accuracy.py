@@ -78,6 +78,8 @@ def build_files(d: Path, quick: bool) -> dict[str, Path]:
     w("mamba", shapes.mamba_130m())
     w("mamba2", factory.mamba_codestral_7b())
     w("falcon_mamba", shapes.falcon_mamba_7b())
+    w("lfm2", factory.lfm2_1_2b())
+    w("nemotron_h", factory.nemotron_nano_9b_v2())
     w("mla", shapes.mla_v2_lite_like())
     w("glm_dsa", factory.glm_dsa())
     w("glm_dsa_nextn", factory.glm_dsa(n_nextn=1, indexer_types=(1, 0, 1, 0, 0)))
@@ -126,6 +128,10 @@ def cases(quick: bool) -> list[Case]:
         Case("pure recurrent: Mamba-Codestral-7B (Mamba-2)", "mamba2", [*NR, "-c", "4096", "-np", "4"]),
         Case("pure recurrent: Mamba-Codestral-7B (Mamba-2)", "mamba2", [*NR, "-c", "4096", "-np", "1", "-ub", "256"]),
         Case("pure recurrent: Falcon-Mamba-7B", "falcon_mamba", [*NR, "-c", "8192", "-np", "2", "-ub", "1024"]),
+        Case("hybrid short conv: LFM2-1.2B", "lfm2", [*NR, "-c", "32768"]),
+        Case("hybrid short conv: LFM2-1.2B", "lfm2", [*NR, "-c", "16384", "-np", "4", "-ub", "256", "-fa", "off"]),
+        Case("hybrid Mamba-2: Nemotron-Nano-9B-v2", "nemotron_h", [*NR, "-c", "32768"]),
+        Case("hybrid Mamba-2: Nemotron-Nano-9B-v2", "nemotron_h", [*NR, "-c", "16384", "-np", "4", "-ub", "256"]),
         Case(
             "draft pair: Qwen3-8B + Qwen3-0.6B", "qwen3_8b", [*NR, "-c", "8192"], spec="draft-simple", draft="qwen3_06b"
         ),
@@ -252,8 +258,8 @@ def main() -> None:
                             "buffer": r.buft, "predicted_mib": round(r.predicted / MiB, 3),
                             "actual_mib": r.actual_mib, "rel_error": e, "within": r.within,
                             "bound": bound})  # fmt: skip
-    if not a.only and not a.no_checkpoints:
-        results += checkpoint_rows(files, srv)
+    if not a.no_checkpoints:
+        results += checkpoint_rows(files, srv, a.only)
     out = a.out.resolve()
     if a.update and a.only and out.exists():  # the other cases' rows as the last full run left them
         kept = [r for r in json.loads(out.read_text())["rows"] if not any(t in str(r["case"]) for t in a.only)]
@@ -277,15 +283,19 @@ CHECKPOINT_CASES = [
     ("hybrid recurrent: Qwen3.5-style", "hybrid", ["-c", "8192", "-np", "1"]),
     ("hybrid recurrent: Qwen3.5-style", "hybrid", ["-c", "8192", "-np", "2"]),
     ("pure recurrent: Mamba-130M", "mamba", ["-c", "4096", "-np", "1"]),
+    ("hybrid short conv: LFM2-1.2B", "lfm2", ["-c", "8192", "-np", "1"]),
 ]
 
 
-def checkpoint_rows(files: dict[str, Path], srv: ServerBinary) -> list[dict[str, object]]:
+def checkpoint_rows(files: dict[str, Path], srv: ServerBinary, only: list[str]) -> list[dict[str, object]]:
+    """The checkpoint cases (``only``: those whose label has one of these texts)."""
     from llamafit.memory.context import checkpoint_bytes
 
     rows: list[dict[str, object]] = []
     print("\nContext checkpoints (host RAM at run time)")
     for label, key, args in CHECKPOINT_CASES:
+        if only and not any(t in label for t in only):
+            continue
         prep = prepare(str(files[key]), Options(server_args=[*NR, *args], spec="off", server=srv.path,
                                                 calibrate=False, cpu_only=True))  # fmt: skip
         predicted = checkpoint_bytes(prep.plan.model.hparams, prep.plan.footprint.context)
