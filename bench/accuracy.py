@@ -80,6 +80,8 @@ def build_files(d: Path, quick: bool) -> dict[str, Path]:
     w("falcon_mamba", shapes.falcon_mamba_7b())
     w("lfm2", factory.lfm2_1_2b())
     w("nemotron_h", factory.nemotron_nano_9b_v2())
+    w("lfm2moe", factory.lfm2_8b_a1b())
+    w("nemotron_h_moe", factory.nemotron_3_nano_30b_a3b())
     w("mla", shapes.mla_v2_lite_like())
     w("glm_dsa", factory.glm_dsa())
     w("glm_dsa_nextn", factory.glm_dsa(n_nextn=1, indexer_types=(1, 0, 1, 0, 0)))
@@ -132,6 +134,18 @@ def cases(quick: bool) -> list[Case]:
         Case("hybrid short conv: LFM2-1.2B", "lfm2", [*NR, "-c", "16384", "-np", "4", "-ub", "256", "-fa", "off"]),
         Case("hybrid Mamba-2: Nemotron-Nano-9B-v2", "nemotron_h", [*NR, "-c", "32768"]),
         Case("hybrid Mamba-2: Nemotron-Nano-9B-v2", "nemotron_h", [*NR, "-c", "16384", "-np", "4", "-ub", "256"]),
+        Case("hybrid short conv MoE: LFM2-8B-A1B", "lfm2moe", [*NR, "-c", "32768"]),
+        Case(
+            "hybrid short conv MoE: LFM2-8B-A1B",
+            "lfm2moe",
+            [*NR, "-c", "16384", "-np", "4", "-ub", "1024", "-b", "1024"],
+        ),
+        Case("hybrid Mamba-2 MoE: Nemotron-3-Nano-30B-A3B", "nemotron_h_moe", [*NR, "-c", "65536"]),
+        Case(
+            "hybrid Mamba-2 MoE: Nemotron-3-Nano-30B-A3B",
+            "nemotron_h_moe",
+            [*NR, "-c", "32768", "-np", "4", "-ub", "1024", "-b", "1024"],
+        ),
         Case(
             "draft pair: Qwen3-8B + Qwen3-0.6B", "qwen3_8b", [*NR, "-c", "8192"], spec="draft-simple", draft="qwen3_06b"
         ),

@@ -72,6 +72,9 @@ def shapes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "lfm2": factory.lfm2(),
         "lfm2_swa": factory.lfm2(n_swa=512, name="lfm2-swa"),
         "nemotron_h": factory.nemotron_h(),
+        "lfm2moe": factory.lfm2(n_expert=8, name="lfm2moe"),
+        "nemotron_h_moe": factory.nemotron_h(pattern="MEM*EM", name="nemotron-h-moe"),
+        "nemotron_h_latent": factory.nemotron_h(pattern="MEM*EM", latent=128, name="nemotron-h-latent"),
     }
     out = {}
     for name, shape in built.items():

@@ -56,6 +56,10 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "lfm2": factory.lfm2().write(d / "lfm2.gguf"),
         "lfm2_swa": factory.lfm2(n_swa=512, name="lfm2-swa").write(d / "lfm2-swa.gguf"),
         "nemotron_h": factory.nemotron_h().write(d / "nemotron-h.gguf"),
+        "lfm2moe": factory.lfm2(n_expert=8, name="lfm2moe").write(d / "lfm2moe.gguf"),
+        "nemotron_h_moe": factory.nemotron_h(pattern="MEM*EM", latent=128, name="nemotron-h-moe").write(
+            d / "nemotron-h-moe.gguf"
+        ),
         "dflash": factory.dflash(
             n_layer=3, n_embd=1024, n_head=16, n_head_kv=8, n_ff=3072, target_layers=(1, 9, 17)
         ).write(dd / "dflash-qwen3-0.6b.gguf"),
@@ -187,6 +191,8 @@ SPLITS = [
     ("mamba", ["-c", "4096", "-ngl", "3", "-ts", "2,1"]),
     ("lfm2_swa", ["-c", "4096", "-ngl", "5", "-ts", "2,1"]),  # short convolutions, windowed attention, partial
     ("nemotron_h", ["-c", "4096", "-ngl", "5", "-ts", "2,1", "-fa", "off"]),  # Mamba-2, attention, MLP, partial
+    ("lfm2moe", ["-c", "4096", "-ngl", "all", "-ts", "1,1", "--n-cpu-moe", "2"]),  # experts on the CPU
+    ("nemotron_h_moe", ["-c", "4096", "-ngl", "all", "-ts", "1,1", "--n-cpu-moe", "1"]),  # latent experts, CPU
     # a full offload without overrides: pipeline parallelism (four copies of every input)
     ("qwen06", ["-c", "4096", "-ts", "3,2"]),
     ("qwen06", ["-c", "8192", "-ub", "256", "-ts", "1,1", "-fa", "off"]),

@@ -15,7 +15,14 @@ from tests.factory.base import (
     write_split,
 )
 from tests.factory.drafters import dflash, dspark_qwen3_4b, eagle3
-from tests.factory.hybrids import lfm2, lfm2_1_2b, nemotron_h, nemotron_nano_9b_v2
+from tests.factory.hybrids import (
+    lfm2,
+    lfm2_1_2b,
+    lfm2_8b_a1b,
+    nemotron_3_nano_30b_a3b,
+    nemotron_h,
+    nemotron_nano_9b_v2,
+)
 from tests.factory.mla import deepseek2, deepseek4, dspark_dsv4, glm_dsa
 from tests.factory.projectors import gemma3_siglip_896, siglip_mmproj
 from tests.factory.recurrent import mamba, mamba2, mamba_codestral_7b, qwen3next, qwen35, qwen35_mtp_2b
@@ -52,11 +59,13 @@ __all__ = [
     "gpu",
     "lfm2",
     "lfm2_1_2b",
+    "lfm2_8b_a1b",
     "llama31_8b",
     "mamba",
     "mamba2",
     "mamba_codestral_7b",
     "moe",
+    "nemotron_3_nano_30b_a3b",
     "nemotron_h",
     "nemotron_nano_9b_v2",
     "qwen3_0_6b",

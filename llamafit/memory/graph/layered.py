@@ -13,19 +13,30 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from llamafit.gguf.model import ModelInfo
 from llamafit.memory.graph.attention import Builder, Reserve, TransformerShape
 from llamafit.memory.graph.galloc import I32, Graph, Tensor, in_layer
 from llamafit.memory.graph.mamba import MambaLayers, MambaShape
 from llamafit.memory.graph.sampling import backend_samplers
-from llamafit.memory.graph.trunk import RecurrentStates, gated_ffn, input_embeddings, output_head, pool, rms_norm
+from llamafit.memory.graph.trunk import (
+    Experts,
+    RecurrentStates,
+    gated_ffn,
+    input_embeddings,
+    moe_ffn,
+    output_head,
+    pool,
+    rms_norm,
+)
 
-CONV, MAMBA2, ATTN, MLP = "conv", "mamba2", "attn", "mlp"
+CONV, MAMBA2, ATTN, MLP, MOE = "conv", "mamba2", "attn", "mlp", "moe"
+LAYERED = ("lfm2", "lfm2moe", "nemotron_h", "nemotron_h_moe")  # the architectures this module builds
 
 
 @dataclass(frozen=True)
 class LayeredShape:
     arch: str  # "lfm2" | "nemotron_h"
-    kinds: tuple[str, ...]  # each layer's kind: CONV (LFM2), MAMBA2, ATTN or MLP (Nemotron-H)
+    kinds: tuple[str, ...]  # each layer's kind: CONV (LFM2), MAMBA2, ATTN, MLP or MOE (Nemotron-H)
     n_embd: int
     n_vocab: int
     n_head: int
@@ -35,12 +46,16 @@ class LayeredShape:
     swa: bool = False  # LFM2's attention layers on the sliding-window cache
     l_cache: int = 0  # LFM2's short-convolution length (its state keeps l_cache - 1 columns)
     mamba: MambaShape | None = None  # Nemotron-H's Mamba-2 layers
+    experts: Experts | None = None  # LFM2-MoE's FFN from n_dense_lead on, Nemotron-H MoE's MOE layers
+    n_dense_lead: int = 0
+    n_ff_shexp: int = 0  # Nemotron-H MoE's shared expert (squared ReLU, no gate)
+    latent: int = 0  # Nemotron-H MoE's experts on a latent projection of this width (0: none)
 
 
 def layered_graph(sh: LayeredShape, r: Reserve) -> Graph:
     """The reserve graph (its weights, caches and states tagged under ``galloc.placed``)."""
     n_layer = len(sh.kinds)
-    lfm2 = sh.arch == "lfm2"
+    lfm2 = sh.arch in ("lfm2", "lfm2moe")
     trunk = TransformerShape(
         arch=sh.arch,
         n_layer=n_layer,
@@ -97,7 +112,12 @@ class _Lfm2(_Layers):
                 if il == last:
                     cur, prev = Graph.get_rows(cur, out_ids), Graph.get_rows(prev, out_ids)
                 cur = Graph.like("add", prev, cur)
-                inp_l = Graph.like("add", cur, gated_ffn(rms_norm(cur), sh.n_ff[il]))
+                normed = rms_norm(cur)
+                if sh.experts is not None and il >= sh.n_dense_lead:  # LFM2-MoE (lfm2moe.cpp)
+                    ffn = moe_ffn(g, normed, sh.experts)
+                else:
+                    ffn = gated_ffn(normed, sh.n_ff[il])
+                inp_l = Graph.like("add", cur, ffn)
         output_head(g, inp_l, sh.n_vocab, self.r.pooling, self.n_seqs, self.r.samplers)
         return g
 
@@ -136,6 +156,8 @@ class _NemotronH(_Layers):
                     cur = self.mamba.mamba2(cur)
                 elif kind == ATTN:
                     cur = self.attention(cur, il, rope=False)
+                elif kind == MOE:
+                    cur = self.moe(cur)
                 else:
                     cur = self.mlp(cur, sh.n_ff[il])
                 inp_l = Graph.like("add", cur, inp_l)
@@ -150,8 +172,149 @@ class _NemotronH(_Layers):
         return g
 
     @staticmethod
-    def mlp(cur: Tensor, n_ff: int) -> Tensor:
-        """build_ffn with no gate and LLM_FFN_RELU_SQR: up, ReLU, square, down."""
-        up = Graph.mul_mat(Graph.weight((cur.ne[0], n_ff), "ffn_up"), cur)
+    def mlp(cur: Tensor, n_ff: int, suffix: str = "") -> Tensor:
+        """build_ffn with no gate and LLM_FFN_RELU_SQR: up, ReLU, square, down (``suffix``: ``_shexp``)."""
+        up = Graph.mul_mat(Graph.weight((cur.ne[0], n_ff), f"ffn_up{suffix}"), cur)
         act = Graph.like("sqr", Graph.like("unary", up))
-        return Graph.mul_mat(Graph.weight((n_ff, cur.ne[0]), "ffn_down"), act)
+        return Graph.mul_mat(Graph.weight((n_ff, cur.ne[0]), f"ffn_down{suffix}"), act)
+
+    def moe(self, cur: Tensor) -> Tensor:
+        """build_ffn_layer's MoE (nemotron-h.cpp:292-336): routed on the layer's input, the squared-ReLU
+        experts on its latent projection (and back), the shared expert on the input, added."""
+        sh, W = self.sh, Graph.weight
+        assert sh.experts is not None
+        E = sh.n_embd
+        latent = Graph.mul_mat(W((E, sh.latent), "ffn_latent_down"), cur) if sh.latent else cur
+        logits = Graph.mul_mat(W((E, sh.experts.n_expert), "ffn_gate_inp"), cur)
+        out = moe_ffn(self.g, latent, sh.experts, logits)
+        if sh.latent:
+            out = Graph.mul_mat(W((sh.latent, E), "ffn_latent_up"), out)
+        return Graph.like("add", out, self.mlp(cur, sh.n_ff_shexp, "_shexp"))
+
+
+# each layer kind's tensors (the file's names in the layer, without ``.weight``): a layer with any other
+# (biases, a fused QKV, experts of another layout) has nodes the builder does not make
+_LAYER_TENSORS = {
+    CONV: {"attn_norm", "shortconv.conv", "shortconv.in_proj", "shortconv.out_proj"},
+    MAMBA2: {
+        "attn_norm",
+        "ssm_in",
+        "ssm_conv1d",
+        "ssm_conv1d.bias",
+        "ssm_dt.bias",
+        "ssm_a",
+        "ssm_d",
+        "ssm_norm",
+        "ssm_out",
+    },
+    ATTN: {"attn_norm", "attn_q", "attn_k", "attn_v", "attn_output"},
+    MLP: {"attn_norm", "ffn_up", "ffn_down"},
+    MOE: {
+        "attn_norm",
+        "ffn_gate_inp",
+        "exp_probs_b.bias",
+        "ffn_up_exps",
+        "ffn_down_exps",
+        "ffn_up_shexp",
+        "ffn_down_shexp",
+    },
+}
+_LFM2_ATTN = {"attn_q_norm", "attn_k_norm"}
+_LFM2_FFN = {"ffn_norm", "ffn_gate", "ffn_up", "ffn_down"}
+_LFM2_MOE = {"ffn_norm", "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "exp_probs_b.bias"}
+_LATENT = {"ffn_latent_down", "ffn_latent_up"}
+
+
+def layered_shape(model: ModelInfo) -> LayeredShape | None:
+    """LFM2 and LFM2-MoE (no ColBERT head) and Nemotron-H and its MoE (no MTP block) whose layers hold exactly
+    their kind's tensors; one head count, K and V heads of one width, one expert count per layer."""
+    hp = model.hparams
+    lfm2 = hp.arch in ("lfm2", "lfm2moe")
+    n = hp.n_layer
+    if hp.n_nextn or hp.head_k != hp.head_v or not hp.causal or len(set(hp.n_head[:n])) != 1:
+        return None
+    if lfm2 and (hp.shortconv_l_cache < 2 or hp.swa_type not in ("none", "standard")):
+        return None
+    names: dict[int, set[str]] = {}
+    shapes: dict[str, tuple[int, ...]] = {}
+    for t in model.tensors:
+        shapes[t.name] = t.info.shape
+        if t.name.startswith("blk.") and t.layer is not None:
+            names.setdefault(t.layer, set()).add(t.name.split(".", 2)[2].removesuffix(".weight"))
+        elif t.name.startswith("dense_2_out"):  # LFM2-ColBERT's projection head
+            return None
+    latent = next((s[1] for name, s in shapes.items() if name.endswith(".ffn_latent_down.weight")), 0)
+    kinds = []
+    for il in range(n):
+        layer = names.get(il, set())
+        if lfm2:
+            kind = CONV if hp.is_recr[il] else ATTN
+            moe = hp.arch == "lfm2moe" and il >= hp.n_layer_dense_lead
+            want = _LAYER_TENSORS[kind] | (_LFM2_MOE if moe else _LFM2_FFN) | (_LFM2_ATTN if kind == ATTN else set())
+        else:
+            kind = MAMBA2 if hp.is_recr[il] else ATTN if hp.n_ff[il] == 0 else MOE if "ffn_gate_inp" in layer else MLP
+            want = _LAYER_TENSORS[kind] | (_LATENT if kind == MOE and latent else set())
+        if layer != want:
+            return None
+        kinds.append(kind)
+    has_moe = MOE in kinds or (hp.arch == "lfm2moe" and hp.n_layer_dense_lead < n)
+    experts = _experts(model, shapes, kinds) if has_moe else None
+    if has_moe and experts is None:
+        return None
+    mamba = None
+    if not lfm2:
+        if not hp.ssm_dt_rank or hp.ssm_d_inner % hp.ssm_dt_rank or hp.ssm_d_inner % max(1, hp.ssm_n_group):
+            return None
+        mamba = MambaShape(
+            2,
+            n,
+            hp.n_embd,
+            hp.n_vocab,
+            hp.ssm_d_conv,
+            hp.ssm_d_inner,
+            hp.ssm_d_state,
+            hp.ssm_dt_rank,
+            max(1, hp.ssm_n_group),
+        )
+    shexp = next((shapes[f"blk.{il}.ffn_up_shexp.weight"] for il, k in enumerate(kinds) if k == MOE), (0, 0))
+    return LayeredShape(
+        arch=hp.arch,
+        kinds=tuple(kinds),
+        n_embd=hp.n_embd,
+        n_vocab=hp.n_vocab,
+        n_head=hp.n_head[0],
+        n_head_kv=tuple(hp.n_head_kv[:n]),
+        head_dim=hp.head_k,
+        n_ff=tuple(hp.n_ff[:n]),
+        swa=lfm2 and hp.swa_type == "standard",
+        l_cache=hp.shortconv_l_cache if lfm2 else 0,
+        mamba=mamba,
+        experts=experts,
+        n_dense_lead=hp.n_layer_dense_lead if hp.arch == "lfm2moe" else 0,
+        n_ff_shexp=shexp[1],
+        latent=latent,
+    )
+
+
+def _experts(model: ModelInfo, shapes: dict[str, tuple[int, ...]], kinds: list[str]) -> Experts | None:
+    """The routing of the MoE layers (None: one the builder does not make): LFM2-MoE's gating from the file
+    with normalized weights (lfm2.cpp build_moe_feed_forward), Nemotron-H's sigmoid over a biased selection
+    and up-only squared-ReLU experts (nemotron-h.cpp:300-321), the same experts in every MoE layer."""
+    hp, kv = model.hparams, model.kv
+    moe = [il for il, k in enumerate(kinds) if k == MOE or (hp.arch == "lfm2moe" and il >= hp.n_layer_dense_lead)]
+    up = shapes[f"blk.{moe[0]}.ffn_up_exps.weight"]
+    if len(up) != 3 or isinstance(kv.get(f"{hp.arch}.expert_used_count"), list):
+        return None  # Nemotron 3 Puzzle's per-layer expert counts
+    if any(shapes.get(f"blk.{il}.ffn_up_exps.weight") != up for il in moe):
+        return None
+    scale = kv.get(f"{hp.arch}.expert_weights_scale", 0.0)
+    scale = float(scale) if isinstance(scale, int | float) else 0.0
+    if hp.arch == "lfm2moe":
+        gating = kv.get(f"{hp.arch}.expert_gating_func")
+        if gating not in (1, 2):
+            return None
+        return Experts(up[2], hp.n_expert_used, up[1], sigmoid=gating == 2, probs_bias=True, norm_w=True, scale=scale)
+    norm_w = bool(kv.get(f"{hp.arch}.expert_weights_norm", False))
+    return Experts(
+        up[2], hp.n_expert_used, up[1], sigmoid=True, probs_bias=True, norm_w=norm_w, scale=scale, relu_sqr=True
+    )

@@ -11,7 +11,7 @@ from llamafit.gguf.model import ModelInfo
 from llamafit.memory.graph.attention import TransformerShape
 from llamafit.memory.graph.dflash import DflashShape, Markov
 from llamafit.memory.graph.hybrid import HybridShape
-from llamafit.memory.graph.layered import ATTN, CONV, MAMBA2, MLP, LayeredShape
+from llamafit.memory.graph.layered import LAYERED, LayeredShape, layered_shape
 from llamafit.memory.graph.mamba import MambaShape
 from llamafit.memory.graph.mla import Indexer, MlaShape
 from llamafit.memory.graph.mtp import MROPE_SECTIONS, MtpShape, NextnShape
@@ -22,7 +22,6 @@ MLA = ("deepseek2", "deepseek32", "glm-dsa")  # the MLA trunks graph.mla builds 
 Shape = TransformerShape | MlaShape | MtpShape | NextnShape | HybridShape | DflashShape | LayeredShape
 # arch -> the sliding-window type its builder knows
 QWEN35 = ("qwen35", "qwen35moe", "qwen3next")  # the hybrids whose graphs graph.hybrid builds
-LAYERED = ("lfm2", "nemotron_h")  # the hybrids of one-kind layers graph.layered builds
 TRANSFORMER = {"llama": "none", "qwen3": "none", "qwen3moe": "none", "glm4moe": "none", "gemma3": "standard"}
 
 
@@ -51,7 +50,7 @@ def model_shape(model: ModelInfo, mtp: bool) -> Shape | None:
     if arch in QWEN35:
         return _hybrid_shape(model)
     if arch in LAYERED:
-        return _layered_shape(model)
+        return layered_shape(model)
     if arch == "eagle3":
         return _eagle3_shape(model)
     if arch == "dflash":
@@ -399,79 +398,3 @@ def _indexer(model: ModelInfo, shapes: dict[str, tuple[int, ...]]) -> Indexer | 
 def _num(v: object) -> float:
     """A GGUF number, or 0 for anything else (the header is untrusted input)."""
     return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else 0.0
-
-
-# each layer kind's tensors (the file's names in the layer, without ``.weight``): a layer with any other
-# (biases, a fused QKV, experts) has nodes the builder does not make
-_LAYER_TENSORS = {
-    CONV: {"attn_norm", "shortconv.conv", "shortconv.in_proj", "shortconv.out_proj"},
-    MAMBA2: {
-        "attn_norm",
-        "ssm_in",
-        "ssm_conv1d",
-        "ssm_conv1d.bias",
-        "ssm_dt.bias",
-        "ssm_a",
-        "ssm_d",
-        "ssm_norm",
-        "ssm_out",
-    },
-    ATTN: {"attn_norm", "attn_q", "attn_k", "attn_v", "attn_output"},
-    MLP: {"attn_norm", "ffn_up", "ffn_down"},
-}
-_LFM2_ATTN = {"attn_q_norm", "attn_k_norm"}
-_LFM2_FFN = {"ffn_norm", "ffn_gate", "ffn_up", "ffn_down"}
-
-
-def _layered_shape(model: ModelInfo) -> LayeredShape | None:
-    """LFM2 (dense FFNs, no ColBERT head) and Nemotron-H (no experts, no MTP block) whose layers hold
-    exactly their kind's tensors; one head count, K and V heads of one width."""
-    hp = model.hparams
-    lfm2 = hp.arch == "lfm2"
-    n = hp.n_layer
-    if hp.n_nextn or hp.head_k != hp.head_v or not hp.causal or len(set(hp.n_head[:n])) != 1:
-        return None
-    if lfm2 and (hp.shortconv_l_cache < 2 or hp.swa_type not in ("none", "standard")):
-        return None
-    names: dict[int, set[str]] = {}
-    for t in model.tensors:
-        if t.name.startswith("blk.") and t.layer is not None:
-            names.setdefault(t.layer, set()).add(t.name.split(".", 2)[2].removesuffix(".weight"))
-        elif t.name.startswith("dense_2_out"):  # LFM2-ColBERT's projection head
-            return None
-    kinds = []
-    for il in range(n):
-        recurrent, attention = (CONV, ATTN) if lfm2 else (MAMBA2, ATTN if hp.n_ff[il] == 0 else MLP)
-        kind = recurrent if hp.is_recr[il] else attention
-        want = _LAYER_TENSORS[kind] | (_LFM2_FFN | (_LFM2_ATTN if kind == ATTN else set()) if lfm2 else set())
-        if names.get(il) != want:
-            return None
-        kinds.append(kind)
-    mamba = None
-    if not lfm2:
-        if not hp.ssm_dt_rank or hp.ssm_d_inner % hp.ssm_dt_rank or hp.ssm_d_inner % max(1, hp.ssm_n_group):
-            return None
-        mamba = MambaShape(
-            2,
-            n,
-            hp.n_embd,
-            hp.n_vocab,
-            hp.ssm_d_conv,
-            hp.ssm_d_inner,
-            hp.ssm_d_state,
-            hp.ssm_dt_rank,
-            max(1, hp.ssm_n_group),
-        )
-    return LayeredShape(
-        arch=hp.arch,
-        kinds=tuple(kinds),
-        n_embd=hp.n_embd,
-        n_vocab=hp.n_vocab,
-        n_head=hp.n_head[0],
-        n_head_kv=tuple(hp.n_head_kv[:n]),
-        head_dim=hp.head_k,
-        n_ff=tuple(hp.n_ff[:n]),
-        swa=lfm2 and hp.swa_type == "standard",
-        l_cache=hp.shortconv_l_cache if lfm2 else 0,
-        mamba=mamba,
-    )

@@ -88,14 +88,18 @@ class Experts:
     probs_bias: bool = False  # exp_probs_b: selection on biased probabilities
     norm_w: bool = False  # expert_weights_norm
     scale: float = 0.0  # expert_weights_scale (0 and 1: none)
+    relu_sqr: bool = False  # up-only experts with a squared ReLU (LLM_FFN_RELU_SQR, no gate: Nemotron-H)
 
 
-def moe_ffn(g: Graph, cur: Tensor, ex: Experts) -> Tensor:
+def moe_ffn(g: Graph, cur: Tensor, ex: Experts, logits: Tensor | None = None) -> Tensor:
     """build_moe_ffn (llama-graph.cpp:2044-2380) without expert groups: the router's top-k, the experts'
-    up/gate/down by mul_mat_id, weighted, then summed view by view (each expanded as it is made)."""
+    up/gate/down by mul_mat_id, weighted, then summed view by view (each expanded as it is made);
+    ``logits``: the router's, made by the caller (probs_in: Nemotron-H routes on the layer's input and runs
+    the experts on its latent projection)."""
     n_embd, n_tokens = cur.ne[0], cur.ne[1]
     W = Graph.weight
-    logits = Graph.mul_mat(W((n_embd, ex.n_expert), "ffn_gate_inp"), cur)
+    if logits is None:
+        logits = Graph.mul_mat(W((n_embd, ex.n_expert), "ffn_gate_inp"), cur)
     probs = Graph.like("unary" if ex.sigmoid else "soft_max", logits)
     selection = Graph.like("add", probs, W((ex.n_expert,), "exp_probs_b.bias")) if ex.probs_bias else probs
     order = Graph.op("argsort", (ex.n_expert, n_tokens), selection, esize=I32)
@@ -111,8 +115,11 @@ def moe_ffn(g: Graph, cur: Tensor, ex: Experts) -> Tensor:
     x = Graph.reshape(cur, (n_embd, 1, n_tokens))
     shape = (ex.n_ff, ex.n_used, n_tokens)
     up = Graph.op("mul_mat_id", shape, W((n_embd, ex.n_ff, ex.n_expert), "ffn_up_exps"), x, selected)
-    gate = Graph.op("mul_mat_id", shape, W((n_embd, ex.n_ff, ex.n_expert), "ffn_gate_exps"), x, selected)
-    glu = Graph.op("glu", shape, gate, up)
+    if ex.relu_sqr:  # llama-graph.cpp:2342-2350
+        glu = Graph.like("sqr", Graph.like("unary", up))
+    else:
+        gate = Graph.op("mul_mat_id", shape, W((n_embd, ex.n_ff, ex.n_expert), "ffn_gate_exps"), x, selected)
+        glu = Graph.op("glu", shape, gate, up)
     down_w = W((ex.n_ff, n_embd, ex.n_expert), "ffn_down_exps")
     down = Graph.op("mul_mat_id", (n_embd, ex.n_used, n_tokens), down_w, glu, selected)
     experts = Graph.like("mul", down, weights)
