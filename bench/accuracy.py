@@ -82,6 +82,8 @@ def build_files(d: Path, quick: bool) -> dict[str, Path]:
     w("nemotron_h", factory.nemotron_nano_9b_v2())
     w("lfm2moe", factory.lfm2_8b_a1b())
     w("nemotron_h_moe", factory.nemotron_3_nano_30b_a3b())
+    w("granite_h_tiny", factory.granite_4_h_tiny())
+    w("granite_h_micro", factory.granite_4_h_micro())
     w("mla", shapes.mla_v2_lite_like())
     w("glm_dsa", factory.glm_dsa())
     w("glm_dsa_nextn", factory.glm_dsa(n_nextn=1, indexer_types=(1, 0, 1, 0, 0)))
@@ -134,6 +136,18 @@ def cases(quick: bool) -> list[Case]:
         Case("hybrid short conv: LFM2-1.2B", "lfm2", [*NR, "-c", "16384", "-np", "4", "-ub", "256", "-fa", "off"]),
         Case("hybrid Mamba-2: Nemotron-Nano-9B-v2", "nemotron_h", [*NR, "-c", "32768"]),
         Case("hybrid Mamba-2: Nemotron-Nano-9B-v2", "nemotron_h", [*NR, "-c", "16384", "-np", "4", "-ub", "256"]),
+        Case("hybrid Mamba-2 MoE: Granite-4.0-H-Tiny", "granite_h_tiny", [*NR, "-c", "32768"]),
+        Case(
+            "hybrid Mamba-2 MoE: Granite-4.0-H-Tiny",
+            "granite_h_tiny",
+            [*NR, "-c", "16384", "-np", "4", "-ub", "1024", "-b", "1024"],
+        ),
+        Case("hybrid Mamba-2: Granite-4.0-H-Micro", "granite_h_micro", [*NR, "-c", "32768"]),
+        Case(
+            "hybrid Mamba-2: Granite-4.0-H-Micro",
+            "granite_h_micro",
+            [*NR, "-c", "16384", "-np", "4", "-ub", "256", "-fa", "off"],
+        ),
         Case("hybrid short conv MoE: LFM2-8B-A1B", "lfm2moe", [*NR, "-c", "32768"]),
         Case(
             "hybrid short conv MoE: LFM2-8B-A1B",

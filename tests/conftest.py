@@ -75,6 +75,8 @@ def shapes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "lfm2moe": factory.lfm2(n_expert=8, name="lfm2moe"),
         "nemotron_h_moe": factory.nemotron_h(pattern="MEM*EM", name="nemotron-h-moe"),
         "nemotron_h_latent": factory.nemotron_h(pattern="MEM*EM", latent=128, name="nemotron-h-latent"),
+        "granite_h": factory.granite_hybrid(),
+        "granite_h_moe": factory.granite_hybrid(n_expert=8, n_ff=128, n_ff_shexp=256, name="granite-h-moe"),
     }
     out = {}
     for name, shape in built.items():

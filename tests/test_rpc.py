@@ -57,6 +57,10 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "lfm2_swa": factory.lfm2(n_swa=512, name="lfm2-swa").write(d / "lfm2-swa.gguf"),
         "nemotron_h": factory.nemotron_h().write(d / "nemotron-h.gguf"),
         "lfm2moe": factory.lfm2(n_expert=8, name="lfm2moe").write(d / "lfm2moe.gguf"),
+        "granite_h": factory.granite_hybrid().write(d / "granite-h.gguf"),
+        "granite_h_moe": factory.granite_hybrid(n_expert=8, n_ff=128, n_ff_shexp=256, name="granite-h-moe").write(
+            d / "granite-h-moe.gguf"
+        ),
         "nemotron_h_moe": factory.nemotron_h(pattern="MEM*EM", latent=128, name="nemotron-h-moe").write(
             d / "nemotron-h-moe.gguf"
         ),
@@ -193,6 +197,8 @@ SPLITS = [
     ("nemotron_h", ["-c", "4096", "-ngl", "5", "-ts", "2,1", "-fa", "off"]),  # Mamba-2, attention, MLP, partial
     ("lfm2moe", ["-c", "4096", "-ngl", "all", "-ts", "1,1", "--n-cpu-moe", "2"]),  # experts on the CPU
     ("nemotron_h_moe", ["-c", "4096", "-ngl", "all", "-ts", "1,1", "--n-cpu-moe", "1"]),  # latent experts, CPU
+    ("granite_h_moe", ["-c", "4096", "-ngl", "all", "-ts", "1,1", "--n-cpu-moe", "2"]),  # Granite's scales, experts
+    ("granite_h", ["-c", "4096", "-np", "2", "-ts", "1,1"]),
     # a full offload without overrides: pipeline parallelism (four copies of every input)
     ("qwen06", ["-c", "4096", "-ts", "3,2"]),
     ("qwen06", ["-c", "8192", "-ub", "256", "-ts", "1,1", "-fa", "off"]),
@@ -229,7 +235,7 @@ def test_split_over_backends_the_compute_buffers_are_the_logged_ones(
         assert r.actual_mib is not None and abs(r.predicted / MiB - r.actual_mib) <= 0.006, r
 
 
-@pytest.mark.parametrize("model", ["lfm2", "nemotron_h"])
+@pytest.mark.parametrize("model", ["lfm2", "nemotron_h", "granite_h"])
 def test_auto_flash_attention_goes_off_where_the_scheduler_moves_a_layers_attention(
     rpc_servers: list[str], server_bin: ServerBinary, models: dict[str, Path], model: str
 ) -> None:

@@ -16,6 +16,9 @@ from tests.factory.base import (
 )
 from tests.factory.drafters import dflash, dspark_qwen3_4b, eagle3
 from tests.factory.hybrids import (
+    granite_4_h_micro,
+    granite_4_h_tiny,
+    granite_hybrid,
     lfm2,
     lfm2_1_2b,
     lfm2_8b_a1b,
@@ -57,6 +60,9 @@ __all__ = [
     "glm45_air",
     "glm_dsa",
     "gpu",
+    "granite_4_h_micro",
+    "granite_4_h_tiny",
+    "granite_hybrid",
     "lfm2",
     "lfm2_1_2b",
     "lfm2_8b_a1b",

@@ -1,5 +1,6 @@
-"""The hybrids whose layers are each one kind: LFM2 (short convolutions and attention) and Nemotron-H
-(Mamba-2, attention and MLP layers), with their published layer patterns."""
+"""The hybrids whose layers are each one kind: LFM2 (short convolutions and attention), Nemotron-H (Mamba-2,
+attention and MLP layers) and Granite-4.0-H (Mamba-2 or attention, each with an FFN), with their published
+layer patterns."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ LFM2_1_2B_ATTENTION = (2, 5, 8, 10, 12, 14)
 NEMOTRON_NANO_9B_V2 = "M-M-M-MM-M-M-M*-M-M-M*-M-M-M-M*-M-M-M-M*-M-MM-M-M-M-M-M-"
 # Nemotron-3-Nano-30B-A3B's pattern, E a MoE layer (23 Mamba-2, 23 MoE, 6 attention)
 NEMOTRON_3_NANO_30B = "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME"
+# Granite-4.0-H's attention layers among 40 (the rest Mamba-2): positions assumed, the counts as published
+GRANITE_4_H_ATTENTION = (5, 15, 25, 35)
 # LFM2-8B-A1B's full-attention layers among 24
 LFM2_8B_A1B_ATTENTION = (2, 6, 10, 14, 18, 21)
 
@@ -274,5 +277,140 @@ def nemotron_3_nano_30b_a3b(w: str = "q4_0") -> Shape:
         n_expert_used=6,
         n_ff_exp=1856,
         n_ff_shexp=3712,
+        w=w,
+    )
+
+
+def granite_hybrid(
+    *,
+    name: str = "granitehybrid",
+    n_layer: int = 6,
+    attention: tuple[int, ...] = (2, 5),
+    n_embd: int = 256,
+    n_head: int = 4,
+    n_head_kv: int = 2,
+    head_dim: int = 64,
+    n_ff: int = 512,
+    d_conv: int = 4,
+    ssm_heads: int = 8,
+    d_state: int = 64,
+    n_group: int = 1,
+    n_vocab: int = 512,
+    ctx: int = 131072,
+    rope: bool = False,
+    n_expert: int = 0,
+    n_expert_used: int = 2,
+    n_ff_shexp: int = 0,
+    w: str = "f16",
+) -> Shape:
+    """Granite-4.0-H (src/models/granite-hybrid.cpp load_arch_tensors): Mamba-2 layers (d_inner = 2 n_embd)
+    where the KV head count is 0, else attention (NoPE unless ``rope``), each followed by a gated FFN, or with
+    ``n_expert`` softmax-routed experts of ``n_ff`` (and a gated shared expert of ``n_ff_shexp``); Granite's
+    embedding, residual, attention and logit scales."""
+    arch = "granitehybrid"
+    d_inner = 2 * n_embd
+    conv_dim = d_inner + 2 * n_group * d_state
+    d_in_proj = 2 * d_inner + 2 * n_group * d_state + ssm_heads
+    kv = _base_kv(arch, name, n_layer, n_embd, ctx, n_vocab)
+    kv.update(
+        {
+            f"{arch}.feed_forward_length": n_ff,
+            f"{arch}.attention.head_count": n_head,
+            f"{arch}.attention.head_count_kv": [n_head_kv if il in attention else 0 for il in range(n_layer)],
+            f"{arch}.attention.key_length": head_dim,
+            f"{arch}.attention.value_length": head_dim,
+            f"{arch}.rope.scaling.finetuned": rope,
+            f"{arch}.ssm.conv_kernel": d_conv,
+            f"{arch}.ssm.inner_size": d_inner,
+            f"{arch}.ssm.state_size": d_state,
+            f"{arch}.ssm.time_step_rank": ssm_heads,
+            f"{arch}.ssm.group_count": n_group,
+            f"{arch}.embedding_scale": 12.0,
+            f"{arch}.residual_scale": 0.22,
+            f"{arch}.logit_scale": 6.0,
+            f"{arch}.attention.scale": 0.0078125,
+        }
+    )
+    if n_expert:
+        kv.update({f"{arch}.expert_count": n_expert, f"{arch}.expert_used_count": n_expert_used})
+        if n_ff_shexp:
+            kv[f"{arch}.expert_shared_feed_forward_length"] = n_ff_shexp
+    ts = _io(n_embd, n_vocab, w, True)
+    for i in range(n_layer):
+        if i in attention:
+            ts += _attn(i, n_embd, head_dim * n_head, head_dim * n_head_kv, head_dim * n_head, w)
+        else:
+            ts += [
+                TensorSpec(f"blk.{i}.attn_norm.weight", (n_embd,)),
+                TensorSpec(f"blk.{i}.ssm_in.weight", (n_embd, d_in_proj), w),
+                TensorSpec(f"blk.{i}.ssm_conv1d.weight", (d_conv, conv_dim)),
+                TensorSpec(f"blk.{i}.ssm_conv1d.bias", (conv_dim,)),
+                TensorSpec(f"blk.{i}.ssm_dt.bias", (ssm_heads,)),
+                TensorSpec(f"blk.{i}.ssm_a", (1, ssm_heads)),
+                TensorSpec(f"blk.{i}.ssm_d", (1, ssm_heads)),
+                TensorSpec(f"blk.{i}.ssm_norm.weight", (d_inner // n_group, n_group)),
+                TensorSpec(f"blk.{i}.ssm_out.weight", (d_inner, n_embd), w),
+            ]
+        ts.append(TensorSpec(f"blk.{i}.ffn_norm.weight", (n_embd,)))
+        if n_expert:
+            ts += [
+                TensorSpec(f"blk.{i}.ffn_gate_inp.weight", (n_embd, n_expert)),
+                TensorSpec(f"blk.{i}.ffn_gate_exps.weight", (n_embd, n_ff, n_expert), w),
+                TensorSpec(f"blk.{i}.ffn_down_exps.weight", (n_ff, n_embd, n_expert), w),
+                TensorSpec(f"blk.{i}.ffn_up_exps.weight", (n_embd, n_ff, n_expert), w),
+            ]
+            if n_ff_shexp:
+                ts += [
+                    TensorSpec(f"blk.{i}.ffn_gate_shexp.weight", (n_embd, n_ff_shexp), w),
+                    TensorSpec(f"blk.{i}.ffn_up_shexp.weight", (n_embd, n_ff_shexp), w),
+                    TensorSpec(f"blk.{i}.ffn_down_shexp.weight", (n_ff_shexp, n_embd), w),
+                ]
+        else:
+            ts += [
+                TensorSpec(f"blk.{i}.ffn_gate.weight", (n_embd, n_ff), w),
+                TensorSpec(f"blk.{i}.ffn_up.weight", (n_embd, n_ff), w),
+                TensorSpec(f"blk.{i}.ffn_down.weight", (n_ff, n_embd), w),
+            ]
+    return Shape(arch, kv, ts)
+
+
+def granite_4_h_tiny(w: str = "q8_0") -> Shape:
+    """ibm-granite/granite-4.0-h-tiny's widths: 40 layers (4 attention, NoPE), 1536 embd, 12 heads of 128 with
+    4 KV heads, 48 Mamba heads of 64, 1 group, state 128, 64 experts of 512 with 6 used, a shared expert of
+    1024, 100352 vocab, tied."""
+    return granite_hybrid(
+        name="Granite-4.0-H-Tiny (shape)",
+        n_layer=40,
+        attention=GRANITE_4_H_ATTENTION,
+        n_embd=1536,
+        n_head=12,
+        n_head_kv=4,
+        head_dim=128,
+        n_ff=512,
+        ssm_heads=48,
+        d_state=128,
+        n_vocab=100352,
+        n_expert=64,
+        n_expert_used=6,
+        n_ff_shexp=1024,
+        w=w,
+    )
+
+
+def granite_4_h_micro(w: str = "q8_0") -> Shape:
+    """ibm-granite/granite-4.0-h-micro's widths: 40 layers (4 attention), 2048 embd, 16 heads of 128 with 4 KV
+    heads, 64 Mamba heads of 64, state 128, a dense FFN of 8192, 100352 vocab, tied."""
+    return granite_hybrid(
+        name="Granite-4.0-H-Micro (shape)",
+        n_layer=40,
+        attention=GRANITE_4_H_ATTENTION,
+        n_embd=2048,
+        n_head=16,
+        n_head_kv=4,
+        head_dim=128,
+        n_ff=8192,
+        ssm_heads=64,
+        d_state=128,
+        n_vocab=100352,
         w=w,
     )

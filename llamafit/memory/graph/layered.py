@@ -1,12 +1,15 @@
 """The reserve graph of a hybrid whose every layer is one kind, node by node, for ``galloc``: LFM2 (short
-convolutions and attention, each with a dense FFN) and Nemotron-H (Mamba-2, attention and MLP layers).
+convolutions and attention, each with a dense FFN or experts), Nemotron-H (Mamba-2, attention, MLP and
+expert layers) and Granite-4.0-H (Mamba-2 or attention, each with a dense FFN or experts).
 
 Mirrors ``src/models/lfm2.cpp:97-296`` (graph<iswa>: build_shortconv_block, build_attn_block with Q/K
 norms and RoPE over one cache or the sliding-window cache of ``build_inp_mem_hybrid_iswa``, the residual
 before the FFN, the last layer's output rows) and ``src/models/nemotron-h.cpp:188-340`` (build_mamba2_layer
 of mamba-base.cpp:153-300, attention without RoPE, the squared-ReLU MLP of build_ffn, llama-graph.cpp:1931;
 after the last layer the output norm over every token (``t_h_nextn``), then its output rows and the logits,
-all three graph outputs: ``embeddings_nextn_masked`` is off outside an MTP context).
+all three graph outputs: ``embeddings_nextn_masked`` is off outside an MTP context) and
+``src/models/granite-hybrid.cpp:143-302`` (the embedding, residual and logit scales, RoPE only where the file
+asks for it, softmax-routed experts beside a gated shared expert).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from llamafit.memory.graph.trunk import (
 )
 
 CONV, MAMBA2, ATTN, MLP, MOE = "conv", "mamba2", "attn", "mlp", "moe"
-LAYERED = ("lfm2", "lfm2moe", "nemotron_h", "nemotron_h_moe")  # the architectures this module builds
+LAYERED = ("lfm2", "lfm2moe", "nemotron_h", "nemotron_h_moe", "granitehybrid")  # what this module builds
 
 
 @dataclass(frozen=True)
@@ -50,12 +53,14 @@ class LayeredShape:
     n_dense_lead: int = 0
     n_ff_shexp: int = 0  # Nemotron-H MoE's shared expert (squared ReLU, no gate)
     latent: int = 0  # Nemotron-H MoE's experts on a latent projection of this width (0: none)
+    rope: bool = False  # RoPE on Q and K (LFM2 always, with Q/K norms; Granite-4.0-H where the file says)
+    qk_norm: bool = False
+    scales: tuple[bool, bool, bool] = (False, False, False)  # Granite's embedding, residual and logit scales
 
 
 def layered_graph(sh: LayeredShape, r: Reserve) -> Graph:
     """The reserve graph (its weights, caches and states tagged under ``galloc.placed``)."""
     n_layer = len(sh.kinds)
-    lfm2 = sh.arch in ("lfm2", "lfm2moe")
     trunk = TransformerShape(
         arch=sh.arch,
         n_layer=n_layer,
@@ -67,9 +72,12 @@ def layered_graph(sh: LayeredShape, r: Reserve) -> Graph:
         head_v=sh.head_dim,
         n_ff=sh.n_ff,
         is_swa=(sh.swa,) * n_layer,
-        qk_norm=lfm2,
+        qk_norm=sh.qk_norm,
     )
-    return (_Lfm2 if lfm2 else _NemotronH)(sh, Builder(trunk, r)).graph()
+    builder: type[_Layers] = {"nemotron_h": _NemotronH, "nemotron_h_moe": _NemotronH, "granitehybrid": _Granite}.get(
+        sh.arch, _Lfm2
+    )
+    return builder(sh, Builder(trunk, r)).graph()
 
 
 class _Layers:
@@ -83,19 +91,31 @@ class _Layers:
         )
         self.rs = self.mamba.rs if self.mamba else RecurrentStates(self.g, self.n_seqs)
 
-    def attention(self, cur: Tensor, il: int, rope: bool) -> Tensor:
-        """build_qkv's separate projections, LFM2's Q/K norms and RoPE, build_attn, the output projection."""
+    def graph(self) -> Graph:
+        raise NotImplementedError  # each architecture's trunk
+
+    def attention(self, cur: Tensor, il: int) -> Tensor:
+        """build_qkv's separate projections, LFM2's Q/K norms, RoPE, build_attn, the output projection."""
         sh, b, T = self.sh, self.b, self.b.T
         W = Graph.weight
         hd, nh, nkv = sh.head_dim, sh.n_head, sh.n_head_kv[il]
         q = Graph.reshape(Graph.mul_mat(W((sh.n_embd, hd * nh), "attn_q"), cur), (hd, nh, T))
         k = Graph.reshape(Graph.mul_mat(W((sh.n_embd, hd * nkv), "attn_k"), cur), (hd, nkv, T))
         v = Graph.reshape(Graph.mul_mat(W((sh.n_embd, hd * nkv), "attn_v"), cur), (hd, nkv, T))
-        if rope:
+        if sh.qk_norm:
             q, k = rms_norm(q, "attn_q_norm"), rms_norm(k, "attn_k_norm")
+        if sh.rope:
             q, k = Graph.like("rope", q, b.pos), Graph.like("rope", k, b.pos)
         out = b.attend(q, k, v, "swa" if sh.swa else "full", two_caches=sh.swa)
         return Graph.mul_mat(W((hd * nh, sh.n_embd), "attn_output"), out)
+
+    def ffn(self, cur: Tensor, il: int) -> Tensor:
+        """A layer's dense gated FFN, or its experts (with a gated shared expert beside them)."""
+        sh = self.sh
+        if sh.experts is None or il < sh.n_dense_lead:
+            return gated_ffn(cur, sh.n_ff[il])
+        out = moe_ffn(self.g, cur, sh.experts)
+        return Graph.like("add", out, gated_ffn(cur, sh.n_ff_shexp, "_shexp")) if sh.n_ff_shexp else out
 
 
 class _Lfm2(_Layers):
@@ -108,16 +128,11 @@ class _Lfm2(_Layers):
             with in_layer(il):
                 prev = inp_l
                 cur = rms_norm(inp_l)
-                cur = self.shortconv(cur) if kind == CONV else self.attention(cur, il, rope=True)
+                cur = self.shortconv(cur) if kind == CONV else self.attention(cur, il)
                 if il == last:
                     cur, prev = Graph.get_rows(cur, out_ids), Graph.get_rows(prev, out_ids)
                 cur = Graph.like("add", prev, cur)
-                normed = rms_norm(cur)
-                if sh.experts is not None and il >= sh.n_dense_lead:  # LFM2-MoE (lfm2moe.cpp)
-                    ffn = moe_ffn(g, normed, sh.experts)
-                else:
-                    ffn = gated_ffn(normed, sh.n_ff[il])
-                inp_l = Graph.like("add", cur, ffn)
+                inp_l = Graph.like("add", cur, self.ffn(rms_norm(cur), il))
         output_head(g, inp_l, sh.n_vocab, self.r.pooling, self.n_seqs, self.r.samplers)
         return g
 
@@ -155,7 +170,7 @@ class _NemotronH(_Layers):
                 if kind == MAMBA2 and self.mamba is not None:
                     cur = self.mamba.mamba2(cur)
                 elif kind == ATTN:
-                    cur = self.attention(cur, il, rope=False)
+                    cur = self.attention(cur, il)
                 elif kind == MOE:
                     cur = self.moe(cur)
                 else:
@@ -192,6 +207,40 @@ class _NemotronH(_Layers):
         return Graph.like("add", out, self.mlp(cur, sh.n_ff_shexp, "_shexp"))
 
 
+class _Granite(_Layers):
+    def graph(self) -> Graph:
+        sh, g, T = self.sh, self.g, self.b.T
+        emb_scale, res_scale, logit_scale = sh.scales
+        inp_l = input_embeddings(g, sh.n_embd, sh.n_vocab, T)
+        if emb_scale:  # build_inp_embd scales the selected rows (llama-graph.cpp:2509-2514)
+            inp_l = Graph.like("scale", inp_l)
+            g.expand(inp_l)
+        out_ids = Graph.input((max(1, min(self.r.n_outputs, T)),), I32)
+        last = len(sh.kinds) - 1
+        assert self.mamba is not None
+        for il, kind in enumerate(sh.kinds):
+            with in_layer(il):
+                sa = inp_l
+                cur = rms_norm(inp_l)
+                cur = self.mamba.mamba2(cur) if kind == MAMBA2 else self.attention(cur, il)
+                if il == last:
+                    cur, sa = Graph.get_rows(cur, out_ids), Graph.get_rows(sa, out_ids)
+                # build_layer_ffn: each residual branch scaled before it is added
+                ffn_inp = Graph.like("add", Graph.like("scale", cur) if res_scale else cur, sa)
+                out = self.ffn(rms_norm(ffn_inp), il)
+                inp_l = Graph.like("add", Graph.like("scale", out) if res_scale else out, ffn_inp)
+        embd = rms_norm(inp_l, "output_norm")
+        logits = Graph.mul_mat(Graph.weight((sh.n_embd, sh.n_vocab), "output"), embd)
+        if logit_scale:
+            logits = Graph.like("scale", logits)
+        g.expand(logits)
+        embd.is_output = logits.is_output = True
+        pool(g, embd, self.r.pooling, self.n_seqs)
+        if self.r.samplers is not None:
+            backend_samplers(g, logits, self.n_seqs, self.r.samplers)
+        return g
+
+
 # each layer kind's tensors (the file's names in the layer, without ``.weight``): a layer with any other
 # (biases, a fused QKV, experts of another layout) has nodes the builder does not make
 _LAYER_TENSORS = {
@@ -223,6 +272,8 @@ _LFM2_ATTN = {"attn_q_norm", "attn_k_norm"}
 _LFM2_FFN = {"ffn_norm", "ffn_gate", "ffn_up", "ffn_down"}
 _LFM2_MOE = {"ffn_norm", "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "exp_probs_b.bias"}
 _LATENT = {"ffn_latent_down", "ffn_latent_up"}
+_GRANITE_MOE = {"ffn_norm", "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"}
+_SHEXP = {"ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"}
 
 
 def layered_shape(model: ModelInfo) -> LayeredShape | None:
@@ -244,20 +295,22 @@ def layered_shape(model: ModelInfo) -> LayeredShape | None:
         elif t.name.startswith("dense_2_out"):  # LFM2-ColBERT's projection head
             return None
     latent = next((s[1] for name, s in shapes.items() if name.endswith(".ffn_latent_down.weight")), 0)
+    granite = hp.arch == "granitehybrid"
     kinds = []
     for il in range(n):
         layer = names.get(il, set())
-        if lfm2:
-            kind = CONV if hp.is_recr[il] else ATTN
-            moe = hp.arch == "lfm2moe" and il >= hp.n_layer_dense_lead
-            want = _LAYER_TENSORS[kind] | (_LFM2_MOE if moe else _LFM2_FFN) | (_LFM2_ATTN if kind == ATTN else set())
+        if lfm2 or granite:  # a mixer, then an FFN or experts (from n_dense_lead) in every layer
+            kind = (CONV if lfm2 else MAMBA2) if hp.is_recr[il] else ATTN
+            moe = (hp.arch == "lfm2moe" and il >= hp.n_layer_dense_lead) or (granite and hp.n_expert > 0)
+            ffn = (_LFM2_MOE if lfm2 else _GRANITE_MOE | (_SHEXP if hp.n_ff_shexp else set())) if moe else _LFM2_FFN
+            want = _LAYER_TENSORS[kind] | ffn | (_LFM2_ATTN if lfm2 and kind == ATTN else set())
         else:
             kind = MAMBA2 if hp.is_recr[il] else ATTN if hp.n_ff[il] == 0 else MOE if "ffn_gate_inp" in layer else MLP
             want = _LAYER_TENSORS[kind] | (_LATENT if kind == MOE and latent else set())
         if layer != want:
             return None
         kinds.append(kind)
-    has_moe = MOE in kinds or (hp.arch == "lfm2moe" and hp.n_layer_dense_lead < n)
+    has_moe = MOE in kinds or (hp.arch == "lfm2moe" and hp.n_layer_dense_lead < n) or (granite and hp.n_expert > 0)
     experts = _experts(model, shapes, kinds) if has_moe else None
     if has_moe and experts is None:
         return None
@@ -276,7 +329,10 @@ def layered_shape(model: ModelInfo) -> LayeredShape | None:
             hp.ssm_dt_rank,
             max(1, hp.ssm_n_group),
         )
-    shexp = next((shapes[f"blk.{il}.ffn_up_shexp.weight"] for il, k in enumerate(kinds) if k == MOE), (0, 0))
+    shexp = shapes.get("blk.0.ffn_up_shexp.weight") or next(
+        (shapes[f"blk.{il}.ffn_up_shexp.weight"] for il, k in enumerate(kinds) if k == MOE), (0, 0)
+    )
+    scale = [kv_num(model, k) != 0.0 for k in ("embedding_scale", "residual_scale", "logit_scale")]
     return LayeredShape(
         arch=hp.arch,
         kinds=tuple(kinds),
@@ -293,7 +349,16 @@ def layered_shape(model: ModelInfo) -> LayeredShape | None:
         n_dense_lead=hp.n_layer_dense_lead if hp.arch == "lfm2moe" else 0,
         n_ff_shexp=shexp[1],
         latent=latent,
+        rope=lfm2 or (granite and model.kv.get(f"{hp.arch}.rope.scaling.finetuned", True) is not False),
+        qk_norm=lfm2,
+        scales=(scale[0], scale[1], scale[2]) if granite else (False, False, False),
     )
+
+
+def kv_num(model: ModelInfo, key: str) -> float:
+    """``{arch}.<key>`` as a number, 0 where absent or not a number (get_key(..., false) leaves the default)."""
+    v = model.kv.get(f"{model.hparams.arch}.{key}")
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else 0.0
 
 
 def _experts(model: ModelInfo, shapes: dict[str, tuple[int, ...]], kinds: list[str]) -> Experts | None:
@@ -301,14 +366,19 @@ def _experts(model: ModelInfo, shapes: dict[str, tuple[int, ...]], kinds: list[s
     with normalized weights (lfm2.cpp build_moe_feed_forward), Nemotron-H's sigmoid over a biased selection
     and up-only squared-ReLU experts (nemotron-h.cpp:300-321), the same experts in every MoE layer."""
     hp, kv = model.hparams, model.kv
-    moe = [il for il, k in enumerate(kinds) if k == MOE or (hp.arch == "lfm2moe" and il >= hp.n_layer_dense_lead)]
+    moe = [
+        il
+        for il, k in enumerate(kinds)
+        if k == MOE or (hp.arch == "lfm2moe" and il >= hp.n_layer_dense_lead) or hp.arch == "granitehybrid"
+    ]
     up = shapes[f"blk.{moe[0]}.ffn_up_exps.weight"]
     if len(up) != 3 or isinstance(kv.get(f"{hp.arch}.expert_used_count"), list):
         return None  # Nemotron 3 Puzzle's per-layer expert counts
     if any(shapes.get(f"blk.{il}.ffn_up_exps.weight") != up for il in moe):
         return None
-    scale = kv.get(f"{hp.arch}.expert_weights_scale", 0.0)
-    scale = float(scale) if isinstance(scale, int | float) else 0.0
+    scale = kv_num(model, "expert_weights_scale")
+    if hp.arch == "granitehybrid":  # softmax, normalized (granite-hybrid.cpp:262-271)
+        return Experts(up[2], hp.n_expert_used, up[1], norm_w=True, scale=scale)
     if hp.arch == "lfm2moe":
         gating = kv.get(f"{hp.arch}.expert_gating_func")
         if gating not in (1, 2):
