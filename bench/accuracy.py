@@ -67,6 +67,22 @@ def build_files(d: Path, quick: bool) -> dict[str, Path]:
     w("qwen3_8b", factory.qwen3_8b())
     w("qwen3_06b", factory.qwen3_0_6b())
     w("eagle3", factory.eagle3())
+    # EAGLE3 heads for hybrid targets: their drafting keeps rollback rows in the target's recurrent state
+    lfm2_head = factory.eagle3(
+        n_embd=2048,
+        n_target=2048,
+        n_head=32,
+        n_head_kv=8,
+        head_dim=64,
+        n_ff=8192,
+        n_vocab=65536,
+        target_layers=(2, 8, 13),
+    )
+    w("eagle3_lfm2", lfm2_head)
+    nemotron_head = factory.eagle3(
+        n_embd=4480, n_target=4480, n_head=32, n_head_kv=8, head_dim=140, n_vocab=131072, target_layers=(2, 27, 52)
+    )
+    w("eagle3_nemotron_h", nemotron_head)
     w("dflash", factory.dflash())
     w("dflash_d2t", factory.dflash(draft_vocab=32000))
     w("qwen3_4b", factory.qwen3_4b())
@@ -164,6 +180,20 @@ def cases(quick: bool) -> list[Case]:
             "draft pair: Qwen3-8B + Qwen3-0.6B", "qwen3_8b", [*NR, "-c", "8192"], spec="draft-simple", draft="qwen3_06b"
         ),
         Case("EAGLE3: Qwen3-8B + an EAGLE3 head", "qwen3_8b", [*NR, "-c", "8192"], spec="draft-eagle3", draft="eagle3"),
+        Case(
+            "rollback rows: LFM2-1.2B + an EAGLE3 head",
+            "lfm2",
+            [*NR, "-c", "16384", "-np", "2"],
+            spec="draft-eagle3",
+            draft="eagle3_lfm2",
+        ),
+        Case(
+            "rollback rows: Nemotron-Nano-9B-v2 + an EAGLE3 head",
+            "nemotron_h",
+            [*NR, "-c", "16384", "-np", "2"],
+            spec="draft-eagle3",
+            draft="eagle3_nemotron_h",
+        ),
         Case(
             "DFlash: Qwen3-8B + a DFlash drafter", "qwen3_8b", [*NR, "-c", "8192"], spec="draft-dflash", draft="dflash"
         ),

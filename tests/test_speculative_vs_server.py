@@ -239,6 +239,36 @@ def test_an_eagle3_drafter_for_a_real_8b_shape(server_bin: ServerBinary, tmp_pat
     assert abs(rows[0].predicted / MiB - rows[0].actual_mib) <= 0.006, (rows[0].predicted / MiB, rows[0].actual_mib)
 
 
+@pytest.mark.parametrize(("target", "n_rs_seq"), [("lfm2", 3), ("nemotron_h", 3), ("granite_h", 0)])
+def test_an_eagle3_drafter_keeps_rollback_rows_in_a_hybrid_target(
+    server_bin: ServerBinary, shapes: dict[str, Path], tmp_path: Path, target: str, n_rs_seq: int
+) -> None:
+    """EAGLE3 drafting has the target roll rejected tokens back (need_n_rs_seq): LFM2's and Nemotron-H's
+    recurrent state keeps n_rs_seq = 3 snapshot rows (llm_arch_supports_rs_rollback), their conv windows and
+    scans write each snapshot, and the target extracts the layer inputs the head reads: state and compute
+    equal to the log. Granite-4.0-H is no rollback architecture: none (b10173, before lfm2's and nemotron_h's
+    rollback builds, keeps none either: bench/results/accuracy-b10173.json)."""
+    draft = factory.eagle3(
+        n_embd=256,
+        n_target=256,
+        n_head=4,
+        n_head_kv=2,
+        head_dim=64,
+        n_ff=512,
+        n_vocab=512,
+        target_layers=(1, 3, 4),
+        w="f16",
+    ).write(tmp_path / "eagle3-small.gguf")
+    for args in (["-c", "4096", "-np", "2"], ["-c", "8192", "-np", "1", "-fa", "off"]):
+        p, log, _ = plan_and_load(server_bin, shapes[target], args, spec="draft-eagle3", draft=str(draft))
+        ctx = log.context("target")
+        assert ctx is not None and ctx.values["n_rs_seq"] == p.footprint.context.n_rs_seq == n_rs_seq
+        rows = assert_matches(p, log, "target")
+        assert {r.kind for r in rows} >= {"rs", "compute"}
+        for r in rows:
+            assert r.actual_mib is not None and abs(r.predicted / MiB - r.actual_mib) <= 0.006, (args, r)
+
+
 def test_a_drafter_made_for_another_model_aborts_the_server(server_bin: ServerBinary, tmp_path: Path) -> None:
     """Why llamafit refuses (or, under Auto, passes over) such a drafter: the real server dies on it
     (SIGABRT at its first reserve) instead of serving."""

@@ -41,7 +41,8 @@ OUTPUTS_PER_SLOT_SINCE = 9464
 # release b9489); before, its pool took them at run time: the same VRAM, not in the logged buffer
 CUDA_FA_COPY_RESERVED_SINCE = 9489
 # the architectures that keep rollback rows (llm_arch_supports_rs_rollback, src/llama-arch.cpp), from the
-# build that listed them; qwen35 and qwen35moe since speculation's first build (9246)
+# build that listed them; qwen35 and qwen35moe since speculation's first build (9246). lfm2's and nemotron_h's
+# are measured: an EAGLE3-drafted target keeps none on b10173 and three rows on b10985 (bench/README.md)
 ROLLBACK_ARCH_SINCE = {
     "qwen35": 9246,
     "qwen35moe": 9246,
