@@ -55,6 +55,9 @@ def shapes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "moe": factory.moe().write(d / "moe.gguf"),
         "hybrid": factory.qwen35().write(d / "hybrid.gguf"),  # recurrent + attention
         "mla": factory.deepseek2(n_layer=6).write(d / "mla.gguf"),  # MLA with experts
+        "lfm2": factory.lfm2().write(d / "lfm2.gguf"),  # short convolutions and attention
+        "nemotron_h": factory.nemotron_h().write(d / "nemotron-h.gguf"),  # Mamba-2 (d_state 64), attention, MLP
+        "mamba": factory.mamba().write(d / "mamba.gguf"),  # Mamba-1
     }
 
 
@@ -107,6 +110,12 @@ def test_the_plan_matches_the_vulkan_servers_buffers(
                                              ("moe", []), ("moe", ["-ngl", "3", "-fa", "off"]),
                                              ("hybrid", []), ("hybrid", ["-ngl", "5"]),
                                              ("mla", []), ("mla", ["-ngl", "4", "-fa", "off"]),
+                                             # -fa auto resolved off: a host layer's attention scheduled on
+                                             # the device
+                                             ("lfm2", ["-ngl", "4"]), ("nemotron_h", ["-ngl", "4"]),
+                                             # ssm_a refused by ggml-vulkan's scan (Mamba-1; Mamba-2 with
+                                             # d_state 64): on the host with its op
+                                             ("nemotron_h", []), ("mamba", []),
                                              # backend sampling over 130 verification rows: the tied
                                              # embedding is too large for lavapipe, so the logits and
                                              # every sampler run on the host
@@ -120,7 +129,8 @@ def test_without_graph_reordering_the_compute_buffers_are_the_logged_ones(
     """With ggml-vulkan's node reordering off (GGML_VK_DISABLE_GRAPH_OPTIMIZE), each Vulkan device's and
     the host's compute buffer equals the replay of the scheduler (llamafit.memory.graph.sched): the devices'
     splits, the copies of their inputs (four with pipeline parallelism), op offload of the CPU layers'
-    ops with their weights and caches copied in."""
+    ops with their weights and caches copied in, -fa auto as llama.cpp's probe resolves it, and the weights
+    whose op ggml-vulkan refuses (the state-space scan's ssm_a) on the host with their ops."""
     monkeypatch.setenv("GGML_VK_DISABLE_GRAPH_OPTIMIZE", "1")
     o = Options(server_args=["--no-warmup", "-c", "4096", *args], server=vulkan.path, calibrate=False)
     found = server_and_caps(vulkan.path)

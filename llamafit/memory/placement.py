@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from llamafit.gguf.model import ModelInfo, Tensor
 from llamafit.memory import backends
+from llamafit.memory.weight_ops import refuses
 from llamafit.units import pad
 
 CPU = backends.CPU
@@ -148,7 +149,8 @@ def place_weights(
 
     ``limits``: per device, the largest tensor its backend accepts (Vulkan's maxStorageBufferRange,
     ggml-vulkan.cpp:15331-15352); a larger weight fails the loader's support check there and falls to
-    the next buffer type of the list, the host's (llama-model-loader.cpp:1067-1078, 1262-1276).
+    the next buffer type of the list, the host's (llama-model-loader.cpp:1067-1078, 1262-1276), as does
+    a weight whose op the backend does not run (``weight_ops.refuses``: the state-space kernels).
     """
     hp = model.hparams
     prof = profile if profile is not None else host_repack_profile()
@@ -184,6 +186,8 @@ def place_weights(
             buft = cpu_buft(t, matmul) if on_cpu else target
         if buft is None and dev != CPU and limits and t.info.nbytes > limits.get(dev, t.info.nbytes):
             dev = CPU
+        if buft is None and dev != CPU and refuses(dev, t, hp):
+            dev = CPU  # its op does not run there (llamafit.memory.weight_ops)
         if buft is None:
             buft = cpu_buft(t, matmul) if dev == CPU else backends.weights_buffer(dev, use_mmap)
         return PlacedTensor(t, dev, buft, row_padded_size(t) if backends.pads_rows(buft) else t.info.nbytes)
