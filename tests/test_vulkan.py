@@ -58,6 +58,8 @@ def shapes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "lfm2": factory.lfm2().write(d / "lfm2.gguf"),  # short convolutions and attention
         "nemotron_h": factory.nemotron_h().write(d / "nemotron-h.gguf"),  # Mamba-2 (d_state 64), attention, MLP
         "mamba": factory.mamba().write(d / "mamba.gguf"),  # Mamba-1
+        "hybrid_mtp": factory.qwen35(n_nextn=1, name="hybrid-mtp").write(d / "hybrid-mtp.gguf"),
+        "glm4moe_mtp": factory.glm4moe().write(d / "glm4moe-mtp.gguf"),
     }
 
 
@@ -137,6 +139,29 @@ def test_without_graph_reordering_the_compute_buffers_are_the_logged_ones(
     prep = prepare(str(shapes[shape]), o, machine=discover_for(o, found[0]), server=found)
     rows = [r for r in compare_all(prep, run_argv(vulkan, prep.argv[1:], timeout=300)) if r.kind == "compute"]
     assert {r.buft for r in rows} >= {"Vulkan0", "Vulkan_Host"}
+    for r in rows:
+        assert r.actual_mib is not None and abs(r.predicted / MiB - r.actual_mib) <= 0.006, r
+
+
+@pytest.mark.parametrize("devices", ["0", "0,0"], indirect=True)
+@pytest.mark.parametrize(("shape", "args"), [("hybrid_mtp", []), ("hybrid_mtp", ["-ngl", "5"]), ("glm4moe_mtp", [])])
+def test_an_mtp_heads_context_on_vulkan_devices_is_the_scheduler_replay(
+    vulkan: ServerBinary,
+    shapes: dict[str, Path],
+    shape: str,
+    args: list[str],
+    devices: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The MTP context on Vulkan devices (a public b9849 log had its compute 7.7 % under): its graph replayed
+    through the scheduler, every device's and the host's buffer equal to the log (reordering off)."""
+    monkeypatch.setenv("GGML_VK_DISABLE_GRAPH_OPTIMIZE", "1")
+    o = Options(server_args=["--no-warmup", "-c", "4096", *args], server=vulkan.path, calibrate=False, spec="draft-mtp")
+    found = server_and_caps(vulkan.path)
+    prep = prepare(str(shapes[shape]), o, machine=discover_for(o, found[0]), server=found)
+    assert prep.plan.draft_footprint is not None
+    rows = [r for r in compare_all(prep, run_argv(vulkan, prep.argv[1:], timeout=300)) if r.kind == "compute"]
+    assert {r.context for r in rows} == {"target", "mtp"}
     for r in rows:
         assert r.actual_mib is not None and abs(r.predicted / MiB - r.actual_mib) <= 0.006, r
 

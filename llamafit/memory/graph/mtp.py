@@ -14,11 +14,23 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from llamafit.memory.graph.attention import Builder, Reserve, TransformerShape
-from llamafit.memory.graph.galloc import F32, I32, Graph, Tensor, buffer_size
+from llamafit.memory.graph.galloc import F32, I32, Graph, Tensor, buffer_size, in_layer
 from llamafit.memory.graph.sampling import backend_samplers
 from llamafit.memory.graph.trunk import Experts, gated_ffn, rms_norm, routed_and_shared
 
 MROPE_SECTIONS = 4  # qwen35 uses IMROPE: four positions per token (llama-hparams.cpp:285-288)
+
+
+@dataclass(frozen=True)
+class NextnIo:
+    """Where an MTP head reads and writes: its NextN layer's index and which weights it takes for the token
+    rows, the head norm and the logits (its own ``nextn.*`` ones where the file has them, else the model's:
+    qwen35.cpp:533-635, glm4-moe.cpp:160-284), so that a split replay finds each weight's device."""
+
+    layer: int = 0
+    embed: str = "token_embd"  # or nextn.embed_tokens
+    head_norm: str = "output_norm"  # or nextn.shared_head_norm
+    head: str = "output"  # or nextn.shared_head_head
 
 
 @dataclass(frozen=True)
@@ -33,6 +45,7 @@ class MtpShape:
     n_ff_shexp: int = 0
     n_pos: int = MROPE_SECTIONS  # positions per token (Qwen3-Next: plain rope, 1)
     rows_before_ffn: bool = False  # Qwen3-Next's MTP block keeps the output rows before its FFN
+    io: NextnIo = NextnIo()
 
 
 def block_ffn(g: Graph, sh: MtpShape, cur: Tensor) -> Tensor:
@@ -65,6 +78,11 @@ def gated_attention(b: Builder, cur: Tensor, nh: int, nkv: int, hd: int) -> Tens
 
 def mtp_compute_bytes(sh: MtpShape, r: Reserve, alignment: int = 32) -> int:
     """The CPU compute buffer of a Qwen3.5 MTP context's pp reserve."""
+    return buffer_size(mtp_graph(sh, r), alignment)
+
+
+def mtp_graph(sh: MtpShape, r: Reserve) -> Graph:
+    """A Qwen3.5 MTP context's reserve graph (its weights, cache and pinned norms tagged under ``placed``)."""
     E, hd, nh, nkv = sh.n_embd, sh.head_dim, sh.n_head, sh.n_head_kv
     shape = TransformerShape(
         arch="qwen35",
@@ -88,7 +106,7 @@ def mtp_compute_bytes(sh: MtpShape, r: Reserve, alignment: int = 32) -> int:
         residual = Graph.like("add", attn, inp_sa)
         return Graph.like("add", block_ffn(b.g, sh, rms_norm(residual)), residual)
 
-    return buffer_size(_nextn_graph(b, block, sh.rows_before_ffn), alignment)
+    return _nextn_graph(b, block, sh.io, sh.rows_before_ffn)
 
 
 @dataclass(frozen=True)
@@ -97,30 +115,51 @@ class NextnShape:
     shared experts) after the same projection of normed token rows and hidden states."""
 
     block: TransformerShape  # one layer: the NextN block's widths and experts
+    io: NextnIo = NextnIo()
 
 
 def nextn_compute_bytes(sh: NextnShape, r: Reserve, alignment: int = 32) -> int:
     """The CPU compute buffer of a GLM-4.5 MTP context's pp reserve."""
+    return buffer_size(nextn_graph(sh, r), alignment)
+
+
+def nextn_graph(sh: NextnShape, r: Reserve) -> Graph:
+    """A GLM-4.5 MTP context's reserve graph (tagged under ``placed``)."""
     b = Builder(sh.block, r)
 
     def block(inp_sa: Tensor, _out_ids: Tensor) -> Tensor:
         ffn_inp = Graph.like("add", b.attention(rms_norm(inp_sa), 0), inp_sa)
         return Graph.like("add", b.ffn(rms_norm(ffn_inp), 0), ffn_inp)
 
-    return buffer_size(_nextn_graph(b, block), alignment)
+    return _nextn_graph(b, block, sh.io)
 
 
-def _nextn_graph(b: Builder, block: Callable[[Tensor, Tensor], Tensor], rows_in_block: bool = False) -> Graph:
+def _nextn_graph(
+    b: Builder, block: Callable[[Tensor, Tensor], Tensor], io: NextnIo, rows_in_block: bool = False
+) -> Graph:
     """What the MTP graphs share: the token rows and the trunk's hidden state (inputs), each normed,
-    concatenated and projected (``eh_proj``); the block (given the output rows' ids); the head norm
-    (``t_h_nextn``, an output) and the logits of the output rows (``rows_in_block``: already kept)."""
+    concatenated and projected (``eh_proj``), all in the NextN layer; the block (given the output rows'
+    ids); the head norm (``t_h_nextn``, an output; built with il -1, so not pinned to the layer) and the
+    logits of the output rows (``rows_in_block``: already kept)."""
     g, T, E, V = b.g, b.T, b.sh.n_embd, b.sh.n_vocab
     W = Graph.weight
-    tokens = Graph.get_rows(W((E, V)), Graph.input((T,), I32))
-    concat = Graph.op("concat", (2 * E, T), rms_norm(tokens), rms_norm(Graph.input((E, T))))
-    out_ids = Graph.input((max(1, min(b.r.n_outputs, T)),), I32)
-    h_nextn = rms_norm(block(Graph.mul_mat(W((2 * E, E)), concat), out_ids))
-    logits = Graph.mul_mat(W((E, V)), h_nextn if rows_in_block else Graph.get_rows(h_nextn, out_ids))
+
+    def own(name: str, default: str) -> int | None:  # a nextn.* weight is the layer's, the model's is not
+        return io.layer if name != default else None
+
+    with in_layer(own(io.embed, "token_embd")):
+        tokens = Graph.get_rows(W((E, V), io.embed), Graph.input((T,), I32))
+    with in_layer(io.layer):
+        e_norm, h_norm = rms_norm(tokens, "nextn.enorm"), rms_norm(Graph.input((E, T)), "nextn.hnorm")
+        concat = Graph.op("concat", (2 * E, T), e_norm, h_norm)
+        out_ids = Graph.input((max(1, min(b.r.n_outputs, T)),), I32)
+        cur = block(Graph.mul_mat(W((2 * E, E), "nextn.eh_proj"), concat), out_ids)
+    with in_layer(own(io.head_norm, "output_norm")):
+        norm_w = W((E,), io.head_norm)
+    h_nextn = Graph.like("mul", Graph.like("rms_norm", cur), norm_w)
+    with in_layer(own(io.head, "output")):
+        head_w = W((E, V), io.head)
+    logits = Graph.mul_mat(head_w, h_nextn if rows_in_block else Graph.get_rows(h_nextn, out_ids))
     g.expand(logits)
     h_nextn.is_output = logits.is_output = True  # t_h_nextn and t_logits (llama-graph.cpp:1396-1408)
     return g

@@ -29,7 +29,9 @@ from llamafit.memory.graph.mtp import (
     NextnShape,
     eagle3_compute_bytes,
     mtp_compute_bytes,
+    mtp_graph,
     nextn_compute_bytes,
+    nextn_graph,
 )
 from llamafit.memory.graph.sampling import Samplers
 from llamafit.memory.graph.sched import VIEW_OPS, attention_stays, split_buffers
@@ -269,7 +271,7 @@ def _placed_graph(
     hp = model.hparams
     mamba = mamba_shape(model)
     shape = mamba or model.memo(("transformer_shape", cp.mtp), lambda: model_shape(model, cp.mtp))
-    if not isinstance(shape, ReplayShape) or cp.mtp:
+    if not isinstance(shape, ReplayShape | MtpShape | NextnShape) or cp.mtp != isinstance(shape, MtpShape | NextnShape):
         return None
     if isinstance(shape, TransformerShape) and shape.arch == "eagle3":
         return None
@@ -313,6 +315,10 @@ def _placed_graph(
     # (llama-context.cpp:2646-2661)
     pin = all(d != CPU for d in layer_dev) or r.n_tokens < 32
     with placed(Where(device, pin, size)):
+        if isinstance(shape, MtpShape):
+            return mtp_graph(shape, r)
+        if isinstance(shape, NextnShape):
+            return nextn_graph(shape, r)
         return _graph(shape, r)
 
 

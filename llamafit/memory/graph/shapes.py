@@ -14,7 +14,7 @@ from llamafit.memory.graph.hybrid import HybridShape
 from llamafit.memory.graph.layered import LAYERED, LayeredShape, layered_shape
 from llamafit.memory.graph.mamba import MambaShape
 from llamafit.memory.graph.mla import Indexer, MlaShape
-from llamafit.memory.graph.mtp import MROPE_SECTIONS, MtpShape, NextnShape
+from llamafit.memory.graph.mtp import MROPE_SECTIONS, MtpShape, NextnIo, NextnShape
 from llamafit.memory.graph.trunk import Experts
 
 RECURRENT = ("mamba", "mamba2")
@@ -147,7 +147,8 @@ def _nextn_shape(model: ModelInfo) -> NextnShape | None:
     if experts is None or f"blk.{il}.nextn.eh_proj.weight" not in shapes:
         return None
     return NextnShape(
-        replace(
+        io=_nextn_io(shapes, il),
+        block=replace(
             trunk,
             n_layer=1,
             n_head_kv=(hp.n_head_kv[il],),
@@ -157,7 +158,7 @@ def _nextn_shape(model: ModelInfo) -> NextnShape | None:
             qk_norm=f"blk.{il}.attn_q_norm.weight" in shapes,
             n_dense_lead=0,
             n_ff_shexp=shexp[1] if shexp else 0,
-        )
+        ),
     )
 
 
@@ -248,6 +249,18 @@ def _mtp_shape(model: ModelInfo) -> MtpShape | None:
         n_ff_shexp=ffn[2],
         n_pos=1 if hp.arch == "qwen3next" else MROPE_SECTIONS,
         rows_before_ffn=hp.arch == "qwen3next",
+        io=_nextn_io(shapes, il),
+    )
+
+
+def _nextn_io(shapes: dict[str, tuple[int, ...]], il: int) -> NextnIo:
+    """The NextN layer's own token rows, head norm and head where the file has them (else the model's)."""
+
+    def own(name: str, default: str) -> str:
+        return f"nextn.{name}" if f"blk.{il}.nextn.{name}.weight" in shapes else default
+
+    return NextnIo(
+        il, own("embed_tokens", "token_embd"), own("shared_head_norm", "output_norm"), own("shared_head_head", "output")
     )
 
 
