@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from llamafit.gguf.writer import TensorSpec
 from tests.factory.base import Shape, _attn, _base_kv, _io
+from tests.factory.recurrent import mamba2_kv, mamba2_layer
 
 # LFM2-1.2B (LiquidAI/LFM2-1.2B config.json layer_types): the full-attention layers among 16
 LFM2_1_2B_ATTENTION = (2, 5, 8, 10, 12, 14)
@@ -165,8 +166,6 @@ def nemotron_h(
     arch = "nemotron_h_moe" if "E" in pattern else "nemotron_h"
     n_layer = len(pattern)
     d_inner = ssm_heads * ssm_head_dim
-    conv_dim = d_inner + 2 * n_group * d_state
-    d_in_proj = 2 * d_inner + 2 * n_group * d_state + ssm_heads
     kv = _base_kv(arch, name, n_layer, n_embd, ctx, n_vocab)
     kv.update(
         {
@@ -176,11 +175,7 @@ def nemotron_h(
             f"{arch}.attention.key_length": head_dim,
             f"{arch}.attention.value_length": head_dim,
             f"{arch}.attention.layer_norm_epsilon": 1e-5,
-            f"{arch}.ssm.conv_kernel": d_conv,
-            f"{arch}.ssm.inner_size": d_inner,
-            f"{arch}.ssm.state_size": d_state,
-            f"{arch}.ssm.time_step_rank": ssm_heads,
-            f"{arch}.ssm.group_count": n_group,
+            **mamba2_kv(arch, d_conv, d_inner, d_state, ssm_heads, n_group),
         }
     )
     if "E" in pattern:
@@ -215,17 +210,7 @@ def nemotron_h(
                     TensorSpec(f"blk.{i}.ffn_latent_up.weight", (latent, n_embd), w),
                 ]
         elif c == "M":
-            ts += [
-                TensorSpec(f"blk.{i}.attn_norm.weight", (n_embd,)),
-                TensorSpec(f"blk.{i}.ssm_in.weight", (n_embd, d_in_proj), w),
-                TensorSpec(f"blk.{i}.ssm_conv1d.weight", (d_conv, conv_dim)),
-                TensorSpec(f"blk.{i}.ssm_conv1d.bias", (conv_dim,)),
-                TensorSpec(f"blk.{i}.ssm_dt.bias", (ssm_heads,)),
-                TensorSpec(f"blk.{i}.ssm_a", (1, ssm_heads)),
-                TensorSpec(f"blk.{i}.ssm_d", (1, ssm_heads)),
-                TensorSpec(f"blk.{i}.ssm_norm.weight", (d_inner // n_group, n_group)),
-                TensorSpec(f"blk.{i}.ssm_out.weight", (d_inner, n_embd), w),
-            ]
+            ts += mamba2_layer(i, n_embd, d_inner, d_state, n_group, ssm_heads, d_conv, w)
         elif c == "*":
             ts += _attn(i, n_embd, head_dim * n_head, head_dim * n_head_kv, head_dim * n_head, w)
         else:
@@ -309,8 +294,6 @@ def granite_hybrid(
     embedding, residual, attention and logit scales."""
     arch = "granitehybrid"
     d_inner = 2 * n_embd
-    conv_dim = d_inner + 2 * n_group * d_state
-    d_in_proj = 2 * d_inner + 2 * n_group * d_state + ssm_heads
     kv = _base_kv(arch, name, n_layer, n_embd, ctx, n_vocab)
     kv.update(
         {
@@ -320,11 +303,7 @@ def granite_hybrid(
             f"{arch}.attention.key_length": head_dim,
             f"{arch}.attention.value_length": head_dim,
             f"{arch}.rope.scaling.finetuned": rope,
-            f"{arch}.ssm.conv_kernel": d_conv,
-            f"{arch}.ssm.inner_size": d_inner,
-            f"{arch}.ssm.state_size": d_state,
-            f"{arch}.ssm.time_step_rank": ssm_heads,
-            f"{arch}.ssm.group_count": n_group,
+            **mamba2_kv(arch, d_conv, d_inner, d_state, ssm_heads, n_group),
             f"{arch}.embedding_scale": 12.0,
             f"{arch}.residual_scale": 0.22,
             f"{arch}.logit_scale": 6.0,
@@ -340,17 +319,7 @@ def granite_hybrid(
         if i in attention:
             ts += _attn(i, n_embd, head_dim * n_head, head_dim * n_head_kv, head_dim * n_head, w)
         else:
-            ts += [
-                TensorSpec(f"blk.{i}.attn_norm.weight", (n_embd,)),
-                TensorSpec(f"blk.{i}.ssm_in.weight", (n_embd, d_in_proj), w),
-                TensorSpec(f"blk.{i}.ssm_conv1d.weight", (d_conv, conv_dim)),
-                TensorSpec(f"blk.{i}.ssm_conv1d.bias", (conv_dim,)),
-                TensorSpec(f"blk.{i}.ssm_dt.bias", (ssm_heads,)),
-                TensorSpec(f"blk.{i}.ssm_a", (1, ssm_heads)),
-                TensorSpec(f"blk.{i}.ssm_d", (1, ssm_heads)),
-                TensorSpec(f"blk.{i}.ssm_norm.weight", (d_inner // n_group, n_group)),
-                TensorSpec(f"blk.{i}.ssm_out.weight", (d_inner, n_embd), w),
-            ]
+            ts += mamba2_layer(i, n_embd, d_inner, d_state, n_group, ssm_heads, d_conv, w)
         ts.append(TensorSpec(f"blk.{i}.ffn_norm.weight", (n_embd,)))
         if n_expert:
             ts += [

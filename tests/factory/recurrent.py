@@ -219,24 +219,42 @@ def mamba2(
     """Pure recurrent Mamba-2 (src/models/mamba2.cpp load_arch_tensors): one in_proj of
     2 d_inner + 2 n_group d_state + n_head, a conv over d_inner + 2 n_group d_state, a grouped norm."""
     arch = "mamba2"
-    conv_dim = d_inner + 2 * n_group * d_state
-    d_in_proj = 2 * d_inner + 2 * n_group * d_state + n_head
     kv = _ssm_kv(arch, name, n_layer, n_embd, ctx, n_vocab, d_conv, d_inner, d_state, n_head)
     kv[f"{arch}.ssm.group_count"] = n_group
     ts = _io(n_embd, n_vocab, w, False)
     for i in range(n_layer):
-        ts += [
-            TensorSpec(f"blk.{i}.attn_norm.weight", (n_embd,)),
-            TensorSpec(f"blk.{i}.ssm_in.weight", (n_embd, d_in_proj), w),
-            TensorSpec(f"blk.{i}.ssm_conv1d.weight", (d_conv, conv_dim)),
-            TensorSpec(f"blk.{i}.ssm_conv1d.bias", (conv_dim,)),
-            TensorSpec(f"blk.{i}.ssm_dt.bias", (n_head,)),
-            TensorSpec(f"blk.{i}.ssm_a", (1, n_head)),
-            TensorSpec(f"blk.{i}.ssm_d", (1, n_head)),
-            TensorSpec(f"blk.{i}.ssm_norm.weight", (d_inner // n_group, n_group)),
-            TensorSpec(f"blk.{i}.ssm_out.weight", (d_inner, n_embd), w),
-        ]
+        ts += mamba2_layer(i, n_embd, d_inner, d_state, n_group, n_head, d_conv, w)
     return Shape(arch, kv, ts)
+
+
+def mamba2_layer(
+    i: int, n_embd: int, d_inner: int, d_state: int, n_group: int, n_head: int, d_conv: int, w: str
+) -> list[TensorSpec]:
+    """A Mamba-2 mixer's tensors (mamba2.cpp, nemotron-h.cpp, granite-hybrid.cpp load_arch_tensors): one
+    in_proj of 2 d_inner + 2 n_group d_state + n_head, a conv over d_inner + 2 n_group d_state, a grouped norm."""
+    conv_dim = d_inner + 2 * n_group * d_state
+    return [
+        TensorSpec(f"blk.{i}.attn_norm.weight", (n_embd,)),
+        TensorSpec(f"blk.{i}.ssm_in.weight", (n_embd, conv_dim + d_inner + n_head), w),
+        TensorSpec(f"blk.{i}.ssm_conv1d.weight", (d_conv, conv_dim)),
+        TensorSpec(f"blk.{i}.ssm_conv1d.bias", (conv_dim,)),
+        TensorSpec(f"blk.{i}.ssm_dt.bias", (n_head,)),
+        TensorSpec(f"blk.{i}.ssm_a", (1, n_head)),
+        TensorSpec(f"blk.{i}.ssm_d", (1, n_head)),
+        TensorSpec(f"blk.{i}.ssm_norm.weight", (d_inner // n_group, n_group)),
+        TensorSpec(f"blk.{i}.ssm_out.weight", (d_inner, n_embd), w),
+    ]
+
+
+def mamba2_kv(arch: str, d_conv: int, d_inner: int, d_state: int, n_head: int, n_group: int) -> dict[str, Any]:
+    """The SSM sizes a hybrid's Mamba-2 layers read."""
+    return {
+        f"{arch}.ssm.conv_kernel": d_conv,
+        f"{arch}.ssm.inner_size": d_inner,
+        f"{arch}.ssm.state_size": d_state,
+        f"{arch}.ssm.time_step_rank": n_head,
+        f"{arch}.ssm.group_count": n_group,
+    }
 
 
 def mamba_codestral_7b(w: str = "q8_0") -> Shape:

@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from llamafit.memory.graph.attention import Builder, Reserve, TransformerShape
 from llamafit.memory.graph.galloc import F32, I32, Graph, Tensor, in_layer
 from llamafit.memory.graph.mtp import MtpShape, block_ffn, gated_attention
-from llamafit.memory.graph.sampling import backend_samplers
-from llamafit.memory.graph.trunk import RecurrentStates, input_embeddings, pool, rms_norm
+from llamafit.memory.graph.trunk import RecurrentStates, input_embeddings, output_head, rms_norm
 
 
 @dataclass(frozen=True)
@@ -80,14 +79,7 @@ class _Linear:
                 cur = self.layer(cur) if recr else gated_attention(b, cur, a.n_head, a.n_head_kv, a.head_dim)
                 residual = Graph.like("add", cur, inp_l)
                 inp_l = Graph.like("add", block_ffn(g, a, rms_norm(residual)), residual)
-        h_nextn = rms_norm(inp_l, "output_norm")
-        embd = Graph.get_rows(h_nextn, out_ids)
-        logits = Graph.mul_mat(Graph.weight((a.n_embd, a.n_vocab), "output"), embd)
-        g.expand(logits)
-        h_nextn.is_output = embd.is_output = logits.is_output = True  # llama-graph.cpp:1396-1408
-        pool(g, embd, b.r.pooling, self.n_seqs)
-        if b.r.samplers is not None:
-            backend_samplers(g, logits, self.n_seqs, b.r.samplers)
+        output_head(g, inp_l, a.n_vocab, b.r.pooling, self.n_seqs, b.r.samplers, rows=out_ids)
 
     def layer(self, cur: Tensor) -> Tensor:
         """qwen35.cpp build_layer_attn_linear (qwen3next.cpp:395-563 with ``qwen3next``)."""

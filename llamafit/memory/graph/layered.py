@@ -20,7 +20,6 @@ from llamafit.gguf.model import ModelInfo
 from llamafit.memory.graph.attention import Builder, Reserve, TransformerShape
 from llamafit.memory.graph.galloc import I32, Graph, Tensor, in_layer
 from llamafit.memory.graph.mamba import MambaLayers, MambaShape
-from llamafit.memory.graph.sampling import backend_samplers
 from llamafit.memory.graph.trunk import (
     Experts,
     RecurrentStates,
@@ -28,7 +27,6 @@ from llamafit.memory.graph.trunk import (
     input_embeddings,
     moe_ffn,
     output_head,
-    pool,
     rms_norm,
 )
 
@@ -176,14 +174,7 @@ class _NemotronH(_Layers):
                 else:
                     cur = self.mlp(cur, sh.n_ff[il])
                 inp_l = Graph.like("add", cur, inp_l)
-        h_nextn = rms_norm(inp_l, "output_norm")
-        embd = Graph.get_rows(h_nextn, out_ids)
-        logits = Graph.mul_mat(Graph.weight((sh.n_embd, sh.n_vocab), "output"), embd)
-        g.expand(logits)
-        h_nextn.is_output = embd.is_output = logits.is_output = True  # llama-graph.cpp:1396-1408
-        pool(g, embd, self.r.pooling, self.n_seqs)
-        if self.r.samplers is not None:
-            backend_samplers(g, logits, self.n_seqs, self.r.samplers)
+        output_head(g, inp_l, sh.n_vocab, self.r.pooling, self.n_seqs, self.r.samplers, rows=out_ids)
         return g
 
     @staticmethod
@@ -229,15 +220,7 @@ class _Granite(_Layers):
                 ffn_inp = Graph.like("add", Graph.like("scale", cur) if res_scale else cur, sa)
                 out = self.ffn(rms_norm(ffn_inp), il)
                 inp_l = Graph.like("add", Graph.like("scale", out) if res_scale else out, ffn_inp)
-        embd = rms_norm(inp_l, "output_norm")
-        logits = Graph.mul_mat(Graph.weight((sh.n_embd, sh.n_vocab), "output"), embd)
-        if logit_scale:
-            logits = Graph.like("scale", logits)
-        g.expand(logits)
-        embd.is_output = logits.is_output = True
-        pool(g, embd, self.r.pooling, self.n_seqs)
-        if self.r.samplers is not None:
-            backend_samplers(g, logits, self.n_seqs, self.r.samplers)
+        output_head(g, inp_l, sh.n_vocab, self.r.pooling, self.n_seqs, self.r.samplers, logit_scale=logit_scale)
         return g
 
 

@@ -41,13 +41,21 @@ def output_head(
     pooling: str | None = None,
     n_seqs: int = 1,
     samplers: Samplers | None = None,
+    *,
+    rows: Tensor | None = None,
+    logit_scale: bool = False,
 ) -> None:
     """The output norm and the logits, expanded last and marked as outputs (never freed or reused), then
-    the pooling of an embedding context or the backend samplers (-bs)."""
-    embd = rms_norm(hidden, "output_norm")
+    the pooling of an embedding context or the backend samplers (-bs). ``rows``: the output rows' ids are
+    taken after the norm, which stays an output too (``t_h_nextn``: Qwen3.5, Nemotron-H); ``logit_scale``:
+    Granite's scaled logits are the output (granite-hybrid.cpp:176-183)."""
+    normed = rms_norm(hidden, "output_norm")
+    embd = normed if rows is None else Graph.get_rows(normed, rows)
     logits = Graph.mul_mat(Graph.weight((hidden.ne[0], n_vocab), "output"), embd)
+    if logit_scale:
+        logits = Graph.like("scale", logits)
     g.expand(logits)
-    embd.is_output = logits.is_output = True
+    normed.is_output = embd.is_output = logits.is_output = True  # llama-graph.cpp:1396-1408
     pool(g, embd, pooling, n_seqs)
     if samplers is not None:
         backend_samplers(g, logits, n_seqs, samplers)
