@@ -48,7 +48,7 @@ def output_head(
     """The output norm and the logits, expanded last and marked as outputs (never freed or reused), then
     the pooling of an embedding context or the backend samplers (-bs). ``rows``: the output rows' ids are
     taken after the norm, which stays an output too (``t_h_nextn``: Qwen3.5, Nemotron-H); ``logit_scale``:
-    Granite's scaled logits are the output (granite-hybrid.cpp:176-183)."""
+    Granite's scaled logits are the output (granite-hybrid.cpp:190-197)."""
     normed = rms_norm(hidden, "output_norm")
     embd = normed if rows is None else Graph.get_rows(normed, rows)
     logits = Graph.mul_mat(Graph.weight((hidden.ne[0], n_vocab), "output"), embd)
