@@ -78,6 +78,12 @@ class ModelInfo:
     def has_tensor(self, name: str) -> bool:
         return any(t.name == name for t in self.tensors)
 
+    def number(self, key: str) -> float:
+        """``{arch}.<key>`` as a number; 0 where absent or not a number (the header is untrusted input, and
+        llama.cpp's optional keys default to 0)."""
+        v = self.kv.get(f"{self.arch}.{key}")
+        return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else 0.0
+
     def to_json(self) -> dict[str, Any]:
         """``llamafit.inspect/1``: the architecture, the hyperparameters, every tensor and shard."""
         hp = self.hparams

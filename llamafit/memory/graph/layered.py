@@ -315,7 +315,7 @@ def layered_shape(model: ModelInfo) -> LayeredShape | None:
     shexp = shapes.get("blk.0.ffn_up_shexp.weight") or next(
         (shapes[f"blk.{il}.ffn_up_shexp.weight"] for il, k in enumerate(kinds) if k == MOE), (0, 0)
     )
-    scale = [kv_num(model, k) != 0.0 for k in ("embedding_scale", "residual_scale", "logit_scale")]
+    scale = [model.number(k) != 0.0 for k in ("embedding_scale", "residual_scale", "logit_scale")]
     return LayeredShape(
         arch=hp.arch,
         kinds=tuple(kinds),
@@ -338,12 +338,6 @@ def layered_shape(model: ModelInfo) -> LayeredShape | None:
     )
 
 
-def kv_num(model: ModelInfo, key: str) -> float:
-    """``{arch}.<key>`` as a number, 0 where absent or not a number (get_key(..., false) leaves the default)."""
-    v = model.kv.get(f"{model.hparams.arch}.{key}")
-    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else 0.0
-
-
 def _experts(model: ModelInfo, shapes: dict[str, tuple[int, ...]], kinds: list[str]) -> Experts | None:
     """The routing of the MoE layers (None: one the builder does not make): LFM2-MoE's gating from the file
     with normalized weights (lfm2.cpp build_moe_feed_forward), Nemotron-H's sigmoid over a biased selection
@@ -359,7 +353,7 @@ def _experts(model: ModelInfo, shapes: dict[str, tuple[int, ...]], kinds: list[s
         return None  # Nemotron 3 Puzzle's per-layer expert counts
     if any(shapes.get(f"blk.{il}.ffn_up_exps.weight") != up for il in moe):
         return None
-    scale = kv_num(model, "expert_weights_scale")
+    scale = model.number("expert_weights_scale")
     if hp.arch == "granitehybrid":  # softmax, normalized (granite-hybrid.cpp:262-271)
         return Experts(up[2], hp.n_expert_used, up[1], norm_w=True, scale=scale)
     if hp.arch == "lfm2moe":

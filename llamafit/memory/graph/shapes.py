@@ -321,10 +321,10 @@ def _experts(model: ModelInfo, shapes: dict[str, tuple[int, ...]], il: int) -> E
     up = shapes.get(f"blk.{il}.ffn_up_exps.weight")
     if up is None or len(up) != 3 or f"blk.{il}.ffn_gate_up_exps.weight" in shapes:
         return None  # fused gate/up experts: other nodes
-    scale = _num(kv.get(f"{hp.arch}.expert_weights_scale"))
+    scale = model.number("expert_weights_scale")
     if hp.arch in ("llama", "qwen3moe", "qwen35moe", "qwen3next"):
         return Experts(n_expert=up[2], n_used=hp.n_expert_used, n_ff=up[1], norm_w=True, scale=scale)
-    gating = int(_num(kv.get(f"{hp.arch}.expert_gating_func")))
+    gating = int(model.number("expert_gating_func"))
     if gating == 0:  # GGUFs without the key: glm4-moe.cpp:16-18, deepseek2.cpp:23-31
         old_glm_lite = hp.n_layer in (47, 48) and hp.n_vocab == 154880
         gating = 2 if hp.arch in ("glm4moe", "glm-dsa") or old_glm_lite else 1  # glm-dsa.cpp:53-57
@@ -345,12 +345,11 @@ def _mla_shape(model: ModelInfo) -> MlaShape | None:
     """DeepSeek-V2/V3 MLA (absorbed K) with a q LoRA or without, dense lead layers, experts with a shared
     expert; sizes read off the tensor table (deepseek2.cpp load_arch_tensors)."""
     hp = model.hparams
-    kv = model.kv
     if not hp.mla or hp.n_layer_kv_from_start >= 0 or not hp.causal:
         return None
     if hp.n_nextn and hp.arch == "deepseek2":
         return None  # DeepSeek-V3's NextN layers: not held to a load here
-    if _num(kv.get(f"{hp.arch}.expert_group_count")) > 1 or _num(kv.get(f"{hp.arch}.attention.temperature_scale")):
+    if model.number("expert_group_count") > 1 or model.number("attention.temperature_scale"):
         return None  # grouped routing, temperature-scaled queries: other nodes
     shapes = {t.name: t.info.shape for t in model.tensors}
     il = hp.n_layer - 1  # an MoE layer when there are experts
@@ -406,8 +405,3 @@ def _indexer(model: ModelInfo, shapes: dict[str, tuple[int, ...]]) -> Indexer | 
     if not full or not full[0]:
         return None  # a shared layer needs a full one before it (glm-dsa.cpp)
     return Indexer(n_head=proj[1], head_dim=hd, top_k=hp.indexer_top_k, rot=rot, full=tuple(full))
-
-
-def _num(v: object) -> float:
-    """A GGUF number, or 0 for anything else (the header is untrusted input)."""
-    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else 0.0
