@@ -148,6 +148,8 @@ def check_speed(prep: Prepared, s: Served) -> SpeedCheck:
     """The plan's prediction for the prompt and the depth of one served request."""
     if prep.rates is None or prep.plan.speed is None or prep.plan.speed.source == "unknown":
         return SpeedCheck(s, None, None)
+    if (s.prompt_total or s.prompt_tokens) > prep.plan.n_ctx:
+        return SpeedCheck(s, None, None)  # a prompt longer than the server holds: not a request it served
     before = (s.prompt_total or s.prompt_tokens) - s.prompt_tokens  # cached: the prompt's processing starts there
     sp_pp = trial_rates_speed(prep.plan, prep.rates, depth=before, prompt=max(1, s.prompt_tokens))
     sp_tg = trial_rates_speed(prep.plan, prep.rates, depth=s.depth, prompt=1)

@@ -267,7 +267,18 @@ if args[:1] in (["--help"], ["--version"]):
     print("version: 1 (build 11434, commit deadbee)", file=sys.stderr); sys.exit(0)
 """
 STAND_IN_FLAGS = "-m -c -ngl -fit -lv --port --host -np"
-READY = 'print("0.00.000.000 I srv  main: listening on http://127.0.0.1:1", file=sys.stderr, flush=True)\n'
+# a stand-in that gets ready as llama-server does: it listens (its task loop answers /slots) and says so, in
+# llama-server's own format (tools/server/server.cpp:526)
+READY = """
+import http.server, threading
+class _Loop(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers(); self.wfile.write(b"[]")
+    def log_message(self, *a): pass
+_http = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Loop)
+threading.Thread(target=_http.serve_forever, daemon=True).start()
+print(f"0.00.000.000 I srv  llama_server: listening on http://127.0.0.1:{_http.server_port}", file=sys.stderr, flush=True)
+"""
 
 
 def stand_in(tmp_path: Path, body: str, *, header: str | None = None, flags: str = STAND_IN_FLAGS) -> str:

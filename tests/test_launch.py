@@ -42,9 +42,19 @@ if args[:1] == ["--version"]:
     print("version: 0.6.0 (build 11434, commit deadbee)", file=sys.stderr); sys.exit(0)
 with open({argv_log!r}, "w") as fh:
     fh.write("\n".join(args) + "\nPID=" + str(os.getpid()) + "\n" + "\n".join(sorted(os.environ)))
-for line in {lines!r}:
-    print("{prefix} " + line, file=sys.stderr, flush=True)
 mode = {mode!r}
+port = 0
+if mode == "serve":  # it listens, as llama-server does before it says so; @PORT@ in a line is its port
+    import http.server, threading
+    class Loop(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200); self.end_headers(); self.wfile.write(b"[]")
+        def log_message(self, *a): pass
+    loop = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Loop)
+    threading.Thread(target=loop.serve_forever, daemon=True).start()
+    port = loop.server_port
+for line in {lines!r}:
+    print("{prefix} " + line.replace("@PORT@", str(port)), file=sys.stderr, flush=True)
 if mode == "abort":
     os.kill(os.getpid(), signal.SIGABRT)
 if mode == "serve":
@@ -161,7 +171,7 @@ def test_run_maps_a_load_failure_to_exit_5(tmp_path: Path) -> None:
 
 def test_ready_passthrough_and_exit_code_after_loading(tmp_path: Path) -> None:
     model = ensure_demo_model(tmp_path / "m")
-    lines = ["I srv  llama_server: model loaded", "I srv  llama_server: listening on http://127.0.0.1:8080",
+    lines = ["I srv  llama_server: model loaded", "I srv  llama_server: listening on http://127.0.0.1:@PORT@",
              "W srv  llama_server: a warning the user should see", "I llama_context: n_ctx = 4096"]  # fmt: skip
     exe = stand_in(tmp_path, lines, mode="serve")
     log = tmp_path / "server.log"
@@ -174,7 +184,7 @@ def test_ready_passthrough_and_exit_code_after_loading(tmp_path: Path) -> None:
     p.send_signal(signal.SIGINT)
     _out, err = p.communicate(timeout=30)
     assert p.returncode == 0, err
-    assert "ready" in err and "http://127.0.0.1:8080" in err
+    assert "ready at http://127.0.0.1:" in err
     assert "a warning the user should see" in err
     assert "n_ctx = 4096" not in err  # INFO lines only with --verbose
     assert "n_ctx = 4096" in log.read_text()  # but every line is in --log-file

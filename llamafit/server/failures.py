@@ -10,19 +10,20 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from llamafit.numbers import DEC, INT
 from llamafit.server.logparse import is_error, strip
 from llamafit.units import MiB, fmt_bytes
 
-_CUDA_OOM = re.compile(r"allocating (?P<mib>[\d.]+) MiB on device (?P<dev>\d+): cudaMalloc failed: (?P<why>.*)")
-_BUFT_FAIL = re.compile(r"failed to allocate (?P<buft>\S+) buffer of size (?P<size>\d+)")
+_CUDA_OOM = re.compile(rf"allocating (?P<mib>{DEC}) MiB on device (?P<dev>{INT}): cudaMalloc failed: (?P<why>.*)")
+_BUFT_FAIL = re.compile(rf"failed to allocate (?P<buft>\S+) buffer of size (?P<size>{INT})")
 _HOST_OOM = re.compile(
-    r"ggml_aligned_malloc: insufficient memory \(attempted to allocate (?P<mb>[\d.]+) MB\)"
-    r"|ggml_backend_cpu_buffer_type_alloc_buffer: failed to allocate buffer of size (?P<size>\d+)"
+    rf"ggml_aligned_malloc: insufficient memory \(attempted to allocate (?P<mb>{DEC}) MB\)"
+    rf"|ggml_backend_cpu_buffer_type_alloc_buffer: failed to allocate buffer of size (?P<size>{INT})"
 )
 _OPEN_FAIL = re.compile(r"failed to open GGUF file '(?P<path>.*)' \((?P<why>.*)\)")
 _BAD_ARG = re.compile(r"error: invalid argument: (?P<arg>\S+)")
 _ARG_ERR = re.compile(r'error while handling (?:argument|environment variable) "(?P<arg>[^"]+)": (?P<why>.*)')
-_BIND = re.compile(r"couldn't bind HTTP server socket, hostname: (?P<host>\S+), port: (?P<port>\d+)")
+_BIND = re.compile(rf"couldn't bind HTTP server socket, hostname: (?P<host>\S+), port: (?P<port>{INT})")
 _MTMD_ERR = re.compile(r"(?:mtmd_init_from_file|clip_init): (?:error: )?(?P<why>.*)")
 _CUDA_ERR = re.compile(r"CUDA error: (?P<why>.*)")
 _CTX_ERR = re.compile(

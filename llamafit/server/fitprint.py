@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from llamafit.numbers import DEC
 from llamafit.server.bounded import run_tool
 from llamafit.server.logparse import strip
 from llamafit.units import MiB
@@ -25,7 +26,7 @@ from llamafit.units import MiB
 NAME = "llama-fit-params"
 # a no-alloc load reads the file's header and builds the graphs: seconds even for the largest models
 TIMEOUT = 120.0
-_COMPUTE = re.compile(r"sched_reserve: +(?P<buft>\S+) compute buffer size = +(?P<mib>[\d.]+) MiB")
+_COMPUTE = re.compile(rf"sched_reserve: +(?P<buft>\S+) compute buffer size = +(?P<mib>{DEC}) MiB")
 _RESERVING = re.compile(r"sched_reserve: reserving")
 
 

@@ -11,39 +11,41 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from llamafit.numbers import DEC, INT, SIGNED
+
 _PREFIX = re.compile(
     r"^(?:\x1b\[[0-9;]*m)*(?:\d+\.\d{2}\.\d{3}\.\d{3} )?(?:\x1b\[[0-9;]*m)*(?:[IWED] )?(?:\x1b\[[0-9;]*m)*"
 )
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
-_MODEL = re.compile(r"load_tensors: +(?P<buft>\S+) model buffer size = +(?P<mib>[\d.]+) MiB")
-_KV = re.compile(r"llama_kv_cache: +(?P<buft>\S+) KV buffer size = +(?P<mib>[\d.]+) MiB")
-_RS = re.compile(r"llama_memory_recurrent: +(?P<buft>\S+) RS buffer size = +(?P<mib>[\d.]+) MiB")
+_MODEL = re.compile(rf"load_tensors: +(?P<buft>\S+) model buffer size = +(?P<mib>{DEC}) MiB")
+_KV = re.compile(rf"llama_kv_cache: +(?P<buft>\S+) KV buffer size = +(?P<mib>{DEC}) MiB")
+_RS = re.compile(rf"llama_memory_recurrent: +(?P<buft>\S+) RS buffer size = +(?P<mib>{DEC}) MiB")
 # DeepSeek-V4's compressor states, part of its KV cache (src/llama-kv-cache-dsv4.cpp)
-_DSV4_STATE = re.compile(r"llama_dsv4_comp_state: +(?P<buft>\S+) DSV4 \w+ state buffer size = +(?P<mib>[\d.]+) MiB")
-_COMPUTE = re.compile(r"sched_reserve: +(?P<buft>\S+) compute buffer size = +(?P<mib>[\d.]+) MiB")
-_OUTPUT = re.compile(r"llama_context: +(?P<buft>\S+) +output buffer size = +(?P<mib>[\d.]+) MiB")
+_DSV4_STATE = re.compile(rf"llama_dsv4_comp_state: +(?P<buft>\S+) DSV4 \w+ state buffer size = +(?P<mib>{DEC}) MiB")
+_COMPUTE = re.compile(rf"sched_reserve: +(?P<buft>\S+) compute buffer size = +(?P<mib>{DEC}) MiB")
+_OUTPUT = re.compile(rf"llama_context: +(?P<buft>\S+) +output buffer size = +(?P<mib>{DEC}) MiB")
 _CTXVAL = re.compile(
     r"llama_context: (?P<key>n_ctx|n_ctx_seq|n_seq_max|n_batch|n_ubatch|n_rs_seq|n_outputs_max)"
-    r" +=\s+(?P<val>\d+)"
+    rf" +=\s+(?P<val>{INT})"
 )
 _FA = re.compile(r"resolve_fused_ops: Flash Attention (?P<state>enabled|not supported)")
 # tools/mtmd/clip.cpp:202-207, 2125, 3815, 3773 (docs/memory-model.md §7.6)
 _CLIP_BACKEND = re.compile(r"clip_ctx: CLIP using (?P<backend>\S+) backend")
-_CLIP_MODEL = re.compile(r"load_hparams: model size: +(?P<mib>[\d.]+) MiB")
-_CLIP_COMPUTE = re.compile(r"reserve_compute_meta: +(?P<buft>\S+) compute buffer size = +(?P<mib>[\d.]+) MiB")
+_CLIP_MODEL = re.compile(rf"load_hparams: model size: +(?P<mib>{DEC}) MiB")
+_CLIP_COMPUTE = re.compile(rf"reserve_compute_meta: +(?P<buft>\S+) compute buffer size = +(?P<mib>{DEC}) MiB")
 _CLIP_FA = re.compile(r"warmup: flash attention is (?P<state>enabled|disabled)")
 # src/llama.cpp:306 and common/fit.cpp (docs/memory-model.md §7.2, docs/memory-model.md §7.7)
-_USING_DEVICE = re.compile(r"using device (?P<name>\S+) \((?P<desc>[^)]*)\).* - (?P<free>\d+) MiB free")
+_USING_DEVICE = re.compile(rf"using device (?P<name>\S+) \((?P<desc>[^)]*)\).* - (?P<free>{INT}) MiB free")
 _FIT_LINE = re.compile(
     r"(?:common|llama)_(?:params_fit_impl|fit_params|params_fit): (?P<text>(?:projected to use|context size reduced"
     r"|successfully fit|failed to fit|cannot meet|cannot fulfill|entire model can be fit).*)"
 )
-_SLOTS = re.compile(r"initializing, n_slots = (?P<n>\d+), n_ctx_slot = (?P<ctx>\d+)")
+_SLOTS = re.compile(rf"initializing, n_slots = (?P<n>{INT}), n_ctx_slot = (?P<ctx>{INT})")
 # common_memory_breakdown_print's GPU row (common/fit.cpp:906-1086; docs/memory-model.md §7.8)
 _BREAKDOWN_GPU = re.compile(
-    r"\|\s+-\s+(?P<name>\S+) \((?P<desc>.*)\)\s+\|\s+(?P<total>\d+) = +(?P<free>-?\d+) \+ \((?P<self>\d+) = +"
-    r"(?P<model>\d+) \+ +(?P<context>\d+) \+ +(?P<compute>\d+)\) \+ +(?P<unacc>-?\d+) \|"
+    rf"\|\s+-\s+(?P<name>\S+) \((?P<desc>.*)\)\s+\|\s+(?P<total>{INT}) = +(?P<free>{SIGNED}) \+ \((?P<self>{INT}) = +"
+    rf"(?P<model>{INT}) \+ +(?P<context>{INT}) \+ +(?P<compute>{INT})\) \+ +(?P<unacc>{SIGNED}) \|"
 )
 
 

@@ -5,7 +5,9 @@ rest of the core: what to show is decided by the callbacks the CLI passes. The s
 stderr are read as one stream, line by line as they come, on a reader thread, so the caller can talk
 to a ready server (``complete``) while its log keeps flowing; ``--log-file`` keeps every raw line.
 Readiness is llama-server's own ``listening on`` line, which it prints after the model is loaded and
-its signal handlers are installed (tools/server/server.cpp:498-527). A server killed by a signal is
+its signal handlers are installed (tools/server/server.cpp:498-527), in its own format (``SRV_INF``'s
+prefix), confirmed on the port: the server's process listens there and its task loop answers. A model's
+metadata, which llama.cpp prints into the same log, cannot pass for it. A server killed by a signal is
 reported the way a shell does (128 + N, so SIGABRT is 134).
 """
 
@@ -13,14 +15,12 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import ctypes
 import http.client
 import json
 import os
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -29,12 +29,20 @@ from pathlib import Path
 from typing import IO, Any
 from urllib.parse import urlsplit
 
+import psutil
+
 from llamafit.errors import ServerLoadError, ServerNotFoundError, UsageError
+from llamafit.server.children import Guardian, die_with_parent
 from llamafit.server.failures import Failure, classify
-from llamafit.server.logparse import LoadLog, parse
+from llamafit.server.logparse import LoadLog, parse, strip
 
 _LEVEL = re.compile(r"^(?:\x1b\[[0-9;]*m)*\d+\.\d{2}\.\d{3}\.\d{3} (?:\x1b\[[0-9;]*m)*(?P<level>[IWED]) ")
-LISTEN = re.compile(r"listening on (?P<url>(?:https?|unix)://\S+)|server is listening on (?P<old>https?://\S+)")
+# SRV_INF's prefix (tools/server/server-common.h:35: "srv  %12.*s: ", the function in 12 characters) and
+# server.cpp:526; builds before it printed "main: server is listening on URL - starting the main loop"
+_LISTEN = re.compile(
+    r"^srv +[\w()~]{1,12}: listening on (?P<url>(?:https?|unix)://\S+)$"
+    r"|^main: server is listening on (?P<old>https?://\S+) - starting the main loop$"
+)
 KEY_EVENTS = (
     "loading model",
     "model loaded",
@@ -57,6 +65,23 @@ STOP_GRACE = 30.0
 MAX_LINE = 16384  # characters kept of one log line (the --log-file keeps it whole)
 MAX_LOAD_BYTES = 32 << 20  # log kept up to ready: the memory lines are there
 TAIL_LINES = 400  # log kept after ready, for classifying a crash
+
+
+def listening_url(raw: str) -> str | None:
+    """The URL of llama-server's own ``listening on`` line, None for any other line (one that merely holds
+    the words, as a model's name printed into the log can)."""
+    if "listening on" not in raw:
+        return None
+    m = _LISTEN.match(strip(raw))
+    return (m.group("url") or m.group("old")) if m else None
+
+
+def url_port(url: str) -> int | None:
+    """The port of a URL, None when it has none or not one a socket can have."""
+    try:
+        return urlsplit(url).port
+    except ValueError:
+        return None
 
 
 def line_level(raw: str) -> str:
@@ -130,6 +155,8 @@ class Supervisor:
         self._kept_bytes = 0
         self._announcer: threading.Thread | None = None
         self._sink: IO[str] | None = None
+        self._guardian: Guardian | None = None
+        self._line_failed = False  # a callback failed on a line (said once)
 
     # -- the process ------------------------------------------------------------------------------
 
@@ -152,24 +179,34 @@ class Supervisor:
             errors="replace",
             bufsize=1,
             start_new_session=True,
-            preexec_fn=_die_with_parent(),
+            preexec_fn=die_with_parent(),
         )
+        # the router's model instances are not tied to llamafit's life: its process group is guarded
+        self._guardian = Guardian(self._proc.pid)
         self._reader = threading.Thread(target=self._pump, name="llama-server log", daemon=True)
         self._reader.start()
 
     def _pump(self) -> None:
+        """Read the log to its end, whatever a line holds: a callback that fails on one is said once, and the
+        reading goes on (a server whose pipe is not read blocks)."""
         assert self._proc is not None and self._proc.stdout is not None
         for whole in self._proc.stdout:
             raw = whole if len(whole) <= MAX_LINE else whole[:MAX_LINE] + f" ... ({len(whole) - MAX_LINE} more)\n"
             self._keep(raw)
             if self._sink is not None:
                 self._to_log_file(whole)
-            if self.on_line:
-                self.on_line(raw.rstrip("\n"))
-            if self.url is None and (m := LISTEN.search(raw)):
-                self.url = m.group("url") or m.group("old")
+            try:
+                if self.on_line:
+                    self.on_line(raw.rstrip("\n"))
+            except Exception as e:  # a bug of a callback must not stop the supervision
+                if not self._line_failed and self.on_warning:
+                    self.on_warning(f"a line of the server's log could not be read ({type(e).__name__}: {e})")
+                self._line_failed = True
+            if self.url is None and self._announcer is None and (url := listening_url(raw)) is not None:
                 # confirmed on its own thread, so the log keeps flowing meanwhile
-                self._announcer = threading.Thread(target=self._announce, name="llama-server ready", daemon=True)
+                self._announcer = threading.Thread(
+                    target=self._announce, args=(url,), name="llama-server ready", daemon=True
+                )
                 self._announcer.start()
 
     def _to_log_file(self, whole: str) -> None:
@@ -196,17 +233,22 @@ class Supervisor:
         else:
             self._tail.append(raw)
 
-    def _announce(self) -> None:
-        """Ready once the task loop answers: llama-server prints ``listening on`` just before its task
-        loop starts, and a shutdown asked for in between is lost (start_loop sets ``running``,
-        server-queue.cpp:279); ``/slots`` is answered by that loop (server-context.cpp:5085-5100)."""
-        self._await_task_loop(time.monotonic() + CONFIRM_TIMEOUT)
-        if not self.running:
+    def _announce(self, url: str) -> None:
+        """Ready once the task loop answers at ``url``: llama-server prints ``listening on`` just before its
+        task loop starts, and a shutdown asked for in between is lost (start_loop sets ``running``,
+        server-queue.cpp:279); ``/slots`` is answered by that loop (server-context.cpp:5085-5100). A line
+        that is not the server's (nothing of its process listens there, or it still loads: the real line
+        comes after the load) is passed over, and the next one is waited for."""
+        confirmed = self._confirm(url, time.monotonic() + CONFIRM_TIMEOUT)
+        if not confirmed or not self.running:
+            if self.running and self.on_warning:
+                self.on_warning(f"a log line said the server listens on {url}, but it does not answer there: ignored")
+            self._announcer = None
             return
+        self.url = url
         self._ready.set()
         if self.on_ready:
-            assert self.url is not None
-            self.on_ready(self.url, parse(list(self.lines)))
+            self.on_ready(url, parse(list(self.lines)))
 
     @property
     def running(self) -> bool:
@@ -232,24 +274,42 @@ class Supervisor:
         assert self.url is not None
         return self.url
 
-    def _await_task_loop(self, deadline: float) -> None:
-        u = urlsplit(self.url or "")
-        if u.scheme != "http" or u.port is None:
-            return
+    def _confirm(self, url: str, deadline: float) -> bool:
+        """The server's own process listens at ``url`` and its task loop answers ``self.probe``."""
+        u = urlsplit(url)
+        if u.scheme == "unix":
+            return True  # a socket file: nothing to ask it over HTTP
+        port = url_port(url)
+        if u.scheme != "http" or port is None or not self._listens(port):
+            return False
         while self.running and time.monotonic() < deadline:
-            conn = http.client.HTTPConnection(u.hostname or "127.0.0.1", u.port, timeout=2)
+            conn = http.client.HTTPConnection(u.hostname or "127.0.0.1", port, timeout=2)
             try:
                 conn.request("GET", self.probe)
+                status = conn.getresponse().status
                 # 200: the loop answered; 501: --no-slots; 401/403: an API key: nothing more to learn
-                if conn.getresponse().status in (200, 401, 403, 501):
-                    return
+                if status in (200, 401, 403, 501):
+                    return True
+                if status == 503:
+                    return False  # still loading: the real line comes after the load
             except ConnectionRefusedError:
-                return  # nothing listens there (llama-server listens before it loads): not ours to wait for
+                return False
             except OSError:
                 pass
             finally:
                 conn.close()
             time.sleep(0.05)
+        return False
+
+    def _listens(self, port: int) -> bool:
+        """The server's process listens on ``port`` (True when the system does not say)."""
+        assert self._proc is not None
+        try:
+            proc = psutil.Process(self._proc.pid)
+            conns = proc.net_connections("inet") if hasattr(proc, "net_connections") else proc.connections("inet")
+        except (psutil.Error, OSError):
+            return True
+        return any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in conns)
 
     def stop(self, timeout: float = 30.0) -> Outcome:
         """SIGINT (llama-server's graceful shutdown), then SIGKILL if it lingers."""
@@ -310,6 +370,8 @@ class Supervisor:
         # whatever the server left behind in its session (a child holding the log pipe open) goes with it
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self._proc.pid, signal.SIGKILL)
+        if self._guardian is not None:
+            self._guardian.release()
         if self._reader is not None:
             self._reader.join(timeout=5)
         if self._announcer is not None:
@@ -351,28 +413,6 @@ class Supervisor:
             raise ServerLoadError(f"/completion answered HTTP {resp.status}: {data[:200]!r}")
         out: dict[str, Any] = json.loads(data)
         return out
-
-
-def _die_with_parent() -> Callable[[], None] | None:
-    """A preexec function asking Linux to kill the child when llamafit dies (PR_SET_PDEATHSIG); None
-    elsewhere. SIGKILL, not SIGTERM: llama-server's SIGTERM handler calls exit() and can deadlock there
-    (malloc's lock held by the interrupted thread), leaving an orphan that holds its port and memory; a
-    llamafit that dies cannot wait to see. It runs between fork and exec, so it only calls prctl and getppid."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        prctl = libc.prctl
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-
-    def preexec() -> None:
-        prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
-        if os.getppid() != parent:  # llamafit died before prctl took effect
-            os._exit(1)
-
-    return preexec
 
 
 def exec_server(argv: Sequence[str], env: dict[str, str]) -> None:  # pragma: no cover - replaces the process

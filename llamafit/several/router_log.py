@@ -12,12 +12,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from llamafit.numbers import INT, SIGNED
 from llamafit.server.logparse import LoadLog, parse
-from llamafit.server.supervisor import LISTEN
+from llamafit.server.supervisor import listening_url, url_port
 
 _CHILD = re.compile(r"^\[\s*(?P<port>\d{1,5})\] ?(?P<line>.*)$")
-_SPAWN = re.compile(r"spawning server instance with name=(?P<name>.+?) on port (?P<port>\d+)\s*$")
-_EXIT = re.compile(r"instance name=(?P<name>.+?) exited with status (?P<code>-?\d+)")
+_SPAWN = re.compile(rf"spawning server instance with name=(?P<name>.+?) on port (?P<port>{INT})\s*$")
+_EXIT = re.compile(rf"instance name=(?P<name>.+?) exited with status (?P<code>{SIGNED})")
 MAX_INSTANCE_LINES = 20000  # lines kept per instance: its load (the memory lines) and a tail after ready
 
 
@@ -49,7 +50,8 @@ class RouterLog:
                 text = m.group("line")
                 if len(inst.lines) < MAX_INSTANCE_LINES:
                     inst.lines.append(text)
-                if not inst.ready and LISTEN.search(text):
+                url = listening_url(text) if not inst.ready else None
+                if url is not None and url_port(url) == inst.port:  # its own line, on its own port
                     inst.ready = True
                     return inst, text, "ready"
                 return inst, text, ""

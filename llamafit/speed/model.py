@@ -140,6 +140,22 @@ def _attention_time(w: DeviceWork, r: Rates, tokens: int, batched: bool) -> floa
     return max(kv, w.attn_flops / rate) if rate else kv
 
 
+MAX_UBATCHES = 64  # ubatches of a prompt evaluated one by one; a longer prompt is sampled evenly
+
+
+def _ubatches(n_prompt: int, ub: int) -> list[tuple[int, int, float]]:
+    """The ubatches a prompt is processed in, as (tokens, first token, how many such): each one while there
+    are few, else ``MAX_UBATCHES`` evenly spaced full ones standing for all (a ubatch's time grows linearly
+    with its depth, so evenly spaced samples sum to the same time) and the last, partial one."""
+    full, rest = divmod(n_prompt, ub)
+    if full <= MAX_UBATCHES:
+        out = [(ub, i * ub, 1.0) for i in range(full)]
+    else:
+        step = full / MAX_UBATCHES
+        out = [(ub, int((i + 0.5) * step) * ub, step) for i in range(MAX_UBATCHES)]
+    return [*out, (rest, full * ub, 1.0)] if rest else out
+
+
 def predict(
     model: ModelInfo,
     placement: WeightPlacement,
@@ -178,16 +194,12 @@ def predict(
     def phase(at: int, n_prompt: int) -> tuple[_Time, _Time]:
         tg = evaluation_time(ev(1, at), rates)
         pp_total = _Time(0.0, {}, [])
-        done = 0
-        ub = max(1, min(cp.n_ubatch, cp.n_batch))
-        while done < n_prompt:
-            n = min(ub, n_prompt - done)
-            t = evaluation_time(ev(n, at + done), rates)
-            pp_total.total += t.total
+        for n, start, weight in _ubatches(n_prompt, max(1, min(cp.n_ubatch, cp.n_batch))):
+            t = evaluation_time(ev(n, at + start), rates)
+            pp_total.total += t.total * weight
             for d, s in t.per_device.items():
-                pp_total.per_device[d] = pp_total.per_device.get(d, 0.0) + s
+                pp_total.per_device[d] = pp_total.per_device.get(d, 0.0) + s * weight
             pp_total.missing += [m for m in t.missing if m not in pp_total.missing]
-            done += n
         return tg, pp_total
 
     tg, pp = phase(depth, prompt)

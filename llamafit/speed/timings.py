@@ -1,14 +1,20 @@
 """The server's own timings of the requests it serves, read from its log as they come.
 
-llama-server prints per finished request (``tools/server/server-context.cpp`` print_timings, at INFO)::
+llama-server prints per finished request (``tools/server/server-context.cpp:670-716`` print_timings, at INFO;
+the slot's prefix is ``SLT_INF``'s, tools/server/server-common.h:28)::
 
-    slot print_timings: id  0 | task 0 | prompt eval time =     121.30 ms /    18 tokens (...)
-    slot print_timings: id  0 | task 0 |        eval time =    1391.11 ms /    32 tokens (...)
+    slot print_timing: id  0 | task 0 | prompt eval time =     121.30 ms /    18 tokens (...)
+    slot print_timing: id  0 | task 0 |        eval time =    1391.11 ms /    32 tokens (...)
 
 and, when the slot starts it, ``new prompt, n_ctx_slot = N, n_keep = K, task.n_tokens = T`` (the whole prompt,
-cached tokens included) and, with a drafter, ``draft acceptance rate = R (A accepted / D generated)``. The
-prompt's processed tokens (the rest came from the cache) and the generated tokens with their times are a
-measurement of pp and tg at the depth the prompt left: what ``run`` holds the plan's prediction to.
+cached tokens included) and, with a drafter, ``draft acceptance = R (A accepted / D generated)`` (``draft
+acceptance rate`` before). The prompt's processed tokens (the rest came from the cache) and the generated
+tokens with their times are a measurement of pp and tg at the depth the prompt left: what ``run`` holds the
+plan's prediction to.
+
+Only lines in the slot's own format count (a model's metadata, which llama.cpp prints into the same log, does
+not start with a slot prefix), and their numbers are read by ``llamafit.numbers``: a line that breaks the
+format is not a timing.
 """
 
 from __future__ import annotations
@@ -16,13 +22,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 
+from llamafit.numbers import DEC, INT, SIGNED, finite
 from llamafit.server.logparse import strip
 
-_TASK = re.compile(r"task (?P<task>\d+) \|")
-_PROMPT = re.compile(r"prompt eval time = +(?P<ms>[\d.]+) ms / +(?P<n>\d+) tokens")
-_EVAL = re.compile(r"(?<!prompt )eval time = +(?P<ms>[\d.]+) ms / +(?P<n>\d+) tokens")
-_NEW = re.compile(r"task\.n_tokens = +(?P<n>\d+)")
-_DRAFT = re.compile(r"draft acceptance rate = +(?P<rate>[\d.]+)")
+# SLT_INF/SLT_TRC's prefix: the function's name in 12 characters, the slot and its task
+_SLOT = re.compile(rf"^slot +[\w()~]{{1,12}}: id +{INT} \| task (?P<task>{SIGNED}) \| (?P<text>.*)$")
+_PROMPT = re.compile(rf"^prompt eval time = +(?P<ms>{DEC}) ms / +(?P<n>{INT}) tokens")
+_EVAL = re.compile(rf"^ *eval time = +(?P<ms>{DEC}) ms / +(?P<n>{INT}) tokens")
+_NEW = re.compile(rf"^new prompt, .*task\.n_tokens = +(?P<n>{INT})$")
+_DRAFT = re.compile(rf"^draft acceptance(?: rate)? = +(?P<rate>{DEC}) ")
 
 
 @dataclass(frozen=True)
@@ -51,6 +59,11 @@ class Served:
         return (self.prompt_total or self.prompt_tokens) + self.gen_tokens // 2
 
 
+MAX_COUNT = 1e12  # tokens or milliseconds beyond any request: a reply claiming more is not a timing
+MAX_OPEN = 1024  # requests started and not yet timed, kept at most (a server with thousands of slots is none)
+MAX_SERVED = 4096  # timed requests kept for the launch record (a server that serves for weeks keeps the newest)
+
+
 @dataclass
 class TimingReader:
     """Feed it every server line; it returns each request's ``Served`` once its timings are complete."""
@@ -60,23 +73,29 @@ class TimingReader:
     served: list[Served] = field(default_factory=list)
 
     def feed(self, raw: str) -> Served | None:
-        line = strip(raw)
-        if "eval time" not in line and "task.n_tokens" not in line and "acceptance" not in line:
+        if "time =" not in raw and "task.n_tokens" not in raw and "acceptance" not in raw:
             return None
-        m = _TASK.search(line)
-        task = m["task"] if m else "?"
-        if m := _NEW.search(line):
+        slot = _SLOT.match(strip(raw))
+        if slot is None:
+            return None
+        task, line = slot["task"], slot["text"]
+        if m := _NEW.match(line):
             self._total[task] = int(m["n"])
-        elif m := _PROMPT.search(line):
+            if len(self._total) > MAX_OPEN:  # starts whose timings never came: the oldest go
+                self._total.pop(next(iter(self._total)))
+        elif m := _PROMPT.match(line):
             self._prompt[task] = (int(m["n"]), float(m["ms"]))
-        elif m := _DRAFT.search(line):
+            if len(self._prompt) > MAX_OPEN:
+                self._prompt.pop(next(iter(self._prompt)))
+        elif m := _DRAFT.match(line):
             # printed after the request's timings: it completes the request already read
             if self.served and self.served[-1].task == task:
                 self.served[-1] = replace(self.served[-1], acceptance=float(m["rate"]))
-        elif (m := _EVAL.search(line)) and task in self._prompt:
+        elif (m := _EVAL.match(line)) and task in self._prompt:
             n, ms = self._prompt.pop(task)
             s = Served(n, ms, int(m["n"]), float(m["ms"]), self._total.pop(task, None), None, task)
             self.served.append(s)
+            del self.served[:-MAX_SERVED]
             return s
         return None
 
@@ -89,8 +108,7 @@ def served_from_response(reply: dict[str, object]) -> Served | None:
         return None
 
     def num(k: str) -> float | None:
-        v = t.get(k)
-        return float(v) if isinstance(v, int | float) and not isinstance(v, bool) and v >= 0 else None
+        return finite(t.get(k), 0.0, MAX_COUNT)
 
     pn, pm, gn, gm, cache = (num(k) for k in ("prompt_n", "prompt_ms", "predicted_n", "predicted_ms", "cache_n"))
     if pn is None or pm is None or gn is None or gm is None:
