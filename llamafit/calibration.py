@@ -29,6 +29,7 @@ from llamafit.memory import backends
 from llamafit.memory.builds import MIRRORED, pool_copies
 from llamafit.memory.footprint import Footprint, LoadSettings
 from llamafit.memory.mmproj import MmprojUse
+from llamafit.numbers import jsonable
 from llamafit.paths import data_dir
 from llamafit.units import MiB
 
@@ -182,7 +183,7 @@ def record(
         }
     if extra:
         entry.update(extra)
-    append_line(history_file(), json.dumps(entry, sort_keys=True))
+    append_line(history_file(), json.dumps(jsonable(entry), sort_keys=True, allow_nan=False))
     return entry
 
 
@@ -274,7 +275,7 @@ def record_failed_load(model: ModelInfo, devices: tuple[str, ...], device: str, 
         "model": {"id": model_id(model), "path": model.path, "name": model.name},
         "failed_load": {"devices": list(devices), "device": device, "cap": int(cap), "why": why[:300]},
     }
-    append_line(history_file(), json.dumps(entry, sort_keys=True))
+    append_line(history_file(), json.dumps(jsonable(entry), sort_keys=True, allow_nan=False))
 
 
 MIN_CAP = 64 * MiB  # a recorded capacity below this is not a device's (a hand edit, a failure at start)

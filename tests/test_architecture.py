@@ -135,7 +135,7 @@ FLOORS = [
     {"speed", "devices", "calibration", "compare"},
     {"memory", "memory.graph"},
     {"server"},
-    {"gguf", "ggml", "options", "paths", "shellwords", "units", "errors", "llamafit"},
+    {"gguf", "ggml", "options", "paths", "shellwords", "units", "errors", "numbers", "store", "llamafit"},
 ]
 
 

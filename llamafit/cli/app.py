@@ -43,6 +43,7 @@ from llamafit.cli.options import (
 )
 from llamafit.cli.output import (
     handled,
+    interrupted_code,
     json_failure,
     note,
     out_console,
@@ -51,6 +52,7 @@ from llamafit.cli.output import (
     progress_console,
     safe,
     set_json,
+    stop_on_signals,
 )
 from llamafit.errors import ExitCode
 from llamafit.options import DEFAULTS, Options
@@ -107,6 +109,17 @@ def _prepare(model: str, o: Options, json_out: bool = False, quant: str | None =
 
             e.doc = to_json(e.plan, e.argv)  # printed with the error (cli.output.json_failure)
         raise
+
+
+def _one_model_options(quant: str | None) -> None:
+    """Options that choose for one model are refused with several (never silently ignored)."""
+    if quant:
+        from llamafit.errors import UsageError
+
+        raise UsageError(
+            "--quant chooses the quant of one model; with several, give each one's quant in its name",
+            hint="e.g. owner/repo:Q4_K_M",
+        )
 
 
 def _targets(ctx: typer.Context, tokens: list[str] | None) -> tuple[list[str], Options]:
@@ -248,6 +261,7 @@ def plan(
 
             raise UsageError("--quants plans every quant of one repo or folder", hint="give one MODEL, no --hf-file")
         if len(refs) > 1 or models_preset is not None:
+            _one_model_options(quant)
             from llamafit.cli.several import plan_several
 
             raise typer.Exit(plan_several(refs, models_preset, o, json_out, models_preset_out))
@@ -337,6 +351,7 @@ def run(
                 hint="add --dry-run (or use plan), or drop --gpu to launch on this machine's devices",
             )
         if len(refs) > 1 or models_preset is not None:
+            _one_model_options(quant)
             from llamafit.cli.several import run_several
 
             if exec_:
@@ -438,10 +453,13 @@ def main() -> None:
     under ``--json`` they print their document like every other failure."""
     args = sys.argv[1:]
     set_json("--json" in args[: args.index("--")] if "--" in args else "--json" in args)
+    stop_on_signals()
     try:
         rv = app(standalone_mode=False)
     except typer.Abort:
         sys.exit(int(ExitCode.INTERRUPTED))
+    except KeyboardInterrupt as e:  # a signal outside a command's own handling (Click's parsing)
+        sys.exit(interrupted_code(e))
     except SystemExit:
         raise
     except Exception as e:

@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import re
+import signal
 import sys
 import threading
 import traceback
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from llamafit.errors import ExitCode, LlamafitError
+from llamafit.numbers import jsonable
 from llamafit.shellwords import UNSAFE
 
 if TYPE_CHECKING:
@@ -144,7 +146,7 @@ def print_line(text: str) -> None:
 def print_json(doc: dict[str, Any]) -> None:
     """One JSON document on stdout, the only way the CLI prints JSON."""
     _STATE["printed"] = True
-    _write(json.dumps(doc, indent=2) + "\n")
+    _write(json.dumps(jsonable(doc), indent=2, allow_nan=False) + "\n")  # strict JSON: no Infinity
 
 
 def error_doc(code: int, message: str, hint: str | None) -> dict[str, Any]:
@@ -152,7 +154,8 @@ def error_doc(code: int, message: str, hint: str | None) -> dict[str, Any]:
     try:
         kind = ExitCode(code).name.lower()
     except ValueError:
-        kind = "server_exit"  # run passes llama-server's own code on
+        # 129, 143: stopped by SIGHUP or SIGTERM (``Terminated``); else run passes llama-server's own code on
+        kind = "interrupted" if code in (128 + signal.SIGHUP, 128 + signal.SIGTERM) else "server_exit"
     return {"exit_code": code, "kind": kind, "message": message, "hint": hint}
 
 
@@ -203,6 +206,32 @@ def error(message: str, hint: str | None = None) -> None:
         con.print(f"[dim]hint:[/] {safe(hint)}", soft_wrap=True)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, stopping a command the way Ctrl-C does: what it started is stopped on the way out
+    (``llamafit.server.children``), and it exits as a tool killed by that signal would (128 + N)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def stop_on_signals() -> None:
+    """SIGTERM and SIGHUP raise ``Terminated`` in the main thread (``timeout N llamafit plan``, a closed
+    terminal); ``run`` forwards them to the server while it serves (``Supervisor.run``)."""
+
+    def raise_(signum: int, _frame: object) -> None:
+        raise Terminated(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        with contextlib.suppress(ValueError, OSError):  # not the main thread, or no such signal here
+            signal.signal(sig, raise_)
+
+
+def interrupted_code(e: KeyboardInterrupt) -> int:
+    """130 for Ctrl-C, 128 + N for signal N."""
+    return 128 + e.signum if isinstance(e, Terminated) else int(ExitCode.INTERRUPTED)
+
+
 @contextmanager
 def handled() -> Iterator[None]:
     """Translate core errors into one message and an exit code; never a raw traceback (LLAMAFIT_DEBUG=1
@@ -222,9 +251,10 @@ def handled() -> Iterator[None]:
             traceback.print_exc()
         json_failure(int(e.exit_code), e.message, e.hint, e.doc)
         raise typer.Exit(int(e.exit_code)) from None
-    except KeyboardInterrupt:
-        json_failure(int(ExitCode.INTERRUPTED), "interrupted")
-        raise typer.Exit(int(ExitCode.INTERRUPTED)) from None
+    except KeyboardInterrupt as e:
+        code = interrupted_code(e)
+        json_failure(code, "interrupted" if code == ExitCode.INTERRUPTED else f"terminated ({e})")
+        raise typer.Exit(code) from None
     except Exception as e:
         if os.environ.get("LLAMAFIT_DEBUG"):
             traceback.print_exc()

@@ -17,13 +17,13 @@ selection variables; free memory is read live whenever a device is not an NVIDIA
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from llamafit import store
 from llamafit.memory import backends
 from llamafit.server.bounded import run_bounded
 from llamafit.units import MiB
@@ -153,26 +153,28 @@ def cached_device_set(server: str, env: dict[str, str], cache_dir: Path) -> list
     """The device set last listed for this binary and selection, or None (a cache we wrote earlier is
     input like any other: anything malformed is a miss)."""
     try:
-        doc = json.loads((cache_dir / "devices.json").read_text())
+        doc = store.read_json(cache_dir / "devices.json")
         rows = doc[_key(server, env)]
-        return [ListedDevice(**{k: r[k] for k in ListedDevice.__dataclass_fields__}) for r in rows]
+        out = [ListedDevice(**{k: r[k] for k in ListedDevice.__dataclass_fields__}) for r in rows]
     except (OSError, ValueError, KeyError, TypeError):
         return None
+    return out if all(_valid(d) for d in out) else None
+
+
+def _valid(d: ListedDevice) -> bool:
+    """A cached row as --list-devices could have produced it: short strings, sizes of a real device."""
+    texts = (d.name, d.description, d.backend)
+    if not all(isinstance(t, str) and len(t) <= 256 and t.isprintable() for t in texts):
+        return False
+    sizes = (d.total, d.free)
+    return all(type(v) is int and 0 <= v < 1 << 50 for v in sizes) and isinstance(d.integrated, bool)
 
 
 def remember_device_set(server: str, env: dict[str, str], cache_dir: Path, devices: list[ListedDevice]) -> None:
-    path = cache_dir / "devices.json"
     try:
-        doc = json.loads(path.read_text()) if path.is_file() else {}
-        if not isinstance(doc, dict):
-            doc = {}
-    except (OSError, ValueError):
-        doc = {}
-    doc[_key(server, env)] = [asdict(d) for d in devices]
-    try:
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(doc))
-        os.replace(tmp, path)
+        key = _key(server, env)
     except OSError:
-        pass  # a cache that cannot be written costs one --list-devices per plan, nothing more
+        return
+    rows = [asdict(d) for d in devices]
+    # a cache that cannot be written costs one --list-devices per plan, nothing more
+    store.update_json(cache_dir / "devices.json", lambda doc: {**(doc if isinstance(doc, dict) else {}), key: rows})

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
+from llamafit import store
 from llamafit.errors import AccessError, BadModelFileError, LlamafitError, ModelNotFoundError, NetworkError
 from llamafit.gguf.reader import GGUFHeader, read_header
 from llamafit.hub.cache import COMMIT_ID, repo_folder
@@ -252,22 +253,14 @@ class HubClient:
     def _cached_prefix(self, key: str) -> bytes | None:
         if self.cache_dir is None:
             return None
-        try:
-            return (self.cache_dir / "hub-headers" / key).read_bytes()
-        except OSError:
-            return None
+        # a cache entry is input: not a FIFO's wait, not more than a header can be
+        return store.read_bytes(self.cache_dir / "hub-headers" / key, MAX_REMOTE_HEADER)
 
     def _store_prefix(self, key: str, data: bytes) -> None:
         if self.cache_dir is None:
             return
-        d = self.cache_dir / "hub-headers"
-        try:
-            d.mkdir(parents=True, exist_ok=True)
-            tmp = d / f".{key}.{os.getpid()}"
-            tmp.write_bytes(data)
-            os.replace(tmp, d / key)  # never a half-written entry
-        except OSError:
-            pass
+        with contextlib.suppress(OSError):
+            store.write_bytes(self.cache_dir / "hub-headers" / key, data)  # never a half-written entry
 
     def _fetch(self, repo: str, commit: str, path: str) -> Callable[[int, int], bytes]:
         from huggingface_hub import get_session, hf_hub_url, hf_raise_for_status

