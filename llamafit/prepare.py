@@ -37,7 +37,7 @@ from llamafit.server.capabilities import ASSUMED, Capabilities, probe
 from llamafit.server.compat import normalize_bare_flash_attn, supported, translate_user_args
 from llamafit.server.environment import ChildEnv, child_env, config_findings
 from llamafit.speculative import spec_options
-from llamafit.speed.machine import RateSource
+from llamafit.speed.machine import MEASURE_BUDGET, RateSource
 from llamafit.speed.rates import parse_rate
 from llamafit.tuned import cached_winner
 
@@ -104,13 +104,14 @@ def prepare(
     speed: bool = True,
     progress: Callable[[str], None] | None = None,
     tuned: bool = True,
-    measure: bool = True,
+    measure: float = MEASURE_BUDGET,
     rates: RateSource | None = None,
 ) -> Prepared:
     """Plan one model. ``machine``, ``server`` and ``hub`` may be shared between calls (planning every
     quant of a repo lists it, probes the binary and discovers the devices once). ``speed``: predict its
     tokens/s (measuring the devices first where nothing is cached: ``progress`` hears what is measured;
-    ``rates`` reuses another plan's; ``measure=False`` uses cached measurements only). ``tuned``: start
+    ``rates`` reuses another plan's; ``measure``: the seconds it may spend measuring, 0 for cached measurements
+    only). ``tuned``: start
     from the configuration ``llamafit tune`` measured fastest for this model, devices, build and flags,
     when there is one."""
     srv, caps = server if server is not None else server_and_caps(o.server)
@@ -227,23 +228,32 @@ def prepare(
     winner = cached_winner(info, plan.devices, srv, user) if tuned and speed else None
     if winner is None:
         return prep
+    tuned_flags = " ".join(winner.flags)
     if not winner.flags:  # tune measured the plan as it is fastest: its speed is known, not estimated
         tuned_prep = prep
     else:
         o_ = replace(o, server_args=(*winner.flags, *o.server_args))
-        tuned_prep = prepare(
-            model_path,
-            o_,
-            machine=mach,
-            server=(srv, caps),
-            model=info,
-            hub=hub,
-            tuned=False,
-            rates=rates,
-            progress=progress,
-        )
+        try:
+            tuned_prep = prepare(
+                model_path,
+                o_,
+                machine=mach,
+                server=(srv, caps),
+                model=info,
+                hub=hub,
+                tuned=False,
+                rates=rates,
+                progress=progress,
+            )
+        except LlamafitError as e:
+            return replace(
+                prep, notes=(*prep.notes, f"llamafit tune's fastest ({tuned_flags}) is not used: {e.message}")
+            )
     if not tuned_prep.plan.fits:
         return prep
+    if tuned_prep.plan.n_ctx < prep.plan.n_ctx:  # the context is chosen first; speed does not cut it
+        cut = f"it would cut the context from {prep.plan.n_ctx} to {tuned_prep.plan.n_ctx} here now"
+        return replace(prep, notes=(*prep.notes, f"llamafit tune's fastest ({tuned_flags}) is not used: {cut}"))
     sp = tuned_prep.plan.speed
     sp = replace(sp, pp=winner.pp, tg=winner.tg, source="measured") if sp is not None else None
     d = Decision(
@@ -336,7 +346,7 @@ def rates_for(
     srv: ServerBinary | None,
     o: Options,
     progress: Callable[[str], None] | None = None,
-    measure: bool = True,
+    measure: float = MEASURE_BUDGET,
 ) -> RateSource:
     """The devices' speed for this model, as the server will run it: its thread count, repacking, flash
     attention and cache types (``llamafit.speed.machine``)."""

@@ -397,7 +397,7 @@ def quant_planner(p: Planner) -> QuantPlanner:
     each would take seconds a quant)."""
 
     def plan(model: str, opts: Options) -> Prepared:
-        return p.plan(model, opts, measure=False)
+        return p.plan(model, opts, measure=0)
 
     return plan
 

@@ -6,9 +6,10 @@ go to the CPU), threads (``-t``, where the host computes) and flash attention, t
 the best thread count. KV cache types and the drafter change results and are left as planned. Every
 candidate is planned like any plan (it must fit the machine with the margins) and predicted by the speed
 model, which orders them, so the likely fastest are measured first: each by the real llama-bench of the
-serving build, on exactly its placement (``speed.bench.bench_flags``), within a time bound (Ctrl-C keeps
-the best so far). The winner is cached per model file, devices, build and
-the user's flags; ``plan`` and ``run`` then start from it (``speed.source`` is ``measured``).
+serving build, on exactly its placement (``speed.bench.bench_flags``), every run within the time bound
+(``budget``; Ctrl-C keeps the best so far, and with nothing measured is an interrupt). The winner is
+cached per model file, devices, build and the user's flags; ``plan`` and ``run`` then start from it
+(``speed.source`` is ``measured``) when it still fits the context they choose.
 
 The score is the time of one request of ``PROMPT`` tokens generating ``GEN`` (a chat turn); ``goal``
 ``tg`` or ``pp`` ranks by one side alone.
@@ -23,13 +24,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from llamafit.errors import LlamafitError, ServerNotFoundError
+from llamafit.errors import LlamafitError, ServerLoadError, ServerNotFoundError
 from llamafit.launch import before_launch
 from llamafit.options import Options
 from llamafit.planner import Planner
 from llamafit.prepare import Prepared
 from llamafit.speed.bench import BenchError, bench_binary, bench_flags, run_bench
-from llamafit.tuned import remember
+from llamafit.speed.machine import MEASURE_BUDGET
+from llamafit.tuned import remember, tune_file
 
 SCHEMA = "llamafit.tune/1"
 PROMPT, GEN = 512, 64
@@ -121,8 +123,9 @@ def tune(
 ) -> TuneResult:
     """Plan, list the candidates that fit, and measure them fastest-predicted first within ``budget`` s."""
     say = progress or (lambda _m: None)
+    started = time.monotonic()  # the budget bounds every wait of the command, the probe's included
     planner = Planner.for_options(o)  # the machine, the server and the model, once for every candidate
-    base = planner.plan(model, tuned=False, progress=progress)
+    base = planner.plan(model, tuned=False, progress=progress, measure=min(MEASURE_BUDGET, budget / 2))
     if base.server is None:
         raise ServerNotFoundError("tune measures with llama-bench, and no llama-server was found")
     bench = bench_binary(base.server.path)
@@ -149,32 +152,45 @@ def tune(
     cands = [c for f, why in _variations(base, os.cpu_count() or 1) if (c := planned(f, why)) is not None]
     refused = [c for c in cands if c.prepared is None]
     order = sorted((c for c in cands if c.prepared is not None), key=lambda c: c.score(goal, measured=False))
-    deadline = time.monotonic() + budget
+    deadline = started + budget
     measured: list[Candidate] = []
     stopped = None
     try:
         for i, c in enumerate(order):
-            if measured and time.monotonic() > deadline:
+            if time.monotonic() >= deadline:
                 stopped = "time"
                 break
             say(f"measuring {i + 1}/{len(order)}: {c.why}")
-            measured.append(_measure(bench, env, c))
-        combo = _combined(measured, goal) if stopped is None and time.monotonic() <= deadline else None
+            measured.append(_measure(bench, env, c, deadline))
+        combo = _combined(measured, goal) if stopped is None and time.monotonic() < deadline else None
         if combo is not None and (c := planned(*combo)) is not None and c.prepared is not None:
             say(f"measuring {c.why}")
-            measured.append(_measure(bench, env, c))
+            measured.append(_measure(bench, env, c, deadline))
     except KeyboardInterrupt:
+        if not any(c.pp or c.tg for c in measured):
+            raise  # nothing to keep: an interrupted command
         stopped = "interrupted"
     left = [c for c in order if all(c is not m and c.flags != m.flags for m in measured)]
     best = min((c for c in measured if c.pp or c.tg), key=lambda c: c.score(goal), default=None)
     if best is not None and best.score(goal) == math.inf:
         best = None
-    if best is not None and best.prepared is not None:
-        remember(base.plan.model, base.plan.devices, base.server, base.user, best.flags, best.pp, best.tg, goal)
-    return TuneResult(base, (*measured, *left, *refused), best, stopped, goal)
+    result = TuneResult(base, (*measured, *left, *refused), best, stopped, goal)
+    if best is None:
+        why = next((c.error for c in measured if c.error), None) or "the --budget ran out before the first result"
+        e = ServerLoadError(f"llama-bench measured nothing: {why}", hint=NOTHING_MEASURED_HINT)
+        e.doc = result.as_dict()
+        raise e
+    if best.prepared is not None and not remember(
+        base.plan.model, base.plan.devices, base.server, base.user, best.flags, best.pp, best.tg, goal
+    ):
+        say(f"the winner was not kept: {tune_file()} could not be written")
+    return result
 
 
-def _measure(bench: str, env: dict[str, str], c: Candidate) -> Candidate:
+NOTHING_MEASURED_HINT = "raise --budget, or run llama-bench on the model by hand to see why it fails"
+
+
+def _measure(bench: str, env: dict[str, str], c: Candidate, deadline: float) -> Candidate:
     assert c.prepared is not None
     args = [
         "-m",
@@ -188,7 +204,7 @@ def _measure(bench: str, env: dict[str, str], c: Candidate) -> Candidate:
         *bench_flags(c.prepared.argv[1:]),
     ]
     try:
-        res = run_bench(bench, args, env, BENCH_TIMEOUT)
+        res = run_bench(bench, args, env, max(0.1, min(BENCH_TIMEOUT, deadline - time.monotonic())))
     except BenchError as e:
         return replace(c, error=str(e))
     got = {("pp" if r.n_prompt else "tg"): r.tokens_per_s for r in res}

@@ -1,31 +1,32 @@
 """The configurations ``llamafit tune`` measured fastest, kept per model file, devices, serving build and the
 user's own flags (``$LLAMAFIT_DATA/tune.json``), so ``plan`` and ``run`` start from the winner.
 
-The file is input like any other: a winner whose flags are not short printable tokens, or whose speeds are
-not positive numbers, is not used.
+The file is input like any other: a winner whose flags are not the ones tune varies, with values it tries, or
+whose speeds llama-bench could not have reported, is not used; it is changed under a lock, so concurrent tunes
+keep every winner.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from llamafit import store
 from llamafit.calibration import model_id
 from llamafit.gguf.model import ModelInfo
+from llamafit.numbers import to_int
 from llamafit.paths import data_dir
 from llamafit.plan import DevicePlan
 from llamafit.server.args import ServerArgs
 from llamafit.server.binary import ServerBinary
-from llamafit.speed.bench import bench_binary, bench_identity
+from llamafit.speed.bench import bench_binary, bench_identity, plausible
 
 SCHEMA = "llamafit.tune-cache/1"
-MAX_FLAGS = 16
 
 
 @dataclass(frozen=True)
@@ -51,11 +52,7 @@ def tune_key(
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:32]
 
 
-def _read() -> dict[str, Any]:
-    try:
-        doc = json.loads(tune_file().read_text())
-    except (OSError, ValueError):
-        return {}
+def _winners(doc: Any) -> dict[str, Any]:
     winners = doc.get("winners") if isinstance(doc, dict) and doc.get("schema") == SCHEMA else None
     return {k: v for k, v in winners.items() if isinstance(v, dict)} if isinstance(winners, dict) else {}
 
@@ -69,12 +66,13 @@ def remember(
     pp: float | None,
     tg: float | None,
     goal: str,
-) -> None:
+) -> bool:
+    """Keep a winner (under the file's lock: a concurrent tune's winner is kept too); False when it could
+    not be written."""
     key = tune_key(model, devices, server, user)
     if key is None:
-        return
-    doc = _read()
-    doc[key] = {
+        return False
+    entry = {
         "flags": list(flags),
         "pp": pp,
         "tg": tg,
@@ -82,29 +80,39 @@ def remember(
         "model": model.name,
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    path = tune_file()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps({"schema": SCHEMA, "winners": doc}, indent=1))
-    os.replace(tmp, path)
+    return store.update_json(tune_file(), lambda doc: {"schema": SCHEMA, "winners": {**_winners(doc), key: entry}})
 
 
 def cached_winner(
     model: ModelInfo, devices: Sequence[DevicePlan], server: ServerBinary | None, user: ServerArgs
 ) -> Winner | None:
-    """The tuned winner for this model, devices, build and flags, if a valid one is kept."""
-    entry = _read().get(tune_key(model, devices, server, user) or "")
+    """The tuned winner for this model, devices, build and flags, if a valid one is kept: flags that tune
+    itself varies (``tune_flags``) and measured speeds llama-bench can report (``speed.bench.plausible``)."""
+    entry = _winners(store.read_json(tune_file())).get(tune_key(model, devices, server, user) or "")
     if not isinstance(entry, dict):
         return None
     flags = entry.get("flags")
-    if not isinstance(flags, list) or len(flags) > MAX_FLAGS:
+    if not isinstance(flags, list) or not tune_flags(flags):
         return None
-    if not all(isinstance(f, str) and 0 < len(f) <= 64 and f.isprintable() and not f.isspace() for f in flags):
+    pp, tg = plausible(entry.get("pp")), plausible(entry.get("tg"))
+    if pp is None and tg is None:
         return None
+    when = entry.get("time")
+    return Winner(tuple(flags), pp, tg, when[:40] if isinstance(when, str) and when.isprintable() else "")
 
-    def num(x: object) -> float | None:
-        if isinstance(x, bool) or not isinstance(x, int | float):
-            return None
-        return float(x) if 0 < x < 1e7 else None
 
-    return Winner(tuple(flags), num(entry.get("pp")), num(entry.get("tg")), str(entry.get("time", ""))[:40])
+# what tune varies (llamafit.tune._variations), with the values it tries: nothing else is read back as a winner
+_TUNED = {
+    "-ub": lambda v: (n := to_int(v)) is not None and 1 <= n <= 1 << 16,
+    "-t": lambda v: (n := to_int(v)) is not None and 1 <= n <= 4096,
+    "-fa": lambda v: v in ("on", "off"),
+}
+
+
+def tune_flags(flags: Sequence[object]) -> bool:
+    """``flags`` are pairs of a flag tune varies and a value it tries (``-ub 1024 -t 8``), each flag once."""
+    if len(flags) % 2 or len(flags) > 2 * len(_TUNED) or not all(isinstance(f, str) for f in flags):
+        return False
+    pairs = [(str(flags[i]), str(flags[i + 1])) for i in range(0, len(flags), 2)]
+    names = [f for f, _ in pairs]
+    return len(set(names)) == len(names) and all(f in _TUNED and _TUNED[f](v) for f, v in pairs)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any
 
 import typer
@@ -27,7 +28,8 @@ from llamafit.cli.options import (
     SpecOpt,
     split_targets,
 )
-from llamafit.cli.output import handled, note, out_console, print_json, safe
+from llamafit.cli.output import handled, note, out_console, print_json, print_line, safe
+from llamafit.errors import ExitCode
 from llamafit.options import DEFAULTS, Options
 
 TUNE_EXAMPLES = """Examples:
@@ -80,6 +82,8 @@ def tune_command(
             raise UsageError("tune takes one MODEL", hint="llamafit tune MODEL [-- SERVER_ARGS...]")
         if goal not in ("request", "tg", "pp"):
             raise UsageError(f"--goal {goal!r}: request, tg or pp")
+        if not math.isfinite(budget):
+            raise UsageError(f"--budget {budget}: a number of seconds", hint="e.g. --budget 300")
         o = Options.from_params(ctx.params, server_args=tuple(server_args))
         result = tune(refs[0], o, budget=budget, goal=goal, progress=lambda m: note(m))
         for n in result.base.notes:
@@ -90,12 +94,11 @@ def tune_command(
             out_console().print(_table(result.as_dict()))
         if result.stopped:
             note(f"stopped measuring ({'the --budget ran out' if result.stopped == 'time' else 'interrupted'})")
-        if result.best is None:
-            note("nothing could be measured")
-            raise typer.Exit(1)
-        if result.best.prepared is not None and not json_out:
+        if result.best is not None and result.best.prepared is not None and not json_out:
             note(f"fastest: {result.best.why}; plan and run start from it")
-            typer.echo(shellwords.join(result.best.prepared.argv))
+            print_line(shellwords.join(result.best.prepared.argv))
+        if result.stopped == "interrupted":
+            raise typer.Exit(int(ExitCode.INTERRUPTED))
 
 
 def _table(doc: dict[str, Any]) -> Any:

@@ -14,12 +14,25 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from llamafit.numbers import finite
 from llamafit.server.bounded import run_tool
 
 
 class BenchError(Exception):
     """llama-bench could not be run or did not report (a missing binary, a refusal, a timeout)."""
+
+
+# what one token can take on any device llama.cpp runs on: a generated token is at least a graph's kernel
+# launches (microseconds), a prompt's token at least a share of a batched matmul; at most hours
+MIN_GEN_S, MIN_PROMPT_S, MAX_TOKEN_S = 1e-6, 1e-8, 1e4
+
+
+def plausible(tokens_per_s: object) -> float | None:
+    """A speed in tokens/s that llama-bench could have measured (a number, finite, within what one token
+    can take), else None."""
+    return finite(tokens_per_s, 1 / MAX_TOKEN_S, 1 / MIN_PROMPT_S)
 
 
 @dataclass(frozen=True)
@@ -59,24 +72,31 @@ def parse_jsonl(text: str) -> list[BenchResult]:
             continue
         try:
             j = json.loads(line)
-            # the median repetition: one disturbed by another process (or a first RPC round trip) does not count
-            samples = sorted(float(x) for x in j.get("samples_ns") or [j["avg_ns"]])
-            ns = samples[len(samples) // 2] if len(samples) % 2 else sum(samples[len(samples) // 2 - 1 :][:2]) / 2
-            n = int(j["n_prompt"]) or int(j["n_gen"])
-            r = BenchResult(
-                model=str(j["model_filename"]),
-                n_prompt=int(j["n_prompt"]),
-                n_gen=int(j["n_gen"]),
-                n_depth=int(j.get("n_depth", 0)),
-                n_ubatch=int(j.get("n_ubatch", 0)),
-                seconds=ns / 1e9,
-                tokens_per_s=n / (ns / 1e9) if ns > 0 else 0.0,
-            )
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, RecursionError):
             continue
-        if r.seconds > 0 and r.tokens_per_s > 0 and (r.n_prompt > 0 or r.n_gen > 0):
+        if isinstance(j, dict) and (r := _result(j)) is not None:
             out.append(r)
     return out
+
+
+def _result(j: dict[str, Any]) -> BenchResult | None:
+    """One test's result, or None unless every number is one llama-bench could have printed: counts within
+    a context, the median repetition's time within what its tokens can take."""
+    counts = [finite(j.get(k, 0), 0, 1 << 24) for k in ("n_prompt", "n_gen", "n_depth", "n_ubatch")]
+    raw = j.get("samples_ns") or [j.get("avg_ns")]
+    samples = sorted(v for x in raw if (v := finite(x, 0)) is not None) if isinstance(raw, list) else []
+    model = j.get("model_filename")
+    if None in counts or not samples or len(samples) != len(raw) or not isinstance(model, str):
+        return None
+    n_prompt, n_gen, n_depth, n_ubatch = (int(c or 0) for c in counts)
+    if (n_prompt > 0 and n_gen > 0) or not n_prompt + n_gen:
+        return None  # a combined pg test, or none: not what llamafit asks for
+    # the median repetition: one disturbed by another process (or a first RPC round trip) does not count
+    ns = samples[len(samples) // 2] if len(samples) % 2 else sum(samples[len(samples) // 2 - 1 :][:2]) / 2
+    per = ns / 1e9 / (n_prompt or n_gen)
+    if not (MIN_PROMPT_S if n_prompt else MIN_GEN_S) <= per <= MAX_TOKEN_S:
+        return None
+    return BenchResult(model, n_prompt, n_gen, n_depth, n_ubatch, ns / 1e9, 1 / per)
 
 
 def run_bench(bench: str, args: Sequence[str], env: dict[str, str], timeout: float) -> list[BenchResult]:

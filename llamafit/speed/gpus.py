@@ -37,6 +37,7 @@ _ROWS: tuple[tuple[str, float, float, str], ...] = (
     # name, GiB, GB/s, vendor
     ("RTX 2080 Ti", 11, 616, "nvidia-geforce"),
     ("RTX 3060", 12, 360, "nvidia-geforce"),
+    ("RTX 3060 8GB", 8, 240, "nvidia-geforce"),
     ("RTX 3060 Ti", 8, 448, "nvidia-geforce"),
     ("RTX 3070", 8, 448, "nvidia-geforce"),
     ("RTX 3080", 10, 760, "nvidia-geforce"),
@@ -100,32 +101,21 @@ KNOWN = tuple(KnownGpu(n, int(gib * GiB), bw * _G, v) for n, gib, bw, v in _ROWS
 _NOISE = frozenset({"nvidia", "tesla", "geforce", "amd", "radeon", "intel", "apple", "graphics", "tm"})
 # words that make another product of the same number ("RTX 3080 Ti" is not an "RTX 3080")
 _QUALIFIERS = frozenset(
-    {
-        "ti",
-        "super",
-        "xt",
-        "xtx",
-        "gre",
-        "max",
-        "pro",
-        "ultra",
-        "nvl",
-        "sxm",
-        "pcie",
-        "laptop",
-        "mobile",
-        "12gb",
-        "16gb",
-        "20gb",
-        "40gb",
-        "80gb",
-    }
+    {"ti", "super", "xt", "xtx", "gre", "max", "pro", "ultra", "nvl", "sxm", "pcie", "laptop", "mobile", "d"}
 )
+_SIZE = re.compile(r"(?<![0-9.])([0-9]{1,4})\s*gi?b\b", re.IGNORECASE | re.ASCII)
 
 
 def _words(name: str) -> tuple[str, ...]:
-    # a device description's driver part ("(RADV NAVI31)") is not the product's name
-    return tuple(w for w in re.split(r"[^a-z0-9]+", name.lower().split("(")[0]) if w and w not in _NOISE)
+    """The product's words, without the vendor's and without memory sizes: a device description's driver
+    part ("(RADV NAVI31)") is not the product's name."""
+    text = _SIZE.sub(" ", name.lower().split("(")[0])
+    return tuple(w for w in re.split(r"[^a-z0-9]+", text) if w and w not in _NOISE)
+
+
+def _sizes(name: str) -> set[int]:
+    """The memory sizes a name states, in GB ("RTX 3060 8GB", "GeForce RTX 3060 (8GB)", "A100-SXM4-80GB")."""
+    return {int(m) for m in _SIZE.findall(name)}
 
 
 def key(name: str) -> str:
@@ -133,20 +123,28 @@ def key(name: str) -> str:
     return "".join(_words(name))
 
 
-_BY_WORDS = {_words(g.name): g for g in KNOWN}
-_BY_KEY = {key(g.name): g for g in KNOWN}
-
-
 def lookup(name: str) -> KnownGpu | None:
-    """A card by the name a user types (``rtx4090``, ``rtx-4090``) or a device describes itself with
-    (``NVIDIA GeForce RTX 4090``, ``AMD Radeon RX 7900 XTX (RADV NAVI31)``); None when not in the table."""
-    if (g := _BY_KEY.get(key(name))) is not None:
-        return g
-    words = _words(name)
-    hits = [
-        g for w, g in _BY_WORDS.items() if words[: len(w)] == w and (words[len(w) :][:1] or ("",))[0] not in _QUALIFIERS
-    ]
-    return max(hits, key=lambda g: len(_words(g.name)), default=None)
+    """A card by the name a user types (``rtx4090``, ``rtx-4090``, ``rtx-3060-8gb``) or a device describes
+    itself with (``NVIDIA GeForce RTX 4090``, ``AMD Radeon RX 7900 XTX (RADV NAVI31)``); None when not in
+    the table. A memory size in the name chooses among a product's sizes and is never overridden: a card
+    whose size the table does not have is not known (an 8 GB card planned as the 12 GB one would run out)."""
+    words, sizes = _words(name), _sizes(name)
+    if not words:
+        return None
+    same = [g for g in KNOWN if _words(g.name) == words or key(g.name) == "".join(words)]
+    if not same:
+        # a longer name of a known product ("RTX 4090 Founders Edition"), never another product of it
+        same = [g for g in KNOWN if words[: len(_words(g.name))] == _words(g.name)]
+        same = [g for g in same if words[len(_words(g.name))] not in _QUALIFIERS]
+        longest = max((len(_words(g.name)) for g in same), default=0)
+        same = [g for g in same if len(_words(g.name)) == longest]
+    if sizes:
+        fixed = [g for g in same if g.memory]
+        if fixed:
+            same = [g for g in fixed if round(g.memory / GiB) in sizes]
+        return same[0] if len(same) == 1 else None
+    plain = [g for g in same if not _sizes(g.name)]  # without a size: the product's first size
+    return plain[0] if len(plain) == 1 else (same[0] if len(same) == 1 else None)
 
 
 def names() -> list[str]:

@@ -7,6 +7,7 @@ per machine), else what the device list knows (NVML's peak bandwidth, a named ca
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -21,12 +22,13 @@ from llamafit.memory.placement import CPU
 from llamafit.paths import cache_dir
 from llamafit.speed import probe as pr
 from llamafit.speed import probe_models as pm
-from llamafit.speed.bench import BenchError, bench_binary
+from llamafit.speed.bench import bench_binary
 from llamafit.speed.calibrate import SpeedCorrection, correction, speed_key
 from llamafit.speed.rates import Rates
 
 PROBE_ENV = "LLAMAFIT_PROBE"
 MAX_TYPES = 3  # weight types probed per device: those that hold 90 % of the bytes, at most this many
+MEASURE_BUDGET = 60.0  # seconds one plan may spend measuring; what is left is measured by a later one
 
 
 def probe_allowed(environ: Mapping[str, str] | None = None) -> bool:
@@ -71,8 +73,8 @@ class RateSource:
 
     ``here``: the devices are this machine's (not described with --gpu), so they may be measured; ``flags``:
     llama-bench flags that change speed the way the server's will (``--repack 0``, ``-fa``, cache types);
-    ``prompt``: the ubatch the model's matmuls are timed at; ``measure``: run the probe where nothing is
-    cached (else only cached measurements are used)."""
+    ``prompt``: the ubatch the model's matmuls are timed at; ``measure``: the seconds the probe may run where
+    nothing is cached (0: only cached measurements are used)."""
 
     def __init__(
         self,
@@ -89,7 +91,7 @@ class RateSource:
         progress: pr.Progress | None = None,
         directory: Path | None = None,
         calibrate: bool = True,
-        measure: bool = True,
+        measure: float = MEASURE_BUDGET,
     ) -> None:
         self.machine, self.model, self.env, self.threads, self.flags = machine, model, env, threads, tuple(flags)
         self.prompt, self.here, self.progress, self.measure = prompt, here, progress, measure
@@ -153,50 +155,72 @@ class RateSource:
         shape = f"{twin.key if twin else '-'}:{attn.key if attn else '-'}:p={self.prompt}"
         cache = pr.read_cache(d)
         fresh: dict[str, pr.Timings] = {}
+        failed: dict[str, str] = {}
         measured: dict[str, pr.Timings] = {}
-        allowed = self.measure and probe_allowed(self.env)
+        allowed = self.measure > 0 and probe_allowed(self.env)
+        busy = False  # another llamafit holds the measuring lock
         started = time.monotonic()
         targets = self._targets(devices)
         if CPU not in devices and CPU not in self._rates and targets:
             targets.insert(0, pr.host_target())  # an offload device's split is what is left after the host's part
-        for t in targets:
-            gen_key = pr.cache_key(bench, t, self.threads, self.flags, "device")
-            mod_key = pr.cache_key(bench, t, self.threads, self.flags, shape)
-            have = _combined(pr.timings_from(cache.get(gen_key, {})), pr.timings_from(cache.get(mod_key, {})))
-            light = t.device == CPU and CPU not in devices  # only its overheads are needed
-            if have is not None and (light or _complete(have, types, twin, attn, t.gpu)):
-                measured[t.device] = have
-                continue
-            if not allowed:
-                continue
-            try:
-                got = pr.measure(
-                    bench,
-                    self.env,
-                    t,
-                    types=[] if light else types,
-                    twin=None if light else twin,
-                    attn=None if light else attn,
-                    prompt=self.prompt,
-                    threads=self.threads,
-                    directory=d,
-                    have=have,
-                    progress=self.progress,
-                    extra=self.flags,
-                )
-            except BenchError as e:
-                self.notes.append(f"the speed of {t.device} could not be measured: {e}")
-                continue
-            fresh[gen_key] = pr.Timings(got.tiny1, got.tiny9, got.stream)
-            if not light:
-                fresh[mod_key] = got
-            measured[t.device] = got
+        with contextlib.ExitStack() as held:
+            lock: list[bool] = []  # the measuring lock, taken when the first device needs measuring
+            for t in targets:
+                gen_key = pr.cache_key(bench, t, self.threads, self.flags, "device")
+                mod_key = pr.cache_key(bench, t, self.threads, self.flags, shape)
+                have = _combined(pr.timings_from(cache.get(gen_key, {})), pr.timings_from(cache.get(mod_key, {})))
+                light = t.device == CPU and CPU not in devices  # only its overheads are needed
+                if have is not None and (light or _complete(have, types, twin, attn, t.gpu)):
+                    measured[t.device] = have
+                    continue
+                if not allowed:
+                    continue
+                if (why := pr.failed_before(cache, mod_key)) is not None:
+                    self.notes.append(f"the speed of {t.device} is not measured again today: {why}")
+                    if have is not None:
+                        measured[t.device] = have
+                    continue
+                if not lock:
+                    lock.append(held.enter_context(pr.measuring(d)))
+                if not lock[0]:
+                    self.notes.append("another llamafit is measuring this machine now: this plan uses what is cached")
+                    allowed, busy = False, True
+                    if have is not None:
+                        measured[t.device] = have
+                    continue
+                try:
+                    got = pr.measure(
+                        bench,
+                        self.env,
+                        t,
+                        types=[] if light else types,
+                        twin=None if light else twin,
+                        attn=None if light else attn,
+                        prompt=self.prompt,
+                        threads=self.threads,
+                        directory=d,
+                        have=have,
+                        progress=self.progress,
+                        extra=self.flags,
+                        deadline=started + self.measure,
+                    )
+                except pr.ProbeError as e:
+                    self.notes.append(f"the speed of {t.device} could not be measured: {e}")
+                    failed[mod_key] = str(e)
+                    if (got_some := e.partial) is None:
+                        continue
+                    got = got_some
+                fresh[gen_key] = pr.Timings(got.tiny1, got.tiny9, got.stream)
+                if not light:
+                    fresh[mod_key] = got
+                measured[t.device] = got
+            if fresh or failed:
+                pr.write_cache(d, fresh, failed)
         if fresh:
-            pr.write_cache(d, fresh)
             self.notes.append(
                 f"measured this machine's speed for this model ({time.monotonic() - started:.0f} s; cached)"
             )
-        elif not allowed and targets and not measured:
+        elif not allowed and targets and not measured and not busy:
             self.notes.append(f"speed not measured ({PROBE_ENV}=off and nothing cached)")
         if not measured:
             return

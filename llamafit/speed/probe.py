@@ -26,23 +26,26 @@ and model shape; a cached entry is input like any other and is validated when re
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import platform
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from llamafit import store
 from llamafit.gguf.model import load_model
 from llamafit.memory.graph.replay import nodes_per_layer
+from llamafit.numbers import finite
 from llamafit.speed import probe_models as pm
-from llamafit.speed.bench import BenchError, BenchResult, bench_identity, run_bench
+from llamafit.speed.bench import MAX_TOKEN_S, MIN_PROMPT_S, BenchError, BenchResult, bench_identity, run_bench
 from llamafit.speed.rates import Rates
 
 CACHE_VERSION = 4
 CALL_TIMEOUT = 180.0  # one llama-bench run
+FAILED_FOR = 86400.0  # seconds a probe that failed (or ran past its time) is not run again by a plan
 RUN_BUDGET = 10.0  # seconds a timed test should take at most, for choosing prompt lengths and depths
 FIXED_NODES = 4  # compute nodes outside the layers, as llamafit.speed.work counts them (input rows, output)
 Progress = Callable[[str], None]
@@ -188,14 +191,65 @@ def measure(
     have: Timings | None = None,
     progress: Progress | None = None,
     extra: Sequence[str] = (),
+    deadline: float | None = None,
 ) -> Timings:
-    """Run what ``have`` lacks of the probe on one device (BenchError when llama-bench cannot)."""
-    say = progress or (lambda _m: None)
-    common = [*target.args, *extra, *(["-t", str(threads)] if threads else [])]
+    """Run what ``have`` lacks of the probe on one device, each run within ``CALL_TIMEOUT`` and before
+    ``deadline`` (``time.monotonic()``). ProbeError when llama-bench cannot, with what was measured before."""
+    done: list[Timings] = []
 
-    def run(args: list[str], reps: int = 1) -> list[BenchResult]:
+    def step(t: Timings) -> Timings:
+        done[:] = [t]
+        return t
+
+    try:
+        run = _Run(bench, env, target, threads, extra, deadline)
+        return _measure(run, types, twin, attn, prompt, directory, have, progress, step)
+    except BenchError as e:
+        raise ProbeError(str(e), done[0] if done else have) from None
+
+
+class ProbeError(BenchError):
+    """The probe stopped (llama-bench failed, or ran past the time it was given); ``partial``: what was
+    measured before, worth keeping."""
+
+    def __init__(self, message: str, partial: Timings | None) -> None:
+        super().__init__(message)
+        self.partial = partial
+
+
+@dataclass(frozen=True)
+class _Run:
+    """llama-bench on one device, each run within ``CALL_TIMEOUT`` and before ``deadline``."""
+
+    bench: str
+    env: dict[str, str]
+    target: Target
+    threads: int | None
+    extra: Sequence[str]
+    deadline: float | None
+
+    def __call__(self, args: list[str], reps: int = 1) -> list[BenchResult]:
         # one timed repetition after llama-bench's warm-up for the long tests, two for the short ones
-        return run_bench(bench, [*args, *common, "-r", str(reps)], env, CALL_TIMEOUT)
+        common = [*self.target.args, *self.extra, *(["-t", str(self.threads)] if self.threads else [])]
+        left = CALL_TIMEOUT if self.deadline is None else min(CALL_TIMEOUT, self.deadline - time.monotonic())
+        if left <= 0:
+            raise BenchError("the time given to measuring ran out")
+        return run_bench(self.bench, [*args, *common, "-r", str(reps)], self.env, left)
+
+
+def _measure(
+    run: _Run,
+    types: Sequence[str],
+    twin: pm.Twin | None,
+    attn: pm.Twin | None,
+    prompt: int,
+    directory: Path,
+    have: Timings | None,
+    progress: Progress | None,
+    step: Callable[[Timings], Timings],
+) -> Timings:
+    say = progress or (lambda _m: None)
+    target = run.target
 
     if have is not None and have.tiny1 and have.tiny9:
         t1, t9 = have.tiny1, have.tiny9
@@ -205,6 +259,8 @@ def measure(
         res = run(["-m", ",".join(map(str, tiny)), "-p", "0", "-n", "64"], reps=5)
         t1, t9 = (_one(res, str(p), gen=True) for p in tiny)
     tw_tg, tw_pp, n_prompt, off = (have.twin_tg, have.twin_pp, have.prompt, have.offload) if have else (None,) * 4
+    base = have if have is not None else Timings(t1, t9, {})
+    step(replace(base, tiny1=t1, tiny9=t9))
     if twin is not None and tw_tg is None:
         say(f"{target.device}: the model's layers")
         path = str(pm.ensure(twin, directory))
@@ -216,6 +272,7 @@ def measure(
         n_prompt = max(min(128, prompt) if 128 * tw_tg / 4 <= 3 * RUN_BUDGET else 32, min(prompt, fits))
         tw_pp = _one(run(["-m", path, "-p", str(n_prompt), "-n", "0", "-ub", str(n_prompt)]), path, gen=False)
     n_prompt = n_prompt or prompt
+    base = step(replace(base, tiny1=t1, tiny9=t9, twin_tg=tw_tg, twin_pp=tw_pp, prompt=n_prompt))
     stream = dict(have.stream) if have else {}
     rate = pm.streamed_bytes(twin) / tw_tg if twin is not None and tw_tg else None
     for ty in types:
@@ -227,6 +284,7 @@ def measure(
         say(f"{target.device}: streaming {ty} weights")
         path = str(pm.ensure(big, directory))
         stream[ty] = _one(run(["-m", path, "-p", "0", "-n", "8"]), path, gen=True)
+        base = step(replace(base, stream=dict(stream)))
     a: tuple[float | None, ...] = (None,) * 4
     depth = have.depth if have else 0
     if have is not None:
@@ -238,6 +296,7 @@ def measure(
         res = run(["-m", path, "-p", str(n_prompt), "-n", "16", "-d", f"0,{depth}", "-ub", str(n_prompt)])
         got = {(r.n_depth, r.n_gen > 0): r.per_token if r.n_gen else r.seconds for r in res}
         a = (got.get((0, True)), got.get((depth, True)), got.get((0, False)), got.get((depth, False)))
+        base = step(replace(base, attn_tg0=a[0], attn_tgd=a[1], attn_pp0=a[2], attn_ppd=a[3], depth=depth))
     if target.gpu and twin is not None and off is None and tw_pp:
         say(f"{target.device}: link to host memory")
         path = str(pm.ensure(twin, directory))
@@ -273,10 +332,7 @@ def cache_key(bench: str, target: Target, threads: int | None, extra: Sequence[s
 
 def read_cache(directory: Path) -> dict[str, dict[str, Any]]:
     """The cached measurements; a file that is not what we write is treated as empty."""
-    try:
-        doc = json.loads(_cache_file(directory).read_text())
-    except (OSError, ValueError):
-        return {}
+    doc = store.read_json(_cache_file(directory))
     entries = doc.get("entries") if isinstance(doc, dict) and doc.get("schema") == "llamafit.speed-cache/1" else None
     if not isinstance(entries, dict):
         return {}
@@ -284,8 +340,7 @@ def read_cache(directory: Path) -> dict[str, dict[str, Any]]:
 
 
 def _num(x: Any) -> float | None:
-    ok = isinstance(x, int | float) and not isinstance(x, bool) and 0 < x < 1e6
-    return float(x) if ok else None
+    return finite(x, MIN_PROMPT_S, MAX_TOKEN_S)  # seconds a token (or a prompt) took: what llama-bench can report
 
 
 def timings_from(entry: Mapping[str, Any]) -> Timings | None:
@@ -320,14 +375,41 @@ def timings_from(entry: Mapping[str, Any]) -> Timings | None:
     )
 
 
-def write_cache(directory: Path, entries: Mapping[str, Timings]) -> None:
-    """Add ``entries`` to the cache, atomically (a concurrent plan reads the old file or the new one)."""
-    doc = read_cache(directory)
-    for k, t in entries.items():
-        d = {f: getattr(t, f) for f in t.__dataclass_fields__}
-        d["stream"] = dict(t.stream)
-        doc[k] = {**d, "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    directory.mkdir(parents=True, exist_ok=True)
-    tmp = _cache_file(directory).with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps({"schema": "llamafit.speed-cache/1", "entries": doc}, indent=1))
-    os.replace(tmp, _cache_file(directory))
+def write_cache(directory: Path, entries: Mapping[str, Timings], failed: Mapping[str, str] | None = None) -> bool:
+    """Add ``entries`` (and the probes that ``failed``, with why) to the cache, under its lock, atomically (a
+    concurrent plan reads the old file or the new one, and a concurrent writer's entries are kept)."""
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
+
+    def add(doc: Any) -> dict[str, Any]:
+        old = doc.get("entries") if isinstance(doc, dict) and doc.get("schema") == "llamafit.speed-cache/1" else None
+        out = {k: v for k, v in old.items() if isinstance(v, dict)} if isinstance(old, dict) else {}
+        for k, t in entries.items():
+            d = {f: getattr(t, f) for f in t.__dataclass_fields__}
+            d["stream"] = dict(t.stream)
+            out[k] = {**d, "time": stamp}
+        for k, why in (failed or {}).items():
+            out[_FAILED + k] = {"failed": why[:300], "at": time.time()}
+        return {"schema": "llamafit.speed-cache/1", "entries": out}
+
+    return store.update_json(_cache_file(directory), add)
+
+
+_FAILED = "failed|"
+
+
+def failed_before(cache: Mapping[str, Mapping[str, Any]], key: str) -> str | None:
+    """Why the probe of ``key`` failed within ``FAILED_FOR`` seconds, if it did (a plan does not run it again
+    meanwhile: a hung or refusing llama-bench would cost every plan the time)."""
+    entry = cache.get(_FAILED + key)
+    if not isinstance(entry, Mapping):
+        return None
+    at, why = finite(entry.get("at"), 0.0), entry.get("failed")
+    if at is None or not isinstance(why, str) or not 0 <= time.time() - at < FAILED_FOR:
+        return None
+    return why
+
+
+def measuring(directory: Path) -> AbstractContextManager[bool]:
+    """The machine's measuring lock, taken without waiting: True when this process may measure, False
+    while another llamafit measures (two probes at once would each time the other's load)."""
+    return store.locked(directory / "probe", wait=0.0)
