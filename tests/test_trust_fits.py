@@ -278,3 +278,33 @@ def test_one_rpc_server_given_twice_is_planned_once(server_bin: ServerBinary, tm
     assert [d["id"] for d in doc["devices"] if d["kind"] == "rpc"] == ["RPC0"]
     assert doc["argv"][doc["argv"].index("--rpc") + 1] == ep
     assert any("the same server" in n for n in doc["notes"])
+
+
+# -- what the user set is honoured (issue 37) ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def qwen3_8b(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return factory.qwen3_8b().write(tmp_path_factory.mktemp("q") / "qwen3-8b.gguf")
+
+
+def test_a_pinned_load_that_fits_the_card_but_not_the_margin_runs_with_a_warning(qwen3_8b: Path) -> None:
+    """-ngl 99 -c 4096 on a card it fits with less than the margin left: llama-server loads it, so the plan
+    does too and says what is left; on a card it does not fit, it is refused."""
+    pinned = ("--json", "--", "-ngl", "99", "-c", "4096")
+    roomy = json.loads(invoke("plan", str(qwen3_8b), "--gpu", "24GiB", *pinned).stdout)
+    need = roomy["devices"][0]["use"]
+    total = sum(v for k, v in need.items() if isinstance(v, int))
+    tight = f"{(total + 256 * MiB) // MiB}MiB"  # a quarter of the margin left
+    r = invoke("plan", str(qwen3_8b), "--gpu", tight, *pinned)
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["fits"] and doc["context"]["n_ctx"] == 4096 and doc["placement"]["n_gpu_layers"] in (37, 99, -1)
+    (warning,) = [w for w in doc["warnings"] if "not the margins" in w]
+    assert "CUDA0 keeps 256 MiB free (the margin is 1.0 GiB)" in warning
+    r = invoke("plan", str(qwen3_8b), "--gpu", f"{(total - 256 * MiB) // MiB}MiB", *pinned)
+    assert r.exit_code == ExitCode.DOES_NOT_FIT
+    # what llamafit chooses itself keeps the margin
+    free = json.loads(invoke("plan", str(qwen3_8b), "--gpu", tight, "--json").stdout)
+    assert not any("not the margins" in w for w in free["warnings"])
+    assert free["devices"][0]["usable"] == free["devices"][0]["total"] - 1024 * MiB

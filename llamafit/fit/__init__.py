@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 from llamafit.calibration import Corrections
 from llamafit.devices.machine import Device, Machine
@@ -82,6 +83,8 @@ def make_plan(
         return _make_plan(*args)
     except DoesNotFitError as e:
         pinned = req.devices is not None or req.n_gpu_layers is not None or req.overrides is not None
+        if (pinned or req.tensor_split is not None) and req.ctx is not None:
+            return _without_margins(e, args)
         if req.cpu_only or pinned or not machine.gpus or machine.blind or req.tensor_split is not None:
             raise
         if model.tensor_bytes > machine.host.available - req.margins.get("host", req.margin):
@@ -94,6 +97,25 @@ def make_plan(
         offloaded = mmproj is not None and req.mmproj_offload and req.mmproj_device is None
         why = messages.gpus_too_small(model.hparams.n_layer_all, usable, projector=offloaded)
         return replace(plan, decisions=tuple(why if d.code == "placement.cpu" else d for d in plan.decisions))
+
+
+def _without_margins(refused: DoesNotFitError, args: tuple[Any, ...]) -> Plan:
+    """A load whose placement and context the user gave: llama-server loads what fits each device's free
+    memory, so the margins are not a reason to refuse it. Planned without them when it fits so, with a
+    warning of what is left; refused (the refusal with the margins) when it does not fit the memory itself."""
+    req: Request = args[2]
+    bare = replace(req, margin=0, margins={})
+    try:
+        plan = _make_plan(args[0], args[1], bare, *args[3:])
+    except DoesNotFitError:
+        raise refused from None
+    left = [
+        (d.device.id, d.usable - d.use.total, req.margins.get(d.device.id.upper(), req.margin)) for d in plan.devices
+    ]
+    host = plan.host
+    left.append(("host RAM", host.usable - host.use.total - host.unified, req.margins.get("host", req.margin)))
+    short = [(dev, free, margin) for dev, free, margin in left if free < margin]
+    return replace(plan, warnings=(*plan.warnings, messages.within_margin(short)))
 
 
 def _make_plan(

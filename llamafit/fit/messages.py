@@ -76,6 +76,17 @@ def placement_partial(ngl: int, n_units: int, on: str) -> Decision:
 # -- context, slots, calibration, flags -------------------------------------------------------------
 
 
+def within_margin(short: Sequence[tuple[str, int, int]]) -> str:
+    """Your placement and context fit each device's memory, but not the margin it should keep free."""
+    where = ", ".join(
+        f"{dev} keeps {fmt_bytes(max(0, free))} free (the margin is {fmt_bytes(margin)})" for dev, free, margin in short
+    )
+    return (
+        f"Your -c and placement flags fit the memory, not the margins: {where}. llama-server loads it; another "
+        "program's memory or a driver's growth can run it out (leave room with a smaller -c or fewer -ngl)."
+    )
+
+
 def context_user(asked: int, n_ctx: int, full: bool) -> Decision:
     if full:
         return Decision("context.user", f"Context {n_ctx} (-c 0: the model's training context).")
