@@ -1,0 +1,346 @@
+"""The parts added with the speed model, end to end with the real binaries (issue #37): the log reader and
+readiness of ``run`` under a model whose metadata mimics the server's lines, the probe and ``tune`` with a real
+llama-bench that hangs (SIGSTOP) or fails, llamafit's own files as FIFOs or hostile entries, and every
+process llamafit starts dying with it (real signals)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from llamafit.errors import ExitCode
+from llamafit.gguf.demo_model import demo_metadata, demo_tensors, ensure_demo_model
+from llamafit.gguf.writer import write_gguf
+from llamafit.options import Options
+from llamafit.planner import Planner
+from llamafit.server.binary import ServerBinary, free_port
+from llamafit.server.supervisor import Supervisor
+from llamafit.speed import probe as pr
+from llamafit.tuned import tune_file, tune_key
+from tests import factory
+from tests.realserver import READY, launch_run, read_json_doc, stand_in, stop_run
+
+LLAMAFIT = [sys.executable, "-m", "llamafit"]
+pytestmark = pytest.mark.server
+
+
+def wait_for(pred, timeout: float = 30.0) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def benches(pid: int) -> list[psutil.Process]:
+    try:
+        return [c for c in psutil.Process(pid).children(recursive=True) if "llama-bench" in " ".join(c.cmdline())]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def gone(procs: list[psutil.Process]) -> bool:
+    def dead(p: psutil.Process) -> bool:
+        try:
+            return not p.is_running() or p.status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    return all(dead(p) for p in procs)
+
+
+def toolbox(tmp_path: Path, server: ServerBinary, bench: str | None = None) -> str:
+    """The real llama-server in a folder of its own, with ``bench`` (a shell script body) as the llama-bench
+    beside it, or the real llama-bench when None. Every call of llama-bench is counted in ``calls``."""
+    box = tmp_path / "bin"
+    box.mkdir()
+    ld = f'export LD_LIBRARY_PATH="{server.lib_dir}"\n' if server.lib_dir else ""
+    real_bench = str(Path(server.path).with_name("llama-bench"))
+    (box / "llama-server").write_text(f'#!/bin/sh\n{ld}exec "{server.path}" "$@"\n')
+    body = bench if bench is not None else f'exec "{real_bench}" "$@"\n'
+    (box / "llama-bench").write_text(f'#!/bin/sh\n{ld}echo "$@" >> "{tmp_path}/calls"\n{body}')
+    for f in box.iterdir():
+        f.chmod(0o755)
+    return str(box / "llama-server")
+
+
+def calls(tmp_path: Path) -> int:
+    f = tmp_path / "calls"
+    return len(f.read_text().splitlines()) if f.exists() else 0
+
+
+@pytest.fixture
+def demo(tmp_path: Path) -> Path:
+    return ensure_demo_model(tmp_path / "m")
+
+
+def probing() -> dict[str, str]:
+    return dict(os.environ, LLAMAFIT_PROBE="auto")
+
+
+# -- a model's metadata cannot steer run -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["listening on http://127.0.0.1:9/x", "prompt eval time = 1.2.3 ms / 1 tokens"])
+def test_a_models_name_cannot_steer_run(server_bin: ServerBinary, tmp_path: Path, name: str) -> None:
+    """llama.cpp prints a model's name into the server's log: named like the server's own lines, it neither
+    chooses the URL run reports nor stops the log reader (the server would block on a full pipe)."""
+    model = tmp_path / "named.gguf"
+    write_gguf(model, "llama", {**demo_metadata(), "general.name": name}, demo_tensors(), fill="random", seed=1)
+    port = free_port()
+    p = launch_run([str(model), "--json", "--", "--port", str(port)], server_bin)
+    try:
+        doc = read_json_doc(p, 120)
+        assert doc["url"] == f"http://127.0.0.1:{port}"
+        assert any(r["kind"] == "kv" and r["actual_mib"] for r in doc["memory"])  # the whole load was read
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        c.request("POST", "/completion", json.dumps({"prompt": "hello", "n_predict": 4}))
+        assert c.getresponse().status == 200
+        time.sleep(1)
+    finally:
+        stop_run(p)
+    assert p.stderr is not None
+    err = p.stderr.read() if not p.stderr.closed else ""
+    assert "could not be read" not in err
+
+
+def test_a_line_that_claims_another_port_is_passed_over(tmp_path: Path) -> None:
+    """A listening line nobody answers at comes first (printed while loading); the server's own comes after."""
+    fake = 'print("0.00.000.000 I srv  llama_server: listening on http://127.0.0.1:9", file=sys.stderr, flush=True)\n'
+    srv = stand_in(tmp_path, fake + READY + "while True: time.sleep(0.05)\n")
+    warned: list[str] = []
+    sup = Supervisor([srv], dict(os.environ), on_warning=warned.append)
+    sup.start()
+    try:
+        url = sup.wait_ready(30)
+    finally:
+        sup.stop(5)
+    assert url != "http://127.0.0.1:9" and url.startswith("http://127.0.0.1:")
+    assert any("does not answer" in w for w in warned)
+
+
+def test_a_callback_that_fails_on_a_line_does_not_stop_the_reading(tmp_path: Path) -> None:
+    srv = stand_in(tmp_path, 'print("poison", file=sys.stderr, flush=True)\n' + READY + "time.sleep(30)\n")
+    warned: list[str] = []
+
+    def on_line(line: str) -> None:
+        if "poison" in line:
+            raise ValueError("could not convert string to float: '1.2.3'")
+
+    sup = Supervisor([srv], dict(os.environ), on_line=on_line, on_warning=warned.append)
+    sup.start()
+    try:
+        assert sup.wait_ready(30)
+    finally:
+        sup.stop(5)
+    assert len(warned) == 1 and "could not be read" in warned[0]
+
+
+# -- llama-bench dies with llamafit, and every wait on it has a bound ------------------------------------------
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_a_hung_llama_bench_dies_with_llamafit(
+    server_bin: ServerBinary, tmp_path: Path, demo: Path, sig: signal.Signals
+) -> None:
+    srv = toolbox(tmp_path, server_bin)
+    p = subprocess.Popen([*LLAMAFIT, "plan", str(demo), "--server", srv], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=probing())  # fmt: skip
+    try:
+        assert wait_for(lambda: bool(benches(p.pid)), 60), "no llama-bench started"
+        found = benches(p.pid)
+        for b in found:
+            b.send_signal(signal.SIGSTOP)  # a real llama-bench, hung
+        os.kill(p.pid, sig)
+        p.wait(30)
+        assert wait_for(lambda: gone(found), 10), f"llama-bench outlived llamafit ({sig.name})"
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == (128 + sig if sig == signal.SIGTERM else -sig)
+
+
+def test_tune_keeps_to_its_budget_with_a_hung_bench(server_bin: ServerBinary, tmp_path: Path, demo: Path) -> None:
+    srv = toolbox(tmp_path, server_bin, bench="kill -STOP $$\n")  # it stops itself: hung
+    t = time.monotonic()
+    r = subprocess.run([*LLAMAFIT, "tune", str(demo), "--server", srv, "--budget", "5", "--json"],
+                       capture_output=True, text=True, timeout=120, env=probing())  # fmt: skip
+    assert time.monotonic() - t < 40, r.stderr
+    assert r.returncode == ExitCode.SERVER_LOAD_FAILED, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["schema"] == "llamafit.tune/1" and doc["error"]["kind"] == "server_load_failed"
+    assert "measured nothing" in doc["error"]["message"]
+
+
+@pytest.mark.parametrize("budget", ["nan", "inf"])
+def test_a_budget_that_is_no_time_is_a_usage_error(demo: Path, budget: str) -> None:
+    r = subprocess.run([*LLAMAFIT, "tune", str(demo), "--budget", budget], capture_output=True, text=True, timeout=60)
+    assert r.returncode == ExitCode.USAGE, r.stderr
+
+
+def test_ctrl_c_before_the_first_result_is_an_interrupt(server_bin: ServerBinary, tmp_path: Path, demo: Path) -> None:
+    srv = toolbox(tmp_path, server_bin, bench="sleep 600\n")
+    p = subprocess.Popen([*LLAMAFIT, "tune", str(demo), "--server", srv, "--json"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=probing())  # fmt: skip
+    try:
+        assert wait_for(lambda: calls(tmp_path) > 0, 60)
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == ExitCode.INTERRUPTED, err
+    assert json.loads(out)["error"]["kind"] == "interrupted"
+
+
+def test_a_probe_that_failed_is_not_run_again_by_every_plan(
+    server_bin: ServerBinary, tmp_path: Path, demo: Path
+) -> None:
+    srv = toolbox(tmp_path, server_bin, bench='echo "error: unknown argument" >&2\nexit 1\n')
+    for _ in range(3):
+        r = subprocess.run([*LLAMAFIT, "plan", str(demo), "--server", srv], capture_output=True, text=True,
+                           timeout=120, env=probing())  # fmt: skip
+        assert r.returncode == 0, r.stderr
+    assert calls(tmp_path) == 1
+    assert "not measured again today" in r.stderr
+
+
+def test_a_plan_does_not_wait_while_another_llamafit_measures(
+    server_bin: ServerBinary, tmp_path: Path, demo: Path
+) -> None:
+    """Two cold plans at once would each time the other's load (and eight would take minutes): the second
+    uses what is cached and says why."""
+    srv = toolbox(tmp_path, server_bin)
+    with pr.measuring(Path(os.environ["LLAMAFIT_CACHE"]) / "speed") as mine:
+        assert mine
+        t = time.monotonic()
+        r = subprocess.run([*LLAMAFIT, "plan", str(demo), "--server", srv], capture_output=True, text=True,
+                           timeout=120, env=probing())  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert calls(tmp_path) == 0 and time.monotonic() - t < 30
+    assert "another llamafit is measuring" in r.stderr
+
+
+def test_a_bench_that_reports_impossible_speeds_is_not_believed(
+    server_bin: ServerBinary, tmp_path: Path, demo: Path
+) -> None:
+    line = {"model_filename": "x", "n_prompt": 0, "n_gen": 64, "n_depth": 0, "n_ubatch": 512, "samples_ns": [1]}
+    srv = toolbox(tmp_path, server_bin, bench=f"echo '{json.dumps(line)}'\n")
+    r = subprocess.run([*LLAMAFIT, "plan", str(demo), "--server", srv, "--json"], capture_output=True, text=True,
+                       timeout=120, env=probing())  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    sp = json.loads(r.stdout)["speed"]
+    assert sp["tg"] is None or sp["tg"] < 1e6
+    r = subprocess.run([*LLAMAFIT, "tune", str(demo), "--server", srv, "--budget", "20"], capture_output=True,
+                       text=True, timeout=120, env=probing())  # fmt: skip
+    assert r.returncode == ExitCode.SERVER_LOAD_FAILED and "measured nothing" in r.stderr
+
+
+# -- llamafit's own files ----------------------------------------------------------------------------------------
+
+
+def test_own_files_that_are_fifos_do_not_block_a_plan(server_bin: ServerBinary, demo: Path) -> None:
+    cache, data = Path(os.environ["LLAMAFIT_CACHE"]), Path(os.environ["LLAMAFIT_DATA"])
+    (cache / "speed").mkdir(parents=True)
+    data.mkdir(parents=True, exist_ok=True)
+    for f in (cache / "capabilities.json", cache / "devices.json", cache / "speed" / "rates.json", tune_file()):
+        os.mkfifo(f)
+    r = subprocess.run([*LLAMAFIT, "plan", str(demo), "--server", server_bin.path], capture_output=True, text=True,
+                       timeout=120, env=probing())  # fmt: skip
+    assert r.returncode == 0, r.stderr
+
+
+def _planned(model: Path, server: ServerBinary, gpu: str) -> tuple[Planner, object]:
+    o = Options(server=server.path, gpu=(gpu,))
+    planner = Planner.for_options(o)
+    return planner, planner.plan(str(model), speed=True, tuned=False)
+
+
+@pytest.mark.parametrize(
+    "flags", [["-m", "other.gguf"], ["-c", "99999999"], ["--lora", "missing.gguf"], ["-ub", "2048", "-np", "999"]]
+)
+def test_a_hostile_winner_is_not_used(server_bin: ServerBinary, tmp_path: Path, demo: Path, flags: list[str]) -> None:
+    _, prep = _planned(demo, server_bin, "8GiB")
+    key = tune_key(prep.plan.model, prep.plan.devices, prep.server, prep.user)  # type: ignore[attr-defined]
+    tune_file().parent.mkdir(parents=True, exist_ok=True)
+    doc = {"schema": "llamafit.tune-cache/1", "winners": {key: {"flags": flags, "pp": 100.0, "tg": 1e-320}}}
+    tune_file().write_text(json.dumps(doc))
+    r = subprocess.run([*LLAMAFIT, "plan", str(demo), "--server", server_bin.path, "--gpu", "8GiB", "--json"],
+                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert not any(d["code"] == "speed.tuned" for d in json.loads(r.stdout)["decisions"])
+
+
+def test_a_winner_that_would_cut_the_context_is_not_used(server_bin: ServerBinary, tmp_path: Path) -> None:
+    """A winner tuned with a large card free (-ub 2048), planned where less is free: the context is chosen
+    first, and the winner's larger compute buffer does not take it; where it fits, it is used."""
+    model = factory.qwen3_8b().write(tmp_path / "qwen3-8b.gguf")
+    winner = {"flags": ["-ub", "2048"], "pp": 900.0, "tg": 40.0, "time": "2026-12-01T00:00:00Z"}
+    winners = {}
+    plans = {}
+    for gpu in ("7000MiB/24GiB", "22000MiB/24GiB"):
+        _, prep = _planned(model, server_bin, gpu)
+        winners[tune_key(prep.plan.model, prep.plan.devices, prep.server, prep.user)] = winner  # type: ignore[attr-defined]
+        plans[gpu] = prep.plan  # type: ignore[attr-defined]
+    tune_file().parent.mkdir(parents=True, exist_ok=True)
+    tune_file().write_text(json.dumps({"schema": "llamafit.tune-cache/1", "winners": winners}))
+    argv = [*LLAMAFIT, "plan", str(model), "--server", server_bin.path, "--json"]
+    cut = subprocess.run([*argv, "--gpu", "7000MiB/24GiB", "--", "-ub", "2048"], capture_output=True, text=True,
+                         timeout=120)  # fmt: skip
+    assert json.loads(cut.stdout)["context"]["n_ctx"] < plans["7000MiB/24GiB"].n_ctx  # what the winner costs here
+    r = subprocess.run([*argv, "--gpu", "7000MiB/24GiB"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["context"]["n_ctx"] == plans["7000MiB/24GiB"].n_ctx
+    assert not any(d["code"] == "speed.tuned" for d in doc["decisions"])
+    assert any("not used: it would cut the context" in n for n in doc["notes"])
+    r = subprocess.run([*argv, "--gpu", "22000MiB/24GiB"], capture_output=True, text=True, timeout=120)
+    assert any(d["code"] == "speed.tuned" for d in json.loads(r.stdout)["decisions"])
+
+
+# -- several models ----------------------------------------------------------------------------------------------
+
+
+def test_sigkill_while_the_router_loads_leaves_no_instance(
+    server_bin: ServerBinary, tmp_path: Path, demo: Path
+) -> None:
+    other = factory.qwen3_0_6b().write(tmp_path / "other.gguf")
+    port = free_port()
+    p = subprocess.Popen([*LLAMAFIT, "run", str(demo), str(other), "--cpu-only", "--server", server_bin.path, "--",
+                          "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+
+    def servers() -> list[psutil.Process]:
+        try:
+            return [c for c in psutil.Process(p.pid).children(recursive=True) if "llama-server" in c.name()]
+        except psutil.NoSuchProcess:
+            return []
+
+    try:
+        assert wait_for(lambda: len(servers()) >= 2, 60), "the router started no instance"
+        found = servers()
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait(10)
+        assert wait_for(lambda: gone(found), 15), "an instance outlived llamafit"
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def test_quant_with_several_models_is_a_usage_error(demo: Path, tmp_path: Path) -> None:
+    other = factory.qwen3_0_6b().write(tmp_path / "other.gguf")
+    for cmd in (["plan"], ["run", "--dry-run"]):
+        r = subprocess.run([*LLAMAFIT, *cmd, str(demo), str(other), "--quant", "best"], capture_output=True,
+                           text=True, timeout=60)  # fmt: skip
+        assert r.returncode == ExitCode.USAGE and "--quant" in r.stderr, r.stderr
