@@ -36,7 +36,7 @@ from llamafit.server.logparse import LoadLog, is_error
 from llamafit.server.supervisor import Outcome, Supervisor, is_key_line
 from llamafit.several.plan import Together
 from llamafit.several.router_log import RouterLog
-from llamafit.speed.timings import TimingReader
+from llamafit.speed.timings import MAX_SERVED, TimingReader
 
 
 @dataclass(frozen=True)
@@ -170,6 +170,7 @@ def _attempt(
     def on_line(line: str) -> None:
         if (served := reader.feed(line)) is not None:
             checks.append(check_speed(prep, served))
+            del checks[:-MAX_SERVED]  # a server that serves for weeks: the newest requests are recorded
             on_event(Note(checks[-1].message()))
         on_event(ServerLine(line, is_key_line(line), is_error(line)))
 
