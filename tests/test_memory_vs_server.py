@@ -43,6 +43,7 @@ CASES = [
     ("gemma3", ["-c", "4096", "-np", "2"]),
     ("gemma3", ["-c", "4096", "--swa-full"]),
     ("gemma3", ["-c", "16384", "-fa", "off"]),
+    ("gpt_oss", ["-c", "8192", "-np", "2"]),
     ("mla", ["-c", "4096"]),
     ("mla", ["-c", "4096", "-fa", "off"]),
     ("mla", ["-c", "4096", "-ctk", "q8_0", "-ctv", "q8_0"]),
@@ -189,6 +190,7 @@ REPLAY_SHAPES = (
     "dense",
     "qwen3",
     "gemma3",
+    "gpt_oss",
     "moe",
     "mla",
     "dsa",
@@ -260,7 +262,19 @@ QUANTIZED = [
 ]
 QUANTIZED_CASES = [
     (s, a)
-    for s in ("dense", "gemma3", "moe", "glm4moe", "hybrid", "hybrid_moe", "next", "lfm2", "lfm2_swa", "nemotron_h")
+    for s in (
+        "dense",
+        "gemma3",
+        "gpt_oss",
+        "moe",
+        "glm4moe",
+        "hybrid",
+        "hybrid_moe",
+        "next",
+        "lfm2",
+        "lfm2_swa",
+        "nemotron_h",
+    )
     for a in QUANTIZED
 ]
 

@@ -45,6 +45,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {
         "qwen06": factory.qwen3_0_6b().write(d / "qwen3-0.6b.gguf"),
         "gemma3": factory.gemma3().write(d / "gemma3.gguf"),
+        "gpt_oss": factory.gpt_oss(n_layer=6).write(d / "gpt-oss.gguf"),
         "draft": factory.dense(name="draft", n_layer=2).write(d / "draft.gguf"),
         "mla": factory.deepseek2(n_layer=6, n_vocab=4096).write(d / "mla.gguf"),
         "hybrid": factory.qwen35().write(d / "hybrid.gguf"),
@@ -187,6 +188,8 @@ SPLITS = [
     ("qwen06", ["-c", "4096", "-ngl", "20", "-ts", "3,2"]),  # layers on the CPU (no full offload)
     ("qwen06", ["-c", "4096", "-ngl", "25", "-ts", "3,2", "-fa", "off"]),
     ("gemma3", ["-c", "4096", "-np", "2", "-ngl", "5", "-ts", "1,1"]),  # sliding window, partial
+    ("gpt_oss", ["-c", "4096", "-ngl", "5", "-ts", "1,1", "--n-cpu-moe", "1"]),  # sinks, biased experts, partial
+    ("gpt_oss", ["-c", "4096", "-np", "2", "-ts", "1,1", "-fa", "off"]),  # pipeline parallelism
     ("mla", ["-c", "4096", "-ngl", "all", "-ts", "1,1", "--n-cpu-moe", "2"]),  # MLA, experts on the CPU
     ("mla", ["-c", "4096", "-ngl", "3", "-ts", "1,1", "-fa", "off"]),
     ("hybrid", ["-c", "4096", "-ngl", "5", "-ts", "1,1"]),  # gated delta-net + attention, partial

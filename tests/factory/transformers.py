@@ -223,3 +223,65 @@ def glm45_air(w: str = "q4_K") -> Shape:
     return glm4moe(name="GLM-4.5-Air (shape)", n_layer=46, n_nextn=1, n_embd=4096, n_head=96, n_head_kv=8,
                    head_dim=128, n_ff=10944, n_dense_lead=1, n_expert=128, n_expert_used=8, n_ff_exp=1408,
                    n_vocab=151552, ctx=131072, w=w)  # fmt: skip
+
+
+def gpt_oss(
+    *,
+    name: str = "gpt-oss",
+    n_layer: int = 4,
+    n_embd: int = 256,
+    n_head: int = 8,
+    n_head_kv: int = 2,
+    head_dim: int = 64,
+    n_expert: int = 8,
+    n_expert_used: int = 2,
+    n_ff_exp: int = 256,
+    n_vocab: int = 512,
+    ctx: int = 32768,
+    sliding_window: int = 128,
+    w: str = "f16",
+    w_exps: str = "f16",
+) -> Shape:
+    """gpt-oss (src/models/openai-moe.cpp load_arch_tensors): biased Q/K/V and output, attention sinks, a
+    post-attention norm, every other layer on a sliding window, biased experts (SwiGLU-OAI, softmax weights)."""
+    arch = "gpt-oss"
+    kv = _base_kv(arch, name, n_layer, n_embd, ctx, n_vocab)
+    kv.update({
+        f"{arch}.feed_forward_length": n_ff_exp,
+        f"{arch}.expert_feed_forward_length": n_ff_exp,
+        f"{arch}.expert_count": n_expert,
+        f"{arch}.expert_used_count": n_expert_used,
+        f"{arch}.attention.head_count": n_head,
+        f"{arch}.attention.head_count_kv": n_head_kv,
+        f"{arch}.attention.key_length": head_dim,
+        f"{arch}.attention.value_length": head_dim,
+        f"{arch}.attention.sliding_window": sliding_window,
+        f"{arch}.rope.dimension_count": head_dim,
+        f"{arch}.rope.freq_base": 150000.0,
+    })  # fmt: skip
+    ts = _io(n_embd, n_vocab, w, False)
+    for i in range(n_layer):
+        ts += _attn(i, n_embd, n_head * head_dim, n_head_kv * head_dim, n_head * head_dim, w)
+        ts += [
+            TensorSpec(f"blk.{i}.attn_q.bias", (n_head * head_dim,), "f32"),
+            TensorSpec(f"blk.{i}.attn_k.bias", (n_head_kv * head_dim,), "f32"),
+            TensorSpec(f"blk.{i}.attn_v.bias", (n_head_kv * head_dim,), "f32"),
+            TensorSpec(f"blk.{i}.attn_output.bias", (n_embd,), "f32"),
+            TensorSpec(f"blk.{i}.attn_sinks.weight", (n_head,), "f32"),
+            TensorSpec(f"blk.{i}.post_attention_norm.weight", (n_embd,)),
+            TensorSpec(f"blk.{i}.ffn_gate_inp.weight", (n_embd, n_expert), "f32"),
+            TensorSpec(f"blk.{i}.ffn_gate_inp.bias", (n_expert,), "f32"),
+            *_gate_down_up(i, "ffn_{}_exps", n_embd, n_ff_exp, w_exps, n_expert),
+            TensorSpec(f"blk.{i}.ffn_gate_exps.bias", (n_ff_exp, n_expert), "f32"),
+            TensorSpec(f"blk.{i}.ffn_down_exps.bias", (n_embd, n_expert), "f32"),
+            TensorSpec(f"blk.{i}.ffn_up_exps.bias", (n_ff_exp, n_expert), "f32"),
+        ]
+    return Shape(arch, kv, ts)
+
+
+def gpt_oss_20b(w: str = "q8_0", n_layer: int = 24) -> Shape:
+    """openai/gpt-oss-20b: 24 layers, 2880 embd, 64 heads of 64, 8 KV heads, 32 experts (4 used) of 2880 in
+    MXFP4, a 201088-token vocabulary, a 128-token sliding window on every other layer."""
+    return gpt_oss(name="gpt-oss-20b (shape)", n_layer=n_layer, n_embd=2880, n_head=64, n_head_kv=8, head_dim=64,
+                   n_expert=32, n_expert_used=4, n_ff_exp=2880, n_vocab=201088, ctx=131072, w=w,
+                   w_exps="mxfp4")  # fmt: skip

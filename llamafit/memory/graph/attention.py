@@ -1,8 +1,11 @@
 """The reserve graph of a transformer with a KV cache, node by node, for ``llamafit.memory.graph.galloc``.
 
 Mirrors ``src/models/llama.cpp:99-247`` (Llama, dense or with experts), ``src/models/qwen3.cpp`` and
-``qwen3moe.cpp`` (Q/K norms before RoPE) and ``src/models/gemma3.cpp:81-217`` (Gemma 3: the scaled
-embedding rows, Q/K norms, the scaled Q, the sandwich norms, sliding-window layers), over
+``qwen3moe.cpp`` (Q/K norms before RoPE), ``src/models/gemma3.cpp:81-217`` (Gemma 3: the scaled
+embedding rows, Q/K norms, the scaled Q, the sandwich norms, sliding-window layers) and
+``src/models/openai-moe.cpp:59-168`` (gpt-oss: biased projections, attention sinks, every other layer on the
+sliding-window cache, biased experts weighted by a softmax of the selected, the output rows after the last
+layer, whose output stays), over
 ``src/llama-graph.cpp``: build_inp_embd (2413-2533), build_attn for one cache (2943-3054: Q, V, K
 expanded in that order) or two (3190-3283: Q, K, V), build_attn_mha (2691-2830), build_ffn (1799-1930),
 build_moe_ffn (``graph_trunk``) and the caches' views and stores (``src/llama-kv-cache.cpp:1296-1465``;
@@ -39,6 +42,9 @@ class TransformerShape:
     qk_norm: bool = False  # RMS norms on Q and K before RoPE (Qwen3, Gemma 3, GLM-4.5)
     n_dense_lead: int = 0  # leading layers with a dense FFN (GLM-4.5)
     n_ff_shexp: int = 0  # the shared expert's FFN beside the routed ones (GLM-4.5)
+    biases: bool = False  # Q, K, V and output projections with biases (gpt-oss)
+    sinks: bool = False  # attention sinks: one more source of the softmax or flash attention (gpt-oss)
+    rows_at_end: bool = False  # the output rows taken after the last layer, whose output stays (t_h_nextn)
 
 
 @dataclass(frozen=True)
@@ -89,6 +95,7 @@ class Builder:
         self.T = -(-r.n_tokens // n_seqs) * n_seqs  # graph_reserve: a multiple of n_seqs
         self.ns = max(1, r.n_stream)
         self.gemma = sh.arch == "gemma3"
+        self.iswa = any(sh.is_swa)  # two caches: Q, K, V expanded in that order (llama-graph.cpp:3222-3230)
         self.v_trans = not r.flash_attn and r.v_trans
         v_rows = self.T * max(sh.n_head_kv) * sh.head_v if self.v_trans else self.T
         self.inputs = {
@@ -114,7 +121,7 @@ class Builder:
         for il in range(sh.n_layer):
             with in_layer(il):
                 cur = self.attention(rms_norm(inp_l), il)
-                if il == sh.n_layer - 1:
+                if il == sh.n_layer - 1 and not sh.rows_at_end:
                     cur = Graph.get_rows(cur, out_ids)
                     inp_l = Graph.get_rows(inp_l, out_ids)
                 if self.gemma:
@@ -124,6 +131,9 @@ class Builder:
                 if self.gemma:
                     cur = rms_norm(cur)
                 inp_l = Graph.like("add", cur, ffn_inp)
+        if sh.rows_at_end:  # openai-moe.cpp:148-152: t_h_nextn, every token's, then the rows
+            inp_l.is_output = True
+            inp_l = Graph.get_rows(inp_l, out_ids)
         output_head(g, inp_l, sh.n_vocab, self.r.pooling, max(1, self.r.n_seqs), self.r.samplers)
         return g
 
@@ -139,9 +149,14 @@ class Builder:
         W = Graph.weight
         n_kv_h = sh.n_head_kv[il]
         hk, hv, nh = sh.head_k, sh.head_v, sh.n_head
-        q = Graph.reshape(Graph.mul_mat(W((sh.n_embd, hk * nh), "attn_q"), cur), (hk, nh, T))
-        k = Graph.reshape(Graph.mul_mat(W((sh.n_embd, hk * n_kv_h), "attn_k"), cur), (hk, n_kv_h, T))
-        v = Graph.reshape(Graph.mul_mat(W((sh.n_embd, hv * n_kv_h), "attn_v"), cur), (hv, n_kv_h, T))
+
+        def proj(name: str, rows: int, dims: tuple[int, int, int]) -> Tensor:  # build_qkv's separate path
+            t = Graph.mul_mat(W((sh.n_embd, rows), name), cur)
+            return Graph.reshape(self.bias(t, name), dims)
+
+        q = proj("attn_q", hk * nh, (hk, nh, T))
+        k = proj("attn_k", hk * n_kv_h, (hk, n_kv_h, T))
+        v = proj("attn_v", hv * n_kv_h, (hv, n_kv_h, T))
         if sh.qk_norm:
             q, k = rms_norm(q), rms_norm(k)
         q = Graph.like("rope", q, self.pos)
@@ -149,12 +164,20 @@ class Builder:
         if self.gemma:
             q = Graph.like("scale", q)
         # one cache: Q, V, K (llama-graph.cpp:2971-2975); two caches: Q, K, V (llama-graph.cpp:3222-3230)
-        out = self.attend(q, k, v, "swa" if sh.is_swa[il] else "full", two_caches=self.gemma)
-        return Graph.mul_mat(W((hv * nh, sh.n_embd), "attn_output"), out)
+        sinks = W((nh,), "attn_sinks") if sh.sinks else None
+        out = self.attend(q, k, v, "swa" if sh.is_swa[il] else "full", two_caches=self.iswa, sinks=sinks)
+        return self.bias(Graph.mul_mat(W((hv * nh, sh.n_embd), "attn_output"), out), "attn_output")
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, kind: str, *, two_caches: bool = False) -> Tensor:
+    def bias(self, t: Tensor, name: str) -> Tensor:
+        """A projection's bias added (llama-graph.cpp:1746-1780, 3274-3276), where the model has them."""
+        return Graph.like("add", t, Graph.weight((t.ne[0],), f"{name}.bias")) if self.sh.biases else t
+
+    def attend(
+        self, q: Tensor, k: Tensor, v: Tensor, kind: str, *, two_caches: bool = False, sinks: Tensor | None = None
+    ) -> Tensor:
         """build_attn from the expansions of Q, K and V to the attention output (before ``wo``): the
-        stores into the cache, then build_attn_mha over the cache's views."""
+        stores into the cache, then build_attn_mha over the cache's views (``sinks``: one more source of the
+        softmax or flash attention, no node of its own: ggml_soft_max_add_sinks)."""
         r, g, T, ns = self.r, self.g, self.T, self.ns
         hk, n_kv_h, hv, nh = k.ne[0], k.ne[1], v.ne[0], q.ne[1]
         inp = self.inputs[kind]
@@ -181,12 +204,13 @@ class Builder:
         kp = Graph.view(k_cache, (hk, n_kv, n_kv_h, ns))
         vp = Graph.view(v_cache, (n_kv, hv, n_kv_h, ns) if self.v_trans else (hv, n_kv, n_kv_h, ns))
         mask = inp["mask"]
+        extra = (sinks,) if sinks is not None else ()
         if r.flash_attn:
-            out = Graph.op("flash_attn_ext", (hv, nh, T // ns, ns), qs, kp, vp, mask)
+            out = Graph.op("flash_attn_ext", (hv, nh, T // ns, ns), qs, kp, vp, mask, *extra)
             cur = Graph.reshape(out, (hv * nh, T))
         else:
             kq = Graph.op("mul_mat", (n_kv, T // ns, nh, ns), kp, qs)
-            kq = Graph.like("soft_max", kq, mask)
+            kq = Graph.like("soft_max", kq, mask, *extra)
             if not self.v_trans:  # llama-graph.cpp:2801-2805
                 vp = Graph.op("cont", (n_kv, hv, n_kv_h, ns), Graph.transpose(vp), esize=vp.esize)
             kqv = Graph.op("mul_mat", (hv, T // ns, nh, ns), vp, kq)

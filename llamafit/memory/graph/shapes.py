@@ -22,7 +22,16 @@ MLA = ("deepseek2", "deepseek32", "glm-dsa")  # the MLA trunks graph.mla builds 
 Shape = TransformerShape | MlaShape | MtpShape | NextnShape | HybridShape | DflashShape | LayeredShape
 # arch -> the sliding-window type its builder knows
 QWEN35 = ("qwen35", "qwen35moe", "qwen3next")  # the hybrids whose graphs graph.hybrid builds
-TRANSFORMER = {"llama": "none", "qwen3": "none", "qwen3moe": "none", "glm4moe": "none", "gemma3": "standard"}
+TRANSFORMER = {
+    "llama": "none",
+    "qwen3": "none",
+    "qwen3moe": "none",
+    "glm4moe": "none",
+    "gemma3": "standard",
+    "gpt-oss": "standard",
+}
+_GPT_OSS_LAYER = ("attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias", "attn_sinks.weight")
+_GPT_OSS_EXPERTS = ("ffn_gate_inp.bias", "ffn_up_exps.bias", "ffn_gate_exps.bias", "ffn_down_exps.bias")
 
 
 def mamba_shape(model: ModelInfo) -> MambaShape | None:
@@ -270,7 +279,7 @@ def _transformer_shape(model: ModelInfo) -> TransformerShape | None:
         return None
     if hp.n_nextn and hp.arch != "glm4moe":
         return None  # glm4-moe.cpp leaves its NextN blocks to the MTP graph; other trunks are not known here
-    if bool(hp.n_expert) != (hp.arch in ("qwen3moe", "glm4moe")) and hp.arch != "llama":
+    if bool(hp.n_expert) != (hp.arch in ("qwen3moe", "glm4moe", "gpt-oss")) and hp.arch != "llama":
         return None  # experts only where the builder routes them
     if isinstance(model.kv.get(f"{hp.arch}.expert_used_count"), list):
         return None  # a per-layer expert count
@@ -288,6 +297,8 @@ def _transformer_shape(model: ModelInfo) -> TransformerShape | None:
         need = {f"blk.{il}.attn_q.weight", f"blk.{il}.attn_k.weight", ffn}
         if hp.arch in ("qwen3", "qwen3moe", "gemma3"):
             need |= {f"blk.{il}.attn_q_norm.weight", f"blk.{il}.attn_k_norm.weight"}
+        if hp.arch == "gpt-oss":  # every bias and the sinks: the graph adds each (openai-moe.cpp:38-50)
+            need |= {f"blk.{il}.{t}" for t in (*_GPT_OSS_LAYER, *_GPT_OSS_EXPERTS)}
         if not need <= names or f"blk.{il}.attn_qkv.weight" in names:
             return None  # fused QKV or a non-gated FFN: other nodes
     if hp.arch == "gemma3" and (hp.head_k_swa != hp.head_k or hp.head_v_swa != hp.head_v):
@@ -310,6 +321,9 @@ def _transformer_shape(model: ModelInfo) -> TransformerShape | None:
         qk_norm="blk.0.attn_q_norm.weight" in names and "blk.0.attn_k_norm.weight" in names,
         n_dense_lead=lead,
         n_ff_shexp=shexp[1] if shexp is not None and hp.arch == "glm4moe" else 0,
+        biases=hp.arch == "gpt-oss",
+        sinks=hp.arch == "gpt-oss",
+        rows_at_end=hp.arch == "gpt-oss",
     )
 
 
@@ -322,6 +336,10 @@ def _experts(model: ModelInfo, shapes: dict[str, tuple[int, ...]], il: int) -> E
     if up is None or len(up) != 3 or f"blk.{il}.ffn_gate_up_exps.weight" in shapes:
         return None  # fused gate/up experts: other nodes
     scale = model.number("expert_weights_scale")
+    if hp.arch == "gpt-oss":  # SOFTMAX_WEIGHT over biased experts (openai-moe.cpp:132-142)
+        return Experts(
+            n_expert=up[2], n_used=hp.n_expert_used, n_ff=up[1], scale=scale, softmax_weight=True, biased=True
+        )
     if hp.arch in ("llama", "qwen3moe", "qwen35moe", "qwen3next"):
         return Experts(n_expert=up[2], n_used=hp.n_expert_used, n_ff=up[1], norm_w=True, scale=scale)
     gating = int(model.number("expert_gating_func"))

@@ -97,6 +97,8 @@ class Experts:
     norm_w: bool = False  # expert_weights_norm
     scale: float = 0.0  # expert_weights_scale (0 and 1: none)
     relu_sqr: bool = False  # up-only experts with a squared ReLU (LLM_FFN_RELU_SQR, no gate: Nemotron-H)
+    softmax_weight: bool = False  # gating SOFTMAX_WEIGHT: top-k on the logits, a softmax of the k (gpt-oss)
+    biased: bool = False  # the router's and each expert's up, gate and down biases (gpt-oss)
 
 
 def moe_ffn(g: Graph, cur: Tensor, ex: Experts, logits: Tensor | None = None) -> Tensor:
@@ -108,11 +110,17 @@ def moe_ffn(g: Graph, cur: Tensor, ex: Experts, logits: Tensor | None = None) ->
     W = Graph.weight
     if logits is None:
         logits = Graph.mul_mat(W((n_embd, ex.n_expert), "ffn_gate_inp"), cur)
-    probs = Graph.like("unary" if ex.sigmoid else "soft_max", logits)
+    if ex.biased:
+        logits = Graph.like("add", logits, W((ex.n_expert,), "ffn_gate_inp.bias"))
+    # SOFTMAX_WEIGHT: the softmax comes after the selection
+    probs = logits if ex.softmax_weight else Graph.like("unary" if ex.sigmoid else "soft_max", logits)
     selection = Graph.like("add", probs, W((ex.n_expert,), "exp_probs_b.bias")) if ex.probs_bias else probs
     order = Graph.op("argsort", (ex.n_expert, n_tokens), selection, esize=I32)
     selected = Graph.view(order, (ex.n_used, n_tokens), (order.nb[1],))  # ggml_argsort_top_k
     weights = Graph.get_rows(Graph.reshape(probs, (1, ex.n_expert, n_tokens)), selected)
+    if ex.softmax_weight:  # llama-graph.cpp:2175-2180
+        soft = Graph.like("soft_max", Graph.reshape(weights, (ex.n_used, n_tokens)))
+        weights = Graph.reshape(soft, (1, ex.n_used, n_tokens))
     if ex.norm_w:
         w2 = Graph.reshape(weights, (ex.n_used, n_tokens))
         total = Graph.like("clamp", Graph.op("sum_rows", (1, n_tokens), w2))
@@ -122,14 +130,19 @@ def moe_ffn(g: Graph, cur: Tensor, ex: Experts, logits: Tensor | None = None) ->
     g.expand(weights)
     x = Graph.reshape(cur, (n_embd, 1, n_tokens))
     shape = (ex.n_ff, ex.n_used, n_tokens)
+
+    def biased(t: Tensor, name: str) -> Tensor:  # ggml_add_id of the selected experts' biases
+        return Graph.like("add_id", t, W((t.ne[0], ex.n_expert), f"{name}.bias"), selected) if ex.biased else t
+
     up = Graph.op("mul_mat_id", shape, W((n_embd, ex.n_ff, ex.n_expert), "ffn_up_exps"), x, selected)
+    up = biased(up, "ffn_up_exps")
     if ex.relu_sqr:  # llama-graph.cpp:2342-2350
         glu = Graph.like("sqr", Graph.like("unary", up))
     else:
         gate = Graph.op("mul_mat_id", shape, W((n_embd, ex.n_ff, ex.n_expert), "ffn_gate_exps"), x, selected)
-        glu = Graph.op("glu", shape, gate, up)
+        glu = Graph.op("glu", shape, biased(gate, "ffn_gate_exps"), up)  # swiglu / geglu / swiglu_oai
     down_w = W((ex.n_ff, n_embd, ex.n_expert), "ffn_down_exps")
-    down = Graph.op("mul_mat_id", (n_embd, ex.n_used, n_tokens), down_w, glu, selected)
+    down = biased(Graph.op("mul_mat_id", (n_embd, ex.n_used, n_tokens), down_w, glu, selected), "ffn_down_exps")
     experts = Graph.like("mul", down, weights)
     g.expand(experts)
     views = [Graph.view(experts, (n_embd, n_tokens), (experts.nb[2],)) for _ in range(ex.n_used)]
