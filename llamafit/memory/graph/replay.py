@@ -70,8 +70,12 @@ def graph_bytes(
     rot_k, rot_v = _rotations(model, cp)
     if isinstance(shape, LayeredShape) and shape.swa:
         rot_k = rot_v = 0  # build_inp_mem_hybrid_iswa makes no rotation inputs (llama-graph.cpp:3741-3770)
-    if (rot_k or rot_v or by_name(cp.type_k).quantized) and isinstance(shape, MlaShape):
-        return None  # a quantized cache beside MLA's absorbed attention: not build_attn's rotations
+    if isinstance(shape, MlaShape):
+        if shape.indexer is not None and (by_name(cp.type_k).quantized or by_name(cp.type_v).quantized):
+            return None  # the lightning indexer's cache beside a quantized one: not held to a load
+        # the K-only cache's build_attn rotates nothing (llama-graph.cpp:3056-3112), and a quantized cache
+        # needs flash attention there (K and V one type): the cache's type changes no node of the graph
+        rot_k = rot_v = 0
     if pooling not in (None, "none", "mean", "cls", "last") or (pooling is not None and isinstance(shape, MtpShape)):
         return None  # a reranker's classification head: other nodes
     r = _reserve(model, cp, n_outputs, fa, pooling, (rot_k, rot_v))
