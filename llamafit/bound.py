@@ -26,7 +26,7 @@ from llamafit.fit import messages
 from llamafit.gguf.hparams import ESTIMATED_COMPUTE_ARCHS
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory import backends
-from llamafit.memory.builds import MIRRORED, OUTPUTS_PER_SLOT_SINCE, Bound
+from llamafit.memory.builds import MIRRORED, OLDEST_READ, OUTPUTS_PER_SLOT_SINCE, Bound
 from llamafit.memory.footprint import LoadSettings, estimate
 from llamafit.memory.placement import CPU
 from llamafit.paths import cache_dir
@@ -59,8 +59,13 @@ _SET_HERE = frozenset(
 
 
 def reasons(plan: Plan) -> tuple[str, ...]:
-    """Why this plan's compute should be held to the binary's own measurement (none: it is replayed for this
-    build, or a launch of it on this machine corrected every compute buffer it has)."""
+    """Why this plan's compute should be held to the binary's own measurement (none: it is replayed with the
+    rules of the server's build, or a launch of it on this machine corrected every compute buffer it has).
+
+    A replayed graph on another build read from source (OLDEST_READ to b11434, or placed in a span of them
+    with no rule changing inside) is priced by that build's rules, held to the real servers of the builds the
+    accuracy bench ran: no bound. An estimated graph, a build outside that range or one that cannot be placed
+    is held to the measurement."""
     target = {b.buft for b in plan.footprint.buffers if b.kind == "compute" and b.context == "target"}
     if target and target <= set(plan.calibrated_compute):
         return ()
@@ -68,10 +73,20 @@ def reasons(plan: Plan) -> tuple[str, ...]:
     if not plan.footprint.compute_replayed:
         out.append(f"{plan.model.arch}'s compute is estimated, no replay builds its graph")
     b = plan.memory_build
-    if b is not None and b.sure in ("unknown", "unmeasured", "measured", "placed"):
+    if b is not None and b.sure == "unknown":
         said = f"b{b.server}" if b.server is not None else "a build it does not say"
-        out.append(f"the server is {said}, the model mirrors b{MIRRORED}'s graphs")
+        out.append(f"the server is {said}, which the rules cannot place (priced as b{MIRRORED})")
+    elif b is not None and b.server is not None and not OLDEST_READ <= b.server <= MIRRORED:
+        out.append(
+            f"the server is b{b.server}, outside the builds the rules were read from (b{OLDEST_READ}-b{MIRRORED})"
+        )
     return tuple(out)
+
+
+def per_sequence(model: ModelInfo) -> bool:
+    """The graph has per-sequence parts that S streams of a cache keep apart and one stream would not:
+    recurrent state, DeepSeek-V4's compressors."""
+    return any(model.hparams.is_recr) or model.hparams.arch == "deepseek4"
 
 
 def noalloc_context(s: LoadSettings, n_ctx: int, per_seq: bool) -> tuple[int, int]:
@@ -89,8 +104,7 @@ def noalloc_context(s: LoadSettings, n_ctx: int, per_seq: bool) -> tuple[int, in
 def noalloc_settings(plan: Plan) -> tuple[LoadSettings, list[str]]:
     """The settings llama-fit-params is run at, for the model to price too, and its -c/-np."""
     s = plan.settings
-    per_seq = any(plan.model.hparams.is_recr) or not plan.footprint.compute_replayed
-    n_seq, c = noalloc_context(s, plan.n_ctx, per_seq)
+    n_seq, c = noalloc_context(s, plan.n_ctx, per_sequence(plan.model))
     # n_outputs_max 0 is n_batch: common_context_params leave it unset (src/llama-context.cpp:252)
     fp = replace(_undrafted(s), n_ctx=c, n_seq=n_seq, kv_unified=False, n_outputs_max=0)
     return fp, ["-c", str(c), "-np", str(n_seq)]
