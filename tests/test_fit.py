@@ -206,13 +206,28 @@ def test_margins_per_device(l8b: ModelInfo) -> None:
     assert p.host.usable == HOST.available - 512 * MiB
 
 
-def test_several_small_cards_never_do_worse_than_one(l8b: ModelInfo) -> None:
-    one = plan(l8b, [gpu(0, 2)])
+@pytest.mark.parametrize("min_ctx", [4096, 131072])
+def test_several_small_cards_never_do_worse_than_one(l8b: ModelInfo, min_ctx: int) -> None:
+    """One policy whatever the number of cards: the context first (never below what the host alone holds),
+    then the most layers on the GPUs that context leaves room for; more cards of the same size never give
+    less of either."""
+    alone = plan(l8b, [], min_ctx=min_ctx)
+    one = plan(l8b, [gpu(0, 2)], min_ctx=min_ctx)
+    assert one.n_ctx >= alone.n_ctx
     for n in (2, 4, 8):
-        many = plan(l8b, [gpu(i, 2) for i in range(n)])
-        assert many.fits and many.settings.n_gpu_layers != 0
-        on_gpus = sum(d.layers for d in many.devices)
-        assert on_gpus >= sum(d.layers for d in one.devices)
+        many = plan(l8b, [gpu(i, 2) for i in range(n)], min_ctx=min_ctx)
+        assert many.fits and many.n_ctx >= one.n_ctx
+        if many.n_ctx == one.n_ctx:
+            assert sum(d.layers for d in many.devices) >= sum(d.layers for d in one.devices)
+
+
+def test_layers_on_small_cards_never_cut_the_context_the_host_holds(l8b: ModelInfo) -> None:
+    """A 2 GiB card holds a layer only at a shorter context: the load runs without it, and says why."""
+    for cards in ([gpu(0, 2)], [gpu(0, 2), gpu(1, 2)]):
+        p = plan(l8b, cards)
+        assert p.n_ctx == plan(l8b, []).n_ctx
+        d = p.decision("placement.cpu") or p.decision("placement.context_first")
+        assert d is not None and "The context is chosen first" in d.message
 
 
 def test_more_devices_than_llama_cpp_splits_over(l8b: ModelInfo) -> None:

@@ -80,7 +80,7 @@ def make_plan(
     """
     args = (model, machine, req, opts, caps, calibrate, mmproj, mmproj_measured, drafter_files, rates, adapters)
     try:
-        return _make_plan(*args)
+        return _context_first(_make_plan(*args), args)
     except DoesNotFitError as e:
         pinned = req.devices is not None or req.n_gpu_layers is not None or req.overrides is not None
         if (pinned or req.tensor_split is not None) and req.ctx is not None:
@@ -97,6 +97,49 @@ def make_plan(
         offloaded = mmproj is not None and req.mmproj_offload and req.mmproj_device is None
         why = messages.gpus_too_small(model.hparams.n_layer_all, usable, projector=offloaded)
         return replace(plan, decisions=tuple(why if d.code == "placement.cpu" else d for d in plan.decisions))
+
+
+def _context_first(plan: Plan, args: tuple[Any, ...]) -> Plan:
+    """The context is chosen first, whatever the number or size of the cards: a partial offload whose layers
+    cut the context below what the host alone gives (-dev none) keeps only as many layers as that context
+    allows, and none when no card holds a layer there (one 2 GiB card put 1 of 37 layers on it at 23040 tokens
+    where the host holds 40960). ``--prefer speed`` keeps the layers first."""
+    model, machine, req, opts = args[0], args[1], args[2], args[3]
+    chosen = (req.n_gpu_layers, req.tensor_split, req.overrides, req.devices, req.ctx)
+    if any(x is not None for x in chosen) or not plan.decision("context.reduced"):
+        return plan  # the user's placement or context, or no context cut
+    if opts is not None and opts.prefer == "speed":
+        return plan  # --prefer speed: the layers on the GPUs first
+    if not plan.decision("placement.partial"):
+        return plan
+    try:
+        alone = _make_plan(model, machine, replace(req, devices=()), *args[3:])
+    except DoesNotFitError:
+        return plan
+    if alone.n_ctx <= plan.n_ctx:
+        return plan
+    # the most layers at the host's context: the search's placement at that minimum, over all the cards or the
+    # first few (a card that takes no layer still takes its compute buffer)
+    gpus = [d.device.id for d in plan.devices]
+    fewer = None
+    for k in range(len(gpus), 0, -1):
+        devices = tuple(gpus[:k]) if k < len(gpus) else None
+        try:
+            p = _make_plan(model, machine, replace(req, min_ctx=alone.n_ctx, devices=devices), *args[3:])
+        except DoesNotFitError:
+            continue
+        if p.n_ctx >= alone.n_ctx and p.decision("placement.partial") and _layers(p) > _layers(fewer):
+            fewer = p
+    ngl = _layers(plan)
+    if fewer is not None:
+        why = messages.context_first(ngl, plan.n_ctx, _layers(fewer), fewer.n_ctx)
+        return replace(fewer, decisions=(*fewer.decisions, why))
+    why = messages.context_first(ngl, plan.n_ctx, 0, alone.n_ctx)
+    return replace(alone, decisions=tuple(why if d.code == "placement.cpu" else d for d in alone.decisions))
+
+
+def _layers(plan: Plan | None) -> int:
+    return sum(d.layers for d in plan.devices) if plan is not None else 0
 
 
 def _without_margins(refused: DoesNotFitError, args: tuple[Any, ...]) -> Plan:

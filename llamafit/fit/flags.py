@@ -80,7 +80,7 @@ def planned_argv(
                 names = {dev: name for name, dev in machine.buffer_aliases.items()}
                 tokens += ("-ot", ",".join(f"{o.pattern}={names.get(o.buft, o.buft)}" for o in rest))
             out.append(Planned("overrides", tokens))
-        if req.devices is None and len(gpus) < len(machine.gpus):
+        if not req.server_args.has("--device") and len(gpus) < len(machine.gpus):  # the user's -dev passes
             out.append(Planned("device", ("-dev", ",".join(g.id for g in gpus))))
     elif machine.gpus and placed:
         out.append(Planned("device", ("-dev", "none")))

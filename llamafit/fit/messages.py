@@ -69,6 +69,19 @@ def placement_cpu_moe(n_layer: int, overrides: Sequence[Override]) -> Decision:
     return Decision("placement.cpu_moe", text + "; everything else is on the GPU.")
 
 
+def context_first(ngl: int, cut: int, kept: int, n_ctx: int) -> Decision:
+    """More layers on small cards would cut the context below what the host holds without them: the context is
+    chosen first, the GPUs take the layers it leaves room for (``kept``; none: the load runs without them)."""
+    head = f"The context is chosen first: {ngl} layers on the GPUs would cut it to {cut}"
+    tail = " (--prefer speed puts the layers first)"
+    if kept:
+        return Decision("placement.context_first", f"{head}; {kept} keep it at {n_ctx}{tail}.")
+    return Decision(
+        "placement.cpu",
+        f"{head}; without them (-dev none) the host holds {n_ctx}, and all layers run on the CPU{tail}.",
+    )
+
+
 def placement_partial(ngl: int, n_units: int, on: str) -> Decision:
     return Decision("placement.partial", f"{ngl} of {n_units} layers on {on} (-ngl {ngl}); the rest run on the CPU.")
 
