@@ -15,7 +15,7 @@ from typing import Any
 
 from llamafit import bound
 from llamafit.calibration import Corrections, corrections, measured_mmproj_compute
-from llamafit.devices.machine import Machine, discover
+from llamafit.devices.machine import Machine, described_host, discover
 from llamafit.devices.rpc import discover_rpc, same_servers
 from llamafit.errors import DoesNotFitError, LlamafitError, UsageError
 from llamafit.fit import make_plan
@@ -306,6 +306,7 @@ LLAMAFIT_OPTIONS = frozenset(
         "--ready-timeout",
         "--models-preset-out",
         "--host-bandwidth",
+        "--host-ram",
         "--budget",
         "--goal",
         "--quiet",
@@ -371,7 +372,7 @@ def rates_for(
         flags=flags,
         prompt=max(32, min(prompt, 2048)),
         host_bandwidth=bw,
-        here=not o.gpu,
+        here=not (o.gpu or o.host_ram),  # described hardware is not measured here
         progress=progress,
         calibrate=o.calibrate,
         measure=measure,
@@ -397,15 +398,19 @@ def _with_rpc(
 
 
 def discover_for(o: Options, srv: ServerBinary | None) -> Machine:
-    """The machine as the server that will run sees it (its device list, in its environment)."""
+    """The machine as the server that will run sees it (its device list, in its environment); the host's RAM
+    as ``--host-ram`` describes it, when it does."""
+    host = described_host(o.host_ram) if o.host_ram else None
     if o.gpu or o.cpu_only or srv is None:
-        return discover(gpu_specs=o.gpu, cpu_only=o.cpu_only)
-    return discover(server=srv.path, server_env=launch_env(srv).env, cache=cache_dir())
+        return discover(gpu_specs=o.gpu, cpu_only=o.cpu_only, host=host)
+    return discover(server=srv.path, server_env=launch_env(srv).env, cache=cache_dir(), host=host)
 
 
 def machine_and_server(o: Options) -> tuple[Machine, tuple[ServerBinary | None, Capabilities]]:
     """The machine as the server that would run sees it, and that server with what it accepts. A bad
     ``--gpu`` is a usage error before any file or binary is touched."""
+    if o.host_ram:
+        described_host(o.host_ram)  # a bad --host-ram is a usage error before anything runs, too
     described = discover_for(o, None) if o.gpu else None
     found = server_and_caps(o.server)
     return described or discover_for(o, found[0]), found

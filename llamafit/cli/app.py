@@ -22,6 +22,7 @@ from llamafit.cli.options import (
     GpuOpt,
     HfFileOpt,
     HostBandwidthOpt,
+    HostRamOpt,
     JsonOpt,
     MarginOpt,
     MinCtxOpt,
@@ -233,6 +234,7 @@ def plan(
     rpc: RpcOpt = None,
     rpc_optional: RpcOptionalOpt = False,
     host_bandwidth: HostBandwidthOpt = None,
+    host_ram: HostRamOpt = None,
     quant: QuantOpt = None,
     models_preset: ModelsPresetOpt = None,
     models_preset_out: Annotated[
@@ -326,6 +328,7 @@ def run(
     rpc: RpcOpt = None,
     rpc_optional: RpcOptionalOpt = False,
     host_bandwidth: HostBandwidthOpt = None,
+    host_ram: HostRamOpt = None,
     quant: QuantOpt = None,
     models_preset: ModelsPresetOpt = None,
     json_out: Annotated[
@@ -343,12 +346,13 @@ def run(
     A Hub model is downloaded (only the files the plan uses) after the plan says it fits."""
     with handled():
         refs, o = _targets(ctx, model)
-        if o.gpu and not dry_run:
+        if (o.gpu or o.host_ram) and not dry_run:
             from llamafit.errors import UsageError
 
+            flag = "--gpu" if o.gpu else "--host-ram"
             raise UsageError(
-                "--gpu describes hardware that is not here: a plan for it can be printed, not launched",
-                hint="add --dry-run (or use plan), or drop --gpu to launch on this machine's devices",
+                f"{flag} describes hardware that is not here: a plan for it can be printed, not launched",
+                hint=f"add --dry-run (or use plan), or drop {flag} to launch on this machine",
             )
         if len(refs) > 1 or models_preset is not None:
             _one_model_options(quant)

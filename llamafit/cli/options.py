@@ -93,6 +93,14 @@ HostBandwidthOpt = Annotated[
         help="Host memory bandwidth for the speed estimate (e.g. 80GB/s) instead of measuring this machine.",
     ),
 ]
+HostRamOpt = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        "--host-ram",
+        metavar="AVAILABLE[/TOTAL]",
+        help="Plan for host RAM you describe (e.g. 480GiB/512GiB) instead of this machine's.",
+    ),
+]
 CpuOnlyOpt = Annotated[bool, typer.Option("--cpu-only", help="Plan a CPU-only load (ignore GPUs).")]
 MarginOpt = Annotated[
     str,
@@ -120,8 +128,9 @@ PreferOpt = Annotated[
     Prefer,
     typer.Option(
         "--prefer",
-        help="Under --spec auto: 'context' gives the drafter up before cutting the context; 'speed' keeps the "
-        "drafter and cuts the context (not below --min-ctx).",
+        help="'context': the context first (under --spec auto the drafter is given up before it is cut; layers "
+        "on small GPUs never cut it below what the host holds); 'speed': the drafter and the GPU layers first, the "
+        "context cut (not below --min-ctx).",
     ),
 ]
 DraftOpt = Annotated[

@@ -266,6 +266,15 @@ def described_gpu(spec: str, index: int) -> Device:
     )
 
 
+def described_host(spec: str) -> Host:
+    """``--host-ram AVAILABLE[/TOTAL]``: the host's RAM as given (a unit is required)."""
+    try:
+        available, total = parse_gpu_spec(spec)
+    except UsageError as e:
+        raise UsageError(e.message.replace("--gpu", "--host-ram"), hint="e.g. --host-ram 480GiB/512GiB") from None
+    return Host(total=total, available=available)
+
+
 def host_memory() -> Host:
     import psutil
 
