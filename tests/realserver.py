@@ -277,7 +277,8 @@ class _Loop(http.server.BaseHTTPRequestHandler):
     def log_message(self, *a): pass
 _http = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Loop)
 threading.Thread(target=_http.serve_forever, daemon=True).start()
-print(f"0.00.000.000 I srv  llama_server: listening on http://127.0.0.1:{_http.server_port}", file=sys.stderr, flush=True)
+_url = f"http://127.0.0.1:{_http.server_port}"
+print(f"0.00.000.000 I srv  llama_server: listening on {_url}", file=sys.stderr, flush=True)
 """
 
 

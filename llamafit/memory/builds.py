@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llamafit.ggml import by_name
-from llamafit.gguf.hparams import HYBRID_ARCHS, RS_ROLLBACK_ARCHS
+from llamafit.gguf.hparams import HYBRID_ARCHS, RECURRENT_ARCHS, RS_ROLLBACK_ARCHS
 from llamafit.memory.ggml_builds import GGML_BUILDS
 from llamafit.units import MiB
 
@@ -37,6 +37,16 @@ MLA_MASK_F16_SINCE = 9432  # the MLA and indexer masks: cast until 9415, F16 fro
 # reserve's ubatch had its logits reserved (n_outputs_max = n_batch, src/llama-context.cpp:252), as
 # llama-fit-params still does.
 OUTPUTS_PER_SLOT_SINCE = 9464
+# build_inp_embd selects of three inputs, the third a mixed token/embedding path whose copy of the embedding
+# rows stays in the compute buffer (src/llama-graph.cpp:2458-2496); 11393 and older selected of two, and Gemma 3
+# scaled the selected rows (ggml_scale) where it now multiplies them by a per-row input. The architectures
+# llm_arch_supports_mixed_batch leaves out (src/llama-arch.cpp:1182-1194) never had it.
+MIXED_BATCH_SINCE = 11401
+NO_MIXED_BATCH = frozenset({"cogvlm", "deepseek4", "granite-switch", "eagle3", "dflash", "gemma4-assistant"})
+# build_rs gathers every recurrent state in one get_rows and views the ubatch's and the extra ones in it
+# (llama-graph.cpp:3520-3560); 11368 and older gathered the ubatch's (or read them with the op's own getter)
+# and the extra ones apart, each a get_rows of its own
+RS_ONE_GATHER_SINCE = 11378
 # CUDA reserves the F16 copies of a quantized K/V inside the flash-attention op's compute buffer (#23907,
 # release b9489); before, its pool took them at run time: the same VRAM, not in the logged buffer
 CUDA_FA_COPY_RESERVED_SINCE = 9489
@@ -154,6 +164,18 @@ RULES = (
     Rule(
         "rollback-arch", 0, "no rollback rows for {arch} (a speculative target keeps none)", by_arch=ROLLBACK_ARCH_SINCE
     ),
+    Rule(
+        "mixed-batch",
+        MIXED_BATCH_SINCE,
+        "no mixed token/embedding input in the compute buffer",
+        by_arch=dict.fromkeys(NO_MIXED_BATCH, 0),
+    ),
+    Rule(
+        "rs-one-gather",
+        RS_ONE_GATHER_SINCE,
+        "the recurrent states gathered in two parts",
+        only=RECURRENT_ARCHS | HYBRID_ARCHS,
+    ),
     *(
         Rule(
             f"rollback-{kind}",
@@ -207,6 +229,16 @@ def outputs_per_slot(build: int) -> bool:
 def kq_mask_f16(build: int) -> bool:
     """Whether a flash-attention KQ mask is made F16 (else F32 with an F16 cast beside it)."""
     return not before("kq-mask-f16", build)
+
+
+def mixed_batch(build: int, arch: str) -> bool:
+    """Whether the graph's input has the mixed token/embedding path (MIXED_BATCH_SINCE)."""
+    return arch not in NO_MIXED_BATCH and not before("mixed-batch", build, arch)
+
+
+def rs_one_gather(build: int) -> bool:
+    """Whether build_rs gathers every recurrent state at once (RS_ONE_GATHER_SINCE)."""
+    return not before("rs-one-gather", build)
 
 
 def mla_mask_f16(build: int) -> bool:
@@ -420,7 +452,7 @@ class Bound:
         head = f"Compute checked with {name}'s no-alloc load ({why}): {seen} {how}; the model says {model}"
         if not self.scale:
             return head + ": within the plan."
-        scaled = ", ".join(f"{b} x {f:.3f}" for b, f in self.scale.items())
+        scaled = ", ".join(f"{b} x {f:.3f}, {(f - 1) * 100:+.0f} % over the model's own" for b, f in self.scale.items())
         return head + f": the plan's compute is raised to it ({scaled})."
 
     def to_json(self) -> dict[str, Any]:

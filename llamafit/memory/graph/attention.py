@@ -68,6 +68,8 @@ class Reserve:
     # without flash attention V is cached transposed, unless "auto" resolved it off after the cache was made
     # (create_memory counts "auto" as on: llama-context.cpp:205); attention then transposes a copy of V
     v_trans: bool = True
+    mixed_batch: bool = True  # build_inp_embd's mixed token/embedding path (a build before 11401 has none)
+    rs_one_gather: bool = True  # the recurrent states gathered once (before 11378: the ubatch's and the rest)
 
 
 def kq_mask(shape: tuple[int, int, int, int], fa: bool, f16: bool = True) -> Tensor:
@@ -112,11 +114,13 @@ class Builder:
 
     def graph(self) -> Graph:
         sh, g, T = self.sh, self.g, self.T
-        rows = input_embeddings(g, sh.n_embd, sh.n_vocab, T)
+        rows = input_embeddings(g, sh.n_embd, sh.n_vocab, T, mixed=self.r.mixed_batch)
         inp_l = rows
-        if self.gemma:  # tok_scale sqrt(n_embd): a per-row scale input after the select
+        if self.gemma and self.r.mixed_batch:  # tok_scale sqrt(n_embd): a per-row scale input after the select
             inp_l = Graph.like("mul", rows, Graph.input((1, T)))
             g.expand(inp_l)
+        elif self.gemma:  # before the mixed path: ggml_scale of the selected rows (gemma3.cpp:88-91 of 11393)
+            inp_l = Graph.like("scale", rows)
         out_ids = Graph.input((max(1, min(self.r.n_outputs, T)),), I32)
         for il in range(sh.n_layer):
             with in_layer(il):

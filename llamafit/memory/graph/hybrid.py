@@ -62,7 +62,7 @@ class _Linear:
         self.n_seqs = max(1, b.r.n_seqs)
         self.nst = b.T // self.n_seqs
         self.K = n_rs_seq + 1
-        self.rs = RecurrentStates(self.g, self.n_seqs)
+        self.rs = RecurrentStates(self.g, self.n_seqs, b.r.rs_one_gather)
         self.conv_ch = sh.d_inner + 2 * sh.n_group * sh.d_state
         self.head_v = sh.d_inner // sh.n_v_heads
         self.n_embd_r = (sh.d_conv - 1) * self.conv_ch
@@ -70,7 +70,7 @@ class _Linear:
 
     def build(self) -> None:
         b, sh, g, a = self.b, self.sh, self.g, self.sh.block
-        inp_l = input_embeddings(g, a.n_embd, a.n_vocab, b.T)
+        inp_l = input_embeddings(g, a.n_embd, a.n_vocab, b.T, mixed=b.r.mixed_batch)
         out_ids = Graph.input((max(1, min(b.r.n_outputs, b.T)),), I32)
         for il, recr in enumerate(sh.is_recr):
             with in_layer(il):

@@ -84,10 +84,8 @@ class _Layers:
         self.n_seqs = max(1, b.r.n_seqs)
         self.nst = b.T // self.n_seqs
         self.K = b.r.n_rs_seq + 1 if b.r.n_rs_seq > 0 else 1
-        self.mamba = (
-            MambaLayers(sh.mamba, b.r.n_tokens, b.r.n_seqs, b.r.n_outputs, b.r.n_rs_seq, g=self.g) if sh.mamba else None
-        )
-        self.rs = self.mamba.rs if self.mamba else RecurrentStates(self.g, self.n_seqs)
+        self.mamba = MambaLayers(sh.mamba, b.r, g=self.g) if sh.mamba else None
+        self.rs = self.mamba.rs if self.mamba else RecurrentStates(self.g, self.n_seqs, b.r.rs_one_gather)
 
     def graph(self) -> Graph:
         raise NotImplementedError  # each architecture's trunk
@@ -119,7 +117,7 @@ class _Layers:
 class _Lfm2(_Layers):
     def graph(self) -> Graph:
         sh, g, T = self.sh, self.g, self.b.T
-        inp_l = input_embeddings(g, sh.n_embd, sh.n_vocab, T)
+        inp_l = input_embeddings(g, sh.n_embd, sh.n_vocab, T, mixed=self.r.mixed_batch)
         out_ids = Graph.input((max(1, min(self.r.n_outputs, T)),), I32)
         last = len(sh.kinds) - 1
         for il, kind in enumerate(sh.kinds):
@@ -159,7 +157,7 @@ class _Lfm2(_Layers):
 class _NemotronH(_Layers):
     def graph(self) -> Graph:
         sh, g, T = self.sh, self.g, self.b.T
-        inp_l = input_embeddings(g, sh.n_embd, sh.n_vocab, T)
+        inp_l = input_embeddings(g, sh.n_embd, sh.n_vocab, T, mixed=self.r.mixed_batch)
         out_ids = Graph.input((max(1, min(self.r.n_outputs, T)),), I32)
         assert self.mamba is not None or MAMBA2 not in sh.kinds
         for il, kind in enumerate(sh.kinds):
@@ -202,7 +200,7 @@ class _Granite(_Layers):
     def graph(self) -> Graph:
         sh, g, T = self.sh, self.g, self.b.T
         emb_scale, res_scale, logit_scale = sh.scales
-        inp_l = input_embeddings(g, sh.n_embd, sh.n_vocab, T)
+        inp_l = input_embeddings(g, sh.n_embd, sh.n_vocab, T, mixed=self.r.mixed_batch)
         if emb_scale:  # build_inp_embd scales the selected rows (llama-graph.cpp:2509-2514)
             inp_l = Graph.like("scale", inp_l)
             g.expand(inp_l)

@@ -39,7 +39,7 @@ class MambaShape:
 def mamba_graph(shape: MambaShape, r: Reserve) -> Graph:
     """The reserve graph of a pure Mamba model (its weights and states tagged under ``galloc.placed``);
     of ``r`` only the batch, the sequences, the outputs and the rollback snapshots matter."""
-    return MambaLayers(shape, r.n_tokens, r.n_seqs, r.n_outputs, r.n_rs_seq, r.samplers).graph()
+    return MambaLayers(shape, r, r.samplers).graph()
 
 
 class MambaLayers:
@@ -49,30 +49,29 @@ class MambaLayers:
     def __init__(
         self,
         sh: MambaShape,
-        n_tokens: int,
-        n_seqs: int,
-        n_outputs: int,
-        n_rs_seq: int,
+        r: Reserve,
         samplers: Samplers | None = None,
         g: Graph | None = None,
     ) -> None:
-        self.sh, self.samplers = sh, samplers
+        """Of ``r`` only the batch, the sequences, the outputs, the rollback snapshots and the build's input
+        and state-gathering rules matter."""
+        self.sh, self.samplers, self.mixed = sh, samplers, r.mixed_batch
         self.g = Graph() if g is None else g
-        self.n_seqs = max(1, n_seqs)
-        self.T = -(-n_tokens // self.n_seqs) * self.n_seqs  # graph_reserve: a multiple of n_seqs
+        self.n_seqs = max(1, r.n_seqs)
+        self.T = -(-r.n_tokens // self.n_seqs) * self.n_seqs  # graph_reserve: a multiple of n_seqs
         self.nst = self.T // self.n_seqs
-        self.K = n_rs_seq + 1 if n_rs_seq > 0 and sh.version == 2 else 1
-        self.n_out = max(1, min(n_outputs, self.T))
+        self.K = r.n_rs_seq + 1 if r.n_rs_seq > 0 and sh.version == 2 else 1
+        self.n_out = max(1, min(r.n_outputs, self.T))
         self.n_head = sh.dt_rank if sh.version == 2 else sh.d_inner
         self.head_dim = sh.d_inner // self.n_head
         self.conv_ch = sh.d_inner + (2 * sh.n_group * sh.d_state if sh.version == 2 else 0)
         self.n_embd_r = (sh.d_conv - 1) * self.conv_ch
         self.n_embd_s = sh.d_state * sh.d_inner
-        self.rs = RecurrentStates(self.g, self.n_seqs)
+        self.rs = RecurrentStates(self.g, self.n_seqs, r.rs_one_gather)
 
     def graph(self) -> Graph:
         sh, g = self.sh, self.g
-        inp_l = input_embeddings(g, sh.n_embd, sh.n_vocab, self.T)
+        inp_l = input_embeddings(g, sh.n_embd, sh.n_vocab, self.T, mixed=self.mixed)
         out_ids = Graph.input((self.n_out,), I32)
         for il in range(sh.n_layer):
             with in_layer(il):

@@ -74,7 +74,7 @@ class _Builder:
 
     def graph(self) -> Graph:
         sh, g, T = self.sh, self.g, self.T
-        inp_l = input_embeddings(g, sh.n_embd, sh.n_vocab, T)
+        inp_l = input_embeddings(g, sh.n_embd, sh.n_vocab, T, mixed=self.r.mixed_batch)
         out_ids = Graph.input((max(1, min(self.r.n_outputs, T)),), I32)
         for il in range(sh.n_layer):
             with in_layer(il):

@@ -22,14 +22,17 @@ def rms_norm(x: Tensor, name: str = "") -> Tensor:
     return Graph.like("mul", pin_norm(Graph.like("rms_norm", x)), Graph.weight((x.ne[0],), name))
 
 
-def input_embeddings(g: Graph, n_embd: int, n_vocab: int, n_tokens: int) -> Tensor:
-    """The token rows (the selected input) after every input of build_inp_embd is expanded."""
+def input_embeddings(g: Graph, n_embd: int, n_vocab: int, n_tokens: int, *, mixed: bool = True) -> Tensor:
+    """The token rows (the selected input) after every input of build_inp_embd is expanded; ``mixed``: the
+    mixed token/embedding path is one of them (a build before MIXED_BATCH_SINCE selects of two)."""
     tok_embd = Graph.weight((n_embd, n_vocab), "token_embd")
     rows = Graph.get_rows(tok_embd, Graph.input((n_tokens,), I32))
-    dup = Graph.like("dup", Graph.input((n_embd, n_tokens)))
-    mixed_rows = Graph.get_rows(tok_embd, Graph.input((n_tokens,), I32))
-    mixed = Graph.set_rows(dup, mixed_rows, Graph.input((n_tokens,), I64))
-    for t in (rows, Graph.input((n_embd, n_tokens)), mixed):
+    inputs = [rows, Graph.input((n_embd, n_tokens))]
+    if mixed:
+        dup = Graph.like("dup", Graph.input((n_embd, n_tokens)))
+        mixed_rows = Graph.get_rows(tok_embd, Graph.input((n_tokens,), I32))
+        inputs.append(Graph.set_rows(dup, mixed_rows, Graph.input((n_tokens,), I64)))
+    for t in inputs:
         g.expand(t)
     return rows
 
@@ -171,13 +174,15 @@ def routed_and_shared(g: Graph, cur: Tensor, ex: Experts, n_ff_shexp: int, gated
 
 class RecurrentStates:
     """build_rs over the full recurrent memory of a reserve (llama-graph.cpp:3587-3676; one state per
-    sequence: llama-memory-recurrent.cpp:1291-1346), shared by the Mamba and delta-net replays."""
+    sequence: llama-memory-recurrent.cpp:1291-1346), shared by the Mamba and delta-net replays. Builds before
+    RS_ONE_GATHER_SINCE gathered the ubatch's states and the extra ones apart (``one_gather`` False)."""
 
-    def __init__(self, g: Graph, n_seqs: int) -> None:
-        self.g, self.n_seqs, self.n_rs = g, n_seqs, n_seqs
+    def __init__(self, g: Graph, n_seqs: int, one_gather: bool = True) -> None:
+        self.g, self.n_seqs, self.n_rs, self.one_gather = g, n_seqs, n_seqs, one_gather
         self.s_copy = Graph.input((self.n_rs,), I32)
         self.s_copy_main = Graph.view(self.s_copy, (n_seqs,))
         self.s_copy_tail = Graph.view(self.s_copy, (self.n_rs - 1,))
+        self.s_copy_extra = Graph.view(self.s_copy, (self.n_rs - n_seqs,))
 
     def cpy(self, a: Tensor, dst: Tensor) -> None:
         """``ggml_build_forward_expand(ggml_cpy(a, dst))``: the result is a view of ``dst``."""
@@ -190,6 +195,12 @@ class RecurrentStates:
         states = Graph.reshape(s, (state_size, s.ne[1]))
         zero = Graph.view(states, (state_size,))
         g.expand(Graph.view(zero, zero.ne, op="scale", src=(zero,)))  # ggml_scale_inplace
+        if not self.one_gather:  # b11368's build_rs (llama-graph.cpp:3520-3552 there)
+            out = (getter or Graph.get_rows)(states, self.s_copy_main)
+            g.expand(out)
+            extra = Graph.get_rows(states, self.s_copy_extra)
+            self.cpy(extra, Graph.view(s, (state_size, n_rs - n_seqs)))
+            return out
         states_all = Graph.get_rows(states, self.s_copy if getter is None else self.s_copy_tail)
         if getter is None:
             out = Graph.view(states_all, (state_size, n_seqs), (states_all.nb[1],))
