@@ -299,3 +299,60 @@ def test_a_dspark_drafter_on_the_deepseek_v4_backbone(
         assert set(rows) == {"model", "kv", "output"}, context
         for r in rows.values():
             assert r.actual_mib is not None and r.within, (context, r)
+
+
+def _anonymous_mappings(pid: int) -> list[tuple[int, int]]:
+    """(size, resident) in bytes of the process's anonymous mappings of 1 MiB or more, from /proc/PID/smaps."""
+    import re
+
+    out = []
+    for block in re.split(r"\n(?=[0-9a-f]+-[0-9a-f]+ )", Path(f"/proc/{pid}/smaps").read_text()):
+        head = block.split("\n", 1)[0].split()
+        size = re.search(r"^Size:\s+(\d+) kB", block, re.M)
+        rss = re.search(r"^Rss:\s+(\d+) kB", block, re.M)
+        if len(head) == 5 and size and rss and int(size[1]) >= 1024:  # no path: anonymous
+            out.append((int(size[1]) * 1024, int(rss[1]) * 1024))
+    return out
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="reads the server's mappings from /proc")
+def test_the_output_buffer_grows_to_the_planned_peak_while_drafting(server_bin: ServerBinary, tmp_path: Path) -> None:
+    """The output buffer is logged at load for one row per slot; drafting grows it (output_reserve) to a row per
+    draft token and slot, which the plan keeps and says. Shown on a real server that drafts: zero weights make
+    greedy decoding under a grammar periodic, so ngram-simple finds its 12-gram and drafts 48 tokens a step."""
+    import http.client
+    import json
+    import time
+
+    from llamafit.server.binary import free_port
+    from llamafit.server.supervisor import Supervisor
+
+    model = factory.dense(name="drafts", n_layer=2, n_vocab=151936, ctx=8192).write(tmp_path / "m.gguf")
+    args = ["-c", "4096", "-np", "1", "--spec-type", "ngram-simple"]
+    a = parse_server_args(args)
+    p = make_plan(load_model(model), HOST, build_request(a), spec_options(a))
+    peak = p.host.use.output
+    assert peak == p.settings.n_outputs_max * 151936 * 4 and p.settings.n_outputs_max == 49
+    assert any("grows to" in n for n in p.notes)
+    port = free_port()
+    argv = [*compose(server_bin.path, p.planned, a), "--port", str(port), "--no-warmup"]
+    sup = Supervisor(argv, server_bin.env())
+    sup.start()
+    try:
+        sup.wait_ready(120)
+        pid = sup.pid
+        assert pid is not None
+        before = _anonymous_mappings(pid)
+        words = " ".join(f"t{i}" for i in range(100, 130))
+        body = {"prompt": "x", "n_predict": 300, "temperature": 0, "ignore_eos": True,
+                "grammar": f'root ::= (" {words}")+'}  # fmt: skip
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+        c.request("POST", "/completion", json.dumps(body), {"Content-Type": "application/json"})
+        reply = json.loads(c.getresponse().read())
+        time.sleep(0.5)
+        after = _anonymous_mappings(pid)
+    finally:
+        sup.stop()
+    assert reply["timings"].get("draft_n", 0) > 0, "the server drafted nothing"
+    grown = [m for m in after if m not in before and m[1] >= 0.99 * peak]
+    assert any(abs(size - peak) < 64 << 10 for size, _ in grown), (peak, after)

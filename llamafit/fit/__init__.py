@@ -50,7 +50,7 @@ from llamafit.server.args import Planned
 from llamafit.server.capabilities import ASSUMED, Capabilities
 from llamafit.speculative import Drafter, DrafterFiles, SpecOptions, choose
 from llamafit.speed.model import Speed
-from llamafit.units import pad
+from llamafit.units import MiB, pad
 
 __all__ = ["CTX_STEP", "make_plan", "select_gpus"]
 
@@ -234,7 +234,21 @@ def _make_plan(
         warnings.append(build.message)
     plan = _assemble(model, machine, req, search, gpus, t, out.report, planned, projector, decisions, warnings, runtime)
     plan = replace(plan, memory_build=build, calibrated_compute=tuple(calib.compute_scale))
+    if (grows := _output_growth(plan)) is not None:
+        plan = replace(plan, notes=(*plan.notes, grows))
     return _with_speed(plan, trial_speed(model, t, gpus, rates)) if rates is not None else plan
+
+
+def _output_growth(plan: Plan) -> str | None:
+    """What the plan keeps for the output buffer beyond the size the server logs at load: it grows while every
+    slot verifies a full draft (output_reserve, src/llama-context.cpp:2118-2210; measured on a real server:
+    tests/test_speculative_vs_server.py)."""
+    peak = plan.host.use.output + sum(d.use.output for d in plan.devices)
+    logged = sum(b.nbytes for b in plan.footprint.buffers if b.kind == "output" and b.context == "target")
+    if peak - logged < MiB:
+        return None
+    rows = plan.settings.n_outputs_max
+    return messages.output_grows(logged, peak, rows)
 
 
 SPEED_WORDED = ("speculative.drafter", "speculative.dropped", "speculative.ngram")

@@ -89,6 +89,14 @@ def placement_partial(ngl: int, n_units: int, on: str) -> Decision:
 # -- context, slots, calibration, flags -------------------------------------------------------------
 
 
+def output_grows(logged: int, peak: int, rows: int) -> str:
+    """The output buffer is logged at load for one row per slot and grows at run time (drafting)."""
+    return (
+        f"The output buffer is {fmt_bytes(logged)} at load and grows to {fmt_bytes(peak)} while drafting ({rows} "
+        "rows of logits: every slot verifying a full draft); the plan keeps room for the larger."
+    )
+
+
 def within_margin(short: Sequence[tuple[str, int, int]]) -> str:
     """Your placement and context fit each device's memory, but not the margin it should keep free."""
     where = ", ".join(

@@ -251,6 +251,11 @@ class Supervisor:
             self.on_ready(url, parse(list(self.lines)))
 
     @property
+    def pid(self) -> int | None:
+        """The server's process id, once started."""
+        return self._proc.pid if self._proc is not None else None
+
+    @property
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
