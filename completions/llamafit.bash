@@ -82,12 +82,13 @@ _llamafit() {
                 --revision) :; return 0 ;;
                 --rpc) :; return 0 ;;
                 --host-bandwidth) :; return 0 ;;
+                --host-ram) :; return 0 ;;
                 --quant) :; return 0 ;;
                 --models-preset) :; return 0 ;;
                 --models-preset-out) :; return 0 ;;
             esac
             if [[ "$cur" == -* ]]; then
-                COMPREPLY=($(compgen -W "--gpu --cpu-only --margin --min-ctx --spec --prefer --draft --server --hf-file --revision --offline --rpc --rpc-optional --host-bandwidth --quant --models-preset --models-preset-out --quants --json --quiet -q --help -h" -- "$cur")); return 0
+                COMPREPLY=($(compgen -W "--gpu --cpu-only --margin --min-ctx --spec --prefer --draft --server --hf-file --revision --offline --rpc --rpc-optional --host-bandwidth --host-ram --quant --models-preset --models-preset-out --quants --json --quiet -q --help -h" -- "$cur")); return 0
             fi
             _llamafit_models ;;
         run)
@@ -105,17 +106,19 @@ _llamafit() {
                 --revision) :; return 0 ;;
                 --rpc) :; return 0 ;;
                 --host-bandwidth) :; return 0 ;;
+                --host-ram) :; return 0 ;;
                 --quant) :; return 0 ;;
                 --models-preset) :; return 0 ;;
             esac
             if [[ "$cur" == -* ]]; then
-                COMPREPLY=($(compgen -W "--dry-run --exec --verbose -v --log-file --ready-timeout --no-retry --server --gpu --cpu-only --margin --min-ctx --spec --prefer --draft --hf-file --revision --offline --rpc --rpc-optional --host-bandwidth --quant --models-preset --json --quiet -q --help -h" -- "$cur")); return 0
+                COMPREPLY=($(compgen -W "--dry-run --exec --verbose -v --log-file --ready-timeout --no-retry --server --gpu --cpu-only --margin --min-ctx --spec --prefer --draft --hf-file --revision --offline --rpc --rpc-optional --host-bandwidth --host-ram --quant --models-preset --json --quiet -q --help -h" -- "$cur")); return 0
             fi
             _llamafit_models ;;
         tune)
             case "$prev" in
                 --budget) :; return 0 ;;
                 --goal) :; return 0 ;;
+                --host-ram) :; return 0 ;;
                 --margin) :; return 0 ;;
                 --min-ctx) :; return 0 ;;
                 --spec) COMPREPLY=($(compgen -W "auto off draft-simple draft-mtp draft-eagle3 draft-dflash draft-dspark ngram-mod ngram-simple ngram-map-k ngram-map-k4v ngram-cache" -- "$cur")); return 0 ;;
@@ -127,7 +130,7 @@ _llamafit() {
                 --rpc) :; return 0 ;;
             esac
             if [[ "$cur" == -* ]]; then
-                COMPREPLY=($(compgen -W "--budget --goal --cpu-only --margin --min-ctx --spec --prefer --draft --server --hf-file --revision --offline --rpc --rpc-optional --json --quiet -q --help -h" -- "$cur")); return 0
+                COMPREPLY=($(compgen -W "--budget --goal --cpu-only --host-ram --margin --min-ctx --spec --prefer --draft --server --hf-file --revision --offline --rpc --rpc-optional --json --quiet -q --help -h" -- "$cur")); return 0
             fi
             _llamafit_models ;;
     esac

@@ -15,7 +15,8 @@ from typing import Any
 
 from llamafit import bound
 from llamafit.calibration import Corrections, corrections, measured_mmproj_compute
-from llamafit.devices.machine import Machine, described_host, discover
+from llamafit.devices.described import described_host
+from llamafit.devices.machine import Machine, discover
 from llamafit.devices.rpc import discover_rpc, same_servers
 from llamafit.errors import DoesNotFitError, LlamafitError, UsageError
 from llamafit.fit import make_plan

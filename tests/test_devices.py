@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from llamafit.devices.machine import GpuProbeError, Host, PhysicalGpu, apply_cuda_visible, discover, parse_gpu_spec
+from llamafit.devices.described import parse_gpu_spec
+from llamafit.devices.machine import GpuProbeError, Host, PhysicalGpu, apply_cuda_visible, discover
 from llamafit.errors import UsageError
 from llamafit.units import GiB, MiB
 

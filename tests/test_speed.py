@@ -13,7 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 from llamafit.cli.app import app
-from llamafit.devices.machine import Device, GpuProbeError, Host, Machine, PhysicalGpu, described_gpu, discover
+from llamafit.devices.described import described_gpu
+from llamafit.devices.machine import Device, GpuProbeError, Host, Machine, PhysicalGpu, discover
 from llamafit.errors import UsageError
 from llamafit.fit import make_plan
 from llamafit.gguf.model import ModelInfo, load_model
@@ -25,6 +26,7 @@ from llamafit.speed import probe_models as pm
 from llamafit.speed.bench import bench_flags, parse_jsonl
 from llamafit.speed.calibrate import correction
 from llamafit.speed.gpus import lookup
+from llamafit.speed.priors import PRIORS
 from llamafit.speed.rates import Rates, nvml_rates, parse_rate
 from llamafit.speed.timings import TimingReader
 from llamafit.units import GiB
@@ -132,10 +134,18 @@ def test_a_card_without_a_bandwidth_says_the_speed_is_unknown_and_how_to_give_it
     assert any("--gpu SIZE@RATE" in u for u in sp["unknown"])
     r = CliRunner().invoke(app, ["plan", str(l8b.path), "--gpu", "rtx-4090", "--json"])
     sp = json.loads(r.stdout)["speed"]
-    # a named card's published bandwidth bounds generation: every weight but the embedding rows at 1008 GB/s
+    # a named card's published peaks with CUDA's priors: generation below every weight but the embedding rows
+    # at the share of 1008 GB/s a mat-vec streams at (the fixed costs come on top), a prefill from its FP16
+    # throughput, each with the range the priors held
     streamed = l8b.tensor_bytes - next(t.info.nbytes for t in l8b.tensors if t.name == "token_embd.weight")
-    assert sp["source"] == "estimated" and 0.95 * 1008e9 / streamed < sp["tg"] <= 1008e9 / streamed
-    assert sp["pp"] is None and any("upper bound" in u for u in sp["unknown"])
+    cuda = PRIORS["CUDA"]
+    assert sp["source"] == "estimated" and sp["tg"] < cuda.stream_quant * 1008e9 / streamed
+    assert sp["tg"] > 0.5 * cuda.stream_quant * 1008e9 / streamed
+    assert sp["pp"] > 0 and sp["devices"][0]["rates"] == "prior"
+    for k in ("tg", "pp"):
+        lo, hi = sp[f"{k}_range"]
+        assert lo < sp[k] < hi
+    assert any("CUDA priors" in u for u in sp["unknown"])
 
 
 def test_gpu_descriptions_carry_bandwidths_and_card_names() -> None:

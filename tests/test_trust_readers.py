@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from llamafit import store
-from llamafit.devices.machine import described_gpu
+from llamafit.devices.described import described_gpu
 from llamafit.numbers import jsonable, to_float, to_int
 from llamafit.server.bounded import MAX_OUTPUT, run_bounded
 from llamafit.server.capabilities import MAX_VERSION, package_build, parse_probe

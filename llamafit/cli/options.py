@@ -79,10 +79,11 @@ GpuOpt = Annotated[
     Optional[list[str]],  # noqa: UP045
     typer.Option(
         "--gpu",
-        metavar="FREE[/TOTAL][@RATE|@CARD]",
+        metavar="[BACKEND:]FREE[/TOTAL][@RATE|@CARD]",
         help="Plan for a GPU you describe instead of the ones found: FREE or FREE/TOTAL (e.g. 22GiB/24GiB), "
         "with its memory bandwidth for the speed estimate (24GiB@1008GB/s), or a card by name (rtx-4090, "
-        "20GiB@rtx-4090). Repeat per GPU.",
+        "20GiB@rtx-4090, 48GiB@m3-max), after the backend it runs with if not the card's (vulkan:rtx-4090, "
+        "rocm:24GiB@960GB/s). Repeat per GPU.",
     ),
 ]
 HostBandwidthOpt = Annotated[

@@ -248,6 +248,10 @@ def _rate(x: float | None) -> str:
     return "unknown" if x is None else f"{x:.1f}" if x < 100 else f"{x:.0f}"
 
 
+def _span(r: tuple[float, float] | None) -> str:
+    return "" if r is None else f" ({_rate(r[0])}-{_rate(r[1])})"
+
+
 def speed_lines(sp: Speed | None, width: int) -> list[Text]:
     """The plan's predicted speed, what it assumes, and what was not known."""
     if sp is None:
@@ -255,11 +259,15 @@ def speed_lines(sp: Speed | None, width: int) -> list[Text]:
     if sp.source == "unknown":
         why = "; ".join(sp.unknown) or "no device's speed is known"
         return wrapped(safe_plain(f"speed unknown: {why}"), width, "", "  ", style="dim")
-    text = f"speed  pp {_rate(sp.pp)}  tg {_rate(sp.tg)} tok/s  ({sp.prompt}-token prompt, depth {sp.depth}"
+    text = (
+        f"speed  pp {_rate(sp.pp)}{_span(sp.pp_range)}  tg {_rate(sp.tg)}{_span(sp.tg_range)} tok/s  "
+        f"({sp.prompt}-token prompt, depth {sp.depth}"
+    )
     if sp.at_context is not None:
         depth, pp, tg = sp.at_context
         text += f"; context full at {depth}: pp {_rate(pp)}, tg {_rate(tg)}"
     how = "measured" if any(d.source == "measured" for d in sp.devices) else "known"
+    how = "prior" if any(d.source == "prior" for d in sp.devices) else how
     text += f"), {sp.source} from the devices' {how} rates; {sp.assumes}"
     out = wrapped(safe_plain(text), width, "", "  ")
     for u in sp.unknown:

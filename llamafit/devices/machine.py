@@ -1,5 +1,5 @@
 """What the machine has: the devices llama-server will use, host RAM through psutil, or hardware
-described by --gpu.
+described by --gpu (llamafit.devices.described).
 
 The server binary is asked (``llama-server --list-devices``, llamafit.devices.listed): every backend it
 was built with, named and ordered as llama.cpp does (CUDA0, ROCm0, Vulkan0, MTL0, SYCL0, ...). NVML is
@@ -23,10 +23,11 @@ import contextlib
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from llamafit.devices.described import described_machine
 from llamafit.devices.listed import (
     DeviceListError,
     ListedDevice,
@@ -35,10 +36,12 @@ from llamafit.devices.listed import (
     read_devices,
     remember_device_set,
 )
+from llamafit.devices.types import Device as Device  # re-exported: the devices package's types
+from llamafit.devices.types import Host as Host
+from llamafit.devices.types import Machine as Machine
 from llamafit.errors import UsageError
-from llamafit.memory.backends import rpc_buffer_aliases
 from llamafit.speed.rates import nvml_rates
-from llamafit.units import MiB, parse_size
+from llamafit.units import MiB
 
 
 @dataclass(frozen=True)
@@ -52,65 +55,6 @@ class PhysicalGpu:
     mem_clock_mhz: int = 0  # the memory's maximum clock (nvmlDeviceGetMaxClockInfo, NVML_CLOCK_MEM)
     pcie_gen: int = 0  # the link's maximum generation (nvmlDeviceGetMaxPcieLinkGeneration)
     pcie_width: int = 0  # lanes it runs with (nvmlDeviceGetCurrPcieLinkWidth)
-
-
-@dataclass(frozen=True)
-class Device:
-    """An offload device as llama.cpp will see it: a local GPU, or a device behind an RPC server."""
-
-    id: str  # CUDA0, CUDA1, ...
-    name: str
-    total: int
-    free: int
-    uuid: str = ""
-    nvml_index: int | None = None
-    kind: str = "gpu"  # "gpu" | "rpc"
-    source: str = "nvml"  # "nvml" | "override" | "rpc" | "server" (llama-server --list-devices)
-    endpoint: str | None = None  # host:port of an RPC device
-    backend: str = "CUDA"  # CUDA, ROCm, MUSA, Vulkan, Metal, SYCL, RPC
-    uma: bool = False  # its memory is host RAM: checked with the host as one pool
-    max_tensor: int = 0  # the largest tensor its backend accepts (0: no limit known)
-    bandwidth: float = 0.0  # peak memory bytes/s where known (NVML, a named card, --gpu SIZE@RATE); 0: not known
-    bandwidth_source: str = ""  # nvml | table | given
-    link: float = 0.0  # bytes/s of its link to host memory (NVML's PCIe generation and width); 0: not known
-
-
-@dataclass(frozen=True)
-class Host:
-    total: int
-    available: int
-
-
-@dataclass(frozen=True)
-class Machine:
-    gpus: tuple[Device, ...]
-    host: Host
-    notes: tuple[str, ...] = field(default=())
-    blind: tuple[str, ...] = ()  # why the server will use memory llamafit cannot size (placement left to --fit)
-
-    def to_json(self) -> dict[str, Any]:
-        """The ``llamafit.gpus/1`` document (``llamafit gpus --json``)."""
-        return {
-            "schema": "llamafit.gpus/1",
-            "gpus": [self._gpu_json(g) for g in self.gpus],
-            "host": {"total": self.host.total, "available": self.host.available},
-            "notes": list(self.notes),
-            "blind": list(self.blind),
-        }
-
-    @staticmethod
-    def _gpu_json(g: Device) -> dict[str, Any]:
-        keys = ("id", "kind", "name", "uuid", "total", "free", "source", "endpoint", "backend", "uma")
-        out: dict[str, Any] = {k: getattr(g, k) for k in keys}
-        if g.bandwidth:
-            out |= {"bandwidth": g.bandwidth, "bandwidth_source": g.bandwidth_source, "link": g.link or None}
-        return out
-
-    @property
-    def buffer_aliases(self) -> dict[str, str]:
-        """Buffer type names llama-server gives an RPC device (``RPC0[host:port]``, in ``-ot`` and its
-        log) -> the device id; other devices' buffer types are named as the devices are."""
-        return rpc_buffer_aliases({g.id: g.endpoint for g in self.gpus if g.endpoint})
 
 
 class GpuProbe(Protocol):
@@ -202,79 +146,6 @@ def apply_cuda_visible(gpus: Sequence[PhysicalGpu], env: str | None) -> list[Phy
     return out
 
 
-def parse_gpu_spec(spec: str) -> tuple[int, int]:
-    """``--gpu FREE[/TOTAL]`` -> (free, total). A bare size is both; each needs a unit (a bare number
-    would be MiB, and ``--gpu 24`` almost always meant GiB)."""
-    for part in spec.split("/", 1):
-        if re.fullmatch(r"\s*[\d.]+\s*", part):
-            raise UsageError(f"--gpu {spec}: give a unit", hint=f"e.g. --gpu {part.strip()}GiB (or MiB)")
-    if "/" in spec:
-        a, b = spec.split("/", 1)
-        free, total = parse_size(a), parse_size(b)
-    else:
-        free = total = parse_size(spec)
-    if free > total:
-        raise UsageError(f"--gpu {spec}: free memory exceeds total", hint="write FREE/TOTAL, e.g. 20GiB/24GiB")
-    return free, total
-
-
-def described_gpu(spec: str, index: int) -> Device:
-    """One ``--gpu`` device: ``FREE[/TOTAL]``, ``FREE[/TOTAL]@RATE`` (its memory bandwidth, e.g. 1008GB/s),
-    ``FREE[/TOTAL]@CARD`` or ``CARD`` alone (a card of llamafit.speed.gpus: its memory and bandwidth)."""
-    from llamafit.speed import gpus
-    from llamafit.speed.rates import parse_rate
-
-    mem, _, speed = spec.partition("@")
-    card = gpus.lookup(mem) if not speed and not re.match(r"\s*[\d.]", mem) else None
-    if card is not None:
-        mem, speed = "", mem
-    bandwidth, source, name = 0.0, "", f"--gpu {spec}"
-    if speed:
-        if re.search(r"/s\s*$", speed, re.IGNORECASE):
-            bandwidth, source = parse_rate(speed, "--gpu"), "given"
-        else:
-            card = card or gpus.lookup(speed)
-            if card is None:
-                raise UsageError(
-                    f"--gpu {spec}: no card called {speed!r} is known",
-                    hint="give its bandwidth instead (e.g. 24GiB@1008GB/s), or one of: "
-                    + ", ".join(gpus.names()[:12])
-                    + ", ...",
-                )
-            bandwidth, source, name = card.bandwidth, "table", f"{card.name} (--gpu {spec})"
-    if mem:
-        free, total = parse_gpu_spec(mem)
-        if card is not None and card.memory and "/" not in mem:
-            total = max(free, card.memory)  # what is free of a card whose size the table knows
-    elif card is not None and card.memory:
-        free = total = card.memory
-    else:
-        raise UsageError(
-            f"--gpu {spec}: {card.name if card else spec} comes with several memory sizes",
-            hint=f"give it, e.g. --gpu 48GiB@{spec.strip()}",
-        )
-    if card is not None and card.memory and total > card.memory * 1.02:
-        raise UsageError(f"--gpu {spec}: the {card.name} has {card.memory >> 30} GiB", hint="give FREE/TOTAL within it")
-    return Device(
-        id=f"CUDA{index}",
-        name=name,
-        total=total,
-        free=free,
-        source="override",
-        bandwidth=bandwidth,
-        bandwidth_source=source,
-    )
-
-
-def described_host(spec: str) -> Host:
-    """``--host-ram AVAILABLE[/TOTAL]``: the host's RAM as given (a unit is required)."""
-    try:
-        available, total = parse_gpu_spec(spec)
-    except UsageError as e:
-        raise UsageError(e.message.replace("--gpu", "--host-ram"), hint="e.g. --host-ram 480GiB/512GiB") from None
-    return Host(total=total, available=available)
-
-
 def host_memory() -> Host:
     import psutil
 
@@ -299,16 +170,13 @@ def discover(
     list is the truth; ``cache`` keeps its device set between plans.
     """
     env = os.environ if environ is None else environ
-    h = host if host is not None else host_memory()
-    if cpu_only and not gpu_specs:
-        return Machine((), h, ("--cpu-only: planning for host memory only",))
+    if gpu_specs and cpu_only:
+        raise UsageError("--cpu-only and --gpu: choose one", hint="--gpu describes GPUs; --cpu-only plans without any")
     if gpu_specs:
-        if cpu_only:
-            raise UsageError(
-                "--cpu-only and --gpu: choose one", hint="--gpu describes GPUs; --cpu-only plans without any"
-            )
-        devs = [described_gpu(spec, i) for i, spec in enumerate(gpu_specs)]
-        return Machine(tuple(devs), h, ("planning for the GPUs given with --gpu",))
+        return described_machine(gpu_specs, host, host_memory)
+    h = host if host is not None else host_memory()
+    if cpu_only:
+        return Machine((), h, ("--cpu-only: planning for host memory only",))
     gpu_probe = probe if probe is not None else NvmlProbe()
     nvml, notes = _nvml_devices(gpu_probe, env, visible_only=server is None)
     if server is None:

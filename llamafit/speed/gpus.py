@@ -1,9 +1,13 @@
 """Cards by name, for planning a machine that is not here (``--gpu rtx-4090``, ``--gpu 20GiB@rtx-4090``) and
 for naming a listed device whose backend reports no bandwidth (a Vulkan or ROCm card llamafit cannot probe).
 
-Each row is a vendor's published figure: memory and peak memory bandwidth (decimal GB/s), from the
-product specification pages cited in ``SOURCES``. Apple's chips come in several memory sizes, so their
-rows carry no memory: give it (``--gpu 48GiB@m4-max``).
+Each row is a vendor's published figures: memory, peak memory bandwidth (decimal GB/s) and dense FP16 matrix
+throughput (TFLOPS: NVIDIA's tensor cores with FP16 accumulate, the rate llama.cpp's FP16 cuBLAS GEMMs run at
+and half the INT8 rate its quantized MMQ kernels use, on GeForce twice the FP32-accumulate figure NVIDIA
+lists; AMD's and Intel's matrix units; Apple's shader rate, at which its FP16 runs), from the product
+specification pages and architecture whitepapers cited in ``SOURCES``. Apple's chips
+come in several memory sizes, so their rows carry no memory: give it (``--gpu 48GiB@m4-max``). A card's vendor
+says the backend llama.cpp runs it with and whether its memory is the host's (Apple's unified memory).
 """
 
 from __future__ import annotations
@@ -20,6 +24,18 @@ class KnownGpu:
     memory: int  # bytes; 0 when the product comes in several sizes
     bandwidth: float  # bytes/s, peak
     vendor: str  # a key of SOURCES
+    fp16: float = 0.0  # FLOP/s, dense FP16 matrix throughput (the prefill's ceiling); 0: not known
+
+    @property
+    def backend(self) -> str:
+        """The backend llama.cpp runs the card with, as its device ids name it (CUDA0, ROCm0, MTL0, SYCL0)."""
+        return _BACKEND[self.vendor]
+
+    @property
+    def uma(self) -> bool:
+        """Its memory is the host's (Apple Silicon, AMD's Strix Halo, NVIDIA's GB10): the plan checks the two as
+        one pool."""
+        return self.vendor in _UMA
 
 
 SOURCES = {
@@ -30,74 +46,93 @@ SOURCES = {
     "amd-instinct": "https://www.amd.com/en/products/specifications/accelerators.html",
     "intel": "https://www.intel.com/content/www/us/en/products/details/discrete-gpus/arc.html",
     "apple": "https://support.apple.com/en-us/docs (technical specifications: memory bandwidth)",
+    "amd-apu": "https://www.amd.com/en/products/processors/laptop/ryzen/ai-300-series/amd-ryzen-ai-max-plus-395.html "
+    "(LPDDR5X-8000 on 256 bits; Radeon 8060S: 40 RDNA 3.5 CUs at 2.9 GHz, 512 FP16 FLOPs per CU and clock)",
+    "nvidia-soc": "https://www.nvidia.com/en-us/products/workstations/dgx-spark/ (273 GB/s LPDDR5x; 1 PFLOP of "
+    "sparse FP4: dense FP16 taken as a quarter of the dense FP4 half)",
 }
+_UMA = frozenset({"apple", "amd-apu", "nvidia-soc"})
 
+_BACKEND = {
+    "nvidia-geforce": "CUDA",
+    "nvidia-pro": "CUDA",
+    "nvidia-dc": "CUDA",
+    "amd": "ROCm",
+    "amd-instinct": "ROCm",
+    "intel": "SYCL",
+    "apple": "MTL",
+    "amd-apu": "Vulkan",  # what its users run (ROCm works too: --gpu rocm:...)
+    "nvidia-soc": "CUDA",
+}
 _G = 1e9
-_ROWS: tuple[tuple[str, float, float, str], ...] = (
-    # name, GiB, GB/s, vendor
-    ("RTX 2080 Ti", 11, 616, "nvidia-geforce"),
-    ("RTX 3060", 12, 360, "nvidia-geforce"),
-    ("RTX 3060 8GB", 8, 240, "nvidia-geforce"),
-    ("RTX 3060 Ti", 8, 448, "nvidia-geforce"),
-    ("RTX 3070", 8, 448, "nvidia-geforce"),
-    ("RTX 3080", 10, 760, "nvidia-geforce"),
-    ("RTX 3080 12GB", 12, 912, "nvidia-geforce"),
-    ("RTX 3090", 24, 936, "nvidia-geforce"),
-    ("RTX 3090 Ti", 24, 1008, "nvidia-geforce"),
-    ("RTX 4060", 8, 272, "nvidia-geforce"),
-    ("RTX 4060 Ti", 8, 288, "nvidia-geforce"),
-    ("RTX 4060 Ti 16GB", 16, 288, "nvidia-geforce"),
-    ("RTX 4070", 12, 504, "nvidia-geforce"),
-    ("RTX 4070 Super", 12, 504, "nvidia-geforce"),
-    ("RTX 4070 Ti", 12, 504, "nvidia-geforce"),
-    ("RTX 4070 Ti Super", 16, 672, "nvidia-geforce"),
-    ("RTX 4080", 16, 716.8, "nvidia-geforce"),
-    ("RTX 4080 Super", 16, 736, "nvidia-geforce"),
-    ("RTX 4090", 24, 1008, "nvidia-geforce"),
-    ("RTX 5060 Ti", 16, 448, "nvidia-geforce"),
-    ("RTX 5070", 12, 672, "nvidia-geforce"),
-    ("RTX 5070 Ti", 16, 896, "nvidia-geforce"),
-    ("RTX 5080", 16, 960, "nvidia-geforce"),
-    ("RTX 5090", 32, 1792, "nvidia-geforce"),
-    ("RTX A4000", 16, 448, "nvidia-pro"),
-    ("RTX A5000", 24, 768, "nvidia-pro"),
-    ("RTX A6000", 48, 768, "nvidia-pro"),
-    ("RTX 6000 Ada", 48, 960, "nvidia-pro"),
-    ("RTX PRO 6000 Blackwell", 96, 1792, "nvidia-pro"),
-    ("T4", 16, 320, "nvidia-dc"),
-    ("L4", 24, 300, "nvidia-dc"),
-    ("L40S", 48, 864, "nvidia-dc"),
-    ("A10", 24, 600, "nvidia-dc"),
-    ("V100", 32, 900, "nvidia-dc"),
-    ("A100 40GB", 40, 1555, "nvidia-dc"),
-    ("A100 80GB", 80, 2039, "nvidia-dc"),
-    ("H100 PCIe", 80, 2000, "nvidia-dc"),
-    ("H100 SXM", 80, 3350, "nvidia-dc"),
-    ("H100 NVL", 94, 3900, "nvidia-dc"),
-    ("H200", 141, 4800, "nvidia-dc"),
-    ("B200", 180, 8000, "nvidia-dc"),
-    ("RX 6900 XT", 16, 512, "amd"),
-    ("RX 7900 XT", 20, 800, "amd"),
-    ("RX 7900 XTX", 24, 960, "amd"),
-    ("RX 9070 XT", 16, 640, "amd"),
-    ("MI210", 64, 1638.4, "amd-instinct"),
-    ("MI250X", 128, 3276.8, "amd-instinct"),
-    ("MI300X", 192, 5300, "amd-instinct"),
-    ("MI325X", 256, 6000, "amd-instinct"),
-    ("Arc A770", 16, 560, "intel"),
-    ("Arc B580", 12, 456, "intel"),
-    ("M1 Pro", 0, 200, "apple"),
-    ("M1 Max", 0, 400, "apple"),
-    ("M1 Ultra", 0, 800, "apple"),
-    ("M2 Pro", 0, 200, "apple"),
-    ("M2 Max", 0, 400, "apple"),
-    ("M2 Ultra", 0, 800, "apple"),
-    ("M3 Max", 0, 400, "apple"),
-    ("M3 Ultra", 0, 819, "apple"),
-    ("M4 Pro", 0, 273, "apple"),
-    ("M4 Max", 0, 546, "apple"),
+_ROWS: tuple[tuple[str, float, float, float, str], ...] = (
+    # name, GiB, GB/s, dense FP16 TFLOPS, vendor
+    ("RTX 2080 Ti", 11, 616, 107.6, "nvidia-geforce"),
+    ("RTX 3060", 12, 360, 51.2, "nvidia-geforce"),
+    ("RTX 3060 8GB", 8, 240, 51.2, "nvidia-geforce"),
+    ("RTX 3060 Ti", 8, 448, 64.8, "nvidia-geforce"),
+    ("RTX 3070", 8, 448, 81.2, "nvidia-geforce"),
+    ("RTX 3080", 10, 760, 119.0, "nvidia-geforce"),
+    ("RTX 3080 12GB", 12, 912, 122.0, "nvidia-geforce"),
+    ("RTX 3090", 24, 936, 142.0, "nvidia-geforce"),
+    ("RTX 3090 Ti", 24, 1008, 160.0, "nvidia-geforce"),
+    ("RTX 4060", 8, 272, 60.4, "nvidia-geforce"),
+    ("RTX 4060 Ti", 8, 288, 88.4, "nvidia-geforce"),
+    ("RTX 4060 Ti 16GB", 16, 288, 88.4, "nvidia-geforce"),
+    ("RTX 4070", 12, 504, 116.8, "nvidia-geforce"),
+    ("RTX 4070 Super", 12, 504, 141.8, "nvidia-geforce"),
+    ("RTX 4070 Ti", 12, 504, 160.4, "nvidia-geforce"),
+    ("RTX 4070 Ti Super", 16, 672, 176.4, "nvidia-geforce"),
+    ("RTX 4080", 16, 716.8, 195.0, "nvidia-geforce"),
+    ("RTX 4080 Super", 16, 736, 208.8, "nvidia-geforce"),
+    ("RTX 4090", 24, 1008, 330.4, "nvidia-geforce"),
+    ("RTX 5060 Ti", 16, 448, 94.8, "nvidia-geforce"),
+    ("RTX 5070", 12, 672, 123.4, "nvidia-geforce"),
+    ("RTX 5070 Ti", 16, 896, 175.8, "nvidia-geforce"),
+    ("RTX 5080", 16, 960, 225.2, "nvidia-geforce"),
+    ("RTX 5090", 32, 1792, 419.0, "nvidia-geforce"),
+    ("RTX A4000", 16, 448, 76.7, "nvidia-pro"),
+    ("RTX A5000", 24, 768, 111.1, "nvidia-pro"),
+    ("RTX A6000", 48, 768, 154.8, "nvidia-pro"),
+    ("RTX 6000 Ada", 48, 960, 364.2, "nvidia-pro"),
+    ("RTX PRO 6000 Blackwell", 96, 1792, 503.8, "nvidia-pro"),
+    ("T4", 16, 320, 65.0, "nvidia-dc"),
+    ("L4", 24, 300, 121.0, "nvidia-dc"),
+    ("L40S", 48, 864, 362.1, "nvidia-dc"),
+    ("A10", 24, 600, 125.0, "nvidia-dc"),
+    ("V100", 32, 900, 125.0, "nvidia-dc"),
+    ("A100 40GB", 40, 1555, 312.0, "nvidia-dc"),
+    ("A100 80GB", 80, 2039, 312.0, "nvidia-dc"),
+    ("H100 PCIe", 80, 2000, 756.0, "nvidia-dc"),
+    ("H100 SXM", 80, 3350, 989.0, "nvidia-dc"),
+    ("H100 NVL", 94, 3900, 835.0, "nvidia-dc"),
+    ("H200", 141, 4800, 989.0, "nvidia-dc"),
+    ("B200", 180, 8000, 2250.0, "nvidia-dc"),
+    ("RX 6900 XT", 16, 512, 46.1, "amd"),
+    ("RX 7900 XT", 20, 800, 103.0, "amd"),
+    ("RX 7900 XTX", 24, 960, 122.8, "amd"),
+    ("RX 9070 XT", 16, 640, 195.0, "amd"),
+    ("MI210", 64, 1638.4, 181.0, "amd-instinct"),
+    ("MI250X", 128, 3276.8, 383.0, "amd-instinct"),
+    ("MI300X", 192, 5300, 1307.0, "amd-instinct"),
+    ("MI325X", 256, 6000, 1307.0, "amd-instinct"),
+    ("Arc A770", 16, 560, 138.0, "intel"),
+    ("Arc B580", 12, 456, 117.0, "intel"),
+    ("M1 Pro", 0, 200, 5.2, "apple"),
+    ("M1 Max", 0, 400, 10.4, "apple"),
+    ("M1 Ultra", 0, 800, 21.0, "apple"),
+    ("M2 Pro", 0, 200, 6.8, "apple"),
+    ("M2 Max", 0, 400, 13.6, "apple"),
+    ("M2 Ultra", 0, 800, 27.2, "apple"),
+    ("M3 Max", 0, 400, 16.4, "apple"),
+    ("M3 Ultra", 0, 819, 28.4, "apple"),
+    ("M4 Pro", 0, 273, 9.2, "apple"),
+    ("M4 Max", 0, 546, 18.4, "apple"),
+    ("Ryzen AI Max+ 395", 0, 256, 59.4, "amd-apu"),
+    ("Radeon 8060S", 0, 256, 59.4, "amd-apu"),  # the Ryzen AI Max+ 395's GPU, as Vulkan and ROCm list it
+    ("GB10", 128, 273, 125.0, "nvidia-soc"),
 )
-KNOWN = tuple(KnownGpu(n, int(gib * GiB), bw * _G, v) for n, gib, bw, v in _ROWS)
+KNOWN = tuple(KnownGpu(n, int(gib * GiB), bw * _G, v, tf * 1e12) for n, gib, bw, tf, v in _ROWS)
 _NOISE = frozenset({"nvidia", "tesla", "geforce", "amd", "radeon", "intel", "apple", "graphics", "tm"})
 # words that make another product of the same number ("RTX 3080 Ti" is not an "RTX 3080")
 _QUALIFIERS = frozenset(

@@ -1,8 +1,10 @@
 """The rates of the devices one plan may use: measured by the probe where llama-bench can reach them (cached
-per machine), else what the device list knows (NVML's peak bandwidth, a named card, a given rate).
+per machine), else what is known about the device (NVML's peak bandwidth, a named card's published peaks, a
+given rate) turned into every term by its backend's priors (``llamafit.speed.priors``). A measurement always
+wins over a prior of the same term; a term neither measured nor known stays unknown.
 
 ``LLAMAFIT_PROBE``: ``auto`` (the default) measures what is not cached yet; ``off`` never runs the probe
-(cached measurements are still used; what is not known stays unknown).
+(cached measurements are still used; what is not known comes from priors or stays unknown).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from llamafit.gguf.model import ModelInfo
 from llamafit.memory import backends
 from llamafit.memory.placement import CPU
 from llamafit.paths import cache_dir
+from llamafit.speed import gpus, priors
 from llamafit.speed import probe as pr
 from llamafit.speed import probe_models as pm
 from llamafit.speed.bench import bench_binary
@@ -55,15 +58,28 @@ def weight_types(model: ModelInfo) -> list[str]:
 
 
 def known_rates(g: Device) -> Rates | None:
-    """What the device list says about a device's speed (NVML, a named card, a given rate)."""
-    if g.bandwidth <= 0:
+    """What is known about a device's speed without measuring it: its peak bandwidth (NVML, a named card, a
+    given rate; a listed device the card table knows by name), turned into every term by its backend's
+    priors (``llamafit.speed.priors``); None where no peak is known (an RPC device, an unknown card)."""
+    card = gpus.lookup(g.name) if g.kind == "gpu" else None
+    bandwidth, source = g.bandwidth, g.bandwidth_source or "given"
+    if bandwidth <= 0 and card is not None:
+        bandwidth, source = card.bandwidth, "table"
+    if bandwidth <= 0 or g.kind != "gpu":
         return None
-    return Rates(
-        read=g.bandwidth,
-        link=g.link or None,
-        source=g.bandwidth_source or "given",
-        label=f"{g.bandwidth / 1e9:.0f} GB/s ({g.bandwidth_source or 'given'})",
-    )
+    fp16 = g.fp16 or (card.fp16 if card is not None else 0.0)
+    backend = g.id.rstrip("0123456789")
+    label = f"{g.id}: {bandwidth / 1e9:.0f} GB/s peak ({source}), {backend} priors"
+    link = g.link or None
+    if link is None:  # a described or listed card: the bus today's cards sit on (a unified one reads host memory)
+        link = bandwidth if g.uma else priors.PRIOR_LINK
+        label += "" if g.uma else ", PCIe 4.0 x16 assumed"
+    return priors.prior_rates(backend, bandwidth, fp16, link, label)
+
+
+def host_rates(bandwidth: float) -> Rates:
+    """The host described by ``--host-bandwidth``: its peak with the host's priors."""
+    return priors.prior_rates(CPU, bandwidth, label=f"host: {bandwidth / 1e9:.0f} GB/s peak (given), CPU priors")
 
 
 class RateSource:
@@ -98,14 +114,13 @@ class RateSource:
         self.directory = directory or cache_dir() / "speed"
         self.notes: list[str] = []
         self._rates: dict[str, Rates] = {}
+        self._priors: dict[str, Rates] = {}  # what each device gets where it is not measured
         for g in machine.gpus:
             if (k := known_rates(g)) is not None:
-                self._rates[g.id] = k
+                self._rates[g.id] = self._priors[g.id] = k
         self._given_host = host_bandwidth is not None
         if host_bandwidth:
-            self._rates[CPU] = Rates(
-                read=host_bandwidth, source="given", label=f"{host_bandwidth / 1e9:.0f} GB/s (given)"
-            )
+            self._rates[CPU] = host_rates(host_bandwidth)
         self._bench = bench_binary(server_path) if server_path else None
         if self._bench is None and server_path and here:
             self.notes.append("speed not measured: no llama-bench beside the server binary")
@@ -232,7 +247,8 @@ class RateSource:
                 self._rates[CPU] = host
         for dev, tm in measured.items():
             if dev != CPU:
-                self._rates[dev] = pr.derive(tm, host=host, node_layer=layer_nodes, twin=twin, attn=attn)
+                derived = pr.derive(tm, host=host, node_layer=layer_nodes, twin=twin, attn=attn)
+                self._rates[dev] = priors.fill(derived, self._priors.get(dev))
 
 
 def _combined(device: pr.Timings | None, model: pr.Timings | None) -> pr.Timings | None:

@@ -54,6 +54,8 @@ class Speed:
     splits: int = 0  # graph splits per generated token
     at_context: tuple[int, float | None, float | None] | None = None  # (depth, pp, tg) with the context full
     assumes: str = ASSUMES
+    tg_range: tuple[float, float] | None = None  # where tg is expected to fall, from how its terms are known
+    pp_range: tuple[float, float] | None = None
 
     def as_dict(self) -> dict[str, object]:
         out: dict[str, object] = {
@@ -64,6 +66,8 @@ class Speed:
             "source": self.source,
             "assumes": self.assumes,
             "splits_per_token": self.splits,
+            "tg_range": None if self.tg_range is None else [round(x, 2) for x in self.tg_range],
+            "pp_range": None if self.pp_range is None else [round(x, 2) for x in self.pp_range],
             "unknown": list(self.unknown),
             "devices": [
                 {
@@ -105,12 +109,11 @@ def evaluation_time(ev: Evaluation, rates: Mapping[str, Rates]) -> _Time:
                 missing.append(f"{dev}: no measured or given speed")
             continue
         t = sum(nbytes / r.read_rate(ty) for ty, nbytes in w.weight_bytes.items())
-        flops = sum(w.flops.values())
-        if batched and flops:
+        if batched and w.flops:
             if r.matmul is None:
                 missing.append(f"{dev}: matmul throughput not known")
             else:
-                t = max(t, flops / r.matmul)
+                t = max(t, sum(f / (r.matmul_rate(ty) or r.matmul) for ty, f in w.flops.items()))
         if w.attn_layers:
             t += _attention_time(w, r, ev.tokens, batched)
         t += w.state_bytes / r.read + w.nodes * r.node
@@ -218,6 +221,9 @@ def predict(
     for label in {rates[d].label for d in decode.devices if d in rates and not rates[d].knows_overheads}:
         if label:
             unknown.append(f"overheads not measured where the speed is {label}: an upper bound")
+    for label in {rates[d].label for d in decode.devices if d in rates and rates[d].source == "prior"}:
+        unknown.append(f"not measured: {label} (the range is how far these priors held on public measurements)")
+    used = [rates[d] for d in decode.devices if d in rates]
     at_context = None
     full = cp.n_ctx_seq - prompt - 1
     if full_context and full > depth and (tg_rate is not None or pp_rate is not None):
@@ -225,5 +231,23 @@ def predict(
         at_context = (full, None if pp_f.missing else prompt / pp_f.total, None if tg_f.missing else 1 / tg_f.total)
     source = "unknown" if tg_rate is None and pp_rate is None else "estimated"
     return Speed(
-        pp_rate, tg_rate, depth, prompt, source, tuple(devices_out), tuple(unknown), len(decode.splits), at_context
+        pp_rate,
+        tg_rate,
+        depth,
+        prompt,
+        source,
+        tuple(devices_out),
+        tuple(unknown),
+        len(decode.splits),
+        at_context,
+        tg_range=_range(tg_rate, [r.tg_spread for r in used]),
+        pp_range=_range(pp_rate, [r.pp_spread for r in used]),
     )
+
+
+def _range(rate: float | None, spreads: Sequence[tuple[float, float]]) -> tuple[float, float] | None:
+    """Where a speed is expected to fall: the widest spread of the rates it was made from (a plan on a measured
+    GPU and a device with priors is as uncertain as the priors)."""
+    if rate is None or not spreads:
+        return None
+    return (rate * min(lo for lo, _ in spreads), rate * max(hi for _, hi in spreads))

@@ -1,17 +1,20 @@
 """What a device does per second: the measured (or given) properties the speed model divides by.
 
-A device's rates come from one of four places, and say which (``source``):
+A device's rates come from one of five places, and say which (``source``):
 
 * ``measured``: the bounded probe (``llamafit.speed.probe``) ran llama-bench on synthetic models on that
   device with the binary that will serve, and every rate below was derived from its timings;
 * ``nvml``: an NVIDIA card's peak memory bandwidth (bus width x memory clock x 2) and its PCIe link, read
   through NVML; nothing about its compute or overheads is known;
 * ``table``: a card named with ``--gpu NAME`` (``llamafit.speed.gpus``): its published bandwidth;
-* ``given``: ``--gpu SIZE@RATE`` or ``--host-bandwidth RATE``.
+* ``given``: ``--gpu SIZE@RATE`` or ``--host-bandwidth RATE``;
+* ``prior``: one of the three above turned into every term by its backend's priors
+  (``llamafit.speed.priors``): the share of the peak llama.cpp's kernels reach, the fixed costs per node
+  and per split. This is what a device that was not measured gets; the plan says its terms are priors and
+  gives the range they held on public measurements (``tg_spread``, ``pp_spread``).
 
-Only ``measured`` rates know the per-type mat-vec and matmul speeds, the attention throughput and the
-per-node and per-split overheads; the others know a bandwidth, so their estimates are bounds (the plan
-says which terms were not known).
+Only ``measured`` rates know this device's own per-type mat-vec and matmul speeds, attention throughput and
+overheads; a bare peak (no prior applies) gives an upper bound.
 """
 
 from __future__ import annotations
@@ -20,6 +23,11 @@ import re
 from dataclasses import dataclass, replace
 
 from llamafit.errors import UsageError
+
+# measured / predicted speed on this project's own rigs where the probe measured every term (the middle of
+# bench/results/speed_model.json's rows, widened to hold 80 % of them): the range of a measured plan
+MEASURED_TG_SPREAD = (0.75, 1.2)
+MEASURED_PP_SPREAD = (0.6, 1.2)
 
 # PCIe bytes/s per lane by generation, after line coding (PCI-SIG: 2.5, 5, 8, 16, 32, 64 GT/s;
 # 8b/10b for gen 1-2, 128b/130b from gen 3; gen 6's FLIT coding taken as gen 5 x 2)
@@ -33,21 +41,27 @@ class Rates:
     read: float  # bytes/s of weights streamed from memory by a mat-vec (one token), for types not measured
     read_by_type: tuple[tuple[str, float], ...] = ()  # ggml type -> bytes/s, where measured
     matmul: float | None = None  # FLOP/s of a batched matmul (prefill) at the model's shapes
+    matmul_by_type: tuple[tuple[str, float], ...] = ()  # ggml type -> FLOP/s, where it differs from matmul
     attention: float | None = None  # bytes/s of K/V cache rows one token's attention reads (decode)
     attention_batch: float | None = None  # FLOP/s of a ubatch's attention over cells cached before it
     node: float = 0.0  # seconds per graph node beyond its bytes and FLOPs (thread barriers, kernel launches)
     split: float = 0.0  # seconds per graph split this device runs (a synchronisation, an RPC round trip)
     token: float = 0.0  # seconds per evaluation on the host: graph build and scheduling (the host's own)
     link: float | None = None  # bytes/s between host memory and this device (PCIe, network); None: not known
-    source: str = "measured"  # measured | nvml | table | given
+    source: str = "measured"  # measured | prior | nvml | table | given
     label: str = ""  # what was measured or given, for the report
+    tg_spread: tuple[float, float] = MEASURED_TG_SPREAD  # measured / predicted speed these rates held
+    pp_spread: tuple[float, float] = MEASURED_PP_SPREAD
 
     def read_rate(self, ggml_type: str) -> float:
         return dict(self.read_by_type).get(ggml_type, self.read)
 
+    def matmul_rate(self, ggml_type: str) -> float | None:
+        return dict(self.matmul_by_type).get(ggml_type, self.matmul) if self.matmul is not None else None
+
     @property
     def knows_overheads(self) -> bool:
-        return self.source == "measured"
+        return self.source in ("measured", "prior")
 
     def calibrated(self, tg: float, pp: float) -> Rates:
         """Times multiplied by what a measured launch found: ``tg`` for one token's terms (streaming,
@@ -67,6 +81,7 @@ class Rates:
             split=self.split * tg,
             token=self.token * tg,
             matmul=div(self.matmul, pp),
+            matmul_by_type=tuple((t, r / pp) for t, r in self.matmul_by_type),
             attention_batch=div(self.attention_batch, pp),
             link=div(self.link, pp),
             label=self.label + (" (calibrated)" if self.label else ""),

@@ -1,0 +1,105 @@
+"""What a device does per second where nothing was measured on it: priors per backend, applied to what is known
+about the device (its peak memory bandwidth, its dense FP16 matrix throughput, its link).
+
+A prior is the same set of terms the probe measures (``llamafit.speed.rates.Rates``), each one the share of a
+published peak that llama.cpp's kernels reach, or a fixed cost:
+
+* **streaming**: mat-vec kernels (one token) read quantized weights at ``stream_quant`` of the peak
+  bandwidth and F16/BF16/F32 weights at ``stream_float`` (a quantized row is dequantized on the fly, which
+  costs instructions a plain float row does not);
+* **prefill**: a ubatch's matmuls run at ``matmul_quant`` / ``matmul_float`` of the card's dense FP16 peak;
+* **fixed costs**: ``node`` seconds per graph node (a kernel launch; CUDA graphs replay a whole decode graph
+  at once, so CUDA's is the smallest), ``split`` seconds per graph split the device runs (the copy of the
+  activations in, the synchronisation with the host and the graph launch: every evaluation pays it once per
+  device).
+
+The values come from ``bench/speed_dev.py --fit`` over the cited public measurements of
+``bench/data/speed_dev.json`` (one least-squares fit per backend over all its rows at once, scored leaving
+each card out: never one row at a time); a backend with too few rows there takes CUDA's shares, as its
+kernels port CUDA's (ROCm/MUSA through HIP) or do the same work, with its own ``node`` cost. ``spread``: the
+ratio of measured to predicted speed that held the middle 80 % of the set's rows, widened where the backend
+had few: the range a plan gives. A measured term always replaces its prior (``fill``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from llamafit.speed.rates import Rates, pcie_link
+
+FLOAT_TYPES = ("f16", "bf16", "f32")  # ggml_type_name spelling, as Rates key types
+
+
+@dataclass(frozen=True)
+class Prior:
+    backend: str
+    stream_quant: float  # share of peak bandwidth a quantized mat-vec streams at
+    stream_float: float  # the same for F16/BF16/F32 weights
+    matmul_quant: float  # share of the dense FP16 peak a ubatch's quantized matmul reaches
+    matmul_float: float
+    node: float  # seconds per graph node
+    split: float  # seconds per graph split the device runs (one an evaluation at least)
+    tg_spread: tuple[float, float]  # measured / predicted, the middle 80 % of the development set
+    pp_spread: tuple[float, float]
+    rows: int  # development rows the fit saw (0: borrowed)
+
+
+# bench/speed_dev.py --fit over bench/data/speed_dev.json (2026-12-02): CUDA 64 rows, Metal 10, ROCm 2, Vulkan 3.
+# Streaming shares are capped at 0.92 (no kernel reads faster than a device copy); the split cost is the slope
+# of one model's time over 1 to 8 cards of a kind (the same build and bench); CUDA's node cost is the one of
+# builds that replay CUDA graphs (rows from before them, 2023 to May 2024, fitted with their own). A backend
+# with under 6 rows keeps CUDA's shares and split and fits its node cost and one matmul share. Spreads: the
+# middle 80 % of measured / predicted with each card left out of the fit, widened to the nearest 0.05.
+PRIORS: dict[str, Prior] = {
+    "CUDA": Prior("CUDA", 0.92, 0.92, 0.32, 0.40, 3.4e-6, 8.9e-5, (0.75, 1.15), (0.45, 1.3), 64),
+    "MTL": Prior("MTL", 0.69, 0.85, 0.56, 0.69, 0.0, 5.0e-3, (0.55, 1.35), (0.75, 1.15), 10),
+    "ROCm": Prior("ROCm", 0.92, 0.92, 0.38, 0.47, 6.8e-6, 8.9e-5, (0.65, 1.25), (0.4, 1.4), 2),
+    "Vulkan": Prior("Vulkan", 0.92, 0.92, 0.11, 0.14, 1.7e-6, 8.9e-5, (0.65, 1.55), (0.4, 2.4), 3),
+    # no rows: ROCm's (MUSA ports ggml-cuda through its own HIP-like layer) and Vulkan's, with wider spreads
+    "MUSA": Prior("MUSA", 0.92, 0.92, 0.38, 0.47, 6.8e-6, 8.9e-5, (0.5, 1.4), (0.3, 2.0), 0),
+    "SYCL": Prior("SYCL", 0.92, 0.92, 0.11, 0.14, 1.7e-6, 8.9e-5, (0.5, 1.6), (0.3, 2.5), 0),
+}
+# the host (--host-bandwidth without a measurement): ggml-cpu's mat-vec on all cores reaches about half of a
+# desktop's dual-channel peak and much less of a many-channel server's (NUMA, threads waiting on each other)
+HOST = Prior("CPU", 0.55, 0.65, 0.0, 0.0, 5.0e-6, 0.0, (0.3, 1.2), (0.3, 1.5), 0)
+# the link of a card whose link is not known: PCIe 4.0 x16, what GPUs since 2020 (RTX 30, RX 6000) sit on
+PRIOR_LINK = pcie_link(4, 16) or 0.0
+
+
+def for_backend(backend: str) -> Prior:
+    return PRIORS.get(backend, PRIORS["Vulkan"])
+
+
+def prior_rates(backend: str, bandwidth: float, fp16: float = 0.0, link: float | None = None, label: str = "") -> Rates:
+    """A device's rates from its backend's prior and its published peaks (``fp16`` 0: prefill unknown)."""
+    p = HOST if backend == "CPU" else for_backend(backend)
+    read_by_type = tuple((ty, bandwidth * p.stream_float) for ty in FLOAT_TYPES)
+    matmul = matmul_by_type = None
+    if fp16 > 0 and p.matmul_quant > 0:
+        matmul = fp16 * p.matmul_quant
+        matmul_by_type = tuple((ty, fp16 * p.matmul_float) for ty in FLOAT_TYPES)
+    return Rates(
+        read=bandwidth * p.stream_quant,
+        read_by_type=read_by_type,
+        matmul=matmul,
+        matmul_by_type=matmul_by_type or (),
+        node=p.node,
+        split=p.split,
+        link=link,
+        source="prior",
+        label=label or f"{bandwidth / 1e9:.0f} GB/s peak, {p.backend} priors",
+        tg_spread=p.tg_spread,
+        pp_spread=p.pp_spread,
+    )
+
+
+def fill(measured: Rates, prior: Rates | None) -> Rates:
+    """``measured`` with what it lacks taken from ``prior``: a measurement always wins over a prior."""
+    if prior is None:
+        return measured
+    return replace(
+        measured,
+        matmul=measured.matmul if measured.matmul is not None else prior.matmul,
+        matmul_by_type=measured.matmul_by_type if measured.matmul is not None else prior.matmul_by_type,
+        link=measured.link if measured.link is not None else prior.link,
+    )

@@ -1,0 +1,127 @@
+"""The speed of hardware that was not measured: every term from the backend's priors over the card's published
+peaks (llamafit.speed.priors), the same model as a measured device's, with a range. Structure only: how far
+the priors are from public measurements is bench/speed_dev.py's to print."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from llamafit.cli.app import app
+from llamafit.devices.described import described_gpu, described_gpus
+from llamafit.devices.machine import Host, Machine, discover
+from llamafit.errors import UsageError
+from llamafit.fit import make_plan
+from llamafit.gguf.model import ModelInfo, load_model
+from llamafit.memory.placement import CPU
+from llamafit.request import build_request
+from llamafit.server.args import parse_server_args
+from llamafit.speed import priors
+from llamafit.speed.machine import host_rates, known_rates
+from llamafit.speed.rates import Rates
+from llamafit.units import GiB
+from tests import factory
+
+HOST = Host(total=256 * GiB, available=240 * GiB)
+
+
+class Known:
+    """What a plan for described hardware gets: each device's priors, the host's from its given bandwidth."""
+
+    def __init__(self, machine: Machine, host_bandwidth: float = 80e9) -> None:
+        self._rates = {g.id: r for g in machine.gpus if (r := known_rates(g)) is not None}
+        self._rates[CPU] = host_rates(host_bandwidth)
+
+    def rates(self, devices: object) -> dict[str, Rates]:
+        return dict(self._rates)
+
+
+@pytest.fixture(scope="module")
+def l8b(tmp_path_factory: pytest.TempPathFactory) -> ModelInfo:
+    return load_model(factory.llama31_8b().write(tmp_path_factory.mktemp("m") / "l8b.gguf"))
+
+
+@pytest.fixture(scope="module")
+def moe(tmp_path_factory: pytest.TempPathFactory) -> ModelInfo:
+    shape = factory.moe(name="moe", n_layer=16, n_embd=2048, n_head=16, n_head_kv=4, head_dim=128, n_expert=64,
+                        n_expert_used=8, n_ff_exp=1024, n_vocab=32000, w="q4_K")  # fmt: skip
+    return load_model(shape.write(tmp_path_factory.mktemp("m") / "moe.gguf"))
+
+
+def plan_on(model: ModelInfo, specs: list[str], args: list[str]):  # type: ignore[no-untyped-def]
+    machine = Machine(tuple(described_gpus(specs)), HOST)
+    return make_plan(model, machine, build_request(parse_server_args(args)), rates=Known(machine))
+
+
+def test_more_cards_never_predict_faster_decode_of_a_model_one_card_holds(l8b: ModelInfo) -> None:
+    tg = [plan_on(l8b, ["rtx-4090"] * n, ["-c", "8192", "-ngl", "99", "-sm", "layer"]).speed.tg for n in (1, 2, 4, 8)]
+    assert all(t is not None for t in tg)
+    # each card the layers cross adds a graph split: its synchronisation and the activations copied in
+    assert tg == sorted(tg, reverse=True) and tg[-1] < tg[0], tg
+
+
+def test_a_larger_ubatch_never_predicts_slower_prefill_with_experts_on_the_host(moe: ModelInfo) -> None:
+    pp = [
+        plan_on(moe, ["rtx-4090"], ["-c", "8192", "--n-cpu-moe", "16", "-ub", str(u), "-b", "2048"]).speed.pp
+        for u in (256, 512, 1024, 2048)
+    ]
+    assert all(p is not None for p in pp)
+    assert pp == sorted(pp) and pp[-1] > pp[0], pp
+
+
+def test_a_prior_never_beats_a_measurement_of_the_same_term() -> None:
+    prior = priors.prior_rates("CUDA", 1008e9, 330e12, 30e9)
+    measured = Rates(read=700e9, read_by_type=(("q4_K", 650e9),), node=5e-6, split=1e-4, matmul=None, link=20e9)
+    got = priors.fill(measured, prior)
+    # what was measured stays as measured, faster prior or not; what was not measured comes from the prior
+    assert (got.read, got.read_by_type, got.node, got.split, got.link) == (700e9, (("q4_K", 650e9),), 5e-6, 1e-4, 20e9)
+    assert got.matmul == prior.matmul and got.source == "measured"
+    both = priors.fill(Rates(read=1.0, matmul=5e12), prior)
+    assert both.matmul == 5e12 and both.matmul_rate("f16") == 5e12
+
+
+def test_a_device_with_priors_is_slower_than_its_peak_and_says_its_range(l8b: ModelInfo) -> None:
+    sp = plan_on(l8b, ["rtx-4090"], ["-c", "8192"]).speed
+    bound = 1008e9 / sum(t.info.nbytes for t in l8b.tensors if t.name != "token_embd.weight")
+    assert sp.tg is not None and sp.tg < priors.PRIORS["CUDA"].stream_quant * bound
+    assert sp.tg_range is not None and sp.tg_range[0] < sp.tg < sp.tg_range[1]
+    assert sp.pp is not None and sp.pp_range is not None and sp.pp_range[0] < sp.pp < sp.pp_range[1]
+    assert [d.source for d in sp.devices if d.device != CPU] == ["prior"]
+    assert any("CUDA priors" in u for u in sp.unknown)
+    # the same card under Vulkan: another backend's priors, another range
+    vk = plan_on(l8b, ["vulkan:rtx-4090"], ["-c", "8192"]).speed
+    assert vk.devices[0].device == "Vulkan0" and vk.tg != sp.tg and vk.tg_range != sp.tg_range
+
+
+def test_gpu_specs_carry_the_backend_and_unified_memory() -> None:
+    devs = described_gpus(["rtx-4090", "vulkan:rx-7900-xtx", "rtx-3090", "rx-7900-xtx"])
+    assert [d.id for d in devs] == ["CUDA0", "Vulkan0", "CUDA1", "ROCm0"]
+    assert [d.backend for d in devs] == ["CUDA", "Vulkan", "CUDA", "ROCm"]
+    mac = described_gpu("48GiB/64GiB@m3-max")
+    assert (mac.id, mac.backend, mac.uma, mac.fp16 > 0) == ("MTL0", "Metal", True, True)
+    assert described_gpu("rocm:24GiB@960GB/s").id == "ROCm0" and described_gpu("24GiB@960GB/s").id == "CUDA0"
+    for bad in ("opencl:rtx-4090", "vulkan:", "vulkan:rtx9999"):
+        with pytest.raises(UsageError):
+            described_gpu(bad)
+
+
+def test_a_unified_memory_card_is_its_machines_ram_not_this_ones() -> None:
+    m = discover(gpu_specs=["96GiB/128GiB@ryzen-ai-max-395"])
+    assert (m.host.total, m.host.available) == (128 * GiB, 96 * GiB)
+    assert m.gpus[0].uma and m.gpus[0].id == "Vulkan0" and any("unified-memory" in n for n in m.notes)
+    given = discover(gpu_specs=["96GiB/128GiB@ryzen-ai-max-395"], host=Host(total=64 * GiB, available=60 * GiB))
+    assert given.host.total == 64 * GiB
+
+
+def test_plan_json_gives_the_ranges_and_says_which_terms_are_priors(l8b: ModelInfo) -> None:
+    r = CliRunner().invoke(app, ["plan", str(l8b.path), "--gpu", "rtx-4090", "--host-bandwidth", "80GB/s", "--json"])
+    assert r.exit_code == 0, r.output
+    sp = json.loads(r.stdout)["speed"]
+    for k in ("tg", "pp"):
+        lo, hi = sp[f"{k}_range"]
+        assert lo < sp[k] < hi
+    assert sp["devices"][0]["rates"] == "prior"
+    text = CliRunner().invoke(app, ["plan", str(l8b.path), "--gpu", "rtx-4090"]).output
+    assert f"tg {sp['tg']:.0f} (" in text and "prior rates" in text
