@@ -100,6 +100,14 @@ def remember_failed_load(prep: Prepared, f: FailedLoad) -> list[str]:
     return []
 
 
+FAR_OFF = 2.0
+FAR = (
+    "far from the prediction: the speeds it was made with are not this machine's now (a measurement taken "
+    "while it was busy, a busy machine now, or priors that do not fit this device); cached measurements are "
+    "dropped and the next plan measures again"
+)
+
+
 @dataclass(frozen=True)
 class SpeedCheck:
     """One served request and what the plan predicted for it (None where the plan's speed is unknown)."""
@@ -119,7 +127,19 @@ class SpeedCheck:
             )
         if s.acceptance is not None:
             parts.append(f"drafts accepted {s.acceptance:.0%}")
+        if self.far:
+            parts.append(FAR)
         return "speed: " + "; ".join(parts)
+
+    @property
+    def far(self) -> bool:
+        """Served more than ``FAR_OFF`` times faster or slower than predicted: the rates it was predicted with
+        were not this machine's as it is now (measured under a load, a machine that changed, or priors that do
+        not fit this device)."""
+        s = self.served
+        return any(
+            m is not None and p and not 1 / FAR_OFF <= m / p <= FAR_OFF for m, p in ((s.pp, self.pp), (s.tg, self.tg))
+        )
 
     def as_dict(self) -> dict[str, Any]:
         s = self.served
@@ -253,6 +273,11 @@ def record_launch(prep: Prepared, log: LoadLog, checks: Sequence[SpeedCheck] = (
     plans; returns why it was not recorded, if it was not. Only when the server used the devices the plan
     was made for (a plan for a described --gpu, or a card that vanished, would teach the next plan the
     wrong thing)."""
+    dropped = prep.rates.forget() if prep.rates is not None and any(c.far for c in checks) else []
+    return dropped + _record(prep, log, checks)
+
+
+def _record(prep: Prepared, log: LoadLog, checks: Sequence[SpeedCheck]) -> list[str]:
     planned = {d.device.id for d in prep.plan.devices}
     used = {prep.plan.buffer_aliases.get(n, n) for n in log.device_free_mib}
     if planned != used:

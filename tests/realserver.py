@@ -176,6 +176,9 @@ def run_until_ready_then_interrupt(
             assert p.poll() is None, p.communicate()[1]
             assert time.monotonic() < deadline, "the server never became ready"
             time.sleep(0.2)
+        # llamafit confirms the server's line on the server's own task loop (/slots) as the server answers
+        # /health: the interrupt comes once that is done, not in the milliseconds between
+        time.sleep(1.0)
         if p.poll() is None:
             p.send_signal(signal.SIGINT)
         out, err = p.communicate(timeout=60)

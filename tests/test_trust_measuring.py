@@ -344,3 +344,74 @@ def test_quant_with_several_models_is_a_usage_error(demo: Path, tmp_path: Path) 
         r = subprocess.run([*LLAMAFIT, *cmd, str(demo), str(other), "--quant", "best"], capture_output=True,
                            text=True, timeout=60)  # fmt: skip
         assert r.returncode == ExitCode.USAGE and "--quant" in r.stderr, r.stderr
+
+
+# -- measurements that deserve the cache (issue #41) ------------------------------------------------------------
+
+SPIN = "import time; t = time.monotonic()\nwhile time.monotonic() - t < 60: pass  # llamafit-test-load"
+
+
+def _stop_spinners() -> None:
+    for p in psutil.process_iter(["cmdline"]):
+        if "llamafit-test-load" in " ".join(p.info["cmdline"] or ()):
+            p.kill()
+
+
+@pytest.fixture
+def load() -> object:
+    """Busy processes, one for each core: the load ggml's spinning threads suffer most from."""
+    procs = [subprocess.Popen([sys.executable, "-c", SPIN]) for _ in range(os.cpu_count() or 1)]
+    yield procs
+    for p in procs:
+        p.kill()
+        p.wait()
+    _stop_spinners()
+
+
+def test_a_busy_machine_is_not_measured_and_nothing_is_cached(
+    server_bin: ServerBinary, tmp_path: Path, demo: Path, load: object
+) -> None:
+    srv = toolbox(tmp_path, server_bin)
+    t = time.monotonic()
+    r = subprocess.run([*LLAMAFIT, "plan", str(demo), "--server", srv], capture_output=True, text=True,
+                       timeout=120, env=probing())  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "speed not measured now: other processes keep" in r.stderr and calls(tmp_path) == 0
+    assert time.monotonic() - t < 60  # waited its bounded while, then deferred
+    assert pr.read_cache(Path(os.environ["LLAMAFIT_CACHE"]) / "speed") == {}
+
+
+def test_a_load_that_arrives_during_a_measurement_makes_it_doubtful(
+    server_bin: ServerBinary, tmp_path: Path, demo: Path
+) -> None:
+    spin = f"{sys.executable} -c '{SPIN}' >/dev/null 2>&1 &\n" * (os.cpu_count() or 1)
+    real = str(Path(server_bin.path).with_name("llama-bench"))
+    srv = toolbox(tmp_path, server_bin, bench=f'{spin}exec "{real}" "$@"\n')
+    try:
+        r = subprocess.run([*LLAMAFIT, "plan", str(demo), "--server", srv, "--json"], capture_output=True,
+                           text=True, timeout=180, env=probing())  # fmt: skip
+    finally:
+        _stop_spinners()
+    assert r.returncode == 0, r.stderr
+    assert "doubtful" in r.stderr and "not used, not cached" in r.stderr
+    assert not [k for k in pr.read_cache(Path(os.environ["LLAMAFIT_CACHE"]) / "speed") if not k.startswith("failed|")]
+
+
+def test_a_served_request_far_from_its_prediction_drops_the_measurement(server_bin: ServerBinary, demo: Path) -> None:
+    from llamafit.launch import SpeedCheck
+    from llamafit.prepare import prepare
+    from llamafit.speed.timings import Served
+
+    directory = Path(os.environ["LLAMAFIT_CACHE"]) / "speed"
+    os.environ["LLAMAFIT_PROBE"] = "auto"
+    try:
+        prep = prepare(str(demo), Options(server=server_bin.path))
+    finally:
+        os.environ.pop("LLAMAFIT_PROBE")
+    assert prep.rates is not None and prep.plan.speed is not None and prep.plan.speed.tg
+    cached = set(pr.read_cache(directory))
+    assert cached
+    near = SpeedCheck(Served(16, 10.0, 8, 8 / prep.plan.speed.tg * 1e3), None, prep.plan.speed.tg)
+    far = SpeedCheck(Served(16, 10.0, 8, 1.0), None, 9.3)  # the demo's 700x: 8 tokens in 1 ms against 9.3 tok/s
+    assert not near.far and far.far and "far from the prediction" in far.message()
+    assert prep.rates.forget() and not set(pr.read_cache(directory)) & cached

@@ -44,6 +44,7 @@ class BenchResult:
     n_ubatch: int
     seconds: float  # the median of one test's repetitions: the prompt, or all generated tokens
     tokens_per_s: float
+    spread: float = 0.0  # median / fastest repetition - 1: how much the typical one was held up (0 with one)
 
     @property
     def per_token(self) -> float:
@@ -96,7 +97,8 @@ def _result(j: dict[str, Any]) -> BenchResult | None:
     per = ns / 1e9 / (n_prompt or n_gen)
     if not (MIN_PROMPT_S if n_prompt else MIN_GEN_S) <= per <= MAX_TOKEN_S:
         return None
-    return BenchResult(model, n_prompt, n_gen, n_depth, n_ubatch, ns / 1e9, 1 / per)
+    spread = ns / samples[0] - 1 if len(samples) >= 3 and samples[0] > 0 else 0.0
+    return BenchResult(model, n_prompt, n_gen, n_depth, n_ubatch, ns / 1e9, 1 / per, spread)
 
 
 def run_bench(bench: str, args: Sequence[str], env: dict[str, str], timeout: float) -> list[BenchResult]:

@@ -3,6 +3,12 @@ per machine), else what is known about the device (NVML's peak bandwidth, a name
 given rate) turned into every term by its backend's priors (``llamafit.speed.priors``). A measurement always
 wins over a prior of the same term; a term neither measured nor known stays unknown.
 
+Measuring is bounded (``MEASURE_BUDGET`` seconds a plan, what is left measured by a later one) and guarded: a
+machine that other processes keep busy is not measured now (``llamafit.speed.load``: the plan waits
+``LOAD_WAIT`` seconds for it to quiet down, then defers), a measurement whose repetitions disagree or that a
+load arrived during is neither used nor cached, and a served request far from its prediction drops the cached
+measurements it came from (``RateSource.forget``).
+
 ``LLAMAFIT_PROBE``: ``auto`` (the default) measures what is not cached yet; ``off`` never runs the probe
 (cached measurements are still used; what is not known comes from priors or stays unknown).
 """
@@ -22,7 +28,7 @@ from llamafit.gguf.model import ModelInfo
 from llamafit.memory import backends
 from llamafit.memory.placement import CPU
 from llamafit.paths import cache_dir
-from llamafit.speed import gpus, priors
+from llamafit.speed import gpus, load, priors
 from llamafit.speed import probe as pr
 from llamafit.speed import probe_models as pm
 from llamafit.speed.bench import bench_binary
@@ -31,7 +37,8 @@ from llamafit.speed.rates import Rates
 
 PROBE_ENV = "LLAMAFIT_PROBE"
 MAX_TYPES = 3  # weight types probed per device: those that hold 90 % of the bytes, at most this many
-MEASURE_BUDGET = 60.0  # seconds one plan may spend measuring; what is left is measured by a later one
+MEASURE_BUDGET = 10.0  # seconds one plan may spend measuring; what is left is measured by a later one
+LOAD_WAIT = 3.0  # seconds a plan waits for a busy machine to quiet down before it defers measuring
 
 
 def probe_allowed(environ: Mapping[str, str] | None = None) -> bool:
@@ -125,6 +132,7 @@ class RateSource:
         if self._bench is None and server_path and here:
             self.notes.append("speed not measured: no llama-bench beside the server binary")
         self._asked: set[str] = set()
+        self._used: set[str] = set()  # the cache entries this plan's rates came from
         self._correction: SpeedCorrection | None = None if calibrate else SpeedCorrection()
 
     @property
@@ -153,6 +161,16 @@ class RateSource:
                 self.notes.append(f"speed corrected by {c.source}: generation x{1 / c.tg:.2f}, prompts x{1 / c.pp:.2f}")
         return self._correction
 
+    def forget(self) -> list[str]:
+        """Drop the cached measurements this plan's rates came from (a served request far from the prediction
+        says they were not the machine's: taken under a load, or the machine changed); the next plan measures
+        again. What was dropped, in words."""
+        if not self._used:
+            return []
+        if not pr.forget(self.directory, self._used):
+            return ["the cached speed measurements could not be dropped (another llamafit holds them)"]
+        return ["the cached speed measurements of these devices were dropped: the next plan measures them again"]
+
     def _targets(self, devices: Sequence[str]) -> list[pr.Target]:
         eps = list(dict.fromkeys(g.endpoint for g in self.machine.gpus if g.endpoint))
         out = [pr.host_target()] if CPU in devices and not self._given_host else []
@@ -173,7 +191,8 @@ class RateSource:
         failed: dict[str, str] = {}
         measured: dict[str, pr.Timings] = {}
         allowed = self.measure > 0 and probe_allowed(self.env)
-        busy = False  # another llamafit holds the measuring lock
+        busy = False  # another llamafit holds the measuring lock, or the machine is too busy to measure
+        deferred = False  # the machine was too busy: said once
         started = time.monotonic()
         targets = self._targets(devices)
         if CPU not in devices and CPU not in self._rates and targets:
@@ -185,6 +204,8 @@ class RateSource:
                 mod_key = pr.cache_key(bench, t, self.threads, self.flags, shape)
                 have = _combined(pr.timings_from(cache.get(gen_key, {})), pr.timings_from(cache.get(mod_key, {})))
                 light = t.device == CPU and CPU not in devices  # only its overheads are needed
+                if have is not None:
+                    self._used.update((gen_key, mod_key))
                 if have is not None and (light or _complete(have, types, twin, attn, t.gpu)):
                     measured[t.device] = have
                     continue
@@ -197,12 +218,20 @@ class RateSource:
                     continue
                 if not lock:
                     lock.append(held.enter_context(pr.measuring(d)))
+                    until = min(started + self.measure, time.monotonic() + LOAD_WAIT)
+                    if lock[0] and (why := load.wait_quiet(self.threads, until)):
+                        self.notes.append(f"speed not measured now: {why} (a later plan measures it; so does tune)")
+                        lock[0], deferred = False, True
                 if not lock[0]:
-                    self.notes.append("another llamafit is measuring this machine now: this plan uses what is cached")
+                    if not deferred:
+                        self.notes.append(
+                            "another llamafit is measuring this machine now: this plan uses what is cached"
+                        )
                     allowed, busy = False, True
                     if have is not None:
                         measured[t.device] = have
                     continue
+                spreads: list[float] = []
                 try:
                     got = pr.measure(
                         bench,
@@ -218,6 +247,7 @@ class RateSource:
                         progress=self.progress,
                         extra=self.flags,
                         deadline=started + self.measure,
+                        spreads=spreads,
                     )
                 except pr.ProbeError as e:
                     self.notes.append(f"the speed of {t.device} could not be measured: {e}")
@@ -225,6 +255,15 @@ class RateSource:
                     if (got_some := e.partial) is None:
                         continue
                     got = got_some
+                if (doubt := _doubt(spreads, self.threads)) is not None:
+                    self.notes.append(
+                        f"the speed of {t.device} measured now is doubtful ({doubt}): not used, not cached; "
+                        "a later plan measures it again"
+                    )
+                    if have is not None:
+                        measured[t.device] = have
+                    continue
+                self._used.update((gen_key, mod_key))
                 fresh[gen_key] = pr.Timings(got.tiny1, got.tiny9, got.stream)
                 if not light:
                     fresh[mod_key] = got
@@ -249,6 +288,14 @@ class RateSource:
             if dev != CPU:
                 derived = pr.derive(tm, host=host, node_layer=layer_nodes, twin=twin, attn=attn)
                 self._rates[dev] = priors.fill(derived, self._priors.get(dev))
+
+
+def _doubt(spreads: Sequence[float], threads: int | None) -> str | None:
+    """Why a measurement just taken cannot be trusted: its repetitions disagreed, or the machine is busy now."""
+    worst = max(spreads, default=0.0)
+    if worst > load.MAX_SPREAD:
+        return f"repetitions {worst:.0%} apart"
+    return load.too_busy(threads)
 
 
 def _combined(device: pr.Timings | None, model: pr.Timings | None) -> pr.Timings | None:

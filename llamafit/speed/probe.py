@@ -192,9 +192,11 @@ def measure(
     progress: Progress | None = None,
     extra: Sequence[str] = (),
     deadline: float | None = None,
+    spreads: list[float] | None = None,
 ) -> Timings:
     """Run what ``have`` lacks of the probe on one device, each run within ``CALL_TIMEOUT`` and before
-    ``deadline`` (``time.monotonic()``). ProbeError when llama-bench cannot, with what was measured before."""
+    ``deadline`` (``time.monotonic()``). ProbeError when llama-bench cannot, with what was measured before.
+    ``spreads`` hears how far each run's repetitions disagreed (``BenchResult.spread``)."""
     done: list[Timings] = []
 
     def step(t: Timings) -> Timings:
@@ -202,7 +204,7 @@ def measure(
         return t
 
     try:
-        run = _Run(bench, env, target, threads, extra, deadline)
+        run = _Run(bench, env, target, threads, extra, deadline, spreads if spreads is not None else [])
         return _measure(run, types, twin, attn, prompt, directory, have, progress, step)
     except BenchError as e:
         raise ProbeError(str(e), done[0] if done else have) from None
@@ -227,6 +229,7 @@ class _Run:
     threads: int | None
     extra: Sequence[str]
     deadline: float | None
+    spreads: list[float]  # each result's repetitions' spread, for the caller to judge the runs by
 
     def __call__(self, args: list[str], reps: int = 1) -> list[BenchResult]:
         # one timed repetition after llama-bench's warm-up for the long tests, two for the short ones
@@ -234,7 +237,9 @@ class _Run:
         left = CALL_TIMEOUT if self.deadline is None else min(CALL_TIMEOUT, self.deadline - time.monotonic())
         if left <= 0:
             raise BenchError("the time given to measuring ran out")
-        return run_bench(self.bench, [*args, *common, "-r", str(reps)], self.env, left)
+        results = run_bench(self.bench, [*args, *common, "-r", str(reps)], self.env, left)
+        self.spreads.extend(r.spread for r in results)
+        return results
 
 
 def _measure(
@@ -395,6 +400,17 @@ def write_cache(directory: Path, entries: Mapping[str, Timings], failed: Mapping
 
 
 _FAILED = "failed|"
+
+
+def forget(directory: Path, keys: set[str]) -> bool:
+    """Drop ``keys``' measurements from the cache (under its lock); False when the cache could not be changed."""
+
+    def drop(doc: Any) -> dict[str, Any]:
+        old = doc.get("entries") if isinstance(doc, dict) and doc.get("schema") == "llamafit.speed-cache/1" else None
+        out = {k: v for k, v in old.items() if isinstance(v, dict) and k not in keys} if isinstance(old, dict) else {}
+        return {"schema": "llamafit.speed-cache/1", "entries": out}
+
+    return store.update_json(_cache_file(directory), drop)
 
 
 def failed_before(cache: Mapping[str, Mapping[str, Any]], key: str) -> str | None:
