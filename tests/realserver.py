@@ -150,6 +150,16 @@ def required(var: str, fail: str, skip: str) -> str:
     return value
 
 
+def wait_for(pred: Callable[[], object], timeout: float = 30.0) -> bool:
+    """Whether ``pred()`` turns true within ``timeout`` seconds (polled every 50 ms)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.05)
+    return False
+
+
 def run_until_ready_then_interrupt(
     argv: Sequence[str],
     port: int,

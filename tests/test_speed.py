@@ -17,7 +17,7 @@ from llamafit.devices.described import described_gpu
 from llamafit.devices.machine import Device, GpuProbeError, Host, Machine, PhysicalGpu, discover
 from llamafit.errors import UsageError
 from llamafit.fit import make_plan
-from llamafit.gguf.model import ModelInfo, load_model
+from llamafit.gguf.model import ModelInfo
 from llamafit.memory.placement import CPU
 from llamafit.request import build_request
 from llamafit.server.args import parse_server_args
@@ -46,29 +46,6 @@ class Fixed:
 
     def rates(self, devices: object) -> dict[str, Rates]:
         return dict(self._rates)
-
-
-@pytest.fixture(scope="module")
-def l8b(tmp_path_factory: pytest.TempPathFactory) -> ModelInfo:
-    return load_model(factory.llama31_8b().write(tmp_path_factory.mktemp("m") / "l8b.gguf"))
-
-
-@pytest.fixture(scope="module")
-def moe(tmp_path_factory: pytest.TempPathFactory) -> ModelInfo:
-    shape = factory.moe(
-        name="moe",
-        n_layer=16,
-        n_embd=2048,
-        n_head=32,
-        n_head_kv=4,
-        head_dim=128,
-        n_expert=128,
-        n_expert_used=8,
-        n_ff_exp=768,
-        n_vocab=32000,
-        w="q4_K",
-    )
-    return load_model(shape.write(tmp_path_factory.mktemp("m") / "moe.gguf"))
 
 
 def plan(model: ModelInfo, args: list[str], gpus: tuple[Device, ...] = (factory.gpu(0, 24),)):  # type: ignore[no-untyped-def]

@@ -14,7 +14,7 @@ from llamafit.devices.described import described_gpu, described_gpus
 from llamafit.devices.machine import Host, Machine, discover
 from llamafit.errors import UsageError
 from llamafit.fit import make_plan
-from llamafit.gguf.model import ModelInfo, load_model
+from llamafit.gguf.model import ModelInfo
 from llamafit.memory.placement import CPU
 from llamafit.request import build_request
 from llamafit.server.args import parse_server_args
@@ -22,7 +22,6 @@ from llamafit.speed import priors
 from llamafit.speed.machine import host_rates, known_rates
 from llamafit.speed.rates import Rates
 from llamafit.units import GiB
-from tests import factory
 
 HOST = Host(total=256 * GiB, available=240 * GiB)
 
@@ -36,18 +35,6 @@ class Known:
 
     def rates(self, devices: object) -> dict[str, Rates]:
         return dict(self._rates)
-
-
-@pytest.fixture(scope="module")
-def l8b(tmp_path_factory: pytest.TempPathFactory) -> ModelInfo:
-    return load_model(factory.llama31_8b().write(tmp_path_factory.mktemp("m") / "l8b.gguf"))
-
-
-@pytest.fixture(scope="module")
-def moe(tmp_path_factory: pytest.TempPathFactory) -> ModelInfo:
-    shape = factory.moe(name="moe", n_layer=16, n_embd=2048, n_head=16, n_head_kv=4, head_dim=128, n_expert=64,
-                        n_expert_used=8, n_ff_exp=1024, n_vocab=32000, w="q4_K")  # fmt: skip
-    return load_model(shape.write(tmp_path_factory.mktemp("m") / "moe.gguf"))
 
 
 def plan_on(model: ModelInfo, specs: list[str], args: list[str]):  # type: ignore[no-untyped-def]

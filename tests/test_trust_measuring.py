@@ -27,19 +27,10 @@ from llamafit.server.supervisor import Supervisor
 from llamafit.speed import probe as pr
 from llamafit.tuned import tune_file, tune_key
 from tests import factory
-from tests.realserver import READY, launch_run, read_json_doc, stand_in, stop_run
+from tests.realserver import READY, launch_run, read_json_doc, stand_in, stop_run, wait_for
 
 LLAMAFIT = [sys.executable, "-m", "llamafit"]
 pytestmark = pytest.mark.server
-
-
-def wait_for(pred, timeout: float = 30.0) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def benches(pid: int) -> list[psutil.Process]:

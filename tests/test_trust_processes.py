@@ -21,7 +21,7 @@ from llamafit.errors import ExitCode
 from llamafit.gguf.demo_model import ensure_demo_model
 from llamafit.server.binary import ServerBinary, free_port
 from llamafit.server.supervisor import Supervisor
-from tests.realserver import READY, health, stand_in
+from tests.realserver import READY, health, stand_in, wait_for
 
 LLAMAFIT = [sys.executable, "-m", "llamafit"]
 
@@ -29,15 +29,6 @@ LLAMAFIT = [sys.executable, "-m", "llamafit"]
 @pytest.fixture
 def model(tmp_path: Path) -> Path:
     return ensure_demo_model(tmp_path / "m")
-
-
-def wait_for(pred, timeout: float = 30.0) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def children_named(pid: int, name: str) -> list[psutil.Process]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from llamafit.gguf.writer import TensorSpec
 from tests.factory.base import Shape, _attn, _base_kv, _ffn, _gate_down_up, _io
 
@@ -45,6 +47,22 @@ def dense(
     return Shape(arch, kv, ts)
 
 
+def _experts_kv(
+    arch: str, n_ff: int, n_ff_exp: int, n_expert: int, n_expert_used: int, n_head: int, n_head_kv: int, head_dim: int
+) -> dict[str, Any]:
+    """An MoE transformer's FFN, expert and attention head keys."""
+    return {
+        f"{arch}.feed_forward_length": n_ff,
+        f"{arch}.expert_feed_forward_length": n_ff_exp,
+        f"{arch}.expert_count": n_expert,
+        f"{arch}.expert_used_count": n_expert_used,
+        f"{arch}.attention.head_count": n_head,
+        f"{arch}.attention.head_count_kv": n_head_kv,
+        f"{arch}.attention.key_length": head_dim,
+        f"{arch}.attention.value_length": head_dim,
+    }
+
+
 def moe(
     *,
     name: str = "moe",
@@ -63,17 +81,9 @@ def moe(
     """qwen3moe (src/models/qwen3moe.cpp)."""
     arch = "qwen3moe"
     kv = _base_kv(arch, name, n_layer, n_embd, ctx, n_vocab)
-    kv.update({
-        f"{arch}.feed_forward_length": n_ff_exp * n_expert_used,
-        f"{arch}.expert_feed_forward_length": n_ff_exp,
-        f"{arch}.expert_count": n_expert,
-        f"{arch}.expert_used_count": n_expert_used,
-        f"{arch}.attention.head_count": n_head,
-        f"{arch}.attention.head_count_kv": n_head_kv,
-        f"{arch}.attention.key_length": head_dim,
-        f"{arch}.attention.value_length": head_dim,
-        f"{arch}.rope.freq_base": 1000000.0,
-    })  # fmt: skip
+    kv.update(_experts_kv(arch, n_ff_exp * n_expert_used, n_ff_exp, n_expert, n_expert_used, n_head, n_head_kv,
+                          head_dim))  # fmt: skip
+    kv[f"{arch}.rope.freq_base"] = 1000000.0
     ts = _io(n_embd, n_vocab, w, False)
     for i in range(n_layer):
         ts += _attn(i, n_embd, n_head * head_dim, n_head_kv * head_dim, n_head * head_dim, w)
@@ -246,15 +256,8 @@ def gpt_oss(
     post-attention norm, every other layer on a sliding window, biased experts (SwiGLU-OAI, softmax weights)."""
     arch = "gpt-oss"
     kv = _base_kv(arch, name, n_layer, n_embd, ctx, n_vocab)
+    kv.update(_experts_kv(arch, n_ff_exp, n_ff_exp, n_expert, n_expert_used, n_head, n_head_kv, head_dim))
     kv.update({
-        f"{arch}.feed_forward_length": n_ff_exp,
-        f"{arch}.expert_feed_forward_length": n_ff_exp,
-        f"{arch}.expert_count": n_expert,
-        f"{arch}.expert_used_count": n_expert_used,
-        f"{arch}.attention.head_count": n_head,
-        f"{arch}.attention.head_count_kv": n_head_kv,
-        f"{arch}.attention.key_length": head_dim,
-        f"{arch}.attention.value_length": head_dim,
         f"{arch}.attention.sliding_window": sliding_window,
         f"{arch}.rope.dimension_count": head_dim,
         f"{arch}.rope.freq_base": 150000.0,
