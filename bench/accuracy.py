@@ -42,6 +42,8 @@ from tests import factory  # noqa: E402
 from tests.realserver import CREATED_CHECKPOINT, chat_log, run_argv  # noqa: E402
 
 NR = ["--no-repack"]
+Q4 = ["-ctk", "q4_0", "-ctv", "q4_0"]
+OSS = "sinks and SWA MoE: gpt-oss-20b (8 layers)"
 
 
 @dataclass
@@ -101,6 +103,7 @@ def build_files(d: Path, quick: bool) -> dict[str, Path]:
     w("granite_h_tiny", factory.granite_4_h_tiny())
     w("granite_h_micro", factory.granite_4_h_micro())
     w("mla", shapes.mla_v2_lite_like())
+    w("gpt_oss_20b", factory.gpt_oss_20b(n_layer=8))  # 8 of its 24 layers, each the same
     w("glm_dsa", factory.glm_dsa())
     w("glm_dsa_nextn", factory.glm_dsa(n_nextn=1, indexer_types=(1, 0, 1, 0, 0)))
     if not quick:
@@ -131,6 +134,11 @@ def cases(quick: bool) -> list[Case]:
         Case("MLA: V2-Lite-like", "mla", [*NR, "-c", "16384", "-np", "1"]),
         Case("MLA: V2-Lite-like", "mla", [*NR, "-c", "8192", "-fa", "off", "-ub", "256"]),
         Case("MLA: V2-Lite-like", "mla", [*NR, "-c", "2048", "-fa", "off", "-ub", "128"]),
+        Case("MLA with a quantized cache: V2-Lite-like", "mla", [*NR, "-c", "4096", "-ctk", "q8_0", "-ctv", "q8_0"]),
+        Case("MLA with a quantized cache: V2-Lite-like", "mla", [*NR, "-c", "8192", "-np", "2", "-no-kvu", *Q4]),
+        Case(OSS, "gpt_oss_20b", [*NR, "-c", "4096"]),
+        Case(OSS, "gpt_oss_20b", [*NR, "-c", "16384", "-np", "2", "-fa", "off"]),
+        Case(OSS, "gpt_oss_20b", [*NR, "-c", "8192", "--swa-full"]),
         Case("hybrid recurrent: Qwen3.5-style", "hybrid", ["-c", "16384"]),
         Case("hybrid recurrent: Qwen3.5-style", "hybrid", ["-c", "8192", "-np", "2", "-no-kvu"]),
         Case("hybrid recurrent: Qwen3.5-style", "hybrid", ["-c", "8192", "-fa", "off"]),
