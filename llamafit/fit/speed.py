@@ -65,13 +65,13 @@ def _hint(unknown: str, gpus: Sequence[Device]) -> str:
         return unknown
     if dev == CPU:
         return (
-            "the host: not measured (no llama-bench beside the server, LLAMAFIT_PROBE=off, or planning for "
-            "another machine: give --host-bandwidth)"
+            "the host: not measured (no llama-bench beside the server, LLAMAFIT_PROBE=off, a machine too busy to "
+            "measure now, or planning for another machine: give --host-bandwidth)"
         )
     g = next((g for g in gpus if g.id == dev), None)
     if g is not None and g.source == "override":
         return f"{dev}: give its bandwidth (--gpu SIZE@RATE, e.g. 24GiB@1008GB/s, or a card: --gpu rtx-4090)"
-    return f"{dev}: not measured (no llama-bench beside the server, or LLAMAFIT_PROBE=off)"
+    return f"{dev}: not measured (no llama-bench beside the server, LLAMAFIT_PROBE=off, or a machine too busy now)"
 
 
 def trial_rates_speed(plan: Plan, source: Rated, *, depth: int, prompt: int) -> Speed:
