@@ -47,8 +47,11 @@ def kill_group(proc: subprocess.Popen[bytes] | subprocess.Popen[str]) -> None:
     except (ProcessLookupError, PermissionError):
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
-    proc.wait()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=REAP_WAIT)  # SIGKILL cannot be caught: only a process stuck in the kernel outlives it
 
+
+REAP_WAIT = 10.0  # seconds to reap a killed child or a guardian stood down
 
 # waits for a line (llamafit stood it down) or for end of file (llamafit is gone): then kills the group
 _GUARD = 'read -r _ || kill -s KILL -- "-$0" 2>/dev/null'
@@ -60,12 +63,13 @@ class Guardian:
 
     def __init__(self, pgid: int) -> None:
         self._write: int | None = None
+        self._shell: subprocess.Popen[bytes] | None = None
         try:
             read, write = os.pipe()  # both ends close-on-exec: no other child inherits the write end
         except OSError:
             return
         try:
-            subprocess.Popen(
+            self._shell = subprocess.Popen(
                 ["/bin/sh", "-c", _GUARD, str(pgid)],
                 stdin=read,
                 stdout=subprocess.DEVNULL,
@@ -87,3 +91,6 @@ class Guardian:
         with contextlib.suppress(OSError):
             os.close(self._write)
         self._write = None
+        if self._shell is not None:  # reaped, not left a zombie for as long as llamafit runs
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._shell.wait(timeout=REAP_WAIT)
