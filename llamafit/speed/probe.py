@@ -337,8 +337,15 @@ def cache_key(bench: str, target: Target, threads: int | None, extra: Sequence[s
 
 def read_cache(directory: Path) -> dict[str, dict[str, Any]]:
     """The cached measurements; a file that is not what we write is treated as empty."""
-    doc = store.read_json(_cache_file(directory))
-    entries = doc.get("entries") if isinstance(doc, dict) and doc.get("schema") == "llamafit.speed-cache/1" else None
+    return _entries(store.read_json(_cache_file(directory)))
+
+
+_SCHEMA = "llamafit.speed-cache/1"
+
+
+def _entries(doc: Any) -> dict[str, dict[str, Any]]:
+    """A cache document's entries (each a dict under a string key); none unless the document is ours."""
+    entries = doc.get("entries") if isinstance(doc, dict) and doc.get("schema") == _SCHEMA else None
     if not isinstance(entries, dict):
         return {}
     return {k: v for k, v in entries.items() if isinstance(k, str) and isinstance(v, dict)}
@@ -386,15 +393,14 @@ def write_cache(directory: Path, entries: Mapping[str, Timings], failed: Mapping
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
 
     def add(doc: Any) -> dict[str, Any]:
-        old = doc.get("entries") if isinstance(doc, dict) and doc.get("schema") == "llamafit.speed-cache/1" else None
-        out = {k: v for k, v in old.items() if isinstance(v, dict)} if isinstance(old, dict) else {}
+        out = _entries(doc)
         for k, t in entries.items():
             d = {f: getattr(t, f) for f in t.__dataclass_fields__}
             d["stream"] = dict(t.stream)
             out[k] = {**d, "time": stamp}
         for k, why in (failed or {}).items():
             out[_FAILED + k] = {"failed": why[:300], "at": time.time()}
-        return {"schema": "llamafit.speed-cache/1", "entries": out}
+        return {"schema": _SCHEMA, "entries": out}
 
     return store.update_json(_cache_file(directory), add)
 
@@ -406,9 +412,7 @@ def forget(directory: Path, keys: set[str]) -> bool:
     """Drop ``keys``' measurements from the cache (under its lock); False when the cache could not be changed."""
 
     def drop(doc: Any) -> dict[str, Any]:
-        old = doc.get("entries") if isinstance(doc, dict) and doc.get("schema") == "llamafit.speed-cache/1" else None
-        out = {k: v for k, v in old.items() if isinstance(v, dict) and k not in keys} if isinstance(old, dict) else {}
-        return {"schema": "llamafit.speed-cache/1", "entries": out}
+        return {"schema": _SCHEMA, "entries": {k: v for k, v in _entries(doc).items() if k not in keys}}
 
     return store.update_json(_cache_file(directory), drop)
 
