@@ -34,6 +34,7 @@ from llamafit.server.binary import GET_SERVER_HINT, ServerBinary
 from llamafit.server.capabilities import Capabilities
 from llamafit.server.failures import Failure
 from llamafit.server.logparse import LoadLog
+from llamafit.speed.calibrate import SANE
 from llamafit.speed.timings import Served
 from llamafit.units import MiB, fmt_bytes
 
@@ -100,7 +101,6 @@ def remember_failed_load(prep: Prepared, f: FailedLoad) -> list[str]:
     return []
 
 
-FAR_OFF = 2.0
 FAR = (
     "far from the prediction: the speeds it was made with are not this machine's now (a measurement taken "
     "while it was busy, a busy machine now, or priors that do not fit this device); cached measurements are "
@@ -133,12 +133,12 @@ class SpeedCheck:
 
     @property
     def far(self) -> bool:
-        """Served more than ``FAR_OFF`` times faster or slower than predicted: the rates it was predicted with
-        were not this machine's as it is now (measured under a load, a machine that changed, or priors that do
-        not fit this device)."""
+        """Served outside the ratios a calibration takes (``calibrate.SANE``: more than 2x faster or slower than
+        predicted): the rates it was predicted with were not this machine's as it is now (measured under a
+        load, a machine that changed, or priors that do not fit this device)."""
         s = self.served
         return any(
-            m is not None and p and not 1 / FAR_OFF <= m / p <= FAR_OFF for m, p in ((s.pp, self.pp), (s.tg, self.tg))
+            m is not None and p and not SANE[0] <= p / m <= SANE[1] for m, p in ((s.pp, self.pp), (s.tg, self.tg))
         )
 
     def as_dict(self) -> dict[str, Any]:

@@ -43,7 +43,7 @@ _BACKEND_PREFIX = {
 }
 
 
-def described_gpu(spec: str, index: int | None = None) -> Device:
+def described_gpu(spec: str, index: int = 0) -> Device:
     """One ``--gpu`` device: ``FREE[/TOTAL]``, ``FREE[/TOTAL]@RATE`` (its memory bandwidth, e.g. 1008GB/s),
     ``FREE[/TOTAL]@CARD`` or ``CARD`` alone (a card of llamafit.speed.gpus: its memory, bandwidth, FP16
     throughput, backend and whether its memory is the host's), each optionally after ``BACKEND:`` (cuda, rocm,
@@ -92,7 +92,7 @@ def described_gpu(spec: str, index: int | None = None) -> Device:
         raise UsageError(f"--gpu {spec}: the {card.name} has {card.memory >> 30} GiB", hint="give FREE/TOTAL within it")
     backend = backend or (card.backend if card is not None else "CUDA")
     return Device(
-        id=f"{backend}{index or 0}",
+        id=f"{backend}{index}",
         name=name,
         total=total,
         free=free,

@@ -12,13 +12,10 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
 
 SAMPLE_S = 0.3  # how long the machine's CPU use is sampled
 SPARE = 0.5  # cores other processes may keep busy beyond those the measurement leaves free
-MAX_SPREAD = 0.25  # repetitions of one test further apart than this share of their median: doubtful
-
-Sampler = Callable[[float], float]  # seconds -> cores busy over that time (system-wide)
+MAX_SPREAD = 0.25  # a test whose median repetition is this much slower than its fastest: doubtful
 
 
 def busy_cores(seconds: float = SAMPLE_S) -> float:
@@ -34,23 +31,23 @@ def physical_cores() -> int:
     return int(psutil.cpu_count(logical=False) or os.cpu_count() or 1)
 
 
-def too_busy(threads: int | None, sample: Sampler = busy_cores) -> str | None:
+def too_busy(threads: int | None) -> str | None:
     """Why the machine is too busy for a measurement with ``threads`` threads (llama-bench's default: the
     physical cores), or None: other processes use more cores than the measurement leaves free."""
     import psutil
 
     logical = psutil.cpu_count() or 1
     room = max(0, logical - (threads or physical_cores()))
-    busy = sample(SAMPLE_S)
+    busy = busy_cores(SAMPLE_S)
     if busy > room + SPARE:
         return f"other processes keep {busy:.1f} of {logical} cores busy"
     return None
 
 
-def wait_quiet(threads: int | None, until: float, sample: Sampler = busy_cores) -> str | None:
+def wait_quiet(threads: int | None, until: float) -> str | None:
     """Wait (until ``time.monotonic()`` reaches ``until``) for the machine to be quiet; why it was not."""
     while True:
-        why = too_busy(threads, sample)
+        why = too_busy(threads)
         if why is None or time.monotonic() + 1.0 > until:
             return why
         time.sleep(1.0)

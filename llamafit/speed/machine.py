@@ -68,11 +68,13 @@ def known_rates(g: Device) -> Rates | None:
     """What is known about a device's speed without measuring it: its peak bandwidth (NVML, a named card, a
     given rate; a listed device the card table knows by name), turned into every term by its backend's
     priors (``llamafit.speed.priors``); None where no peak is known (an RPC device, an unknown card)."""
-    card = gpus.lookup(g.name) if g.kind == "gpu" else None
+    if g.kind != "gpu":
+        return None
+    card = gpus.lookup(g.name)
     bandwidth, source = g.bandwidth, g.bandwidth_source or "given"
     if bandwidth <= 0 and card is not None:
         bandwidth, source = card.bandwidth, "table"
-    if bandwidth <= 0 or g.kind != "gpu":
+    if bandwidth <= 0:
         return None
     fp16 = g.fp16 or (card.fp16 if card is not None else 0.0)
     backend = g.id.rstrip("0123456789")

@@ -218,9 +218,6 @@ def predict(
         devices_out.append(
             DeviceTime(dev, tg.per_device.get(dev, 0.0), pp.per_device.get(dev), read, r.source if r else "unknown")
         )
-    for label in {rates[d].label for d in decode.devices if d in rates and not rates[d].knows_overheads}:
-        if label:
-            unknown.append(f"overheads not measured where the speed is {label}: an upper bound")
     for label in {rates[d].label for d in decode.devices if d in rates and rates[d].source == "prior"}:
         unknown.append(f"not measured: {label} (the range is how far these priors held on public measurements)")
     used = [rates[d] for d in decode.devices if d in rates]

@@ -41,7 +41,6 @@ class Prior:
     split: float  # seconds per graph split the device runs (one an evaluation at least)
     tg_spread: tuple[float, float]  # measured / predicted, the middle 80 % of the development set
     pp_spread: tuple[float, float]
-    rows: int  # development rows the fit saw (0: borrowed)
 
 
 # bench/speed_dev.py --fit over bench/data/speed_dev.json (2026-12-02): CUDA 64 rows, Metal 10, ROCm 2, Vulkan 3.
@@ -51,17 +50,17 @@ class Prior:
 # with under 6 rows keeps CUDA's shares and split and fits its node cost and one matmul share. Spreads: the
 # middle 80 % of measured / predicted with each card left out of the fit, widened to the nearest 0.05.
 PRIORS: dict[str, Prior] = {
-    "CUDA": Prior("CUDA", 0.92, 0.92, 0.32, 0.40, 3.4e-6, 8.9e-5, (0.75, 1.15), (0.45, 1.3), 64),
-    "MTL": Prior("MTL", 0.69, 0.85, 0.56, 0.69, 0.0, 5.0e-3, (0.55, 1.35), (0.75, 1.15), 10),
-    "ROCm": Prior("ROCm", 0.92, 0.92, 0.38, 0.47, 6.8e-6, 8.9e-5, (0.65, 1.25), (0.4, 1.4), 2),
-    "Vulkan": Prior("Vulkan", 0.92, 0.92, 0.11, 0.14, 1.7e-6, 8.9e-5, (0.65, 1.55), (0.4, 2.4), 3),
+    "CUDA": Prior("CUDA", 0.92, 0.92, 0.32, 0.40, 3.4e-6, 8.9e-5, (0.75, 1.15), (0.45, 1.3)),
+    "MTL": Prior("MTL", 0.69, 0.85, 0.56, 0.69, 0.0, 5.0e-3, (0.55, 1.35), (0.75, 1.15)),
+    "ROCm": Prior("ROCm", 0.92, 0.92, 0.38, 0.47, 6.8e-6, 8.9e-5, (0.65, 1.25), (0.4, 1.4)),
+    "Vulkan": Prior("Vulkan", 0.92, 0.92, 0.11, 0.14, 1.7e-6, 8.9e-5, (0.65, 1.55), (0.4, 2.4)),
     # no rows: ROCm's (MUSA ports ggml-cuda through its own HIP-like layer) and Vulkan's, with wider spreads
-    "MUSA": Prior("MUSA", 0.92, 0.92, 0.38, 0.47, 6.8e-6, 8.9e-5, (0.5, 1.4), (0.3, 2.0), 0),
-    "SYCL": Prior("SYCL", 0.92, 0.92, 0.11, 0.14, 1.7e-6, 8.9e-5, (0.5, 1.6), (0.3, 2.5), 0),
+    "MUSA": Prior("MUSA", 0.92, 0.92, 0.38, 0.47, 6.8e-6, 8.9e-5, (0.5, 1.4), (0.3, 2.0)),
+    "SYCL": Prior("SYCL", 0.92, 0.92, 0.11, 0.14, 1.7e-6, 8.9e-5, (0.5, 1.6), (0.3, 2.5)),
 }
 # the host (--host-bandwidth without a measurement): ggml-cpu's mat-vec on all cores reaches about half of a
 # desktop's dual-channel peak and much less of a many-channel server's (NUMA, threads waiting on each other)
-HOST = Prior("CPU", 0.55, 0.65, 0.0, 0.0, 5.0e-6, 0.0, (0.3, 1.2), (0.3, 1.5), 0)
+HOST = Prior("CPU", 0.55, 0.65, 0.0, 0.0, 5.0e-6, 0.0, (0.3, 1.2), (0.3, 1.5))
 # the link of a card whose link is not known: PCIe 4.0 x16, what GPUs since 2020 (RTX 30, RX 6000) sit on
 PRIOR_LINK = pcie_link(4, 16) or 0.0
 

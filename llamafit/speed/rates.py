@@ -1,20 +1,16 @@
 """What a device does per second: the measured (or given) properties the speed model divides by.
 
-A device's rates come from one of five places, and say which (``source``):
+A device's rates come from one of two places, and say which (``source``):
 
 * ``measured``: the bounded probe (``llamafit.speed.probe``) ran llama-bench on synthetic models on that
   device with the binary that will serve, and every rate below was derived from its timings;
-* ``nvml``: an NVIDIA card's peak memory bandwidth (bus width x memory clock x 2) and its PCIe link, read
-  through NVML; nothing about its compute or overheads is known;
-* ``table``: a card named with ``--gpu NAME`` (``llamafit.speed.gpus``): its published bandwidth;
-* ``given``: ``--gpu SIZE@RATE`` or ``--host-bandwidth RATE``;
-* ``prior``: one of the three above turned into every term by its backend's priors
-  (``llamafit.speed.priors``): the share of the peak llama.cpp's kernels reach, the fixed costs per node
-  and per split. This is what a device that was not measured gets; the plan says its terms are priors and
-  gives the range they held on public measurements (``tg_spread``, ``pp_spread``).
+* ``prior``: a device that was not measured: its peaks (NVML's bandwidth and PCIe link, a card of
+  ``llamafit.speed.gpus``, ``--gpu SIZE@RATE``, ``--host-bandwidth``) turned into every term by its
+  backend's priors (``llamafit.speed.priors``); the plan says its terms are priors and gives the range they
+  held on public measurements (``tg_spread``, ``pp_spread``).
 
-Only ``measured`` rates know this device's own per-type mat-vec and matmul speeds, attention throughput and
-overheads; a bare peak (no prior applies) gives an upper bound.
+``nvml_rates`` reads NVML's numbers into the device list (``source`` ``nvml``); the speed model never divides
+by a bare peak.
 """
 
 from __future__ import annotations
@@ -48,7 +44,7 @@ class Rates:
     split: float = 0.0  # seconds per graph split this device runs (a synchronisation, an RPC round trip)
     token: float = 0.0  # seconds per evaluation on the host: graph build and scheduling (the host's own)
     link: float | None = None  # bytes/s between host memory and this device (PCIe, network); None: not known
-    source: str = "measured"  # measured | prior | nvml | table | given
+    source: str = "measured"  # measured | prior (nvml: NVML's numbers on their way to the device list)
     label: str = ""  # what was measured or given, for the report
     tg_spread: tuple[float, float] = MEASURED_TG_SPREAD  # measured / predicted speed these rates held
     pp_spread: tuple[float, float] = MEASURED_PP_SPREAD
@@ -58,10 +54,6 @@ class Rates:
 
     def matmul_rate(self, ggml_type: str) -> float | None:
         return dict(self.matmul_by_type).get(ggml_type, self.matmul) if self.matmul is not None else None
-
-    @property
-    def knows_overheads(self) -> bool:
-        return self.source in ("measured", "prior")
 
     def calibrated(self, tg: float, pp: float) -> Rates:
         """Times multiplied by what a measured launch found: ``tg`` for one token's terms (streaming,
@@ -122,7 +114,3 @@ def parse_rate(text: str, what: str) -> float:
     if not 1e6 <= value <= 1e15:
         raise UsageError(f"{what} {text!r}: outside 1 MB/s to 1 PB/s", hint="e.g. 1008GB/s for an RTX 4090")
     return value
-
-
-def given_rates(bandwidth: float, label: str) -> Rates:
-    return Rates(read=bandwidth, source="given", label=label)
