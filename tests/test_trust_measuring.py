@@ -406,3 +406,23 @@ def test_a_served_request_far_from_its_prediction_drops_the_measurement(server_b
     far = SpeedCheck(Served(16, 10.0, 8, 1.0), None, 9.3)  # the demo's 700x: 8 tokens in 1 ms against 9.3 tok/s
     assert not near.far and far.far and "far from the prediction" in far.message()
     assert prep.rates.forget() and not set(pr.read_cache(directory)) & cached
+
+
+def test_a_measurement_the_plans_time_cuts_short_goes_on_then_rests(
+    server_bin: ServerBinary, tmp_path: Path, demo: Path
+) -> None:
+    """A device too slow to finish the probe within a plan's time: the first plan keeps what it measured (its
+    overheads), the next goes on and, making no progress, remembers it; no plan fails on the half-measured
+    device (a host rated from its overheads alone divided by a streaming rate of zero)."""
+    real = str(Path(server_bin.path).with_name("llama-bench"))
+    # the overheads' run (64 tokens of the tiny models) is real; every longer test outlasts the plan's time
+    srv = toolbox(tmp_path, server_bin, bench=f'case "$*" in *"-n 64"*) exec "{real}" "$@";; esac\nexec sleep 300\n')
+    said = []
+    for _ in range(3):
+        r = subprocess.run([*LLAMAFIT, "plan", str(demo), "--server", srv, "--json"], capture_output=True, text=True,
+                           timeout=120, env=probing())  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        said.append(r.stderr)
+    assert "measured in part" in said[0]
+    assert "could not be measured" in said[1] and "llamafit tune measures it" in said[1]
+    assert "not measured again today" in said[2]

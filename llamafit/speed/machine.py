@@ -173,6 +173,16 @@ class RateSource:
             return ["the cached speed measurements could not be dropped (another llamafit holds them)"]
         return ["the cached speed measurements of these devices were dropped: the next plan measures them again"]
 
+    def _stopped(self, device: str, e: pr.ProbeError, have: pr.Timings | None) -> str | None:
+        """Say why ``device``'s probe stopped; what to remember as its failure (not tried again by every plan),
+        or None when this plan's time ran out after some progress (the next plan goes on from there)."""
+        if e.out_of_time and e.partial is not None and e.partial != have:
+            self.notes.append(f"the speed of {device} was measured in part (a later plan goes on)")
+            return None
+        more = " (it needs more time than a plan has: llamafit tune measures it)" if e.out_of_time else ""
+        self.notes.append(f"the speed of {device} could not be measured: {e}{more}")
+        return str(e)
+
     def _targets(self, devices: Sequence[str]) -> list[pr.Target]:
         eps = list(dict.fromkeys(g.endpoint for g in self.machine.gpus if g.endpoint))
         out = [pr.host_target()] if CPU in devices and not self._given_host else []
@@ -213,7 +223,7 @@ class RateSource:
                     continue
                 if not allowed:
                     continue
-                if (why := pr.failed_before(cache, mod_key)) is not None:
+                if (why := pr.failed_before(cache, mod_key, self.measure)) is not None:
                     self.notes.append(f"the speed of {t.device} is not measured again today: {why}")
                     if have is not None:
                         measured[t.device] = have
@@ -252,8 +262,8 @@ class RateSource:
                         spreads=spreads,
                     )
                 except pr.ProbeError as e:
-                    self.notes.append(f"the speed of {t.device} could not be measured: {e}")
-                    failed[mod_key] = str(e)
+                    if (why := self._stopped(t.device, e, have)) is not None:
+                        failed[mod_key] = why
                     if (got_some := e.partial) is None:
                         continue
                     got = got_some
@@ -271,13 +281,17 @@ class RateSource:
                     fresh[mod_key] = got
                 measured[t.device] = got
             if fresh or failed:
-                pr.write_cache(d, fresh, failed)
+                pr.write_cache(d, fresh, failed, self.measure)
         if fresh:
             self.notes.append(
                 f"measured this machine's speed for this model ({time.monotonic() - started:.0f} s; cached)"
             )
         elif not allowed and targets and not measured and not busy:
             self.notes.append(f"speed not measured ({PROBE_ENV}=off and nothing cached)")
+        # a device whose measurement stopped after its overheads (the time ran out, a run failed) has no
+        # streaming rate to derive from: it keeps its priors, or stays unknown, until a later plan completes it;
+        # the host's overheads alone serve an offload device's split
+        measured = {dev: tm for dev, tm in measured.items() if _streams(tm) or (dev == CPU and CPU not in devices)}
         if not measured:
             return
         layer_nodes = pr.probe_node_layer(d)
@@ -298,6 +312,11 @@ def _doubt(spreads: Sequence[float], threads: int | None) -> str | None:
     if worst > load.MAX_SPREAD:
         return f"repetitions {worst:.0%} apart"
     return load.too_busy(threads)
+
+
+def _streams(t: pr.Timings) -> bool:
+    """The timings hold a streaming rate (a weight type's, or the model's twin's) to derive the device's from."""
+    return bool(t.stream) or t.twin_tg is not None
 
 
 def _combined(device: pr.Timings | None, model: pr.Timings | None) -> pr.Timings | None:

@@ -26,6 +26,7 @@ and model shape; a cached entry is input like any other and is validated when re
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import platform
 import time
@@ -195,8 +196,9 @@ def measure(
     spreads: list[float] | None = None,
 ) -> Timings:
     """Run what ``have`` lacks of the probe on one device, each run within ``CALL_TIMEOUT`` and before
-    ``deadline`` (``time.monotonic()``). ProbeError when llama-bench cannot, with what was measured before.
-    ``spreads`` hears how far each run's repetitions disagreed (``BenchResult.spread``)."""
+    ``deadline`` (``time.monotonic()``). ProbeError when llama-bench cannot or the deadline came first, with
+    what was measured before. ``spreads`` hears how far each run's repetitions disagreed
+    (``BenchResult.spread``)."""
     done: list[Timings] = []
 
     def step(t: Timings) -> Timings:
@@ -207,16 +209,21 @@ def measure(
         run = _Run(bench, env, target, threads, extra, deadline, spreads if spreads is not None else [])
         return _measure(run, types, twin, attn, prompt, directory, have, progress, step)
     except BenchError as e:
-        raise ProbeError(str(e), done[0] if done else have) from None
+        raise ProbeError(str(e), done[0] if done else have, isinstance(e, _OutOfTime)) from None
 
 
 class ProbeError(BenchError):
-    """The probe stopped (llama-bench failed, or ran past the time it was given); ``partial``: what was
-    measured before, worth keeping."""
+    """The probe stopped: llama-bench failed or ran past its own ``CALL_TIMEOUT``, or (``out_of_time``) the
+    deadline its caller gave came first; ``partial``: what was measured before, worth keeping."""
 
-    def __init__(self, message: str, partial: Timings | None) -> None:
+    def __init__(self, message: str, partial: Timings | None, out_of_time: bool = False) -> None:
         super().__init__(message)
         self.partial = partial
+        self.out_of_time = out_of_time
+
+
+class _OutOfTime(BenchError):
+    """A run stopped by the caller's deadline, not by anything wrong with llama-bench."""
 
 
 @dataclass(frozen=True)
@@ -236,8 +243,14 @@ class _Run:
         common = [*self.target.args, *self.extra, *(["-t", str(self.threads)] if self.threads else [])]
         left = CALL_TIMEOUT if self.deadline is None else min(CALL_TIMEOUT, self.deadline - time.monotonic())
         if left <= 0:
-            raise BenchError("the time given to measuring ran out")
-        results = run_bench(self.bench, [*args, *common, "-r", str(reps)], self.env, left)
+            raise _OutOfTime("the time given to measuring ran out")
+        started = time.monotonic()
+        try:
+            results = run_bench(self.bench, [*args, *common, "-r", str(reps)], self.env, left)
+        except BenchError as e:
+            if left < CALL_TIMEOUT and time.monotonic() - started >= left - 0.5:  # stopped at the deadline
+                raise _OutOfTime(str(e)) from None
+            raise
         self.spreads.extend(r.spread for r in results)
         return results
 
@@ -387,9 +400,12 @@ def timings_from(entry: Mapping[str, Any]) -> Timings | None:
     )
 
 
-def write_cache(directory: Path, entries: Mapping[str, Timings], failed: Mapping[str, str] | None = None) -> bool:
-    """Add ``entries`` (and the probes that ``failed``, with why) to the cache, under its lock, atomically (a
-    concurrent plan reads the old file or the new one, and a concurrent writer's entries are kept)."""
+def write_cache(
+    directory: Path, entries: Mapping[str, Timings], failed: Mapping[str, str] | None = None, budget: float = 0.0
+) -> bool:
+    """Add ``entries`` (and the probes that ``failed`` within ``budget`` seconds, with why) to the cache, under
+    its lock, atomically (a concurrent plan reads the old file or the new one, and a concurrent writer's
+    entries are kept)."""
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
 
     def add(doc: Any) -> dict[str, Any]:
@@ -399,7 +415,7 @@ def write_cache(directory: Path, entries: Mapping[str, Timings], failed: Mapping
             d["stream"] = dict(t.stream)
             out[k] = {**d, "time": stamp}
         for k, why in (failed or {}).items():
-            out[_FAILED + k] = {"failed": why[:300], "at": time.time()}
+            out[_FAILED + k] = {"failed": why[:300], "at": time.time(), "budget": budget}
         return {"schema": _SCHEMA, "entries": out}
 
     return store.update_json(_cache_file(directory), add)
@@ -417,16 +433,18 @@ def forget(directory: Path, keys: set[str]) -> bool:
     return store.update_json(_cache_file(directory), drop)
 
 
-def failed_before(cache: Mapping[str, Mapping[str, Any]], key: str) -> str | None:
-    """Why the probe of ``key`` failed within ``FAILED_FOR`` seconds, if it did (a plan does not run it again
-    meanwhile: a hung or refusing llama-bench would cost every plan the time)."""
+def failed_before(cache: Mapping[str, Mapping[str, Any]], key: str, budget: float) -> str | None:
+    """Why the probe of ``key`` failed within ``FAILED_FOR`` seconds with at least ``budget`` seconds to run, if
+    it did (a plan does not run it again meanwhile: a hung or refusing llama-bench would cost every plan the
+    time; ``tune``, given more time, does)."""
     entry = cache.get(_FAILED + key)
     if not isinstance(entry, Mapping):
         return None
     at, why = finite(entry.get("at"), 0.0), entry.get("failed")
+    had = finite(entry.get("budget", math.inf), 0.0)
     if at is None or not isinstance(why, str) or not 0 <= time.time() - at < FAILED_FOR:
         return None
-    return why
+    return why if had is None or had >= budget else None
 
 
 def measuring(directory: Path) -> AbstractContextManager[bool]:
