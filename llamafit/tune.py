@@ -203,8 +203,10 @@ def _measure(bench: str, env: dict[str, str], c: Candidate, deadline: float) -> 
         "1",
         *bench_flags(c.prepared.argv[1:]),
     ]
+    # over RPC a run is never cut at the budget: a client killed mid-transfer crashes ggml-rpc-server
+    left = BENCH_TIMEOUT if "-rpc" in args else max(0.1, min(BENCH_TIMEOUT, deadline - time.monotonic()))
     try:
-        res = run_bench(bench, args, env, max(0.1, min(BENCH_TIMEOUT, deadline - time.monotonic())))
+        res = run_bench(bench, args, env, left)
     except BenchError as e:
         return replace(c, error=str(e))
     got = {("pp" if r.n_prompt else "tg"): r.tokens_per_s for r in res}

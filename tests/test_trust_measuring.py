@@ -426,3 +426,21 @@ def test_a_measurement_the_plans_time_cuts_short_goes_on_then_rests(
     assert "measured in part" in said[0]
     assert "could not be measured" in said[1] and "llamafit tune measures it" in said[1]
     assert "not measured again today" in said[2]
+
+
+def test_measuring_an_rpc_device_never_cuts_a_run_short(server_bin: ServerBinary, tmp_path: Path) -> None:
+    """A llama-bench killed mid-transfer crashes ggml-rpc-server (the user's): a plan's measuring time stops
+    new runs on an RPC device, never one that started, and every plan after finds the server listing its device."""
+    from llamafit.prepare import prepare
+    from tests.realserver import rpc_servers
+
+    model = factory.qwen3_0_6b().write(tmp_path / "q06.gguf")
+    os.environ["LLAMAFIT_PROBE"] = "auto"
+    try:
+        with rpc_servers(server_bin, 1) as (rpc,):
+            for _ in range(3):
+                o = Options(server=server_bin.path, rpc=(rpc,), server_args=("-np", "1", "-c", "4096"))
+                prep = prepare(str(model), o)
+                assert [d.device.id for d in prep.plan.devices] == ["RPC0"]
+    finally:
+        os.environ.pop("LLAMAFIT_PROBE")

@@ -60,6 +60,8 @@ class Target:
     key: str  # identity for the cache: the device and what it is
     args: tuple[str, ...]  # llama-bench flags that put every layer there
     gpu: bool = False  # op offload reaches it (a CUDA/Vulkan-like device): its link is probed
+    remote: bool = False  # behind ggml-rpc-server: a run is never cut short (a client killed mid-transfer
+    # crashes the server, which is the user's), and its repetitions' spread is the network's, not a load's
 
 
 def host_key() -> str:
@@ -79,7 +81,11 @@ def host_target() -> Target:
 def device_target(device: str, description: str, total: int, *, gpu: bool, rpc: Sequence[str] = ()) -> Target:
     rpc_args = ("-rpc", ",".join(rpc)) if rpc else ()
     return Target(
-        device, f"{device}:{description}:{total}:{','.join(rpc)}", (*rpc_args, "-dev", device, "-ngl", "99"), gpu
+        device,
+        f"{device}:{description}:{total}:{','.join(rpc)}",
+        (*rpc_args, "-dev", device, "-ngl", "99"),
+        gpu,
+        remote=bool(rpc),
     )
 
 
@@ -244,6 +250,8 @@ class _Run:
         left = CALL_TIMEOUT if self.deadline is None else min(CALL_TIMEOUT, self.deadline - time.monotonic())
         if left <= 0:
             raise _OutOfTime("the time given to measuring ran out")
+        if self.target.remote:
+            left = CALL_TIMEOUT  # started, a run over RPC finishes: cut short, it would crash the RPC server
         started = time.monotonic()
         try:
             results = run_bench(self.bench, [*args, *common, "-r", str(reps)], self.env, left)
@@ -251,7 +259,8 @@ class _Run:
             if left < CALL_TIMEOUT and time.monotonic() - started >= left - 0.5:  # stopped at the deadline
                 raise _OutOfTime(str(e)) from None
             raise
-        self.spreads.extend(r.spread for r in results)
+        if not self.target.remote:
+            self.spreads.extend(r.spread for r in results)
         return results
 
 
