@@ -16,7 +16,9 @@ from llamafit.devices.machine import Host, Machine
 from llamafit.fit import make_plan
 from llamafit.gguf.model import load_model
 from llamafit.memory.builds import (
+    BLOCK_DRAFT_SAMPLED_SINCE,
     KQ_MASK_F16_SINCE,
+    MAMBA2_PROJ_2D_SINCE,
     MTP_DRAFT_CACHE_TYPES_SINCE,
     OLDEST_READ,
     OUTPUTS_PER_SLOT_SINCE,
@@ -24,7 +26,9 @@ from llamafit.memory.builds import (
     UNKNOWN,
     before,
     differences,
+    mamba2_proj_2d,
     match,
+    rs_one_gather,
     settled,
 )
 from llamafit.memory.footprint import estimate
@@ -123,7 +127,7 @@ def test_each_rule_is_said_for_the_builds_before_it_and_no_later() -> None:
     of builds across it is not settled on one build's rules."""
     checked = 0
     for r in RULES:
-        for arch in {**r.by_arch, "llama": r.since}:
+        for arch in {**r.by_arch, min(r.only) if r.only else "llama": r.since}:  # an architecture it concerns
             first = r.first(arch)
             if first <= OLDEST_READ:
                 continue
@@ -142,6 +146,52 @@ def test_each_rule_is_said_for_the_builds_before_it_and_no_later() -> None:
                     last_old < o.first(arch, False) <= first for o in RULES
                 )
     assert checked >= 10  # the table is read, not skipped
+
+
+def test_a_rule_for_some_architectures_holds_for_them_alone() -> None:
+    """The recurrent-state rules date a Mamba-2 model's graph and leave a transformer's alone (the check
+    without its architecture read every build as b11434 and never applied them)."""
+    for key, rule in (("rs-one-gather", rs_one_gather), ("mamba2-proj-2d", mamba2_proj_2d)):
+        first = next(r for r in RULES if r.key == key).since
+        for arch in ("mamba2", "nemotron_h", "granitehybrid"):
+            assert not rule(first - 1, arch) and rule(first, arch)
+        assert rule(first - 1, "llama")
+
+
+def test_mamba2_layers_before_10605_project_a_3d_batch(tmp_path: Path) -> None:
+    """b10603 and older reshaped a Mamba-2 layer's normed input to 3-D before ssm_in and the out-projection's
+    result back to 2-D after it (mamba-base.cpp:178-192, 277-284 there): the residual add then reads a view,
+    takes the residual's buffer in place and the projection is freed: at most one n_embd x ubatch buffer less
+    at the peak from the third layer on (ggml-alloc.c:623-689). Real servers on Codestral's layer shape at
+    -np 4: b10173 logs 133.19 MiB, b10985 137.19 (bench/results/accuracy-b10173.json); a transformer is alone."""
+    m = factory.mamba2(name="m2", n_layer=3, n_embd=1024, d_inner=2048, d_state=64, n_group=2, n_head=32,
+                       n_vocab=1000, w="f16").write(tmp_path / "m2.gguf")  # fmt: skip
+    args = ["-c", "4096", "-np", "4"]
+    old = buffer(plan(m, args, at(MAMBA2_PROJ_2D_SINCE - 1)), "target", "compute")
+    new = buffer(plan(m, args, at(MAMBA2_PROJ_2D_SINCE)), "target", "compute")
+    assert 0 < new - old <= 1024 * 512 * 4  # the out-projection's F32 rows of the reserve's ubatch, or less
+    q = factory.qwen3_0_6b().write(tmp_path / "q.gguf")
+    assert buffer(plan(q, args, at(MAMBA2_PROJ_2D_SINCE - 1)), "target", "compute") == buffer(
+        plan(q, args, at(MAMBA2_PROJ_2D_SINCE)), "target", "compute"
+    )
+
+
+def test_a_block_drafter_before_10423_is_sampled_on_the_host(tmp_path: Path) -> None:
+    """DFlash and DSpark drafters got backend samplers, and a block of outputs a slot for them, in 10423: before,
+    their context reserved one output a slot and no sampler read its logits (no padded copy of them). Real
+    servers, Qwen3-4B's DSpark drafter at -c 8192: b10173 logs 306.75 MiB, the block reserve 604.08."""
+    target = factory.qwen3_4b().write(tmp_path / "q4b.gguf")
+    draft = factory.dspark_qwen3_4b().write(tmp_path / "dspark.gguf")
+    args = ["-c", "8192", "-np", "4"]
+    old = plan(target, args, at(BLOCK_DRAFT_SAMPLED_SINCE - 1), spec="draft-dspark", draft=str(draft))
+    new = plan(target, args, at(BLOCK_DRAFT_SAMPLED_SINCE), spec="draft-dspark", draft=str(draft))
+    assert old.draft_footprint is not None and new.draft_footprint is not None
+    assert old.draft_footprint.context.sampled_rows == 0 < new.draft_footprint.context.sampled_rows
+    assert old.draft_footprint.context.n_outputs_max == 4 < new.draft_footprint.context.n_outputs_max
+    n_vocab = load_model(target).hparams.n_vocab
+    logits = n_vocab * 512 * 4  # every token's logits: the samplers' padded copy is one row more
+    saved = buffer(new, "draft", "compute") - buffer(old, "draft", "compute")
+    assert logits <= saved <= logits + n_vocab * 4 * 8
 
 
 def test_the_nextn_layers_cache_follows_the_build(models: dict[str, Path]) -> None:

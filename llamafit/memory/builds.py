@@ -47,6 +47,15 @@ NO_MIXED_BATCH = frozenset({"cogvlm", "deepseek4", "granite-switch", "eagle3", "
 # (llama-graph.cpp:3520-3560); 11368 and older gathered the ubatch's (or read them with the op's own getter)
 # and the extra ones apart, each a get_rows of its own
 RS_ONE_GATHER_SINCE = 11378
+# build_mamba2_layer projects a 2-D batch in and out and reshapes after (src/models/mamba-base.cpp:184-192,
+# 294-299); 10603 and older reshaped the normed input to 3-D before ssm_in and the out-projection's result back
+# to 2-D after it: views that keep their sources alive longer in the compute buffer
+MAMBA2_PROJ_2D_SINCE = 10605
+# a DFlash or DSpark drafter samples on the backend (its llama_set_sampler chains, common/speculative.cpp:
+# 1029-1043) and its context reserves a block of outputs per slot for them (has_block_draft, 2503-2518); 10405
+# and older sampled it on the host and reserved one output a slot (b10173, Qwen3-4B's DSpark drafter: 306.75
+# MiB, without the samplers' padded copy of every token's logits that b11434's 604.08 holds)
+BLOCK_DRAFT_SAMPLED_SINCE = 10423
 # CUDA reserves the F16 copies of a quantized K/V inside the flash-attention op's compute buffer (#23907,
 # release b9489); before, its pool took them at run time: the same VRAM, not in the logged buffer
 CUDA_FA_COPY_RESERVED_SINCE = 9489
@@ -176,6 +185,13 @@ RULES = (
         "the recurrent states gathered in two parts",
         only=RECURRENT_ARCHS | HYBRID_ARCHS,
     ),
+    Rule("block-draft-sampled", BLOCK_DRAFT_SAMPLED_SINCE, "a DFlash or DSpark drafter sampled on the host"),
+    Rule(
+        "mamba2-proj-2d",
+        MAMBA2_PROJ_2D_SINCE,
+        "the Mamba-2 projections made on a 3-D batch",
+        only=RECURRENT_ARCHS | HYBRID_ARCHS,
+    ),
     *(
         Rule(
             f"rollback-{kind}",
@@ -236,9 +252,20 @@ def mixed_batch(build: int, arch: str) -> bool:
     return arch not in NO_MIXED_BATCH and not before("mixed-batch", build, arch)
 
 
-def rs_one_gather(build: int) -> bool:
-    """Whether build_rs gathers every recurrent state at once (RS_ONE_GATHER_SINCE)."""
-    return not before("rs-one-gather", build)
+def rs_one_gather(build: int, arch: str) -> bool:
+    """Whether build_rs gathers every recurrent state at once for ``arch`` (RS_ONE_GATHER_SINCE)."""
+    return not before("rs-one-gather", build, arch)
+
+
+def mamba2_proj_2d(build: int, arch: str) -> bool:
+    """Whether a Mamba-2 layer of ``arch`` projects a 2-D batch (MAMBA2_PROJ_2D_SINCE)."""
+    return not before("mamba2-proj-2d", build, arch)
+
+
+def block_draft_sampled(build: int) -> bool:
+    """Whether a DFlash/DSpark drafter samples on the backend, a block of outputs per slot
+    (BLOCK_DRAFT_SAMPLED_SINCE)."""
+    return not before("block-draft-sampled", build)
 
 
 def mla_mask_f16(build: int) -> bool:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from llamafit.gguf.model import ModelInfo
-from llamafit.memory.builds import MIRRORED, keeps_rollback, mtp_cache_types, nextn_weights
+from llamafit.memory.builds import MIRRORED, block_draft_sampled, keeps_rollback, mtp_cache_types, nextn_weights
 from llamafit.memory.footprint import Footprint, LoadSettings, Use
 from llamafit.memory.graph.sampling import DRAFT_CHAIN
 from llamafit.memory.placement import CPU
@@ -164,10 +164,12 @@ def drafter_use(
         # the draft model is loaded with the target's parameters (common_base_params_to_speculative,
         # common/speculative.cpp:2527-2560): its -ts is the target's, read over the draft's own devices;
         # its outputs per sequence are a block for DFlash/DSpark, else one, and its backend samplers take
-        # them all (n_outputs_max_per_seq; draft-simple samples on the host)
+        # them all (n_outputs_max_per_seq; draft-simple samples on the host); before
+        # BLOCK_DRAFT_SAMPLED_SINCE a block drafter sampled on the host and reserved one output a slot
         split = s.tensor_split if len(ids) > 1 else ()
-        per_seq = max(1, opts.n_max + 1) if d.kind in BLOCK_DRAFTERS else 1
-        sampled = d.kind in BACKEND_SAMPLED and opts.backend_sampling
+        host_sampled = d.kind in BLOCK_DRAFTERS and not block_draft_sampled(s.build)
+        per_seq = max(1, opts.n_max + 1) if d.kind in BLOCK_DRAFTERS and not host_sampled else 1
+        sampled = d.kind in BACKEND_SAMPLED and opts.backend_sampling and not host_sampled
         ds = replace(
             s,
             n_ctx=n_ctx,

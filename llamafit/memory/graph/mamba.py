@@ -55,7 +55,7 @@ class MambaLayers:
     ) -> None:
         """Of ``r`` only the batch, the sequences, the outputs, the rollback snapshots and the build's input
         and state-gathering rules matter."""
-        self.sh, self.samplers, self.mixed = sh, samplers, r.mixed_batch
+        self.sh, self.samplers, self.mixed, self.proj_2d = sh, samplers, r.mixed_batch, r.mamba2_2d
         self.g = Graph() if g is None else g
         self.n_seqs = max(1, r.n_seqs)
         self.T = -(-r.n_tokens // self.n_seqs) * self.n_seqs  # graph_reserve: a multiple of n_seqs
@@ -156,7 +156,10 @@ class MambaLayers:
         W = Graph.weight
         conv_all, ssm_all = self.states()
         d_in_proj = 2 * sh.d_inner + 2 * sh.n_group * sh.d_state + n_head
-        zx = Graph.reshape(Graph.mul_mat(W((E, d_in_proj), "ssm_in"), cur), (d_in_proj, nst, n_seqs))
+        if self.proj_2d:  # 184-192
+            zx = Graph.reshape(Graph.mul_mat(W((E, d_in_proj), "ssm_in"), cur), (d_in_proj, nst, n_seqs))
+        else:  # before MAMBA2_PROJ_2D_SINCE: the batch made 3-D first
+            zx = Graph.mul_mat(W((E, d_in_proj), "ssm_in"), Graph.reshape(cur, (E, nst, n_seqs)))
         z = Graph.view(zx, (head_dim, n_head, nst, n_seqs), (head_dim * F32, zx.nb[1], zx.nb[2]))
         xbc = Graph.view(zx, (conv_ch, nst, n_seqs), (zx.nb[1], zx.nb[2]))
         dt = Graph.view(zx, (n_head, nst, n_seqs), (zx.nb[1], zx.nb[2]))
@@ -174,4 +177,7 @@ class MambaLayers:
         y = Graph.op("glu", zc.ne, zc, y)  # ggml_swiglu_split: the shape of its first source
         y = Graph.reshape(y, (sh.d_inner // sh.n_group, sh.n_group, nst, n_seqs))
         y = Graph.like("mul", Graph.like("rms_norm", y), W((sh.d_inner // sh.n_group, sh.n_group), "ssm_norm"))
-        return Graph.mul_mat(W((sh.d_inner, E), "ssm_out"), Graph.reshape(y, (sh.d_inner, self.T)))
+        if self.proj_2d:  # 294-299
+            return Graph.mul_mat(W((sh.d_inner, E), "ssm_out"), Graph.reshape(y, (sh.d_inner, self.T)))
+        out = Graph.mul_mat(W((sh.d_inner, E), "ssm_out"), Graph.reshape(y, (sh.d_inner, nst, n_seqs)))
+        return Graph.reshape(out, (E, self.T))

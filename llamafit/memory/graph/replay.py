@@ -15,7 +15,7 @@ from dataclasses import replace
 from llamafit.ggml import by_name
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory.backends import pads_rows
-from llamafit.memory.builds import kq_mask_f16, mixed_batch, mla_mask_f16, rs_one_gather
+from llamafit.memory.builds import kq_mask_f16, mamba2_proj_2d, mixed_batch, mla_mask_f16, rs_one_gather
 from llamafit.memory.context import ContextParams, swa_cells
 from llamafit.memory.graph.attention import Reserve, TransformerShape, transformer_graph
 from llamafit.memory.graph.dflash import DflashShape, dflash_graph
@@ -140,7 +140,8 @@ def _reserve(
         mask_f16=kq_mask_f16(cp.build),
         mla_mask_f16=mla_mask_f16(cp.build),
         mixed_batch=mixed_batch(cp.build, hp.arch),
-        rs_one_gather=rs_one_gather(cp.build),
+        rs_one_gather=rs_one_gather(cp.build, hp.arch),
+        mamba2_2d=mamba2_proj_2d(cp.build, hp.arch),
         v_trans=cp.v_trans,
     )
 
