@@ -8,6 +8,9 @@ under ``--json``); nothing here prints. ``llamafit.cli.supervise`` renders both.
 
 from __future__ import annotations
 
+import functools
+import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,11 +35,24 @@ from llamafit.launch import (
 from llamafit.plan import to_json
 from llamafit.prepare import Prepared
 from llamafit.server.failures import Failure, classify
+from llamafit.server.liveness import Liveness, Watchdog, api_key
 from llamafit.server.logparse import LoadLog, is_error
+from llamafit.server.restarts import RestartPolicy, Restarts
 from llamafit.server.supervisor import Outcome, Supervisor, is_key_line
 from llamafit.several.plan import Together
 from llamafit.several.router_log import RouterLog
 from llamafit.speed.timings import MAX_SERVED, TimingReader
+from llamafit.speed.timings import Served as ServedRequest
+
+NO_RESTART = RestartPolicy("no")
+NO_PROBES = Liveness(interval=0)
+WEDGED_STOP = 5.0  # seconds a wedged server is given to stop before SIGKILL (a stopped one ignores the rest)
+
+
+def probe_sized(s: ServedRequest) -> bool:
+    """A request no bigger than a liveness probe (a few prompt tokens, one generated): too small to time
+    anything, so not a speed measurement."""
+    return s.prompt_tokens <= 8 and s.gen_tokens <= 1
 
 
 @dataclass(frozen=True)
@@ -112,12 +128,39 @@ def serve(
     ready_timeout: float | None = None,
     replan: Callable[[], Prepared] | None = None,
     retries: int = RETRIES,
+    restart: RestartPolicy = NO_RESTART,
+    liveness: Liveness = NO_PROBES,
 ) -> Served:
     """Run one model's server until it exits. A load that runs out of memory is recorded (what it showed
     the device holds) and, with ``replan``, planned again within that and launched again, at most
-    ``retries`` times, each attempt stated with its numbers."""
-    for attempt in range(retries + 1):
-        rc, outcome = _attempt(prep, env, on_event, log_file, ready_timeout)
+    ``retries`` times, each attempt stated with its numbers. A server that was ready and then died or stopped
+    serving (``liveness``) is started again as ``restart`` says, each restart stated with its reason."""
+    attempt = 0
+    restarts = Restarts(restart)
+    while True:
+        rc, outcome, wedged = _attempt(prep, env, on_event, log_file, ready_timeout, liveness)
+        if outcome.ready and not outcome.interrupted:
+            why = f"stopped serving: {wedged}" if wedged else f"stopped after it was ready: {exit_reason(rc)}"
+            if not restart.wants(rc, wedged is not None):
+                if rc != 0 or wedged:
+                    on_event(Problem(f"llama-server {why}", "run with --verbose (or --log-file) to see its last lines"))
+                return Served(rc)
+            delay = restarts.next_delay()
+            if delay is None:
+                on_event(
+                    Problem(
+                        f"llama-server {why}; not started again: it was restarted {restarts.recent()} times "
+                        f"within {restart.window:.0f} s (--max-restarts {restart.max_restarts})",
+                        "run with --verbose (or --log-file) to see why it keeps stopping",
+                    )
+                )
+                return Served(rc)
+            said = Note(f"llama-server {why}; starting it again in {delay:.0f} s ({restart.said()})", "notice")
+            if not _pause(delay, functools.partial(on_event, said)):
+                on_event(Note("interrupted before the restart"))
+                return Served(int(ExitCode.INTERRUPTED))
+            restarts.record()
+            continue
         if outcome.ready or outcome.interrupted or outcome.failure is None:
             return _ended(rc, outcome, prep)
         cap = failed_load_cap(prep, outcome.failure, outcome.log)
@@ -129,9 +172,10 @@ def serve(
             if replan is not None:
                 on_event(Note(f"gave up after {retries + 1} attempts", "notice"))
             return _ended(rc, outcome, prep)
+        attempt += 1
         on_event(
             Note(
-                f"{cap.message}; planning again within it (attempt {attempt + 2} of {retries + 1}; "
+                f"{cap.message}; planning again within it (attempt {attempt + 1} of {retries + 1}; "
                 "--no-retry stops at the first failure)",
                 "notice",
             )
@@ -145,7 +189,20 @@ def serve(
         for d in prep.plan.decisions:
             if d.code in ("calibration.applied", "context.reduced", "context.train"):
                 on_event(Note(d.message))
-    return Served(int(ExitCode.SERVER_LOAD_FAILED))
+
+
+def _pause(seconds: float, announce: Callable[[], None]) -> bool:
+    """Say the restart, then wait for it; False when an interrupt (SIGINT, SIGTERM, SIGHUP) came meanwhile
+    (caught from before it is said, so one sent on reading it is not lost)."""
+    stop = threading.Event()
+    handlers = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    old = {s: signal.signal(s, lambda *_: stop.set()) for s in handlers}
+    try:
+        announce()
+        return not stop.wait(seconds)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
 
 
 def _ended(rc: int, outcome: Outcome, prep: Prepared) -> Served:
@@ -159,16 +216,24 @@ def _ended(rc: int, outcome: Outcome, prep: Prepared) -> Served:
 
 
 def _attempt(
-    prep: Prepared, env: dict[str, str], on_event: OnEvent, log_file: Path | None, ready_timeout: float | None
-) -> tuple[int, Outcome]:
+    prep: Prepared,
+    env: dict[str, str],
+    on_event: OnEvent,
+    log_file: Path | None,
+    ready_timeout: float | None,
+    liveness: Liveness,
+) -> tuple[int, Outcome, str | None]:
+    """One launch, until the server exits; the third value says why it was stopped as wedged (None: not)."""
     argv = with_buffer_lines(prep.argv, prep.user, prep.caps)  # the log level the comparison reads
     on_event(Note(shellwords.join(argv)))  # one line, copyable
     on_event(Note(f"loading {prep.plan.model.name} ..."))
     reader = TimingReader()
     checks: list[SpeedCheck] = []
+    wedged: list[str] = []
+    dogs: list[Watchdog] = []
 
     def on_line(line: str) -> None:
-        if (served := reader.feed(line)) is not None:
+        if (served := reader.feed(line)) is not None and not probe_sized(served):
             checks.append(check_speed(prep, served))
             del checks[:-MAX_SERVED]  # a server that serves for weeks: the newest requests are recorded
             on_event(Note(checks[-1].message()))
@@ -178,6 +243,7 @@ def _attempt(
         rows = tuple(compare_all(prep, log))
         doc = to_json(prep.plan, argv)
         on_event(Ready(url, rows, tuple(free_drift(prep, log)), tuple(log.fit), dict(log.device_free_mib), doc))
+        dogs.append(Watchdog(url, liveness, wedged.append, api_key(argv, env)).start())
 
     outcome = Supervisor(
         argv,
@@ -188,26 +254,21 @@ def _attempt(
         predicted={d.device.id: d.use.total for d in prep.plan.devices},
         usable={d.device.id: d.usable for d in prep.plan.devices},
         on_warning=lambda text: on_event(Note(text, "warning")),
-    ).run(ready_timeout)
+    ).run(ready_timeout, stop_when=lambda: bool(wedged), stop_after=WEDGED_STOP)
+    for dog in dogs:
+        dog.stop()
     _killed(outcome, on_event)
     if outcome.ready:
         for why in record_launch(prep, outcome.log, checks):
             on_event(Note(why, "notice"))
-        if outcome.returncode != 0 and not outcome.interrupted:
-            on_event(
-                Problem(
-                    f"llama-server stopped after it was ready: {exit_reason(outcome.returncode)}",
-                    "run with --verbose (or --log-file) to see its last lines",
-                )
-            )
-        return outcome.returncode, outcome
+        return outcome.returncode, outcome, (wedged[0] if wedged else None)
     f = outcome.failure
     if outcome.interrupted and f is not None and f.kind in ("abort", "unknown"):
         on_event(Note("interrupted while loading"))
-        return int(ExitCode.INTERRUPTED), outcome
+        return int(ExitCode.INTERRUPTED), outcome, None
     assert f is not None
     on_event(Problem(f.message, f.hint))
-    return int(ExitCode.SERVER_LOAD_FAILED), outcome
+    return int(ExitCode.SERVER_LOAD_FAILED), outcome, None
 
 
 def _killed(outcome: Outcome, on_event: OnEvent) -> None:

@@ -199,7 +199,8 @@ def _alive(pid: int) -> bool:
 
 def test_a_crash_after_ready_is_said(tmp_path: Path, model: Path) -> None:
     srv = stand_in(tmp_path, f"{READY}time.sleep(0.5)\nos.kill(os.getpid(), signal.SIGABRT)\n")
-    r = subprocess.run([*LLAMAFIT, "run", str(model), "--server", srv], capture_output=True, text=True, timeout=60)
+    argv = [*LLAMAFIT, "run", str(model), "--server", srv, "--restart", "no"]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert r.returncode == 134
     assert "stopped after it was ready: killed by SIGABRT (exit 134)" in r.stderr
 

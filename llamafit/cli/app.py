@@ -24,7 +24,9 @@ from llamafit.cli.options import (
     HostBandwidthOpt,
     HostRamOpt,
     JsonOpt,
+    LivenessOpt,
     MarginOpt,
+    MaxRestartsOpt,
     MinCtxOpt,
     ModelArg,
     ModelsArg,
@@ -34,6 +36,8 @@ from llamafit.cli.options import (
     PreferOpt,
     QuantOpt,
     QuietOpt,
+    RestartMode,
+    RestartOpt,
     RevisionOpt,
     RpcOpt,
     RpcOptionalOpt,
@@ -314,6 +318,9 @@ def run(
     no_retry: Annotated[
         bool, typer.Option("--no-retry", help="Stop at the first load that runs out of memory (no new plan).")
     ] = False,
+    restart: RestartOpt = RestartMode.on_failure,
+    max_restarts: MaxRestartsOpt = 5,
+    liveness: LivenessOpt = 10.0,
     server: ServerOpt = None,
     gpu: GpuOpt = None,
     cpu_only: CpuOnlyOpt = False,
@@ -375,6 +382,8 @@ def run(
             raise typer.Exit(code)
         from llamafit.cli.supervise import run_one
         from llamafit.launch import RETRIES
+        from llamafit.server.liveness import Liveness
+        from llamafit.server.restarts import RestartPolicy
 
         code = run_one(
             _prepare(refs[0], o, json_out, quant),
@@ -386,6 +395,8 @@ def run(
             ready_timeout=ready_timeout or None,
             replan=lambda: _prepare(refs[0], o, json_out, quant),
             retries=0 if no_retry else RETRIES,
+            restart=RestartPolicy(restart.value, max_restarts),
+            liveness=Liveness(liveness),
         )
         raise typer.Exit(code)
 

@@ -40,6 +40,43 @@ class Prefer(str, Enum):
     speed = "speed"
 
 
+class RestartMode(str, Enum):
+    """--restart values (llamafit.server.restarts.RESTART_MODES)."""
+
+    on_failure = "on-failure"
+    always = "always"
+    no = "no"
+
+
+RestartOpt = Annotated[
+    RestartMode,
+    typer.Option(
+        "--restart",
+        help="Start one model's server again when, after it was ready, it dies (on-failure: an error exit, a "
+        "signal) or stops serving (a failed liveness probe); always: after a clean exit too; no: never.",
+    ),
+]
+MaxRestartsOpt = Annotated[
+    int,
+    typer.Option(
+        "--max-restarts",
+        min=0,
+        help="At most this many restarts within 10 minutes, after a backoff of 1 s doubling to 30 s; then the "
+        "reason and the server's exit code.",
+    ),
+]
+LivenessOpt = Annotated[
+    float,
+    typer.Option(
+        "--liveness",
+        min=0,
+        metavar="SECONDS",
+        help="Probe the ready server this often with a one-token generation (each probe bounded by the same "
+        "time; 0: never); two failed probes in a row stop it as wedged.",
+    ),
+]
+
+
 ModelArg = Annotated[
     str,
     typer.Argument(

@@ -25,7 +25,11 @@ from llamafit.compare import Row
 from llamafit.launch import RETRIES, before_launch, downloads_line
 from llamafit.paths import named_files
 from llamafit.prepare import Prepared
+from llamafit.server.liveness import Liveness
+from llamafit.server.restarts import RestartPolicy
 from llamafit.serving import (
+    NO_PROBES,
+    NO_RESTART,
     AllReady,
     Event,
     InstanceReady,
@@ -52,6 +56,8 @@ def run_one(
     ready_timeout: float | None,
     replan: Callable[[], Prepared],
     retries: int,
+    restart: RestartPolicy = NO_RESTART,
+    liveness: Liveness = NO_PROBES,
 ) -> int:
     """``run`` with one model, once planned: the argv (``--dry-run``), or the downloads and the environment,
     then the server replacing llamafit (``--exec``) or served and watched."""
@@ -90,6 +96,8 @@ def run_one(
         ready_timeout=ready_timeout,
         replan=replan,
         retries=retries,
+        restart=restart,
+        liveness=liveness,
     )
 
 
@@ -103,12 +111,23 @@ def supervise(
     ready_timeout: float | None = None,
     replan: Callable[[], Prepared] | None = None,
     retries: int = RETRIES,
+    restart: RestartPolicy = NO_RESTART,
+    liveness: Liveness = NO_PROBES,
 ) -> int:
     """Serve one model, render what happens, and return llamafit's exit code."""
     view = View(verbose=verbose, json_out=json_out)
-    return finish(
-        serve(prep, env, view, log_file=log_file, ready_timeout=ready_timeout, replan=replan, retries=retries)
+    served = serve(
+        prep,
+        env,
+        view,
+        log_file=log_file,
+        ready_timeout=ready_timeout,
+        replan=replan,
+        retries=retries,
+        restart=restart,
+        liveness=liveness,
     )
+    return finish(served)
 
 
 def finish(served: Served) -> int:

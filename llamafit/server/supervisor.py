@@ -327,12 +327,18 @@ class Supervisor:
                 self._proc.kill()
         return self._finish()
 
-    def run(self, ready_timeout: float | None = None, stop_when: Callable[[], bool] | None = None) -> Outcome:
+    def run(
+        self,
+        ready_timeout: float | None = None,
+        stop_when: Callable[[], bool] | None = None,
+        stop_after: float = 15.0,
+    ) -> Outcome:
         """Start the server and supervise it until it exits. SIGINT and SIGTERM are forwarded to it once
         each (a second Ctrl-C is the user insisting: llama-server then stops at once); SIGHUP, a closed
         terminal, stops it like SIGTERM; a server still running ``stop_grace`` seconds after the first one
         is killed. A server not ready after ``ready_timeout`` seconds is stopped, and so is one for which
-        ``stop_when()`` turns true (checked a few times a second)."""
+        ``stop_when()`` turns true (checked a few times a second; killed if still running ``stop_after``
+        seconds later)."""
         self.start()
         assert self._proc is not None
         proc = self._proc
@@ -358,7 +364,7 @@ class Supervisor:
                         self.killed_after = self.stop_grace
                         proc.kill()
                     elif stop_when is not None and stop_when():
-                        self.stop(timeout=15)
+                        self.stop(timeout=stop_after)
         finally:
             for s, h in old.items():
                 signal.signal(s, h)

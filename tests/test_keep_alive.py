@@ -1,0 +1,217 @@
+"""A ready server kept alive: restarted when it dies or stops serving, bounded, never left wedged.
+
+The faults are real processes: a stand-in killed by a signal after ready, one that answers its task loop
+but fails every generation, and the real llama-server stopped with SIGSTOP (a hang).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from llamafit.gguf.demo_model import ensure_demo_model
+from llamafit.server.binary import ServerBinary, free_port
+from llamafit.server.liveness import Liveness, Watchdog, api_key, probe
+from llamafit.server.restarts import RestartPolicy, Restarts
+from tests.realserver import READY, stand_in, wait_for
+
+LLAMAFIT = [sys.executable, "-m", "llamafit"]
+
+
+@pytest.fixture
+def model(tmp_path: Path) -> Path:
+    return ensure_demo_model(tmp_path / "m")
+
+
+# -- the policy -------------------------------------------------------------------------------------------
+
+
+def test_restarts_back_off_and_stop_within_their_window() -> None:
+    now = [0.0]
+    r = Restarts(RestartPolicy(max_restarts=3, window=100, backoff_max=3), clock=lambda: now[0])
+    delays = []
+    for _ in range(3):
+        d = r.next_delay()
+        assert d is not None
+        delays.append(d)
+        r.record()
+    assert delays == [1, 2, 3]  # doubling, capped
+    assert r.next_delay() is None  # the window's restarts are spent
+    now[0] = 100.5  # the old ones leave the window
+    assert r.next_delay() == 1
+
+
+def test_what_each_mode_restarts() -> None:
+    on_failure, always, never = RestartPolicy(), RestartPolicy("always"), RestartPolicy("no")
+    assert on_failure.wants(137, False) and on_failure.wants(0, True) and not on_failure.wants(0, False)
+    assert always.wants(0, False)
+    assert not never.wants(137, True)
+
+
+def test_the_probe_uses_the_servers_own_key(tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text("\n  k1  \nk2\n")
+    assert api_key(["llama-server", "--api-key", "a,b"], {}) == "a"
+    assert api_key(["llama-server", "--api-key-file", str(keys)], {}) == "k1"
+    assert api_key(["llama-server"], {"LLAMA_API_KEY": "env"}) == "env"
+    assert api_key(["llama-server", "--api-key-file", str(tmp_path / "none")], {}) is None
+
+
+def test_the_watchdog_says_wedged_after_failures_in_a_row() -> None:
+    answers = iter(["no", None, "no", "no", "never asked"])
+    said: list[str] = []
+    dog = Watchdog("http://x", Liveness(0.01, failures=2), said.append, check=lambda *_: next(answers)).start()
+    assert wait_for(lambda: bool(said), 5)
+    dog.stop()
+    assert said == ["no (2 probes in a row)"] and dog.probes == 4  # one success in between resets the count
+
+
+def test_a_port_with_nothing_behind_it_is_not_alive() -> None:
+    why = probe(f"http://127.0.0.1:{free_port()}", 2)
+    assert why is not None and "/slots failed" in why
+
+
+# -- stand-ins after ready --------------------------------------------------------------------------------
+
+
+def run(args: list[str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*LLAMAFIT, "run", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_a_server_killed_after_ready_is_started_again_then_given_up(tmp_path: Path, model: Path) -> None:
+    starts = tmp_path / "starts"
+    body = f"open({str(starts)!r}, 'a').write('x')\ntime.sleep(0.3)\nos.kill(os.getpid(), signal.SIGKILL)\n"
+    srv = stand_in(tmp_path, READY + body)
+    r = run([str(model), "--server", srv, "--max-restarts", "2", "--liveness", "0"])
+    assert r.returncode == 137, r.stderr
+    assert starts.read_text() == "xxx"  # the first start and two restarts
+    assert "stopped after it was ready: killed by SIGKILL (exit 137); starting it again in 1 s" in r.stderr
+    assert "starting it again in 2 s" in r.stderr
+    assert "not started again: it was restarted 2 times within 600 s" in r.stderr
+
+
+def test_restart_no_says_the_crash_and_ends(tmp_path: Path, model: Path) -> None:
+    srv = stand_in(tmp_path, READY + "time.sleep(0.3)\nos.kill(os.getpid(), signal.SIGKILL)\n")
+    r = run([str(model), "--server", srv, "--restart", "no", "--liveness", "0"])
+    assert r.returncode == 137
+    assert "starting it again" not in r.stderr and "stopped after it was ready: killed by SIGKILL" in r.stderr
+
+
+def test_always_restarts_a_clean_exit(tmp_path: Path, model: Path) -> None:
+    starts = tmp_path / "starts"
+    srv = stand_in(tmp_path, READY + f"open({str(starts)!r}, 'a').write('x')\ntime.sleep(0.3)\nsys.exit(0)\n")
+    r = run([str(model), "--server", srv, "--restart", "always", "--max-restarts", "1", "--liveness", "0"])
+    assert starts.read_text() == "xx" and r.returncode == 0
+    assert "stopped after it was ready: exit 0; starting it again in 1 s" in r.stderr, r.stderr
+
+
+# its task loop answers (/slots) and every generation fails: /health alone would call it healthy
+FAILS_GENERATIONS = """
+import http.server, threading
+class _Loop(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers(); self.wfile.write(b'[{"id": 0, "is_processing": false}]')
+    def do_POST(self):
+        self.send_response(500); self.end_headers(); self.wfile.write(b'{"error": "wedged"}')
+    def log_message(self, *a): pass
+_http = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Loop)
+threading.Thread(target=_http.serve_forever, daemon=True).start()
+print(f"0.00.000.000 I srv  llama_server: listening on http://127.0.0.1:{_http.server_port}", file=sys.stderr,
+      flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_server_that_answers_but_fails_generations_is_stopped(tmp_path: Path, model: Path) -> None:
+    srv = stand_in(tmp_path, FAILS_GENERATIONS)
+    t0 = time.monotonic()
+    r = run([str(model), "--server", srv, "--max-restarts", "0", "--liveness", "0.5"])
+    assert time.monotonic() - t0 < 60
+    assert "stopped serving: a one-token generation answered HTTP 500 (2 probes in a row)" in r.stderr, r.stderr
+    assert "not started again" in r.stderr
+    assert r.returncode != 0
+
+
+# -- the real server, hung ----------------------------------------------------------------------------------
+
+
+def _found(into: list[psutil.Process], p: subprocess.Popen[str], port: int, exclude: set[int]) -> bool:
+    """Whether the server on ``port`` (not one of ``exclude``) is found; kept in ``into`` as first seen."""
+    if not into and (s := _server_of(p, port, exclude)) is not None:
+        into.append(s)
+    return bool(into)
+
+
+def _server_of(p: subprocess.Popen[str], port: int, exclude: set[int]) -> psutil.Process | None:
+    """The server llamafit launched on ``port`` (not one of its probes of the binary)."""
+    try:
+        kids = psutil.Process(p.pid).children(recursive=True)
+        return next((c for c in kids if f"--port {port}" in " ".join(c.cmdline()) and c.pid not in exclude), None)
+    except psutil.NoSuchProcess:
+        return None
+
+
+@pytest.mark.server
+def test_a_hung_server_is_killed_and_started_again(server_bin: ServerBinary, model: Path) -> None:
+    port = free_port()
+    argv = [*LLAMAFIT, "run", str(model), "--server", server_bin.path, "--liveness", "1", "--max-restarts", "1"]
+    p = subprocess.Popen([*argv, "--", "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, start_new_session=True)  # fmt: skip
+    try:
+        first: list[psutil.Process] = []
+        assert wait_for(lambda: _found(first, p, port, set()), 60)
+        assert wait_for(lambda: _answers(port), 60), "the server never served"
+        os.kill(first[0].pid, signal.SIGSTOP)
+        hung = time.monotonic()
+        second: list[psutil.Process] = []
+        exclude = {first[0].pid}
+        assert wait_for(lambda: _found(second, p, port, exclude), 60), "no second server was started"
+        assert not first[0].is_running() or first[0].status() == psutil.STATUS_ZOMBIE, "the hung server was left"
+        assert time.monotonic() - hung < 30  # detected (2 probes of 1 s), killed (5 s) and started again
+        assert wait_for(lambda: _answers(port), 60), "the restarted server does not serve"
+        os.kill(p.pid, signal.SIGINT)
+        _, err = p.communicate(timeout=60)
+        assert "stopped serving: it did not generate one token within 1 s (2 probes in a row)" in err or (
+            "did not answer /slots within 1 s" in err
+        ), err
+        assert "starting it again in 1 s" in err
+        assert not second[0].is_running() or second[0].status() == psutil.STATUS_ZOMBIE
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def _answers(port: int) -> bool:
+    return probe(f"http://127.0.0.1:{port}", 5) is None
+
+
+def test_an_interrupt_during_the_backoff_ends_the_run(tmp_path: Path, model: Path) -> None:
+    srv = stand_in(tmp_path, READY + "time.sleep(0.3)\nos.kill(os.getpid(), signal.SIGKILL)\n")
+    p = subprocess.Popen([*LLAMAFIT, "run", str(model), "--server", srv, "--liveness", "0"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    assert p.stderr is not None
+    seen = []
+    for line in p.stderr:
+        seen.append(line)
+        if "starting it again in 1 s" in line:
+            p.send_signal(signal.SIGINT)
+            break
+    rest = p.communicate(timeout=30)[1]
+    assert p.returncode == 130, "".join(seen) + rest
+    assert "interrupted before the restart" in rest
+
+
+def test_a_probes_own_request_is_not_a_speed_measurement() -> None:
+    from llamafit.serving import probe_sized
+    from llamafit.speed.timings import Served
+
+    assert probe_sized(Served(6, 0.5, 1, 0.0))
+    assert not probe_sized(Served(6, 0.5, 64, 400.0)) and not probe_sized(Served(300, 90.0, 1, 0.0))
