@@ -268,16 +268,20 @@ def exit_reason(code: int) -> str:
     return f"exit {code}"
 
 
-def record_launch(prep: Prepared, log: LoadLog, checks: Sequence[SpeedCheck] = ()) -> list[str]:
+def record_launch(
+    prep: Prepared, log: LoadLog, checks: Sequence[SpeedCheck] = (), watch: dict[str, Any] | None = None
+) -> list[str]:
     """What the server really allocated (and served), beside what was predicted: the calibration of later
     plans; returns why it was not recorded, if it was not. Only when the server used the devices the plan
     was made for (a plan for a described --gpu, or a card that vanished, would teach the next plan the
-    wrong thing)."""
+    wrong thing). ``watch``: the host memory's high-water marks over the server's life (llamafit.server.watch)."""
     dropped = prep.rates.forget() if prep.rates is not None and any(c.far for c in checks) else []
-    return dropped + _record(prep, log, checks)
+    return dropped + _record(prep, log, checks, watch)
 
 
-def _record(prep: Prepared, log: LoadLog, checks: Sequence[SpeedCheck]) -> list[str]:
+def _record(
+    prep: Prepared, log: LoadLog, checks: Sequence[SpeedCheck], watch: dict[str, Any] | None = None
+) -> list[str]:
     planned = {d.device.id for d in prep.plan.devices}
     used = {prep.plan.buffer_aliases.get(n, n) for n in log.device_free_mib}
     if planned != used:
@@ -306,6 +310,8 @@ def _record(prep: Prepared, log: LoadLog, checks: Sequence[SpeedCheck]) -> list[
         extra: dict[str, object] = {"argv": prep.argv, "server": prep.server.path if prep.server else None}
         if (sp := speed_record(prep, checks)) is not None:
             extra["speed"] = sp
+        if watch is not None:
+            extra["host_memory"] = watch
         record(
             prep.plan.model, prep.plan.settings, devices, prep.plan.footprint, actual, log.breakdown, extra, mmproj=mm
         )

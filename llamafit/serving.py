@@ -32,6 +32,7 @@ from llamafit.launch import (
     remember_failed_load,
     with_buffer_lines,
 )
+from llamafit.memory.backends import is_device_buffer
 from llamafit.plan import to_json
 from llamafit.prepare import Prepared
 from llamafit.server.failures import Failure, classify
@@ -39,6 +40,7 @@ from llamafit.server.liveness import Liveness, Watchdog, api_key
 from llamafit.server.logparse import LoadLog, is_error
 from llamafit.server.restarts import RestartPolicy, Restarts
 from llamafit.server.supervisor import Outcome, Supervisor, is_key_line
+from llamafit.server.watch import Allowance, MemoryWatch
 from llamafit.several.plan import Together
 from llamafit.several.router_log import RouterLog
 from llamafit.speed.timings import MAX_SERVED, TimingReader
@@ -53,6 +55,18 @@ def probe_sized(s: ServedRequest) -> bool:
     """A request no bigger than a liveness probe (a few prompt tokens, one generated): too small to time
     anything, so not a speed measurement."""
     return s.prompt_tokens <= 8 and s.gen_tokens <= 1
+
+
+def allowance(prep: Prepared) -> Allowance:
+    """What the plan lets the server's own host memory reach: its host buffers (not the mapped weights),
+    and after the load the checkpoints and the prompt cache (llamafit.fit.runtime)."""
+    plan = prep.plan
+    buffers = [*plan.footprint.buffers, *(plan.draft_footprint.buffers if plan.draft_footprint else ())]
+    planned = sum(b.nbytes for b in buffers if not is_device_buffer(b.buft) and not b.buft.endswith("_Mapped"))
+    rt = plan.host.runtime
+    if rt is None:
+        return Allowance(planned, -1, max(0, plan.host.usable - plan.host.use.total))
+    return Allowance(planned, rt.total if rt.prompt_cache >= 0 else -1, rt.room)
 
 
 @dataclass(frozen=True)
@@ -130,15 +144,17 @@ def serve(
     retries: int = RETRIES,
     restart: RestartPolicy = NO_RESTART,
     liveness: Liveness = NO_PROBES,
+    watch: float = 0.0,
 ) -> Served:
     """Run one model's server until it exits. A load that runs out of memory is recorded (what it showed
     the device holds) and, with ``replan``, planned again within that and launched again, at most
     ``retries`` times, each attempt stated with its numbers. A server that was ready and then died or stopped
-    serving (``liveness``) is started again as ``restart`` says, each restart stated with its reason."""
+    serving (``liveness``) is started again as ``restart`` says, each restart stated with its reason. Its host
+    memory is sampled every ``watch`` seconds (0: not) and held to the plan (``llamafit.server.watch``)."""
     attempt = 0
     restarts = Restarts(restart)
     while True:
-        rc, outcome, wedged = _attempt(prep, env, on_event, log_file, ready_timeout, liveness)
+        rc, outcome, wedged = _attempt(prep, env, on_event, log_file, ready_timeout, liveness, watch)
         if outcome.ready and not outcome.interrupted:
             why = f"stopped serving: {wedged}" if wedged else f"stopped after it was ready: {exit_reason(rc)}"
             if not restart.wants(rc, wedged is not None):
@@ -222,6 +238,7 @@ def _attempt(
     log_file: Path | None,
     ready_timeout: float | None,
     liveness: Liveness,
+    watch: float,
 ) -> tuple[int, Outcome, str | None]:
     """One launch, until the server exits; the third value says why it was stopped as wedged (None: not)."""
     argv = with_buffer_lines(prep.argv, prep.user, prep.caps)  # the log level the comparison reads
@@ -231,6 +248,10 @@ def _attempt(
     checks: list[SpeedCheck] = []
     wedged: list[str] = []
     dogs: list[Watchdog] = []
+    watches: list[MemoryWatch] = []
+
+    def warn(text: str) -> None:
+        on_event(Note(text, "warning"))
 
     def on_line(line: str) -> None:
         if (served := reader.feed(line)) is not None and not probe_sized(served):
@@ -244,8 +265,10 @@ def _attempt(
         doc = to_json(prep.plan, argv)
         on_event(Ready(url, rows, tuple(free_drift(prep, log)), tuple(log.fit), dict(log.device_free_mib), doc))
         dogs.append(Watchdog(url, liveness, wedged.append, api_key(argv, env)).start())
+        if sup.pid is not None:
+            watches.append(MemoryWatch(sup.pid, allowance(prep), watch, warn).start())
 
-    outcome = Supervisor(
+    sup = Supervisor(
         argv,
         env,
         log_file=log_file,
@@ -253,13 +276,17 @@ def _attempt(
         on_ready=on_ready,
         predicted={d.device.id: d.use.total for d in prep.plan.devices},
         usable={d.device.id: d.usable for d in prep.plan.devices},
-        on_warning=lambda text: on_event(Note(text, "warning")),
-    ).run(ready_timeout, stop_when=lambda: bool(wedged), stop_after=WEDGED_STOP)
+        on_warning=warn,
+    )
+    outcome = sup.run(ready_timeout, stop_when=lambda: bool(wedged), stop_after=WEDGED_STOP)
     for dog in dogs:
         dog.stop()
+    for w in watches:
+        w.stop()
     _killed(outcome, on_event)
     if outcome.ready:
-        for why in record_launch(prep, outcome.log, checks):
+        held = watches[0].summary() if watches else None
+        for why in record_launch(prep, outcome.log, checks, held):
             on_event(Note(why, "notice"))
         return outcome.returncode, outcome, (wedged[0] if wedged else None)
     f = outcome.failure

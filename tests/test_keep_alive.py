@@ -153,7 +153,14 @@ def _server_of(p: subprocess.Popen[str], port: int, exclude: set[int]) -> psutil
     """The server llamafit launched on ``port`` (not one of its probes of the binary)."""
     try:
         kids = psutil.Process(p.pid).children(recursive=True)
-        return next((c for c in kids if f"--port {port}" in " ".join(c.cmdline()) and c.pid not in exclude), None)
+        return next(
+            (
+                c
+                for c in kids
+                if c.name() == "llama-server" and f"--port {port}" in " ".join(c.cmdline()) and c.pid not in exclude
+            ),
+            None,
+        )
     except psutil.NoSuchProcess:
         return None
 
@@ -161,7 +168,7 @@ def _server_of(p: subprocess.Popen[str], port: int, exclude: set[int]) -> psutil
 @pytest.mark.server
 def test_a_hung_server_is_killed_and_started_again(server_bin: ServerBinary, model: Path) -> None:
     port = free_port()
-    argv = [*LLAMAFIT, "run", str(model), "--server", server_bin.path, "--liveness", "1", "--max-restarts", "1"]
+    argv = [*LLAMAFIT, "run", str(model), "--server", server_bin.path, "--liveness", "2", "--max-restarts", "1"]
     p = subprocess.Popen([*argv, "--", "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True, start_new_session=True)  # fmt: skip
     try:
@@ -172,14 +179,16 @@ def test_a_hung_server_is_killed_and_started_again(server_bin: ServerBinary, mod
         hung = time.monotonic()
         second: list[psutil.Process] = []
         exclude = {first[0].pid}
-        assert wait_for(lambda: _found(second, p, port, exclude), 60), "no second server was started"
+        if not wait_for(lambda: _found(second, p, port, exclude), 60):
+            p.kill()
+            pytest.fail("no second server was started:\n" + p.communicate(timeout=30)[1][-3000:])
         assert not first[0].is_running() or first[0].status() == psutil.STATUS_ZOMBIE, "the hung server was left"
-        assert time.monotonic() - hung < 30  # detected (2 probes of 1 s), killed (5 s) and started again
+        assert time.monotonic() - hung < 30  # detected (2 probes, 2 s apart, of 2 s), killed (5 s), started again
         assert wait_for(lambda: _answers(port), 60), "the restarted server does not serve"
         os.kill(p.pid, signal.SIGINT)
         _, err = p.communicate(timeout=60)
-        assert "stopped serving: it did not generate one token within 1 s (2 probes in a row)" in err or (
-            "did not answer /slots within 1 s" in err
+        assert "stopped serving: it did not generate one token within 2 s (2 probes in a row)" in err or (
+            "did not answer /slots within 2 s (2 probes in a row)" in err
         ), err
         assert "starting it again in 1 s" in err
         assert not second[0].is_running() or second[0].status() == psutil.STATUS_ZOMBIE
@@ -215,3 +224,68 @@ def test_a_probes_own_request_is_not_a_speed_measurement() -> None:
 
     assert probe_sized(Served(6, 0.5, 1, 0.0))
     assert not probe_sized(Served(6, 0.5, 64, 400.0)) and not probe_sized(Served(300, 90.0, 1, 0.0))
+
+
+# -- host memory over the server's life ----------------------------------------------------------------------
+
+
+def test_a_sample_reads_what_proc_says() -> None:
+    from llamafit.server.watch import read_sample
+
+    s = read_sample(os.getpid())
+    assert s is not None
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{os.getpid()}/status").read_text().splitlines())
+    anon = int(fields["RssAnon"].split()[0]) * 1024
+    assert abs(s.anon - s.swap - anon) <= 0.01 * anon + (4 << 20)  # read a moment apart
+    assert read_sample(2**22 + 12345) is None  # no such process
+
+
+def test_the_growth_rate_is_the_least_squares_slope() -> None:
+    from llamafit.server.watch import RATE_MIN_SPAN, Sample, growth_rate
+
+    line = [Sample(t, 1000 + 7 * t, 0, 0) for t in range(0, int(RATE_MIN_SPAN) + 60, 10)]
+    rate = growth_rate(line)
+    assert rate is not None and abs(rate - 7) < 1e-9
+    assert growth_rate(line[:3]) is None  # too short a span to say a rate
+
+
+def test_the_watch_says_growth_past_and_toward_the_plans_limit() -> None:
+    from llamafit.server.watch import SLACK, Allowance, MemoryWatch, Sample
+    from llamafit.units import MiB
+
+    said: list[str] = []
+    w = MemoryWatch(0, Allowance(planned=100 * MiB, growth=200 * MiB, room=1 << 40), 0, said.append)
+    ready = 500 * MiB
+    for t in range(0, 250, 10):  # 1 MiB/s: the limit (ready + 200 MiB + tolerance) is minutes away
+        w.take(Sample(float(t), ready + t * MiB, 0, 0))
+    assert len(said) == 1 and "grows 60.0 MiB a minute" in said[0] and "passes the" in said[0], said
+    w.take(Sample(400.0, ready + 200 * MiB + SLACK + MiB, 0, 0))
+    assert len(said) == 2 and "past the" in said[1] and "500 MiB at ready + 200 MiB" in said[1], said
+    summary = w.summary()
+    assert summary is not None and summary["peak_mib"] > summary["allowed_mib"] and summary["samples"] == 26
+
+
+GROWS = """
+import time
+held = []
+for _ in range(30):
+    held.append(bytearray(10 << 20)); time.sleep(0.05)
+time.sleep(1.5)
+"""
+
+
+def test_a_server_that_grows_past_the_plan_is_said_and_recorded(tmp_path: Path, model: Path) -> None:
+    from tests.realserver import STAND_IN_FLAGS
+
+    srv = stand_in(tmp_path, READY + GROWS, flags=STAND_IN_FLAGS + " --cache-ram")
+    env = dict(os.environ, LLAMAFIT_DATA=str(tmp_path / "data"))
+    argv = [*LLAMAFIT, "run", str(model), "--server", srv, "--watch", "0.1", "--liveness", "0", "--restart", "no"]
+    r = subprocess.run([*argv, "--", "--cache-ram", "0"], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "past the" in r.stderr and "the plan allows it" in r.stderr, r.stderr
+    h = subprocess.run([*LLAMAFIT, "history", "--json"], capture_output=True, text=True, env=env, timeout=60)
+    import json
+
+    (launch,) = json.loads(h.stdout)["launches"]
+    mem = launch["host_memory"]
+    assert mem["peak_mib"] >= 300 and mem["peak_mib"] > mem["allowed_mib"] > mem["at_ready_mib"]

@@ -44,6 +44,7 @@ from llamafit.cli.options import (
     ServerOpt,
     SpecMode,
     SpecOpt,
+    WatchOpt,
     split_targets,
 )
 from llamafit.cli.output import (
@@ -321,6 +322,7 @@ def run(
     restart: RestartOpt = RestartMode.on_failure,
     max_restarts: MaxRestartsOpt = 5,
     liveness: LivenessOpt = 10.0,
+    watch: WatchOpt = 5.0,
     server: ServerOpt = None,
     gpu: GpuOpt = None,
     cpu_only: CpuOnlyOpt = False,
@@ -397,6 +399,7 @@ def run(
             retries=0 if no_retry else RETRIES,
             restart=RestartPolicy(restart.value, max_restarts),
             liveness=Liveness(liveness),
+            watch=watch,
         )
         raise typer.Exit(code)
 

@@ -65,6 +65,16 @@ MaxRestartsOpt = Annotated[
         "reason and the server's exit code.",
     ),
 ]
+WatchOpt = Annotated[
+    float,
+    typer.Option(
+        "--watch",
+        min=0,
+        metavar="SECONDS",
+        help="Sample the server's own host memory (RssAnon + VmSwap) this often (0: never), hold it to what the "
+        "plan allows after the load, and say growth past it, or toward it, with the rate.",
+    ),
+]
 LivenessOpt = Annotated[
     float,
     typer.Option(

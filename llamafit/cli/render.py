@@ -360,7 +360,8 @@ def quants_table(src: Any, rows: Any) -> Table:
 def history_table(entries: list[dict[str, Any]], path: str) -> Table:
     """Past launches: their model, context, devices, and compute predicted against logged."""
     t = Table(title=f"Launches ({path})", title_justify="left")
-    for col in ("time", "model", "n_ctx", "devices", "KV MiB", "compute MiB (pred -> actual)"):
+    cols = ("time", "model", "n_ctx", "devices", "KV MiB", "compute MiB (pred -> actual)", "host MiB (ready -> peak)")
+    for col in cols:
         t.add_column(col)
     for e in entries:
         pred = e.get("predicted_bytes", {}).get("compute", {})
@@ -375,5 +376,20 @@ def history_table(entries: list[dict[str, Any]], path: str) -> Table:
             safe(",".join(st.get("devices", [])) or "CPU"),
             f"{kv:.2f}",
             safe(comp),
+            _host_memory(e.get("host_memory")),
         )
     return t
+
+
+def _host_memory(h: object) -> str:
+    """The server's own host memory over its life (run's watch): at ready -> peak, and what the plan allowed."""
+    if not isinstance(h, dict):
+        return ""
+    at, peak, allowed = (_mib(h.get(k)) for k in ("at_ready_mib", "peak_mib", "allowed_mib"))
+    if at is None or peak is None or allowed is None:
+        return ""
+    return f"{at:.0f} -> {peak:.0f} of {allowed:.0f}" + (" (over)" if peak > allowed else "")
+
+
+def _mib(v: object) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None

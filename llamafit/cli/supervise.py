@@ -58,6 +58,7 @@ def run_one(
     retries: int,
     restart: RestartPolicy = NO_RESTART,
     liveness: Liveness = NO_PROBES,
+    watch: float = 0.0,
 ) -> int:
     """``run`` with one model, once planned: the argv (``--dry-run``), or the downloads and the environment,
     then the server replacing llamafit (``--exec``) or served and watched."""
@@ -98,6 +99,7 @@ def run_one(
         retries=retries,
         restart=restart,
         liveness=liveness,
+        watch=watch,
     )
 
 
@@ -113,6 +115,7 @@ def supervise(
     retries: int = RETRIES,
     restart: RestartPolicy = NO_RESTART,
     liveness: Liveness = NO_PROBES,
+    watch: float = 0.0,
 ) -> int:
     """Serve one model, render what happens, and return llamafit's exit code."""
     view = View(verbose=verbose, json_out=json_out)
@@ -126,6 +129,7 @@ def supervise(
         retries=retries,
         restart=restart,
         liveness=liveness,
+        watch=watch,
     )
     return finish(served)
 
