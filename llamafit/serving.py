@@ -32,12 +32,13 @@ from llamafit.launch import (
     remember_failed_load,
     with_buffer_lines,
 )
-from llamafit.memory.backends import is_device_buffer
+from llamafit.memory.backends import device_of_buffer, is_device_buffer
 from llamafit.plan import to_json
 from llamafit.prepare import Prepared
 from llamafit.server.failures import Failure, classify
 from llamafit.server.liveness import Liveness, Watchdog, api_key
 from llamafit.server.logparse import LoadLog, is_error
+from llamafit.server.metrics import Metrics
 from llamafit.server.restarts import RestartPolicy, Restarts
 from llamafit.server.supervisor import Outcome, Supervisor, is_key_line
 from llamafit.server.watch import Allowance, MemoryWatch
@@ -45,6 +46,7 @@ from llamafit.several.plan import Together
 from llamafit.several.router_log import RouterLog
 from llamafit.speed.timings import MAX_SERVED, TimingReader
 from llamafit.speed.timings import Served as ServedRequest
+from llamafit.units import MiB
 
 NO_RESTART = RestartPolicy("no")
 NO_PROBES = Liveness(interval=0)
@@ -145,16 +147,18 @@ def serve(
     restart: RestartPolicy = NO_RESTART,
     liveness: Liveness = NO_PROBES,
     watch: float = 0.0,
+    metrics: Metrics | None = None,
 ) -> Served:
     """Run one model's server until it exits. A load that runs out of memory is recorded (what it showed
     the device holds) and, with ``replan``, planned again within that and launched again, at most
     ``retries`` times, each attempt stated with its numbers. A server that was ready and then died or stopped
     serving (``liveness``) is started again as ``restart`` says, each restart stated with its reason. Its host
-    memory is sampled every ``watch`` seconds (0: not) and held to the plan (``llamafit.server.watch``)."""
+    memory is sampled every ``watch`` seconds (0: not) and held to the plan (``llamafit.server.watch``); all of
+    it is also set on ``metrics`` (``llamafit.server.metrics``)."""
     attempt = 0
     restarts = Restarts(restart)
     while True:
-        rc, outcome, wedged = _attempt(prep, env, on_event, log_file, ready_timeout, liveness, watch)
+        rc, outcome, wedged = _attempt(prep, env, on_event, log_file, ready_timeout, liveness, watch, metrics)
         if outcome.ready and not outcome.interrupted:
             why = f"stopped serving: {wedged}" if wedged else f"stopped after it was ready: {exit_reason(rc)}"
             if not restart.wants(rc, wedged is not None):
@@ -176,6 +180,8 @@ def serve(
                 on_event(Note("interrupted before the restart"))
                 return Served(int(ExitCode.INTERRUPTED))
             restarts.record()
+            if metrics is not None:
+                metrics.restarted()
             continue
         if outcome.ready or outcome.interrupted or outcome.failure is None:
             return _ended(rc, outcome, prep)
@@ -239,6 +245,7 @@ def _attempt(
     ready_timeout: float | None,
     liveness: Liveness,
     watch: float,
+    metrics: Metrics | None = None,
 ) -> tuple[int, Outcome, str | None]:
     """One launch, until the server exits; the third value says why it was stopped as wedged (None: not)."""
     argv = with_buffer_lines(prep.argv, prep.user, prep.caps)  # the log level the comparison reads
@@ -257,6 +264,8 @@ def _attempt(
         if (served := reader.feed(line)) is not None and not probe_sized(served):
             checks.append(check_speed(prep, served))
             del checks[:-MAX_SERVED]  # a server that serves for weeks: the newest requests are recorded
+            if metrics is not None:
+                metrics.served(served.tg, checks[-1].tg, served.pp)
             on_event(Note(checks[-1].message()))
         on_event(ServerLine(line, is_key_line(line), is_error(line)))
 
@@ -265,8 +274,15 @@ def _attempt(
         doc = to_json(prep.plan, argv)
         on_event(Ready(url, rows, tuple(free_drift(prep, log)), tuple(log.fit), dict(log.device_free_mib), doc))
         dogs.append(Watchdog(url, liveness, wedged.append, api_key(argv, env)).start())
+        on_sample = metrics.host_memory if metrics is not None else None
         if sup.pid is not None:
-            watches.append(MemoryWatch(sup.pid, allowance(prep), watch, warn).start())
+            watches.append(MemoryWatch(sup.pid, allowance(prep), watch, warn, on_sample=on_sample).start())
+        if metrics is not None:
+            metrics.memory(
+                ((device_of_buffer(r.buft), r.kind, r.predicted) for r in rows),
+                ((device_of_buffer(r.buft), r.kind, round(r.actual_mib * MiB)) for r in rows if r.actual_mib),
+            )
+            metrics.serving(True)
 
     sup = Supervisor(
         argv,
@@ -283,6 +299,8 @@ def _attempt(
         dog.stop()
     for w in watches:
         w.stop()
+    if metrics is not None:
+        metrics.serving(False)
     _killed(outcome, on_event)
     if outcome.ready:
         held = watches[0].summary() if watches else None

@@ -324,3 +324,22 @@ def wrapped(
     exe.write_text(f'#!/bin/sh\n{ld}{say}exec "{real}" "$@"\n')
     exe.chmod(0o755)
     return str(exe)
+
+
+# its task loop answers (/slots) and every generation fails: /health alone would call it healthy
+FAILS_GENERATIONS = """
+import http.server, threading
+class _Loop(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers(); self.wfile.write(b'[{"id": 0, "is_processing": false}]')
+    def do_POST(self):
+        self.send_response(500); self.end_headers(); self.wfile.write(b'{"error": "wedged"}')
+    def log_message(self, *a): pass
+_http = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Loop)
+threading.Thread(target=_http.serve_forever, daemon=True).start()
+print(f"0.00.000.000 I srv  llama_server: listening on http://127.0.0.1:{_http.server_port}", file=sys.stderr,
+      flush=True)
+time.sleep(600)
+"""
+# dies by SIGKILL a moment after it got ready: a restart loop when started again and again
+CRASHES_AT_ONCE = "time.sleep(0.3)\nos.kill(os.getpid(), signal.SIGKILL)\n"

@@ -6,6 +6,7 @@ but fails every generation, and the real llama-server stopped with SIGSTOP (a ha
 
 from __future__ import annotations
 
+import http.client
 import os
 import signal
 import subprocess
@@ -20,7 +21,7 @@ from llamafit.gguf.demo_model import ensure_demo_model
 from llamafit.server.binary import ServerBinary, free_port
 from llamafit.server.liveness import Liveness, Watchdog, api_key, probe
 from llamafit.server.restarts import RestartPolicy, Restarts
-from tests.realserver import READY, stand_in, wait_for
+from tests.realserver import CRASHES_AT_ONCE, FAILS_GENERATIONS, READY, stand_in, wait_for
 
 LLAMAFIT = [sys.executable, "-m", "llamafit"]
 
@@ -98,7 +99,7 @@ def test_a_server_killed_after_ready_is_started_again_then_given_up(tmp_path: Pa
 
 
 def test_restart_no_says_the_crash_and_ends(tmp_path: Path, model: Path) -> None:
-    srv = stand_in(tmp_path, READY + "time.sleep(0.3)\nos.kill(os.getpid(), signal.SIGKILL)\n")
+    srv = stand_in(tmp_path, READY + CRASHES_AT_ONCE)
     r = run([str(model), "--server", srv, "--restart", "no", "--liveness", "0"])
     assert r.returncode == 137
     assert "starting it again" not in r.stderr and "stopped after it was ready: killed by SIGKILL" in r.stderr
@@ -110,23 +111,6 @@ def test_always_restarts_a_clean_exit(tmp_path: Path, model: Path) -> None:
     r = run([str(model), "--server", srv, "--restart", "always", "--max-restarts", "1", "--liveness", "0"])
     assert starts.read_text() == "xx" and r.returncode == 0
     assert "stopped after it was ready: exit 0; starting it again in 1 s" in r.stderr, r.stderr
-
-
-# its task loop answers (/slots) and every generation fails: /health alone would call it healthy
-FAILS_GENERATIONS = """
-import http.server, threading
-class _Loop(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        self.send_response(200); self.end_headers(); self.wfile.write(b'[{"id": 0, "is_processing": false}]')
-    def do_POST(self):
-        self.send_response(500); self.end_headers(); self.wfile.write(b'{"error": "wedged"}')
-    def log_message(self, *a): pass
-_http = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Loop)
-threading.Thread(target=_http.serve_forever, daemon=True).start()
-print(f"0.00.000.000 I srv  llama_server: listening on http://127.0.0.1:{_http.server_port}", file=sys.stderr,
-      flush=True)
-time.sleep(600)
-"""
 
 
 def test_a_server_that_answers_but_fails_generations_is_stopped(tmp_path: Path, model: Path) -> None:
@@ -203,7 +187,7 @@ def _answers(port: int) -> bool:
 
 
 def test_an_interrupt_during_the_backoff_ends_the_run(tmp_path: Path, model: Path) -> None:
-    srv = stand_in(tmp_path, READY + "time.sleep(0.3)\nos.kill(os.getpid(), signal.SIGKILL)\n")
+    srv = stand_in(tmp_path, READY + CRASHES_AT_ONCE)
     p = subprocess.Popen([*LLAMAFIT, "run", str(model), "--server", srv, "--liveness", "0"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     assert p.stderr is not None
@@ -289,3 +273,64 @@ def test_a_server_that_grows_past_the_plan_is_said_and_recorded(tmp_path: Path, 
     (launch,) = json.loads(h.stdout)["launches"]
     mem = launch["host_memory"]
     assert mem["peak_mib"] >= 300 and mem["peak_mib"] > mem["allowed_mib"] > mem["at_ready_mib"]
+
+
+# -- metrics --------------------------------------------------------------------------------------------------
+
+
+def test_the_metrics_address() -> None:
+    from llamafit.errors import UsageError
+    from llamafit.server.metrics import Address, parse_address
+
+    assert parse_address("9464") == Address("127.0.0.1", 9464)  # loopback unless a host is given
+    assert parse_address("0.0.0.0:9000") == Address("0.0.0.0", 9000)
+    assert parse_address("[::1]:9000") == Address("::1", 9000)
+    for bad in ("abc", "70000", ":9000", "host:"):
+        with pytest.raises(UsageError):
+            parse_address(bad)
+
+
+def _scrape(port: int) -> str | None:
+    try:
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+        c.request("GET", "/metrics")
+        r = c.getresponse()
+        return r.read().decode() if r.status == 200 else None
+    except OSError:
+        return None
+
+
+def test_the_metrics_endpoint_shows_the_served_model(tmp_path: Path, model: Path) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    port = free_port()
+    srv = stand_in(tmp_path, READY + "time.sleep(600)\n")
+    p = subprocess.Popen([*LLAMAFIT, "run", str(model), "--server", srv, "--metrics", str(port), "--watch", "0.2"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        text: list[str] = []
+        up = 'llamafit_server_up{model="llamafit demo (random weights)"} 1.0'
+        assert wait_for(lambda: bool(text.append(_scrape(port) or "") or up in text[-1]), 60), text[-1:]
+        assert wait_for(lambda: bool(text.append(_scrape(port) or "") or "llamafit_host_memory_bytes{" in text[-1]), 30)
+        families = {f.name: f for f in text_string_to_metric_families(text[-1])}
+        kinds = {s.labels["kind"] for s in families["llamafit_memory_predicted_bytes"].samples}
+        assert {"kv", "compute"} <= kinds
+        host = families["llamafit_host_memory_bytes"].samples[0].value
+        allowed = families["llamafit_host_memory_allowed_bytes"].samples[0].value
+        assert 0 < host < allowed
+    finally:
+        p.send_signal(signal.SIGINT)
+        p.communicate(timeout=60)
+
+
+def test_a_metrics_port_in_use_launches_nothing(tmp_path: Path, model: Path) -> None:
+    import socket
+
+    starts = tmp_path / "starts"
+    srv = stand_in(tmp_path, READY + f"open({str(starts)!r}, 'a').write('x')\n")
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        r = run([str(model), "--server", srv, "--metrics", str(held.getsockname()[1])])
+    assert r.returncode == 2 and "the metrics endpoint could not listen on 127.0.0.1:" in r.stderr, r.stderr
+    assert not starts.exists()

@@ -27,6 +27,7 @@ from llamafit.cli.options import (
     LivenessOpt,
     MarginOpt,
     MaxRestartsOpt,
+    MetricsOpt,
     MinCtxOpt,
     ModelArg,
     ModelsArg,
@@ -323,6 +324,7 @@ def run(
     max_restarts: MaxRestartsOpt = 5,
     liveness: LivenessOpt = 10.0,
     watch: WatchOpt = 5.0,
+    metrics: MetricsOpt = None,
     server: ServerOpt = None,
     gpu: GpuOpt = None,
     cpu_only: CpuOnlyOpt = False,
@@ -385,6 +387,7 @@ def run(
         from llamafit.cli.supervise import run_one
         from llamafit.launch import RETRIES
         from llamafit.server.liveness import Liveness
+        from llamafit.server.metrics import parse_address
         from llamafit.server.restarts import RestartPolicy
 
         code = run_one(
@@ -400,6 +403,7 @@ def run(
             restart=RestartPolicy(restart.value, max_restarts),
             liveness=Liveness(liveness),
             watch=watch,
+            metrics=parse_address(metrics) if metrics is not None else None,
         )
         raise typer.Exit(code)
 

@@ -75,6 +75,15 @@ WatchOpt = Annotated[
         "plan allows after the load, and say growth past it, or toward it, with the rate.",
     ),
 ]
+MetricsOpt = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        "--metrics",
+        metavar="[HOST:]PORT",
+        help="Serve Prometheus metrics here (loopback unless HOST is given): predicted and logged memory per "
+        "device and buffer kind, the server's host memory, speed against the prediction, requests, restarts.",
+    ),
+]
 LivenessOpt = Annotated[
     float,
     typer.Option(

@@ -26,6 +26,7 @@ from llamafit.launch import RETRIES, before_launch, downloads_line
 from llamafit.paths import named_files
 from llamafit.prepare import Prepared
 from llamafit.server.liveness import Liveness
+from llamafit.server.metrics import Address, Metrics
 from llamafit.server.restarts import RestartPolicy
 from llamafit.serving import (
     NO_PROBES,
@@ -59,6 +60,7 @@ def run_one(
     restart: RestartPolicy = NO_RESTART,
     liveness: Liveness = NO_PROBES,
     watch: float = 0.0,
+    metrics: Address | None = None,
 ) -> int:
     """``run`` with one model, once planned: the argv (``--dry-run``), or the downloads and the environment,
     then the server replacing llamafit (``--exec``) or served and watched."""
@@ -83,6 +85,11 @@ def run_one(
         prep = replan()
         report = prep.report()
     print_report([r for r in report if r[0] != "note"], decisions=True)
+    endpoint = None
+    if metrics is not None and not exec_:  # before the launch: a port that is taken launches nothing
+        endpoint = Metrics(prep.plan.model.name)
+        endpoint.serve(metrics)
+        note(f"metrics at http://{metrics}/metrics")
     if exec_:
         from llamafit.server.supervisor import exec_server
 
@@ -100,6 +107,7 @@ def run_one(
         restart=restart,
         liveness=liveness,
         watch=watch,
+        metrics=endpoint,
     )
 
 
@@ -116,6 +124,7 @@ def supervise(
     restart: RestartPolicy = NO_RESTART,
     liveness: Liveness = NO_PROBES,
     watch: float = 0.0,
+    metrics: Metrics | None = None,
 ) -> int:
     """Serve one model, render what happens, and return llamafit's exit code."""
     view = View(verbose=verbose, json_out=json_out)
@@ -130,6 +139,7 @@ def supervise(
         restart=restart,
         liveness=liveness,
         watch=watch,
+        metrics=metrics,
     )
     return finish(served)
 

@@ -239,10 +239,10 @@ class Supervisor:
         server-queue.cpp:279); ``/slots`` is answered by that loop (server-context.cpp:5085-5100). A line
         that is not the server's (nothing of its process listens there, or it still loads: the real line
         comes after the load) is passed over, and the next one is waited for."""
-        confirmed = self._confirm(url, time.monotonic() + CONFIRM_TIMEOUT)
-        if not confirmed or not self.running:
+        why = self._confirm(url, time.monotonic() + CONFIRM_TIMEOUT)
+        if why is not None or not self.running:
             if self.running and self.on_warning:
-                self.on_warning(f"a log line said the server listens on {url}, but it does not answer there: ignored")
+                self.on_warning(f"a log line said the server listens on {url}, but {why}: ignored")
             self._announcer = None
             return
         self.url = url
@@ -279,14 +279,18 @@ class Supervisor:
         assert self.url is not None
         return self.url
 
-    def _confirm(self, url: str, deadline: float) -> bool:
-        """The server's own process listens at ``url`` and its task loop answers ``self.probe``."""
+    def _confirm(self, url: str, deadline: float) -> str | None:
+        """None when the server's own process listens at ``url`` and its task loop answers ``self.probe``;
+        else why not."""
         u = urlsplit(url)
         if u.scheme == "unix":
-            return True  # a socket file: nothing to ask it over HTTP
+            return None  # a socket file: nothing to ask it over HTTP
         port = url_port(url)
-        if u.scheme != "http" or port is None or not self._listens(port):
-            return False
+        if u.scheme != "http" or port is None:
+            return "not an HTTP URL with a port"
+        if not self._listens(port):
+            return "its process does not listen there"
+        why = "its task loop did not answer"
         while self.running and time.monotonic() < deadline:
             conn = http.client.HTTPConnection(u.hostname or "127.0.0.1", port, timeout=2)
             try:
@@ -294,17 +298,18 @@ class Supervisor:
                 status = conn.getresponse().status
                 # 200: the loop answered; 501: --no-slots; 401/403: an API key: nothing more to learn
                 if status in (200, 401, 403, 501):
-                    return True
+                    return None
                 if status == 503:
-                    return False  # still loading: the real line comes after the load
+                    return "it answered 503 (still loading)"  # the real line comes after the load
+                why = f"it answered HTTP {status}"
             except ConnectionRefusedError:
-                return False
+                return "the connection was refused"
             except OSError:
                 pass
             finally:
                 conn.close()
             time.sleep(0.05)
-        return False
+        return why
 
     def _listens(self, port: int) -> bool:
         """The server's process listens on ``port`` (True when the system does not say)."""

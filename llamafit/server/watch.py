@@ -98,9 +98,11 @@ class MemoryWatch:
         interval: float,
         on_warning: Callable[[str], None],
         read: Callable[[int], Sample | None] = read_sample,
+        on_sample: Callable[[int, int, int], None] | None = None,
     ) -> None:
+        """``on_sample(now, peak, allowed)``: each sample's bytes, for a metrics endpoint."""
         self.pid, self.allowance, self.interval = pid, allowance, interval
-        self.on_warning, self._read = on_warning, read
+        self.on_warning, self._read, self.on_sample = on_warning, read, on_sample
         self.at_ready: Sample | None = None
         self.peak_anon = self.peak_swap = 0
         self.samples = 0
@@ -144,6 +146,8 @@ class MemoryWatch:
         while self._recent and s.t - self._recent[0].t > RATE_SPAN:
             self._recent.popleft()
         limit = self.allowance.limit(self.at_ready.anon)
+        if self.on_sample is not None:
+            self.on_sample(s.anon, self.peak_anon, limit)
         rate = growth_rate(list(self._recent))
         per_min = f"; growing {rate * 60 / MiB:.1f} MiB a minute" if rate and rate > 0 else ""
         if s.anon > limit:

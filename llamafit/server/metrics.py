@@ -1,0 +1,104 @@
+"""A Prometheus endpoint for a served model (``run --metrics [HOST:]PORT``): what the plan predicted and what
+the server holds, per device and buffer kind; its speed against the prediction; requests, restarts and
+whether it serves. Written by ``prometheus_client`` (the ecosystem's library, its text format) from a
+registry of its own, served on a daemon thread, loopback unless a host is given. Nothing here prints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+from llamafit.errors import UsageError
+
+LOOPBACK = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class Address:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+def parse_address(text: str) -> Address:
+    """``PORT`` (loopback) or ``HOST:PORT``; a UsageError says what is wrong."""
+    host, sep, port = text.rpartition(":")
+    host = host.strip("[]") if sep else LOOPBACK
+    if not port.isdigit() or not 0 < int(port) < 65536 or (sep and not host):
+        raise UsageError(f"--metrics takes PORT or HOST:PORT, not {text!r}", hint="for example --metrics 9464")
+    return Address(host, int(port))
+
+
+class Metrics:
+    """The gauges and counters of one ``run``; ``serve()`` starts the endpoint (the port is taken then, or
+    a UsageError says why not)."""
+
+    def __init__(self, model: str) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r, m = self.registry, ("model",)
+        self.model = model
+        self.predicted = Gauge(
+            "llamafit_memory_predicted_bytes",
+            "What the plan predicted, per device and buffer kind",
+            [*m, "device", "kind"],
+            registry=r,
+        )
+        self.actual = Gauge(
+            "llamafit_memory_actual_bytes",
+            "What llama-server logged at load, per device and buffer kind",
+            [*m, "device", "kind"],
+            registry=r,
+        )
+        self.host = Gauge("llamafit_host_memory_bytes", "The server's host memory: RssAnon + VmSwap", m, registry=r)
+        self.host_peak = Gauge("llamafit_host_memory_peak_bytes", "Its high-water mark", m, registry=r)
+        self.host_allowed = Gauge(
+            "llamafit_host_memory_allowed_bytes", "What the plan allows it after the load", m, registry=r
+        )
+        self.tg = Gauge("llamafit_generation_tokens_per_second", "Measured, the last request", m, registry=r)
+        self.tg_predicted = Gauge(
+            "llamafit_generation_tokens_per_second_predicted", "Predicted at the last request's depth", m, registry=r
+        )
+        self.pp = Gauge("llamafit_prompt_tokens_per_second", "Measured, the last request", m, registry=r)
+        self.requests = Counter("llamafit_requests", "Requests the server timed", m, registry=r)
+        self.restarts = Counter("llamafit_restarts", "Times the server was started again", m, registry=r)
+        self.up = Gauge("llamafit_server_up", "1 while the server is ready and serving", m, registry=r)
+
+    def serve(self, at: Address) -> None:
+        try:
+            start_http_server(at.port, at.host, registry=self.registry)
+        except OSError as e:
+            raise UsageError(
+                f"the metrics endpoint could not listen on {at}: {e.strerror or e}",
+                hint="give another --metrics port (or HOST:PORT), or stop what holds it",
+            ) from None
+
+    def memory(self, predicted: Iterable[tuple[str, str, int]], actual: Iterable[tuple[str, str, int]]) -> None:
+        """(device, kind, bytes) rows: the plan's and the server's."""
+        for gauge, rows in ((self.predicted, predicted), (self.actual, actual)):
+            sums: dict[tuple[str, str], int] = {}
+            for dev, kind, n in rows:
+                sums[(dev, kind)] = sums.get((dev, kind), 0) + n
+            for (dev, kind), n in sums.items():
+                gauge.labels(self.model, dev, kind).set(n)
+
+    def served(self, tg: float | None, tg_predicted: float | None, pp: float | None) -> None:
+        self.requests.labels(self.model).inc()
+        for gauge, v in ((self.tg, tg), (self.tg_predicted, tg_predicted), (self.pp, pp)):
+            if v is not None:
+                gauge.labels(self.model).set(v)
+
+    def host_memory(self, now: int, peak: int, allowed: int) -> None:
+        self.host.labels(self.model).set(now)
+        self.host_peak.labels(self.model).set(peak)
+        self.host_allowed.labels(self.model).set(allowed)
+
+    def serving(self, up: bool) -> None:
+        self.up.labels(self.model).set(1 if up else 0)
+
+    def restarted(self) -> None:
+        self.restarts.labels(self.model).inc()
