@@ -26,7 +26,7 @@ _llamafit() {
     fi
     case "$cmd" in
         "")
-            COMPREPLY=($(compgen -W "completion demo gpus history inspect plan run tune --help --version" -- "$cur")); return 0 ;;
+            COMPREPLY=($(compgen -W "completion demo gpus history inspect plan run service tune --help --version" -- "$cur")); return 0 ;;
         completion)
             case "$prev" in
             esac
@@ -95,6 +95,11 @@ _llamafit() {
             case "$prev" in
                 --log-file) COMPREPLY=($(compgen -f -- "$cur")); compopt -o filenames 2>/dev/null; return 0 ;;
                 --ready-timeout) :; return 0 ;;
+                --restart) COMPREPLY=($(compgen -W "on-failure always no" -- "$cur")); return 0 ;;
+                --max-restarts) :; return 0 ;;
+                --liveness) :; return 0 ;;
+                --watch) :; return 0 ;;
+                --metrics) :; return 0 ;;
                 --server) COMPREPLY=($(compgen -f -- "$cur")); compopt -o filenames 2>/dev/null; return 0 ;;
                 --gpu) :; return 0 ;;
                 --margin) :; return 0 ;;
@@ -111,9 +116,16 @@ _llamafit() {
                 --models-preset) :; return 0 ;;
             esac
             if [[ "$cur" == -* ]]; then
-                COMPREPLY=($(compgen -W "--dry-run --exec --verbose -v --log-file --ready-timeout --no-retry --server --gpu --cpu-only --margin --min-ctx --spec --prefer --draft --hf-file --revision --offline --rpc --rpc-optional --host-bandwidth --host-ram --quant --models-preset --json --quiet -q --help -h" -- "$cur")); return 0
+                COMPREPLY=($(compgen -W "--dry-run --exec --verbose -v --log-file --ready-timeout --no-retry --restart --max-restarts --liveness --watch --metrics --server --gpu --cpu-only --margin --min-ctx --spec --prefer --draft --hf-file --revision --offline --rpc --rpc-optional --host-bandwidth --host-ram --quant --models-preset --json --quiet -q --help -h" -- "$cur")); return 0
             fi
             _llamafit_models ;;
+        service)
+            case "$prev" in
+            esac
+            if [[ "$cur" == -* ]]; then
+                COMPREPLY=($(compgen -W "--help -h" -- "$cur")); return 0
+            fi
+            ;;
         tune)
             case "$prev" in
                 --budget) :; return 0 ;;

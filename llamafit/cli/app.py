@@ -384,11 +384,8 @@ def run(
                 ready_timeout=ready_timeout or None,
             )
             raise typer.Exit(code)
-        from llamafit.cli.supervise import run_one
+        from llamafit.cli.supervise import KeepAlive, run_one
         from llamafit.launch import RETRIES
-        from llamafit.server.liveness import Liveness
-        from llamafit.server.metrics import parse_address
-        from llamafit.server.restarts import RestartPolicy
 
         code = run_one(
             _prepare(refs[0], o, json_out, quant),
@@ -400,21 +397,20 @@ def run(
             ready_timeout=ready_timeout or None,
             replan=lambda: _prepare(refs[0], o, json_out, quant),
             retries=0 if no_retry else RETRIES,
-            restart=RestartPolicy(restart.value, max_restarts),
-            liveness=Liveness(liveness),
-            watch=watch,
-            metrics=parse_address(metrics) if metrics is not None else None,
+            keep=KeepAlive(restart.value, max_restarts, liveness, watch, metrics),
         )
         raise typer.Exit(code)
 
 
-def _register_tune() -> None:
+def _register() -> None:
+    from llamafit.cli.service import service_app
     from llamafit.cli.tune import TUNE_EXAMPLES, tune_command
 
     app.command("tune", epilog=TUNE_EXAMPLES, short_help="Measure what fits and keep the fastest.")(tune_command)
+    app.add_typer(service_app, name="service", short_help="Start llamafit run on boot (systemd, launchd).")
 
 
-_register_tune()
+_register()
 
 
 @app.command(short_help="The whole pipeline on an embedded tiny model.")

@@ -4,6 +4,7 @@ actual, failures on stderr; the URL, or under ``--json`` the run's document, on 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from llamafit.launch import RETRIES, before_launch, downloads_line
 from llamafit.paths import named_files
 from llamafit.prepare import Prepared
 from llamafit.server.liveness import Liveness
-from llamafit.server.metrics import Address, Metrics
+from llamafit.server.metrics import Metrics, parse_address
 from llamafit.server.restarts import RestartPolicy
 from llamafit.serving import (
     NO_PROBES,
@@ -46,6 +47,17 @@ from llamafit.several.plan import RUN_SET_SCHEMA
 SHOWN_LINE = 2000  # characters of one server line shown on the terminal (--log-file keeps it whole)
 
 
+@dataclass(frozen=True)
+class KeepAlive:
+    """run's options for the server's life after ready, as given (defaults: none of it, as in tests)."""
+
+    restart: str = "no"
+    max_restarts: int = 5
+    liveness: float = 0.0
+    watch: float = 0.0
+    metrics: str | None = None  # [HOST:]PORT
+
+
 def run_one(
     prep: Prepared,
     *,
@@ -57,10 +69,7 @@ def run_one(
     ready_timeout: float | None,
     replan: Callable[[], Prepared],
     retries: int,
-    restart: RestartPolicy = NO_RESTART,
-    liveness: Liveness = NO_PROBES,
-    watch: float = 0.0,
-    metrics: Address | None = None,
+    keep: KeepAlive | None = None,
 ) -> int:
     """``run`` with one model, once planned: the argv (``--dry-run``), or the downloads and the environment,
     then the server replacing llamafit (``--exec``) or served and watched."""
@@ -85,11 +94,13 @@ def run_one(
         prep = replan()
         report = prep.report()
     print_report([r for r in report if r[0] != "note"], decisions=True)
+    keep = keep or KeepAlive()
     endpoint = None
-    if metrics is not None and not exec_:  # before the launch: a port that is taken launches nothing
+    if keep.metrics is not None and not exec_:  # before the launch: a port that is taken launches nothing
+        at = parse_address(keep.metrics)
         endpoint = Metrics(prep.plan.model.name)
-        endpoint.serve(metrics)
-        note(f"metrics at http://{metrics}/metrics")
+        endpoint.serve(at)
+        note(f"metrics at http://{at}/metrics")
     if exec_:
         from llamafit.server.supervisor import exec_server
 
@@ -104,9 +115,9 @@ def run_one(
         ready_timeout=ready_timeout,
         replan=replan,
         retries=retries,
-        restart=restart,
-        liveness=liveness,
-        watch=watch,
+        restart=RestartPolicy(keep.restart, keep.max_restarts),
+        liveness=Liveness(keep.liveness),
+        watch=keep.watch,
         metrics=endpoint,
     )
 
