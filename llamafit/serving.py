@@ -44,6 +44,7 @@ from llamafit.server.supervisor import Outcome, Supervisor, is_key_line
 from llamafit.server.watch import Allowance, MemoryWatch
 from llamafit.several.plan import Together
 from llamafit.several.router_log import RouterLog
+from llamafit.speed.decay import Decay
 from llamafit.speed.timings import MAX_SERVED, TimingReader
 from llamafit.speed.timings import Served as ServedRequest
 from llamafit.units import MiB
@@ -256,6 +257,7 @@ def _attempt(
     wedged: list[str] = []
     dogs: list[Watchdog] = []
     watches: list[MemoryWatch] = []
+    decay = Decay()
 
     def warn(text: str) -> None:
         on_event(Note(text, "warning"))
@@ -266,6 +268,8 @@ def _attempt(
             del checks[:-MAX_SERVED]  # a server that serves for weeks: the newest requests are recorded
             if metrics is not None:
                 metrics.served(served.tg, checks[-1].tg, served.pp)
+            if (slowed := decay.feed(served.tg, checks[-1].tg, served.depth)) is not None:
+                warn(slowed)
             on_event(Note(checks[-1].message()))
         on_event(ServerLine(line, is_key_line(line), is_error(line)))
 

@@ -334,3 +334,16 @@ def test_a_metrics_port_in_use_launches_nothing(tmp_path: Path, model: Path) -> 
         r = run([str(model), "--server", srv, "--metrics", str(held.getsockname()[1])])
     assert r.returncode == 2 and "the metrics endpoint could not listen on 127.0.0.1:" in r.stderr, r.stderr
     assert not starts.exists()
+
+
+def test_a_server_that_slows_over_its_life_is_said_once() -> None:
+    from llamafit.speed.decay import BASELINE, RECENT, Decay
+
+    d = Decay()
+    said = [d.feed(20.0, 25.0, 1000) for _ in range(BASELINE)]  # its own baseline: 80 % of the plan
+    said += [d.feed(12.0, 15.0, 30000) for _ in range(RECENT)]  # slower at depth as the plan says: no decay
+    assert not any(said)
+    said = [d.feed(5.0, 25.0, 1000) for _ in range(RECENT)]  # 20 % of the plan where it did 80 %
+    (warning,) = [s for s in said if s]  # once the recent median is the slow one
+    assert "slowed to 25%" in warning
+    assert d.feed(1.0, 25.0, 1000) is None  # said once
