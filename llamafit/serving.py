@@ -348,9 +348,46 @@ def serve_router(
     log_file: Path | None = None,
     ready_timeout: float | None = None,
     plan_doc: dict[str, Any] | None = None,
+    restart: RestartPolicy = NO_RESTART,
 ) -> Served:
     """Run the router; as each resident instance becomes ready, hold its buffers to its plan; when all are
-    ready, say so. A resident instance that fails to load stops the router (exit 5)."""
+    ready, say so. A resident instance that fails to load stops the router (exit 5). A router that dies after
+    all were ready is started again as ``restart`` says (the router restarts its own instances)."""
+    restarts = Restarts(restart)
+    while True:
+        served, all_ready, interrupted = _router_attempt(t, argv, env, on_event, log_file, ready_timeout, plan_doc)
+        if not all_ready or interrupted or not restart.wants(served.code, False):
+            if all_ready and served.code != 0 and not interrupted:
+                on_event(Problem(f"llama-server's router stopped after it was ready: {exit_reason(served.code)}"))
+            return served
+        why = f"llama-server's router stopped after it was ready: {exit_reason(served.code)}"
+        delay = restarts.next_delay()
+        if delay is None:
+            on_event(
+                Problem(
+                    f"{why}; not started again: it was restarted {restarts.recent()} times within "
+                    f"{restart.window:.0f} s (--max-restarts {restart.max_restarts})"
+                )
+            )
+            return served
+        said = Note(f"{why}; starting it again in {delay:.0f} s ({restart.said()})", "notice")
+        if not _pause(delay, functools.partial(on_event, said)):
+            on_event(Note("interrupted before the restart"))
+            return Served(int(ExitCode.INTERRUPTED))
+        restarts.record()
+
+
+def _router_attempt(
+    t: Together,
+    argv: list[str],
+    env: dict[str, str],
+    on_event: OnEvent,
+    log_file: Path | None,
+    ready_timeout: float | None,
+    plan_doc: dict[str, Any] | None,
+) -> tuple[Served, bool, bool]:
+    """One start of the router, until it exits: how it ended, whether all were ready, whether interrupted."""
+
     on_event(Note(shellwords.join(argv)))
     plans = {m.entry.name: m for m in t.members}
     resident = {m.entry.name for m in t.members if m.resident}
@@ -403,13 +440,11 @@ def serve_router(
     outcome = sup.run(ready_timeout, stop_when=stop_when)
     _killed(outcome, on_event)
     if w.done:
-        if outcome.returncode != 0 and not outcome.interrupted:
-            on_event(Problem(f"llama-server's router stopped after it was ready: {exit_reason(outcome.returncode)}"))
-        return Served(outcome.returncode)
+        return Served(outcome.returncode), True, outcome.interrupted
     plan = {"plan": plan_doc}
     if outcome.interrupted:  # before a failure: the instances the router stopped on Ctrl-C did not fail
         on_event(Note("interrupted while loading"))
-        return Served(int(ExitCode.INTERRUPTED), ("interrupted while loading", None, plan))
+        return Served(int(ExitCode.INTERRUPTED), ("interrupted while loading", None, plan)), False, True
     if w.failed is not None:
         name, f = w.failed
         message, hint = f"{name} failed to load: {f.message}", f.hint
@@ -419,4 +454,4 @@ def serve_router(
     else:
         message, hint = outcome.failure.message, outcome.failure.hint
     on_event(Problem(message, hint))
-    return Served(int(ExitCode.SERVER_LOAD_FAILED), (message, hint, plan))
+    return Served(int(ExitCode.SERVER_LOAD_FAILED), (message, hint, plan)), False, False

@@ -344,3 +344,22 @@ def test_devices_that_cannot_be_sized_are_said(shapes: dict[str, Path]) -> None:
     t = plan_together(entries, Options(), machine, lambda ref, o, m: prepare(ref, o, machine=m, server=(None, ASSUMED)))
     blind = next(d for d in t.decisions if d.code == "models.blind")
     assert "Vulkan0 reports no memory" in blind.message and t.models_max == 2
+
+
+@pytest.mark.server
+def test_a_router_that_dies_after_ready_is_started_again(server_bin: ServerBinary, tmp_path: Path) -> None:
+    one = factory.qwen3_0_6b().write(tmp_path / "one.gguf")
+    two = factory.qwen3_0_6b().write(tmp_path / "two.gguf")
+    args = [str(one), str(two), "--cpu-only", "--json", "--max-restarts", "1", "--", "-c", "4096", "--no-warmup",
+            "--port", "0"]  # fmt: skip
+    p = launch_run(args, server_bin)
+    try:
+        first = read_json_doc(p, 180)
+        router = [c for c in psutil.Process(p.pid).children() if "--models-preset" in " ".join(c.cmdline())]
+        assert len(router) == 1
+        router[0].kill()
+        again = read_json_doc(p, 180)  # every resident model ready once more
+        assert set(again["models"]) == set(first["models"]) == {"one", "two"}
+        assert all(v == "loaded" for v in router_models(again["url"]).values())
+    finally:
+        assert stop_run(p) == 0

@@ -373,6 +373,8 @@ def run(
                 from llamafit.errors import UsageError
 
                 raise UsageError("--exec runs one server; several models run under the router that llamafit watches")
+            from llamafit.cli.supervise import KeepAlive
+
             code = run_several(
                 refs,
                 models_preset,
@@ -382,6 +384,7 @@ def run(
                 verbose=verbose,
                 log_file=log_file,
                 ready_timeout=ready_timeout or None,
+                keep=KeepAlive(restart.value, max_restarts),
             )
             raise typer.Exit(code)
         from llamafit.cli.supervise import KeepAlive, run_one

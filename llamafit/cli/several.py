@@ -14,7 +14,7 @@ from llamafit.cli.output import (
     print_json,
     print_line,
 )
-from llamafit.cli.supervise import View, finish
+from llamafit.cli.supervise import KeepAlive, View, finish
 from llamafit.devices.machine import Machine
 from llamafit.errors import DoesNotFitError, ServerNotFoundError, UsageError
 from llamafit.hub.resolve import Hub
@@ -137,8 +137,11 @@ def run_several(
     verbose: bool,
     log_file: Path | None,
     ready_timeout: float | None,
+    keep: KeepAlive | None = None,
 ) -> int:
+    """``run`` with several models: the router, restarted as ``keep`` says (its restart options only)."""
     from llamafit.server.args import parse_server_args
+    from llamafit.server.restarts import RestartPolicy
     from llamafit.several.plan import write_preset
 
     ps = prepare_several(refs, models_preset, o)
@@ -163,7 +166,16 @@ def run_several(
         plan_doc = to_json(t, argv, str(preset_path))
         view = View(verbose=verbose, json_out=json_out, models_max=t.models_max, plan_doc=plan_doc)
         return finish(
-            serve_router(t, argv, env, view, log_file=log_file, ready_timeout=ready_timeout, plan_doc=plan_doc)
+            serve_router(
+                t,
+                argv,
+                env,
+                view,
+                log_file=log_file,
+                ready_timeout=ready_timeout,
+                plan_doc=plan_doc,
+                restart=RestartPolicy(keep.restart, keep.max_restarts) if keep else RestartPolicy("no"),
+            )
         )
     finally:
         preset_path.unlink(missing_ok=True)  # the run's own state goes with the run
