@@ -280,7 +280,12 @@ def _attempt(
         dogs.append(Watchdog(url, liveness, wedged.append, api_key(argv, env)).start())
         on_sample = metrics.host_memory if metrics is not None else None
         if sup.pid is not None:
-            watches.append(MemoryWatch(sup.pid, allowance(prep), watch, warn, on_sample=on_sample).start())
+            cards = {
+                d.device.nvml_index: (d.device.id, d.use.total)
+                for d in prep.plan.devices
+                if d.device.nvml_index is not None
+            }
+            watches.append(MemoryWatch(sup.pid, allowance(prep), watch, warn, on_sample=on_sample, cards=cards).start())
         if metrics is not None:
             metrics.memory(
                 ((device_of_buffer(r.buft), r.kind, r.predicted) for r in rows),

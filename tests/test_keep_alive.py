@@ -347,3 +347,19 @@ def test_a_server_that_slows_over_its_life_is_said_once() -> None:
     (warning,) = [s for s in said if s]  # once the recent median is the slow one
     assert "slowed to 25%" in warning
     assert d.feed(1.0, 25.0, 1000) is None  # said once
+
+
+def test_a_cards_memory_is_held_to_what_the_plan_put_there() -> None:
+    from llamafit.server.watch import Allowance, MemoryWatch, Sample, nvml_process_memory
+    from llamafit.units import GiB
+
+    assert nvml_process_memory(os.getpid()) == {}  # no NVIDIA card here: nothing read, nothing raised
+    said: list[str] = []
+    w = MemoryWatch(0, Allowance(0, 0, 0), 0, said.append, cards={0: ("CUDA0", GiB)})
+    w.take(Sample(0.0, GiB, 0, 0))
+    w.take_cards({0: GiB, 1: 5 * GiB})  # card 1 is not the plan's: not this server's concern
+    assert not said
+    w.take_cards({0: 2 * GiB})
+    assert len(said) == 1 and "2048 MiB on CUDA0, past the 1024 MiB the plan put there" in said[0]
+    summary = w.summary()
+    assert summary is not None and summary["card_peak_mib"] == {"CUDA0": 2048.0}

@@ -12,6 +12,7 @@ once each, with the numbers; the high-water marks go to the launch's history rec
 from __future__ import annotations
 
 import collections
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -61,6 +62,30 @@ def read_sample(pid: int, t: float | None = None) -> Sample | None:
     return Sample(now, kb["RssAnon"] * 1024 + swap, swap, kb.get("RssFile", 0) * 1024)
 
 
+def nvml_process_memory(pid: int) -> dict[int, int]:
+    """Bytes the process holds on each NVIDIA card (NVML index -> bytes), from NVML's per-process list; empty
+    without NVML or a card (the one boundary, as in llamafit.devices.machine)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # no library, no driver: nothing to read
+        return {}
+    out: dict[int, int] = {}
+    try:
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h):
+                if p.pid == pid and isinstance(p.usedGpuMemory, int):
+                    out[i] = out.get(i, 0) + p.usedGpuMemory
+    except Exception:  # a driver that does not answer a query: what was read so far
+        pass
+    finally:
+        with contextlib.suppress(Exception):
+            pynvml.nvmlShutdown()
+    return out
+
+
 def growth_rate(samples: list[Sample]) -> float | None:
     """Bytes per second of the least-squares line through ``samples``; None over less than RATE_MIN_SPAN."""
     if len(samples) < 3 or samples[-1].t - samples[0].t < RATE_MIN_SPAN:
@@ -99,10 +124,15 @@ class MemoryWatch:
         on_warning: Callable[[str], None],
         read: Callable[[int], Sample | None] = read_sample,
         on_sample: Callable[[int, int, int], None] | None = None,
+        cards: dict[int, tuple[str, int]] | None = None,
+        read_cards: Callable[[int], dict[int, int]] = nvml_process_memory,
     ) -> None:
-        """``on_sample(now, peak, allowed)``: each sample's bytes, for a metrics endpoint."""
+        """``on_sample(now, peak, allowed)``: each sample's bytes, for a metrics endpoint. ``cards``: NVML index
+        -> (device id, bytes the plan puts there), each card's use by the process held to it."""
         self.pid, self.allowance, self.interval = pid, allowance, interval
         self.on_warning, self._read, self.on_sample = on_warning, read, on_sample
+        self.cards, self._read_cards = cards or {}, read_cards
+        self.card_peaks: dict[str, int] = {}
         self.at_ready: Sample | None = None
         self.peak_anon = self.peak_swap = 0
         self.samples = 0
@@ -129,6 +159,8 @@ class MemoryWatch:
             if s is not None:
                 try:
                     self.take(s)
+                    if self.cards:
+                        self.take_cards(self._read_cards(self.pid))
                 except Exception as e:  # a bug of the watch must not end it silently
                     self.on_warning(f"the memory watch stopped ({type(e).__name__}: {e})")
                     return
@@ -166,6 +198,21 @@ class MemoryWatch:
         if s.swap > 0 and "swap" not in self._said and s.swap > SLACK:
             self._say("swap", f"{s.swap / MiB:.0f} MiB of llama-server's memory is swapped out: it will slow down")
 
+    def take_cards(self, used: dict[int, int]) -> None:
+        """What the process holds on each planned card, against the plan's bytes there."""
+        for index, n in used.items():
+            if index not in self.cards:
+                continue
+            dev, planned = self.cards[index]
+            self.card_peaks[dev] = max(self.card_peaks.get(dev, 0), n)
+            limit = planned + max(SLACK, int(SLACK_SHARE * planned))
+            if n > limit:
+                self._say(
+                    f"card {dev}",
+                    f"llama-server holds {n / MiB:.0f} MiB on {dev}, past the {planned / MiB:.0f} MiB the plan put "
+                    "there (and its tolerance): it grew after the load",
+                )
+
     def _allowance_words(self) -> str:
         a, at = self.allowance, self.at_ready
         assert at is not None
@@ -191,4 +238,5 @@ class MemoryWatch:
             "rate_mib_per_min": round(rate * 60 / MiB, 3) if rate is not None else None,
             "samples": self.samples,
             "cpu_ms": round(self.cpu_seconds * 1e3, 2),
+            "card_peak_mib": {d: round(n / MiB, 2) for d, n in self.card_peaks.items()},
         }
