@@ -22,6 +22,7 @@ from llamafit.compare import Row
 from llamafit.errors import DoesNotFitError, ExitCode
 from llamafit.launch import (
     RETRIES,
+    FailedLoad,
     SpeedCheck,
     check_speed,
     compare_all,
@@ -181,6 +182,17 @@ def serve(
                 on_event(Note("interrupted before the restart"))
                 return Served(int(ExitCode.INTERRUPTED))
             restarts.record()
+            if not wedged and replan is not None and (cap := _ran_out(prep, outcome, rc)) is not None:
+                # out of memory at run time: planned again within what it showed, as a failed load is
+                for why in remember_failed_load(prep, cap):
+                    on_event(Note(why, "notice"))
+                on_event(Note(f"{cap.message}; planning again within it", "notice"))
+                try:
+                    prep = replan()
+                except DoesNotFitError as e:
+                    message = f"after running out of memory: {e.message}"
+                    on_event(Problem(message, e.hint))
+                    return Served(int(ExitCode.DOES_NOT_FIT), (message, e.hint, None))
             if metrics is not None:
                 metrics.restarted()
             continue
@@ -212,6 +224,13 @@ def serve(
         for d in prep.plan.decisions:
             if d.code in ("calibration.applied", "context.reduced", "context.train"):
                 on_event(Note(d.message))
+
+
+def _ran_out(prep: Prepared, outcome: Outcome, rc: int) -> FailedLoad | None:
+    """What a server that died of memory after it was ready showed the device holds (None: another death)."""
+    predicted = {d.device.id: d.use.total for d in prep.plan.devices}
+    usable = {d.device.id: d.usable for d in prep.plan.devices}
+    return failed_load_cap(prep, classify(outcome.lines, rc, predicted, usable), outcome.log)
 
 
 def _pause(seconds: float, announce: Callable[[], None]) -> bool:

@@ -7,7 +7,9 @@ but fails every generation, and the real llama-server stopped with SIGSTOP (a ha
 from __future__ import annotations
 
 import http.client
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -268,7 +270,6 @@ def test_a_server_that_grows_past_the_plan_is_said_and_recorded(tmp_path: Path, 
     assert r.returncode == 0, r.stderr
     assert "past the" in r.stderr and "the plan allows it" in r.stderr, r.stderr
     h = subprocess.run([*LLAMAFIT, "history", "--json"], capture_output=True, text=True, env=env, timeout=60)
-    import json
 
     (launch,) = json.loads(h.stdout)["launches"]
     mem = launch["host_memory"]
@@ -363,3 +364,23 @@ def test_a_cards_memory_is_held_to_what_the_plan_put_there() -> None:
     assert len(said) == 1 and "2048 MiB on CUDA0, past the 1024 MiB the plan put there" in said[0]
     summary = w.summary()
     assert summary is not None and summary["card_peak_mib"] == {"CUDA0": 2048.0}
+
+
+RUNS_OUT = (
+    'print("ggml_aligned_malloc: insufficient memory (attempted to allocate 20.00 MB)", file=sys.stderr, flush=True)\n'
+    "os.abort()\n"
+)
+
+
+def test_a_server_that_runs_out_of_memory_at_run_time_is_planned_again(tmp_path: Path, model: Path) -> None:
+    srv = stand_in(tmp_path, READY + "time.sleep(0.3)\n" + RUNS_OUT)
+    env = dict(os.environ, LLAMAFIT_DATA=str(tmp_path / "data"), LLAMAFIT_CACHE=str(tmp_path / "cache"))
+    argv = [*LLAMAFIT, "run", str(model), "--server", srv, "--liveness", "0", "--max-restarts", "1"]
+    r = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
+    said = re.search(
+        r"host RAM could not take 20 MiB more after 0 MiB: planning for at most (\d+) MiB there; planning", r.stderr
+    )
+    assert said is not None and 0 < int(said[1]) <= 10, r.stderr  # half the allocation below the plan's
+    assert r.returncode == 134 and r.stderr.count("ready at") == 2  # planned within it, started, died again
+    h = subprocess.run([*LLAMAFIT, "history", "--json"], capture_output=True, text=True, env=env).stdout
+    assert '"failed_load"' in h  # the failure is in the history for the next plans
