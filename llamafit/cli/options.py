@@ -85,6 +85,15 @@ MetricsOpt = Annotated[
         "device and buffer kind, the server's host memory, speed against the prediction, requests, restarts.",
     ),
 ]
+EventsOpt = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        "--events",
+        metavar="FILE",
+        help="Append what happens while it serves to FILE, one llamafit.event/1 JSON object a line (ready, "
+        "restarts, warnings, errors): for a script that follows it.",
+    ),
+]
 LivenessOpt = Annotated[
     float,
     typer.Option(

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llamafit import shellwords
+from llamafit.cli.events import EventLog, tee
 from llamafit.cli.output import (
     note,
     print_json,
@@ -165,12 +166,13 @@ def run_several(
     try:
         plan_doc = to_json(t, argv, str(preset_path))
         view = View(verbose=verbose, json_out=json_out, models_max=t.models_max, plan_doc=plan_doc)
+        log = EventLog(Path(keep.events)) if keep and keep.events else None
         return finish(
             serve_router(
                 t,
                 argv,
                 env,
-                view,
+                tee(view, log),
                 log_file=log_file,
                 ready_timeout=ready_timeout,
                 plan_doc=plan_doc,

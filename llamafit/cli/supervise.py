@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from llamafit import shellwords
+from llamafit.cli.events import EventLog, tee
 from llamafit.cli.output import (
     err_console,
     error,
@@ -56,6 +57,7 @@ class KeepAlive:
     liveness: float = 0.0
     watch: float = 0.0
     metrics: str | None = None  # [HOST:]PORT
+    events: str | None = None  # a file of llamafit.event/1 lines
 
 
 def run_one(
@@ -119,6 +121,7 @@ def run_one(
         liveness=Liveness(keep.liveness),
         watch=keep.watch,
         metrics=endpoint,
+        events=keep.events,
     )
 
 
@@ -136,13 +139,14 @@ def supervise(
     liveness: Liveness = NO_PROBES,
     watch: float = 0.0,
     metrics: Metrics | None = None,
+    events: str | None = None,
 ) -> int:
-    """Serve one model, render what happens, and return llamafit's exit code."""
-    view = View(verbose=verbose, json_out=json_out)
+    """Serve one model, render what happens (and write it to ``events``), and return llamafit's exit code."""
+    log = EventLog(Path(events)) if events else None
     served = serve(
         prep,
         env,
-        view,
+        tee(View(verbose=verbose, json_out=json_out), log),
         log_file=log_file,
         ready_timeout=ready_timeout,
         replan=replan,
@@ -152,6 +156,8 @@ def supervise(
         watch=watch,
         metrics=metrics,
     )
+    if log is not None:
+        log.close()
     return finish(served)
 
 
