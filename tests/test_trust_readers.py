@@ -86,6 +86,9 @@ def test_only_the_servers_own_line_says_where_it_listens() -> None:
     real = "0.00.134.371 I srv  llama_server: listening on http://127.0.0.1:18123"
     assert listening_url(real) == "http://127.0.0.1:18123"
     assert listening_url("main: server is listening on http://0.0.0.0:8080 - starting the main loop")
+    # b9310's SRV_INF line, and its router's: a server of that build is ready too
+    assert listening_url("0.00.921.004 I srv          main: server is listening on http://127.0.0.1:8080")
+    assert listening_url("srv          main: router server is listening on http://127.0.0.1:8080")
     for fake in [
         "0.00.007.012 I llama_model_loader: - kv   1: general.name str = listening on http://127.0.0.1:9/x",
         "0.00.008.181 I print_info: general.name = listening on http://127.0.0.1:9/x",

@@ -38,9 +38,10 @@ from llamafit.server.logparse import LoadLog, parse, strip
 
 _LEVEL = re.compile(r"^(?:\x1b\[[0-9;]*m)*\d+\.\d{2}\.\d{3}\.\d{3} (?:\x1b\[[0-9;]*m)*(?P<level>[IWED]) ")
 # SRV_INF's prefix (tools/server/server-common.h:35: "srv  %12.*s: ", the function in 12 characters) and
-# server.cpp:526; builds before it printed "main: server is listening on URL - starting the main loop"
+# server.cpp:526; b9310's said "server is listening on URL" (its router "router server is ...", server.cpp:330-340
+# there), and builds before those "main: server is listening on URL - starting the main loop"
 _LISTEN = re.compile(
-    r"^srv +[\w()~]{1,12}: listening on (?P<url>(?:https?|unix)://\S+)$"
+    r"^srv +[\w()~]{1,12}: (?:(?:router )?server is )?listening on (?P<url>(?:https?|unix)://\S+)$"
     r"|^main: server is listening on (?P<old>https?://\S+) - starting the main loop$"
 )
 KEY_EVENTS = (
