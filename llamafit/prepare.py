@@ -282,35 +282,40 @@ def adapters_of(user: ServerArgs, info: ModelInfo) -> Adapters | None:
     return read_adapters(lora, cvec, info.hparams.n_embd) if lora or cvec else None
 
 
-# llamafit's own options, which a user may write after -- by mistake (they would reach llama-server)
+# llamafit's own options, which a user may write after -- by mistake (they would reach llama-server); the ones
+# llama-server also has (--draft, --log-file, --metrics, ...) are its own there and never reach this check.
+# tests/test_cli.py holds the set to every command's declared options.
 LLAMAFIT_OPTIONS = frozenset(
     {
-        "--json",
-        "--server",
-        "--gpu",
+        "--budget",
         "--cpu-only",
-        "--margin",
-        "--min-ctx",
-        "--spec",
-        "--prefer",
-        "--draft",
-        "--hf-file",
-        "--revision",
-        "--offline",
-        "--rpc-optional",
-        "--quant",
-        "--quants",
         "--dry-run",
+        "--events",
         "--exec",
-        "--verbose",
-        "--log-file",
-        "--ready-timeout",
-        "--models-preset-out",
+        "--goal",
+        "--gpu",
         "--host-bandwidth",
         "--host-ram",
-        "--budget",
-        "--goal",
+        "--json",
+        "--limit",
+        "--liveness",
+        "--margin",
+        "--max-restarts",
+        "--min-ctx",
+        "--models-preset-out",
+        "--no-check",
+        "--no-retry",
+        "--prefer",
+        "--quant",
+        "--quants",
         "--quiet",
+        "--ready-timeout",
+        "--restart",
+        "--revision",
+        "--rpc-optional",
+        "--server",
+        "--spec",
+        "--watch",
     }
 )
 

@@ -192,3 +192,27 @@ def test_plan_and_run_say_the_same_warnings(l8b: Path) -> None:
     assert "exceeds the training context" in plan.stdout
     assert "warning: n_ctx_seq 1000192 exceeds the training context 131072" in dry.stderr
     assert "exceeds" not in dry.stdout  # stdout carries the argv alone
+
+
+def test_llamafits_own_options_are_known_after_the_separator() -> None:
+    """Every option a llamafit command declares that llama-server does not have is one the server-flag check
+    names as llamafit's (written after --, it would reach the server); none is listed that no command has."""
+    import typer.main
+
+    from llamafit.prepare import LLAMAFIT_OPTIONS
+    from llamafit.server.option_table import ROWS
+
+    declared: set[str] = set()
+
+    def walk(c: object) -> None:
+        for p in getattr(c, "params", []):
+            if getattr(p, "param_type_name", "") == "option":
+                declared.update(o for o in (*p.opts, *p.secondary_opts) if o.startswith("--"))
+        for sub in getattr(c, "commands", {}).values():
+            walk(sub)
+
+    walk(typer.main.get_command(app))
+    server = {x for row in ROWS for part in row[1:3] for x in part if isinstance(x, str) and x.startswith("--")}
+    typers = {"--help", "--version", "--install-completion", "--show-completion"}
+    own = declared - server - typers
+    assert own == LLAMAFIT_OPTIONS, (sorted(own - LLAMAFIT_OPTIONS), sorted(LLAMAFIT_OPTIONS - own))
