@@ -2,10 +2,10 @@
 """A served llama-server kept alive and watched: faults recovered, memory held to the plan, the cost.
 
 * Faults, each on a real ``llamafit run`` (the real llama-server and the demo model; stand-ins where a
-  fault cannot be staged on the real one), timed from the fault to the server serving again (or to
-  llamafit stopping with the reason): SIGKILL of the server, SIGSTOP (a hang), a server that answers its
-  task loop but fails every generation, a restart loop (a server that dies at once after ready, again and
-  again). After each: no process of it left, the history file still parses.
+  fault cannot be staged on the real one), timed from the fault to llamafit saying the server is ready again
+  (its ``--events`` file), or to llamafit stopping with the reason: SIGKILL of the server, SIGSTOP (a hang),
+  a server that answers its task loop but fails every generation, a restart loop (a server that dies at once
+  after ready, again and again). After each: no process of it left, the history file still parses.
 * A soak (``--minutes``, default 3): distinct prompts of varied length against the real server while
   llamafit watches it; the watch's peak of RssAnon + VmSwap against an independent reading of
   /proc/PID/smaps_rollup (Anonymous + Swap) taken by this script, and against what the plan allowed.
@@ -52,6 +52,13 @@ def servers_of(p: subprocess.Popen[str], port: int) -> list[psutil.Process]:
         return []
 
 
+def alive(c: psutil.Process) -> bool:
+    try:
+        return c.is_running() and c.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 def until(pred: Callable[[], object], timeout: float) -> float | None:
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
@@ -82,20 +89,38 @@ def ended(p: subprocess.Popen[str]) -> str:
         return p.communicate()[1]
 
 
-def real_fault(model: Path, server: str, env: dict[str, str], sig: signal.Signals) -> dict[str, object]:
-    p, port = launch(model, server, env, "--liveness", "2", "--max-restarts", "2")
-    row: dict[str, object] = {"fault": f"{sig.name} of the server", "liveness_s": 2}
+def events_of(path: Path) -> list[dict[str, object]]:
     try:
-        if until(lambda: serves(port) and servers_of(p, port), 120) is None:
-            return {**row, "error": "never served"}
-        (first,) = servers_of(p, port)[:1]
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except (OSError, ValueError):
+        return []
+
+
+def real_fault(tmp: Path, model: Path, server: str, env: dict[str, str], sig: signal.Signals) -> dict[str, object]:
+    """The fault is sent once llamafit itself said the server is ready (its --events file), and timed to its
+    next "ready": the server serving again under llamafit."""
+    events = tmp / f"events-{sig.name}.jsonl"
+    p, port = launch(model, server, env, "--liveness", "2", "--max-restarts", "2", "--events", str(events))
+    row: dict[str, object] = {"fault": f"{sig.name} of the server", "liveness_s": 2}
+    first: psutil.Process | None = None
+    later: list[psutil.Process] = []
+
+    def readies() -> int:
+        return sum(e.get("event") == "ready" for e in events_of(events))
+
+    try:
+        if until(lambda: readies() == 1 and servers_of(p, port), 120) is None:
+            return {**row, "error": "never ready"}
+        first = servers_of(p, port)[0]
         os.kill(first.pid, sig)
-        t = until(lambda: not first.is_running() and serves(port) and bool(servers_of(p, port)), 120)
+        t = until(lambda: readies() == 2, 120)
         row["serving_again_s"] = round(t, 2) if t is not None else None
+        row["answers"] = serves(port)
+        later = servers_of(p, port)
     finally:
-        err = ended(p)
-    row["left_running"] = any(c.is_running() for c in [first] if c.status() != psutil.STATUS_ZOMBIE)
-    row["said"] = next((ln.strip() for ln in err.splitlines() if "starting it again" in ln), None)
+        ended(p)
+    row["left_running"] = (first is not None and alive(first)) or any(alive(c) for c in later)
+    row["said"] = next((e["text"] for e in events_of(events) if e.get("event") == "notice"), None)
     return row
 
 
@@ -182,7 +207,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="llamafit-keepalive-"))
     env = dict(os.environ, LLAMAFIT_DATA=str(tmp / "data"), LLAMAFIT_PROBE="off")
     model = ensure_demo_model(tmp / "m")
-    faults = [real_fault(model, srv.path, env, s) for s in (signal.SIGKILL, signal.SIGSTOP)]
+    faults = [real_fault(tmp, model, srv.path, env, s) for s in (signal.SIGKILL, signal.SIGSTOP)]
     faults.append(stand_in_fault(tmp, model, env, "answers, fails every generation", FAILS_GENERATIONS))
     faults.append(stand_in_fault(tmp, model, env, "a restart loop (dies at once after ready)", READY + CRASHES_AT_ONCE))
     for f in faults:
