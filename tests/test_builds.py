@@ -360,3 +360,19 @@ def test_an_old_cuda_builds_log_does_not_lower_a_quantized_caches_compute(models
         c = corrections(model, p.settings, ("CUDA0",))
         assert ("CUDA0" in c.compute_scale) == lowered, c
         assert any("CUDA pool" in n for n in c.notes) != lowered
+
+
+def test_a_sliding_window_checkpoint_before_9479_holds_a_ubatch_more(tmp_path: Path) -> None:
+    """9464 and older wrote every cell the SWA cache held for the sequence (no is_masked_swa filter in
+    llama_kv_cache::state_write): the window and a ubatch not yet pruned. b9310's Gemma-3-4B checkpoint was
+    174.02 MiB where b11434's is 116.01 (bench/results/accuracy-b9310.json): (1024 + 512) / 1024 of it."""
+    from llamafit.memory.builds import CHECKPOINT_SWA_MASKED_SINCE
+    from llamafit.memory.context import checkpoint_bytes
+
+    m = factory.gemma3().write(tmp_path / "g.gguf")
+    hp = load_model(m).hparams
+    args = ["-c", "8192", "-np", "1"]
+    old = plan(m, args, at(CHECKPOINT_SWA_MASKED_SINCE - 1)).footprint.context
+    new = plan(m, args, at(CHECKPOINT_SWA_MASKED_SINCE)).footprint.context
+    ratio = checkpoint_bytes(hp, old) / checkpoint_bytes(hp, new)
+    assert abs(ratio - (hp.n_swa + old.n_ubatch) / hp.n_swa) < 1e-3  # the cells' rows; the headers are alike

@@ -56,6 +56,10 @@ MAMBA2_PROJ_2D_SINCE = 10605
 # and older sampled it on the host and reserved one output a slot (b10173, Qwen3-4B's DSpark drafter: 306.75
 # MiB, without the samplers' padded copy of every token's logits that b11434's 604.08 holds)
 BLOCK_DRAFT_SAMPLED_SINCE = 10423
+# a sliding-window checkpoint writes the sequence's cells the window has not masked (llama_kv_cache::state_write,
+# src/llama-kv-cache.cpp:2098-2103); 9464 and older wrote every cell the SWA cache still held for it, up to the
+# window and a ubatch not yet pruned (b9310, Gemma-3-4B: 174.02 MiB a checkpoint where the window is 116.01)
+CHECKPOINT_SWA_MASKED_SINCE = 9479
 # CUDA reserves the F16 copies of a quantized K/V inside the flash-attention op's compute buffer (#23907,
 # release b9489); before, its pool took them at run time: the same VRAM, not in the logged buffer
 CUDA_FA_COPY_RESERVED_SINCE = 9489
@@ -187,6 +191,11 @@ RULES = (
     ),
     Rule("block-draft-sampled", BLOCK_DRAFT_SAMPLED_SINCE, "a DFlash or DSpark drafter sampled on the host"),
     Rule(
+        "checkpoint-swa-masked",
+        CHECKPOINT_SWA_MASKED_SINCE,
+        "a sliding-window checkpoint holding a ubatch's cells beyond the window",
+    ),
+    Rule(
         "mamba2-proj-2d",
         MAMBA2_PROJ_2D_SINCE,
         "the Mamba-2 projections made on a 3-D batch",
@@ -260,6 +269,11 @@ def rs_one_gather(build: int, arch: str) -> bool:
 def mamba2_proj_2d(build: int, arch: str) -> bool:
     """Whether a Mamba-2 layer of ``arch`` projects a 2-D batch (MAMBA2_PROJ_2D_SINCE)."""
     return not before("mamba2-proj-2d", build, arch)
+
+
+def checkpoint_swa_masked(build: int) -> bool:
+    """Whether a sliding-window checkpoint leaves out the cells the window masked (CHECKPOINT_SWA_MASKED_SINCE)."""
+    return not before("checkpoint-swa-masked", build)
 
 
 def block_draft_sampled(build: int) -> bool:

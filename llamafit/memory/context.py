@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from llamafit.ggml import by_name, row_size
 from llamafit.gguf.hparams import Hparams
 from llamafit.memory import backends
-from llamafit.memory.builds import MIRRORED, indexer_by_type, nextn_cache
+from llamafit.memory.builds import MIRRORED, checkpoint_swa_masked, indexer_by_type, nextn_cache
 from llamafit.memory.placement import CPU, CPU_ALIGN
 from llamafit.units import pad
 
@@ -334,7 +334,9 @@ def checkpoint_bytes(hp: Hparams, cp: ContextParams) -> int:
     total = 0
     if hp.swa_type != "none" and not cp.swa_full and not any(hp.is_recr):
         layers = [il for il in attention_layers(hp, cp.mtp, cp.build) if hp.has_kv(il) and hp.is_swa[il]]
-        total += _kv_seq_bytes(hp, cp, layers, min(hp.n_swa, cp.n_ctx_seq))
+        # before CHECKPOINT_SWA_MASKED_SINCE: every cell it held, the window and at most a ubatch not yet pruned
+        window = hp.n_swa if checkpoint_swa_masked(cp.build) else hp.n_swa + cp.n_ubatch
+        total += _kv_seq_bytes(hp, cp, layers, min(window, cp.n_ctx_seq))
     rec = recurrent_layers(hp, cp.mtp)
     if rec:
         total += 4 + (4 + 4) + 4 + 4  # cell count, the cell's pos and n_seq_id, s_trans, n_layer
