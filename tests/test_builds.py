@@ -376,3 +376,23 @@ def test_a_sliding_window_checkpoint_before_9479_holds_a_ubatch_more(tmp_path: P
     new = plan(m, args, at(CHECKPOINT_SWA_MASKED_SINCE)).footprint.context
     ratio = checkpoint_bytes(hp, old) / checkpoint_bytes(hp, new)
     assert abs(ratio - (hp.n_swa + old.n_ubatch) / hp.n_swa) < 1e-3  # the cells' rows; the headers are alike
+
+
+def test_nemotron_h_selected_its_output_rows_in_the_last_layer_before_10355(tmp_path: Path) -> None:
+    """Before 10355 nemotron-h.cpp took the output rows of the last layer's output and its residual (two
+    get_rows in the layer); since, after the output norm. While every token is an output (before 9464) those
+    are two ubatch-sized tensors at the peak: b9310 logs 291.00 MiB for Nemotron-Nano-9B-v2 at -c 32768, which
+    the replay gives only with the rows in the layer (bench/results/accuracy-b9310.json)."""
+    from llamafit.memory.builds import NEMOTRON_ROWS_AFTER_NORM_SINCE, rows_after_norm
+
+    first = NEMOTRON_ROWS_AFTER_NORM_SINCE
+    assert not rows_after_norm(first - 1, "nemotron_h") and rows_after_norm(first, "nemotron_h")
+    assert not rows_after_norm(first - 1, "nemotron_h_moe") and rows_after_norm(first - 1, "llama")
+    m = factory.nemotron_h(n_vocab=32000).write(tmp_path / "nh.gguf")
+    args = ["-c", "4096", "-np", "1"]
+    every_token = plan(m, args, at(OUTPUTS_PER_SLOT_SINCE - 11))  # 9453: its rows in the layer, all outputs
+    model = load_model(m)
+    # the same outputs (every token's: n_outputs_max 0), selected after the norm
+    after_norm = estimate(model, replace(every_token.settings, build=first, n_outputs_max=0), ())
+    in_layer = buffer(every_token, "target", "compute")
+    assert in_layer > sum(b.nbytes for b in after_norm.buffers if b.kind == "compute")

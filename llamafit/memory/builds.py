@@ -60,6 +60,11 @@ BLOCK_DRAFT_SAMPLED_SINCE = 10423
 # src/llama-kv-cache.cpp:2098-2103); 9464 and older wrote every cell the SWA cache still held for it, up to the
 # window and a ubatch not yet pruned (b9310, Gemma-3-4B: 174.02 MiB a checkpoint where the window is 116.01)
 CHECKPOINT_SWA_MASKED_SINCE = 9479
+# Nemotron-H selects the output rows after the output norm (src/models/nemotron-h.cpp:251-253, the NextN seed
+# needs every row); 10338 and older selected them in the last layer, of its output and its residual (two
+# ubatch-sized get_rows while every token is an output: b9310, Nemotron-Nano-9B-v2, 8.75 MiB more at the peak)
+NEMOTRON_ROWS_AFTER_NORM_SINCE = 10355
+NEMOTRON_ARCHS = frozenset({"nemotron_h", "nemotron_h_moe"})
 # CUDA reserves the F16 copies of a quantized K/V inside the flash-attention op's compute buffer (#23907,
 # release b9489); before, its pool took them at run time: the same VRAM, not in the logged buffer
 CUDA_FA_COPY_RESERVED_SINCE = 9489
@@ -191,6 +196,12 @@ RULES = (
     ),
     Rule("block-draft-sampled", BLOCK_DRAFT_SAMPLED_SINCE, "a DFlash or DSpark drafter sampled on the host"),
     Rule(
+        "nemotron-rows-after-norm",
+        NEMOTRON_ROWS_AFTER_NORM_SINCE,
+        "the output rows selected in the last layer",
+        only=NEMOTRON_ARCHS,
+    ),
+    Rule(
         "checkpoint-swa-masked",
         CHECKPOINT_SWA_MASKED_SINCE,
         "a sliding-window checkpoint holding a ubatch's cells beyond the window",
@@ -269,6 +280,12 @@ def rs_one_gather(build: int, arch: str) -> bool:
 def mamba2_proj_2d(build: int, arch: str) -> bool:
     """Whether a Mamba-2 layer of ``arch`` projects a 2-D batch (MAMBA2_PROJ_2D_SINCE)."""
     return not before("mamba2-proj-2d", build, arch)
+
+
+def rows_after_norm(build: int, arch: str) -> bool:
+    """Whether ``arch`` selects its output rows after the output norm, not in its last layer
+    (NEMOTRON_ROWS_AFTER_NORM_SINCE)."""
+    return not before("nemotron-rows-after-norm", build, arch)
 
 
 def checkpoint_swa_masked(build: int) -> bool:

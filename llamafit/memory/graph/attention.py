@@ -71,6 +71,7 @@ class Reserve:
     mixed_batch: bool = True  # build_inp_embd's mixed token/embedding path (a build before 11401 has none)
     rs_one_gather: bool = True  # the recurrent states gathered once (before 11378: the ubatch's and the rest)
     mamba2_2d: bool = True  # Mamba-2 projections on a 2-D batch (before 10605: on the 3-D one, reshaped around)
+    rows_after_norm: bool = True  # Nemotron-H's output rows selected after the norm (before 10355: in the last layer)
 
 
 def kq_mask(shape: tuple[int, int, int, int], fa: bool, f16: bool = True) -> Tensor:

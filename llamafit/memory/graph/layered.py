@@ -160,8 +160,10 @@ class _NemotronH(_Layers):
         inp_l = input_embeddings(g, sh.n_embd, sh.n_vocab, T, mixed=self.r.mixed_batch)
         out_ids = Graph.input((max(1, min(self.r.n_outputs, T)),), I32)
         assert self.mamba is not None or MAMBA2 not in sh.kinds
+        in_layer_rows = not self.r.rows_after_norm  # before NEMOTRON_ROWS_AFTER_NORM_SINCE
         for il, kind in enumerate(sh.kinds):
             with in_layer(il):
+                sa = inp_l
                 cur = rms_norm(inp_l)
                 if kind == MAMBA2 and self.mamba is not None:
                     cur = self.mamba.mamba2(cur)
@@ -171,8 +173,11 @@ class _NemotronH(_Layers):
                     cur = self.moe(cur)
                 else:
                     cur = self.mlp(cur, sh.n_ff[il])
-                inp_l = Graph.like("add", cur, inp_l)
-        output_head(g, inp_l, sh.n_vocab, self.r.pooling, self.n_seqs, self.r.samplers, rows=out_ids)
+                if in_layer_rows and il == len(sh.kinds) - 1:
+                    cur, sa = Graph.get_rows(cur, out_ids), Graph.get_rows(sa, out_ids)
+                inp_l = Graph.like("add", cur, sa)
+        rows = None if in_layer_rows else out_ids
+        output_head(g, inp_l, sh.n_vocab, self.r.pooling, self.n_seqs, self.r.samplers, rows=rows)
         return g
 
     @staticmethod

@@ -15,7 +15,14 @@ from dataclasses import replace
 from llamafit.ggml import by_name
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory.backends import pads_rows
-from llamafit.memory.builds import kq_mask_f16, mamba2_proj_2d, mixed_batch, mla_mask_f16, rs_one_gather
+from llamafit.memory.builds import (
+    kq_mask_f16,
+    mamba2_proj_2d,
+    mixed_batch,
+    mla_mask_f16,
+    rows_after_norm,
+    rs_one_gather,
+)
 from llamafit.memory.context import ContextParams, swa_cells
 from llamafit.memory.graph.attention import Reserve, TransformerShape, transformer_graph
 from llamafit.memory.graph.dflash import DflashShape, dflash_graph
@@ -142,6 +149,7 @@ def _reserve(
         mixed_batch=mixed_batch(cp.build, hp.arch),
         rs_one_gather=rs_one_gather(cp.build, hp.arch),
         mamba2_2d=mamba2_proj_2d(cp.build, hp.arch),
+        rows_after_norm=rows_after_norm(cp.build, hp.arch),
         v_trans=cp.v_trans,
     )
 
