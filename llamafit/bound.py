@@ -26,7 +26,8 @@ from llamafit.fit import messages
 from llamafit.gguf.hparams import ESTIMATED_COMPUTE_ARCHS
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory import backends
-from llamafit.memory.builds import MIRRORED, OLDEST_READ, OUTPUTS_PER_SLOT_SINCE, Bound
+from llamafit.memory.build_match import Bound
+from llamafit.memory.builds import MIRRORED, OLDEST_READ, OUTPUTS_PER_SLOT_SINCE
 from llamafit.memory.footprint import LoadSettings, estimate
 from llamafit.memory.placement import CPU
 from llamafit.paths import cache_dir

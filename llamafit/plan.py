@@ -11,7 +11,7 @@ from typing import Any
 
 from llamafit.devices.machine import Device, Host
 from llamafit.gguf.model import ModelInfo
-from llamafit.memory.builds import Bound, BuildMatch
+from llamafit.memory.build_match import Bound, BuildMatch
 from llamafit.memory.footprint import Footprint, LoadSettings, Use
 from llamafit.memory.mmproj import MmprojUse
 from llamafit.server.args import Planned

@@ -15,6 +15,7 @@ from llamafit.cli.app import app
 from llamafit.devices.machine import Host, Machine
 from llamafit.fit import make_plan
 from llamafit.gguf.model import load_model
+from llamafit.memory.build_match import match
 from llamafit.memory.builds import (
     BLOCK_DRAFT_SAMPLED_SINCE,
     KQ_MASK_F16_SINCE,
@@ -27,7 +28,6 @@ from llamafit.memory.builds import (
     before,
     differences,
     mamba2_proj_2d,
-    match,
     rs_one_gather,
     settled,
 )

@@ -126,7 +126,8 @@ def test_a_plan_says_which_build_it_is_priced_for(tmp_path: Path) -> None:
 
 
 def test_build_matches() -> None:
-    from llamafit.memory.builds import MIRRORED, match
+    from llamafit.memory.build_match import match
+    from llamafit.memory.builds import MIRRORED
 
     assert match(MIRRORED).sure == "exact" and match(MIRRORED).message is None
     assert match(10985).sure == "measured" and "measured on b10985" in (match(10985).message or "")

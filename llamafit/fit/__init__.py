@@ -39,7 +39,8 @@ from llamafit.gguf.mmproj import Projector
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory import backends
 from llamafit.memory.adapters import Adapters
-from llamafit.memory.builds import MIRRORED, match, nextn_weights
+from llamafit.memory.build_match import match
+from llamafit.memory.builds import MIRRORED, nextn_weights
 from llamafit.memory.context import check_cache_types
 from llamafit.memory.footprint import LoadSettings, Use
 from llamafit.memory.mmproj import MmprojUse
