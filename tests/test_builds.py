@@ -160,7 +160,7 @@ def test_a_rule_for_some_architectures_holds_for_them_alone() -> None:
 
 def test_mamba2_layers_before_10605_project_a_3d_batch(tmp_path: Path) -> None:
     """b10603 and older reshaped a Mamba-2 layer's normed input to 3-D before ssm_in and the out-projection's
-    result back to 2-D after it (mamba-base.cpp:178-192, 277-284 there): the residual add then reads a view,
+    result back to 2-D after it (b10603's mamba-base.cpp): the residual add then reads a view,
     takes the residual's buffer in place and the projection is freed: at most one n_embd x ubatch buffer less
     at the peak from the third layer on (ggml-alloc.c:623-689). Real servers on Codestral's layer shape at
     -np 4: b10173 logs 133.19 MiB, b10985 137.19 (bench/results/accuracy-b10173.json); a transformer is alone."""

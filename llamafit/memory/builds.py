@@ -44,8 +44,8 @@ NO_MIXED_BATCH = frozenset({"cogvlm", "deepseek4", "granite-switch", "eagle3", "
 # (llama-graph.cpp:3520-3560); 11368 and older gathered the ubatch's (or read them with the op's own getter)
 # and the extra ones apart, each a get_rows of its own
 RS_ONE_GATHER_SINCE = 11378
-# build_mamba2_layer projects a 2-D batch in and out and reshapes after (src/models/mamba-base.cpp:184-192,
-# 294-299); 10603 and older reshaped the normed input to 3-D before ssm_in and the out-projection's result back
+# build_mamba2_layer projects a 2-D batch in and out and reshapes after (src/models/mamba-base.cpp:189-194,
+# 296-299); 10603 and older reshaped the normed input to 3-D before ssm_in and the out-projection's result back
 # to 2-D after it: views that keep their sources alive longer in the compute buffer
 MAMBA2_PROJ_2D_SINCE = 10605
 # a DFlash or DSpark drafter samples on the backend (its llama_set_sampler chains, common/speculative.cpp:

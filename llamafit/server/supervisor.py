@@ -38,8 +38,8 @@ from llamafit.server.logparse import LoadLog, parse, strip
 
 _LEVEL = re.compile(r"^(?:\x1b\[[0-9;]*m)*\d+\.\d{2}\.\d{3}\.\d{3} (?:\x1b\[[0-9;]*m)*(?P<level>[IWED]) ")
 # SRV_INF's prefix (tools/server/server-common.h:35: "srv  %12.*s: ", the function in 12 characters) and
-# server.cpp:526; b9310's said "server is listening on URL" (its router "router server is ...", server.cpp:330-340
-# there), and builds before those "main: server is listening on URL - starting the main loop"
+# server.cpp:526; b9310's said "server is listening on URL" (its router "router server is ...", in that build's
+# own server.cpp), and builds before those "main: server is listening on URL - starting the main loop"
 _LISTEN = re.compile(
     r"^srv +[\w()~]{1,12}: (?:(?:router )?server is )?listening on (?P<url>(?:https?|unix)://\S+)$"
     r"|^main: server is listening on (?P<old>https?://\S+) - starting the main loop$"
@@ -243,7 +243,8 @@ class Supervisor:
         why = self._confirm(url, time.monotonic() + CONFIRM_TIMEOUT)
         if why is not None or not self.running:
             if self.running and self.on_warning:
-                self.on_warning(f"a log line said the server listens on {url}, but {why}: ignored")
+                said = f"a log line said the server listens on {url}, but it does not answer there ({why})"
+                self.on_warning(said + ": ignored")
             self._announcer = None
             return
         self.url = url

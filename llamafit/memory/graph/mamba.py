@@ -156,7 +156,7 @@ class MambaLayers:
         W = Graph.weight
         conv_all, ssm_all = self.states()
         d_in_proj = 2 * sh.d_inner + 2 * sh.n_group * sh.d_state + n_head
-        if self.proj_2d:  # 184-192
+        if self.proj_2d:  # 189-194
             zx = Graph.reshape(Graph.mul_mat(W((E, d_in_proj), "ssm_in"), cur), (d_in_proj, nst, n_seqs))
         else:  # before MAMBA2_PROJ_2D_SINCE: the batch made 3-D first
             zx = Graph.mul_mat(W((E, d_in_proj), "ssm_in"), Graph.reshape(cur, (E, nst, n_seqs)))
@@ -177,7 +177,7 @@ class MambaLayers:
         y = Graph.op("glu", zc.ne, zc, y)  # ggml_swiglu_split: the shape of its first source
         y = Graph.reshape(y, (sh.d_inner // sh.n_group, sh.n_group, nst, n_seqs))
         y = Graph.like("mul", Graph.like("rms_norm", y), W((sh.d_inner // sh.n_group, sh.n_group), "ssm_norm"))
-        if self.proj_2d:  # 294-299
+        if self.proj_2d:  # 296-299
             return Graph.mul_mat(W((sh.d_inner, E), "ssm_out"), Graph.reshape(y, (sh.d_inner, self.T)))
         out = Graph.mul_mat(W((sh.d_inner, E), "ssm_out"), Graph.reshape(y, (sh.d_inner, nst, n_seqs)))
         return Graph.reshape(out, (E, self.T))
