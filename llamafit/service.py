@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llamafit.errors import UsageError
+from llamafit.server.bounded import run_bounded
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 KEPT_ENV = ("PATH", "LLAMAFIT_SERVER", "LLAMAFIT_CACHE", "LLAMAFIT_DATA", "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE")
@@ -121,7 +122,7 @@ def verify(unit: Unit) -> str | None:
     if shutil.which(tool[0]) is None:
         return None
     try:
-        r = subprocess.run([*tool, str(unit.path)], capture_output=True, text=True, timeout=VERIFY_TIMEOUT)
+        r = run_bounded([*tool, str(unit.path)], env=None, timeout=VERIFY_TIMEOUT)
     except subprocess.TimeoutExpired:
         return f"{tool[0]} did not answer within {VERIFY_TIMEOUT:.0f} s"
     except OSError as e:

@@ -286,7 +286,7 @@ def test_the_metrics_address() -> None:
     assert parse_address("9464") == Address("127.0.0.1", 9464)  # loopback unless a host is given
     assert parse_address("0.0.0.0:9000") == Address("0.0.0.0", 9000)
     assert parse_address("[::1]:9000") == Address("::1", 9000)
-    for bad in ("abc", "70000", ":9000", "host:"):
+    for bad in ("abc", "70000", ":9000", "host:", "9" * 5000, "-1", " 80"):  # no int() past its bound
         with pytest.raises(UsageError):
             parse_address(bad)
 
@@ -398,3 +398,13 @@ def test_the_events_file_follows_the_servers_life(tmp_path: Path, model: Path) -
     assert any(d["event"] == "notice" and "starting it again in 1 s" in d["text"] for d in docs)
     ready = next(d for d in docs if d["event"] == "ready")
     assert {row["kind"] for row in ready["memory"]} >= {"kv", "compute"}
+
+
+def test_files_a_run_reads_or_writes_beside_the_server_are_never_waited_on(tmp_path: Path, model: Path) -> None:
+    """A FIFO given as --events, or as the server's --api-key-file, blocks nothing: refused, or not read."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    assert api_key(["llama-server", "--api-key-file", str(fifo)], {}) is None
+    srv = stand_in(tmp_path, READY)
+    r = run([str(model), "--server", srv, "--events", str(fifo), "--liveness", "0"], timeout=60)
+    assert r.returncode == 2 and "the events file" in r.stderr and "not a regular file" in r.stderr, r.stderr

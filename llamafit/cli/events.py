@@ -10,12 +10,14 @@ import contextlib
 import json
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any
 
 from llamafit.cli.output import warn
 from llamafit.cli.render import rows_json
 from llamafit.errors import UsageError
+from llamafit.paths import check_output
 from llamafit.serving import AllReady, Event, InstanceReady, Note, OnEvent, Problem, Ready, ServerLine
 
 SCHEMA = "llamafit.event/1"
@@ -41,7 +43,10 @@ def as_json(e: Event) -> dict[str, Any] | None:
 class EventLog:
     """Appends events to ``path`` from any thread (the log reader, the probes, the watch)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, inputs: Iterable[str | Path] = ()) -> None:
+        """``inputs``: the run's own files, which the events file must not be; an existing path that is not a
+        regular file (a FIFO would block the open) is refused."""
+        check_output(path, inputs, "the events file")
         try:
             self._fh: IO[str] | None = open(path, "a", encoding="utf-8")  # noqa: SIM115
         except OSError as e:

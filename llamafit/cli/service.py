@@ -11,6 +11,8 @@ import typer
 
 from llamafit.cli.output import handled, note, out_console, print_line
 from llamafit.errors import UsageError
+from llamafit.paths import read_regular_file
+from llamafit.server.bounded import run_bounded
 
 service_app = typer.Typer(
     help="Start llamafit run on boot: a systemd user unit (Linux) or a launchd agent (macOS).",
@@ -59,7 +61,7 @@ def _plans(run_args: list[str]) -> None:
     cut = run_args.index("--") if "--" in run_args else len(run_args)
     argv = [sys.executable, "-m", "llamafit", "run", *run_args[:cut], "--dry-run", "--quiet", *run_args[cut:]]
     try:
-        r = subprocess.run(argv, capture_output=True, text=True, timeout=CHECK_TIMEOUT, stdin=subprocess.DEVNULL)
+        r = run_bounded(argv, env=None, timeout=CHECK_TIMEOUT)  # dies with llamafit, killed whole at the bound
     except subprocess.TimeoutExpired:
         raise UsageError(f"the plan did not finish within {CHECK_TIMEOUT:.0f} s", hint="--no-check skips it") from None
     if r.returncode != 0:
@@ -75,10 +77,9 @@ def show_command(name: NameArg) -> None:
 
     with handled():
         path = service.unit_path(service.check_name(name), service.kind_here(), os.environ)
-        try:
-            text = path.read_text(encoding="utf-8", errors="replace")
-        except OSError as e:
-            raise UsageError(f"no unit {path}: {e.strerror or e}", hint="llamafit service list") from None
+        if not path.exists():
+            raise UsageError(f"no unit {path}", hint="llamafit service list")
+        text = read_regular_file(path, 1 << 20, "the unit").decode("utf-8", errors="replace")
         note(str(path))
         out_console().print(text.rstrip("\n"), markup=False, highlight=False)
 

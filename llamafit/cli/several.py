@@ -21,7 +21,7 @@ from llamafit.errors import DoesNotFitError, ServerNotFoundError, UsageError
 from llamafit.hub.resolve import Hub
 from llamafit.launch import before_launch, downloads_line, with_buffer_lines
 from llamafit.options import Options
-from llamafit.paths import data_dir
+from llamafit.paths import data_dir, named_files
 from llamafit.prepare import Prepared
 from llamafit.server.binary import GET_SERVER_HINT, ServerBinary
 from llamafit.server.capabilities import Capabilities
@@ -166,7 +166,7 @@ def run_several(
     try:
         plan_doc = to_json(t, argv, str(preset_path))
         view = View(verbose=verbose, json_out=json_out, models_max=t.models_max, plan_doc=plan_doc)
-        log = EventLog(Path(keep.events)) if keep and keep.events else None
+        log = EventLog(Path(keep.events), named_files(argv[1:])) if keep and keep.events else None
         return finish(
             serve_router(
                 t,

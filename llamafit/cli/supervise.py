@@ -142,7 +142,7 @@ def supervise(
     events: str | None = None,
 ) -> int:
     """Serve one model, render what happens (and write it to ``events``), and return llamafit's exit code."""
-    log = EventLog(Path(events)) if events else None
+    log = EventLog(Path(events), named_files(prep.argv[1:])) if events else None
     served = serve(
         prep,
         env,

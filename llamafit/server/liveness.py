@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from llamafit.store import read_bytes
+
 PROBE_PROMPT = "ok"  # a token or two: the probe costs one tiny prefill and one decoded token
 
 
@@ -41,11 +43,11 @@ def api_key(argv: Sequence[str], env: Mapping[str, str]) -> str | None:
     for i, a in enumerate(argv[:-1]):
         if a == "--api-key":
             keys = argv[i + 1]
-        elif a == "--api-key-file":
-            try:
-                lines = Path(argv[i + 1]).read_text(encoding="utf-8", errors="replace").splitlines()
-            except OSError:
+        elif a == "--api-key-file":  # read without blocking (a FIFO is not read) and bounded
+            data = read_bytes(Path(argv[i + 1]), 1 << 20)
+            if data is None:
                 continue
+            lines = data.decode("utf-8", errors="replace").splitlines()
             keys = next((ln.strip() for ln in lines if ln.strip()), None)
     first = keys.split(",")[0].strip() if keys else ""
     return first or None

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
 from llamafit.errors import UsageError
+from llamafit.numbers import to_int
 
 LOOPBACK = "127.0.0.1"
 
@@ -29,9 +30,10 @@ def parse_address(text: str) -> Address:
     """``PORT`` (loopback) or ``HOST:PORT``; a UsageError says what is wrong."""
     host, sep, port = text.rpartition(":")
     host = host.strip("[]") if sep else LOOPBACK
-    if not port.isdigit() or not 0 < int(port) < 65536 or (sep and not host):
+    n = to_int(port) if port.strip() == port else None  # the one bounded parser: no sign, no blanks
+    if n is None or port.startswith("-") or not 0 < n < 65536 or (sep and not host):
         raise UsageError(f"--metrics takes PORT or HOST:PORT, not {text!r}", hint="for example --metrics 9464")
-    return Address(host, int(port))
+    return Address(host, n)
 
 
 class Metrics:

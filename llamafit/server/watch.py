@@ -21,6 +21,7 @@ from typing import Any
 
 import psutil
 
+from llamafit.numbers import to_int
 from llamafit.units import MiB
 
 SLACK = 128 * MiB  # the tolerance: per-request buffers, the HTTP server's own, the allocator's slack ...
@@ -54,8 +55,8 @@ def read_sample(pid: int, t: float | None = None) -> Sample | None:
         key, _, rest = line.partition(":")
         if key in ("RssAnon", "VmSwap", "RssFile"):
             parts = rest.split()
-            if parts and parts[0].isdigit():
-                kb[key] = int(parts[0])
+            if parts and (n := to_int(parts[0])) is not None and n >= 0:
+                kb[key] = n
     if "RssAnon" not in kb:
         return None
     swap = kb.get("VmSwap", 0) * 1024
