@@ -167,32 +167,16 @@ def serve(
                 if rc != 0 or wedged:
                     on_event(Problem(f"llama-server {why}", "run with --verbose (or --log-file) to see its last lines"))
                 return Served(rc)
-            delay = restarts.next_delay()
-            if delay is None:
-                on_event(
-                    Problem(
-                        f"llama-server {why}; not started again: it was restarted {restarts.recent()} times "
-                        f"within {restart.window:.0f} s (--max-restarts {restart.max_restarts})",
-                        "run with --verbose (or --log-file) to see why it keeps stopping",
-                    )
-                )
-                return Served(rc)
-            said = Note(f"llama-server {why}; starting it again in {delay:.0f} s ({restart.said()})", "notice")
-            if not _pause(delay, functools.partial(on_event, said)):
-                on_event(Note("interrupted before the restart"))
-                return Served(int(ExitCode.INTERRUPTED))
-            restarts.record()
+            if (stopped := _wait_restart(restarts, f"llama-server {why}", rc, on_event)) is not None:
+                return stopped
             if not wedged and replan is not None and (cap := _ran_out(prep, outcome, rc)) is not None:
                 # out of memory at run time: planned again within what it showed, as a failed load is
                 for why in remember_failed_load(prep, cap):
                     on_event(Note(why, "notice"))
                 on_event(Note(f"{cap.message}; planning again within it", "notice"))
-                try:
-                    prep = replan()
-                except DoesNotFitError as e:
-                    message = f"after running out of memory: {e.message}"
-                    on_event(Problem(message, e.hint))
-                    return Served(int(ExitCode.DOES_NOT_FIT), (message, e.hint, None))
+                if isinstance(planned := _plan_again(replan, "after running out of memory", on_event), Served):
+                    return planned
+                prep = planned
             if metrics is not None:
                 metrics.restarted()
             continue
@@ -215,21 +199,54 @@ def serve(
                 "notice",
             )
         )
-        try:
-            prep = replan()
-        except DoesNotFitError as e:
-            message = f"after the failed load: {e.message}"
-            on_event(Problem(message, e.hint))
-            return Served(int(ExitCode.DOES_NOT_FIT), (message, e.hint, None))
+        if isinstance(planned := _plan_again(replan, "after the failed load", on_event), Served):
+            return planned
+        prep = planned
         for d in prep.plan.decisions:
             if d.code in ("calibration.applied", "context.reduced", "context.train"):
                 on_event(Note(d.message))
 
 
+def _plan_again(replan: Callable[[], Prepared], after: str, on_event: OnEvent) -> Prepared | Served:
+    """The plan made again within what a failure showed; the end of serving (exit 3) when nothing fits now."""
+    try:
+        return replan()
+    except DoesNotFitError as e:
+        message = f"{after}: {e.message}"
+        on_event(Problem(message, e.hint))
+        return Served(int(ExitCode.DOES_NOT_FIT), (message, e.hint, None))
+
+
+def _wait_restart(restarts: Restarts, why: str, code: int, on_event: OnEvent) -> Served | None:
+    """The backoff before a restart, said with ``why`` (None: go on and start it); how serving ends when the
+    window's restarts are spent (the last server's ``code``) or an interrupt came meanwhile."""
+    policy = restarts.policy
+    delay = restarts.next_delay()
+    if delay is None:
+        on_event(
+            Problem(
+                f"{why}; not started again: it was restarted {restarts.recent()} times within {policy.window:.0f} s "
+                f"(--max-restarts {policy.max_restarts})",
+                "run with --verbose (or --log-file) to see why it keeps stopping",
+            )
+        )
+        return Served(code)
+    said = Note(f"{why}; starting it again in {delay:.0f} s ({policy.said()})", "notice")
+    if not _pause(delay, functools.partial(on_event, said)):
+        on_event(Note("interrupted before the restart"))
+        return Served(int(ExitCode.INTERRUPTED))
+    restarts.record()
+    return None
+
+
+def _device_totals(prep: Prepared) -> tuple[dict[str, int], dict[str, int]]:
+    """Each planned device's total and usable bytes, for the failure messages."""
+    return {d.device.id: d.use.total for d in prep.plan.devices}, {d.device.id: d.usable for d in prep.plan.devices}
+
+
 def _ran_out(prep: Prepared, outcome: Outcome, rc: int) -> FailedLoad | None:
     """What a server that died of memory after it was ready showed the device holds (None: another death)."""
-    predicted = {d.device.id: d.use.total for d in prep.plan.devices}
-    usable = {d.device.id: d.usable for d in prep.plan.devices}
+    predicted, usable = _device_totals(prep)
     return failed_load_cap(prep, classify(outcome.lines, rc, predicted, usable), outcome.log)
 
 
@@ -312,14 +329,15 @@ def _attempt(
             )
             metrics.serving(True)
 
+    totals = _device_totals(prep)
     sup = Supervisor(
         argv,
         env,
         log_file=log_file,
         on_line=on_line,
         on_ready=on_ready,
-        predicted={d.device.id: d.use.total for d in prep.plan.devices},
-        usable={d.device.id: d.usable for d in prep.plan.devices},
+        predicted=totals[0],
+        usable=totals[1],
         on_warning=warn,
     )
     outcome = sup.run(ready_timeout, stop_when=lambda: bool(wedged), stop_after=WEDGED_STOP)
@@ -385,20 +403,8 @@ def serve_router(
                 on_event(Problem(f"llama-server's router stopped after it was ready: {exit_reason(served.code)}"))
             return served
         why = f"llama-server's router stopped after it was ready: {exit_reason(served.code)}"
-        delay = restarts.next_delay()
-        if delay is None:
-            on_event(
-                Problem(
-                    f"{why}; not started again: it was restarted {restarts.recent()} times within "
-                    f"{restart.window:.0f} s (--max-restarts {restart.max_restarts})"
-                )
-            )
-            return served
-        said = Note(f"{why}; starting it again in {delay:.0f} s ({restart.said()})", "notice")
-        if not _pause(delay, functools.partial(on_event, said)):
-            on_event(Note("interrupted before the restart"))
-            return Served(int(ExitCode.INTERRUPTED))
-        restarts.record()
+        if (stopped := _wait_restart(restarts, why, served.code, on_event)) is not None:
+            return stopped
 
 
 def _router_attempt(
@@ -440,8 +446,7 @@ def _router_attempt(
             on_event(InstanceReady(inst.name, inst.port, rows))
             finish_if_all_ready()
         elif event == "exited" and not inst.ready and inst.name in resident and w.failed is None:
-            pred = {d.device.id: d.use.total for d in m.prep.plan.devices}
-            usable = {d.device.id: d.usable for d in m.prep.plan.devices}
+            pred, usable = _device_totals(m.prep)
             w.failed = (inst.name, classify(inst.lines, inst.exit_code or 1, pred, usable))
 
     def on_ready(url: str, _log: object) -> None:

@@ -53,7 +53,7 @@ class KeepAlive:
     """run's options for the server's life after ready, as given (defaults: none of it, as in tests)."""
 
     restart: str = "no"
-    max_restarts: int = 5
+    max_restarts: int = RestartPolicy.max_restarts
     liveness: float = 0.0
     watch: float = 0.0
     metrics: str | None = None  # [HOST:]PORT
