@@ -71,7 +71,7 @@ complete -c llamafit -n '__fish_seen_subcommand_from run' -l verbose -s v -d 'Pa
 complete -c llamafit -n '__fish_seen_subcommand_from run' -l log-file -r -F -d 'Also keep the server\'s raw log in this file'
 complete -c llamafit -n '__fish_seen_subcommand_from run' -l ready-timeout -x -d 'Stop the server if it is not ready after this many seconds (0: wait ...'
 complete -c llamafit -n '__fish_seen_subcommand_from run' -l no-retry -d 'Stop at the first load that runs out of memory (no new plan)'
-complete -c llamafit -n '__fish_seen_subcommand_from run' -l restart -x -a 'on-failure always no' -d 'Start the server (several models: the router) again when, after it was ...'
+complete -c llamafit -n '__fish_seen_subcommand_from run' -l restart -x -a 'on-failure always no' -d 'Start the server (several models: each instance, and the router) again ...'
 complete -c llamafit -n '__fish_seen_subcommand_from run' -l max-restarts -x -d 'At most this many restarts within 10 minutes, after a backoff of 1 s ...'
 complete -c llamafit -n '__fish_seen_subcommand_from run' -l liveness -x -d 'Probe the ready server this often with a one-token generation (each ...'
 complete -c llamafit -n '__fish_seen_subcommand_from run' -l watch -x -d 'Sample the server\'s own host memory (RssAnon + VmSwap) this often (0: ...'

@@ -11,9 +11,8 @@ from __future__ import annotations
 import functools
 import signal
 import threading
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,15 +35,13 @@ from llamafit.launch import (
 from llamafit.memory.backends import device_of_buffer, is_device_buffer
 from llamafit.plan import to_json
 from llamafit.prepare import Prepared
-from llamafit.server.failures import Failure, classify
+from llamafit.server.failures import classify
 from llamafit.server.liveness import Liveness, Watchdog, api_key
 from llamafit.server.logparse import LoadLog, is_error
 from llamafit.server.metrics import Metrics
 from llamafit.server.restarts import RestartPolicy, Restarts
 from llamafit.server.supervisor import Outcome, Supervisor, is_key_line
 from llamafit.server.watch import Allowance, MemoryWatch
-from llamafit.several.plan import Together
-from llamafit.several.router_log import RouterLog
 from llamafit.speed.decay import Decay
 from llamafit.speed.timings import MAX_SERVED, TimingReader
 from llamafit.speed.timings import Served as ServedRequest
@@ -137,6 +134,30 @@ class Served:
     failure: tuple[str, str | None, dict[str, Any] | None] | None = None
 
 
+class RequestTimes:
+    """Each request a server times in its log, held to the plan's prediction at its depth: said as a note
+    (``prefix``: whose), set on ``metrics``, a speed that decays over the server's life warned of. ``checks``:
+    the newest requests' checks, for the launch's record."""
+
+    def __init__(self, prep: Prepared, on_event: OnEvent, metrics: Metrics | None, prefix: str = "") -> None:
+        self.prep, self.on_event, self.metrics, self.prefix = prep, on_event, metrics, prefix
+        self.reader = TimingReader()
+        self.decay = Decay()
+        self.checks: list[SpeedCheck] = []
+
+    def feed(self, line: str) -> None:
+        if (served := self.reader.feed(line)) is None or probe_sized(served):
+            return
+        check = check_speed(self.prep, served)
+        self.checks.append(check)
+        del self.checks[:-MAX_SERVED]  # a server that serves for weeks: the newest requests are recorded
+        if self.metrics is not None:
+            self.metrics.served(served.tg, check.tg, served.pp)
+        if (slowed := self.decay.feed(served.tg, check.tg, served.depth)) is not None:
+            self.on_event(Note(self.prefix + slowed, "warning"))
+        self.on_event(Note(self.prefix + check.message()))
+
+
 def serve(
     prep: Prepared,
     env: dict[str, str],
@@ -167,7 +188,7 @@ def serve(
                 if rc != 0 or wedged:
                     on_event(Problem(f"llama-server {why}", "run with --verbose (or --log-file) to see its last lines"))
                 return Served(rc)
-            if (stopped := _wait_restart(restarts, f"llama-server {why}", rc, on_event)) is not None:
+            if (stopped := wait_restart(restarts, f"llama-server {why}", rc, on_event)) is not None:
                 return stopped
             if not wedged and replan is not None and (cap := _ran_out(prep, outcome, rc)) is not None:
                 # out of memory at run time: planned again within what it showed, as a failed load is
@@ -217,7 +238,7 @@ def _plan_again(replan: Callable[[], Prepared], after: str, on_event: OnEvent) -
         return Served(int(ExitCode.DOES_NOT_FIT), (message, e.hint, None))
 
 
-def _wait_restart(restarts: Restarts, why: str, code: int, on_event: OnEvent) -> Served | None:
+def wait_restart(restarts: Restarts, why: str, code: int, on_event: OnEvent) -> Served | None:
     """The backoff before a restart, said with ``why`` (None: go on and start it); how serving ends when the
     window's restarts are spent (the last server's ``code``) or an interrupt came meanwhile."""
     policy = restarts.policy
@@ -239,14 +260,14 @@ def _wait_restart(restarts: Restarts, why: str, code: int, on_event: OnEvent) ->
     return None
 
 
-def _device_totals(prep: Prepared) -> tuple[dict[str, int], dict[str, int]]:
+def device_totals(prep: Prepared) -> tuple[dict[str, int], dict[str, int]]:
     """Each planned device's total and usable bytes, for the failure messages."""
     return {d.device.id: d.use.total for d in prep.plan.devices}, {d.device.id: d.usable for d in prep.plan.devices}
 
 
 def _ran_out(prep: Prepared, outcome: Outcome, rc: int) -> FailedLoad | None:
     """What a server that died of memory after it was ready showed the device holds (None: another death)."""
-    predicted, usable = _device_totals(prep)
+    predicted, usable = device_totals(prep)
     return failed_load_cap(prep, classify(outcome.lines, rc, predicted, usable), outcome.log)
 
 
@@ -288,25 +309,16 @@ def _attempt(
     argv = with_buffer_lines(prep.argv, prep.user, prep.caps)  # the log level the comparison reads
     on_event(Note(shellwords.join(argv)))  # one line, copyable
     on_event(Note(f"loading {prep.plan.model.name} ..."))
-    reader = TimingReader()
-    checks: list[SpeedCheck] = []
+    times = RequestTimes(prep, on_event, metrics)
     wedged: list[str] = []
     dogs: list[Watchdog] = []
     watches: list[MemoryWatch] = []
-    decay = Decay()
 
     def warn(text: str) -> None:
         on_event(Note(text, "warning"))
 
     def on_line(line: str) -> None:
-        if (served := reader.feed(line)) is not None and not probe_sized(served):
-            checks.append(check_speed(prep, served))
-            del checks[:-MAX_SERVED]  # a server that serves for weeks: the newest requests are recorded
-            if metrics is not None:
-                metrics.served(served.tg, checks[-1].tg, served.pp)
-            if (slowed := decay.feed(served.tg, checks[-1].tg, served.depth)) is not None:
-                warn(slowed)
-            on_event(Note(checks[-1].message()))
+        times.feed(line)
         on_event(ServerLine(line, is_key_line(line), is_error(line)))
 
     def on_ready(url: str, log: LoadLog) -> None:
@@ -314,22 +326,12 @@ def _attempt(
         doc = to_json(prep.plan, argv)
         on_event(Ready(url, rows, tuple(free_drift(prep, log)), tuple(log.fit), dict(log.device_free_mib), doc))
         dogs.append(Watchdog(url, liveness, wedged.append, api_key(argv, env)).start())
-        on_sample = metrics.host_memory if metrics is not None else None
         if sup.pid is not None:
-            cards = {
-                d.device.nvml_index: (d.device.id, d.use.total)
-                for d in prep.plan.devices
-                if d.device.nvml_index is not None
-            }
-            watches.append(MemoryWatch(sup.pid, allowance(prep), watch, warn, on_sample=on_sample, cards=cards).start())
+            watches.append(watch_memory(prep, sup.pid, watch, warn, metrics))
         if metrics is not None:
-            metrics.memory(
-                ((device_of_buffer(r.buft), r.kind, r.predicted) for r in rows),
-                ((device_of_buffer(r.buft), r.kind, round(r.actual_mib * MiB)) for r in rows if r.actual_mib),
-            )
-            metrics.serving(True)
+            memory_metrics(metrics, rows)
 
-    totals = _device_totals(prep)
+    totals = device_totals(prep)
     sup = Supervisor(
         argv,
         env,
@@ -347,10 +349,10 @@ def _attempt(
         w.stop()
     if metrics is not None:
         metrics.serving(False)
-    _killed(outcome, on_event)
+    say_killed(outcome, on_event)
     if outcome.ready:
         held = watches[0].summary() if watches else None
-        for why in record_launch(prep, outcome.log, checks, held):
+        for why in record_launch(prep, outcome.log, times.checks, held):
             on_event(Note(why, "notice"))
         return outcome.returncode, outcome, (wedged[0] if wedged else None)
     f = outcome.failure
@@ -362,7 +364,7 @@ def _attempt(
     return int(ExitCode.SERVER_LOAD_FAILED), outcome, None
 
 
-def _killed(outcome: Outcome, on_event: OnEvent) -> None:
+def say_killed(outcome: Outcome, on_event: OnEvent) -> None:
     if outcome.killed_after is not None:
         on_event(
             Note(
@@ -373,114 +375,20 @@ def _killed(outcome: Outcome, on_event: OnEvent) -> None:
         )
 
 
-@dataclass
-class _Watch:
-    url: str | None = None
-    failed: tuple[str, Failure] | None = None
-    reported: set[str] = field(default_factory=set)
-    done: bool = False
+def watch_memory(
+    prep: Prepared, pid: int, interval: float, warn: Callable[[str], None], metrics: Metrics | None
+) -> MemoryWatch:
+    """A started watch of server ``pid``'s host memory (and its cards' memory) against ``prep``'s plan."""
+    plan = prep.plan
+    cards = {d.device.nvml_index: (d.device.id, d.use.total) for d in plan.devices if d.device.nvml_index is not None}
+    on_sample = metrics.host_memory if metrics is not None else None
+    return MemoryWatch(pid, allowance(prep), interval, warn, on_sample=on_sample, cards=cards).start()
 
 
-def serve_router(
-    t: Together,
-    argv: list[str],
-    env: dict[str, str],
-    on_event: OnEvent,
-    *,
-    log_file: Path | None = None,
-    ready_timeout: float | None = None,
-    plan_doc: dict[str, Any] | None = None,
-    restart: RestartPolicy = NO_RESTART,
-) -> Served:
-    """Run the router; as each resident instance becomes ready, hold its buffers to its plan; when all are
-    ready, say so. A resident instance that fails to load stops the router (exit 5). A router that dies after
-    all were ready is started again as ``restart`` says (the router restarts its own instances)."""
-    restarts = Restarts(restart)
-    while True:
-        served, all_ready, interrupted = _router_attempt(t, argv, env, on_event, log_file, ready_timeout, plan_doc)
-        if not all_ready or interrupted or not restart.wants(served.code, False):
-            if all_ready and served.code != 0 and not interrupted:
-                on_event(Problem(f"llama-server's router stopped after it was ready: {exit_reason(served.code)}"))
-            return served
-        why = f"llama-server's router stopped after it was ready: {exit_reason(served.code)}"
-        if (stopped := _wait_restart(restarts, why, served.code, on_event)) is not None:
-            return stopped
-
-
-def _router_attempt(
-    t: Together,
-    argv: list[str],
-    env: dict[str, str],
-    on_event: OnEvent,
-    log_file: Path | None,
-    ready_timeout: float | None,
-    plan_doc: dict[str, Any] | None,
-) -> tuple[Served, bool, bool]:
-    """One start of the router, until it exits: how it ended, whether all were ready, whether interrupted."""
-
-    on_event(Note(shellwords.join(argv)))
-    plans = {m.entry.name: m for m in t.members}
-    resident = {m.entry.name for m in t.members if m.resident}
-    rl = RouterLog()
-    w = _Watch()
-    started = time.monotonic()
-
-    def finish_if_all_ready() -> None:
-        if w.done or w.url is None or not resident <= w.reported:
-            return
-        w.done = True
-        on_event(AllReady(w.url, tuple(sorted(resident))))
-
-    def on_line(line: str) -> None:
-        inst, text, event = rl.feed(line)
-        on_event(ServerLine(line, is_key_line(text) or event == "exited", is_error(text)))
-        if inst is None or inst.name not in plans:
-            return
-        m = plans[inst.name]
-        if event == "ready" and inst.name not in w.reported:
-            log = inst.log()
-            rows = tuple(compare_all(m.prep, log))
-            for why in record_launch(m.prep, log):  # each instance teaches the next plan of its model
-                on_event(Note(f"{m.entry.name}: {why}"))
-            w.reported.add(inst.name)
-            on_event(InstanceReady(inst.name, inst.port, rows))
-            finish_if_all_ready()
-        elif event == "exited" and not inst.ready and inst.name in resident and w.failed is None:
-            pred, usable = _device_totals(m.prep)
-            w.failed = (inst.name, classify(inst.lines, inst.exit_code or 1, pred, usable))
-
-    def on_ready(url: str, _log: object) -> None:
-        w.url = url
-        finish_if_all_ready()
-
-    def stop_when() -> bool:
-        late = bool(ready_timeout) and not w.done and time.monotonic() - started > (ready_timeout or 0)
-        return w.failed is not None or late
-
-    sup = Supervisor(
-        argv,
-        env,
-        log_file=log_file,
-        on_line=on_line,
-        on_ready=on_ready,
-        probe="/models",
-        on_warning=lambda text: on_event(Note(text, "warning")),
+def memory_metrics(metrics: Metrics, rows: Sequence[Row]) -> None:
+    """A ready server's buffers, predicted and logged, on ``metrics``; the server is up."""
+    metrics.memory(
+        ((device_of_buffer(r.buft), r.kind, r.predicted) for r in rows),
+        ((device_of_buffer(r.buft), r.kind, round(r.actual_mib * MiB)) for r in rows if r.actual_mib),
     )
-    outcome = sup.run(ready_timeout, stop_when=stop_when)
-    _killed(outcome, on_event)
-    if w.done:
-        return Served(outcome.returncode), True, outcome.interrupted
-    plan = {"plan": plan_doc}
-    if outcome.interrupted:  # before a failure: the instances the router stopped on Ctrl-C did not fail
-        on_event(Note("interrupted while loading"))
-        return Served(int(ExitCode.INTERRUPTED), ("interrupted while loading", None, plan)), False, True
-    if w.failed is not None:
-        name, f = w.failed
-        message, hint = f"{name} failed to load: {f.message}", f.hint
-    elif outcome.ready or outcome.failure is None:
-        message = f"the models were not all ready after {ready_timeout or 0:.0f} s and the router was stopped"
-        hint = "raise --ready-timeout, or run with --verbose"
-    else:
-        message, hint = outcome.failure.message, outcome.failure.hint
-    on_event(Problem(message, hint))
-    return Served(int(ExitCode.SERVER_LOAD_FAILED), (message, hint, plan)), False, False
+    metrics.serving(True)

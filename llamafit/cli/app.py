@@ -386,7 +386,7 @@ def run(
                 verbose=verbose,
                 log_file=log_file,
                 ready_timeout=ready_timeout or None,
-                keep=KeepAlive(restart.value, max_restarts, events=events),
+                keep=KeepAlive(restart.value, max_restarts, liveness, watch, metrics, events),
             )
             raise typer.Exit(code)
         from llamafit.cli.supervise import KeepAlive, run_one

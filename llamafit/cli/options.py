@@ -52,9 +52,9 @@ RestartOpt = Annotated[
     RestartMode,
     typer.Option(
         "--restart",
-        help="Start the server (several models: the router) again when, after it was ready, it dies (on-failure: "
-        "an error exit, a signal) or stops serving (a failed liveness probe); always: after a clean exit too; "
-        "no: never.",
+        help="Start the server (several models: each instance, and the router) again when, after it was ready, "
+        "it dies (on-failure: an error exit, a signal) or stops serving (a failed liveness probe); always: after "
+        "a clean exit too; no: never.",
     ),
 ]
 MaxRestartsOpt = Annotated[

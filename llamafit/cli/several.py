@@ -15,7 +15,7 @@ from llamafit.cli.output import (
     print_json,
     print_line,
 )
-from llamafit.cli.supervise import KeepAlive, View, finish
+from llamafit.cli.supervise import KeepAlive, View, finish, metrics_endpoint
 from llamafit.devices.machine import Machine
 from llamafit.errors import DoesNotFitError, ServerNotFoundError, UsageError
 from llamafit.hub.resolve import Hub
@@ -25,7 +25,6 @@ from llamafit.paths import data_dir, named_files
 from llamafit.prepare import Prepared
 from llamafit.server.binary import GET_SERVER_HINT, ServerBinary
 from llamafit.server.capabilities import Capabilities
-from llamafit.serving import serve_router
 from llamafit.several.plan import (
     Together,
     entries_from_preset,
@@ -142,8 +141,11 @@ def run_several(
 ) -> int:
     """``run`` with several models: the router, restarted as ``keep`` says (its restart options only)."""
     from llamafit.server.args import parse_server_args
+    from llamafit.server.liveness import Liveness
     from llamafit.server.restarts import RestartPolicy
+    from llamafit.several.keeper import KeepSettings
     from llamafit.several.plan import write_preset
+    from llamafit.several.serving import serve_router
 
     ps = prepare_several(refs, models_preset, o)
     t = ps.together
@@ -159,6 +161,8 @@ def run_several(
         else:
             _show(t, argv, preset_shown=True)
         return 0
+    keep = keep or KeepAlive()
+    endpoint = metrics_endpoint(keep, "router")  # each instance's series are labelled with its model's name
     inputs: list[str | Path] = [*t.files(), *([models_preset] if models_preset else [])]
     env = before_launch(ps.server, pending, ps.hub, log_file, inputs, note)
     write_preset(t, preset_path)
@@ -166,7 +170,7 @@ def run_several(
     try:
         plan_doc = to_json(t, argv, str(preset_path))
         view = View(verbose=verbose, json_out=json_out, models_max=t.models_max, plan_doc=plan_doc)
-        log = EventLog(Path(keep.events), named_files(argv[1:])) if keep and keep.events else None
+        log = EventLog(Path(keep.events), named_files(argv[1:])) if keep.events else None
         return finish(
             serve_router(
                 t,
@@ -176,7 +180,9 @@ def run_several(
                 log_file=log_file,
                 ready_timeout=ready_timeout,
                 plan_doc=plan_doc,
-                restart=RestartPolicy(keep.restart, keep.max_restarts) if keep else RestartPolicy("no"),
+                keep=KeepSettings(
+                    RestartPolicy(keep.restart, keep.max_restarts), Liveness(keep.liveness), keep.watch, endpoint
+                ),
             )
         )
     finally:

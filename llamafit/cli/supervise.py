@@ -60,6 +60,18 @@ class KeepAlive:
     events: str | None = None  # a file of llamafit.event/1 lines
 
 
+def metrics_endpoint(keep: KeepAlive, model: str) -> Metrics | None:
+    """The metrics endpoint ``keep`` asks for, serving (before the launch: a port that is taken launches
+    nothing); ``model``: the label of a single server's series."""
+    if keep.metrics is None:
+        return None
+    at = parse_address(keep.metrics)
+    endpoint = Metrics(model)
+    endpoint.serve(at)
+    note(f"metrics at http://{at}/metrics")
+    return endpoint
+
+
 def run_one(
     prep: Prepared,
     *,
@@ -97,12 +109,7 @@ def run_one(
         report = prep.report()
     print_report([r for r in report if r[0] != "note"], decisions=True)
     keep = keep or KeepAlive()
-    endpoint = None
-    if keep.metrics is not None and not exec_:  # before the launch: a port that is taken launches nothing
-        at = parse_address(keep.metrics)
-        endpoint = Metrics(prep.plan.model.name)
-        endpoint.serve(at)
-        note(f"metrics at http://{at}/metrics")
+    endpoint = None if exec_ else metrics_endpoint(keep, prep.plan.model.name)
     if exec_:
         from llamafit.server.supervisor import exec_server
 

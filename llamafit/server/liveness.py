@@ -53,22 +53,29 @@ def api_key(argv: Sequence[str], env: Mapping[str, str]) -> str | None:
     return first or None
 
 
-def probe(url: str, timeout: float, key: str | None = None) -> str | None:
-    """None when the server at ``url`` serves; else why not, in words."""
+def request(
+    url: str, method: str, path: str, timeout: float, key: str | None = None, body: str | None = None
+) -> tuple[int, bytes]:
+    """One HTTP request to the server at ``url``, bounded by ``timeout`` (its answer's first MiB); raises
+    TimeoutError, OSError or http.client.HTTPException."""
     u = urlsplit(url)
-    host, port = u.hostname or "127.0.0.1", u.port or 80
     headers = {"Content-Type": "application/json"}
     if key:
         headers["Authorization"] = f"Bearer {key}"
+    conn = http.client.HTTPConnection(u.hostname or "127.0.0.1", u.port or 80, timeout=timeout)
+    try:
+        conn.request(method, path, body=body, headers=headers)
+        resp = conn.getresponse()
+        return resp.status, resp.read(1 << 20)
+    finally:
+        conn.close()
+
+
+def probe(url: str, timeout: float, key: str | None = None) -> str | None:
+    """None when the server at ``url`` serves; else why not, in words."""
 
     def ask(method: str, path: str, body: str | None = None) -> tuple[int, bytes]:
-        conn = http.client.HTTPConnection(host, port, timeout=timeout)
-        try:
-            conn.request(method, path, body=body, headers=headers)
-            resp = conn.getresponse()
-            return resp.status, resp.read(1 << 20)
-        finally:
-            conn.close()
+        return request(url, method, path, timeout, key, body)
 
     try:
         status, data = ask("GET", "/slots")

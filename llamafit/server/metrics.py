@@ -6,6 +6,7 @@ registry of its own, served on a daemon thread, loopback unless a host is given.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -69,6 +70,12 @@ class Metrics:
         self.requests = Counter("llamafit_requests", "Requests the server timed", m, registry=r)
         self.restarts = Counter("llamafit_restarts", "Times the server was started again", m, registry=r)
         self.up = Gauge("llamafit_server_up", "1 while the server is ready and serving", m, registry=r)
+
+    def of(self, model: str) -> Metrics:
+        """The same endpoint's series for another model (each of the router's instances)."""
+        view = copy.copy(self)
+        view.model = model
+        return view
 
     def serve(self, at: Address) -> None:
         try:

@@ -1,0 +1,233 @@
+"""The router's instances kept alive while it serves (``run`` with several models).
+
+The router starts each model's llama-server on a loopback port of its own and never starts one again by
+itself: an instance that dies is marked unloaded (``on_child_exit``, tools/server/server-models.cpp:246-250)
+until a request autoloads it, and one that hangs stays hung. So each ready instance gets what ``run`` gives one
+server: a liveness probe on its own port (a real one-token generation, ``llamafit.server.liveness``), a watch
+of its own process's memory against its plan, its requests timed against its plan, and its own metrics labels.
+An instance that stops serving is unloaded through the router (which gives it its stop timeout and then kills
+it, server-models.cpp:238-244), killed here if it is still there after that, and loaded again; a resident one
+that died is loaded again. Both as ``--restart`` says, counted per model; a model loaded on demand is only
+unloaded (its next request loads it). Nothing here prints: what happens is said through ``on_event``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import itertools
+import json
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import psutil
+
+from llamafit.compare import Row
+from llamafit.launch import exit_reason
+from llamafit.prepare import Prepared
+from llamafit.server.liveness import Liveness, Watchdog, request
+from llamafit.server.metrics import Metrics
+from llamafit.server.restarts import RestartPolicy, Restarts
+from llamafit.server.watch import MemoryWatch
+from llamafit.serving import NO_PROBES, NO_RESTART, Note, OnEvent, RequestTimes, memory_metrics, watch_memory
+from llamafit.several.router_log import Instance
+
+STOP_WAIT = 15.0  # seconds an unloaded instance has to exit: the router's own stop timeout (10 s) and some
+API_WAIT = 10.0  # seconds the router's /models/load and /models/unload have to answer
+
+
+@dataclass(frozen=True)
+class KeepSettings:
+    """What ``run`` keeps the instances with: its restart policy, liveness, watch interval and metrics."""
+
+    restart: RestartPolicy = NO_RESTART
+    liveness: Liveness = NO_PROBES
+    watch: float = 0.0
+    metrics: Metrics | None = None
+
+
+@dataclass
+class _Kept:
+    """One ready instance's probes."""
+
+    port: int
+    pid: int | None
+    dog: Watchdog | None = None
+    memory: MemoryWatch | None = None
+    times: RequestTimes | None = None
+    rows: tuple[Row, ...] = ()
+
+    def stop(self) -> None:
+        for w in (self.dog, self.memory):
+            if w is not None:
+                w.stop()
+
+
+@dataclass
+class Keeper:
+    """Told what the router's log says (``line``, ``ready``, ``exited``) and where the router is; keeps each
+    instance as the module says until ``stop()``."""
+
+    plans: Mapping[str, Prepared]
+    resident: frozenset[str]
+    keep: KeepSettings
+    on_event: OnEvent
+    key: str | None = None  # the router's API key (an instance takes none: it listens on loopback only)
+    router_url: str | None = None
+    router_pid: int | None = None
+    _kept: dict[str, _Kept] = field(default_factory=dict)
+    _restarts: dict[str, Restarts] = field(default_factory=dict)
+    _ours: set[str] = field(default_factory=set)  # stopped by llamafit: its exit is not a failure
+    _loading: set[str] = field(default_factory=set)  # loaded again by llamafit, not ready yet
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _stopping: threading.Event = field(default_factory=threading.Event)
+    _threads: list[threading.Thread] = field(default_factory=list)
+
+    def metrics(self, name: str) -> Metrics | None:
+        return self.keep.metrics.of(name) if self.keep.metrics is not None else None
+
+    def line(self, inst: Instance, text: str) -> None:
+        kept = self._kept.get(inst.name)
+        if kept is not None and kept.times is not None and kept.port == inst.port:
+            kept.times.feed(text)
+
+    def ready(self, inst: Instance, rows: tuple[Row, ...]) -> None:
+        """``inst`` is ready: its probes start."""
+        name, prep = inst.name, self.plans[inst.name]
+        pid = _instance_pid(self.router_pid, inst.port)
+        kept = _Kept(inst.port, pid, rows=rows)
+        kept.times = RequestTimes(prep, self.on_event, self.metrics(name), prefix=f"{name}: ")
+        url = f"http://127.0.0.1:{inst.port}"
+        kept.dog = Watchdog(url, self.keep.liveness, lambda why: self._wedged(name, inst.port, why), self.key)
+        if pid is not None:
+            kept.memory = watch_memory(prep, pid, self.keep.watch, self._warn(name), self.metrics(name))
+        with self._lock:
+            old = self._kept.pop(name, None)
+            self._kept[name] = kept
+            self._ours.discard(name)
+            self._loading.discard(name)
+        if old is not None:
+            old.stop()
+        kept.dog.start()
+        if (m := self.metrics(name)) is not None:
+            memory_metrics(m, rows)
+
+    def exited(self, inst: Instance) -> None:
+        """The router says ``inst`` exited: its probes stop; one that failed is loaded again as the policy says."""
+        name, code = inst.name, inst.exit_code or 0
+        with self._lock:
+            kept = self._kept.pop(name, None)
+            ours = name in self._ours
+            reload = name in self._loading
+            self._loading.discard(name)
+        if kept is not None:
+            kept.stop()
+        if (m := self.metrics(name)) is not None:
+            m.serving(False)
+        if ours or self._stopping.is_set() or not (inst.ready or kept is not None or reload):
+            return  # stopped by llamafit, the router is ending, or a first load's failure (the router's to say)
+        how = "stopped after it was ready" if inst.ready else "failed to load again"
+        why = f"{name} {how}: {exit_reason(code)}"
+        if name not in self.resident:
+            self.on_event(Note(f"{why}; the router loads it again at its next request", "notice"))
+        elif self.keep.restart.wants(code, False):
+            self._start(name, why, unload=None)
+        else:
+            self.on_event(Note(f"{why}; not loaded again (--restart {self.keep.restart.mode})", "warning"))
+
+    def stop(self) -> None:
+        """The router is ending: every probe and pending restart stops."""
+        self._stopping.set()
+        with self._lock:
+            kept, self._kept = list(self._kept.values()), {}
+        for k in kept:
+            k.stop()
+        for t in self._threads:
+            t.join(timeout=STOP_WAIT + API_WAIT)
+
+    def _warn(self, name: str) -> Callable[[str], None]:
+        return lambda text: self.on_event(Note(f"{name}: {text}", "warning"))
+
+    def _wedged(self, name: str, port: int, why: str) -> None:
+        """A watchdog's verdict (on its thread): the instance on ``port`` stopped serving."""
+        with self._lock:
+            kept = self._kept.get(name)
+            if kept is None or kept.port != port:
+                return
+            self._ours.add(name)
+        self._start(name, f"{name} stopped serving: {why}", unload=kept.pid)
+
+    def _start(self, name: str, why: str, unload: int | None) -> None:
+        t = threading.Thread(target=self._restart, args=(name, why, unload), name=f"restart {name}", daemon=True)
+        self._threads = [x for x in self._threads if x.is_alive()] + [t]
+        t.start()
+
+    def _restart(self, name: str, why: str, pid: int | None) -> None:
+        """Unload the instance (``pid``: it is still there), then load it again after the backoff, if the
+        window allows and the model is resident."""
+        if pid is not None:
+            self._unload(name, pid)
+        restarts = self._restarts.setdefault(name, Restarts(self.keep.restart))
+        delay = restarts.next_delay() if name in self.resident and self.keep.restart.mode != "no" else None
+        if delay is None:
+            tail = (
+                f"restarted {restarts.recent()} times within {restarts.policy.window:.0f} s (--max-restarts "
+                f"{restarts.policy.max_restarts})"
+                if name in self.resident and self.keep.restart.mode != "no"
+                else "its next request loads it"
+            )
+            self.on_event(Note(f"{why}; {'unloaded, ' if pid is not None else ''}not loaded again: {tail}", "warning"))
+            return
+        self.on_event(Note(f"{why}; loading it again in {delay:.0f} s ({restarts.policy.said()})", "notice"))
+        if self._stopping.wait(delay):
+            return
+        restarts.record()
+        with self._lock:
+            self._ours.discard(name)  # from here its exit is the reload's, and a failure
+            self._loading.add(name)
+        if (m := self.metrics(name)) is not None:
+            m.restarted()
+        if (said := self._router("/models/load", name)) is not None:
+            self.on_event(Note(f"{name} could not be loaded again: {said}", "warning"))
+
+    def _unload(self, name: str, pid: int) -> None:
+        said = self._router("/models/unload", name)
+        try:
+            proc = psutil.Process(pid)
+            proc.wait(timeout=STOP_WAIT)
+            return
+        except psutil.TimeoutExpired:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()  # a stopped process never reads the router's exit command, nor acts on SIGTERM
+                proc.wait(timeout=5)
+            how = f"the router's unload: {said}" if said else f"it had not stopped {STOP_WAIT:.0f} s after the unload"
+            self.on_event(Note(f"{name} was killed ({how})", "notice"))
+        except psutil.Error:
+            return  # already gone
+
+    def _router(self, path: str, name: str) -> str | None:
+        """POST ``path`` to the router for model ``name``; None when it took it, else why not."""
+        if self.router_url is None:
+            return "the router's address is not known yet"
+        body = json.dumps({"model": name})
+        try:
+            status, data = request(self.router_url, "POST", path, API_WAIT, self.key, body)
+        except (OSError, http.client.HTTPException) as e:
+            return f"{path} failed ({type(e).__name__}: {e})"
+        return None if status == 200 else f"{path} answered HTTP {status}: {data[:200].decode(errors='replace')}"
+
+
+def _instance_pid(router_pid: int | None, port: int) -> int | None:
+    """The router's child serving on ``port`` (its command line has ``--port PORT``), or None."""
+    if router_pid is None:
+        return None
+    try:
+        for child in psutil.Process(router_pid).children():
+            with contextlib.suppress(psutil.Error):
+                args = child.cmdline()
+                if any(a == "--port" and b == str(port) for a, b in itertools.pairwise(args)):
+                    return int(child.pid)
+    except psutil.Error:
+        return None
+    return None

@@ -1,0 +1,172 @@
+"""Serving several models: llama-server's router launched and watched while its instances load, each one's
+buffers held to its own plan as it becomes ready, every instance kept alive while the router serves
+(``llamafit.several.keeper``), and the router started again when it dies after all were ready.
+
+Reported as ``llamafit.serving``'s events; nothing here prints.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from llamafit import shellwords
+from llamafit.compare import Row
+from llamafit.errors import ExitCode
+from llamafit.launch import compare_all, exit_reason, record_launch
+from llamafit.server.failures import Failure, classify
+from llamafit.server.liveness import api_key
+from llamafit.server.logparse import is_error
+from llamafit.server.restarts import Restarts
+from llamafit.server.supervisor import Supervisor, is_key_line
+from llamafit.serving import (
+    AllReady,
+    InstanceReady,
+    Note,
+    OnEvent,
+    Problem,
+    Served,
+    ServerLine,
+    device_totals,
+    say_killed,
+    wait_restart,
+)
+from llamafit.several.keeper import Keeper, KeepSettings
+from llamafit.several.plan import Together
+from llamafit.several.router_log import Instance, RouterLog
+
+
+@dataclass
+class _Watch:
+    url: str | None = None
+    failed: tuple[str, Failure] | None = None
+    done: bool = False
+
+
+def serve_router(
+    t: Together,
+    argv: list[str],
+    env: dict[str, str],
+    on_event: OnEvent,
+    *,
+    log_file: Path | None = None,
+    ready_timeout: float | None = None,
+    plan_doc: dict[str, Any] | None = None,
+    keep: KeepSettings | None = None,
+) -> Served:
+    """Run the router; as each instance becomes ready, hold its buffers to its plan; when all the resident ones
+    are, say so. A resident instance that fails its first load stops the router (exit 5). While it serves, each
+    instance is kept as ``keep`` says; a router that dies after all were ready is started again as its restart
+    policy says."""
+    keep = keep or KeepSettings()
+    restart = keep.restart
+    restarts = Restarts(restart)
+    while True:
+        attempt = _router_attempt(t, argv, env, on_event, log_file, ready_timeout, plan_doc, keep)
+        served, all_ready, interrupted = attempt
+        if not all_ready or interrupted or not restart.wants(served.code, False):
+            if all_ready and served.code != 0 and not interrupted:
+                on_event(Problem(f"llama-server's router stopped after it was ready: {exit_reason(served.code)}"))
+            return served
+        why = f"llama-server's router stopped after it was ready: {exit_reason(served.code)}"
+        if keep.metrics is not None:
+            for m in t.members:
+                keep.metrics.of(m.entry.name).restarted()
+        if (stopped := wait_restart(restarts, why, served.code, on_event)) is not None:
+            return stopped
+
+
+def _router_attempt(
+    t: Together,
+    argv: list[str],
+    env: dict[str, str],
+    on_event: OnEvent,
+    log_file: Path | None,
+    ready_timeout: float | None,
+    plan_doc: dict[str, Any] | None,
+    keep: KeepSettings,
+) -> tuple[Served, bool, bool]:
+    """One start of the router, until it exits: how it ended, whether all were ready, whether interrupted."""
+
+    on_event(Note(shellwords.join(argv)))
+    plans = {m.entry.name: m for m in t.members}
+    resident = frozenset(m.entry.name for m in t.members if m.resident)
+    rl = RouterLog()
+    w = _Watch()
+    reported: set[str] = set()
+    keeper = Keeper({n: m.prep for n, m in plans.items()}, resident, keep, on_event, api_key(argv, env))
+    started = time.monotonic()
+
+    def finish_if_all_ready() -> None:
+        if w.done or w.url is None or not resident <= reported:
+            return
+        w.done = True
+        on_event(AllReady(w.url, tuple(sorted(resident))))
+
+    def instance_ready(inst: Instance) -> None:
+        m = plans[inst.name]
+        log = inst.log()
+        rows: tuple[Row, ...] = tuple(compare_all(m.prep, log))
+        for why in record_launch(m.prep, log):  # each instance teaches the next plan of its model
+            on_event(Note(f"{m.entry.name}: {why}"))
+        reported.add(inst.name)
+        on_event(InstanceReady(inst.name, inst.port, rows))
+        keeper.router_pid = sup.pid
+        keeper.ready(inst, rows)
+        finish_if_all_ready()
+
+    def on_line(line: str) -> None:
+        inst, text, event = rl.feed(line)
+        on_event(ServerLine(line, is_key_line(text) or event == "exited", is_error(text)))
+        if inst is None or inst.name not in plans:
+            return
+        if event == "ready":
+            instance_ready(inst)
+        elif event == "exited" and w.done:
+            keeper.exited(inst)
+        elif event == "exited" and not inst.ready and inst.name in resident and w.failed is None:
+            pred, usable = device_totals(plans[inst.name].prep)
+            w.failed = (inst.name, classify(inst.lines, inst.exit_code or 1, pred, usable))
+        elif event == "":
+            keeper.line(inst, text)
+
+    def on_ready(url: str, _log: object) -> None:
+        w.url = keeper.router_url = url
+        finish_if_all_ready()
+
+    def stop_when() -> bool:
+        late = bool(ready_timeout) and not w.done and time.monotonic() - started > (ready_timeout or 0)
+        return w.failed is not None or late
+
+    sup = Supervisor(
+        argv,
+        env,
+        log_file=log_file,
+        on_line=on_line,
+        on_ready=on_ready,
+        probe="/models",
+        on_warning=lambda text: on_event(Note(text, "warning")),
+    )
+    try:
+        outcome = sup.run(ready_timeout, stop_when=stop_when)
+    finally:
+        keeper.stop()
+    say_killed(outcome, on_event)
+    if w.done:
+        return Served(outcome.returncode), True, outcome.interrupted
+    plan = {"plan": plan_doc}
+    if outcome.interrupted:  # before a failure: the instances the router stopped on Ctrl-C did not fail
+        on_event(Note("interrupted while loading"))
+        return Served(int(ExitCode.INTERRUPTED), ("interrupted while loading", None, plan)), False, True
+    if w.failed is not None:
+        name, f = w.failed
+        message, hint = f"{name} failed to load: {f.message}", f.hint
+    elif outcome.ready or outcome.failure is None:
+        message = f"the models were not all ready after {ready_timeout or 0:.0f} s and the router was stopped"
+        hint = "raise --ready-timeout, or run with --verbose"
+    else:
+        message, hint = outcome.failure.message, outcome.failure.hint
+    on_event(Problem(message, hint))
+    return Served(int(ExitCode.SERVER_LOAD_FAILED), (message, hint, plan)), False, False
