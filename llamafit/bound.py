@@ -193,8 +193,7 @@ def bounded(
             plan, argv = replan(dict(scale))
         except DoesNotFitError as e:  # it fitted as the model priced it: say what made it not
             raised_to = ", ".join(f"{b} {floor[b] / MiB:.2f} MiB" for b in raised)
-            e.message += f" (with its compute raised to what {NAME} measured: {raised_to})"
-            raise
+            raise e.but(message=f"{e.message} (with its compute raised to what {NAME} measured: {raised_to})") from e
     return _without_estimate_warning(plan), list(argv), last
 
 

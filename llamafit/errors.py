@@ -5,8 +5,9 @@ The CLI translates them once, at the edge (``llamafit.cli.app``); nothing in the
 
 from __future__ import annotations
 
+import copy
 from enum import IntEnum
-from typing import Any
+from typing import Any, TypeVar
 
 
 class ExitCode(IntEnum):
@@ -25,6 +26,9 @@ class ExitCode(IntEnum):
     OUTPUT_CLOSED = 141  # stdout closed before the output was written (128 + SIGPIPE, as a piped tool)
 
 
+_E = TypeVar("_E", bound="LlamafitError")
+
+
 class LlamafitError(Exception):
     """Base of every error the CLI knows how to explain."""
 
@@ -32,10 +36,22 @@ class LlamafitError(Exception):
     # what the command prints under --json when it fails this way (the plan that does not fit), if anything
     doc: dict[str, Any] | None = None
 
-    def __init__(self, message: str, hint: str | None = None) -> None:
+    def __init__(self, message: str, hint: str | None = None, *, doc: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.hint = hint
+        self.doc = doc
+
+    def but(self: _E, **changes: Any) -> _E:
+        """A new error like this one with ``changes`` (any of its fields: message, hint, doc, ...): a caller
+        that knows more raises it from this one, never changes an error already raised."""
+        unknown = sorted(k for k in changes if not hasattr(self, k))
+        if unknown:
+            raise TypeError(f"{type(self).__name__} has no {', '.join(unknown)}")
+        new = copy.copy(self)
+        new.__dict__.update(changes)
+        new.args = (new.message,)
+        return new
 
 
 class UsageError(LlamafitError):
@@ -44,13 +60,22 @@ class UsageError(LlamafitError):
 
 class DoesNotFitError(LlamafitError):
     """``plan``: the plan that could not be made (the closest one tried), for --json; ``argv`` its
-    command line once composed."""
-
-    plan: Any = None
-    argv: list[str] | None = None
-    model: str | None = None  # of several models planned together, the one that does not fit alone
+    command line once composed; ``model``: of several models planned together, the one that does not fit
+    alone."""
 
     exit_code = ExitCode.DOES_NOT_FIT
+
+    def __init__(
+        self,
+        message: str,
+        hint: str | None = None,
+        *,
+        plan: Any = None,
+        argv: list[str] | None = None,
+        model: str | None = None,
+    ) -> None:
+        super().__init__(message, hint)
+        self.plan, self.argv, self.model = plan, argv, model
 
 
 class ModelNotFoundError(LlamafitError):

@@ -206,9 +206,9 @@ def prepare(
                 adapters=adapters_of(user, info),
             )
         except DoesNotFitError as e:
-            if e.plan is not None:
-                e.argv = argv_of(e.plan)
-            raise
+            if e.plan is None:
+                raise
+            raise e.but(argv=argv_of(e.plan)) from e
 
     def replan(scale: Mapping[str, float]) -> tuple[Plan, list[str]]:
         p = plan_with(scale)

@@ -326,9 +326,8 @@ def none_fits(src: QuantSource, planned: Sequence[QuantPlan]) -> LlamafitError:
             hint=err.hint if err else None,
         )
     e = smallest.refused
-    out = DoesNotFitError(f"no quant of {src.ref} fits; the smallest, {smallest.quant.tag}: {e.message}", e.hint)
-    out.plan, out.argv = e.plan, e.argv  # the closest plan, for --json
-    return out
+    # the closest plan, for --json
+    return e.but(message=f"no quant of {src.ref} fits; the smallest, {smallest.quant.tag}: {e.message}")
 
 
 def _in_order(src: QuantSource, seen: dict[str, QuantPlan]) -> tuple[QuantPlan, ...]:

@@ -177,9 +177,7 @@ def tune(
     result = TuneResult(base, (*measured, *left, *refused), best, stopped, goal)
     if best is None:
         why = next((c.error for c in measured if c.error), None) or "the --budget ran out before the first result"
-        e = ServerLoadError(f"llama-bench measured nothing: {why}", hint=NOTHING_MEASURED_HINT)
-        e.doc = result.as_dict()
-        raise e
+        raise ServerLoadError(f"llama-bench measured nothing: {why}", hint=NOTHING_MEASURED_HINT, doc=result.as_dict())
     if best.prepared is not None and not remember(
         base.plan.model, base.plan.devices, base.server, base.user, best.flags, best.pp, best.tg, goal
     ):

@@ -216,3 +216,18 @@ def test_llamafits_own_options_are_known_after_the_separator() -> None:
     typers = {"--help", "--version", "--install-completion", "--show-completion"}
     own = declared - server - typers
     assert own == LLAMAFIT_OPTIONS, (sorted(own - LLAMAFIT_OPTIONS), sorted(LLAMAFIT_OPTIONS - own))
+
+
+def test_an_error_that_learns_more_is_a_new_one() -> None:
+    """An error already raised is never changed: a caller that knows more raises ``but(...)`` from it."""
+    from llamafit.errors import DoesNotFitError
+
+    e = DoesNotFitError("does not fit", "try less", plan="p")
+    more = e.but(message="m does not fit alone", model="m")
+    assert (e.message, e.model, str(e)) == ("does not fit", None, "does not fit")
+    assert (more.message, more.model, more.plan, more.hint, str(more)) == (
+        "m does not fit alone", "m", "p", "try less", "m does not fit alone"
+    )  # fmt: skip
+    assert isinstance(more, DoesNotFitError) and more.exit_code == e.exit_code
+    with pytest.raises(TypeError, match="has no colour"):
+        e.but(colour="red")

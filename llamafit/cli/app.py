@@ -115,7 +115,7 @@ def _prepare(model: str, o: Options, json_out: bool = False, quant: str | None =
         if json_out and e.plan is not None and e.argv is not None:
             from llamafit.plan import to_json
 
-            e.doc = to_json(e.plan, e.argv)  # printed with the error (cli.output.json_failure)
+            raise e.but(doc=to_json(e.plan, e.argv)) from e  # printed with the error (cli.output.json_failure)
         raise
 
 

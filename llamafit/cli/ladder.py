@@ -25,7 +25,5 @@ def plan_ladder(model: str, o: Options, json_out: bool) -> int:
     for n in dict.fromkeys(n for r in rows if r.prepared for n in r.prepared.notes):
         note(n)
     if not fits:
-        err = none_fits(src, rows)
-        err.doc = ladder_json(src, rows) if json_out else None
-        raise err
+        raise none_fits(src, rows).but(doc=ladder_json(src, rows) if json_out else None)
     return 0

@@ -88,7 +88,9 @@ def prepare_several(refs: Sequence[str], models_preset: Path | None, o: Options)
         if e.plan is not None and e.argv is not None:
             from llamafit.plan import to_json as plan_json
 
-            e.doc = {"model": e.model, "plan": plan_json(e.plan, e.argv)}  # --json: the plan that misses
+            raise e.but(
+                doc={"model": e.model, "plan": plan_json(e.plan, e.argv)}
+            ) from e  # --json: the plan that misses
         raise
 
 

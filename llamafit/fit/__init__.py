@@ -198,7 +198,7 @@ def _make_plan(
         err, closest = search.refusal(base, lo, out.spec)
         planned = planned_argv(model, closest.settings, closest.fp.context.n_ctx, gpus, req, machine, out.spec, opts)
         # the plan that could not be made, for --json: the closest end, with what each device misses by
-        err.plan = _assemble(
+        closest_plan = _assemble(
             model,
             machine,
             req,
@@ -211,7 +211,7 @@ def _make_plan(
             [Decision("fit.none", err.message)],
             [*calib.notes, *projector.warnings],
         )
-        raise err
+        raise err.but(plan=closest_plan)
     t, faster = faster_split(search, out.trial, out.spec, gpus, rates, pinned)
     if faster is not None and out.placement is not None:  # the placement's sentence names the new split
         ids = [g.id for g in gpus]

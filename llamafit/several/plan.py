@@ -216,8 +216,9 @@ def plan_together(entries: Sequence[Entry], o: Options, machine: Machine, plan: 
         try:
             alone.append(one(e, None, machine))
         except DoesNotFitError as err:
-            err.message, err.model = f"{e.name} does not fit this machine even alone: {err.message}", e.name
-            raise
+            raise err.but(
+                message=f"{e.name} does not fit this machine even alone: {err.message}", model=e.name
+            ) from err
     pinned = [e.pinned_ctx(model_args) for e in entries]
     alone_ctx = [p.plan.n_ctx for p in alone]
     n = len(entries)
