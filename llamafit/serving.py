@@ -37,7 +37,7 @@ from llamafit.plan import to_json
 from llamafit.prepare import Prepared
 from llamafit.server.failures import classify
 from llamafit.server.liveness import Liveness, Watchdog, api_key
-from llamafit.server.logparse import LoadLog, is_error
+from llamafit.server.logparse import OOM_WORDS, LoadLog, error_text, is_error
 from llamafit.server.metrics import Metrics
 from llamafit.server.restarts import RestartPolicy, Restarts
 from llamafit.server.supervisor import Outcome, Supervisor, is_key_line
@@ -132,6 +132,24 @@ class Served:
 
     code: int
     failure: tuple[str, str | None, dict[str, Any] | None] | None = None
+
+
+class LastError:
+    """The last error line a ready server logged, said with the reason it was found wedged (a server that
+    cannot allocate at run time can hang rather than die: the allocation's error is the cause)."""
+
+    def __init__(self) -> None:
+        self.text: str | None = None
+
+    def feed(self, line: str) -> None:
+        if (text := error_text(line)) is not None:
+            self.text = text[:300]
+
+    def reason(self, why: str) -> str:
+        if self.text is None:
+            return why
+        oom = " (it ran out of memory)" if any(w in self.text for w in OOM_WORDS) else ""
+        return f"{why}; its last error: {self.text}{oom}"
 
 
 class RequestTimes:
@@ -310,6 +328,7 @@ def _attempt(
     on_event(Note(shellwords.join(argv)))  # one line, copyable
     on_event(Note(f"loading {prep.plan.model.name} ..."))
     times = RequestTimes(prep, on_event, metrics)
+    last = LastError()
     wedged: list[str] = []
     dogs: list[Watchdog] = []
     watches: list[MemoryWatch] = []
@@ -319,13 +338,15 @@ def _attempt(
 
     def on_line(line: str) -> None:
         times.feed(line)
+        if dogs:  # after ready
+            last.feed(line)
         on_event(ServerLine(line, is_key_line(line), is_error(line)))
 
     def on_ready(url: str, log: LoadLog) -> None:
         rows = tuple(compare_all(prep, log))
         doc = to_json(prep.plan, argv)
         on_event(Ready(url, rows, tuple(free_drift(prep, log)), tuple(log.fit), dict(log.device_free_mib), doc))
-        dogs.append(Watchdog(url, liveness, wedged.append, api_key(argv, env)).start())
+        dogs.append(Watchdog(url, liveness, lambda why: wedged.append(last.reason(why)), api_key(argv, env)).start())
         if sup.pid is not None:
             watches.append(watch_memory(prep, sup.pid, watch, warn, metrics))
         if metrics is not None:

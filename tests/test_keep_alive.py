@@ -6,10 +6,12 @@ but fails every generation, and the real llama-server stopped with SIGSTOP (a ha
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -193,6 +195,41 @@ def test_a_hung_server_is_killed_and_started_again(server_bin: ServerBinary, mod
             p.wait()
 
 
+@pytest.mark.server
+@pytest.mark.skipif(shutil.which("prlimit") is None, reason="prlimit (util-linux) is not here")
+def test_a_server_out_of_memory_at_run_time_is_said_and_started_again(
+    server_bin: ServerBinary, model: Path, tmp_path: Path
+) -> None:
+    """A run-time out-of-memory, staged: the ready server's address space capped (``prlimit --as``) a little
+    above what it holds, then a request. Its allocation fails and it hangs; the liveness probe stops it with
+    the allocation's own error as the cause, and it is started again (without the cap)."""
+    port, events = free_port(), tmp_path / "events.jsonl"
+    argv = [*LLAMAFIT, "run", str(model), "--server", server_bin.path, "--liveness", "1", "--max-restarts", "1",
+            "--events", str(events), "--", "--port", str(port)]  # fmt: skip
+    with (tmp_path / "stderr").open("w") as err:
+        p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, text=True, start_new_session=True)
+    try:
+        first: list[psutil.Process] = []
+        assert wait_for(lambda: _found(first, p, port, set()), 60)
+        assert wait_for(lambda: _ready_events(events) >= 1, 60), "llamafit never saw the server ready"
+        cap = first[0].memory_info().vms + (64 << 20)
+        subprocess.run(["prlimit", "--pid", str(first[0].pid), f"--as={cap}"], check=True)
+        with contextlib.suppress(OSError, http.client.HTTPException):
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            c.request("POST", "/completion", json.dumps({"prompt": "word " * 400, "n_predict": 4}))
+            c.getresponse().read()
+        assert wait_for(lambda: _ready_events(events) >= 2, 60), (tmp_path / "stderr").read_text()[-3000:]
+        said = (tmp_path / "stderr").read_text()
+        assert "std::bad_alloc (it ran out of memory); starting it again in 1 s" in said, said[-3000:]
+    finally:
+        os.killpg(p.pid, signal.SIGINT)
+        try:
+            p.wait(timeout=60)
+        finally:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+
+
 def _answers(port: int) -> bool:
     return probe(f"http://127.0.0.1:{port}", 5) is None
 
@@ -219,6 +256,21 @@ def test_a_probes_own_request_is_not_a_speed_measurement() -> None:
 
     assert probe_sized(Served(6, 0.5, 1, 0.0))
     assert not probe_sized(Served(6, 0.5, 64, 400.0)) and not probe_sized(Served(300, 90.0, 1, 0.0))
+
+
+def test_a_wedged_servers_reason_names_its_last_error() -> None:
+    from llamafit.serving import LastError
+
+    last = LastError()
+    assert last.reason("no answer") == "no answer"
+    last.feed("0.08.667.200 I srv  update_slots: all slots are idle")
+    last.feed("0.08.667.238 E srv  update_slots: decode() failed: std::bad_alloc")
+    last.feed("0.08.667.354 W srv          stop: cancel task, id_task = 1")  # a warning is not an error
+    assert last.reason("no answer") == (
+        "no answer; its last error: srv  update_slots: decode() failed: std::bad_alloc (it ran out of memory)"
+    )
+    last.feed("0.09.000.000 E srv  send_error: task id = 2, error: the request exceeds the context")
+    assert last.reason("x").endswith("exceeds the context")  # not a memory error: no memory words added
 
 
 # -- host memory over the server's life ----------------------------------------------------------------------

@@ -59,6 +59,18 @@ def is_error(line: str) -> bool:
     return bool((m and _ANSI.sub("", m.group(0)).rstrip().endswith(" E")) or _ANSI.sub("", line).startswith("E "))
 
 
+def error_text(line: str) -> str | None:
+    """An error line's message without its timestamp and level (None: not an error line)."""
+    if not is_error(line):
+        return None
+    m = _PREFIX.match(line)
+    text = line[m.end() :] if m else _ANSI.sub("", line)[2:]
+    return _ANSI.sub("", text).strip()
+
+
+OOM_WORDS = ("std::bad_alloc", "failed to allocate", "out of memory", "cudaMalloc failed")
+
+
 @dataclass
 class ObservedContext:
     label: str  # target | draft | mtp

@@ -5,10 +5,11 @@ itself: an instance that dies is marked unloaded (``on_child_exit``, tools/serve
 until a request autoloads it, and one that hangs stays hung. So each ready instance gets what ``run`` gives one
 server: a liveness probe on its own port (a real one-token generation, ``llamafit.server.liveness``), a watch
 of its own process's memory against its plan, its requests timed against its plan, and its own metrics labels.
-An instance that stops serving is unloaded through the router (which gives it its stop timeout and then kills
-it, server-models.cpp:238-244), killed here if it is still there after that, and loaded again; a resident one
-that died is loaded again. Both as ``--restart`` says, counted per model; a model loaded on demand is only
-unloaded (its next request loads it). Nothing here prints: what happens is said through ``on_event``.
+An instance that stops serving is unloaded through the router (which would give it its stop timeout and then
+kill it, server-models.cpp:238-244), killed here if it is still there after llamafit's own stop grace, and
+loaded again; a resident one that died is loaded again. Both as ``--restart`` says, counted per model; a
+model loaded on demand is only unloaded (its next request loads it). Nothing here prints: what happens is
+said through ``on_event``.
 """
 
 from __future__ import annotations
@@ -30,10 +31,21 @@ from llamafit.server.liveness import Liveness, Watchdog, request
 from llamafit.server.metrics import Metrics
 from llamafit.server.restarts import RestartPolicy, Restarts
 from llamafit.server.watch import MemoryWatch
-from llamafit.serving import NO_PROBES, NO_RESTART, Note, OnEvent, RequestTimes, memory_metrics, watch_memory
+from llamafit.serving import (
+    NO_PROBES,
+    NO_RESTART,
+    WEDGED_STOP,
+    LastError,
+    Note,
+    OnEvent,
+    RequestTimes,
+    memory_metrics,
+    watch_memory,
+)
 from llamafit.several.router_log import Instance
 
-STOP_WAIT = 15.0  # seconds an unloaded instance has to exit: the router's own stop timeout (10 s) and some
+STOP_WAIT = WEDGED_STOP  # seconds an unloaded wedged instance has to exit before llamafit kills it, as it
+# kills one wedged server (the router would wait its own stop timeout, 10 s, for a hung one that cannot exit)
 API_WAIT = 10.0  # seconds the router's /models/load and /models/unload have to answer
 
 
@@ -57,6 +69,7 @@ class _Kept:
     memory: MemoryWatch | None = None
     times: RequestTimes | None = None
     rows: tuple[Row, ...] = ()
+    last: LastError = field(default_factory=LastError)
 
     def stop(self) -> None:
         for w in (self.dog, self.memory):
@@ -91,6 +104,7 @@ class Keeper:
         kept = self._kept.get(inst.name)
         if kept is not None and kept.times is not None and kept.port == inst.port:
             kept.times.feed(text)
+            kept.last.feed(text)
 
     def ready(self, inst: Instance, rows: tuple[Row, ...]) -> None:
         """``inst`` is ready: its probes start."""
@@ -99,7 +113,11 @@ class Keeper:
         kept = _Kept(inst.port, pid, rows=rows)
         kept.times = RequestTimes(prep, self.on_event, self.metrics(name), prefix=f"{name}: ")
         url = f"http://127.0.0.1:{inst.port}"
-        kept.dog = Watchdog(url, self.keep.liveness, lambda why: self._wedged(name, inst.port, why), self.key)
+
+        def wedged(why: str) -> None:
+            self._wedged(name, inst.port, kept.last.reason(why))
+
+        kept.dog = Watchdog(url, self.keep.liveness, wedged, self.key)
         if pid is not None:
             kept.memory = watch_memory(prep, pid, self.keep.watch, self._warn(name), self.metrics(name))
         with self._lock:
@@ -144,7 +162,7 @@ class Keeper:
         for k in kept:
             k.stop()
         for t in self._threads:
-            t.join(timeout=STOP_WAIT + API_WAIT)
+            t.join(timeout=STOP_WAIT + 2 * API_WAIT)
 
     def _warn(self, name: str) -> Callable[[str], None]:
         return lambda text: self.on_event(Note(f"{name}: {text}", "warning"))
