@@ -143,7 +143,7 @@ def test_the_wheel_installs_the_scripts(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
                         str(tmp_path), str(ROOT)], capture_output=True, text=True, timeout=300)  # fmt: skip
     assert r.returncode == 0, r.stderr
-    (wheel,) = tmp_path.glob("llamafit-*.whl")
+    (wheel,) = tmp_path.glob("llamafit_cli-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     for installed in ("share/bash-completion/completions/llamafit", "share/zsh/site-functions/_llamafit",
                       "share/fish/vendor_completions.d/llamafit.fish"):  # fmt: skip
