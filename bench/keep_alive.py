@@ -19,10 +19,12 @@ Writes bench/results/keep_alive.json and prints the numbers. Not a test: nothing
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -72,21 +74,35 @@ def serves(port: int) -> bool:
     return probe(f"http://127.0.0.1:{port}", 5) is None
 
 
+SAID: dict[int, Path] = {}  # llamafit's stderr, by pid: a file, since a pipe nobody reads while it serves fills
+# and blocks llamafit's writes (then the server's, then its probes fail)
+
+
 def launch(model: Path, server: str, env: dict[str, str], *extra: str) -> tuple[subprocess.Popen[str], int]:
     port = free_port()
     argv = [*LLAMAFIT, "run", str(model), "--server", server, *extra, "--", "--port", str(port)]
-    p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    err = Path(tempfile.mkstemp(prefix="llamafit-keepalive-", suffix=".err")[1])
+    with err.open("w") as f:
+        p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=f, text=True, env=env)
+    SAID[p.pid] = err
     return p, port
 
 
 def ended(p: subprocess.Popen[str]) -> str:
+    """Stop llamafit (SIGINT, SIGKILL after 60 s); what it said."""
     if p.poll() is None:
         p.send_signal(signal.SIGINT)
     try:
-        return p.communicate(timeout=60)[1]
+        p.wait(timeout=60)
     except subprocess.TimeoutExpired:
         p.kill()
-        return p.communicate()[1]
+        p.wait()
+    err = SAID.pop(p.pid, None)
+    if err is None:
+        return ""
+    text = err.read_text(errors="replace")
+    err.unlink(missing_ok=True)
+    return text
 
 
 def events_of(path: Path) -> list[dict[str, object]]:
@@ -96,12 +112,31 @@ def events_of(path: Path) -> list[dict[str, object]]:
         return []
 
 
-def real_fault(tmp: Path, model: Path, server: str, env: dict[str, str], sig: signal.Signals) -> dict[str, object]:
-    """The fault is sent once llamafit itself said the server is ready (its --events file), and timed to its
+def signal_fault(sig: signal.Signals) -> tuple[str, Callable[[psutil.Process, int], None]]:
+    return f"{sig.name} of the server", lambda server, _port: os.kill(server.pid, sig)
+
+
+def out_of_memory(server: psutil.Process, port: int) -> None:
+    """A run-time out-of-memory: the server's address space capped 64 MiB above what it holds, then a request
+    whose allocation fails (the server logs std::bad_alloc and hangs)."""
+    cap = server.memory_info().vms + (64 << 20)
+    subprocess.run(["prlimit", "--pid", str(server.pid), f"--as={cap}"], check=True)
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    with contextlib.suppress(OSError, http.client.HTTPException):
+        c.request("POST", "/completion", body=json.dumps({"prompt": "word " * 400, "n_predict": 4}))
+        c.getresponse().read()
+    c.close()
+
+
+def real_fault(
+    tmp: Path, model: Path, server: str, env: dict[str, str], fault: tuple[str, Callable[[psutil.Process, int], None]]
+) -> dict[str, object]:
+    """The fault is made once llamafit itself said the server is ready (its --events file), and timed to its
     next "ready": the server serving again under llamafit."""
-    events = tmp / f"events-{sig.name}.jsonl"
+    name, make = fault
+    events = tmp / f"events-{len(list(tmp.glob('events-*')))}.jsonl"
     p, port = launch(model, server, env, "--liveness", "2", "--max-restarts", "2", "--events", str(events))
-    row: dict[str, object] = {"fault": f"{sig.name} of the server", "liveness_s": 2}
+    row: dict[str, object] = {"fault": name, "liveness_s": 2}
     first: psutil.Process | None = None
     later: list[psutil.Process] = []
 
@@ -112,15 +147,53 @@ def real_fault(tmp: Path, model: Path, server: str, env: dict[str, str], sig: si
         if until(lambda: readies() == 1 and servers_of(p, port), 120) is None:
             return {**row, "error": "never ready"}
         first = servers_of(p, port)[0]
-        os.kill(first.pid, sig)
+        t0 = time.monotonic()
+        make(first, port)
         t = until(lambda: readies() == 2, 120)
-        row["serving_again_s"] = round(t, 2) if t is not None else None
+        row["serving_again_s"] = round(time.monotonic() - t0, 2) if t is not None else None
         row["answers"] = serves(port)
         later = servers_of(p, port)
     finally:
         ended(p)
     row["left_running"] = (first is not None and alive(first)) or any(alive(c) for c in later)
     row["said"] = next((e["text"] for e in events_of(events) if e.get("event") == "notice"), None)
+    return row
+
+
+def router_faults(tmp: Path, model: Path, server: str, env: dict[str, str]) -> dict[str, object]:
+    """Under the router (two models): one instance SIGSTOPped and another SIGKILLed at once, each timed to
+    llamafit saying it is ready again (its instance_ready event)."""
+    other = tmp / "second.gguf"
+    shutil.copy(model, other)
+    events, port = tmp / "events-router.jsonl", free_port()
+    argv = [*LLAMAFIT, "run", str(model), str(other), "--server", server, "--liveness", "2", "--events", str(events),
+            "--", "--port", str(port)]  # fmt: skip
+    p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+
+    def readies() -> list[dict[str, object]]:
+        return [e for e in events_of(events) if e.get("event") == "instance_ready"]
+
+    row: dict[str, object] = {"fault": "router: one instance SIGSTOPped, another SIGKILLed", "liveness_s": 2}
+    hit: list[psutil.Process] = []
+    try:
+        if until(lambda: len(readies()) >= 2, 120) is None:
+            return {**row, "error": "never ready"}
+        kids = psutil.Process(p.pid).children(recursive=True)
+        for e, sig in zip(readies(), (signal.SIGSTOP, signal.SIGKILL), strict=True):
+            hit.append(next(c for c in kids if f"--port {e['port']}" in " ".join(c.cmdline())))
+            row[f"{e['model']}"] = sig.name
+        t0 = time.monotonic()
+        for c, sig in zip(hit, (signal.SIGSTOP, signal.SIGKILL), strict=True):
+            os.kill(c.pid, sig)
+        again: dict[str, float] = {}
+        while len(again) < 2 and time.monotonic() - t0 < 120:
+            for e in readies()[2:]:
+                again.setdefault(str(e["model"]), round(time.monotonic() - t0, 2))
+            time.sleep(0.05)
+        row["ready_again_s"] = {str(k): again.get(str(k)) for k, v in row.items() if v in ("SIGSTOP", "SIGKILL")}
+    finally:
+        ended(p)
+    row["left_running"] = any(alive(c) for c in hit)
     return row
 
 
@@ -179,18 +252,29 @@ def soak(model: Path, server: str, env: dict[str, str], minutes: float) -> dict[
         "device",
     ]
     own_peak, requests, t_end = 0, 0, time.monotonic() + minutes * 60
+    failed: list[str] = []
     while time.monotonic() < t_end:
         prompt = " ".join(rng.choice(words) for _ in range(rng.randint(5, 600))) + f" #{requests}"
-        complete(port, prompt, rng.randint(1, 64))
+        try:
+            complete(port, prompt, rng.randint(1, 64))
+        except (OSError, http.client.HTTPException) as e:  # the server's HTTP layer dropped one: counted
+            failed.append(f"request {requests}: {e!r}")
+            if len(failed) > 10 or p.poll() is not None:
+                return {"error": "; ".join(failed[-3:]), "llamafit_said": ended(p)[-4000:]}
         requests += 1
         own_peak = max(own_peak, smaps_anon(srv.pid) or 0)
+    # the prompt cache grows ~8 MiB a second under this load: the watch samples every 5 s, so its last sample
+    # can be 5 s behind the last request. Quiet for one interval, both read the same memory.
+    time.sleep(6)
+    own_peak = max(own_peak, smaps_anon(srv.pid) or 0)
     ended(p)
     h = subprocess.run([*LLAMAFIT, "history", "--json"], capture_output=True, text=True, env=env, timeout=60)
     mem = json.loads(h.stdout)["launches"][-1].get("host_memory") or {}
     peak = float(mem.get("peak_mib", 0))
     own = own_peak / (1 << 20)
     return {
-        "minutes": minutes, "requests": requests, "watch_peak_mib": peak, "independent_peak_mib": round(own, 2),
+        "minutes": minutes, "requests": requests, "dropped": failed, "watch_peak_mib": peak,
+        "independent_peak_mib": round(own, 2),
         "agreement": round(abs(peak - own) / own, 4) if own else None, "allowed_mib": mem.get("allowed_mib"),
         "at_ready_mib": mem.get("at_ready_mib"), "within_plan": peak <= float(mem.get("allowed_mib", 0)),
         "samples": mem.get("samples"), "watch_cpu_ms": mem.get("cpu_ms"),
@@ -202,12 +286,21 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--minutes", type=float, default=3.0)
     ap.add_argument("--server")
+    ap.add_argument("--soak-only", action="store_true", help="the soak again, the faults' results kept")
     a = ap.parse_args()
     srv = find_server(a.server)
     tmp = Path(tempfile.mkdtemp(prefix="llamafit-keepalive-"))
     env = dict(os.environ, LLAMAFIT_DATA=str(tmp / "data"), LLAMAFIT_PROBE="off")
     model = ensure_demo_model(tmp / "m")
-    faults = [real_fault(tmp, model, srv.path, env, s) for s in (signal.SIGKILL, signal.SIGSTOP)]
+    if a.soak_only:  # the soak again, the faults' results kept
+        s = soak(model, srv.path, env, a.minutes)
+        print(json.dumps(s))
+        path = HERE / "results" / "keep_alive.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "soak": s}, indent=1) + "\n")
+        return
+    made = [signal_fault(signal.SIGKILL), signal_fault(signal.SIGSTOP), ("run-time out of memory", out_of_memory)]
+    faults = [real_fault(tmp, model, srv.path, env, f) for f in made]
+    faults.append(router_faults(tmp, model, srv.path, env))
     faults.append(stand_in_fault(tmp, model, env, "answers, fails every generation", FAILS_GENERATIONS))
     faults.append(stand_in_fault(tmp, model, env, "a restart loop (dies at once after ready)", READY + CRASHES_AT_ONCE))
     for f in faults:

@@ -94,6 +94,11 @@ def test_a_hung_instance_is_reloaded_and_a_killed_one_loaded_again(server_bin: S
             assert f'llamafit_host_memory_bytes{{model="{name}"}}' in text
     finally:
         assert run.stop() == 0, run.said()[-3000:]
+    # every instance's launch recorded as it stopped, with its host memory's high-water marks: four launches
+    h = subprocess.run([sys.executable, "-m", "llamafit", "history", "--json"], capture_output=True, text=True)
+    launches = json.loads(h.stdout)["launches"]
+    assert len(launches) == 4, [e["model"]["name"] for e in launches]
+    assert all(e["host_memory"]["peak_mib"] >= e["host_memory"]["at_ready_mib"] > 0 for e in launches)
 
 
 @pytest.mark.parametrize(

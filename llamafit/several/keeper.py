@@ -25,9 +25,10 @@ from dataclasses import dataclass, field
 import psutil
 
 from llamafit.compare import Row
-from llamafit.launch import exit_reason
+from llamafit.launch import exit_reason, record_launch
 from llamafit.prepare import Prepared
 from llamafit.server.liveness import Liveness, Watchdog, request
+from llamafit.server.logparse import LoadLog
 from llamafit.server.metrics import Metrics
 from llamafit.server.restarts import RestartPolicy, Restarts
 from llamafit.server.watch import MemoryWatch
@@ -61,10 +62,11 @@ class KeepSettings:
 
 @dataclass
 class _Kept:
-    """One ready instance's probes."""
+    """One ready instance's probes, and its load log (recorded with what they saw when it stops)."""
 
     port: int
     pid: int | None
+    log: LoadLog
     dog: Watchdog | None = None
     memory: MemoryWatch | None = None
     times: RequestTimes | None = None
@@ -110,7 +112,7 @@ class Keeper:
         """``inst`` is ready: its probes start."""
         name, prep = inst.name, self.plans[inst.name]
         pid = _instance_pid(self.router_pid, inst.port)
-        kept = _Kept(inst.port, pid, rows=rows)
+        kept = _Kept(inst.port, pid, inst.log(), rows=rows)
         kept.times = RequestTimes(prep, self.on_event, self.metrics(name), prefix=f"{name}: ")
         url = f"http://127.0.0.1:{inst.port}"
 
@@ -126,7 +128,7 @@ class Keeper:
             self._ours.discard(name)
             self._loading.discard(name)
         if old is not None:
-            old.stop()
+            self._record(name, old)
         kept.dog.start()
         if (m := self.metrics(name)) is not None:
             memory_metrics(m, rows)
@@ -140,7 +142,7 @@ class Keeper:
             reload = name in self._loading
             self._loading.discard(name)
         if kept is not None:
-            kept.stop()
+            self._record(name, kept)
         if (m := self.metrics(name)) is not None:
             m.serving(False)
         if ours or self._stopping.is_set() or not (inst.ready or kept is not None or reload):
@@ -158,11 +160,20 @@ class Keeper:
         """The router is ending: every probe and pending restart stops."""
         self._stopping.set()
         with self._lock:
-            kept, self._kept = list(self._kept.values()), {}
-        for k in kept:
-            k.stop()
+            kept, self._kept = dict(self._kept), {}
+        for name, k in kept.items():
+            self._record(name, k)
         for t in self._threads:
             t.join(timeout=STOP_WAIT + 2 * API_WAIT)
+
+    def _record(self, name: str, kept: _Kept) -> None:
+        """Its probes stop; its launch is recorded (each instance teaches the next plan of its model) with the
+        requests it timed and its host memory's high-water marks, as one server's is."""
+        kept.stop()
+        checks = kept.times.checks if kept.times is not None else []
+        held = kept.memory.summary() if kept.memory is not None else None
+        for why in record_launch(self.plans[name], kept.log, checks, held):
+            self.on_event(Note(f"{name}: {why}"))
 
     def _warn(self, name: str) -> Callable[[str], None]:
         return lambda text: self.on_event(Note(f"{name}: {text}", "warning"))

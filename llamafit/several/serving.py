@@ -15,7 +15,7 @@ from typing import Any
 from llamafit import shellwords
 from llamafit.compare import Row
 from llamafit.errors import ExitCode
-from llamafit.launch import compare_all, exit_reason, record_launch
+from llamafit.launch import compare_all, exit_reason
 from llamafit.server.failures import Failure, classify
 from llamafit.server.liveness import api_key
 from llamafit.server.logparse import is_error
@@ -106,11 +106,7 @@ def _router_attempt(
         on_event(AllReady(w.url, tuple(sorted(resident))))
 
     def instance_ready(inst: Instance) -> None:
-        m = plans[inst.name]
-        log = inst.log()
-        rows: tuple[Row, ...] = tuple(compare_all(m.prep, log))
-        for why in record_launch(m.prep, log):  # each instance teaches the next plan of its model
-            on_event(Note(f"{m.entry.name}: {why}"))
+        rows: tuple[Row, ...] = tuple(compare_all(plans[inst.name].prep, inst.log()))
         reported.add(inst.name)
         on_event(InstanceReady(inst.name, inst.port, rows))
         keeper.router_pid = sup.pid
