@@ -2,7 +2,7 @@
 """The speed model on hardware it has never measured: the public llama.cpp measurements of
 ``bench/data/speed_dev.json`` (each row cited), planned on the row's cards described with ``--gpu``.
 
-Each row names its cards (``--gpu`` specs: a card of ``llamafit.speed.gpus``, ``SIZE@card`` for Apple's), a
+Each row names its cards (``--gpu`` specs: a card of ``llamafit.devices.cards``, ``SIZE@card`` for Apple's), a
 model shape (``MODELS``: the published config's dimensions, the quant's tensor types as ``llama-quantize
 --dry-run`` of this build gives them, no weights) and the tg and pp it measured. llamafit plans the row as
 llama-bench ran it (every layer offloaded, its default split by memory, ``-ub 512``, flash attention off,
@@ -35,10 +35,10 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from llamafit.devices import cards  # noqa: E402
 from llamafit.options import Options  # noqa: E402
 from llamafit.prepare import Prepared, prepare  # noqa: E402
 from llamafit.server.binary import find_server  # noqa: E402
-from llamafit.speed import gpus  # noqa: E402
 from tests import factory  # noqa: E402
 from tests.quantmix import quantize_types, quantized  # noqa: E402
 
@@ -92,7 +92,7 @@ def model_file(key: str, d: Path) -> Path:
 
 
 def plan_row(row: dict[str, Any], path: Path) -> Prepared:
-    cards = [gpus.lookup(s.partition("@")[2] or s) for s in row["gpus"]]
+    cards = [cards.lookup(s.partition("@")[2] or s) for s in row["gpus"]]
     split = [str(round((c.memory if c and c.memory else 1) / 2**30)) for c in cards]
     depth = int(row.get("depth", 0))
     args = ["-ngl", "999", "-c", str(depth + 1024), "-np", "1", "-fa", row.get("fa", "off"), "-ub", "512", "-b", "2048"]

@@ -17,6 +17,7 @@ from llamafit import bound
 from llamafit.calibration import Corrections, corrections, measured_mmproj_compute
 from llamafit.devices.described import described_host
 from llamafit.devices.machine import Machine, discover
+from llamafit.devices.rates import parse_rate
 from llamafit.devices.rpc import discover_rpc, same_servers
 from llamafit.errors import DoesNotFitError, LlamafitError, UsageError
 from llamafit.fit import make_plan
@@ -39,7 +40,6 @@ from llamafit.server.compat import normalize_bare_flash_attn, supported, transla
 from llamafit.server.environment import ChildEnv, child_env, config_findings
 from llamafit.speculative import spec_options
 from llamafit.speed.machine import MEASURE_BUDGET, RateSource
-from llamafit.speed.rates import parse_rate
 from llamafit.tuned import cached_winner
 
 

@@ -13,8 +13,10 @@ import pytest
 from typer.testing import CliRunner
 
 from llamafit.cli.app import app
+from llamafit.devices.cards import lookup
 from llamafit.devices.described import described_gpu
 from llamafit.devices.machine import Device, GpuProbeError, Host, Machine, PhysicalGpu, discover
+from llamafit.devices.rates import Rates, nvml_rates, parse_rate
 from llamafit.errors import UsageError
 from llamafit.fit import make_plan
 from llamafit.gguf.model import ModelInfo
@@ -25,9 +27,7 @@ from llamafit.speed import probe as pr
 from llamafit.speed import probe_models as pm
 from llamafit.speed.bench import bench_flags, parse_jsonl
 from llamafit.speed.calibrate import correction
-from llamafit.speed.gpus import lookup
 from llamafit.speed.priors import PRIORS
-from llamafit.speed.rates import Rates, nvml_rates, parse_rate
 from llamafit.speed.timings import TimingReader
 from llamafit.units import GiB
 from tests import factory

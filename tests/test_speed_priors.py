@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 from llamafit.cli.app import app
 from llamafit.devices.described import described_gpu, described_gpus
 from llamafit.devices.machine import Host, Machine, discover
+from llamafit.devices.rates import Rates
 from llamafit.errors import UsageError
 from llamafit.fit import make_plan
 from llamafit.gguf.model import ModelInfo
@@ -20,7 +21,6 @@ from llamafit.request import build_request
 from llamafit.server.args import parse_server_args
 from llamafit.speed import priors
 from llamafit.speed.machine import host_rates, known_rates
-from llamafit.speed.rates import Rates
 from llamafit.units import GiB
 
 HOST = Host(total=256 * GiB, available=240 * GiB)

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from llamafit import store
+from llamafit.devices.cards import lookup
 from llamafit.devices.described import described_gpu
 from llamafit.numbers import jsonable, to_float, to_int
 from llamafit.server.bounded import MAX_OUTPUT, run_bounded
@@ -26,7 +27,6 @@ from llamafit.server.failures import classify
 from llamafit.server.supervisor import listening_url
 from llamafit.speed import probe as pr
 from llamafit.speed.bench import parse_jsonl
-from llamafit.speed.gpus import lookup
 from llamafit.speed.model import MAX_UBATCHES, _ubatches
 from llamafit.speed.timings import TimingReader
 from llamafit.tuned import tune_flags

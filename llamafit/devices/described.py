@@ -45,12 +45,12 @@ _BACKEND_PREFIX = {
 
 def described_gpu(spec: str, index: int = 0) -> Device:
     """One ``--gpu`` device: ``FREE[/TOTAL]``, ``FREE[/TOTAL]@RATE`` (its memory bandwidth, e.g. 1008GB/s),
-    ``FREE[/TOTAL]@CARD`` or ``CARD`` alone (a card of llamafit.speed.gpus: its memory, bandwidth, FP16
+    ``FREE[/TOTAL]@CARD`` or ``CARD`` alone (a card of llamafit.devices.cards: its memory, bandwidth, FP16
     throughput, backend and whether its memory is the host's), each optionally after ``BACKEND:`` (cuda, rocm,
     vulkan, metal, sycl, musa: the backend it runs with, else the card's, else CUDA). Its id is the backend's
     (``CUDA0``, ``Vulkan0``, ``MTL0``) numbered by ``index`` (default 0)."""
-    from llamafit.speed import gpus
-    from llamafit.speed.rates import parse_rate
+    from llamafit.devices import cards
+    from llamafit.devices.rates import parse_rate
 
     prefix, colon, rest = spec.partition(":")
     backend = _BACKEND_PREFIX.get(prefix.strip().lower()) if colon else None
@@ -60,7 +60,7 @@ def described_gpu(spec: str, index: int = 0) -> Device:
         )
     body = rest if backend else spec
     mem, _, speed = body.partition("@")
-    card = gpus.lookup(mem) if not speed and not re.match(r"\s*[\d.]", mem) else None
+    card = cards.lookup(mem) if not speed and not re.match(r"\s*[\d.]", mem) else None
     if card is not None:
         mem, speed = "", mem
     bandwidth, source, name = 0.0, "", f"--gpu {spec}"
@@ -68,12 +68,12 @@ def described_gpu(spec: str, index: int = 0) -> Device:
         if re.search(r"/s\s*$", speed, re.IGNORECASE):
             bandwidth, source = parse_rate(speed, "--gpu"), "given"
         else:
-            card = card or gpus.lookup(speed)
+            card = card or cards.lookup(speed)
             if card is None:
                 raise UsageError(
                     f"--gpu {spec}: no card called {speed!r} is known",
                     hint="give its bandwidth instead (e.g. 24GiB@1008GB/s), or one of: "
-                    + ", ".join(gpus.names()[:12])
+                    + ", ".join(cards.names()[:12])
                     + ", ...",
                 )
             bandwidth, source, name = card.bandwidth, "table", f"{card.name} (--gpu {spec})"

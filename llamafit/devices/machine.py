@@ -36,11 +36,11 @@ from llamafit.devices.listed import (
     read_devices,
     remember_device_set,
 )
+from llamafit.devices.rates import nvml_rates
 from llamafit.devices.types import Device as Device  # re-exported: the devices package's types
 from llamafit.devices.types import Host as Host
 from llamafit.devices.types import Machine as Machine
 from llamafit.errors import UsageError
-from llamafit.speed.rates import nvml_rates
 from llamafit.units import MiB
 
 
@@ -234,7 +234,7 @@ def _nvml_devices(
 
 
 def _speed_fields(g: PhysicalGpu) -> dict[str, Any]:
-    """Peak bandwidth and PCIe link from NVML's numbers (llamafit.speed.rates.nvml_rates)."""
+    """Peak bandwidth and PCIe link from NVML's numbers (llamafit.devices.rates.nvml_rates)."""
     r = nvml_rates(g.mem_bus_width, g.mem_clock_mhz, g.pcie_gen, g.pcie_width)
     if r is None:
         return {}

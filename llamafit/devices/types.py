@@ -27,7 +27,7 @@ class Device:
     bandwidth: float = 0.0  # peak memory bytes/s where known (NVML, a named card, --gpu SIZE@RATE); 0: not known
     bandwidth_source: str = ""  # nvml | table | given
     link: float = 0.0  # bytes/s of its link to host memory (NVML's PCIe generation and width); 0: not known
-    fp16: float = 0.0  # FLOP/s of dense FP16 matmuls where the card is known (llamafit.speed.gpus); 0: not known
+    fp16: float = 0.0  # FLOP/s of dense FP16 matmuls where the card is known (llamafit.devices.cards); 0: not known
 
 
 @dataclass(frozen=True)

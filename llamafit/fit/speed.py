@@ -8,6 +8,7 @@ from dataclasses import replace
 from typing import Protocol
 
 from llamafit.devices.machine import Device
+from llamafit.devices.rates import Rates
 from llamafit.fit.search import Trial
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory import backends
@@ -16,7 +17,6 @@ from llamafit.memory.graph.replay import nodes_per_layer
 from llamafit.memory.placement import CPU
 from llamafit.plan import Plan
 from llamafit.speed.model import Speed, predict
-from llamafit.speed.rates import Rates
 
 NO_RATE = "no measured or given speed"  # llamafit.speed.model's word for a device without rates
 

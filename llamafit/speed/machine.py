@@ -23,17 +23,18 @@ from dataclasses import replace
 from pathlib import Path
 
 from llamafit.calibration import model_id, read_history
+from llamafit.devices import cards
 from llamafit.devices.machine import Device, Machine
+from llamafit.devices.rates import Rates
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory import backends
 from llamafit.memory.placement import CPU
 from llamafit.paths import cache_dir
-from llamafit.speed import gpus, load, priors
+from llamafit.speed import load, priors
 from llamafit.speed import probe as pr
 from llamafit.speed import probe_models as pm
 from llamafit.speed.bench import bench_binary
 from llamafit.speed.calibrate import SpeedCorrection, correction, speed_key
-from llamafit.speed.rates import Rates
 
 PROBE_ENV = "LLAMAFIT_PROBE"
 MAX_TYPES = 3  # weight types probed per device: those that hold 90 % of the bytes, at most this many
@@ -70,7 +71,7 @@ def known_rates(g: Device) -> Rates | None:
     priors (``llamafit.speed.priors``); None where no peak is known (an RPC device, an unknown card)."""
     if g.kind != "gpu":
         return None
-    card = gpus.lookup(g.name)
+    card = cards.lookup(g.name)
     bandwidth, source = g.bandwidth, g.bandwidth_source or "given"
     if bandwidth <= 0 and card is not None:
         bandwidth, source = card.bandwidth, "table"

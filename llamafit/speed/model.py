@@ -1,5 +1,5 @@
 """The speed model: prompt processing and token generation in tokens/s for a plan, from what the plan places
-where (``llamafit.speed.work``) and what each device does per second (``llamafit.speed.rates``).
+where (``llamafit.speed.work``) and what each device does per second (``llamafit.devices.rates``).
 
 One evaluation of a ubatch takes, device after device (llama.cpp runs a layer split serially), each
 device's time for its part, plus each graph split's synchronisation and the activations crossing it, plus
@@ -21,10 +21,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from llamafit.devices.rates import Rates
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory.context import ContextParams
 from llamafit.memory.placement import CPU, WeightPlacement
-from llamafit.speed.rates import Rates
 from llamafit.speed.work import DeviceWork, Evaluation, evaluate
 
 PROMPT = 512  # llama-bench's pp512 and tg128, at depth 0 unless stated

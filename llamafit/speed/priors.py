@@ -1,7 +1,7 @@
 """What a device does per second where nothing was measured on it: priors per backend, applied to what is known
 about the device (its peak memory bandwidth, its dense FP16 matrix throughput, its link).
 
-A prior is the same set of terms the probe measures (``llamafit.speed.rates.Rates``), each one the share of a
+A prior is the same set of terms the probe measures (``llamafit.devices.rates.Rates``), each one the share of a
 published peak that llama.cpp's kernels reach, or a fixed cost:
 
 * **streaming**: mat-vec kernels (one token) read quantized weights at ``stream_quant`` of the peak
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from llamafit.speed.rates import Rates, pcie_link
+from llamafit.devices.rates import Rates, pcie_link
 
 FLOAT_TYPES = ("f16", "bf16", "f32")  # ggml_type_name spelling, as Rates key types
 

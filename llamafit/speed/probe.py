@@ -37,12 +37,12 @@ from pathlib import Path
 from typing import Any
 
 from llamafit import store
+from llamafit.devices.rates import Rates
 from llamafit.gguf.model import load_model
 from llamafit.memory.graph.replay import nodes_per_layer
 from llamafit.numbers import finite
 from llamafit.speed import probe_models as pm
 from llamafit.speed.bench import MAX_TOKEN_S, MIN_PROMPT_S, BenchError, BenchResult, bench_identity, run_bench
-from llamafit.speed.rates import Rates
 
 CACHE_VERSION = 4
 CALL_TIMEOUT = 180.0  # one llama-bench run

@@ -5,7 +5,7 @@ A device's rates come from one of two places, and say which (``source``):
 * ``measured``: the bounded probe (``llamafit.speed.probe``) ran llama-bench on synthetic models on that
   device with the binary that will serve, and every rate below was derived from its timings;
 * ``prior``: a device that was not measured: its peaks (NVML's bandwidth and PCIe link, a card of
-  ``llamafit.speed.gpus``, ``--gpu SIZE@RATE``, ``--host-bandwidth``) turned into every term by its
+  ``llamafit.devices.cards``, ``--gpu SIZE@RATE``, ``--host-bandwidth``) turned into every term by its
   backend's priors (``llamafit.speed.priors``); the plan says its terms are priors and gives the range they
   held on public measurements (``tg_spread``, ``pp_spread``).
 
