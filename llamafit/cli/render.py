@@ -13,7 +13,14 @@ from llamafit.cli.output import safe, safe_plain
 from llamafit.units import MiB, fmt_bytes
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from llamafit.compare import Row
+    from llamafit.devices.types import Machine
+    from llamafit.gguf.model import ModelInfo
+    from llamafit.memory.footprint import Use
+    from llamafit.plan import Plan
+    from llamafit.quants import QuantPlan, QuantSource
     from llamafit.speed.model import Speed
 
 
@@ -21,7 +28,7 @@ def b(n: int) -> str:
     return fmt_bytes(n)
 
 
-def machine_table(m: Any) -> Table:
+def machine_table(m: Machine) -> Table:
     t = Table(title="Devices", title_justify="left", expand=False)
     for col in ("device", "backend", "name", "total", "free"):
         t.add_column(col, justify="right" if col in ("total", "free") else "left")
@@ -31,7 +38,7 @@ def machine_table(m: Any) -> Table:
     return t
 
 
-def model_tables(model: Any) -> list[Table]:
+def model_tables(model: ModelInfo) -> list[Table]:
     hp = model.hparams
     t = Table(title=safe(model.name), title_justify="left", show_header=False)
     t.add_column("key")
@@ -99,7 +106,7 @@ SEGMENTS = (
 )
 
 
-def _parts(use: Any, used_by_others: int, margin: int, free_after: int) -> list[tuple[str, int]]:
+def _parts(use: Use, used_by_others: int, margin: int, free_after: int) -> list[tuple[str, int]]:
     """(letter, bytes) of one device, in bar order."""
     return [
         ("W", use.model + use.adapters),
@@ -181,7 +188,7 @@ def device_block(name: str, desc: str, total: int, parts: list[tuple[str, int]],
     return lines
 
 
-def plan_view(plan: Any, width: int = 80, text_width: int | None = None) -> list[Text]:
+def plan_view(plan: Plan, width: int = 80, text_width: int | None = None) -> list[Text]:
     """The plan at a glance: a bar per device (``width`` columns), then the decisions in plain sentences
     (wrapped at ``text_width``, default ``width``: a pipe gets them whole)."""
     tw = text_width or width
@@ -275,7 +282,7 @@ def speed_lines(sp: Speed | None, width: int) -> list[Text]:
     return out
 
 
-def print_plan(console: Console, plan: Any, argv: list[str]) -> None:
+def print_plan(console: Console, plan: Plan, argv: list[str]) -> None:
     for line in plan_view(plan, min(console.width, 100), console.width):
         console.print(line, soft_wrap=True)
     console.print(Text(""))
@@ -330,7 +337,7 @@ def rows_json(rows: list[Row]) -> list[dict[str, Any]]:
 # -- quants (plan --quants) -------------------------------------------------------------------------
 
 
-def quants_table(src: Any, rows: Any) -> Table:
+def quants_table(src: QuantSource, rows: Sequence[QuantPlan]) -> Table:
     """One row per quant, highest precision first: its size and bits per weight, and its plan here."""
     t = Table(title=f"Quants of {safe(src.ref)} on this machine", title_justify="left")
     for col in ("quant", "size", "bpw", "fits", "context", "weights", "drafter", "download"):
