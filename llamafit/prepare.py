@@ -39,6 +39,7 @@ from llamafit.server.capabilities import ASSUMED, Capabilities, probe
 from llamafit.server.compat import normalize_bare_flash_attn, supported, translate_user_args
 from llamafit.server.environment import ChildEnv, child_env, config_findings
 from llamafit.speculative import spec_options
+from llamafit.speed.bench import rate_flags
 from llamafit.speed.machine import MEASURE_BUDGET, RateSource
 from llamafit.tuned import cached_winner
 
@@ -342,10 +343,6 @@ def check_unknown(user: ServerArgs, caps: Capabilities) -> None:
             raise UsageError(f"{binary} does not accept {tok}", hint="see llama-server --help for its flags")
 
 
-# llama-server flags that change speed the way they change llama-bench's (its spelling of them)
-_BENCH_FLAGS = {"--flash-attn": "-fa", "--cache-type-k": "-ctk", "--cache-type-v": "-ctv"}
-
-
 def rates_for(
     mach: Machine,
     model: ModelInfo,
@@ -360,12 +357,7 @@ def rates_for(
     threads = None
     if (occ := user.last("--threads")) is not None and (occ.value or "").isdecimal():
         threads = int(occ.value or 0) or None
-    flags: list[str] = []
-    for key, flag in _BENCH_FLAGS.items():
-        if (occ := user.last(key)) is not None and occ.value:
-            flags += [flag, occ.value]
-    if (occ := user.last("--repack")) is not None and occ.negated:
-        flags += ["--repack", "0"]
+    flags = rate_flags(user)
     bw = parse_rate(o.host_bandwidth, "--host-bandwidth") if o.host_bandwidth else None
     ub = user.last("--ubatch-size")
     prompt = int(ub.value or 0) if ub is not None and (ub.value or "").isdecimal() else 512

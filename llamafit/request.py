@@ -14,13 +14,10 @@ from dataclasses import dataclass, field
 from llamafit.errors import UsageError
 from llamafit.ggml import KV_CACHE_TYPES
 from llamafit.memory.graph.sampling import SAMPLING_FLAGS
-from llamafit.memory.placement import Override
+from llamafit.memory.placement import FFN_DENSE_REGEX, FFN_EXPS_REGEX, Override
 from llamafit.options import DEFAULT_MARGIN_MIB, DEFAULT_MIN_CTX
 from llamafit.server.args import ServerArgs
 
-# common/common.h:1224-1230
-FFN_EXPS_REGEX = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"
-FFN_DENSE_REGEX = r"\.ffn_(up|down|gate)\."
 # A layer whose experts fit on the GPU only in part: the expert tensors that stay on the CPU, as the GPU
 # takes more of them in llama.cpp's own fit order (common/fit.cpp:493-530): the up projection first
 # (LAYER_FRACTION_UP), then up and gate (LAYER_FRACTION_GATE). A fused gate_up tensor goes with "up".

@@ -19,6 +19,9 @@ from llamafit.memory.weight_ops import refuses
 from llamafit.units import pad
 
 CPU = backends.CPU
+# the expert and dense FFN tensors as llama.cpp names them for --cpu-moe and its fit (common/common.h:1224-1230)
+FFN_EXPS_REGEX = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"
+FFN_DENSE_REGEX = r"\.ffn_(up|down|gate)\."
 CPU_ALIGN = 32  # TENSOR_ALIGNMENT, ggml-impl.h:44
 MATRIX_ROW_PADDING = 512  # ggml-cuda/common.cuh:186
 

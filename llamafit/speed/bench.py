@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from llamafit.memory.placement import FFN_EXPS_REGEX
 from llamafit.numbers import finite
+from llamafit.server.args import ServerArgs
 from llamafit.server.bounded import run_tool
 
 
@@ -128,6 +130,17 @@ _SAME = {
 }
 
 
+# the server's flags that change a device's rates as they change llama-bench's: what the probe measures with
+RATE_KEYS = ("--flash-attn", "--cache-type-k", "--cache-type-v")
+
+
+def rate_flags(args: ServerArgs) -> list[str]:
+    """The llama-bench flags of the server's ``args`` that change what a device does per second (flash
+    attention, cache types, repacking), for the probe that measures the device."""
+    out = [t for key in RATE_KEYS if (occ := args.last(key)) is not None and occ.value for t in (_SAME[key], occ.value)]
+    return out + (["--repack", "0"] if args.flag("--repack") is False else [])
+
+
 def bench_flags(server_args: Sequence[str]) -> list[str]:
     """The flags of a llama-server command line (without the binary and model) that change how the model is
     placed and run, translated for llama-bench, so it measures the load the server would make."""
@@ -146,7 +159,7 @@ def bench_flags(server_args: Sequence[str]) -> list[str]:
         out += ["-dev", occ.value.replace(",", "/")]
     overrides = [v for o in args.all("--override-tensor") for v in (o.value or "").split(",") if v]
     if args.has("--cpu-moe"):
-        overrides.append(r"\.ffn_(up|down|gate|gate_up)_(ch|)exps=CPU")
+        overrides.append(f"{FFN_EXPS_REGEX}=CPU")
     if overrides:
         out += ["-ot", ";".join(overrides)]
     for key, flag in (("--kv-offload", "-nkvo"), ("--repack", "--repack"), ("--op-offload", "-nopo")):
