@@ -6,8 +6,8 @@ are memoized on that one ``ModelInfo``."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from llamafit.devices.machine import Machine
 from llamafit.gguf.model import ModelInfo, load_model
@@ -16,6 +16,7 @@ from llamafit.options import Options
 from llamafit.prepare import Prepared, machine_and_server, new_hub, prepare
 from llamafit.server.binary import ServerBinary
 from llamafit.server.capabilities import Capabilities
+from llamafit.speed.machine import MEASURE_BUDGET, RateSource
 
 
 @dataclass
@@ -33,9 +34,20 @@ class Planner:
         machine, (srv, caps) = machine_and_server(o)
         return cls(o, machine, srv, caps, new_hub(o.offline))
 
-    def plan(self, model: str, o: Options | None = None, *, machine: Machine | None = None, **kw: Any) -> Prepared:
+    def plan(
+        self,
+        model: str,
+        o: Options | None = None,
+        *,
+        machine: Machine | None = None,
+        speed: bool = True,
+        progress: Callable[[str], None] | None = None,
+        tuned: bool = True,
+        measure: float = MEASURE_BUDGET,
+        rates: RateSource | None = None,
+    ) -> Prepared:
         """``prepare`` one model with this context (``o``: other options than the command's, such as a
-        set member's flags; ``machine``: what is left of it beside other models)."""
+        set member's flags; ``machine``: what is left of it beside other models; the rest as ``prepare``)."""
         return prepare(
             model,
             o or self.options,
@@ -43,7 +55,11 @@ class Planner:
             server=(self.server, self.caps),
             hub=self.hub,
             model=self._local(model),
-            **kw,
+            speed=speed,
+            progress=progress,
+            tuned=tuned,
+            measure=measure,
+            rates=rates,
         )
 
     def _local(self, ref: str) -> ModelInfo | None:

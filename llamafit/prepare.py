@@ -101,7 +101,6 @@ def prepare(
     machine: Machine | None = None,
     server: tuple[ServerBinary | None, Capabilities] | None = None,
     model: ModelInfo | None = None,
-    extra_notes: Callable[[ServerArgs], list[str]] | None = None,
     hub: Hub | None = None,
     speed: bool = True,
     progress: Callable[[str], None] | None = None,
@@ -224,8 +223,6 @@ def prepare(
     notes += [*supported(plan.planned, caps)[1], *config_findings(os.environ, parse_server_args(argv[1:]))]
     if hub is not None:
         notes += hub.notes
-    if extra_notes:
-        notes += extra_notes(user)
     prep = Prepared(plan, argv, user, srv, caps, tuple(notes), hub, rates)
     winner = cached_winner(info, plan.devices, srv, user) if tuned and speed else None
     if winner is None:
