@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -15,6 +16,14 @@ from tests import factory
 
 if TYPE_CHECKING:
     from tests.hubserver import FakeHub
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The tests send Ctrl-C to the commands they start, as a terminal sends it to a foreground command. A
+    test run started in the background (``cmd &``, nohup, some CI runners) inherits SIGINT ignored, every
+    command it starts inherits that, and Python then never raises KeyboardInterrupt: the tests would time
+    the runner, not llamafit. Handled here, the commands start with SIGINT at its default."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
