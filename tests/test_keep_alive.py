@@ -250,6 +250,29 @@ def test_an_interrupt_during_the_backoff_ends_the_run(tmp_path: Path, model: Pat
     assert "interrupted before the restart" in rest
 
 
+def test_a_stderr_nobody_reads_never_stops_the_server(tmp_path: Path, model: Path) -> None:
+    """llamafit's stderr is a pipe nobody reads (a paused pager): the server's log, relayed line by line
+    under --verbose, must still be drained, or the server's own log writes block (and with them its task
+    loop). The stand-in writes 20 MiB of log after ready, then says so in a file."""
+    done = tmp_path / "done"
+    body = (
+        "line = '0.00.000.001 I srv  update_slots: ' + 'x' * 200 + chr(10)\n"
+        "for _ in range(100_000):\n    sys.stderr.write(line)\n"
+        f"sys.stderr.flush()\nopen({str(done)!r}, 'w').close()\ntime.sleep(600)\n"
+    )
+    srv = stand_in(tmp_path, READY + body)
+    p = subprocess.Popen([*LLAMAFIT, "run", str(model), "--server", srv, "--liveness", "0", "--verbose"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
+    try:
+        assert wait_for(done.exists, 60), "the server's log writes were blocked by llamafit's unread stderr"
+    finally:
+        os.killpg(p.pid, signal.SIGINT)
+        assert p.stderr is not None
+        said = p.stderr.read().decode(errors="replace")  # read now: everything it could still write
+        p.wait(timeout=60)
+    assert re.search(r"\d+ of llama-server's lines were not shown: stderr was not read as fast", said)
+
+
 def test_a_probes_own_request_is_not_a_speed_measurement() -> None:
     from llamafit.serving import probe_sized
     from llamafit.speed.timings import Served

@@ -15,6 +15,7 @@ from llamafit.cli.output import (
     print_json,
     print_line,
 )
+from llamafit.cli.relay import Relay
 from llamafit.cli.supervise import KeepAlive, View, finish, metrics_endpoint
 from llamafit.devices.machine import Machine
 from llamafit.errors import DoesNotFitError, ServerNotFoundError, UsageError
@@ -169,23 +170,26 @@ def run_several(
     env = before_launch(ps.server, pending, ps.hub, log_file, inputs, note)
     write_preset(t, preset_path)
     argv = with_buffer_lines(argv, parse_server_args(t.router_args), ps.caps)
+    plan_doc = to_json(t, argv, str(preset_path))
+    relay = Relay(View(verbose=verbose, json_out=json_out, models_max=t.models_max, plan_doc=plan_doc))
+    log: EventLog | None = None
     try:
-        plan_doc = to_json(t, argv, str(preset_path))
-        view = View(verbose=verbose, json_out=json_out, models_max=t.models_max, plan_doc=plan_doc)
         log = EventLog(Path(keep.events), named_files(argv[1:])) if keep.events else None
-        return finish(
-            serve_router(
-                t,
-                argv,
-                env,
-                tee(view, log),
-                log_file=log_file,
-                ready_timeout=ready_timeout,
-                plan_doc=plan_doc,
-                keep=KeepSettings(
-                    RestartPolicy(keep.restart, keep.max_restarts), Liveness(keep.liveness), keep.watch, endpoint
-                ),
-            )
+        served = serve_router(
+            t,
+            argv,
+            env,
+            tee(relay, log),
+            log_file=log_file,
+            ready_timeout=ready_timeout,
+            plan_doc=plan_doc,
+            keep=KeepSettings(
+                RestartPolicy(keep.restart, keep.max_restarts), Liveness(keep.liveness), keep.watch, endpoint
+            ),
         )
     finally:
+        relay.close()
+        if log is not None:
+            log.close()
         preset_path.unlink(missing_ok=True)  # the run's own state goes with the run
+    return finish(served)

@@ -22,6 +22,7 @@ from llamafit.cli.output import (
     safe,
     warn,
 )
+from llamafit.cli.relay import Relay
 from llamafit.cli.render import memory_tables, rows_json
 from llamafit.compare import Row
 from llamafit.launch import RETRIES, before_launch, downloads_line
@@ -150,21 +151,25 @@ def supervise(
 ) -> int:
     """Serve one model, render what happens (and write it to ``events``), and return llamafit's exit code."""
     log = EventLog(Path(events), named_files(prep.argv[1:])) if events else None
-    served = serve(
-        prep,
-        env,
-        tee(View(verbose=verbose, json_out=json_out), log),
-        log_file=log_file,
-        ready_timeout=ready_timeout,
-        replan=replan,
-        retries=retries,
-        restart=restart,
-        liveness=liveness,
-        watch=watch,
-        metrics=metrics,
-    )
-    if log is not None:
-        log.close()
+    relay = Relay(View(verbose=verbose, json_out=json_out))
+    try:
+        served = serve(
+            prep,
+            env,
+            tee(relay, log),
+            log_file=log_file,
+            ready_timeout=ready_timeout,
+            replan=replan,
+            retries=retries,
+            restart=restart,
+            liveness=liveness,
+            watch=watch,
+            metrics=metrics,
+        )
+    finally:
+        relay.close()
+        if log is not None:
+            log.close()
     return finish(served)
 
 
