@@ -253,16 +253,20 @@ def soak(model: Path, server: str, env: dict[str, str], minutes: float) -> dict[
     ]
     own_peak, requests, t_end = 0, 0, time.monotonic() + minutes * 60
     failed: list[str] = []
-    while time.monotonic() < t_end:
-        prompt = " ".join(rng.choice(words) for _ in range(rng.randint(5, 600))) + f" #{requests}"
-        try:
-            complete(port, prompt, rng.randint(1, 64))
-        except (OSError, http.client.HTTPException) as e:  # the server's HTTP layer dropped one: counted
-            failed.append(f"request {requests}: {e!r}")
-            if len(failed) > 10 or p.poll() is not None:
-                return {"error": "; ".join(failed[-3:]), "llamafit_said": ended(p)[-4000:]}
-        requests += 1
-        own_peak = max(own_peak, smaps_anon(srv.pid) or 0)
+    try:
+        while time.monotonic() < t_end:
+            prompt = " ".join(rng.choice(words) for _ in range(rng.randint(5, 600))) + f" #{requests}"
+            try:
+                complete(port, prompt, rng.randint(1, 64))
+            except (OSError, http.client.HTTPException) as e:  # the server's HTTP layer dropped one: counted
+                failed.append(f"request {requests}: {e!r}")
+                if len(failed) > 10 or p.poll() is not None:
+                    return {"error": "; ".join(failed[-3:]), "llamafit_said": ended(p)[-4000:]}
+            requests += 1
+            own_peak = max(own_peak, smaps_anon(srv.pid) or 0)
+    except BaseException:  # an interrupt of the bench: nothing of the run is left behind
+        ended(p)
+        raise
     # the prompt cache grows ~8 MiB a second under this load: the watch samples every 5 s, so its last sample
     # can be 5 s behind the last request. Quiet for one interval, both read the same memory.
     time.sleep(6)
