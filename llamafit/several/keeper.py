@@ -65,12 +65,11 @@ class _Kept:
     """One ready instance's probes, and its load log (recorded with what they saw when it stops)."""
 
     port: int
-    pid: int | None
+    proc: psutil.Process | None  # held from ready on: a kill never reaches a process that took its pid since
     log: LoadLog
+    times: RequestTimes
     dog: Watchdog | None = None
     memory: MemoryWatch | None = None
-    times: RequestTimes | None = None
-    rows: tuple[Row, ...] = ()
     last: LastError = field(default_factory=LastError)
 
     def stop(self) -> None:
@@ -104,24 +103,23 @@ class Keeper:
 
     def line(self, inst: Instance, text: str) -> None:
         kept = self._kept.get(inst.name)
-        if kept is not None and kept.times is not None and kept.port == inst.port:
+        if kept is not None and kept.port == inst.port:
             kept.times.feed(text)
             kept.last.feed(text)
 
-    def ready(self, inst: Instance, rows: tuple[Row, ...]) -> None:
-        """``inst`` is ready: its probes start."""
+    def ready(self, inst: Instance, log: LoadLog, rows: tuple[Row, ...]) -> None:
+        """``inst`` is ready (``log``: its load, ``rows``: its buffers against the plan): its probes start."""
         name, prep = inst.name, self.plans[inst.name]
-        pid = _instance_pid(self.router_pid, inst.port)
-        kept = _Kept(inst.port, pid, inst.log(), rows=rows)
-        kept.times = RequestTimes(prep, self.on_event, self.metrics(name), prefix=f"{name}: ")
-        url = f"http://127.0.0.1:{inst.port}"
+        proc = _instance(self.router_pid, inst.port)
+        times = RequestTimes(prep, self.on_event, self.metrics(name), prefix=f"{name}: ")
+        kept = _Kept(inst.port, proc, log, times)
 
         def wedged(why: str) -> None:
             self._wedged(name, inst.port, kept.last.reason(why))
 
-        kept.dog = Watchdog(url, self.keep.liveness, wedged, self.key)
-        if pid is not None:
-            kept.memory = watch_memory(prep, pid, self.keep.watch, self._warn(name), self.metrics(name))
+        kept.dog = Watchdog(f"http://127.0.0.1:{inst.port}", self.keep.liveness, wedged, self.key)
+        if proc is not None:
+            kept.memory = watch_memory(prep, proc.pid, self.keep.watch, self._warn(name), self.metrics(name))
         with self._lock:
             old = self._kept.pop(name, None)
             self._kept[name] = kept
@@ -161,18 +159,18 @@ class Keeper:
         self._stopping.set()
         with self._lock:
             kept, self._kept = dict(self._kept), {}
+            threads = list(self._threads)
         for name, k in kept.items():
             self._record(name, k)
-        for t in self._threads:
+        for t in threads:
             t.join(timeout=STOP_WAIT + 2 * API_WAIT)
 
     def _record(self, name: str, kept: _Kept) -> None:
         """Its probes stop; its launch is recorded (each instance teaches the next plan of its model) with the
         requests it timed and its host memory's high-water marks, as one server's is."""
         kept.stop()
-        checks = kept.times.checks if kept.times is not None else []
         held = kept.memory.summary() if kept.memory is not None else None
-        for why in record_launch(self.plans[name], kept.log, checks, held):
+        for why in record_launch(self.plans[name], kept.log, kept.times.checks, held):
             self.on_event(Note(f"{name}: {why}"))
 
     def _warn(self, name: str) -> Callable[[str], None]:
@@ -185,28 +183,31 @@ class Keeper:
             if kept is None or kept.port != port:
                 return
             self._ours.add(name)
-        self._start(name, f"{name} stopped serving: {why}", unload=kept.pid)
+        self._start(name, f"{name} stopped serving: {why}", unload=kept.proc)
 
-    def _start(self, name: str, why: str, unload: int | None) -> None:
+    def _start(self, name: str, why: str, unload: psutil.Process | None) -> None:
         t = threading.Thread(target=self._restart, args=(name, why, unload), name=f"restart {name}", daemon=True)
-        self._threads = [x for x in self._threads if x.is_alive()] + [t]
+        with self._lock:  # started from the log reader and from the watchdogs' threads
+            self._threads = [x for x in self._threads if x.is_alive()] + [t]
         t.start()
 
-    def _restart(self, name: str, why: str, pid: int | None) -> None:
-        """Unload the instance (``pid``: it is still there), then load it again after the backoff, if the
+    def _restart(self, name: str, why: str, proc: psutil.Process | None) -> None:
+        """Unload the instance (``proc``: it is still there), then load it again after the backoff, if the
         window allows and the model is resident."""
-        if pid is not None:
-            self._unload(name, pid)
+        if proc is not None:
+            self._unload(name, proc)
         restarts = self._restarts.setdefault(name, Restarts(self.keep.restart))
-        delay = restarts.next_delay() if name in self.resident and self.keep.restart.mode != "no" else None
+        reloads = name in self.resident and self.keep.restart.mode != "no"
+        delay = restarts.next_delay() if reloads else None
         if delay is None:
             tail = (
                 f"restarted {restarts.recent()} times within {restarts.policy.window:.0f} s (--max-restarts "
                 f"{restarts.policy.max_restarts})"
-                if name in self.resident and self.keep.restart.mode != "no"
+                if reloads
                 else "its next request loads it"
             )
-            self.on_event(Note(f"{why}; {'unloaded, ' if pid is not None else ''}not loaded again: {tail}", "warning"))
+            unloaded = "unloaded, " if proc is not None else ""
+            self.on_event(Note(f"{why}; {unloaded}not loaded again: {tail}", "warning"))
             return
         self.on_event(Note(f"{why}; loading it again in {delay:.0f} s ({restarts.policy.said()})", "notice"))
         if self._stopping.wait(delay):
@@ -220,10 +221,9 @@ class Keeper:
         if (said := self._router("/models/load", name)) is not None:
             self.on_event(Note(f"{name} could not be loaded again: {said}", "warning"))
 
-    def _unload(self, name: str, pid: int) -> None:
+    def _unload(self, name: str, proc: psutil.Process) -> None:
         said = self._router("/models/unload", name)
         try:
-            proc = psutil.Process(pid)
             proc.wait(timeout=STOP_WAIT)
             return
         except psutil.TimeoutExpired:
@@ -247,7 +247,7 @@ class Keeper:
         return None if status == 200 else f"{path} answered HTTP {status}: {data[:200].decode(errors='replace')}"
 
 
-def _instance_pid(router_pid: int | None, port: int) -> int | None:
+def _instance(router_pid: int | None, port: int) -> psutil.Process | None:
     """The router's child serving on ``port`` (its command line has ``--port PORT``), or None."""
     if router_pid is None:
         return None
@@ -256,7 +256,7 @@ def _instance_pid(router_pid: int | None, port: int) -> int | None:
             with contextlib.suppress(psutil.Error):
                 args = child.cmdline()
                 if any(a == "--port" and b == str(port) for a, b in itertools.pairwise(args)):
-                    return int(child.pid)
+                    return child
     except psutil.Error:
         return None
     return None

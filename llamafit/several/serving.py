@@ -106,11 +106,12 @@ def _router_attempt(
         on_event(AllReady(w.url, tuple(sorted(resident))))
 
     def instance_ready(inst: Instance) -> None:
-        rows: tuple[Row, ...] = tuple(compare_all(plans[inst.name].prep, inst.log()))
+        log = inst.log()
+        rows: tuple[Row, ...] = tuple(compare_all(plans[inst.name].prep, log))
         reported.add(inst.name)
         on_event(InstanceReady(inst.name, inst.port, rows))
         keeper.router_pid = sup.pid
-        keeper.ready(inst, rows)
+        keeper.ready(inst, log, rows)
         finish_if_all_ready()
 
     def on_line(line: str) -> None:
@@ -120,7 +121,7 @@ def _router_attempt(
             return
         if event == "ready":
             instance_ready(inst)
-        elif event == "exited" and w.done:
+        elif event == "exited" and (w.done or inst.ready):  # a first load's failure stops the router (below)
             keeper.exited(inst)
         elif event == "exited" and not inst.ready and inst.name in resident and w.failed is None:
             pred, usable = device_totals(plans[inst.name].prep)
