@@ -25,7 +25,7 @@ from llamafit.devices.rates import Rates
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory.context import ContextParams
 from llamafit.memory.placement import CPU, WeightPlacement
-from llamafit.speed.work import DeviceWork, Evaluation, WeightWalk, evaluate
+from llamafit.speed.work import DeviceWork, Evaluation, Walk, evaluate
 
 PROMPT = 512  # llama-bench's pp512 and tg128, at depth 0 unless stated
 ASSUMES = "one sequence, greedy decoding (no sampler time), no speculative decoding"
@@ -177,7 +177,7 @@ def predict(
     """pp and tg of one plan at ``depth`` (and, with ``full_context``, with the context full)."""
 
     seen: dict[tuple[int, int], Evaluation] = {}  # decode's evaluation is also the tg phase's
-    walks: dict[int, WeightWalk] = {}  # the weights' part, by token count: the same at every depth
+    walks: dict[int, Walk] = {}  # what the depth does not change, by token count
 
     def ev(tokens: int, at: int) -> Evaluation:
         if (tokens, at) not in seen:

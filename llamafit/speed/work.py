@@ -106,14 +106,12 @@ def _elements(t: Tensor) -> int:
 
 
 @dataclass(frozen=True)
-class WeightWalk:
-    """The weights' part of an evaluation of ``tokens`` tokens, which its depth does not change: per device
-    what it reads and multiplies, per layer where its weight tensors run and in which order."""
+class Walk:
+    """All of an evaluation of ``tokens`` tokens that its depth does not change (everything but the attention
+    over the cache): per device its weights, state and graph nodes, and the splits along the layers."""
 
     work: dict[str, DeviceWork]
-    layer_weights: dict[int, dict[str, int]]  # layer -> device -> weight tensors there
-    pre: dict[int, str]  # layer -> where the projections the attention reads run
-    post: dict[int, list[str]]  # layer -> where the rest runs, in graph order
+    splits: tuple[Split, ...]
 
 
 def evaluate(
@@ -128,63 +126,35 @@ def evaluate(
     nodes_per_layer: float | None = None,
     op_offload: bool = True,
     limits: Mapping[str, int] | None = None,
-    walks: dict[int, WeightWalk] | None = None,
+    walks: dict[int, Walk] | None = None,
 ) -> Evaluation:
     """One evaluation of ``tokens`` tokens after ``depth`` cached ones, device by device. ``devices`` are the
     plan's offload devices in llama.cpp's order (op offload picks the first GPU); ``nodes_per_layer``: the
     compute nodes of one layer's graph when known (a replayed graph), else estimated from its weights.
-    ``walks``: the weights' part by token count, kept for the next evaluation of the same placement (the
-    same token count at another depth reads the same weights)."""
-    hp = model.hparams
+    ``walks``: what the depth does not change, by token count, kept for the next evaluation of the same
+    placement and settings (the same token count at another depth)."""
     walk = walks.get(tokens) if walks is not None else None
     if walk is None:
-        walk = _walk(model, placement, tokens, devices, op_offload, limits)
+        walk = _walk(model, placement, cp, tokens, devices, op_offload, limits, nodes_per_layer)
         if walks is not None:
             walks[tokens] = walk
     work = {d: replace(w, weight_bytes=dict(w.weight_bytes), flops=dict(w.flops)) for d, w in walk.work.items()}
-    layer_weights, pre, post = walk.layer_weights, walk.pre, walk.post
-
-    def on(dev: str) -> DeviceWork:
-        return work.setdefault(dev, DeviceWork())
-
-    out_dev = placement.layer_device[hp.n_layer_all]
     _attention(model, cp, placement, work, tokens=tokens, depth=depth, flash_attn=flash_attn)
-    _state(model, cp, placement, work)
-    per_layer = nodes_per_layer
-    for by_dev in layer_weights.values():
-        n = sum(by_dev.values())
-        nodes = per_layer if per_layer is not None else NODES_PER_WEIGHT * n
-        for dev, k in by_dev.items():
-            on(dev).nodes += nodes * k / n
-            on(dev).layers += 1
-    on(out_dev).nodes += 3  # the output norm, its scale and the output matmul
-    on(CPU).nodes += 1  # the input rows
-    act = 4.0 * hp.n_embd * tokens
-    cache_layers = {il for il in attention_layers(hp, mtp=False) if il < hp.n_layer and hp.has_kv(il)}
-    splits: list[Split] = []
-    where = CPU  # the input embeddings are the host's (llama-model.cpp: dev_input is the CPU)
-    for il in range(hp.n_layer):
-        seq = [pre[il]] if il in pre else []
-        if il in cache_layers:
-            seq.append(placement.layer_device[il] if cp.offload_kqv else CPU)
-        for dev in [*seq, *post.get(il, [])]:
-            if dev != where:
-                splits.append(Split(where, dev, act))
-                where = dev
-    if out_dev != where:
-        splits.append(Split(where, out_dev, act))
-    return Evaluation(tokens, depth, work, tuple(splits))
+    return Evaluation(tokens, depth, work, walk.splits)
 
 
 def _walk(
     model: ModelInfo,
     placement: WeightPlacement,
+    cp: ContextParams,
     tokens: int,
     devices: Sequence[str],
     op_offload: bool,
     limits: Mapping[str, int] | None,
-) -> WeightWalk:
-    """Every placed weight of an evaluation of ``tokens`` tokens, on the device that runs it."""
+    nodes_per_layer: float | None,
+) -> Walk:
+    """Every placed weight of an evaluation of ``tokens`` tokens on the device that runs it, the recurrent
+    state, the graph nodes and the splits."""
     hp = model.hparams
     work: dict[str, DeviceWork] = {}
 
@@ -248,7 +218,30 @@ def _walk(
             on(output_weight_device(placement, out_dev)).add_weight(
                 emb.info.type.name, emb.info.nbytes, 2.0 * _elements(emb) * OUTPUTS
             )
-    return WeightWalk(work, layer_weights, pre, post)
+    _state(model, cp, placement, work)
+    for by_dev in layer_weights.values():
+        n = sum(by_dev.values())
+        nodes = nodes_per_layer if nodes_per_layer is not None else NODES_PER_WEIGHT * n
+        for dev, k in by_dev.items():
+            on(dev).nodes += nodes * k / n
+            on(dev).layers += 1
+    on(out_dev).nodes += 3  # the output norm, its scale and the output matmul
+    on(CPU).nodes += 1  # the input rows
+    act = 4.0 * hp.n_embd * tokens
+    cache_layers = {il for il in attention_layers(hp, mtp=False) if il < hp.n_layer and hp.has_kv(il)}
+    splits: list[Split] = []
+    where = CPU  # the input embeddings are the host's (llama-model.cpp: dev_input is the CPU)
+    for il in range(hp.n_layer):
+        seq = [pre[il]] if il in pre else []
+        if il in cache_layers:
+            seq.append(placement.layer_device[il] if cp.offload_kqv else CPU)
+        for dev in [*seq, *post.get(il, [])]:
+            if dev != where:
+                splits.append(Split(where, dev, act))
+                where = dev
+    if out_dev != where:
+        splits.append(Split(where, out_dev, act))
+    return Walk(work, tuple(splits))
 
 
 def _before_attention(name: str) -> bool:
