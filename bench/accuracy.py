@@ -35,7 +35,7 @@ from llamafit.compare import Row  # noqa: E402
 from llamafit.errors import LlamafitError  # noqa: E402
 from llamafit.launch import compare_all  # noqa: E402
 from llamafit.options import Options  # noqa: E402
-from llamafit.prepare import prepare  # noqa: E402
+from llamafit.planning.planner import prepare  # noqa: E402
 from llamafit.server.binary import ServerBinary, find_server  # noqa: E402
 from llamafit.units import MiB  # noqa: E402
 from tests import factory  # noqa: E402

@@ -34,7 +34,8 @@ import shapes  # noqa: E402
 from llamafit.memory import backends  # noqa: E402
 from llamafit.memory.placement import CPU  # noqa: E402
 from llamafit.options import Options  # noqa: E402
-from llamafit.prepare import Prepared, prepare  # noqa: E402
+from llamafit.planning.planner import prepare  # noqa: E402
+from llamafit.planning.prepared import Prepared  # noqa: E402
 from llamafit.server.binary import ServerBinary, find_server  # noqa: E402
 from llamafit.server.logparse import LoadLog  # noqa: E402
 from llamafit.units import MiB  # noqa: E402

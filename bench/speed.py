@@ -166,7 +166,7 @@ def speed_share(single: Path, moe: Path, runs: int) -> list[dict[str, object]]:
     of its own, the header read), with and without ``speed``; two described cards and a host bandwidth, so
     the speed model runs whole and nothing is measured."""
     from llamafit.options import Options
-    from llamafit.planner import Planner
+    from llamafit.planning.planner import Planner
 
     out: list[dict[str, object]] = []
     cards = {single: ("24GiB@1008GB/s", "16GiB@448GB/s"), moe: ("80GiB@2039GB/s", "24GiB@1008GB/s")}

@@ -37,7 +37,8 @@ sys.path.insert(0, str(HERE.parent))
 
 from llamafit.devices import cards  # noqa: E402
 from llamafit.options import Options  # noqa: E402
-from llamafit.prepare import Prepared, prepare  # noqa: E402
+from llamafit.planning.planner import prepare  # noqa: E402
+from llamafit.planning.prepared import Prepared  # noqa: E402
 from llamafit.server.binary import find_server  # noqa: E402
 from tests import factory  # noqa: E402
 from tests.quantmix import quantize_types, quantized  # noqa: E402
@@ -104,10 +105,10 @@ def plan_row(row: dict[str, Any], path: Path) -> Prepared:
 
 def speed_at(prep: Prepared, depth: int, prompt: int) -> Any:
     """The plan's speed for the row's prompt at the row's depth, with the ranges."""
-    from llamafit.fit.speed import trial_rates_speed
+    from llamafit.fit.speed import plan_speed
 
-    assert prep.rates is not None
-    return trial_rates_speed(prep.plan, prep.rates, depth=depth, prompt=prompt)
+    assert prep.measured is not None
+    return plan_speed(prep.plan, prep.measured.rates, depth=depth, prompt=prompt, full_context=False)
 
 
 def rule_tg(prep: Prepared) -> float | None:

@@ -5,7 +5,7 @@ For each rig (the CPU with 2 and 1 threads, two ``ggml-rpc-server`` devices on l
 lavapipe with one and two devices, and an NVIDIA GPU where ``LLAMAFIT_CUDA_SERVER`` names a CUDA build:
 ``tools/gpu_bench.sh``), model class (dense, MoE with random routing, the Qwen3.5 hybrid) and
 placement (offload shares from 0 to 100 %, experts on the CPU, ``-ub`` 256 to 2048), llamafit plans the load
-(``llamafit.prepare``, the rig's real device list; the probe measures each device once, cached under the
+(``llamafit.planning``, the rig's real device list; the probe measures each device once, cached under the
 bench's cache directory), then the real ``llama-bench`` of the same build runs exactly that placement
 (``llamafit.speed.bench.bench_flags`` of the planned argv) and its timings are lined up with the plan's
 ``speed``. Relative error is (predicted - measured) / measured.
@@ -35,7 +35,9 @@ sys.path.insert(0, str(HERE.parent))
 import shapes  # noqa: E402
 
 from llamafit.options import Options  # noqa: E402
-from llamafit.prepare import Prepared, launch_env, prepare  # noqa: E402
+from llamafit.planning.discover import launch_env  # noqa: E402
+from llamafit.planning.planner import prepare  # noqa: E402
+from llamafit.planning.prepared import Prepared  # noqa: E402
 from llamafit.server.binary import ServerBinary, find_server  # noqa: E402
 from llamafit.speed.bench import bench_binary, bench_flags, run_bench  # noqa: E402
 from tests import factory  # noqa: E402
@@ -230,10 +232,10 @@ def run_case(c: Case, r: Rig, path: Path) -> dict[str, object]:
 
 
 def _at(prep: Prepared, depth: int, prompt: int) -> tuple[float | None, float | None]:
-    from llamafit.fit.speed import trial_rates_speed
+    from llamafit.fit.speed import plan_speed
 
-    assert prep.rates is not None
-    sp = trial_rates_speed(prep.plan, prep.rates, depth=depth, prompt=prompt)
+    assert prep.measured is not None
+    sp = plan_speed(prep.plan, prep.measured.rates, depth=depth, prompt=prompt, full_context=False)
     return sp.pp, sp.tg
 
 

@@ -98,7 +98,7 @@ class Corrections:
     # device id ("host" for RAM) -> the most a failed load showed it holds (a load that ran out of memory)
     caps: Mapping[str, int] = field(default_factory=dict)
     caps_source: str = ""
-    # buffer type -> what the binary's own no-alloc load measured / predicted (llamafit.bound): a floor
+    # buffer type -> what the binary's own no-alloc load measured / predicted (llamafit.planning.bound): a floor
     measured_scale: Mapping[str, float] = field(default_factory=dict)
 
     @property

@@ -24,11 +24,12 @@ from typing import Any
 from llamafit.calibration import HistoryNotWritten, record, record_failed_load
 from llamafit.compare import Row, compare, compare_mmproj
 from llamafit.errors import ServerNotFoundError
-from llamafit.fit.speed import trial_rates_speed
+from llamafit.fit.speed import plan_speed
 from llamafit.hub.resolve import Hub, RepoState
 from llamafit.hub.select import HubFile
 from llamafit.paths import not_an_input
-from llamafit.prepare import Prepared, launch_env
+from llamafit.planning.discover import launch_env
+from llamafit.planning.prepared import Prepared
 from llamafit.server.args import ServerArgs
 from llamafit.server.binary import GET_SERVER_HINT, ServerBinary
 from llamafit.server.capabilities import Capabilities
@@ -166,23 +167,24 @@ def _vs(measured: float, predicted: float | None) -> str:
 
 def check_speed(prep: Prepared, s: Served) -> SpeedCheck:
     """The plan's prediction for the prompt and the depth of one served request."""
-    if prep.rates is None or prep.plan.speed is None or prep.plan.speed.source == "unknown":
+    if prep.measured is None or prep.plan.speed is None or prep.plan.speed.source == "unknown":
         return SpeedCheck(s, None, None)
     if (s.prompt_total or s.prompt_tokens) > prep.plan.n_ctx:
         return SpeedCheck(s, None, None)  # a prompt longer than the server holds: not a request it served
     before = (s.prompt_total or s.prompt_tokens) - s.prompt_tokens  # cached: the prompt's processing starts there
-    sp_pp = trial_rates_speed(prep.plan, prep.rates, depth=before, prompt=max(1, s.prompt_tokens))
-    sp_tg = trial_rates_speed(prep.plan, prep.rates, depth=s.depth, prompt=1)
+    rates = prep.measured.rates
+    sp_pp = plan_speed(prep.plan, rates, depth=before, prompt=max(1, s.prompt_tokens), full_context=False)
+    sp_tg = plan_speed(prep.plan, rates, depth=s.depth, prompt=1, full_context=False)
     return SpeedCheck(s, sp_pp.pp if s.prompt_tokens else None, sp_tg.tg)
 
 
 def speed_record(prep: Prepared, checks: Sequence[SpeedCheck]) -> dict[str, Any] | None:
     """What a launch adds to its history record for speed calibration, None without a measurement."""
-    if prep.rates is None or not checks:
+    if prep.measured is None or not checks:
         return None
     sp = prep.plan.speed
     return {
-        "key": prep.rates.key,
+        "key": prep.measured.key,
         "predicted": sp.as_dict() if sp is not None else None,
         "served": [c.as_dict() for c in checks],
     }
@@ -275,7 +277,7 @@ def record_launch(
     plans; returns why it was not recorded, if it was not. Only when the server used the devices the plan
     was made for (a plan for a described --gpu, or a card that vanished, would teach the next plan the
     wrong thing). ``watch``: the host memory's high-water marks over the server's life (llamafit.server.watch)."""
-    dropped = prep.rates.forget() if prep.rates is not None and any(c.far for c in checks) else []
+    dropped = prep.measured.forget() if prep.measured is not None and any(c.far for c in checks) else []
     return dropped + _record(prep, log, checks, watch)
 
 

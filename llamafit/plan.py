@@ -99,7 +99,7 @@ class Plan:
     blind: tuple[str, ...] = ()  # devices the server will use that llamafit cannot size (llama.cpp's fit places)
     speed: Speed | None = None  # what the plan gives in tokens/s (llamafit.speed), None: not asked for
     memory_build: BuildMatch | None = None  # the llama.cpp build it is priced for, against the server's
-    memory_bound: Bound | None = None  # its compute held to the binary's no-alloc measurement (llamafit.bound)
+    memory_bound: Bound | None = None  # its compute held to the binary's no-alloc measurement (llamafit.planning.bound)
     calibrated_compute: tuple[str, ...] = ()  # compute buffers a past launch of this model corrected
 
     @property

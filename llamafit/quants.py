@@ -24,8 +24,8 @@ from llamafit.hub.select import HubFile, is_first_shard, is_model_file, split_re
 from llamafit.options import Options
 from llamafit.plan import Decision, Plan
 from llamafit.plan import to_json as plan_to_json
-from llamafit.planner import Planner
-from llamafit.prepare import Prepared
+from llamafit.planning.planner import Planner
+from llamafit.planning.prepared import Prepared
 from llamafit.request import whole_expert_layers
 from llamafit.units import fmt_bytes
 

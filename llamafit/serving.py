@@ -34,7 +34,7 @@ from llamafit.launch import (
 )
 from llamafit.memory.backends import device_of_buffer, is_device_buffer
 from llamafit.plan import to_json
-from llamafit.prepare import Prepared
+from llamafit.planning.prepared import Prepared
 from llamafit.server.failures import classify
 from llamafit.server.liveness import Liveness, Watchdog, api_key
 from llamafit.server.logparse import OOM_WORDS, LoadLog, error_text, is_error

@@ -27,11 +27,11 @@ from typing import Any
 from llamafit.errors import LlamafitError, ServerLoadError, ServerNotFoundError
 from llamafit.launch import before_launch
 from llamafit.options import Options
-from llamafit.planner import Planner
-from llamafit.prepare import Prepared
+from llamafit.planning.planner import Planner
+from llamafit.planning.prepared import Prepared
+from llamafit.planning.tuned import remember, tune_file
 from llamafit.speed.bench import BenchError, bench_binary, bench_flags, run_bench
-from llamafit.speed.machine import MEASURE_BUDGET
-from llamafit.tuned import remember, tune_file
+from llamafit.speed.measuring import MEASURE_BUDGET
 
 SCHEMA = "llamafit.tune/1"
 PROMPT, GEN = 512, 64
@@ -140,7 +140,7 @@ def tune(
     def planned(flags: tuple[str, ...], why: str) -> Candidate | None:
         try:
             with_flags = replace(o, server_args=(*ctx, *flags, *o.server_args))
-            p = base if not flags else planner.plan(model, with_flags, tuned=False, rates=base.rates)
+            p = base if not flags else planner.plan(model, with_flags, tuned=False, measured=base.measured)
         except LlamafitError as e:
             return Candidate(flags, None, why, error=e.message)
         if tuple(p.argv[1:]) in seen or not p.plan.fits:

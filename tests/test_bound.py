@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from llamafit.bound import SLACK
 from llamafit.cli.app import app
 from llamafit.memory.footprint import PredictedBuffer
 from llamafit.options import Options
-from llamafit.prepare import prepare
+from llamafit.planning.bound import SLACK
+from llamafit.planning.planner import prepare
 from llamafit.server.binary import ServerBinary
 from llamafit.server.fitprint import NAME, NoAllocFailed, beside, measure, parse_compute, parse_table
 from llamafit.units import MiB
@@ -61,8 +61,8 @@ def test_llama_fit_params_is_given_what_it_takes_of_the_servers_argv() -> None:
     """The placement, batch and cache flags it accepts pass; the context and slots are llamafit's (a unified
     cache as one stream of it, or as S whole-context streams for a graph with per-sequence parts); what would
     hide or reshape its log, and what it does not take (a port, a projector), stay out."""
-    from llamafit.bound import noalloc_args, noalloc_context
     from llamafit.memory.footprint import LoadSettings
+    from llamafit.planning.bound import noalloc_args, noalloc_context
 
     server = ["-m", "x.gguf", "-c", "4096", "-lv", "1", "--log-jsonl", "-ngl", "3", "--port", "8", "--mmproj", "p"]
     takes = {"-m", "-c", "-lv", "--log-jsonl", "-ngl", "-fa"}.__contains__

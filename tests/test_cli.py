@@ -162,7 +162,7 @@ def test_every_command_has_working_help(command: str) -> None:
 
 def test_an_unexpected_error_is_reported_as_one_line_with_its_type(l8b: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The last-resort handler names the real exception (it once hid it behind its own UnboundLocalError)."""
-    from llamafit.planner import Planner
+    from llamafit.planning.planner import Planner
 
     def broken(*_a: object, **_k: object) -> None:
         raise ZeroDivisionError("a bug \x1b]0;title\x07 here")
@@ -199,7 +199,7 @@ def test_llamafits_own_options_are_known_after_the_separator() -> None:
     names as llamafit's (written after --, it would reach the server); none is listed that no command has."""
     import typer.main
 
-    from llamafit.prepare import LLAMAFIT_OPTIONS
+    from llamafit.planning.flags import LLAMAFIT_OPTIONS
     from llamafit.server.option_table import ROWS
 
     declared: set[str] = set()

@@ -344,7 +344,7 @@ def test_device_and_fit_lines_are_read() -> None:
 def test_memory_taken_after_planning_is_reported(tmp_path: Path) -> None:
     from llamafit.launch import free_drift
     from llamafit.options import Options
-    from llamafit.prepare import prepare
+    from llamafit.planning.planner import prepare
     from llamafit.server.logparse import LoadLog
 
     prep = prepare(str(ensure_demo_model(tmp_path)), Options(gpu=["8GiB"], calibrate=False))

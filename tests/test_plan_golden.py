@@ -28,7 +28,7 @@ from llamafit.devices.machine import Device, Host, Machine
 from llamafit.errors import LlamafitError
 from llamafit.options import Options
 from llamafit.plan import to_json
-from llamafit.prepare import prepare
+from llamafit.planning.planner import prepare
 from llamafit.server.capabilities import ASSUMED
 from llamafit.units import GiB
 

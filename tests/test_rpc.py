@@ -17,7 +17,7 @@ from llamafit.compare import compare
 from llamafit.devices.rpc import parse_endpoints, rpc_devices
 from llamafit.errors import UsageError
 from llamafit.options import Options
-from llamafit.prepare import prepare
+from llamafit.planning.planner import prepare
 from llamafit.server.binary import ServerBinary, free_port
 from llamafit.units import MiB
 from tests import factory

@@ -334,7 +334,7 @@ def test_a_model_that_fails_to_load_is_named_and_the_router_stops(
 def test_devices_that_cannot_be_sized_are_said(shapes: dict[str, Path]) -> None:
     from llamafit.devices.machine import Host, Machine
     from llamafit.options import Options
-    from llamafit.prepare import prepare
+    from llamafit.planning.planner import prepare
     from llamafit.server.capabilities import ASSUMED
     from llamafit.several.plan import entries_from_refs, plan_together
     from llamafit.units import GiB

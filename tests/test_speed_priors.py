@@ -15,31 +15,27 @@ from llamafit.devices.machine import Host, Machine, discover
 from llamafit.devices.rates import Rates
 from llamafit.errors import UsageError
 from llamafit.fit import make_plan
+from llamafit.fit.speed import priced
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory.placement import CPU
 from llamafit.request import build_request
 from llamafit.server.args import parse_server_args
 from llamafit.speed import priors
-from llamafit.speed.machine import host_rates, known_rates
+from llamafit.speed.measuring import host_rates, known_rates
 from llamafit.units import GiB
 
 HOST = Host(total=256 * GiB, available=240 * GiB)
 
 
-class Known:
-    """What a plan for described hardware gets: each device's priors, the host's from its given bandwidth."""
-
-    def __init__(self, machine: Machine, host_bandwidth: float = 80e9) -> None:
-        self._rates = {g.id: r for g in machine.gpus if (r := known_rates(g)) is not None}
-        self._rates[CPU] = host_rates(host_bandwidth)
-
-    def rates(self, devices: object) -> dict[str, Rates]:
-        return dict(self._rates)
+def known(machine: Machine, host_bandwidth: float = 80e9) -> dict[str, Rates]:
+    """What a plan for described hardware reads: each device's priors, the host's from its given bandwidth."""
+    return {**{g.id: r for g in machine.gpus if (r := known_rates(g)) is not None}, CPU: host_rates(host_bandwidth)}
 
 
 def plan_on(model: ModelInfo, specs: list[str], args: list[str]):  # type: ignore[no-untyped-def]
     machine = Machine(tuple(described_gpus(specs)), HOST)
-    return make_plan(model, machine, build_request(parse_server_args(args)), rates=Known(machine))
+    rates = known(machine)
+    return priced(make_plan(model, machine, build_request(parse_server_args(args)), rates=rates), rates)
 
 
 def test_more_cards_never_predict_faster_decode_of_a_model_one_card_holds(l8b: ModelInfo) -> None:

@@ -21,11 +21,11 @@ from llamafit.errors import ExitCode
 from llamafit.gguf.demo_model import demo_metadata, demo_tensors, ensure_demo_model
 from llamafit.gguf.writer import write_gguf
 from llamafit.options import Options
-from llamafit.planner import Planner
+from llamafit.planning.planner import Planner
+from llamafit.planning.tuned import tune_file, tune_key
 from llamafit.server.binary import ServerBinary, free_port
 from llamafit.server.supervisor import Supervisor
 from llamafit.speed import probe as pr
-from llamafit.tuned import tune_file, tune_key
 from tests import factory
 from tests.realserver import READY, launch_run, read_json_doc, stand_in, stop_run, wait_for
 
@@ -390,7 +390,7 @@ def test_a_load_that_arrives_during_a_measurement_makes_it_doubtful(
 
 def test_a_served_request_far_from_its_prediction_drops_the_measurement(server_bin: ServerBinary, demo: Path) -> None:
     from llamafit.launch import SpeedCheck
-    from llamafit.prepare import prepare
+    from llamafit.planning.planner import prepare
     from llamafit.speed.timings import Served
 
     directory = Path(os.environ["LLAMAFIT_CACHE"]) / "speed"
@@ -399,13 +399,13 @@ def test_a_served_request_far_from_its_prediction_drops_the_measurement(server_b
         prep = prepare(str(demo), Options(server=server_bin.path))
     finally:
         os.environ.pop("LLAMAFIT_PROBE")
-    assert prep.rates is not None and prep.plan.speed is not None and prep.plan.speed.tg
+    assert prep.measured is not None and prep.plan.speed is not None and prep.plan.speed.tg
     cached = set(pr.read_cache(directory))
     assert cached
     near = SpeedCheck(Served(16, 10.0, 8, 8 / prep.plan.speed.tg * 1e3), None, prep.plan.speed.tg)
     far = SpeedCheck(Served(16, 10.0, 8, 1.0), None, 9.3)  # the demo's 700x: 8 tokens in 1 ms against 9.3 tok/s
     assert not near.far and far.far and "far from the prediction" in far.message()
-    assert prep.rates.forget() and not set(pr.read_cache(directory)) & cached
+    assert prep.measured.forget() and not set(pr.read_cache(directory)) & cached
 
 
 def test_a_measurement_the_plans_time_cuts_short_goes_on_then_rests(
@@ -431,7 +431,7 @@ def test_a_measurement_the_plans_time_cuts_short_goes_on_then_rests(
 def test_measuring_an_rpc_device_never_cuts_a_run_short(server_bin: ServerBinary, tmp_path: Path) -> None:
     """A llama-bench killed mid-transfer crashes ggml-rpc-server (the user's): a plan's measuring time stops
     new runs on an RPC device, never one that started, and every plan after finds the server listing its device."""
-    from llamafit.prepare import prepare
+    from llamafit.planning.planner import prepare
     from tests.realserver import rpc_servers
 
     model = factory.qwen3_0_6b().write(tmp_path / "q06.gguf")

@@ -21,6 +21,7 @@ from llamafit import store
 from llamafit.devices.cards import lookup
 from llamafit.devices.described import described_gpu
 from llamafit.numbers import jsonable, to_float, to_int
+from llamafit.planning.tuned import tune_flags
 from llamafit.server.bounded import MAX_OUTPUT, run_bounded
 from llamafit.server.capabilities import MAX_VERSION, package_build, parse_probe
 from llamafit.server.failures import classify
@@ -29,7 +30,6 @@ from llamafit.speed import probe as pr
 from llamafit.speed.bench import parse_jsonl
 from llamafit.speed.model import MAX_UBATCHES, _ubatches
 from llamafit.speed.timings import TimingReader
-from llamafit.tuned import tune_flags
 from llamafit.units import GiB
 
 SLOT = "0.08.024.846 I slot print_timing: id  3 | task 7 | "

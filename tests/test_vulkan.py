@@ -20,7 +20,8 @@ import pytest
 
 from llamafit.launch import compare_all
 from llamafit.options import Options
-from llamafit.prepare import discover_for, prepare, server_and_caps
+from llamafit.planning.discover import discover_for, server_and_caps
+from llamafit.planning.planner import prepare
 from llamafit.server.binary import ServerBinary, free_port
 from llamafit.units import MiB
 from tests import factory

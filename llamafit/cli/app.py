@@ -66,7 +66,7 @@ from llamafit.errors import ExitCode
 from llamafit.options import DEFAULTS, Options
 
 if TYPE_CHECKING:
-    from llamafit.prepare import Prepared
+    from llamafit.planning.prepared import Prepared
 
 app = typer.Typer(
     name="llamafit",
@@ -99,7 +99,7 @@ def _prepare(model: str, o: Options, json_out: bool = False, quant: str | None =
     """The plan and argv (of the quant asked for with ``:best``/``--quant``); when nothing fits and
     ``json_out``, the plan that could not be made is the error's document (``"fits": false``, exit 3)."""
     from llamafit.errors import DoesNotFitError
-    from llamafit.planner import Planner
+    from llamafit.planning.planner import Planner
     from llamafit.quants import prepare_choice, wants_quants
 
     if wants_quants(model, quant) and o.hf_file:
@@ -155,7 +155,7 @@ def gpus(
     """Show what llamafit sees: each GPU (name, total, free), RPC devices, and host RAM."""
     with handled():
         from llamafit.devices.machine import Machine
-        from llamafit.prepare import discover_for, machine_with_rpc, server_and_caps
+        from llamafit.planning.discover import discover_for, machine_with_rpc, server_and_caps
 
         o = Options.from_params(ctx.params)
         srv = server_and_caps(server)[0] if not (gpu or cpu_only) or rpc else None
@@ -190,7 +190,7 @@ def inspect(
 ) -> None:
     """Architecture, layers, heads, KV geometry, tensor bytes and shards of a GGUF model."""
     with handled():
-        from llamafit.prepare import load_any_model
+        from llamafit.planning.resolve import load_any_model
 
         info = load_any_model(model, hf_file=hf_file, revision=revision, offline=offline)
         if json_out:

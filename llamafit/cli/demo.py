@@ -16,8 +16,8 @@ from llamafit.gguf.demo_model import ensure_demo_model
 from llamafit.launch import check_speed, compare_all, record_launch
 from llamafit.options import Options
 from llamafit.plan import to_json
-from llamafit.planner import Planner
-from llamafit.prepare import discover_for, launch_env, new_hub, server_and_caps
+from llamafit.planning.discover import discover_for, launch_env, new_hub, server_and_caps
+from llamafit.planning.planner import Planner
 from llamafit.server.binary import GET_SERVER_HINT, ServerBinary, free_port
 from llamafit.server.capabilities import ASSUMED, Capabilities
 from llamafit.server.supervisor import Supervisor

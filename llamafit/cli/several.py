@@ -23,7 +23,7 @@ from llamafit.hub.resolve import Hub
 from llamafit.launch import before_launch, downloads_line, with_buffer_lines
 from llamafit.options import Options
 from llamafit.paths import data_dir, named_files
-from llamafit.prepare import Prepared
+from llamafit.planning.prepared import Prepared
 from llamafit.server.binary import GET_SERVER_HINT, ServerBinary
 from llamafit.server.capabilities import Capabilities
 from llamafit.several.plan import (
@@ -50,7 +50,7 @@ class _Set:
 
 def prepare_several(refs: Sequence[str], models_preset: Path | None, o: Options) -> _Set:
     """The plan of the set, with the server that would run it and the Hub resolver its files came from."""
-    from llamafit.planner import Planner
+    from llamafit.planning.planner import Planner
     from llamafit.quants import wants_quants
     from llamafit.several.preset import load, renamed
 

@@ -27,7 +27,7 @@ from llamafit.cli.render import memory_tables, rows_json
 from llamafit.compare import Row
 from llamafit.launch import RETRIES, before_launch, downloads_line
 from llamafit.paths import named_files
-from llamafit.prepare import Prepared
+from llamafit.planning.prepared import Prepared
 from llamafit.server.liveness import Liveness
 from llamafit.server.metrics import Metrics, parse_address
 from llamafit.server.restarts import RestartPolicy

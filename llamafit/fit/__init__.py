@@ -19,21 +19,21 @@ card), ``policy`` (the drafter), ``projector`` (the multimodal projector), ``mes
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
 from llamafit.calibration import Corrections
 from llamafit.devices.machine import Device, Machine
+from llamafit.devices.rates import Rates
 from llamafit.errors import DoesNotFitError, UsageError
 from llamafit.fit import messages
-from llamafit.fit.faster import faster_split
+from llamafit.fit.faster import faster_split, user_placed
 from llamafit.fit.flags import planned_argv, server_defaults
 from llamafit.fit.policy import Outcome, fit_with_policy
 from llamafit.fit.projector import ProjectorPlacement, place_projector
 from llamafit.fit.runtime import RuntimeHost, plan_runtime
 from llamafit.fit.search import CTX_STEP, MAX_SPLIT_DEVICES, Search, Trial, select_gpus
-from llamafit.fit.speed import Rated, trial_speed
 from llamafit.gguf.hparams import ESTIMATED_COMPUTE_ARCHS, UNVERIFIED_MEMORY_ARCHS
 from llamafit.gguf.mmproj import Projector
 from llamafit.gguf.model import ModelInfo
@@ -50,7 +50,6 @@ from llamafit.request import Request
 from llamafit.server.args import Planned
 from llamafit.server.capabilities import ASSUMED, Capabilities
 from llamafit.speculative import Drafter, DrafterFiles, SpecOptions, choose
-from llamafit.speed.model import Speed
 from llamafit.units import MiB, pad
 
 __all__ = ["CTX_STEP", "make_plan", "select_gpus"]
@@ -66,7 +65,7 @@ def make_plan(
     mmproj: Projector | None = None,
     mmproj_measured: Callable[[MmprojUse], int | None] | None = None,
     drafter_files: DrafterFiles | None = None,
-    rates: Rated | None = None,
+    rates: Mapping[str, Rates] | None = None,
     adapters: Adapters | None = None,
 ) -> Plan:
     """Fit ``model`` (and its drafter) onto ``machine`` under ``req``; DoesNotFitError when nothing fits.
@@ -74,7 +73,8 @@ def make_plan(
     ``caps`` may be a callable: the server binary is then probed only if a decision needs it.
     ``calibrate`` returns corrections from past launches for the base settings (llamafit.calibration);
     ``mmproj_measured`` what a past launch measured for the projector's compute buffer; ``rates``: the
-    devices' measured or given speed (``llamafit.speed``), for the plan's tokens/s.
+    cards' measured or prior speed (the planner's measuring stage), read where the fit chooses between splits of
+    unlike cards; the plan's own speed is its last stage (``llamafit.fit.speed.priced``).
 
     GPUs too small for even their own buffers (runtime, compute) never make a machine worse than none:
     when no placement on them fits and the user pinned none, the load runs without them (``-dev none``).
@@ -172,7 +172,7 @@ def _make_plan(
     mmproj: Projector | None,
     mmproj_measured: Callable[[MmprojUse], int | None] | None,
     drafter_files: DrafterFiles | None,
-    rates: Rated | None,
+    rates: Mapping[str, Rates] | None,
     adapters: Adapters | None,
 ) -> Plan:
     opts = opts or SpecOptions(mode="off")
@@ -192,8 +192,7 @@ def _make_plan(
     search = Search(model, machine, req, gpus, opts, calib, projector.fixed, adapters)
     lo, hi = _context_bounds(model, req, base)
     choice = choose(model, opts, drafter_files, built)
-    pinned = req.n_gpu_layers is not None or req.tensor_split is not None or req.overrides is not None
-    out = fit_with_policy(search, base, lo, hi, pinned, choice, opts, caps)
+    out = fit_with_policy(search, base, lo, hi, user_placed(req), choice, opts, caps)
     if out.trial is None or out.placement is None:
         err, closest = search.refusal(base, lo, out.spec)
         planned = planned_argv(model, closest.settings, closest.fp.context.n_ctx, gpus, req, machine, out.spec, opts)
@@ -212,7 +211,7 @@ def _make_plan(
             [*calib.notes, *projector.warnings],
         )
         raise err.but(plan=closest_plan)
-    t, faster = faster_split(search, out.trial, out.spec, gpus, rates, pinned)
+    t, faster = faster_split(search, out.trial, out.spec, gpus, rates, user_placed(req))
     if faster is not None and out.placement is not None:  # the placement's sentence names the new split
         ids = [g.id for g in gpus]
         was, now = messages.where(out.trial.settings, ids), messages.where(t.settings, ids)
@@ -237,7 +236,7 @@ def _make_plan(
     plan = replace(plan, memory_build=build, calibrated_compute=tuple(calib.compute_scale))
     if (grows := _output_growth(plan)) is not None:
         plan = replace(plan, notes=(*plan.notes, grows))
-    return _with_speed(plan, trial_speed(model, t, gpus, rates)) if rates is not None else plan
+    return plan
 
 
 def _output_growth(plan: Plan) -> str | None:
@@ -250,22 +249,6 @@ def _output_growth(plan: Plan) -> str | None:
         return None
     rows = plan.settings.n_outputs_max
     return messages.output_grows(logged, peak, rows)
-
-
-SPEED_WORDED = ("speculative.drafter", "speculative.dropped", "speculative.ngram")
-
-
-def _with_speed(plan: Plan, speed: Speed) -> Plan:
-    """The plan with its speed, and each drafter decision saying what it means for speed."""
-    if speed.tg is None:
-        return replace(plan, speed=speed)
-    decisions = tuple(
-        replace(d, message=f"{d.message} {messages.spec_speed_words(d.code, speed.tg)}")
-        if d.code in SPEED_WORDED and d.message
-        else d
-        for d in plan.decisions
-    )
-    return replace(plan, speed=speed, decisions=decisions)
 
 
 def _train(model: ModelInfo) -> int:

@@ -10,27 +10,44 @@ or cards whose speed is not known, are left as the fit made them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from llamafit.devices.machine import Device
+from llamafit.devices.machine import Device, Machine
+from llamafit.devices.rates import Rates
 from llamafit.fit.messages import where
-from llamafit.fit.search import Search, Trial
-from llamafit.fit.speed import Rated, trial_speed
+from llamafit.fit.search import Search, Trial, select_gpus
+from llamafit.fit.speed import trial_speed
 from llamafit.plan import Decision
+from llamafit.request import Request
 from llamafit.speculative import SpecConfig
 
 GAIN = 0.03  # a predicted gain below this is within the model's noise: the fit's split stays
 
 
+def user_placed(req: Request) -> bool:
+    """The user placed the layers (-ngl, -ts, -ot): the fit keeps their placement, the split included."""
+    return req.n_gpu_layers is not None or req.tensor_split is not None or req.overrides is not None
+
+
+def split_devices(machine: Machine, req: Request) -> list[str]:
+    """The cards whose rates the faster split reads, measured before the fit: those it may split layers over."""
+    ids = [g.id for g in select_gpus(machine, req)]
+    return ids if len(ids) >= 2 and not user_placed(req) else []
+
+
 def faster_split(
-    search: Search, t: Trial, spec: SpecConfig, gpus: Sequence[Device], source: Rated | None, pinned: bool
+    search: Search,
+    t: Trial,
+    spec: SpecConfig,
+    gpus: Sequence[Device],
+    rates: Mapping[str, Rates] | None,
+    pinned: bool,
 ) -> tuple[Trial, Decision | None]:
     """``t``, or the fastest-first split of the same layers when it fits and is predicted faster."""
     ids = search.ids
-    if pinned or source is None or len(ids) < 2 or not t.settings.tensor_split:
+    if pinned or rates is None or len(ids) < 2 or not t.settings.tensor_split:
         return t, None
-    rates = source.rates(ids)
     if any(g not in rates for g in ids):
         return t, None
     speed = {i: rates[g].read for i, g in enumerate(ids)}
@@ -46,8 +63,8 @@ def faster_split(
     if not alt.ok:
         return t, None
     now, fast = (
-        trial_speed(search.model, t, gpus, source, full_context=False),
-        trial_speed(search.model, alt, gpus, source, full_context=False),
+        trial_speed(search.model, t, gpus, rates, full_context=False),
+        trial_speed(search.model, alt, gpus, rates, full_context=False),
     )
     if now.tg is None or fast.tg is None or fast.tg < (1 + GAIN) * now.tg:
         return t, None

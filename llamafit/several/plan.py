@@ -33,7 +33,7 @@ from llamafit.memory.context import N_CTX_PAD as CTX_PAD
 from llamafit.options import Options
 from llamafit.paths import named_files, write_output
 from llamafit.plan import Decision
-from llamafit.prepare import Prepared
+from llamafit.planning.prepared import Prepared
 from llamafit.server.args import parse_server_args
 from llamafit.several.preset import GLOBAL, Section, is_truthy, router_name, section_text, to_tokens
 from llamafit.units import fmt_bytes

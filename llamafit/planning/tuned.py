@@ -1,5 +1,6 @@
 """The configurations ``llamafit tune`` measured fastest, kept per model file, devices, serving build and the
-user's own flags (``$LLAMAFIT_DATA/tune.json``), so ``plan`` and ``run`` start from the winner.
+user's own flags (``$LLAMAFIT_DATA/tune.json``), so ``plan`` and ``run`` start from the winner: the planner's
+last stage (``start_from_winner``).
 
 The file is input like any other: a winner whose flags are not the ones tune varies, with values it tries, or
 whose speeds llama-bench could not have reported, is not used; it is changed under a lock, so concurrent tunes
@@ -11,17 +12,19 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from llamafit import store
 from llamafit.calibration import model_id
+from llamafit.errors import LlamafitError
 from llamafit.gguf.model import ModelInfo
 from llamafit.numbers import to_int
 from llamafit.paths import data_dir
-from llamafit.plan import DevicePlan
+from llamafit.plan import Decision, DevicePlan
+from llamafit.planning.prepared import Prepared
 from llamafit.server.args import ServerArgs
 from llamafit.server.binary import ServerBinary
 from llamafit.speed.bench import bench_binary, bench_identity, plausible
@@ -116,3 +119,36 @@ def tune_flags(flags: Sequence[object]) -> bool:
     pairs = [(str(flags[i]), str(flags[i + 1])) for i in range(0, len(flags), 2)]
     names = [f for f, _ in pairs]
     return len(set(names)) == len(names) and all(f in _TUNED and _TUNED[f](v) for f, v in pairs)
+
+
+def start_from_winner(prep: Prepared, replan: Callable[[tuple[str, ...]], Prepared]) -> Prepared:
+    """``prep``, or the plan with the flags ``llamafit tune`` measured fastest for this model, devices, build and
+    flags first (``replan``: the same plan with these flags in front of the user's), when there is a winner
+    and it neither fails nor cuts the context; its speed is then the measured one."""
+    winner = cached_winner(prep.plan.model, prep.plan.devices, prep.server, prep.user)
+    if winner is None:
+        return prep
+    tuned_flags = " ".join(winner.flags)
+    if not winner.flags:  # tune measured the plan as it is fastest: its speed is known, not estimated
+        tuned_prep = prep
+    else:
+        try:
+            tuned_prep = replan(winner.flags)
+        except LlamafitError as e:
+            return replace(
+                prep, notes=(*prep.notes, f"llamafit tune's fastest ({tuned_flags}) is not used: {e.message}")
+            )
+    if not tuned_prep.plan.fits:
+        return prep
+    if tuned_prep.plan.n_ctx < prep.plan.n_ctx:  # the context is chosen first; speed does not cut it
+        cut = f"it would cut the context from {prep.plan.n_ctx} to {tuned_prep.plan.n_ctx} here now"
+        return replace(prep, notes=(*prep.notes, f"llamafit tune's fastest ({tuned_flags}) is not used: {cut}"))
+    sp = tuned_prep.plan.speed
+    sp = replace(sp, pp=winner.pp, tg=winner.tg, source="measured") if sp is not None else None
+    d = Decision(
+        "speed.tuned",
+        f"Starting from what llamafit tune measured fastest here ({winner.when}): "
+        f"{' '.join(winner.flags) or 'the plan as it is'} (pp {winner.pp or 0:.1f}, tg {winner.tg or 0:.1f} tok/s).",
+    )
+    plan = replace(tuned_prep.plan, speed=sp, decisions=(*tuned_prep.plan.decisions, d))
+    return replace(tuned_prep, plan=plan, user=prep.user)

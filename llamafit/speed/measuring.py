@@ -7,7 +7,11 @@ Measuring is bounded (``MEASURE_BUDGET`` seconds a plan, what is left measured b
 machine that other processes keep busy is not measured now (``llamafit.speed.load``: the plan waits
 ``LOAD_WAIT`` seconds for it to quiet down, then defers), a measurement whose repetitions disagree or that a
 load arrived during is neither used nor cached, and a served request far from its prediction drops the cached
-measurements it came from (``RateSource.forget``).
+measurements it came from (``Measured.forget``).
+
+The planner's measuring stage runs a ``RateSource`` twice: before the fit for the cards the fit may choose a
+split between, after it for what the plan puts work on; each time it gives a ``Measured``, which the fit and
+the speed model only read.
 
 ``LLAMAFIT_PROBE``: ``auto`` (the default) measures what is not cached yet; ``off`` never runs the probe
 (cached measurements are still used; what is not known comes from priors or stays unknown).
@@ -19,7 +23,7 @@ import contextlib
 import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from llamafit.calibration import model_id, read_history
@@ -90,6 +94,29 @@ def known_rates(g: Device) -> Rates | None:
 def host_rates(bandwidth: float) -> Rates:
     """The host described by ``--host-bandwidth``: its peak with the host's priors."""
     return priors.prior_rates(CPU, bandwidth, label=f"host: {bandwidth / 1e9:.0f} GB/s peak (given), CPU priors")
+
+
+@dataclass(frozen=True)
+class Measured:
+    """The devices' rates as one plan read them: per device its terms (measured, or its backend's priors),
+    corrected by the newest launch of the same model on the same devices; what measuring said; and the cache
+    entries they came from."""
+
+    rates: Mapping[str, Rates]
+    key: str  # what a launch's speed record is filed under (``RateSource.key``)
+    notes: tuple[str, ...] = ()
+    entries: frozenset[str] = frozenset()
+    directory: Path | None = field(default=None, compare=False)
+
+    def forget(self) -> list[str]:
+        """Drop the cached measurements these rates came from (a served request far from the prediction says
+        they were not the machine's: taken under a load, or the machine changed); the next plan measures
+        again. What was dropped, in words."""
+        if not self.entries or self.directory is None:
+            return []
+        if not pr.forget(self.directory, set(self.entries)):
+            return ["the cached speed measurements could not be dropped (another llamafit holds them)"]
+        return ["the cached speed measurements of these devices were dropped: the next plan measures them again"]
 
 
 class RateSource:
@@ -164,15 +191,11 @@ class RateSource:
                 self.notes.append(f"speed corrected by {c.source}: generation x{1 / c.tg:.2f}, prompts x{1 / c.pp:.2f}")
         return self._correction
 
-    def forget(self) -> list[str]:
-        """Drop the cached measurements this plan's rates came from (a served request far from the prediction
-        says they were not the machine's: taken under a load, or the machine changed); the next plan measures
-        again. What was dropped, in words."""
-        if not self._used:
-            return []
-        if not pr.forget(self.directory, self._used):
-            return ["the cached speed measurements could not be dropped (another llamafit holds them)"]
-        return ["the cached speed measurements of these devices were dropped: the next plan measures them again"]
+    def measured(self, devices: Iterable[str] = ()) -> Measured:
+        """The rates of ``devices`` and every device asked for before (measured first where they need it), as
+        the planner's stages read them."""
+        rates = self.rates(devices)
+        return Measured(rates, self.key, tuple(self.notes), frozenset(self._used), self.directory)
 
     def _stopped(self, device: str, e: pr.ProbeError, have: pr.Timings | None) -> str | None:
         """Say why ``device``'s probe stopped; what to remember as its failure (not tried again by every plan),

@@ -1,0 +1,66 @@
+"""The measuring stage: the devices' rates a plan reads, measured where llama-bench can reach them and nothing
+is cached (within the plan's measuring time), else their backend's priors (``llamafit.speed.measuring``).
+
+It runs twice around the fit, and the fit only reads what it gave: ``before_fit`` for the cards the fit may
+choose a split between (their speeds decide it), ``after_fit`` for what the plan puts work on (the host, when it
+holds layers), so a device the plan does not use is never measured."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+from llamafit.devices.machine import Machine
+from llamafit.devices.rates import parse_rate
+from llamafit.fit.faster import split_devices
+from llamafit.fit.speed import used_devices
+from llamafit.options import Options
+from llamafit.plan import Plan
+from llamafit.planning.discover import launch_env
+from llamafit.planning.resolve import Resolved
+from llamafit.server.binary import ServerBinary
+from llamafit.speed.bench import rate_flags
+from llamafit.speed.measuring import MEASURE_BUDGET, Measured, RateSource
+
+
+def rate_source(
+    mach: Machine,
+    res: Resolved,
+    srv: ServerBinary | None,
+    o: Options,
+    progress: Callable[[str], None] | None = None,
+    budget: float = MEASURE_BUDGET,
+) -> RateSource:
+    """What measures the devices for this model as the server will run it: its thread count, repacking, flash
+    attention and cache types; ``budget``: the seconds it may spend measuring (0: cached measurements only)."""
+    user = res.asked.user
+    threads = None
+    if (occ := user.last("--threads")) is not None and (occ.value or "").isdecimal():
+        threads = int(occ.value or 0) or None
+    bw = parse_rate(o.host_bandwidth, "--host-bandwidth") if o.host_bandwidth else None
+    ub = user.last("--ubatch-size")
+    prompt = int(ub.value or 0) if ub is not None and (ub.value or "").isdecimal() else 512
+    return RateSource(
+        mach,
+        res.model,
+        server_path=srv.path if srv else None,
+        env=launch_env(srv).env if srv else dict(os.environ),
+        threads=threads,
+        flags=rate_flags(user),
+        prompt=max(32, min(prompt, 2048)),
+        host_bandwidth=bw,
+        here=not (o.gpu or o.host_ram),  # described hardware is not measured here
+        progress=progress,
+        calibrate=o.calibrate,
+        measure=budget,
+    )
+
+
+def before_fit(source: RateSource, mach: Machine, res: Resolved) -> Measured:
+    """The rates the fit reads: the cards it may split layers over (and every known device's priors)."""
+    return source.measured(split_devices(mach, res.asked.req))
+
+
+def after_fit(source: RateSource, plan: Plan) -> Measured:
+    """The rates the plan's speed reads: every device it puts work on."""
+    return source.measured(used_devices(plan))
