@@ -80,3 +80,14 @@ def test_a_fused_qkv_keeps_the_estimate(tmp_path: Path) -> None:
 def test_the_mamba_graphs_are_replayed(shapes: dict[str, Path]) -> None:
     model, cp, _ = _context(shapes["mamba"], ["-c", "4096"])
     assert recurrent_bytes(model, cp, cp.n_outputs_max) is not None
+
+
+def test_every_architecture_the_registry_names_is_one_llama_cpp_knows() -> None:
+    """One registry from architecture to the reader of its shape: a name llama.cpp does not use would never be
+    read (its models fall to the plain transformer's reader, which reads none of them)."""
+    from llamafit.gguf.archs import ARCHS
+    from llamafit.memory.graph.shapes import DRAFT_READERS, READERS, TRANSFORMER
+
+    named = {*READERS, *DRAFT_READERS, *TRANSFORMER}
+    assert named <= ARCHS, sorted(named - ARCHS)
+    assert not set(TRANSFORMER) & set(READERS)  # a transformer is read by the default reader only

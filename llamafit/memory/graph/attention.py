@@ -18,15 +18,16 @@ are views. Quantized caches (their Hadamard rotation inputs) are not replayed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import ClassVar
 
 from llamafit.memory.graph.galloc import F32, I32, I64, Graph, Tensor, in_layer
-from llamafit.memory.graph.sampling import Samplers
+from llamafit.memory.graph.recipe import Recipe, Reserve
 from llamafit.memory.graph.trunk import Experts, gated_ffn, input_embeddings, output_head, rms_norm, routed_and_shared
 
 
 @dataclass(frozen=True)
-class TransformerShape:
+class TransformerShape(Recipe):
     arch: str  # "llama" | "qwen3" | "qwen3moe" | "glm4moe" | "gemma3"
     n_layer: int
     n_embd: int
@@ -46,32 +47,13 @@ class TransformerShape:
     sinks: bool = False  # attention sinks: one more source of the softmax or flash attention (gpt-oss)
     rows_at_end: bool = False  # the output rows taken after the last layer, whose output stays (t_h_nextn)
 
+    any_v_layout: ClassVar[bool] = True
 
-@dataclass(frozen=True)
-class Reserve:
-    n_tokens: int
-    n_seqs: int
-    n_outputs: int
-    n_kv: int  # cells of the full cache per stream
-    n_kv_swa: int  # cells of the sliding-window cache per stream
-    n_stream: int  # 1 with a unified cache, else n_seq_max
-    flash_attn: bool
-    cache_esize: int = 2  # bytes per element of the K cache (F16 unless -ctk f32)
-    cache_esize_v: int = 2  # and of the V cache (what a copy of a cache view takes, op offload)
-    n_rs_seq: int = 0  # recurrent-state snapshots kept for speculative rollback (hybrids)
-    pooling: str | None = None  # an embedding context's pooling ("none", "mean", "cls", "last"); None: not one
-    rot_k: int = 0  # Hadamard rotation size for a quantized K cache (llama-kv-cache.cpp:321-348), 0: none
-    rot_v: int = 0  # the same for a quantized V cache
-    samplers: Samplers | None = None  # each slot's backend sampler chain, None: no backend sampling
-    mask_f16: bool = True  # a flash-attention mask made F16 (older builds: F32 and a cast, kq_mask())
-    mla_mask_f16: bool = True  # the same for the MLA and indexer masks (F16 from a later build)
-    # without flash attention V is cached transposed, unless "auto" resolved it off after the cache was made
-    # (create_memory counts "auto" as on: llama-context.cpp:205); attention then transposes a copy of V
-    v_trans: bool = True
-    mixed_batch: bool = True  # build_inp_embd's mixed token/embedding path (a build before 11401 has none)
-    rs_one_gather: bool = True  # the recurrent states gathered once (before 11378: the ubatch's and the rest)
-    mamba2_2d: bool = True  # Mamba-2 projections on a 2-D batch (before 10605: on the 3-D one, reshaped around)
-    rows_after_norm: bool = True  # Nemotron-H's output rows selected after the norm (before 10355: in the last layer)
+    def graph(self, r: Reserve) -> Graph:
+        return Builder(self, r).graph()
+
+    def first_layer(self) -> Recipe | None:
+        return replace(self, n_layer=1)
 
 
 def kq_mask(shape: tuple[int, int, int, int], fa: bool, f16: bool = True) -> Tensor:
@@ -82,11 +64,6 @@ def kq_mask(shape: tuple[int, int, int, int], fa: bool, f16: bool = True) -> Ten
     if f16:
         return Graph.input(shape, 2)
     return Graph.op("cpy", shape, Graph.input(shape, F32), esize=2)
-
-
-def transformer_graph(shape: TransformerShape, r: Reserve) -> Graph:
-    """The reserve graph (its weights and caches tagged under ``galloc.placed``)."""
-    return Builder(shape, r).graph()
 
 
 class Builder:

@@ -16,18 +16,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llamafit.memory.graph.attention import Builder, Reserve, TransformerShape
+from llamafit.memory.graph.attention import Builder, TransformerShape
 from llamafit.memory.graph.galloc import I32, Graph, Tensor, in_layer
+from llamafit.memory.graph.recipe import Recipe, Reserve
 from llamafit.memory.graph.sampling import backend_samplers
 from llamafit.memory.graph.trunk import rms_norm
 
 
 @dataclass(frozen=True)
-class DflashShape:
+class DflashShape(Recipe):
     trunk: TransformerShape  # the blocks (Q/K norms, dense gated FFN); n_vocab: the target's
     n_vocab_draft: int  # rows of the draft head (the target's vocabulary without a d2t map)
     d2t: bool
     markov: Markov | None = None  # DSpark's head
+
+    def graph(self, r: Reserve) -> Graph:
+        return _dflash_graph(self, r)
 
 
 @dataclass(frozen=True)
@@ -42,7 +46,7 @@ class Markov:
     sample_from_anchor: bool  # dflash.sample_from_anchor (default true): slot 0 is a prediction too
 
 
-def dflash_graph(sh: DflashShape, r: Reserve) -> Graph:
+def _dflash_graph(sh: DflashShape, r: Reserve) -> Graph:
     """The pp reserve graph (its weights and caches tagged under ``galloc.placed``), with the slots'
     backend samplers (``r.sampled_rows``: the draft depth + 1 rows per sequence)."""
     b = Builder(sh.trunk, r)

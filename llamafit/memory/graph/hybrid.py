@@ -12,16 +12,18 @@ norm (``t_h_nextn``), its output rows (``t_embd``) and the logits are all graph 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import ClassVar
 
-from llamafit.memory.graph.attention import Builder, Reserve, TransformerShape
+from llamafit.memory.graph.attention import Builder, TransformerShape
 from llamafit.memory.graph.galloc import F32, I32, Graph, Tensor, in_layer
 from llamafit.memory.graph.mtp import MtpShape, block_ffn, gated_attention
+from llamafit.memory.graph.recipe import Recipe, Reserve
 from llamafit.memory.graph.trunk import RecurrentStates, input_embeddings, output_head, rms_norm
 
 
 @dataclass(frozen=True)
-class HybridShape:
+class HybridShape(Recipe):
     block: MtpShape  # the widths shared with the MTP head: embedding, vocabulary, attention heads, FFN
     is_recr: tuple[bool, ...]  # the trunk's layers (no NextN block)
     d_conv: int
@@ -34,8 +36,16 @@ class HybridShape:
     qwen3next: bool = False
     legacy_qkvz: bool = False
 
+    any_v_layout: ClassVar[bool] = True
 
-def hybrid_graph(sh: HybridShape, r: Reserve) -> Graph:
+    def graph(self, r: Reserve) -> Graph:
+        return _hybrid_graph(self, r)
+
+    def first_layer(self) -> Recipe | None:
+        return replace(self, is_recr=self.is_recr[:1])
+
+
+def _hybrid_graph(sh: HybridShape, r: Reserve) -> Graph:
     """The reserve graph (its weights, caches and states tagged under ``galloc.placed``)."""
     n_layer, a = len(sh.is_recr), sh.block
     shape = TransformerShape(

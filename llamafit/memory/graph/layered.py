@@ -14,12 +14,14 @@ asks for it, softmax-routed experts beside a gated shared expert).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import ClassVar
 
 from llamafit.gguf.model import ModelInfo
-from llamafit.memory.graph.attention import Builder, Reserve, TransformerShape
+from llamafit.memory.graph.attention import Builder, TransformerShape
 from llamafit.memory.graph.galloc import I32, Graph, Tensor, in_layer
 from llamafit.memory.graph.mamba import MambaLayers, MambaShape
+from llamafit.memory.graph.recipe import Recipe, Reserve
 from llamafit.memory.graph.trunk import (
     Experts,
     RecurrentStates,
@@ -35,7 +37,7 @@ LAYERED = ("lfm2", "lfm2moe", "nemotron_h", "nemotron_h_moe", "granitehybrid")  
 
 
 @dataclass(frozen=True)
-class LayeredShape:
+class LayeredShape(Recipe):
     arch: str  # "lfm2" | "nemotron_h"
     kinds: tuple[str, ...]  # each layer's kind: CONV (LFM2), MAMBA2, ATTN, MLP or MOE (Nemotron-H)
     n_embd: int
@@ -55,8 +57,20 @@ class LayeredShape:
     qk_norm: bool = False
     scales: tuple[bool, bool, bool] = (False, False, False)  # Granite's embedding, residual and logit scales
 
+    any_v_layout: ClassVar[bool] = True
 
-def layered_graph(sh: LayeredShape, r: Reserve) -> Graph:
+    def graph(self, r: Reserve) -> Graph:
+        return _layered_graph(self, r)
+
+    def first_layer(self) -> Recipe | None:
+        return replace(self, kinds=self.kinds[:1], n_head_kv=self.n_head_kv[:1], n_ff=self.n_ff[:1])
+
+    def rotations(self, rot: tuple[int, int], quantized: bool) -> tuple[int, int] | None:
+        # build_inp_mem_hybrid_iswa makes no rotation inputs (llama-graph.cpp:3741-3770)
+        return (0, 0) if self.swa else rot
+
+
+def _layered_graph(sh: LayeredShape, r: Reserve) -> Graph:
     """The reserve graph (its weights, caches and states tagged under ``galloc.placed``)."""
     n_layer = len(sh.kinds)
     trunk = TransformerShape(

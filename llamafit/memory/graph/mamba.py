@@ -14,16 +14,17 @@ in a way no per-token sum of live tensors gives.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import ClassVar
 
-from llamafit.memory.graph.attention import Reserve
 from llamafit.memory.graph.galloc import F32, I32, Graph, Tensor, in_layer
+from llamafit.memory.graph.recipe import Recipe, Reserve
 from llamafit.memory.graph.sampling import Samplers
 from llamafit.memory.graph.trunk import RecurrentStates, input_embeddings, output_head, rms_norm
 
 
 @dataclass(frozen=True)
-class MambaShape:
+class MambaShape(Recipe):
     version: int  # 1: build_mamba_layer, 2: build_mamba2_layer
     n_layer: int
     n_embd: int
@@ -35,11 +36,18 @@ class MambaShape:
     n_group: int = 1
     dt_b_c_rms: bool = False  # Falcon-Mamba: RMS norm on dt, B and C
 
+    attends: ClassVar[bool] = False  # no KV cache: its cache settings change no node
+    poolings: ClassVar[tuple[str | None, ...]] = (None, "none")
 
-def mamba_graph(shape: MambaShape, r: Reserve) -> Graph:
-    """The reserve graph of a pure Mamba model (its weights and states tagged under ``galloc.placed``);
-    of ``r`` only the batch, the sequences, the outputs and the rollback snapshots matter."""
-    return MambaLayers(shape, r, r.samplers).graph()
+    def graph(self, r: Reserve) -> Graph:
+        """Of ``r`` only the batch, the sequences, the outputs and the rollback snapshots matter."""
+        return MambaLayers(self, r, r.samplers).graph()
+
+    def first_layer(self) -> Recipe | None:
+        return replace(self, n_layer=1)
+
+    def rotations(self, rot: tuple[int, int], quantized: bool) -> tuple[int, int] | None:
+        return 0, 0
 
 
 class MambaLayers:

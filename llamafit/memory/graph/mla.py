@@ -13,10 +13,11 @@ unmask the attention's mask (``build_attn`` for the DSA input, llama-graph.cpp:3
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from llamafit.memory.graph.attention import Reserve, kq_mask
+from llamafit.memory.graph.attention import kq_mask
 from llamafit.memory.graph.galloc import F32, I32, I64, Graph, Tensor, in_layer
+from llamafit.memory.graph.recipe import Recipe, Reserve
 from llamafit.memory.graph.trunk import Experts, gated_ffn, input_embeddings, moe_ffn, output_head, rms_norm
 
 
@@ -33,7 +34,7 @@ class Indexer:
 
 
 @dataclass(frozen=True)
-class MlaShape:
+class MlaShape(Recipe):
     n_layer: int
     n_embd: int
     n_vocab: int
@@ -49,10 +50,18 @@ class MlaShape:
     experts: Experts
     indexer: Indexer | None = None
 
+    def graph(self, r: Reserve) -> Graph:
+        return _Builder(self, r).graph()
 
-def mla_graph(shape: MlaShape, r: Reserve) -> Graph:
-    """The reserve graph (its weights and caches tagged under ``galloc.placed``)."""
-    return _Builder(shape, r).graph()
+    def first_layer(self) -> Recipe | None:
+        return replace(self, n_layer=1)
+
+    def rotations(self, rot: tuple[int, int], quantized: bool) -> tuple[int, int] | None:
+        if self.indexer is not None and quantized:
+            return None  # the lightning indexer's cache beside a quantized one: not held to a load
+        # the K-only cache's build_attn rotates nothing (llama-graph.cpp:3056-3112), and a quantized cache
+        # needs flash attention there (K and V one type): the cache's type changes no node of the graph
+        return 0, 0
 
 
 class _Builder:

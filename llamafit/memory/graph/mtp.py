@@ -12,9 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import ClassVar
 
-from llamafit.memory.graph.attention import Builder, Reserve, TransformerShape
-from llamafit.memory.graph.galloc import F32, I32, Graph, Tensor, buffer_size, in_layer
+from llamafit.memory.graph.attention import Builder, TransformerShape
+from llamafit.memory.graph.galloc import F32, I32, Graph, Tensor, in_layer
+from llamafit.memory.graph.recipe import Recipe, Reserve
 from llamafit.memory.graph.sampling import backend_samplers
 from llamafit.memory.graph.trunk import Experts, gated_ffn, rms_norm, routed_and_shared
 
@@ -34,7 +36,7 @@ class NextnIo:
 
 
 @dataclass(frozen=True)
-class MtpShape:
+class MtpShape(Recipe):
     n_embd: int
     n_vocab: int
     n_head: int
@@ -46,6 +48,11 @@ class MtpShape:
     n_pos: int = MROPE_SECTIONS  # positions per token (Qwen3-Next: plain rope, 1)
     rows_before_ffn: bool = False  # Qwen3-Next's MTP block keeps the output rows before its FFN
     io: NextnIo = NextnIo()
+
+    poolings: ClassVar[tuple[str | None, ...]] = (None,)  # an MTP context is never an embedding one
+
+    def graph(self, r: Reserve) -> Graph:
+        return mtp_graph(self, r)
 
 
 def block_ffn(g: Graph, sh: MtpShape, cur: Tensor) -> Tensor:
@@ -74,11 +81,6 @@ def gated_attention(b: Builder, cur: Tensor, nh: int, nkv: int, hd: int) -> Tens
     k = Graph.like("rope", k, b.pos)
     attn = b.attend(q, k, v, "full")
     return Graph.mul_mat(W((hd * nh, E), "attn_output"), Graph.like("mul", attn, Graph.like("unary", gate)))
-
-
-def mtp_compute_bytes(sh: MtpShape, r: Reserve, alignment: int = 32) -> int:
-    """The CPU compute buffer of a Qwen3.5 MTP context's pp reserve."""
-    return buffer_size(mtp_graph(sh, r), alignment)
 
 
 def mtp_graph(sh: MtpShape, r: Reserve) -> Graph:
@@ -110,17 +112,15 @@ def mtp_graph(sh: MtpShape, r: Reserve) -> Graph:
 
 
 @dataclass(frozen=True)
-class NextnShape:
+class NextnShape(Recipe):
     """GLM-4.5's NextN block (glm4-moe.cpp:132-290): a trunk layer (attention with ``wo``, routed and
     shared experts) after the same projection of normed token rows and hidden states."""
 
     block: TransformerShape  # one layer: the NextN block's widths and experts
     io: NextnIo = NextnIo()
 
-
-def nextn_compute_bytes(sh: NextnShape, r: Reserve, alignment: int = 32) -> int:
-    """The CPU compute buffer of a GLM-4.5 MTP context's pp reserve."""
-    return buffer_size(nextn_graph(sh, r), alignment)
+    def graph(self, r: Reserve) -> Graph:
+        return nextn_graph(self, r)
 
 
 def nextn_graph(sh: NextnShape, r: Reserve) -> Graph:
@@ -165,11 +165,25 @@ def _nextn_graph(
     return g
 
 
-def eagle3_compute_bytes(sh: TransformerShape, r: Reserve, alignment: int = 32) -> int:
-    """The CPU compute buffer of an EAGLE3 drafter's context (``src/models/eagle3.cpp:152-326``, the
-    decoder graph the context reserves): the target's token rows and the fused target features (an
-    input), each normed and concatenated into the attention's input; one block; the block's output is
-    ``t_h_nextn`` and the logits of every token follow (the graph has no output-row selection)."""
+@dataclass(frozen=True)
+class Eagle3Shape(TransformerShape):
+    """An EAGLE3 drafter's one block: a transformer's widths, its own graph."""
+
+    any_v_layout: ClassVar[bool] = False
+    placeable: ClassVar[bool] = False  # its context's graph on one backend only
+
+    def graph(self, r: Reserve) -> Graph:
+        return _eagle3_graph(self, r)
+
+    def first_layer(self) -> Recipe | None:
+        return None
+
+
+def _eagle3_graph(sh: TransformerShape, r: Reserve) -> Graph:
+    """An EAGLE3 drafter's context graph (``src/models/eagle3.cpp:152-326``, the decoder graph the context
+    reserves): the target's token rows and the fused target features (an input), each normed and concatenated
+    into the attention's input; one block; the block's output is ``t_h_nextn`` and the logits of every token
+    follow (the graph has no output-row selection)."""
     b = Builder(sh, r)
     g, T, E, V = b.g, b.T, sh.n_embd, sh.n_vocab
     W = Graph.weight
@@ -184,4 +198,4 @@ def eagle3_compute_bytes(sh: TransformerShape, r: Reserve, alignment: int = 32) 
     h.is_output = logits.is_output = True  # ggml_set_output(t_h_nextn), t_logits
     if r.samplers is not None:
         backend_samplers(g, logits, max(1, r.n_seqs), r.samplers)
-    return buffer_size(g, alignment)
+    return g

@@ -2,9 +2,11 @@
 
 A replay gives the compute buffers exactly: the whole graph on one backend (``graph_bytes``, through
 ``llamafit.memory.graph.galloc``), or split over several (``split_graph_bytes``, through
-``llamafit.memory.graph.sched``). It applies only where a ``graph_*`` builder makes the graph llama.cpp builds
-for that model and those settings; anything else (fused QKV, rerankers' heads, DFlash/DSpark, d2t maps,
-grouped routing, per-layer expert counts) keeps the per-phase estimate of ``llamafit.memory.phases``.
+``llamafit.memory.graph.sched``). It applies only where a builder makes the graph llama.cpp builds for that
+model and those settings: the model's shape (a ``recipe.Recipe``, read by the reader ``shapes.READERS`` has for
+its architecture) builds its graph and says which settings that graph is llama.cpp's for; anything else (fused
+QKV, rerankers' heads, DFlash/DSpark, d2t maps, grouped routing, per-layer expert counts) keeps the per-phase
+estimate of ``llamafit.memory.phases``.
 """
 
 from __future__ import annotations
@@ -24,28 +26,19 @@ from llamafit.memory.builds import (
     rs_one_gather,
 )
 from llamafit.memory.context import ContextParams, swa_cells
-from llamafit.memory.graph.attention import Reserve, TransformerShape, transformer_graph
-from llamafit.memory.graph.dflash import DflashShape, dflash_graph
 from llamafit.memory.graph.galloc import Graph, Tensor, Where, buffer_size, placed
-from llamafit.memory.graph.hybrid import HybridShape, hybrid_graph
-from llamafit.memory.graph.layered import LayeredShape, layered_graph
-from llamafit.memory.graph.mamba import MambaShape, mamba_graph
-from llamafit.memory.graph.mla import MlaShape, mla_graph
-from llamafit.memory.graph.mtp import (
-    MtpShape,
-    NextnShape,
-    eagle3_compute_bytes,
-    mtp_compute_bytes,
-    mtp_graph,
-    nextn_compute_bytes,
-    nextn_graph,
-)
+from llamafit.memory.graph.recipe import Recipe, Reserve
 from llamafit.memory.graph.sampling import Samplers
 from llamafit.memory.graph.sched import VIEW_OPS, attention_stays, split_buffers
-from llamafit.memory.graph.shapes import RECURRENT, Shape, mamba_shape, model_shape
+from llamafit.memory.graph.shapes import RECURRENT, mamba_shape, model_shape
 from llamafit.memory.placement import CPU, WeightPlacement, output_weight_device, row_padded_size
 
 POOLING = {1: "mean", 2: "cls", 3: "last", 4: "rank"}  # LLAMA_POOLING_TYPE_*
+
+
+def shape_of(model: ModelInfo, mtp: bool) -> Recipe | None:
+    """The shape of the model's graph (``mtp``: its MTP head's context's), read once per model."""
+    return model.memo(("shape", mtp), lambda: model_shape(model, mtp))
 
 
 def recurrent_bytes(model: ModelInfo, cp: ContextParams, n_outputs: int) -> int | None:
@@ -54,7 +47,7 @@ def recurrent_bytes(model: ModelInfo, cp: ContextParams, n_outputs: int) -> int 
     if shape is None or cp.mtp:
         return None
     r = _reserve(model, cp, n_outputs, True)
-    return model.memo(("graph_bytes", r), lambda: buffer_size(_graph(shape, r)))
+    return model.memo(("graph_bytes", r), lambda: buffer_size(shape.graph(r)))
 
 
 def pooling_kind(requested: str | None, model_type: int) -> str:
@@ -69,48 +62,16 @@ def graph_bytes(
 ) -> int | None:
     """The whole reserve graph on one backend, replayed; None where the builders do not make llama.cpp's
     graph for this model and these settings (``pooling``: an embedding context's, None: not one)."""
-    if model.hparams.arch in RECURRENT:
-        return recurrent_bytes(model, cp, n_outputs) if pooling in (None, "none") else None
-    shape: Shape | None = model.memo(("transformer_shape", cp.mtp), lambda: model_shape(model, cp.mtp))
-    if shape is None or not _attention_as_set(shape, cp, fa) or not cp.offload_kqv:
+    shape = shape_of(model, cp.mtp)
+    if shape is None or pooling not in shape.poolings:
+        return None  # no builder, or a reranker's classification head: other nodes
+    if shape.attends and (not _attention_as_set(shape, cp, fa) or not cp.offload_kqv):
         return None  # an "auto" resolved off keeps V untransposed: a graph only attention.Builder's make
-    rot_k, rot_v = _rotations(model, cp)
-    if isinstance(shape, LayeredShape) and shape.swa:
-        rot_k = rot_v = 0  # build_inp_mem_hybrid_iswa makes no rotation inputs (llama-graph.cpp:3741-3770)
-    if isinstance(shape, MlaShape):
-        if shape.indexer is not None and (by_name(cp.type_k).quantized or by_name(cp.type_v).quantized):
-            return None  # the lightning indexer's cache beside a quantized one: not held to a load
-        # the K-only cache's build_attn rotates nothing (llama-graph.cpp:3056-3112), and a quantized cache
-        # needs flash attention there (K and V one type): the cache's type changes no node of the graph
-        rot_k = rot_v = 0
-    if pooling not in (None, "none", "mean", "cls", "last") or (pooling is not None and isinstance(shape, MtpShape)):
-        return None  # a reranker's classification head: other nodes
-    r = _reserve(model, cp, n_outputs, fa, pooling, (rot_k, rot_v))
-    if isinstance(shape, MtpShape):
-        return model.memo(("mtp_bytes", r), lambda: mtp_compute_bytes(shape, r))
-    if isinstance(shape, NextnShape):
-        return model.memo(("nextn_bytes", r), lambda: nextn_compute_bytes(shape, r))
-    if isinstance(shape, TransformerShape) and shape.arch == "eagle3":
-        return model.memo(("eagle3_bytes", r), lambda: eagle3_compute_bytes(shape, r))
-    return model.memo(("graph_bytes", type(shape).__name__, r), lambda: buffer_size(_graph(shape, r)))
-
-
-ReplayShape = TransformerShape | MlaShape | HybridShape | MambaShape | DflashShape | LayeredShape
-
-
-def _graph(shape: ReplayShape, r: Reserve) -> Graph:
-    """The reserve graph of a trunk the builders know (tagged with its placement under ``placed``)."""
-    if isinstance(shape, MambaShape):
-        return mamba_graph(shape, r)
-    if isinstance(shape, MlaShape):
-        return mla_graph(shape, r)
-    if isinstance(shape, HybridShape):
-        return hybrid_graph(shape, r)
-    if isinstance(shape, DflashShape):
-        return dflash_graph(shape, r)
-    if isinstance(shape, LayeredShape):
-        return layered_graph(shape, r)
-    return transformer_graph(shape, r)
+    rot = shape.rotations(_rotations(model, cp), _quantized(cp))
+    if rot is None:
+        return None
+    r = _reserve(model, cp, n_outputs, fa, pooling, rot)
+    return model.memo(("graph_bytes", type(shape).__name__, r), lambda: buffer_size(shape.graph(r)))
 
 
 def _reserve(
@@ -198,8 +159,9 @@ def nodes_per_layer(model: ModelInfo) -> float | None:
     """Compute nodes (views excluded: they do no work) per layer of the model's one-token graph, for the
     speed model's per-node overheads; None where no builder makes the model's graph."""
     hp = model.hparams
-    shape = mamba_shape(model) or model.memo(("transformer_shape", False), lambda: model_shape(model, False))
-    if not isinstance(shape, TransformerShape | MlaShape | HybridShape | MambaShape | LayeredShape) or hp.n_layer < 2:
+    shape = shape_of(model, False)
+    one = shape.first_layer() if shape is not None else None
+    if shape is None or one is None or hp.n_layer < 2:
         return None
     r = Reserve(
         n_tokens=1,
@@ -211,19 +173,15 @@ def nodes_per_layer(model: ModelInfo) -> float | None:
         flash_attn=True,
     )
 
-    def nodes(sh: TransformerShape | MlaShape | HybridShape | MambaShape | LayeredShape) -> int:
-        return sum(1 for n in _graph(sh, r).nodes if n.op not in VIEW_OPS)
+    def nodes(sh: Recipe) -> int:
+        return sum(1 for n in sh.graph(r).nodes if n.op not in VIEW_OPS)
 
     # the graph less its first layer's: what the layers after it add (the input and output nodes cancel)
-    if isinstance(shape, HybridShape):
-        one: TransformerShape | MlaShape | HybridShape | MambaShape | LayeredShape = replace(
-            shape, is_recr=shape.is_recr[:1]
-        )
-    elif isinstance(shape, LayeredShape):
-        one = replace(shape, kinds=shape.kinds[:1], n_head_kv=shape.n_head_kv[:1], n_ff=shape.n_ff[:1])
-    else:
-        one = replace(shape, n_layer=1)
     return (nodes(shape) - nodes(one)) / (hp.n_layer - 1)
+
+
+def _quantized(cp: ContextParams) -> bool:
+    return by_name(cp.type_k).quantized or by_name(cp.type_v).quantized
 
 
 def _rotations(model: ModelInfo, cp: ContextParams) -> tuple[int, int]:
@@ -284,16 +242,10 @@ def _placed_graph(
     its backend, for the scheduler; None where the builders do not make llama.cpp's graph (MTP heads, EAGLE3,
     quantized caches, rerankers)."""
     hp = model.hparams
-    mamba = mamba_shape(model)
-    shape = mamba or model.memo(("transformer_shape", cp.mtp), lambda: model_shape(model, cp.mtp))
-    if not isinstance(shape, ReplayShape | MtpShape | NextnShape) or cp.mtp != isinstance(shape, MtpShape | NextnShape):
+    shape = shape_of(model, cp.mtp)
+    if shape is None or not shape.placeable or not cp.offload_kqv or pooling not in shape.poolings:
         return None
-    if isinstance(shape, TransformerShape) and shape.arch == "eagle3":
-        return None
-    if not cp.offload_kqv or pooling not in ((None, "none") if mamba else (None, "none", "mean", "cls", "last")):
-        return None
-    quantized = by_name(cp.type_k).quantized or by_name(cp.type_v).quantized
-    if not mamba and (quantized or not _attention_as_set(shape, cp, fa)):
+    if shape.attends and (_quantized(cp) or not _attention_as_set(shape, cp, fa)):
         return None
     layer_dev = placement.layer_device
     table: dict[tuple[int | None, str], str] = {}
@@ -330,20 +282,13 @@ def _placed_graph(
     # (llama-context.cpp:2646-2661)
     pin = all(d != CPU for d in layer_dev) or r.n_tokens < 32
     with placed(Where(device, pin, size)):
-        if isinstance(shape, MtpShape):
-            return mtp_graph(shape, r)
-        if isinstance(shape, NextnShape):
-            return nextn_graph(shape, r)
-        return _graph(shape, r)
+        return shape.graph(r)
 
 
-def _attention_as_set(shape: Shape | ReplayShape, cp: ContextParams, fa: bool) -> bool:
+def _attention_as_set(shape: Recipe, cp: ContextParams, fa: bool) -> bool:
     """Whether the builder makes the attention over a cache made for ``cp`` under ``fa``: V transposed without
     flash attention, or untransposed (an "auto" resolved off after the cache was made), which the graphs
     built on ``attention.Builder`` make."""
     if cp.v_trans != fa:
         return True
-    builder = isinstance(shape, HybridShape | LayeredShape) or (
-        isinstance(shape, TransformerShape) and shape.arch != "eagle3"
-    )
-    return not fa and builder
+    return not fa and shape.any_v_layout

@@ -1,25 +1,29 @@
 """The shape each graph builder takes, read from a model: its dimensions, its experts, which layers are
 recurrent, its drafter heads; None where no builder makes the graph llama.cpp builds for that model (the
 per-phase estimate of ``llamafit.memory.phases`` stays there). ``llamafit.memory.graph.replay`` replays
-what these describe."""
+what these describe.
+
+``READERS`` is the one registry from an architecture to the reader of its shape (``DRAFT_READERS``: of its MTP
+head's, for the drafter's context); every shape is a ``recipe.Recipe`` that builds its own graph."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory.graph.attention import TransformerShape
 from llamafit.memory.graph.dflash import DflashShape, Markov
 from llamafit.memory.graph.hybrid import HybridShape
-from llamafit.memory.graph.layered import LAYERED, LayeredShape, layered_shape
+from llamafit.memory.graph.layered import LAYERED, layered_shape
 from llamafit.memory.graph.mamba import MambaShape
 from llamafit.memory.graph.mla import Indexer, MlaShape
-from llamafit.memory.graph.mtp import MROPE_SECTIONS, MtpShape, NextnIo, NextnShape
+from llamafit.memory.graph.mtp import MROPE_SECTIONS, Eagle3Shape, MtpShape, NextnIo, NextnShape
+from llamafit.memory.graph.recipe import Recipe
 from llamafit.memory.graph.trunk import Experts
 
 RECURRENT = ("mamba", "mamba2")
 MLA = ("deepseek2", "deepseek32", "glm-dsa")  # the MLA trunks graph.mla builds (with DSA's indexer: the last two)
-Shape = TransformerShape | MlaShape | MtpShape | NextnShape | HybridShape | DflashShape | LayeredShape
 # arch -> the sliding-window type its builder knows
 QWEN35 = ("qwen35", "qwen35moe", "qwen3next")  # the hybrids whose graphs graph.hybrid builds
 TRANSFORMER = {
@@ -52,19 +56,11 @@ def mamba_shape(model: ModelInfo) -> MambaShape | None:
     )
 
 
-def model_shape(model: ModelInfo, mtp: bool) -> Shape | None:
-    arch = model.hparams.arch
-    if mtp:
-        return _mtp_shape(model) if arch in QWEN35 else _nextn_shape(model) if arch == "glm4moe" else None
-    if arch in QWEN35:
-        return _hybrid_shape(model)
-    if arch in LAYERED:
-        return layered_shape(model)
-    if arch == "eagle3":
-        return _eagle3_shape(model)
-    if arch == "dflash":
-        return _dflash_shape(model)
-    return _mla_shape(model) if arch in MLA else _transformer_shape(model)
+def model_shape(model: ModelInfo, mtp: bool) -> Recipe | None:
+    """The shape of the model's graph (``mtp``: of its MTP head's context), None where no builder makes it."""
+    readers = DRAFT_READERS if mtp else READERS
+    reader = readers.get(model.hparams.arch, None if mtp else _transformer_shape)
+    return reader(model) if reader is not None else None
 
 
 def _dflash_shape(model: ModelInfo) -> DflashShape | None:
@@ -121,7 +117,7 @@ def _dflash_shape(model: ModelInfo) -> DflashShape | None:
     )
 
 
-def _eagle3_shape(model: ModelInfo) -> TransformerShape | None:
+def _eagle3_shape(model: ModelInfo) -> Eagle3Shape | None:
     """An EAGLE3 drafter's one block (separate Q/K/V over the doubled input, a gated FFN), without the
     draft-to-target vocabulary map (d2t: a filled logits tensor and a set_rows, not replayed)."""
     hp = model.hparams
@@ -129,7 +125,7 @@ def _eagle3_shape(model: ModelInfo) -> TransformerShape | None:
     need = {"blk.0.attn_q.weight", "blk.0.attn_k.weight", "blk.0.attn_v.weight", "blk.0.ffn_gate.weight"}
     if hp.n_layer != 1 or "d2t" in names or not need <= names or not hp.n_head[0]:
         return None
-    return TransformerShape(
+    return Eagle3Shape(
         arch="eagle3",
         n_layer=1,
         n_embd=hp.n_embd,
@@ -423,3 +419,18 @@ def _indexer(model: ModelInfo, shapes: dict[str, tuple[int, ...]]) -> Indexer | 
     if not full or not full[0]:
         return None  # a shared layer needs a full one before it (glm-dsa.cpp)
     return Indexer(n_head=proj[1], head_dim=hd, top_k=hp.indexer_top_k, rot=rot, full=tuple(full))
+
+
+Reader = Callable[[ModelInfo], Recipe | None]
+# architecture -> the reader of its builder's shape; one not here is read as a plain transformer
+# (``_transformer_shape``: the architectures of ``TRANSFORMER``, None for any other)
+READERS: dict[str, Reader] = {
+    **dict.fromkeys(RECURRENT, mamba_shape),
+    **dict.fromkeys(QWEN35, _hybrid_shape),
+    **dict.fromkeys(LAYERED, layered_shape),
+    **dict.fromkeys(MLA, _mla_shape),
+    "eagle3": _eagle3_shape,
+    "dflash": _dflash_shape,
+}
+# architecture -> the reader of its MTP head's shape (the drafter's context over the NextN block)
+DRAFT_READERS: dict[str, Reader] = {**dict.fromkeys(QWEN35, _mtp_shape), "glm4moe": _nextn_shape}
