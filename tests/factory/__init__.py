@@ -4,32 +4,12 @@ Each builder returns the metadata and tensor list that the matching ``src/models
 ``load_arch_tensors`` asks for, so the real llama-server loads the file. Shapes of public models come
 from their published configs (config.json on the Hub).
 
-The builders live by family in this package's modules; every one is importable from here."""
+The builders live by family in this package's modules, named as the graph builders of
+``llamafit.memory.graph`` that replay them (attention, mla, hybrid, layered, mamba; drafters; projectors); every one
+is importable from here."""
 
 from llamafit.gguf.writer import TensorSpec
-from tests.factory.base import (
-    Shape,
-    bpe_vocab,
-    gpu,
-    with_vocab,
-    write_split,
-)
-from tests.factory.drafters import dflash, dspark_qwen3_4b, eagle3
-from tests.factory.hybrids import (
-    granite_4_h_micro,
-    granite_4_h_tiny,
-    granite_hybrid,
-    lfm2,
-    lfm2_1_2b,
-    lfm2_8b_a1b,
-    nemotron_3_nano_30b_a3b,
-    nemotron_h,
-    nemotron_nano_9b_v2,
-)
-from tests.factory.mla import deepseek2, deepseek4, dspark_dsv4, glm_dsa
-from tests.factory.projectors import gemma3_siglip_896, siglip_mmproj
-from tests.factory.recurrent import mamba, mamba2, mamba_codestral_7b, qwen3next, qwen35, qwen35_mtp_2b
-from tests.factory.transformers import (
+from tests.factory.attention import (
     dense,
     gemma3,
     gemma3_4b,
@@ -43,6 +23,29 @@ from tests.factory.transformers import (
     qwen3_4b,
     qwen3_8b,
 )
+from tests.factory.base import (
+    Shape,
+    bpe_vocab,
+    gpu,
+    with_vocab,
+    write_split,
+)
+from tests.factory.drafters import dflash, dspark_qwen3_4b, eagle3
+from tests.factory.hybrid import qwen3next, qwen35, qwen35_mtp_2b
+from tests.factory.layered import (
+    granite_4_h_micro,
+    granite_4_h_tiny,
+    granite_hybrid,
+    lfm2,
+    lfm2_1_2b,
+    lfm2_8b_a1b,
+    nemotron_3_nano_30b_a3b,
+    nemotron_h,
+    nemotron_nano_9b_v2,
+)
+from tests.factory.mamba import mamba, mamba2, mamba_codestral_7b
+from tests.factory.mla import deepseek2, deepseek4, dspark_dsv4, glm_dsa
+from tests.factory.projectors import gemma3_siglip_896, siglip_mmproj
 
 __all__ = [
     "Shape",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from llamafit.gguf.writer import TensorSpec
 from tests.factory.base import Shape, _attn, _base_kv, _io
-from tests.factory.recurrent import mamba2_kv, mamba2_layer
+from tests.factory.mamba import mamba2_kv, mamba2_layer
 
 # LFM2-1.2B (LiquidAI/LFM2-1.2B config.json layer_types): the full-attention layers among 16
 LFM2_1_2B_ATTENTION = (2, 5, 8, 10, 12, 14)
