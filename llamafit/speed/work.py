@@ -171,43 +171,41 @@ def _walk(
     pre: dict[int, str] = {}
     post: dict[int, list[str]] = {}
     embd_seen = False
+    facts = _facts(model)
     for p in placement.tensors:
-        t = p.tensor
-        layer = t.layer
-        if layer is not None and layer >= hp.n_layer and layer < hp.n_layer_all:
+        f = facts.get(p.tensor.info.name) or _fact(model, p.tensor)  # a weight the file does not list
+        if f.drafter:
             continue  # NextN/MTP blocks: the drafter's graph, not the target's
-        dev = p.device
-        if t.name == "token_embd.weight":
+        dev, layer = p.device, f.layer
+        if f.embd:
             if not embd_seen:  # the input's rows; a tied output's use of it is added below
-                row = row_size(t.info.type, t.info.shape[0]) if t.info.shape else 0
-                on(dev).add_weight(t.info.type.name, row * tokens, 0.0)
+                on(dev).add_weight(f.type_name, f.row * tokens, 0.0)
             embd_seen = True
             continue
-        if t.matmul:
-            expert = is_expert(t)
+        if f.matmul:
             # the output layer multiplies the rows that are output: one, the ubatch's last token
-            rows = OUTPUTS if layer == hp.n_layer_all else tokens
-            nbytes = t.info.nbytes * (share if expert else 1.0)
-            flops = 2.0 * _elements(t) * rows * (hp.n_expert_used if expert else 1)
+            rows = OUTPUTS if f.output else tokens
+            nbytes = f.nbytes * (share if f.expert else 1.0)
+            flops = 2.0 * f.elements * rows * (hp.n_expert_used if f.expert else 1)
             runs = dev
             if (
                 dev == CPU
                 and offload_to is not None
                 and rows >= OP_OFFLOAD_MIN_BATCH
-                and not (limit and t.info.nbytes > limit)
+                and not (limit and f.nbytes > limit)
             ):
                 runs = offload_to
-                on(runs).copied_in += t.info.nbytes
-            on(runs).add_weight(t.info.type.name, nbytes, flops)
+                on(runs).copied_in += f.nbytes
+            on(runs).add_weight(f.type_name, nbytes, flops)
         else:
             runs = dev
-            on(dev).add_weight(t.info.type.name, t.info.nbytes, 0.0)
+            on(dev).add_weight(f.type_name, f.nbytes, 0.0)
         if layer is not None and layer < hp.n_layer:
-            layer_weights.setdefault(layer, {})
-            layer_weights[layer][runs] = layer_weights[layer].get(runs, 0) + 1
-            if t.matmul and _before_attention(t.name):
+            by_dev = layer_weights.setdefault(layer, {})
+            by_dev[runs] = by_dev.get(runs, 0) + 1
+            if f.matmul and f.before_attention:
                 pre.setdefault(layer, runs)
-            elif t.matmul:
+            elif f.matmul:
                 seq = post.setdefault(layer, [])
                 if not seq or seq[-1] != runs:
                     seq.append(runs)
@@ -242,6 +240,45 @@ def _walk(
     if out_dev != where:
         splits.append(Split(where, out_dev, act))
     return Walk(work, tuple(splits))
+
+
+@dataclass(frozen=True, slots=True)
+class _Fact:
+    """What the walk reads of one weight, whatever its placement (read once per model)."""
+
+    layer: int | None
+    drafter: bool  # a NextN/MTP block's weight
+    embd: bool  # the input embedding (GET_ROWS: one row per token)
+    output: bool  # the output layer's (it multiplies only the rows that are output)
+    matmul: bool
+    expert: bool
+    before_attention: bool
+    elements: int
+    type_name: str
+    nbytes: int
+    row: int  # a row's bytes (the input embedding's)
+
+
+def _facts(model: ModelInfo) -> dict[str, _Fact]:
+    return model.memo(("walk_facts",), lambda: {t.name: _fact(model, t) for t in model.tensors})
+
+
+def _fact(model: ModelInfo, t: Tensor) -> _Fact:
+    hp = model.hparams
+    layer = t.layer
+    return _Fact(
+        layer=layer,
+        drafter=layer is not None and hp.n_layer <= layer < hp.n_layer_all,
+        embd=t.name == "token_embd.weight",
+        output=layer == hp.n_layer_all,
+        matmul=t.matmul,
+        expert=is_expert(t),
+        before_attention=_before_attention(t.name),
+        elements=_elements(t),
+        type_name=t.info.type.name,
+        nbytes=t.info.nbytes,
+        row=row_size(t.info.type, t.info.shape[0]) if t.info.shape else 0,
+    )
 
 
 def _before_attention(name: str) -> bool:
