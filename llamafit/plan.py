@@ -16,7 +16,7 @@ from llamafit.memory.footprint import Footprint, LoadSettings, Use
 from llamafit.memory.mmproj import MmprojUse
 from llamafit.server.args import Planned
 from llamafit.speculative import Drafter
-from llamafit.speed.model import Speed
+from llamafit.speed.prediction import Speed
 
 SCHEMA = "llamafit.plan/1"
 

@@ -199,7 +199,7 @@ def test_llamafits_own_options_are_known_after_the_separator() -> None:
     names as llamafit's (written after --, it would reach the server); none is listed that no command has."""
     import typer.main
 
-    from llamafit.planning.flags import LLAMAFIT_OPTIONS
+    from llamafit.planning.asked import LLAMAFIT_OPTIONS
     from llamafit.server.option_table import ROWS
 
     declared: set[str] = set()

@@ -13,9 +13,9 @@ from llamafit.fit.speed import priced, used_devices
 from llamafit.gguf.demo_model import ensure_demo_model
 from llamafit.memory.placement import CPU
 from llamafit.options import Options
+from llamafit.planning.asked import read
 from llamafit.planning.discover import machine_for
 from llamafit.planning.fitting import fit
-from llamafit.planning.flags import read
 from llamafit.planning.measure import after_fit, before_fit, rate_source
 from llamafit.planning.planner import Planner
 from llamafit.planning.resolve import resolve

@@ -28,7 +28,7 @@ from llamafit.server.failures import classify
 from llamafit.server.supervisor import listening_url
 from llamafit.speed import probe as pr
 from llamafit.speed.bench import parse_jsonl
-from llamafit.speed.model import MAX_UBATCHES, _ubatches
+from llamafit.speed.prediction import MAX_UBATCHES, _ubatches
 from llamafit.speed.timings import TimingReader
 from llamafit.units import GiB
 

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from llamafit.memory.footprint import Use
     from llamafit.plan import Plan
     from llamafit.quants import QuantPlan, QuantSource
-    from llamafit.speed.model import Speed
+    from llamafit.speed.prediction import Speed
 
 
 def b(n: int) -> str:

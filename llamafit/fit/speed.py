@@ -1,4 +1,4 @@
-"""The speed a placement gives: the speed model (``llamafit.speed.model``) over a trial's or a plan's placement
+"""The speed a placement gives: the speed model (``llamafit.speed.prediction``) over a trial's or a plan's placement
 and context, with the devices' rates (read, never measured here: the planner's measuring stage gave them);
 unknown, with the reason, where no rate is known. ``priced`` is the planner's last stage: the plan with its
 speed, each drafter decision saying what it means for it."""
@@ -18,9 +18,9 @@ from llamafit.memory.footprint import Footprint, LoadSettings
 from llamafit.memory.graph.replay import nodes_per_layer
 from llamafit.memory.placement import CPU
 from llamafit.plan import Plan
-from llamafit.speed.model import PROMPT, Speed, predict
+from llamafit.speed.prediction import PROMPT, Speed, predict
 
-NO_RATE = "no measured or given speed"  # llamafit.speed.model's word for a device without rates
+NO_RATE = "no measured or given speed"  # llamafit.speed.prediction's word for a device without rates
 SPEED_WORDED = ("speculative.drafter", "speculative.dropped", "speculative.ngram")
 
 

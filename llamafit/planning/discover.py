@@ -15,7 +15,7 @@ from llamafit.hub.remote import HubClient
 from llamafit.hub.resolve import Hub, offline_from_env
 from llamafit.options import Options
 from llamafit.paths import cache_dir
-from llamafit.planning.flags import Asked
+from llamafit.planning.asked import Asked
 from llamafit.server.args import parse_server_args
 from llamafit.server.binary import ServerBinary, find_server
 from llamafit.server.capabilities import ASSUMED, Capabilities, probe

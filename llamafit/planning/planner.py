@@ -15,9 +15,9 @@ from llamafit.gguf.model import ModelInfo, load_model
 from llamafit.hub.resolve import Hub
 from llamafit.options import Options
 from llamafit.planning import measure as measuring
+from llamafit.planning.asked import read
 from llamafit.planning.discover import machine_and_server, machine_for, new_hub, server_and_caps
 from llamafit.planning.fitting import fit
-from llamafit.planning.flags import read
 from llamafit.planning.prepared import Prepared
 from llamafit.planning.resolve import resolve
 from llamafit.planning.tuned import start_from_winner

@@ -15,8 +15,8 @@ from llamafit.gguf.model import ModelInfo, load_model, with_kv
 from llamafit.hub.resolve import Hub, is_hub_ref
 from llamafit.memory.adapters import Adapters, read_adapters
 from llamafit.options import Options
+from llamafit.planning.asked import Asked
 from llamafit.planning.discover import new_hub
-from llamafit.planning.flags import Asked
 from llamafit.request import kv_overrides
 from llamafit.server.args import ServerArgs
 
