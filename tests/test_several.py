@@ -20,9 +20,9 @@ from llamafit.cli.app import app
 from llamafit.errors import ExitCode, UsageError
 from llamafit.server.args import parse_server_args
 from llamafit.server.binary import ServerBinary
-from llamafit.several.plan import entries_from_preset
 from llamafit.several.preset import read_ini, section_text, to_tokens
 from llamafit.several.router_log import RouterLog
+from llamafit.several.together import entries_from_preset
 from tests import factory
 from tests.realserver import health, launch_run, read_json_doc, router_models, stop_run
 
@@ -102,7 +102,7 @@ def test_a_planned_section_starts_the_same_server() -> None:
 
 
 def test_models_on_the_command_line_get_names_of_their_own() -> None:
-    from llamafit.several.plan import entries_from_refs
+    from llamafit.several.together import entries_from_refs
 
     es = entries_from_refs(["/m/chat.gguf", "/n/chat.gguf", "/m/big-00001-of-00003.gguf", "acme/emb:Q8_0"], ["chat"])
     assert [e.name for e in es] == ["chat-2", "chat-3", "big", "emb:Q8_0"]
@@ -336,7 +336,7 @@ def test_devices_that_cannot_be_sized_are_said(shapes: dict[str, Path]) -> None:
     from llamafit.options import Options
     from llamafit.planning.planner import prepare
     from llamafit.server.capabilities import ASSUMED
-    from llamafit.several.plan import entries_from_refs, plan_together
+    from llamafit.several.together import entries_from_refs, plan_together
     from llamafit.units import GiB
 
     machine = Machine((), Host(64 * GiB, 64 * GiB), blind=("Vulkan0 reports no memory",))

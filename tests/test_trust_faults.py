@@ -24,8 +24,8 @@ import pytest
 from llamafit.errors import ExitCode
 from llamafit.gguf.demo_model import ensure_demo_model
 from llamafit.server.binary import ServerBinary, free_port
-from llamafit.several.plan import resident_counts
 from llamafit.several.preset import router_name
+from llamafit.several.together import resident_counts
 from tests import factory
 from tests.hubserver import FakeHub
 from tests.realserver import READY, STAND_IN_FLAGS, launch_run, read_json_doc, router_models, stop_run

@@ -21,8 +21,8 @@ from llamafit.gguf.writer import write_gguf
 from llamafit.request import build_request, kv_overrides
 from llamafit.server.args import parse_server_args
 from llamafit.server.binary import ServerBinary
-from llamafit.several.plan import entries_from_preset
 from llamafit.several.preset import read_ini
+from llamafit.several.together import entries_from_preset
 from llamafit.speculative import spec_options
 from llamafit.units import GiB, MiB
 from tests import factory

@@ -26,7 +26,7 @@ from llamafit.paths import data_dir, named_files
 from llamafit.planning.prepared import Prepared
 from llamafit.server.binary import GET_SERVER_HINT, ServerBinary
 from llamafit.server.capabilities import Capabilities
-from llamafit.several.plan import (
+from llamafit.several.together import (
     Together,
     entries_from_preset,
     entries_from_refs,
@@ -115,7 +115,7 @@ def _show(t: Together, argv: list[str], preset_shown: bool) -> None:
 
 
 def plan_several(refs: Sequence[str], models_preset: Path | None, o: Options, json_out: bool, out: Path | None) -> int:
-    from llamafit.several.plan import write_preset
+    from llamafit.several.together import write_preset
 
     ps = prepare_several(refs, models_preset, o)
     t, argv = ps.together, ps.argv(str(out) if out else "PRESET.ini")
@@ -147,8 +147,8 @@ def run_several(
     from llamafit.server.liveness import Liveness
     from llamafit.server.restarts import RestartPolicy
     from llamafit.several.keeper import KeepSettings
-    from llamafit.several.plan import write_preset
     from llamafit.several.serving import serve_router
+    from llamafit.several.together import write_preset
 
     ps = prepare_several(refs, models_preset, o)
     t = ps.together

@@ -44,7 +44,7 @@ from llamafit.serving import (
     ServerLine,
     serve,
 )
-from llamafit.several.plan import RUN_SET_SCHEMA
+from llamafit.several.together import RUN_SET_SCHEMA
 
 SHOWN_LINE = 2000  # characters of one server line shown on the terminal (--log-file keeps it whole)
 

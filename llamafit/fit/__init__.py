@@ -28,8 +28,8 @@ from llamafit.devices.machine import Device, Machine
 from llamafit.devices.rates import Rates
 from llamafit.errors import DoesNotFitError, UsageError
 from llamafit.fit import messages
+from llamafit.fit.argv import planned_argv, server_defaults
 from llamafit.fit.faster import faster_split, user_placed
-from llamafit.fit.flags import planned_argv, server_defaults
 from llamafit.fit.policy import Outcome, fit_with_policy
 from llamafit.fit.projector import ProjectorPlacement, place_projector
 from llamafit.fit.runtime import RuntimeHost, plan_runtime

@@ -34,8 +34,8 @@ from llamafit.serving import (
     wait_restart,
 )
 from llamafit.several.keeper import Keeper, KeepSettings
-from llamafit.several.plan import Together
 from llamafit.several.router_log import Instance, RouterLog
+from llamafit.several.together import Together
 
 
 @dataclass
