@@ -43,12 +43,16 @@ def history_file() -> Path:
 
 def model_id(model: ModelInfo) -> str:
     """A stable identity without reading weights: the tensor table and file sizes (copies match)."""
-    h = hashlib.sha256()
-    h.update(model.arch.encode())
-    for t in model.tensors:
-        h.update(f"{t.name}:{t.info.type.name}:{t.info.shape}".encode())
-    h.update(str(model.shard_sizes).encode())
-    return h.hexdigest()[:32]
+
+    def digest() -> str:
+        h = hashlib.sha256()
+        h.update(model.arch.encode())
+        for t in model.tensors:
+            h.update(f"{t.name}:{t.info.type.name}:{t.info.shape}".encode())
+        h.update(str(model.shard_sizes).encode())
+        return h.hexdigest()[:32]
+
+    return model.memo(("model_id",), digest)
 
 
 def projector_id(p: Projector) -> str:

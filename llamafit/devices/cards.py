@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 from llamafit.units import GiB
 
@@ -141,6 +142,7 @@ _QUALIFIERS = frozenset(
 _SIZE = re.compile(r"(?<![0-9.])([0-9]{1,4})\s*gi?b\b", re.IGNORECASE | re.ASCII)
 
 
+@lru_cache(maxsize=1024)  # the table's own names are split on every lookup
 def _words(name: str) -> tuple[str, ...]:
     """The product's words, without the vendor's and without memory sizes: a device description's driver
     part ("(RADV NAVI31)") is not the product's name."""
