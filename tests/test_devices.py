@@ -84,3 +84,10 @@ def test_gpu_specs_describe_other_hardware() -> None:
 def test_cpu_only_ignores_gpus() -> None:
     m = discover(cpu_only=True, probe=FakeProbe(PHYS), host=HOST)
     assert m.gpus == ()
+
+
+def test_nvml_says_nothing_of_a_cards_use_where_it_cannot_read_it() -> None:
+    """Without a card or driver (as here) a card's use is not known: never an error, never 'idle'."""
+    from llamafit.devices.machine import NvmlProbe
+
+    assert NvmlProbe().busy(0) is None

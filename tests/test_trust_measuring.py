@@ -372,6 +372,42 @@ def test_a_busy_machine_is_not_measured_and_nothing_is_cached(
     assert pr.read_cache(Path(os.environ["LLAMAFIT_CACHE"]) / "speed") == {}
 
 
+class BusyCard:
+    """NVML at its one seam: a card another process keeps running kernels ``pct`` % of the time."""
+
+    def __init__(self, pct: int) -> None:
+        self.pct, self.asked = pct, 0
+
+    def busy(self, index: int) -> int | None:
+        self.asked += 1
+        return self.pct
+
+
+def test_a_card_another_process_keeps_busy_is_not_measured_and_nothing_is_cached(
+    server_bin: ServerBinary, tmp_path: Path, demo: Path
+) -> None:
+    """A second model started while the first serves on the same card: the card is not measured under that
+    load (the plan defers it and says why), llama-bench never runs, nothing is cached; an idle card is asked
+    and passes."""
+    from llamafit.devices.machine import Device, Host, Machine
+    from llamafit.gguf.model import load_model
+    from llamafit.speed.measuring import RateSource
+
+    srv = toolbox(tmp_path, server_bin)
+    card = Device("CUDA0", "NVIDIA GeForce RTX 4090", 24 << 30, 23 << 30, nvml_index=0)
+    machine = Machine((card,), Host(total=24 << 30, available=20 << 30))
+    busy = BusyCard(95)
+    source = RateSource(machine, load_model(str(demo)), server_path=srv, env=probing(), gpu_use=busy)
+    measured = source.measured(["CUDA0"])
+    assert busy.asked and any("speed not measured now: CUDA0 is 95 % busy" in n for n in measured.notes)
+    assert calls(tmp_path) == 0 and pr.read_cache(Path(os.environ["LLAMAFIT_CACHE"]) / "speed") == {}
+    assert measured.rates["CUDA0"].source == "prior"  # what it is known as stays: the card's priors
+    from llamafit.speed import load
+
+    assert load.gpu_too_busy({"CUDA0": 0}, BusyCard(0)) is None
+    assert load.gpu_too_busy({"CUDA0": 0}, BusyCard(load.GPU_BUSY + 1)) is not None
+
+
 def test_a_load_that_arrives_during_a_measurement_makes_it_doubtful(
     server_bin: ServerBinary, tmp_path: Path, demo: Path
 ) -> None:

@@ -103,6 +103,23 @@ class NvmlProbe:
             with contextlib.suppress(Exception):
                 pynvml.nvmlShutdown()
 
+    def busy(self, index: int) -> int | None:
+        """The percent of NVML's last sample period (1/6 s to 1 s) card ``index`` ran kernels, whoever's
+        (nvmlDeviceGetUtilizationRates); None where NVML cannot say."""
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+        except Exception:  # no library, no driver: nothing to read
+            return None
+        try:
+            return int(pynvml.nvmlDeviceGetUtilizationRates(pynvml.nvmlDeviceGetHandleByIndex(index)).gpu)
+        except Exception:  # NVMLError_NotSupported (some boards, vGPUs), a bad index
+            return None
+        finally:
+            with contextlib.suppress(Exception):
+                pynvml.nvmlShutdown()
+
 
 def _nvml_speed(pynvml: Any, h: Any) -> dict[str, int]:
     """What NVML says about a card's memory bus and PCIe link; a query a driver does not answer is 0."""

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from llamafit.calibration import model_id, read_history
 from llamafit.devices import cards
-from llamafit.devices.machine import Device, Machine
+from llamafit.devices.machine import Device, Machine, NvmlProbe
 from llamafit.devices.rates import Rates
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory import backends
@@ -145,6 +145,7 @@ class RateSource:
         directory: Path | None = None,
         calibrate: bool = True,
         measure: float = MEASURE_BUDGET,
+        gpu_use: load.GpuUse | None = None,
     ) -> None:
         self.machine, self.model, self.env, self.threads, self.flags = machine, model, env, threads, tuple(flags)
         self.prompt, self.here, self.progress, self.measure = prompt, here, progress, measure
@@ -164,6 +165,9 @@ class RateSource:
         self._asked: set[str] = set()
         self._used: set[str] = set()  # the cache entries this plan's rates came from
         self._correction: SpeedCorrection | None = None if calibrate else SpeedCorrection()
+        # what says whether another process keeps a card busy (NVML: the one boundary, as in devices.machine)
+        nvidia = any(g.nvml_index is not None for g in machine.gpus)
+        self.gpu_use = gpu_use if gpu_use is not None else (NvmlProbe() if nvidia else None)
 
     @property
     def key(self) -> str:
@@ -231,6 +235,7 @@ class RateSource:
         deferred = False  # the machine was too busy: said once
         started = time.monotonic()
         targets = self._targets(devices)
+        cards = {g.id: g.nvml_index for g in self.machine.gpus if g.id in devices and g.nvml_index is not None}
         if CPU not in devices and CPU not in self._rates and targets:
             targets.insert(0, pr.host_target())  # an offload device's split is what is left after the host's part
         with contextlib.ExitStack() as held:
@@ -255,7 +260,7 @@ class RateSource:
                 if not lock:
                     lock.append(held.enter_context(pr.measuring(d)))
                     until = min(started + self.measure, time.monotonic() + LOAD_WAIT)
-                    if lock[0] and (why := load.wait_quiet(self.threads, until)):
+                    if lock[0] and (why := load.wait_quiet(self.threads, until, cards, self.gpu_use)):
                         self.notes.append(f"speed not measured now: {why} (a later plan measures it; so does tune)")
                         lock[0], deferred = False, True
                 if not lock[0]:
@@ -331,7 +336,9 @@ class RateSource:
 
 
 def _doubt(spreads: Sequence[float], threads: int | None) -> str | None:
-    """Why a measurement just taken cannot be trusted: its repetitions disagreed, or the machine is busy now."""
+    """Why a measurement just taken cannot be trusted: its repetitions disagreed, or the machine is busy now.
+    A card is not asked again here: NVML's last sample period still holds the measurement's own kernels (a
+    load arriving on it during the measurement shows in the repetitions' spread)."""
     worst = max(spreads, default=0.0)
     if worst > load.MAX_SPREAD:
         return f"repetitions {worst:.0%} apart"
