@@ -480,3 +480,17 @@ def test_measuring_an_rpc_device_never_cuts_a_run_short(server_bin: ServerBinary
                 assert [d.device.id for d in prep.plan.devices] == ["RPC0"]
     finally:
         os.environ.pop("LLAMAFIT_PROBE")
+
+
+def test_a_plan_that_does_not_fit_measures_nothing(server_bin: ServerBinary, tmp_path: Path) -> None:
+    """Two cards the fit could split over, a model they and the host cannot hold: the plan fails at once,
+    llama-bench never runs (before the fit the cards are read as cached; what a plan uses is measured after)."""
+    from tests.realserver import rpc_servers
+
+    model = factory.glm45_air().write(tmp_path / "glm.gguf")
+    srv = toolbox(tmp_path, server_bin)
+    with rpc_servers(server_bin, 2) as eps:
+        r = subprocess.run([*LLAMAFIT, "plan", str(model), "--server", srv, "--rpc", ",".join(eps), "--", "-c", "8192"],
+                           capture_output=True, text=True, timeout=120, env=probing())  # fmt: skip
+    assert r.returncode == ExitCode.DOES_NOT_FIT, r.stderr
+    assert calls(tmp_path) == 0 and "measuring speed" not in r.stderr

@@ -1,9 +1,11 @@
 """The measuring stage: the devices' rates a plan reads, measured where llama-bench can reach them and nothing
 is cached (within the plan's measuring time), else their backend's priors (``llamafit.speed.measuring``).
 
-It runs twice around the fit, and the fit only reads what it gave: ``before_fit`` for the cards the fit may
-choose a split between (their speeds decide it), ``after_fit`` for what the plan puts work on (the host, when it
-holds layers), so a device the plan does not use is never measured."""
+It runs twice around the fit, and the fit only reads what it gave: ``before_fit`` gives the cards the fit may
+choose a split between as they are known (measured before and cached, else their priors: a plan is not held
+up measuring before it knows it fits), ``after_fit`` measures what the plan puts work on, so a plan that does
+not fit measures nothing and a device the plan does not use is never measured. A first plan's choice between
+splits reads the cards' priors; every later plan's, their measurement."""
 
 from __future__ import annotations
 
@@ -57,8 +59,8 @@ def rate_source(
 
 
 def before_fit(source: RateSource, mach: Machine, res: Resolved) -> Measured:
-    """The rates the fit reads: the cards it may split layers over (and every known device's priors)."""
-    return source.measured(split_devices(mach, res.asked.req))
+    """The rates the fit reads: the cards it may split layers over as cached (and every known device's priors)."""
+    return source.measured(split_devices(mach, res.asked.req), measure=False)
 
 
 def after_fit(source: RateSource, plan: Plan) -> Measured:

@@ -175,13 +175,15 @@ class RateSource:
         threads = ("-t", str(self.threads)) if self.threads else ()
         return speed_key(model_id(self.model), [g.id for g in self.machine.gpus], (*threads, *self.flags))
 
-    def rates(self, devices: Iterable[str]) -> dict[str, Rates]:
+    def rates(self, devices: Iterable[str], *, measure: bool = True) -> dict[str, Rates]:
         """Rates for ``devices`` (``CPU`` is the host) and every device asked for before, corrected by the
-        newest launch of the same model on these devices that measured its speed."""
+        newest launch of the same model on these devices that measured its speed. Without ``measure`` only
+        what is cached is read: the devices are measured when asked for again."""
         want = [d for d in dict.fromkeys(devices) if d not in self._asked]
-        self._asked.update(want)
+        if measure:
+            self._asked.update(want)
         if want and self._bench is not None and self.here:
-            self._measure(want)
+            self._measure(want, run=measure)
         c = self.correction
         return {d: r.calibrated(c.tg, c.pp) for d, r in self._rates.items()}
 
@@ -195,10 +197,10 @@ class RateSource:
                 self.notes.append(f"speed corrected by {c.source}: generation x{1 / c.tg:.2f}, prompts x{1 / c.pp:.2f}")
         return self._correction
 
-    def measured(self, devices: Iterable[str] = ()) -> Measured:
-        """The rates of ``devices`` and every device asked for before (measured first where they need it), as
-        the planner's stages read them."""
-        rates = self.rates(devices)
+    def measured(self, devices: Iterable[str] = (), *, measure: bool = True) -> Measured:
+        """The rates of ``devices`` and every device asked for before (measured first where they need it and
+        ``measure``; else as cached), as the planner's stages read them."""
+        rates = self.rates(devices, measure=measure)
         return Measured(rates, self.key, tuple(self.notes), frozenset(self._used), self.directory)
 
     def _stopped(self, device: str, e: pr.ProbeError, have: pr.Timings | None) -> str | None:
@@ -220,7 +222,7 @@ class RateSource:
                 out.append(pr.device_target(g.id, g.name, g.total, gpu=gpu, rpc=eps if g.endpoint else ()))
         return out
 
-    def _measure(self, devices: Sequence[str]) -> None:
+    def _measure(self, devices: Sequence[str], run: bool = True) -> None:
         assert self._bench is not None
         bench, d = self._bench, self.directory
         types = weight_types(self.model)
@@ -230,7 +232,7 @@ class RateSource:
         fresh: dict[str, pr.Timings] = {}
         failed: dict[str, str] = {}
         measured: dict[str, pr.Timings] = {}
-        allowed = self.measure > 0 and probe_allowed(self.env)
+        allowed = run and self.measure > 0 and probe_allowed(self.env)
         busy = False  # another llamafit holds the measuring lock, or the machine is too busy to measure
         deferred = False  # the machine was too busy: said once
         started = time.monotonic()
@@ -315,7 +317,7 @@ class RateSource:
             self.notes.append(
                 f"measured this machine's speed for this model ({time.monotonic() - started:.0f} s; cached)"
             )
-        elif not allowed and targets and not measured and not busy:
+        elif run and not allowed and targets and not measured and not busy:
             self.notes.append(f"speed not measured ({PROBE_ENV}=off and nothing cached)")
         # a device whose measurement stopped after its overheads (the time ran out, a run failed) has no
         # streaming rate to derive from: it keeps its priors, or stays unknown, until a later plan completes it;
