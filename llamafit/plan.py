@@ -40,12 +40,35 @@ class DevicePlan:
 
 
 @dataclass(frozen=True)
+class RuntimeHost:
+    """What the host's RAM takes after the load, as the server runs: checkpoints and the prompt cache
+    (``llamafit.fit.runtime`` prices it)."""
+
+    checkpoint: int  # bytes of one checkpoint of one sequence (target + drafter)
+    per_slot: int  # checkpoints the server keeps per slot
+    slots: int
+    prompt_cache: int  # bytes the prompt cache may reach; -1: no limit
+    room: int  # host RAM left after the load, less the margin (what the growth is checked against)
+    flags: tuple[Planned, ...] = ()  # --ctx-checkpoints / --cache-ram llamafit passes
+    decision: Decision | None = None
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def checkpoints(self) -> int:
+        return self.slots * self.per_slot * self.checkpoint
+
+    @property
+    def total(self) -> int:
+        return self.checkpoints + max(self.prompt_cache, 0)
+
+
+@dataclass(frozen=True)
 class HostPlan:
     host: Host
     usable: int
     use: Use
     unified: int = 0  # what devices that share host memory (unified memory) take from it
-    runtime: Any = None  # llamafit.fit.runtime.RuntimeHost: what grows after the load (checkpoints, prompt cache)
+    runtime: RuntimeHost | None = None  # what grows after the load (checkpoints, prompt cache)
 
     @property
     def fits(self) -> bool:
@@ -205,7 +228,7 @@ def to_json(plan: Plan, argv: list[str]) -> dict[str, Any]:
     }
 
 
-def _runtime_json(r: Any) -> dict[str, Any] | None:
+def _runtime_json(r: RuntimeHost | None) -> dict[str, Any] | None:
     if r is None:
         return None
     return {

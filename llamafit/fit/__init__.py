@@ -32,7 +32,7 @@ from llamafit.fit.argv import planned_argv, server_defaults
 from llamafit.fit.faster import faster_split, user_placed
 from llamafit.fit.policy import Outcome, fit_with_policy
 from llamafit.fit.projector import ProjectorPlacement, place_projector
-from llamafit.fit.runtime import RuntimeHost, plan_runtime
+from llamafit.fit.runtime import plan_runtime
 from llamafit.fit.search import CTX_STEP, MAX_SPLIT_DEVICES, Search, Trial, select_gpus
 from llamafit.gguf.hparams import ESTIMATED_COMPUTE_ARCHS, UNVERIFIED_MEMORY_ARCHS
 from llamafit.gguf.mmproj import Projector
@@ -45,7 +45,7 @@ from llamafit.memory.context import check_cache_types
 from llamafit.memory.footprint import LoadSettings, Use
 from llamafit.memory.mmproj import MmprojUse
 from llamafit.memory.placement import CPU, Override
-from llamafit.plan import Decision, DevicePlan, HostPlan, Plan, SpecReport
+from llamafit.plan import Decision, DevicePlan, HostPlan, Plan, RuntimeHost, SpecReport
 from llamafit.request import Request
 from llamafit.server.args import Planned
 from llamafit.server.capabilities import ASSUMED, Capabilities

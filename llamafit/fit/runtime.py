@@ -12,39 +12,17 @@ rest. A value the user passes wins and is checked (docs/memory-model.md §5.5).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from llamafit.fit import messages
 from llamafit.fit.search import Search, Trial
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory.context import checkpoint_bytes, draft_checkpoint_bytes
 from llamafit.memory.footprint import Use
 from llamafit.memory.placement import CPU
-from llamafit.plan import Decision
+from llamafit.plan import RuntimeHost
 from llamafit.request import DEFAULT_CACHE_RAM_MIB, DEFAULT_CTX_CHECKPOINTS, Request
 from llamafit.server.args import Planned
 from llamafit.speculative import SpecConfig
 from llamafit.units import MiB
-
-
-@dataclass(frozen=True)
-class RuntimeHost:
-    checkpoint: int  # bytes of one checkpoint of one sequence (target + drafter)
-    per_slot: int  # checkpoints the server keeps per slot
-    slots: int
-    prompt_cache: int  # bytes the prompt cache may reach; -1: no limit
-    room: int  # host RAM left after the load, less the margin (what the growth is checked against)
-    flags: tuple[Planned, ...] = ()  # --ctx-checkpoints / --cache-ram llamafit passes
-    decision: Decision | None = None
-    warnings: tuple[str, ...] = ()
-
-    @property
-    def checkpoints(self) -> int:
-        return self.slots * self.per_slot * self.checkpoint
-
-    @property
-    def total(self) -> int:
-        return self.checkpoints + max(self.prompt_cache, 0)
 
 
 def plan_runtime(model: ModelInfo, t: Trial, spec: SpecConfig, req: Request, search: Search) -> RuntimeHost:
