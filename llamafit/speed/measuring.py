@@ -122,7 +122,8 @@ class Measured:
 class RateSource:
     """The rates of ``machine``'s devices running ``model``, found when first asked for: what the device list
     knows (NVML, a named card, a given rate), replaced by the probe's measurement where llama-bench can reach
-    the device (only the devices a plan asks for are measured; measurements are cached per machine).
+    the device (only the devices a plan asks for are measured, and only when it asks to measure; measurements are
+    cached per machine).
 
     ``here``: the devices are this machine's (not described with --gpu), so they may be measured; ``flags``:
     llama-bench flags that change speed the way the server's will (``--repack 0``, ``-fa``, cache types);
