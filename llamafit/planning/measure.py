@@ -40,8 +40,6 @@ def rate_source(
     if (occ := user.last("--threads")) is not None and (occ.value or "").isdecimal():
         threads = int(occ.value or 0) or None
     bw = parse_rate(o.host_bandwidth, "--host-bandwidth") if o.host_bandwidth else None
-    ub = user.last("--ubatch-size")
-    prompt = int(ub.value or 0) if ub is not None and (ub.value or "").isdecimal() else 512
     return RateSource(
         mach,
         res.model,
@@ -49,7 +47,7 @@ def rate_source(
         env=launch_env(srv).env if srv else dict(os.environ),
         threads=threads,
         flags=rate_flags(user),
-        prompt=max(32, min(prompt, 2048)),
+        prompt=max(32, min(res.asked.req.n_ubatch, 2048)),  # the ubatch the server runs prompts in
         host_bandwidth=bw,
         here=not (o.gpu or o.host_ram),  # described hardware is not measured here
         progress=progress,
