@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import signal
-import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +49,7 @@ from llamafit.units import MiB
 
 NO_RESTART = RestartPolicy("no")
 NO_PROBES = Liveness(interval=0)
+PAUSE_POLL = 0.05  # seconds between looks at whether an interrupt came during a restart's backoff
 WEDGED_STOP = 5.0  # seconds a wedged server is given to stop before SIGKILL (a stopped one ignores the rest)
 
 
@@ -292,12 +293,17 @@ def _ran_out(prep: Prepared, outcome: Outcome, rc: int) -> FailedLoad | None:
 def _pause(seconds: float, announce: Callable[[], None]) -> bool:
     """Say the restart, then wait for it; False when an interrupt (SIGINT, SIGTERM, SIGHUP) came meanwhile
     (caught from before it is said, so one sent on reading it is not lost)."""
-    stop = threading.Event()
+    # the handler only appends (a list is no lock): one that set a threading.Event would take the Event's
+    # lock, which this thread may hold inside Event.wait when the signal comes (a deadlock)
+    asked: list[int] = []
     handlers = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-    old = {s: signal.signal(s, lambda *_: stop.set()) for s in handlers}
+    old = {s: signal.signal(s, lambda signum, _frame: asked.append(signum)) for s in handlers}
     try:
         announce()
-        return not stop.wait(seconds)
+        end = time.monotonic() + seconds
+        while not asked and (left := end - time.monotonic()) > 0:
+            time.sleep(min(PAUSE_POLL, left))
+        return not asked
     finally:
         for s, h in old.items():
             signal.signal(s, h)
