@@ -103,9 +103,9 @@ def _show(t: Together, argv: list[str], preset_shown: bool) -> None:
     for line in summary(t):
         note(line)
     seen: set[str] = set()
-    for m in t.members:  # each plan's own notes and warnings, once each
-        for text in (*m.prep.notes, *m.prep.plan.notes, *m.prep.plan.warnings):
-            if text not in seen:
+    for m in t.members:  # each plan's own notes and warnings, once each (its decisions are the set's, above)
+        for kind, text in m.prep.report():
+            if kind != "decision" and text not in seen:
                 seen.add(text)
                 note(f"{m.entry.name}: {text}")
     if preset_shown:
