@@ -36,9 +36,9 @@ def test_the_stages_by_hand_make_the_planners_plan(demo: str) -> None:
     o = Options(gpu=("1GiB@448GB/s", "2GiB@1008GB/s"), host_bandwidth="80GB/s", server_args=("-c", "4096"))
     p = planner(o)
     whole = p.plan(demo, tuned=False)
-    asked = read(o, p.caps, p.the_hub)
+    asked = read(o, p.caps, p.hub)
     mach, asked = machine_for(p.machine, asked, p.server, o)
-    res = resolve(demo, o, asked, p.the_hub)
+    res = resolve(demo, o, asked, p.hub)
     source = rate_source(mach, res, p.server, o, budget=0)
     before = before_fit(source, mach, res)
     plan, argv = fit(res, mach, p.server, p.caps, o, hub=p.hub, rates=before.rates)
@@ -54,7 +54,7 @@ def test_the_cards_measured_before_the_fit_are_the_ones_it_may_split_over(demo: 
     for args, want in (((), ["CUDA0", "CUDA1"]), (("-ts", "1,1"), []), (("-ngl", "4"), []), (("-dev", "CUDA1"), [])):
         o = Options(gpu=two.gpu, server_args=(*two.server_args, *args))
         p = planner(o)
-        asked = read(o, p.caps, p.the_hub)
+        asked = read(o, p.caps, p.hub)
         assert split_devices(p.machine, asked.req) == want, args
 
 

@@ -4,7 +4,6 @@ translated, what it would refuse refused now), the request they make, and the dr
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from llamafit.errors import UsageError
@@ -28,8 +27,8 @@ class Asked:
     notes: tuple[str, ...] = ()
 
 
-def read(o: Options, caps: Capabilities, hub: Callable[[], Hub]) -> Asked:
-    """The server flags of ``o`` read for the binary ``caps`` describes (``hub``: the Hub resolver, asked only for
+def read(o: Options, caps: Capabilities, hub: Hub) -> Asked:
+    """The server flags of ``o`` read for the binary ``caps`` describes (``hub``: the Hub resolver, used only for
     a drafter named by its repo)."""
     own_rpc = [t for v in o.rpc for t in ("--rpc", v)]
     translated = translate_user_args(normalize_bare_flash_attn([*own_rpc, *o.server_args]), caps)
@@ -50,7 +49,7 @@ def read(o: Options, caps: Capabilities, hub: Callable[[], Hub]) -> Asked:
     if (occ := user.last("--spec-draft-hf")) is not None and not user.has("--spec-draft-model"):
         # llama-server downloads a draft repo only when the model is -hf too (docs/server-cli.md §4.5): resolve it here
         kinds = [t for o_ in user.items if o_.key == "--spec-type" for t in (o_.value or "").split(",")]
-        path = hub().resolve_draft(occ.value or "", kinds=kinds)
+        path = hub.resolve_draft(occ.value or "", kinds=kinds)
         args = [*parse_server_args(args).without(["--spec-draft-hf"]).tokens(), "-md", path]
         notes.append(f"-hfd {occ.value} is passed as -md {path} (llamafit downloads it)")
         user = parse_server_args(args)
@@ -58,7 +57,7 @@ def read(o: Options, caps: Capabilities, hub: Callable[[], Hub]) -> Asked:
     req = build_request(user, margin=margin, margins=margins, min_ctx=o.min_ctx, cpu_only=o.cpu_only)
     draft = o.draft
     if draft and not os.path.exists(draft) and is_hub_ref(draft):
-        draft = hub().resolve_draft(draft, kinds=[o.spec] if o.spec.startswith("draft-") else [])
+        draft = hub.resolve_draft(draft, kinds=[o.spec] if o.spec.startswith("draft-") else [])
     return Asked(user, req, spec_options(user, mode=o.spec, prefer=o.prefer, draft=draft), tuple(notes))
 
 

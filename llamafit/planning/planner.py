@@ -75,9 +75,9 @@ class Planner:
         o = o or self.options
         base = machine or self.machine
         srv, caps = self.server, self.caps
-        asked = read(o, caps, self.the_hub)
+        asked = read(o, caps, self.hub)
         mach, asked = machine_for(base, asked, srv, o)
-        res = resolve(model, o, asked, self.the_hub, self._local(model))
+        res = resolve(model, o, asked, self.hub, self._local(model))
         source = measuring.rate_source(mach, res, srv, o, progress, measure) if speed and measured is None else None
         before = measuring.before_fit(source, mach, res) if source is not None else measured
         plan, argv = fit(res, mach, srv, caps, o, hub=self.hub, rates=before.rates if before else None)
@@ -96,9 +96,6 @@ class Planner:
             return self.plan(model, o_, machine=base, tuned=False, measured=after, progress=progress)
 
         return start_from_winner(prep, with_winner)
-
-    def the_hub(self) -> Hub:
-        return self.hub
 
     def _local(self, ref: str) -> ModelInfo | None:
         if not os.path.isfile(ref):

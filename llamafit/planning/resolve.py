@@ -5,7 +5,6 @@ projector and the LoRA adapters and control vectors the server will load."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from llamafit.errors import UsageError
@@ -31,7 +30,7 @@ class Resolved:
     adapters: Adapters | None = None
 
 
-def resolve(ref: str, o: Options, asked: Asked, hub: Callable[[], Hub], model: ModelInfo | None = None) -> Resolved:
+def resolve(ref: str, o: Options, asked: Asked, hub: Hub, model: ModelInfo | None = None) -> Resolved:
     """The model ``ref`` names (``model``: its header, already read), as the server will load it."""
     req = asked.req
     notes = list(asked.notes)
@@ -43,7 +42,7 @@ def resolve(ref: str, o: Options, asked: Asked, hub: Callable[[], Hub], model: M
         info = model
     elif not local:
         auto_mm = req.mmproj_auto and not req.mmproj and not req.mmproj_url
-        hm = hub().resolve_model(ref, hf_file=o.hf_file, revision=o.revision, mmproj=auto_mm)
+        hm = hub.resolve_model(ref, hf_file=o.hf_file, revision=o.revision, mmproj=auto_mm)
         info = hm.model
         if hm.mmproj is not None:
             projector = hm.mmproj
