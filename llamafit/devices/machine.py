@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -67,58 +67,58 @@ class GpuProbeError(Exception):
     pass
 
 
+@contextlib.contextmanager
+def _nvml() -> Iterator[Any]:
+    """pynvml, initialised for the block and shut down after it; GpuProbeError where it cannot be used."""
+    try:
+        import pynvml
+    except ImportError as e:  # pragma: no cover - nvidia-ml-py is a dependency
+        raise GpuProbeError(f"nvidia-ml-py is not installed ({e})") from None
+    try:
+        pynvml.nvmlInit()
+    except Exception as e:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
+        raise GpuProbeError(str(e) or type(e).__name__) from None
+    try:
+        yield pynvml
+    finally:
+        with contextlib.suppress(Exception):
+            pynvml.nvmlShutdown()
+
+
 class NvmlProbe:
     """Query NVIDIA GPUs with nvidia-ml-py (pynvml)."""
 
     def gpus(self) -> list[PhysicalGpu]:
-        try:
-            import pynvml
-        except ImportError as e:  # pragma: no cover - nvidia-ml-py is a dependency
-            raise GpuProbeError(f"nvidia-ml-py is not installed ({e})") from None
-        try:
-            pynvml.nvmlInit()
-        except Exception as e:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
-            raise GpuProbeError(str(e) or type(e).__name__) from None
-        try:
-            out = []
-            for i in range(pynvml.nvmlDeviceGetCount()):
-                h = pynvml.nvmlDeviceGetHandleByIndex(i)
-                name = pynvml.nvmlDeviceGetName(h)
-                uuid = pynvml.nvmlDeviceGetUUID(h)
-                mem = pynvml.nvmlDeviceGetMemoryInfo(h)
-                out.append(
-                    PhysicalGpu(
-                        index=i,
-                        name=name.decode() if isinstance(name, bytes) else str(name),
-                        uuid=uuid.decode() if isinstance(uuid, bytes) else str(uuid),
-                        total=int(mem.total),
-                        free=int(mem.free),
-                        **_nvml_speed(pynvml, h),
+        with _nvml() as nv:
+            try:
+                out = []
+                for i in range(nv.nvmlDeviceGetCount()):
+                    h = nv.nvmlDeviceGetHandleByIndex(i)
+                    name = nv.nvmlDeviceGetName(h)
+                    uuid = nv.nvmlDeviceGetUUID(h)
+                    mem = nv.nvmlDeviceGetMemoryInfo(h)
+                    out.append(
+                        PhysicalGpu(
+                            index=i,
+                            name=name.decode() if isinstance(name, bytes) else str(name),
+                            uuid=uuid.decode() if isinstance(uuid, bytes) else str(uuid),
+                            total=int(mem.total),
+                            free=int(mem.free),
+                            **_nvml_speed(nv, h),
+                        )
                     )
-                )
-            return out
-        except Exception as e:
-            raise GpuProbeError(str(e) or type(e).__name__) from None
-        finally:
-            with contextlib.suppress(Exception):
-                pynvml.nvmlShutdown()
+                return out
+            except Exception as e:
+                raise GpuProbeError(str(e) or type(e).__name__) from None
 
     def busy(self, index: int) -> int | None:
         """The percent of NVML's last sample period (1/6 s to 1 s) card ``index`` ran kernels, whoever's
         (nvmlDeviceGetUtilizationRates); None where NVML cannot say."""
         try:
-            import pynvml
-
-            pynvml.nvmlInit()
-        except Exception:  # no library, no driver: nothing to read
+            with _nvml() as nv:
+                return int(nv.nvmlDeviceGetUtilizationRates(nv.nvmlDeviceGetHandleByIndex(index)).gpu)
+        except Exception:  # no library or driver; NVMLError_NotSupported (some boards, vGPUs); a bad index
             return None
-        try:
-            return int(pynvml.nvmlDeviceGetUtilizationRates(pynvml.nvmlDeviceGetHandleByIndex(index)).gpu)
-        except Exception:  # NVMLError_NotSupported (some boards, vGPUs), a bad index
-            return None
-        finally:
-            with contextlib.suppress(Exception):
-                pynvml.nvmlShutdown()
 
 
 def _nvml_speed(pynvml: Any, h: Any) -> dict[str, int]:
