@@ -9,9 +9,10 @@ machine that other processes keep busy is not measured now (``llamafit.speed.loa
 load arrived during is neither used nor cached, and a served request far from its prediction drops the cached
 measurements it came from (``Measured.forget``).
 
-The planner's measuring stage runs a ``RateSource`` twice: before the fit for the cards the fit may choose a
-split between, after it for what the plan puts work on; each time it gives a ``Measured``, which the fit and
-the speed model only read.
+The planner's measuring stage asks a ``RateSource`` twice: before the fit for the cards the fit may choose a
+split between, as cached (nothing is measured before a plan knows it fits), after it for what the plan puts
+work on, measured where it needs it; each time it gives a ``Measured``, which the fit and the speed model only
+read.
 
 ``LLAMAFIT_PROBE``: ``auto`` (the default) measures what is not cached yet; ``off`` never runs the probe
 (cached measurements are still used; what is not known comes from priors or stays unknown).
