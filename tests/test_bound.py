@@ -1,8 +1,9 @@
 """A plan the memory model is not sure of is held to the binary's own no-alloc measurement (llama-fit-params).
 
-Two cases need it: a graph no replay builds (its compute is the per-phase estimate: DeepSeek-V4), and a
-server of another build, or one that does not say its build. The real llama-fit-params beside the real
-server measures; the real server's load is what the bounded plan must never be under.
+Two cases need it: a graph no replay builds (its compute is the per-phase estimate: DeepSeek-V4 on a build older
+than the graph its replay builds), and a server of another build, or one that does not say its build. The real
+llama-fit-params beside the real server measures; the real server's load is what the bounded plan must never be
+under.
 """
 
 from __future__ import annotations
@@ -37,6 +38,20 @@ esac
 
 def _compute(buffers: Sequence[PredictedBuffer], context: str = "target") -> dict[str, int]:
     return {b.buft: b.nbytes for b in buffers if b.kind == "compute" and b.context == context}
+
+
+# older than DSV4_GRAPH_SINCE: there DeepSeek-V4's compute is the per-phase estimate (14-36 % under)
+OLD_V4 = "version: 10500 (abcdef0)"
+
+
+def _estimated(
+    tmp_path: Path, server_bin: ServerBinary, version: str = OLD_V4, fitparams: bool = True
+) -> tuple[str, Path]:
+    """DeepSeek-V4 and the real server saying it is ``version`` (with the real llama-fit-params beside it)."""
+    srv = wrapped(tmp_path, "llama-server", server_bin.path, server_bin.lib_dir, version=version)
+    if fitparams:
+        wrapped(tmp_path, NAME, _fitparams(server_bin), server_bin.lib_dir)
+    return srv, factory.deepseek4().write(tmp_path / "dsv4.gguf")
 
 
 def _fitparams(server_bin: ServerBinary) -> str:
@@ -93,18 +108,19 @@ def test_the_no_alloc_measurement_is_the_servers_compute(server_bin: ServerBinar
 def test_an_estimated_compute_is_bounded_never_under(
     server_bin: ServerBinary, tmp_path: Path, args: list[str], spec: str
 ) -> None:
-    """DeepSeek-V4's compute is the per-phase estimate (14-36 % under): the plan is raised to the binary's
-    no-alloc measurement and is then never under the real load, with the server's default unified cache
-    and with a DSpark drafter reading the target's layers too (llama-fit-params loads no drafter)."""
-    model = factory.deepseek4().write(tmp_path / "dsv4.gguf")
+    """DeepSeek-V4's compute on a build before its replayed graph is the per-phase estimate (14-36 % under): the
+    plan is raised to the binary's no-alloc measurement and is then never under the real load, with the
+    server's default unified cache and with a DSpark drafter reading the target's layers too (llama-fit-params
+    loads no drafter: the drafter's estimated context takes the target's factor)."""
+    srv, model = _estimated(tmp_path, server_bin)
     draft = str(factory.dspark_dsv4().write(tmp_path / "dspark.gguf")) if spec != "off" else None
-    o = Options(server_args=tuple(args), cpu_only=True, spec=spec, draft=draft)
+    o = Options(server=srv, server_args=tuple(args), cpu_only=True, spec=spec, draft=draft)
     prep = prepare(str(model), o, speed=False)
     plan = prep.plan
-    assert plan.memory_bound is not None and plan.memory_bound.binary == _fitparams(server_bin)
+    assert not plan.footprint.compute_replayed
+    assert plan.memory_bound is not None and plan.memory_bound.binary == str(tmp_path / NAME)
     assert plan.memory_bound.scale, "the estimate is under the measurement: the plan is raised"
     assert plan.decision("memory.bound") is not None
-    assert not any("is estimated, not replayed" in w for w in plan.warnings)
     log = run_argv(server_bin, prep.argv[1:])
     for label, fp in (("target", plan.footprint), ("draft", plan.draft_footprint)):
         real = log.context(label)
@@ -151,15 +167,14 @@ def test_a_server_that_does_not_say_its_build_is_bounded_by_its_fitparams(
 
 @pytest.mark.server
 def test_no_fitparams_or_a_failing_one_leaves_the_plan_and_says_why(server_bin: ServerBinary, tmp_path: Path) -> None:
-    model = factory.deepseek4().write(tmp_path / "dsv4.gguf")
-    srv = wrapped(tmp_path, "llama-server", server_bin.path, server_bin.lib_dir)
+    srv, model = _estimated(tmp_path, server_bin, fitparams=False)
     runner = CliRunner()
     r = runner.invoke(app, ["plan", str(model), "--cpu-only", "--server", srv, "--json", "--", "-c", "4096"])
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     assert doc["memory_model"]["bound"]["by"] is None
     assert f"there is no {NAME} beside" in doc["memory_model"]["bound"]["note"]
-    assert any("is estimated, not replayed" in w for w in doc["warnings"])  # the margin's cover is still said
+    assert "deepseek4's compute is estimated" in doc["memory_model"]["bound"]["reasons"][0]
 
     broken = tmp_path / NAME
     broken.write_text(BROKEN)
@@ -198,19 +213,15 @@ def test_a_replayed_graph_on_a_build_read_from_source_is_priced_by_its_rules(
 
 
 @pytest.mark.server
-@pytest.mark.parametrize(
-    ("version", "kind"), [("version: 11000 (abcdef0)", "upper"), ("version: 9400 (abcdef0)", "own")]
-)
+@pytest.mark.parametrize(("version", "kind"), [(OLD_V4, "upper"), ("version: 9400 (abcdef0)", "own")])
 def test_an_estimated_graph_is_held_by_what_the_build_reserves(
     server_bin: ServerBinary, tmp_path: Path, version: str, kind: str
 ) -> None:
-    """An estimated graph (DeepSeek-V4) is held to llama-fit-params on every build. From b9464 the server reserves
-    one output per slot: llama-fit-params' whole ubatch of outputs makes its measurement an upper bound, and the
-    plan is raised to it where it is above. An older server reserved a whole ubatch itself: the measurement is
-    its own, and the plan takes it, down too."""
-    srv = wrapped(tmp_path, "llama-server", server_bin.path, server_bin.lib_dir, version=version)
-    wrapped(tmp_path, NAME, _fitparams(server_bin), server_bin.lib_dir)
-    model = factory.deepseek4().write(tmp_path / "dsv4.gguf")
+    """An estimated graph (DeepSeek-V4 before its replayed graph) is held to llama-fit-params on every build. From
+    b9464 the server reserves one output per slot: llama-fit-params' whole ubatch of outputs makes its
+    measurement an upper bound, and the plan is raised to it where it is above. An older server reserved a whole
+    ubatch itself: the measurement is its own, and the plan takes it, down too."""
+    srv, model = _estimated(tmp_path, server_bin, version)
     prep = prepare(str(model), Options(server=srv, server_args=("-c", "4096", "-np", "1"), cpu_only=True), speed=False)
     b = prep.plan.memory_bound
     assert b is not None and b.kind == kind and b.binary is not None
@@ -237,11 +248,10 @@ def test_a_log_cut_short_falls_back_to_the_table(server_bin: ServerBinary, tmp_p
     """llama-fit-params' log is written by a thread its exit can cut short; its stdout table is always
     written, in whole MiB (floored): each row is taken one MiB up, so it stays above what it measured."""
     assert parse_table("CUDA0 4000 512 300\nHost 24 3 30\n") == {"CUDA0": 300, "Host": 30}
-    srv = wrapped(tmp_path, "llama-server", server_bin.path, server_bin.lib_dir)
+    srv, model = _estimated(tmp_path, server_bin, fitparams=False)
     fake = tmp_path / NAME
     fake.write_text(TABLE_ONLY)
     fake.chmod(0o755)
-    model = factory.deepseek4().write(tmp_path / "dsv4.gguf")
     plan = prepare(str(model), Options(server=srv, server_args=("-c", "4096"), cpu_only=True), speed=False).plan
     b = plan.memory_bound
     assert b is not None and b.binary == str(fake) and "its log lost the compute lines" in b.note
@@ -274,13 +284,13 @@ def test_a_launch_calibrates_past_the_bound(server_bin: ServerBinary, tmp_path: 
 
 @pytest.mark.server
 def test_a_plan_the_measurement_pushes_past_the_budget_says_so(server_bin: ServerBinary, tmp_path: Path) -> None:
-    """On host RAM that holds DeepSeek-V4's load as the estimate prices it but not as llama-fit-params
-    measures it, the plan does not fit, and says that the measurement is why."""
+    """On host RAM that holds DeepSeek-V4's load as the estimate prices it (on a build before its replayed
+    graph) but not as llama-fit-params measures it, the plan does not fit, and says that the measurement is why."""
     from llamafit.devices.machine import Host, Machine
     from llamafit.errors import DoesNotFitError
 
-    model = factory.deepseek4().write(tmp_path / "dsv4.gguf")
-    o = Options(server_args=("-c", "4096"), cpu_only=True, margin="0")
+    srv, model = _estimated(tmp_path, server_bin)
+    o = Options(server=srv, server_args=("-c", "4096"), cpu_only=True, margin="0")
     roomy = prepare(str(model), o, speed=False, machine=Machine((), Host(total=64 << 30, available=32 << 30)))
     held = roomy.plan.memory_bound
     assert held is not None and held.scale

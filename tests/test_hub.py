@@ -38,7 +38,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "gemma": factory.gemma3().write(d / "gemma3-Q8_0.gguf"),
         "mmproj": factory.siglip_mmproj(text_embd=256).write(d / "mmproj-gemma3-F16.gguf"),
         "demo": ensure_demo_model(d),
-        "dsv4": factory.deepseek4().write(d / "dsv4-Q8_0.gguf"),
+        "qwen2": factory.dense(arch="qwen2", name="qwen2").write(d / "qwen2-Q8_0.gguf"),
         "readme": d / "README.md",
         "broken": d / "broken-Q8_0.gguf",
     }
@@ -86,7 +86,7 @@ def fake_hub(files: dict[str, Path]) -> Iterator[FakeHub]:
     hub.add("acme/gated", {"Qwen3-0.6B-Q8_0.gguf": f["q06_q8"]}, gated=True, token=TOKEN)
     hub.add("acme/broken", {"broken-Q8_0.gguf": f["broken"]})
     hub.add("acme/demo", {"README.md": f["readme"], "demo-Q8_0.gguf": f["demo"], "demo-F16.gguf": f["q06_q8"]})
-    hub.add("acme/dsv4", {"dsv4-Q8_0.gguf": f["dsv4"]})
+    hub.add("acme/qwen2", {"qwen2-Q8_0.gguf": f["qwen2"]})
     hub.start()
     yield hub
     hub.stop()
@@ -270,13 +270,13 @@ def test_run_downloads_the_planned_files_then_launches_them(
 
 @pytest.mark.server
 def test_a_hub_plan_is_held_to_the_binarys_measurement_once_downloaded(hub: FakeHub, server_bin: ServerBinary) -> None:
-    """DeepSeek-V4's compute is estimated: its plan waits for the file to be measured by llama-fit-params;
-    run downloads it, makes the plan again, and launches the plan the measurement raised."""
-    doc = plan_json("acme/dsv4:Q8_0", "--cpu-only", "--", "-c", "4096")
+    """Qwen2's compute is estimated (no builder replays its graph): its plan waits for the file to be measured
+    by llama-fit-params; run downloads it, makes the plan again, and launches the plan the measurement held."""
+    doc = plan_json("acme/qwen2:Q8_0", "--cpu-only", "--", "-c", "4096")
     assert doc["memory_model"]["bound"]["by"] is None and "not downloaded yet" in doc["memory_model"]["bound"]["note"]
     port = free_port()
     env = dict(os.environ, LLAMAFIT_SERVER=server_bin.path)
-    run = ["run", "acme/dsv4:Q8_0", "--cpu-only", "--", "-c", "4096", "--port", str(port)]
+    run = ["run", "acme/qwen2:Q8_0", "--cpu-only", "--", "-c", "4096", "--port", str(port)]
     argv = [sys.executable, "-m", "llamafit", *run]
     p = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     assert p.stderr is not None
@@ -286,7 +286,7 @@ def test_a_hub_plan_is_held_to_the_binarys_measurement_once_downloaded(hub: Fake
     p.wait(timeout=60)
     assert ready and p.returncode == 0, err
     assert "downloading 1 file(s)" in err and "Compute checked with llama-fit-params's no-alloc load" in err
-    shutil.rmtree(hub_cache_dir() / "models--acme--dsv4")
+    shutil.rmtree(hub_cache_dir() / "models--acme--qwen2")
 
 
 def test_cache_directory_precedence_is_llama_cpps() -> None:

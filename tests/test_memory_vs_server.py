@@ -361,20 +361,36 @@ def test_real_lfm2_and_nemotron_h_shapes(server_bin: ServerBinary, tmp_path: Pat
 
 
 DSV4_CASES = [["-c", "4096"], ["-c", "8192", "-np", "2"], ["-c", "8192", "-ub", "256", "-fa", "off"],
-              ["-c", "16384", "-np", "2", "-kvu"], ["-c", "4096", "--swa-full"]]  # fmt: skip
+              ["-c", "16384", "-np", "2", "-kvu"], ["-c", "4096", "--swa-full"], ["-c", "4096", "-np", "2", "-ctk",
+              "q8_0", "-ctv", "q8_0"], ["-c", "2048", "-np", "1", "-ctk", "f32", "-ctv", "f32"]]  # fmt: skip
 
 
 @pytest.mark.parametrize("args", DSV4_CASES, ids=[" ".join(a) for a in DSV4_CASES])
-def test_deepseek_v4_caches_and_compressor_states(server_bin: ServerBinary, tmp_path: Path, args: list[str]) -> None:
+def test_deepseek_v4_caches_states_and_compute(server_bin: ServerBinary, tmp_path: Path, args: list[str]) -> None:
     """DeepSeek-V4 (sliding raw cache, compressed caches at ratios 4 and 128, the lightning indexer's
-    cache, their compressor states per sequence): weights, caches and states equal to the log (the
-    states' own log lines were not read before, so a comparison saw their bytes as an error). Its compute
-    is the per-phase estimate, stated in the plan (ESTIMATED_COMPUTE_ARCHS): not held here."""
+    cache, their compressor states per sequence): weights, caches, states and the replayed compute
+    (hyper-connections, compressors, the indexer's top-k mask, hash-routed experts; a quantized cache's
+    rotations) equal to the log."""
     model = factory.deepseek4().write(tmp_path / "dsv4.gguf")
     plan = _plan_for(model, args)
-    log = load_log(server_bin, model, args)
-    rows = {r.kind: r for r in compare(plan.footprint, log) if r.kind != "compute"}
-    assert set(rows) == {"model", "kv", "output"}
+    assert plan.footprint.compute_replayed
+    rows = {r.kind: r for r in compare(plan.footprint, load_log(server_bin, model, args))}
+    assert set(rows) == {"model", "kv", "output", "compute"}
     for r in rows.values():
         assert r.actual_mib is not None and r.within, r
-    assert any("deepseek4 is estimated, not replayed" in w for w in plan.warnings), plan.warnings
+    assert abs(rows["compute"].predicted / 2**20 - rows["compute"].actual_mib) <= 0.006, rows["compute"]
+
+
+@pytest.mark.parametrize(
+    "args", [["-c", "8192"], ["-c", "20000", "-np", "2", "-fa", "off"], ["-c", "6000", "-ctk", "q4_0", "-ctv", "q4_0"]]
+)
+def test_deepseek_v4_flash_proportions(server_bin: ServerBinary, tmp_path: Path, args: list[str]) -> None:
+    """DeepSeek-V4-Flash's proportions at a smaller width (512-wide heads, a 128-wide indexer over 128 cells,
+    four output groups, two hash-routed layers, layers of every ratio): the compute replay equals the log."""
+    model = factory.deepseek4(n_layer=6, n_embd=1024, n_head=16, head_dim=512, rope_dim=64, q_lora_rank=512,
+                              o_groups=4, o_lora_rank=256, indexer_heads=8, indexer_dim=128, indexer_top_k=128,
+                              n_hash=2, ratios=(128, 128, 4, 128, 4, 0), n_expert=16, n_expert_used=4, n_ff_exp=512,
+                              window=256, n_vocab=8192).write(tmp_path / "dsv4-flash.gguf")  # fmt: skip
+    plan = _plan_for(model, args)
+    row = next(r for r in compare(plan.footprint, load_log(server_bin, model, args)) if r.kind == "compute")
+    assert row.actual_mib is not None and abs(row.predicted / 2**20 - row.actual_mib) <= 0.006, row

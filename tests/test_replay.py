@@ -10,6 +10,7 @@ import pytest
 from llamafit.devices.machine import Host, Machine
 from llamafit.fit import make_plan
 from llamafit.gguf.model import load_model
+from llamafit.memory.builds import DSPARK_DSV4_GRAPH_SINCE, DSV4_GRAPH_SINCE
 from llamafit.memory.graph.replay import graph_bytes, recurrent_bytes
 from llamafit.request import build_request
 from llamafit.server.args import parse_server_args
@@ -46,18 +47,17 @@ def test_the_replayed_graphs(shapes: dict[str, Path], shape: str, args: list[str
     assert recurrent_bytes(model, cp, cp.n_outputs_max) is None
 
 
-@pytest.mark.parametrize(
-    ("shape", "args", "why"),
-    [
-        ("dsv4", ["-c", "4096"], "an architecture without a builder"),
-    ],
-)
-def test_other_graphs_keep_the_estimate(
-    shapes: dict[str, Path], tmp_path: Path, shape: str, args: list[str], why: str
-) -> None:
-    path = factory.deepseek4().write(tmp_path / "dsv4.gguf") if shape == "dsv4" else shapes[shape]
-    model, cp, fa = _context(path, args)
-    assert graph_bytes(model, cp, cp.n_outputs_max, fa) is None, why
+def test_other_graphs_keep_the_estimate(tmp_path: Path) -> None:
+    """An architecture without a builder (Qwen2's biases), and DeepSeek-V4 (and DSpark on its backbone) on a
+    build older than the graph its builder makes."""
+    qwen2 = factory.dense(arch="qwen2", name="qwen2").write(tmp_path / "qwen2.gguf")
+    model, cp, fa = _context(qwen2, ["-c", "4096"])
+    assert graph_bytes(model, cp, cp.n_outputs_max, fa) is None
+    for shape, since in ((factory.deepseek4(), DSV4_GRAPH_SINCE), (factory.dspark_dsv4(), DSPARK_DSV4_GRAPH_SINCE)):
+        model, cp, fa = _context(shape.write(tmp_path / f"{shape.kv['general.name']}.gguf"), ["-c", "4096"])
+        assert graph_bytes(model, cp, cp.n_outputs_max, fa) is not None
+        older = dataclasses.replace(cp, build=since - 1)
+        assert graph_bytes(model, older, older.n_outputs_max, fa) is None
 
 
 def test_the_pooling_graph_follows_the_trunk(shapes: dict[str, Path]) -> None:

@@ -52,6 +52,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "hybrid_moe": factory.qwen35(n_expert=8, name="hybrid-moe").write(d / "hybrid-moe.gguf"),
         "next": factory.qwen3next(name="next").write(d / "next.gguf"),
         "glm_dsa": factory.glm_dsa(name="glm-dsa", n_vocab=4096).write(d / "glm-dsa.gguf"),
+        "dsv4": factory.deepseek4().write(d / "dsv4.gguf"),
         "mamba2": factory.mamba2().write(d / "mamba2.gguf"),
         "mamba": factory.mamba().write(d / "mamba.gguf"),
         "lfm2": factory.lfm2().write(d / "lfm2.gguf"),
@@ -197,6 +198,8 @@ SPLITS = [
     ("hybrid_moe", ["-c", "4096", "-ngl", "all", "-ts", "1,1", "--n-cpu-moe", "2"]),  # gated shared expert
     ("next", ["-c", "4096", "-ngl", "5", "-ts", "1,1", "-fa", "off"]),  # ssm_in, ssm_ba, repeated q/k
     ("glm_dsa", ["-c", "4096", "-ngl", "3", "-ts", "1,1"]),  # the lightning indexer and its cache, partial
+    ("dsv4", ["-c", "4096", "-ngl", "3", "-ts", "1,1"]),  # hyper-connections, compressors, indexer, partial
+    ("dsv4", ["-c", "4096", "-ngl", "all", "-ts", "1,1", "--n-cpu-moe", "2"]),  # hash-routed experts on the CPU
     ("mamba2", ["-c", "4096", "-np", "2", "-ngl", "3", "-ts", "1,1"]),  # pure recurrent, partial
     ("mamba", ["-c", "4096", "-ngl", "3", "-ts", "2,1"]),
     ("lfm2_swa", ["-c", "4096", "-ngl", "5", "-ts", "2,1"]),  # short convolutions, windowed attention, partial
@@ -214,6 +217,7 @@ SPLITS = [
     ("hybrid", ["-c", "4096", "-ts", "1,1"]),
     ("next", ["-c", "4096", "-np", "2", "-ts", "1,1"]),
     ("glm_dsa", ["-c", "4096", "-np", "2", "-ts", "1,1"]),
+    ("dsv4", ["-c", "4096", "-ts", "1,1"]),
     ("mamba2", ["-c", "4096", "-ts", "1,1"]),
     ("lfm2", ["-c", "4096", "-np", "2", "-ts", "1,1", "-fa", "off"]),
     ("nemotron_h", ["-c", "4096", "-np", "2", "-ts", "1,1"]),

@@ -286,19 +286,21 @@ def test_a_dspark_drafter_on_the_deepseek_v4_backbone(
 ) -> None:
     """DSpark on the DeepSeek-V4 backbone (its blocks, one sliding window for the draft's KV ring, the
     target's embeddings and head): the target's caches with the compressor states kept for rollback
-    (one plane per drafted token) and the drafter's weights and KV equal to the log. Both graphs' compute
-    is the per-phase estimate (measured 14-36 % under; the plan says so)."""
+    (one plane per drafted token), the drafter's weights and KV, and both contexts' replayed compute (the
+    drafter's decoder over its K-only window, its Markov and confidence heads) equal to the log."""
     target = factory.deepseek4().write(tmp_path / "dsv4.gguf")
     draft = factory.dspark_dsv4().write(tmp_path / "dspark-dsv4.gguf")
     p, log, argv = plan_and_load(server_bin, target, args, spec="auto", draft=str(draft))
     assert argv[argv.index("--spec-type") + 1] == "draft-dspark"
     for context in ("target", "draft"):
         fp = p.footprint if context == "target" else p.draft_footprint
-        assert fp is not None
-        rows = {r.kind: r for r in compare(fp, log, context) if r.kind != "compute"}
-        assert set(rows) == {"model", "kv", "output"}, context
+        assert fp is not None and fp.compute_replayed, context
+        rows = {r.kind: r for r in compare(fp, log, context)}
+        assert set(rows) == {"model", "kv", "output", "compute"}, context
         for r in rows.values():
             assert r.actual_mib is not None and r.within, (context, r)
+        compute = rows["compute"]
+        assert abs(compute.predicted / MiB - compute.actual_mib) <= 0.006, (context, compute)
 
 
 def _anonymous_mappings(pid: int) -> list[tuple[int, int]]:

@@ -20,7 +20,7 @@ MEASURED_DRIFT = {
     10173: "weights, KV caches, recurrent state, output buffers, checkpoints and the MTP contexts exact with "
     "its rules; compute at most 0.04 % off, none under",
     10985: "weights, KV caches, recurrent state, output buffers and checkpoints exact with its rules; every "
-    "replayed compute within 0.01 %, none under (DeepSeek-V4's estimated compute held to its llama-fit-params)",
+    "replayed compute within 0.04 % (DeepSeek-V4 and its DSpark drafter included), none under",
 }
 
 

@@ -101,6 +101,12 @@ MTP_GRAPH_SINCE = {"glm4moe": 10603, "glm-dsa": 10178, "mimo2": 10189, "deepseek
 # glm-dsa's indexer cache on the layers of a full indexer only (filter_lid, src/llama-model.cpp); 10142 to
 # 10247 read the indexer types but cached every layer's (b10173: 4.00 MiB where b11434 takes 2.00)
 INDEXER_BY_TYPE_SINCE = {"glm-dsa": 10248}
+# DeepSeek-V4's reserve graph as graph.dsv4 builds it: each compressor's worst-case plan of floor(n_tokens / ratio)
+# + n_seqs blocks, its restore and snapshot rows per stream (llama-kv-cache-dsv4.cpp:845-884; 10581 and older: a
+# ceiling per sequence, rows per unique sequence); a DSpark drafter's decoder on its backbone (dflash.cpp:862-1033)
+# from 10773. Older builds keep the per-phase estimate (held to llama-fit-params).
+DSV4_GRAPH_SINCE = 10593
+DSPARK_DSV4_GRAPH_SINCE = 10773
 # and the NextN weights: loaded only for MTP (load_mtp) from these builds; qwen35 and qwen35moe loaded their
 # NextN block always before (b9310's Qwen3.5-35B-A3B: 455 MiB more weights without a drafter)
 NEXTN_ALWAYS_LOADED_BEFORE = {"qwen35": 10216, "qwen35moe": 10216}

@@ -144,7 +144,9 @@ def swa_cells(hp: Hparams, cp: ContextParams) -> int:
     """Size of the sliding-window cache (llama-kv-cache-iswa.cpp:73-81)."""
     if cp.swa_full:
         return cp.n_ctx_seq
-    return pad(min(cp.n_ctx_seq, hp.n_swa * (cp.n_seq_max if cp.kv_unified else 1) + cp.n_ubatch), N_CTX_PAD)
+    # DeepSeek-V4's raw cache keeps a stream per sequence even with -kvu (llama-kv-cache-dsv4.cpp:1246-1247)
+    unified = cp.kv_unified and hp.arch != "deepseek4"
+    return pad(min(cp.n_ctx_seq, hp.n_swa * (cp.n_seq_max if unified else 1) + cp.n_ubatch), N_CTX_PAD)
 
 
 def kv_row_bytes(hp: Hparams, il: int, type_k: str, type_v: str, v_trans: bool) -> tuple[int, int]:
@@ -208,7 +210,7 @@ def memory_allocs(hp: Hparams, cp: ContextParams) -> list[_Alloc]:
     if cls == "dsv4":
         # src/llama-kv-cache-dsv4.cpp:1213-1339: per-sequence streams even with -kvu, K only
         n_seq = cp.n_seq_max
-        raw = pad(min(cp.n_ctx_seq, hp.n_swa + cp.n_ubatch), N_CTX_PAD) if not cp.swa_full else cp.n_ctx_seq
+        raw = swa_cells(hp, cp)
         csa = pad(-(-cp.n_ctx_seq // 4), N_CTX_PAD)
         hca = pad(-(-cp.n_ctx_seq // 128), N_CTX_PAD)
         planes = n_seq * (1 + cp.n_rs_seq)

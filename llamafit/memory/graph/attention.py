@@ -166,9 +166,9 @@ class Builder:
         inp = self.inputs[kind]
         n_kv = r.n_kv_swa if kind == "swa" else r.n_kv
         if r.rot_k:
-            q, k = _hadamard(q, inp["k_rot"]), _hadamard(k, inp["k_rot"])
+            q, k = hadamard(q, inp["k_rot"]), hadamard(k, inp["k_rot"])
         if r.rot_v:
-            v = _hadamard(v, inp["v_rot"])
+            v = hadamard(v, inp["v_rot"])
         for t in (q, k, v) if two_caches else (q, v, k):
             g.expand(t)
         k_cache = Graph.cache((hk * n_kv_h, n_kv * ns), r.cache_esize)
@@ -200,10 +200,19 @@ class Builder:
             perm = Graph.view(kqv, (hv, nh, T // ns, ns), (kqv.nb[2], kqv.nb[1], kqv.nb[3]))
             cur = Graph.op("cont", (hv * nh, T), perm)
         g.expand(cur)
-        return _hadamard(cur, inp["v_rot"]) if r.rot_v else cur
+        return hadamard(cur, inp["v_rot"]) if r.rot_v else cur
 
 
-def _hadamard(x: Tensor, rot: Tensor) -> Tensor:
+def rotation_size(head: int) -> int:
+    """A K cache's Hadamard rotation: the largest power-of-two multiple of 64 dividing its head size
+    (llama-kv-cache.cpp:340-347; the caller checks the head is a multiple of 64)."""
+    rot = 64
+    while head and head % (2 * rot) == 0:
+        rot *= 2
+    return rot
+
+
+def hadamard(x: Tensor, rot: Tensor) -> Tensor:
     """llama_mul_mat_hadamard (src/llama-impl.h:57-75): rows of the rotation's size times the rotation
     (an input), reshaped back. The tensors it rotates here are contiguous."""
     n = rot.ne[0]

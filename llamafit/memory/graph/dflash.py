@@ -16,7 +16,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from llamafit.memory.builds import DSPARK_DSV4_GRAPH_SINCE
 from llamafit.memory.graph.attention import Builder, TransformerShape
+from llamafit.memory.graph.dsv4 import Dsv4Shape, draft_embd
 from llamafit.memory.graph.galloc import I32, Graph, Tensor, in_layer
 from llamafit.memory.graph.recipe import Recipe, Reserve
 from llamafit.memory.graph.sampling import backend_samplers
@@ -25,13 +27,18 @@ from llamafit.memory.graph.trunk import rms_norm
 
 @dataclass(frozen=True)
 class DflashShape(Recipe):
-    trunk: TransformerShape  # the blocks (Q/K norms, dense gated FFN); n_vocab: the target's
+    # the blocks: Qwen3's (Q/K norms, dense gated FFN), or DeepSeek-V4's (DSpark on its backbone); n_vocab:
+    # the target's
+    trunk: TransformerShape | Dsv4Shape
     n_vocab_draft: int  # rows of the draft head (the target's vocabulary without a d2t map)
     d2t: bool
     markov: Markov | None = None  # DSpark's head
 
     def graph(self, r: Reserve) -> Graph:
         return _dflash_graph(self, r)
+
+    def since(self) -> int:
+        return DSPARK_DSV4_GRAPH_SINCE if isinstance(self.trunk, Dsv4Shape) else 0
 
 
 @dataclass(frozen=True)
@@ -49,18 +56,24 @@ class Markov:
 def _dflash_graph(sh: DflashShape, r: Reserve) -> Graph:
     """The pp reserve graph (its weights and caches tagged under ``galloc.placed``), with the slots'
     backend samplers (``r.sampled_rows``: the draft depth + 1 rows per sequence)."""
-    b = Builder(sh.trunk, r)
-    g, T, E, V = b.g, b.T, sh.trunk.n_embd, sh.trunk.n_vocab
     n_seqs = max(1, r.n_seqs)
+    T, E, V = -(-r.n_tokens // n_seqs) * n_seqs, sh.trunk.n_embd, sh.trunk.n_vocab  # a multiple of n_seqs
     W = Graph.weight
     tokens = Graph.input((T,), I32)
-    inp_l = Graph.get_rows(W((E, V), "token_embd"), tokens)
-    for il in range(sh.trunk.n_layer):
-        with in_layer(il):
-            ffn_inp = Graph.like("add", b.attention(rms_norm(inp_l), il), inp_l)
-            inp_l = Graph.like("add", b.ffn(rms_norm(ffn_inp), il), ffn_inp)
-    embd = rms_norm(inp_l, "output_norm")
-    logits = Graph.mul_mat(W((E, sh.n_vocab_draft), "output"), embd)
+    if isinstance(sh.trunk, Dsv4Shape):  # t_embd is the head's mix before the output norm (dflash.cpp:1011-1020)
+        g = Graph()
+        embd = draft_embd(sh.trunk, r, g, tokens)
+        logits = Graph.mul_mat(W((E, sh.n_vocab_draft), "output"), rms_norm(embd, "output_norm"))
+    else:
+        b = Builder(sh.trunk, r)
+        g = b.g
+        inp_l = Graph.get_rows(W((E, V), "token_embd"), tokens)
+        for il in range(sh.trunk.n_layer):
+            with in_layer(il):
+                ffn_inp = Graph.like("add", b.attention(rms_norm(inp_l), il), inp_l)
+                inp_l = Graph.like("add", b.ffn(rms_norm(ffn_inp), il), ffn_inp)
+        embd = rms_norm(inp_l, "output_norm")
+        logits = Graph.mul_mat(W((E, sh.n_vocab_draft), "output"), embd)
     if sh.d2t:
         logits = _scatter(sh, logits, (1, V, T))
     g.expand(logits)

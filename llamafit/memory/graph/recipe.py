@@ -26,6 +26,7 @@ class Reserve:
     flash_attn: bool
     cache_esize: int = 2  # bytes per element of the K cache (F16 unless -ctk f32)
     cache_esize_v: int = 2  # and of the V cache (what a copy of a cache view takes, op offload)
+    type_k: str = "f16"  # the K cache's type (what a node concatenating cache views takes: DeepSeek-V4)
     n_rs_seq: int = 0  # recurrent-state snapshots kept for speculative rollback (hybrids)
     pooling: str | None = None  # an embedding context's pooling ("none", "mean", "cls", "last"); None: not one
     rot_k: int = 0  # Hadamard rotation size for a quantized K cache (llama-kv-cache.cpp:321-348), 0: none
@@ -57,6 +58,11 @@ class Recipe:
     def graph(self, r: Reserve) -> Graph:
         """The reserve graph for ``r`` (its weights and caches tagged under ``galloc.placed``)."""
         raise NotImplementedError
+
+    def since(self) -> int:
+        """The oldest build whose reserve graph this is (``llamafit.memory.builds``); an older one keeps the
+        per-phase estimate."""
+        return 0
 
     def first_layer(self) -> Recipe | None:
         """The same model cut to its first layer (what the layers after it add is the graph less this one's),

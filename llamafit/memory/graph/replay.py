@@ -26,6 +26,7 @@ from llamafit.memory.builds import (
     rs_one_gather,
 )
 from llamafit.memory.context import ContextParams, swa_cells
+from llamafit.memory.graph.attention import rotation_size
 from llamafit.memory.graph.galloc import Graph, Tensor, Where, buffer_size, placed
 from llamafit.memory.graph.recipe import Recipe, Reserve
 from llamafit.memory.graph.sampling import Samplers
@@ -63,8 +64,8 @@ def graph_bytes(
     """The whole reserve graph on one backend, replayed; None where the builders do not make llama.cpp's
     graph for this model and these settings (``pooling``: an embedding context's, None: not one)."""
     shape = shape_of(model, cp.mtp)
-    if shape is None or pooling not in shape.poolings:
-        return None  # no builder, or a reranker's classification head: other nodes
+    if shape is None or pooling not in shape.poolings or cp.build < shape.since():
+        return None  # no builder, a reranker's classification head, an older build's graph: other nodes
     if shape.attends and (not _attention_as_set(shape, cp, fa) or not cp.offload_kqv):
         return None  # an "auto" resolved off keeps V untransposed: a graph only attention.Builder's make
     rot = shape.rotations(_rotations(model, cp), _quantized(cp))
@@ -95,11 +96,13 @@ def _reserve(
         n_seqs=cp.n_seq_max,
         n_outputs=n_outputs,
         n_kv=cp.n_ctx_seq if kv else 0,
-        n_kv_swa=swa_cells(hp, cp) if kv and hp.swa_type != "none" else 0,
+        # DeepSeek-V4's raw cache is a sliding window on every layer (deepseek4.cpp:67-68)
+        n_kv_swa=swa_cells(hp, cp) if kv and (hp.swa_type != "none" or hp.arch == "deepseek4") else 0,
         n_stream=cp.n_stream,
         flash_attn=fa if kv else True,
         cache_esize=esize(cp.type_k),
         cache_esize_v=esize(cp.type_v),
+        type_k=cp.type_k,
         rot_k=rot[0],
         rot_v=rot[1],
         n_rs_seq=cp.n_rs_seq if hp.supports_rs_rollback else 0,
@@ -190,9 +193,7 @@ def _rotations(model: ModelInfo, cp: ContextParams) -> tuple[int, int]:
     hp = model.hparams
     rot_k = rot_v = 0
     if by_name(cp.type_k).quantized and hp.head_k % 64 == 0:
-        rot_k = 64
-        while hp.head_k % (2 * rot_k) == 0:
-            rot_k *= 2
+        rot_k = rotation_size(hp.head_k)
     if by_name(cp.type_v).quantized and hp.head_v % 64 == 0:
         rot_v = 64
     return rot_k, rot_v
@@ -244,6 +245,8 @@ def _placed_graph(
     hp = model.hparams
     shape = shape_of(model, cp.mtp)
     if shape is None or not shape.placeable or not cp.offload_kqv or pooling not in shape.poolings:
+        return None
+    if cp.build < shape.since():
         return None
     if shape.attends and (_quantized(cp) or not _attention_as_set(shape, cp, fa)):
         return None

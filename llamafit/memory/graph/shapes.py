@@ -12,14 +12,16 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from llamafit.gguf.model import ModelInfo
-from llamafit.memory.graph.attention import TransformerShape
+from llamafit.memory.graph.attention import TransformerShape, rotation_size
 from llamafit.memory.graph.dflash import DflashShape, Markov
+from llamafit.memory.graph.dsv4 import dsv4_shape
 from llamafit.memory.graph.hybrid import HybridShape
 from llamafit.memory.graph.layered import LAYERED, layered_shape
 from llamafit.memory.graph.mamba import MambaShape
 from llamafit.memory.graph.mla import Indexer, MlaShape
 from llamafit.memory.graph.mtp import MROPE_SECTIONS, Eagle3Shape, MtpShape, NextnIo, NextnShape
 from llamafit.memory.graph.recipe import Recipe
+from llamafit.memory.graph.routing import read_experts
 from llamafit.memory.graph.trunk import Experts
 
 RECURRENT = ("mamba", "mamba2")
@@ -69,6 +71,11 @@ def _dflash_shape(model: ModelInfo) -> DflashShape | None:
     attention sinks or post-norms, per-layer sliding windows, shared K/V, the DeepSeek-V4 backbone)."""
     hp = model.hparams
     shapes = {t.name: t.info.shape for t in model.tensors}
+    if model.number("hyper_connection.count"):  # DSpark on the DeepSeek-V4 backbone (dflash.cpp:862-1033)
+        backbone = dsv4_shape(model)
+        if backbone is None or "d2t" in shapes or any(backbone.ratios):
+            return None
+        return DflashShape(backbone, n_vocab_draft=hp.n_vocab, d2t=False, markov=_markov(model, shapes))
     if hp.swa_type != "none" or len(set(hp.n_head[: hp.n_layer])) != 1 or not hp.n_head[0]:
         return None
     if any(
@@ -81,21 +88,7 @@ def _dflash_shape(model: ModelInfo) -> DflashShape | None:
             return None
     d2t = shapes.get("d2t")
     head = shapes.get("output.weight")
-    block = model.kv.get("dflash.block_size")
-    w1 = shapes.get("markov_w1.weight")
-    anchor = model.kv.get("dflash.sample_from_anchor")
-    markov = (
-        Markov(
-            block_size=block,
-            rank=w1[0],
-            confidence="conf_proj.weight" in shapes,
-            confidence_bias="conf_proj.bias" in shapes,
-            w2_scale="markov_w2.scale" in shapes,
-            sample_from_anchor=anchor is not False,
-        )
-        if w1 is not None and isinstance(block, int)
-        else None
-    )
+    markov = _markov(model, shapes)
     trunk = TransformerShape(
         arch="qwen3",
         n_layer=hp.n_layer,
@@ -114,6 +107,22 @@ def _dflash_shape(model: ModelInfo) -> DflashShape | None:
         n_vocab_draft=head[1] if head is not None and len(head) > 1 else hp.n_vocab,
         d2t=d2t is not None,
         markov=markov,
+    )
+
+
+def _markov(model: ModelInfo, shapes: dict[str, tuple[int, ...]]) -> Markov | None:
+    """DSpark's Markov head and its trained block (dflash.cpp:124-137), None for a DFlash drafter."""
+    block = model.kv.get("dflash.block_size")
+    w1 = shapes.get("markov_w1.weight")
+    if w1 is None or not isinstance(block, int):
+        return None
+    return Markov(
+        block_size=block,
+        rank=w1[0],
+        confidence="conf_proj.weight" in shapes,
+        confidence_bias="conf_proj.bias" in shapes,
+        w2_scale="markov_w2.scale" in shapes,
+        sample_from_anchor=model.kv.get("dflash.sample_from_anchor") is not False,
     )
 
 
@@ -147,7 +156,7 @@ def _nextn_shape(model: ModelInfo) -> NextnShape | None:
         return None
     shapes = {t.name: t.info.shape for t in model.tensors}
     il = hp.n_layer
-    experts = _experts(model, shapes, il)
+    experts = read_experts(model, shapes, il)
     shexp = shapes.get(f"blk.{il}.ffn_up_shexp.weight")
     if experts is None or f"blk.{il}.nextn.eh_proj.weight" not in shapes:
         return None
@@ -221,7 +230,7 @@ def _block_ffn(model: ModelInfo, shapes: dict[str, tuple[int, ...]], il: int) ->
     if model.hparams.arch == "qwen35":
         up = shapes.get(f"blk.{il}.ffn_up.weight")
         return (up[1], None, 0) if up is not None and f"blk.{il}.ffn_gate.weight" in shapes else None
-    experts = _experts(model, shapes, il)
+    experts = read_experts(model, shapes, il)
     if experts is None or isinstance(model.kv.get(f"{model.hparams.arch}.expert_used_count"), list):
         return None
     shexp = shapes.get(f"blk.{il}.ffn_up_shexp.weight")
@@ -284,7 +293,7 @@ def _transformer_shape(model: ModelInfo) -> TransformerShape | None:
     shapes = {t.name: t.info.shape for t in model.tensors}
     names = set(shapes)
     lead = hp.n_layer_dense_lead if hp.arch == "glm4moe" else 0
-    experts = _experts(model, shapes, hp.n_layer - 1) if hp.n_expert else None
+    experts = read_experts(model, shapes, hp.n_layer - 1) if hp.n_expert else None
     if hp.n_expert and experts is None:
         return None
     shexp = shapes.get(f"blk.{hp.n_layer - 1}.ffn_up_shexp.weight")
@@ -323,38 +332,6 @@ def _transformer_shape(model: ModelInfo) -> TransformerShape | None:
     )
 
 
-def _experts(model: ModelInfo, shapes: dict[str, tuple[int, ...]], il: int) -> Experts | None:
-    """The routing of one MoE layer (build_moe_ffn's arguments as each model passes them): Llama and
-    Qwen3-MoE softmax with normalized weights; DeepSeek-V2/V3 and GLM-4.5 from the header (gating
-    function, expert_weights_norm, expert_weights_scale) with the selection bias exp_probs_b."""
-    hp, kv = model.hparams, model.kv
-    up = shapes.get(f"blk.{il}.ffn_up_exps.weight")
-    if up is None or len(up) != 3 or f"blk.{il}.ffn_gate_up_exps.weight" in shapes:
-        return None  # fused gate/up experts: other nodes
-    scale = model.number("expert_weights_scale")
-    if hp.arch == "gpt-oss":  # SOFTMAX_WEIGHT over biased experts (openai-moe.cpp:132-142)
-        return Experts(
-            n_expert=up[2], n_used=hp.n_expert_used, n_ff=up[1], scale=scale, softmax_weight=True, biased=True
-        )
-    if hp.arch in ("llama", "qwen3moe", "qwen35moe", "qwen3next"):
-        return Experts(n_expert=up[2], n_used=hp.n_expert_used, n_ff=up[1], norm_w=True, scale=scale)
-    gating = int(model.number("expert_gating_func"))
-    if gating == 0:  # GGUFs without the key: glm4-moe.cpp:16-18, deepseek2.cpp:23-31
-        old_glm_lite = hp.n_layer in (47, 48) and hp.n_vocab == 154880
-        gating = 2 if hp.arch in ("glm4moe", "glm-dsa") or old_glm_lite else 1  # glm-dsa.cpp:53-57
-    if gating not in (1, 2):
-        return None
-    return Experts(
-        n_expert=up[2],
-        n_used=hp.n_expert_used,
-        n_ff=up[1],
-        sigmoid=gating == 2,
-        probs_bias=f"blk.{il}.exp_probs_b.bias" in shapes,
-        norm_w=bool(kv.get(f"{hp.arch}.expert_weights_norm", False)),
-        scale=scale,
-    )
-
-
 def _mla_shape(model: ModelInfo) -> MlaShape | None:
     """DeepSeek-V2/V3 MLA (absorbed K) with a q LoRA or without, dense lead layers, experts with a shared
     expert; sizes read off the tensor table (deepseek2.cpp load_arch_tensors)."""
@@ -373,7 +350,7 @@ def _mla_shape(model: ModelInfo) -> MlaShape | None:
     if k_b is None or v_b is None or kv_a is None or len(k_b) != 3:
         return None
     q_a = shapes.get(f"blk.{il}.attn_q_a.weight")
-    experts = _experts(model, shapes, il)
+    experts = read_experts(model, shapes, il)
     if experts is None:
         return None
     lead = hp.n_layer_dense_lead
@@ -410,9 +387,7 @@ def _indexer(model: ModelInfo, shapes: dict[str, tuple[int, ...]]) -> Indexer | 
     hd = hp.indexer_head_size
     if proj is None or len(proj) != 2 or not hd or hd % 64 or not hp.indexer_top_k:
         return None
-    rot = 64
-    while hd % (2 * rot) == 0:
-        rot *= 2
+    rot = rotation_size(hd)
     if rot != hd:
         return None
     full = hp.is_indexer_full[: hp.n_layer] if hp.is_indexer_full else (True,) * hp.n_layer
@@ -431,6 +406,7 @@ READERS: dict[str, Reader] = {
     **dict.fromkeys(MLA, _mla_shape),
     "eagle3": _eagle3_shape,
     "dflash": _dflash_shape,
+    "deepseek4": dsv4_shape,
 }
 # architecture -> the reader of its MTP head's shape (the drafter's context over the NextN block)
 DRAFT_READERS: dict[str, Reader] = {**dict.fromkeys(QWEN35, _mtp_shape), "glm4moe": _nextn_shape}

@@ -96,6 +96,7 @@ class Experts:
     n_used: int
     n_ff: int  # one expert's FFN width
     sigmoid: bool = False  # expert_gating_func 2 (else softmax)
+    sqrt_softplus: bool = False  # expert_gating_func 4: sqrt(softplus(logits)) (DeepSeek-V4)
     probs_bias: bool = False  # exp_probs_b: selection on biased probabilities
     norm_w: bool = False  # expert_weights_norm
     scale: float = 0.0  # expert_weights_scale (0 and 1: none)
@@ -104,11 +105,12 @@ class Experts:
     biased: bool = False  # the router's and each expert's up, gate and down biases (gpt-oss)
 
 
-def moe_ffn(g: Graph, cur: Tensor, ex: Experts, logits: Tensor | None = None) -> Tensor:
+def moe_ffn(g: Graph, cur: Tensor, ex: Experts, logits: Tensor | None = None, selected: Tensor | None = None) -> Tensor:
     """build_moe_ffn (llama-graph.cpp:2044-2380) without expert groups: the router's top-k, the experts'
     up/gate/down by mul_mat_id, weighted, then summed view by view (each expanded as it is made);
     ``logits``: the router's, made by the caller (probs_in: Nemotron-H routes on the layer's input and runs
-    the experts on its latent projection)."""
+    the experts on its latent projection); ``selected``: the experts chosen by the caller
+    (selected_experts_in: DeepSeek-V4's hash-routed layers), no top-k then."""
     n_embd, n_tokens = cur.ne[0], cur.ne[1]
     W = Graph.weight
     if logits is None:
@@ -116,10 +118,14 @@ def moe_ffn(g: Graph, cur: Tensor, ex: Experts, logits: Tensor | None = None) ->
     if ex.biased:
         logits = Graph.like("add", logits, W((ex.n_expert,), "ffn_gate_inp.bias"))
     # SOFTMAX_WEIGHT: the softmax comes after the selection
-    probs = logits if ex.softmax_weight else Graph.like("unary" if ex.sigmoid else "soft_max", logits)
-    selection = Graph.like("add", probs, W((ex.n_expert,), "exp_probs_b.bias")) if ex.probs_bias else probs
-    order = Graph.op("argsort", (ex.n_expert, n_tokens), selection, esize=I32)
-    selected = Graph.view(order, (ex.n_used, n_tokens), (order.nb[1],))  # ggml_argsort_top_k
+    if ex.sqrt_softplus:
+        probs = Graph.like("sqrt", Graph.like("unary", logits))
+    else:
+        probs = logits if ex.softmax_weight else Graph.like("unary" if ex.sigmoid else "soft_max", logits)
+    if selected is None:
+        selection = Graph.like("add", probs, W((ex.n_expert,), "exp_probs_b.bias")) if ex.probs_bias else probs
+        order = Graph.op("argsort", (ex.n_expert, n_tokens), selection, esize=I32)
+        selected = Graph.view(order, (ex.n_used, n_tokens), (order.nb[1],))  # ggml_argsort_top_k
     weights = Graph.get_rows(Graph.reshape(probs, (1, ex.n_expert, n_tokens)), selected)
     if ex.softmax_weight:  # llama-graph.cpp:2175-2180
         soft = Graph.like("soft_max", Graph.reshape(weights, (ex.n_used, n_tokens)))
