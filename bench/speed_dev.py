@@ -36,6 +36,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from llamafit.devices import cards  # noqa: E402
+from llamafit.devices.rates import parse_rate  # noqa: E402
 from llamafit.options import Options  # noqa: E402
 from llamafit.planning.planner import prepare  # noqa: E402
 from llamafit.planning.prepared import Prepared  # noqa: E402
@@ -51,10 +52,11 @@ STREAM_CAP = 0.92
 
 
 def _dense(
-    name: str, n_layer: int, n_embd: int, n_head: int, n_head_kv: int, n_ff: int, n_vocab: int
+    name: str, n_layer: int, n_embd: int, n_head: int, n_head_kv: int, n_ff: int, n_vocab: int, tied: bool = False
 ) -> Callable[[], factory.Shape]:
     return lambda: factory.dense(arch="llama", name=name, n_layer=n_layer, n_embd=n_embd, n_head=n_head,
-                                 n_head_kv=n_head_kv, n_ff=n_ff, n_vocab=n_vocab, ctx=8192, w="bf16")  # fmt: skip
+                                 n_head_kv=n_head_kv, n_ff=n_ff, n_vocab=n_vocab, ctx=8192, w="bf16",
+                                 tied=tied)  # fmt: skip
 
 
 # the published config.json dimensions of each model the rows ran (meta-llama's repos)
@@ -66,6 +68,7 @@ SHAPES: dict[str, Callable[[], factory.Shape]] = {
     "llama2-70b": _dense("Llama-2-70b", 80, 8192, 64, 8, 28672, 32000),
 }
 SHAPES["tinyllama-1.1b"] = _dense("TinyLlama-1.1B", 22, 2048, 32, 4, 5632, 32000)
+SHAPES["llama3.2-3b"] = _dense("Llama-3.2-3B", 28, 3072, 24, 8, 8192, 128256, tied=True)
 QUANTS = {"q4_k_m": "Q4_K_M", "q4_0": "Q4_0", "f16": "F16", "q8_0": "Q8_0"}
 # models whose published GGUF is not a llama-quantize mix of one type: written with their own types
 DIRECT: dict[str, Callable[[], factory.Shape]] = {
@@ -93,11 +96,17 @@ def model_file(key: str, d: Path) -> Path:
 
 
 def plan_row(row: dict[str, Any], path: Path) -> Prepared:
-    cards = [cards.lookup(s.partition("@")[2] or s) for s in row["gpus"]]
-    split = [str(round((c.memory if c and c.memory else 1) / 2**30)) for c in cards]
     depth = int(row.get("depth", 0))
+    if (host := row.get("host")) is not None:  # a CPU-only row: the host described, no card
+        args = ["-c", str(depth + 1024), "-np", "1", "-fa", row.get("fa", "off"), "-ub", "512", "-b", "2048",
+                "-t", str(host["cores"])]  # fmt: skip
+        o = Options(cpu_only=True, server_args=tuple(args), host_bandwidth=host["bandwidth"],
+                    host_cores=host["cores"], host_ram=host["ram"])  # fmt: skip
+        return prepare(str(path), o, measure=0, tuned=False)
+    table = [cards.lookup(s.partition("@")[2] or s) for s in row["gpus"]]
+    split = [str(round((c.memory if c and c.memory else 1) / 2**30)) for c in table]
     args = ["-ngl", "999", "-c", str(depth + 1024), "-np", "1", "-fa", row.get("fa", "off"), "-ub", "512", "-b", "2048"]
-    if len(cards) > 1:
+    if len(table) > 1:
         args += ["-ts", ",".join(split)]
     o = Options(gpu=tuple(row["gpus"]), server_args=tuple(args), host_ram="256GiB")
     return prepare(str(path), o, measure=0, tuned=False)
@@ -111,17 +120,19 @@ def speed_at(prep: Prepared, depth: int, prompt: int) -> Any:
     return plan_speed(prep.plan, prep.measured.rates, depth=depth, prompt=prompt, full_context=False)
 
 
-def rule_tg(prep: Prepared) -> float | None:
-    """0.55 x the cards' bandwidth over the weight bytes a token reads (layer split: each card its share)."""
+def rule_tg(prep: Prepared, host_bandwidth: float | None = None) -> float | None:
+    """0.55 x the cards' bandwidth over the weight bytes a token reads (layer split: each card its share; the
+    host's share over ``host_bandwidth``)."""
     sp = prep.plan.speed
     if sp is None:
         return None
     secs = 0.0
     for d in sp.devices:
         g = next((x for x in prep.plan.devices if x.device.id == d.device), None)
-        if g is None or not g.device.bandwidth:
+        bw = host_bandwidth if d.device == "CPU" else g.device.bandwidth if g is not None else None
+        if not bw:
             continue
-        secs += d.bytes_per_token / (RULE * g.device.bandwidth)
+        secs += d.bytes_per_token / (RULE * bw)
     return 1 / secs if secs else None
 
 
@@ -282,6 +293,8 @@ def fit(data: dict[str, Any], keep: Path) -> None:
     """Per backend: the fit over all its rows, then each card left out."""
     rows = []
     for row in data["rows"]:
+        if "host" in row:  # the host's priors are the cores' arithmetic (speed/priors.py), not fitted here
+            continue
         prep = plan_row(row, model_file(row["model"], keep))
         prompt = int(row.get("prompt", 512))
         c = components(prep, int(row.get("depth", 0)), prompt)
@@ -337,20 +350,21 @@ def main() -> None:
         t0 = time.monotonic()
         prep = plan_row(row, path)
         sp = speed_at(prep, int(row.get("depth", 0)), int(row.get("prompt", 512)))
+        host_bw = parse_rate(row["host"]["bandwidth"], "host") if "host" in row else None
         out = {
             "category": row["category"],
-            "gpus": row["gpus"],
+            "gpus": row.get("gpus", ["CPU"]),
             "model": row["model"],
             "plan_s": round(time.monotonic() - t0, 2),
             "cuda_graphs": row.get("cuda_graphs"),
-            "tg": {"measured": row["tg"], "predicted": sp.tg, "rule": rule_tg(prep), "range": sp.tg_range},
+            "tg": {"measured": row["tg"], "predicted": sp.tg, "rule": rule_tg(prep, host_bw), "range": sp.tg_range},
             "pp": {"measured": row.get("pp"), "predicted": sp.pp, "range": sp.pp_range},
         }
         rows.append(out)
         rule = out["tg"]["rule"]
         print(
-            f"{row['category']:<18} {'+'.join(row['gpus']):<34} {row['model']:<18} "
-            f"tg {row['tg']:7.1f} pred {_f(sp.tg)} ({_pct(err(sp.tg, row['tg']))}) rule {_pct(err(rule, row['tg']))}"
+            f"{row['category']:<18} {'+'.join(out['gpus']):<34} {row['model']:<18} "
+            f"tg {_f(row['tg'])} pred {_f(sp.tg)} ({_pct(err(sp.tg, row['tg']))}) rule {_pct(err(rule, row['tg']))}"
             f"  pp {_f(row.get('pp'))} pred {_f(sp.pp)} ({_pct(err(sp.pp, row.get('pp')))})",
             flush=True,
         )

@@ -82,13 +82,14 @@ _llamafit() {
                 --revision) :; return 0 ;;
                 --rpc) :; return 0 ;;
                 --host-bandwidth) :; return 0 ;;
+                --host-cores) :; return 0 ;;
                 --host-ram) :; return 0 ;;
                 --quant) :; return 0 ;;
                 --models-preset) :; return 0 ;;
                 --models-preset-out) :; return 0 ;;
             esac
             if [[ "$cur" == -* ]]; then
-                COMPREPLY=($(compgen -W "--gpu --cpu-only --margin --min-ctx --spec --prefer --draft --server --hf-file --revision --offline --rpc --rpc-optional --host-bandwidth --host-ram --quant --models-preset --models-preset-out --quants --json --quiet -q --help -h" -- "$cur")); return 0
+                COMPREPLY=($(compgen -W "--gpu --cpu-only --margin --min-ctx --spec --prefer --draft --server --hf-file --revision --offline --rpc --rpc-optional --host-bandwidth --host-cores --host-ram --quant --models-preset --models-preset-out --quants --json --quiet -q --help -h" -- "$cur")); return 0
             fi
             _llamafit_models ;;
         run)
@@ -112,12 +113,13 @@ _llamafit() {
                 --revision) :; return 0 ;;
                 --rpc) :; return 0 ;;
                 --host-bandwidth) :; return 0 ;;
+                --host-cores) :; return 0 ;;
                 --host-ram) :; return 0 ;;
                 --quant) :; return 0 ;;
                 --models-preset) :; return 0 ;;
             esac
             if [[ "$cur" == -* ]]; then
-                COMPREPLY=($(compgen -W "--dry-run --exec --verbose -v --log-file --ready-timeout --no-retry --restart --max-restarts --liveness --watch --metrics --events --server --gpu --cpu-only --margin --min-ctx --spec --prefer --draft --hf-file --revision --offline --rpc --rpc-optional --host-bandwidth --host-ram --quant --models-preset --json --quiet -q --help -h" -- "$cur")); return 0
+                COMPREPLY=($(compgen -W "--dry-run --exec --verbose -v --log-file --ready-timeout --no-retry --restart --max-restarts --liveness --watch --metrics --events --server --gpu --cpu-only --margin --min-ctx --spec --prefer --draft --hf-file --revision --offline --rpc --rpc-optional --host-bandwidth --host-cores --host-ram --quant --models-preset --json --quiet -q --help -h" -- "$cur")); return 0
             fi
             _llamafit_models ;;
         service)

@@ -34,6 +34,7 @@ class Options:
     rpc: Sequence[str] = ()  # --rpc host:port[,...] (llamafit's option; passed on as the server's --rpc)
     rpc_optional: bool = False  # --rpc-optional: plan without an unreachable RPC server
     host_bandwidth: str | None = None  # --host-bandwidth RATE: host memory's bandwidth for the speed model
+    host_cores: int | None = None  # --host-cores N: the described host's cores llama.cpp computes on
     host_ram: str | None = None  # --host-ram AVAILABLE[/TOTAL]: the host's RAM instead of this machine's
 
     @classmethod

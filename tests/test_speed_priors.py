@@ -108,3 +108,24 @@ def test_plan_json_gives_the_ranges_and_says_which_terms_are_priors(l8b: ModelIn
     assert sp["devices"][0]["rates"] == "prior"
     text = CliRunner().invoke(app, ["plan", str(l8b.path), "--gpu", "rtx-4090"]).output
     assert f"tg {sp['tg']:.0f} (" in text and "prior rates" in text
+
+
+def test_a_described_hosts_cores_give_its_prompt_processing(l8b: ModelInfo) -> None:
+    """A host described by its bandwidth alone has no prefill rate (said, with what to give); its cores add one,
+    more cores are faster, and ``-t`` caps the threads llama.cpp computes on."""
+
+    def speed(*extra: str) -> dict:  # type: ignore[type-arg]
+        host = ["--cpu-only", "--host-bandwidth", "90GB/s", "--host-ram", "64GiB", "--json"]
+        r = CliRunner().invoke(app, ["plan", str(l8b.path), *host, *extra])
+        assert r.exit_code == 0, r.output
+        return json.loads(r.stdout)["speed"]  # type: ignore[no-any-return]
+
+    bare = speed()
+    assert bare["pp"] is None and any("--host-cores" in u for u in bare["unknown"])
+    four, eight = speed("--host-cores", "4")["pp"], speed("--host-cores", "8")["pp"]
+    assert four is not None and eight is not None and eight > four
+    assert speed("--host-cores", "8", "--", "-t", "4")["pp"] == pytest.approx(four)
+    # the generation is the memory's: the same whatever the cores
+    assert speed("--host-cores", "4")["tg"] == speed("--host-cores", "8")["tg"] == bare["tg"]
+    alone = CliRunner().invoke(app, ["plan", str(l8b.path), "--cpu-only", "--host-cores", "8"])
+    assert alone.exit_code != 0 and "--host-bandwidth" in alone.output

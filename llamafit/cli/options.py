@@ -160,6 +160,17 @@ HostBandwidthOpt = Annotated[
         help="Host memory bandwidth for the speed estimate (e.g. 80GB/s) instead of measuring this machine.",
     ),
 ]
+HostCoresOpt = Annotated[
+    Optional[int],  # noqa: UP045
+    typer.Option(
+        "--host-cores",
+        metavar="N",
+        min=1,
+        max=4096,
+        help="With --host-bandwidth: the host's cores llama.cpp computes on (its physical cores; P-cores on a hybrid "
+        "CPU), so the speed estimate has prompt processing on the host too.",
+    ),
+]
 HostRamOpt = Annotated[
     Optional[str],  # noqa: UP045
     typer.Option(

@@ -18,9 +18,8 @@ from llamafit.memory.footprint import Footprint, LoadSettings
 from llamafit.memory.graph.replay import nodes_per_layer
 from llamafit.memory.placement import CPU
 from llamafit.plan import Plan
-from llamafit.speed.prediction import PROMPT, Speed, predict
+from llamafit.speed.prediction import NO_MATMUL, NO_RATE, PROMPT, Speed, predict
 
-NO_RATE = "no measured or given speed"  # llamafit.speed.prediction's word for a device without rates
 SPEED_WORDED = ("speculative.drafter", "speculative.dropped", "speculative.ngram")
 
 
@@ -99,6 +98,8 @@ def _used(fp: Footprint, devices: Sequence[str], op_offload: bool) -> list[str]:
 def _hint(unknown: str, gpus: Sequence[Device]) -> str:
     """What to give for a device whose speed is not known."""
     dev, _, what = unknown.partition(": ")
+    if dev == CPU and what == NO_MATMUL:
+        return f"{unknown}: give the described host's cores (--host-cores N)"
     if what != NO_RATE:
         return unknown
     if dev == CPU:

@@ -74,6 +74,7 @@ LLAMAFIT_OPTIONS = frozenset(
         "--goal",
         "--gpu",
         "--host-bandwidth",
+        "--host-cores",
         "--host-ram",
         "--json",
         "--limit",

@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from llamafit.devices.machine import Machine
 from llamafit.devices.rates import parse_rate
+from llamafit.errors import UsageError
 from llamafit.fit.faster import split_devices
 from llamafit.fit.speed import used_devices
 from llamafit.options import Options
@@ -40,6 +41,11 @@ def rate_source(
     if (occ := user.last("--threads")) is not None and (occ.value or "").isdecimal():
         threads = int(occ.value or 0) or None
     bw = parse_rate(o.host_bandwidth, "--host-bandwidth") if o.host_bandwidth else None
+    if o.host_cores and bw is None:
+        raise UsageError(
+            "--host-cores describes a host given with --host-bandwidth",
+            hint="give its memory bandwidth too (--host-bandwidth 80GB/s); this machine's CPU is measured",
+        )
     return RateSource(
         mach,
         res.model,
@@ -49,6 +55,7 @@ def rate_source(
         flags=rate_flags(user),
         prompt=max(32, min(res.asked.req.n_ubatch, 2048)),  # the ubatch the server runs prompts in
         host_bandwidth=bw,
+        host_cores=o.host_cores,
         here=not (o.gpu or o.host_ram),  # described hardware is not measured here
         progress=progress,
         calibrate=o.calibrate,

@@ -92,9 +92,11 @@ def known_rates(g: Device) -> Rates | None:
     return priors.prior_rates(backend, bandwidth, fp16, link, label)
 
 
-def host_rates(bandwidth: float) -> Rates:
-    """The host described by ``--host-bandwidth``: its peak with the host's priors."""
-    return priors.prior_rates(CPU, bandwidth, label=f"host: {bandwidth / 1e9:.0f} GB/s peak (given), CPU priors")
+def host_rates(bandwidth: float, threads: int = 0) -> Rates:
+    """The host described by ``--host-bandwidth``: its peak with the host's priors, and with ``threads`` (what
+    ``--host-cores`` and ``-t`` leave, 0: not given) the matmuls of its prompt processing."""
+    label = f"host: {bandwidth / 1e9:.0f} GB/s peak{f', {threads} threads' if threads else ''} (given), CPU priors"
+    return priors.prior_rates(CPU, bandwidth, threads * priors.HOST_CORE_FLOPS, label=label)
 
 
 @dataclass(frozen=True)
@@ -142,6 +144,7 @@ class RateSource:
         flags: Sequence[str] = (),
         prompt: int = 512,
         host_bandwidth: float | None = None,
+        host_cores: int | None = None,
         here: bool = True,
         progress: pr.Progress | None = None,
         directory: Path | None = None,
@@ -160,7 +163,9 @@ class RateSource:
                 self._rates[g.id] = self._priors[g.id] = k
         self._given_host = host_bandwidth is not None
         if host_bandwidth:
-            self._rates[CPU] = host_rates(host_bandwidth)
+            # llama.cpp computes on -t threads, by default on the physical cores (common/common.cpp cpu_get_num_math)
+            threads_used = min(threads or host_cores or 0, host_cores or 0)
+            self._rates[CPU] = host_rates(host_bandwidth, threads_used)
         self._bench = bench_binary(server_path) if server_path else None
         if self._bench is None and server_path and here:
             self.notes.append("speed not measured: no llama-bench beside the server binary")

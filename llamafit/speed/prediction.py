@@ -31,6 +31,10 @@ PROMPT = 512  # llama-bench's pp512 and tg128, at depth 0 unless stated
 ASSUMES = "one sequence, greedy decoding (no sampler time), no speculative decoding"
 
 
+NO_RATE = "no measured or given speed"  # what a device without rates is said to lack
+NO_MATMUL = "matmul throughput not known"  # a device whose prompt matmuls no rate covers
+
+
 @dataclass(frozen=True)
 class DeviceTime:
     device: str
@@ -106,12 +110,12 @@ def evaluation_time(ev: Evaluation, rates: Mapping[str, Rates]) -> _Time:
         r = rates.get(dev)
         if r is None:
             if dev != CPU or w.layers or w.attn_layers:  # the host's input rows alone are not worth a word
-                missing.append(f"{dev}: no measured or given speed")
+                missing.append(f"{dev}: {NO_RATE}")
             continue
         t = sum(nbytes / r.read_rate(ty) for ty, nbytes in w.weight_bytes.items())
         if batched and w.flops:
             if r.matmul is None:
-                missing.append(f"{dev}: matmul throughput not known")
+                missing.append(f"{dev}: {NO_MATMUL}")
             else:
                 t = max(t, sum(f / (r.matmul_rate(ty) or r.matmul) for ty, f in w.flops.items()))
         if w.attn_layers:

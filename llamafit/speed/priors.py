@@ -59,8 +59,13 @@ PRIORS: dict[str, Prior] = {
     "SYCL": Prior("SYCL", 0.92, 0.92, 0.11, 0.14, 1.7e-6, 8.9e-5, (0.5, 1.6), (0.3, 2.5)),
 }
 # the host (--host-bandwidth without a measurement): ggml-cpu's mat-vec on all cores reaches about half of a
-# desktop's dual-channel peak and much less of a many-channel server's (NUMA, threads waiting on each other)
-HOST = Prior("CPU", 0.55, 0.65, 0.0, 0.0, 5.0e-6, 0.0, (0.3, 1.2), (0.3, 1.5))
+# desktop's dual-channel peak and much less of a many-channel server's (NUMA, threads waiting on each other);
+# its matmuls (--host-cores) run at HOST_CORE_FLOPS a thread, the "peak" its shares are taken of
+HOST = Prior("CPU", 0.55, 0.65, 1.0, 1.0, 5.0e-6, 0.0, (0.3, 1.2), (0.5, 1.8))
+# one thread's matmul rate in ggml-cpu's quantized kernels (int8 dot products: AVX2/AVX-512 VNNI, NEON/i8mm): the
+# CPU rows of bench/data/speed_dev.json reach 16-20 FLOP a cycle at their cores' clocks, 43-92 GFLOP/s a thread
+# (a 2014 Haswell, a Raptor Lake P-core, Cortex-A720s); a prior from the cores' arithmetic, not a fit to a row
+HOST_CORE_FLOPS = 55e9
 # the link of a card whose link is not known: PCIe 4.0 x16, what GPUs since 2020 (RTX 30, RX 6000) sit on
 PRIOR_LINK = pcie_link(4, 16) or 0.0
 
@@ -70,7 +75,8 @@ def for_backend(backend: str) -> Prior:
 
 
 def prior_rates(backend: str, bandwidth: float, fp16: float = 0.0, link: float | None = None, label: str = "") -> Rates:
-    """A device's rates from its backend's prior and its published peaks (``fp16`` 0: prefill unknown)."""
+    """A device's rates from its backend's prior and its published peaks (``fp16`` 0: prefill unknown; the host's:
+    its threads times HOST_CORE_FLOPS)."""
     p = HOST if backend == "CPU" else for_backend(backend)
     read_by_type = tuple((ty, bandwidth * p.stream_float) for ty in FLOAT_TYPES)
     matmul = matmul_by_type = None
