@@ -35,6 +35,8 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+import shapes  # noqa: E402
+
 from llamafit.devices import cards  # noqa: E402
 from llamafit.devices.rates import parse_rate  # noqa: E402
 from llamafit.options import Options  # noqa: E402
@@ -69,6 +71,14 @@ SHAPES: dict[str, Callable[[], factory.Shape]] = {
 }
 SHAPES["tinyllama-1.1b"] = _dense("TinyLlama-1.1B", 22, 2048, 32, 4, 5632, 32000)
 SHAPES["llama3.2-3b"] = _dense("Llama-3.2-3B", 28, 3072, 24, 8, 8192, 128256, tied=True)
+# Qwen's and Google's published config.json dimensions
+SHAPES["qwen3-14b"] = lambda: factory.dense(arch="qwen3", name="Qwen3-14B", n_layer=40, n_embd=5120, n_head=40,
+                                            n_head_kv=8, head_dim=128, n_ff=17408, n_vocab=151936, ctx=8192,
+                                            w="bf16")  # fmt: skip
+SHAPES["gemma3-12b"] = lambda: factory.gemma3(name="gemma-3-12b", n_layer=48, n_embd=3840, n_head=16, n_head_kv=8,
+                                              head_dim=256, n_ff=15360, n_vocab=262208, ctx=8192,
+                                              sliding_window=1024, w="bf16")  # fmt: skip
+SHAPES["qwen3-30b-a3b"] = shapes.qwen3_30b_a3b
 QUANTS = {"q4_k_m": "Q4_K_M", "q4_0": "Q4_0", "f16": "F16", "q8_0": "Q8_0"}
 # models whose published GGUF is not a llama-quantize mix of one type: written with their own types
 DIRECT: dict[str, Callable[[], factory.Shape]] = {
@@ -96,19 +106,22 @@ def model_file(key: str, d: Path) -> Path:
 
 
 def plan_row(row: dict[str, Any], path: Path) -> Prepared:
+    """The row as it ran: its cards (none: CPU only) with every layer offloaded unless its ``args`` place them
+    (``-ngl N``, ``--n-cpu-moe N``), its host where the row describes it (the threads llama-bench ran)."""
     depth = int(row.get("depth", 0))
-    if (host := row.get("host")) is not None:  # a CPU-only row: the host described, no card
-        args = ["-c", str(depth + 1024), "-np", "1", "-fa", row.get("fa", "off"), "-ub", "512", "-b", "2048",
-                "-t", str(host["cores"])]  # fmt: skip
-        o = Options(cpu_only=True, server_args=tuple(args), host_bandwidth=host["bandwidth"],
-                    host_cores=host["cores"], host_ram=host["ram"])  # fmt: skip
-        return prepare(str(path), o, measure=0, tuned=False)
-    table = [cards.lookup(s.partition("@")[2] or s) for s in row["gpus"]]
-    split = [str(round((c.memory if c and c.memory else 1) / 2**30)) for c in table]
-    args = ["-ngl", "999", "-c", str(depth + 1024), "-np", "1", "-fa", row.get("fa", "off"), "-ub", "512", "-b", "2048"]
+    gpus = tuple(row.get("gpus", ()))
+    args = ["-c", str(int(row.get("ctx", depth + 1024))), "-np", "1", "-fa", row.get("fa", "off"), "-ub", "512",
+            "-b", "2048", *row.get("args", ["-ngl", "999"] if gpus else [])]  # fmt: skip
+    table = [cards.lookup(s.partition("@")[2] or s) for s in gpus]
     if len(table) > 1:
-        args += ["-ts", ",".join(split)]
-    o = Options(gpu=tuple(row["gpus"]), server_args=tuple(args), host_ram="256GiB")
+        args += ["-ts", ",".join(str(round((c.memory if c and c.memory else 1) / 2**30)) for c in table)]
+    host = row.get("host")
+    margin = "0" if "args" in row else Options().margin  # a placement the row chose ran: it fit its card
+    if host is None:
+        o = Options(gpu=gpus, server_args=tuple(args), host_ram="256GiB", margin=margin)
+    else:
+        o = Options(gpu=gpus, cpu_only=not gpus, server_args=(*args, "-t", str(host["cores"])), margin=margin,
+                    host_bandwidth=host["bandwidth"], host_cores=host["cores"], host_ram=host["ram"])  # fmt: skip
     return prepare(str(path), o, measure=0, tuned=False)
 
 

@@ -68,6 +68,8 @@ _BACKEND = {
 _G = 1e9
 _ROWS: tuple[tuple[str, float, float, float, str], ...] = (
     # name, GiB, GB/s, dense FP16 TFLOPS, vendor
+    ("RTX 2080", 8, 448, 80.5, "nvidia-geforce"),
+    ("RTX 2080 Super", 8, 496, 89.2, "nvidia-geforce"),
     ("RTX 2080 Ti", 11, 616, 107.6, "nvidia-geforce"),
     ("RTX 3060", 12, 360, 51.2, "nvidia-geforce"),
     ("RTX 3060 8GB", 8, 240, 51.2, "nvidia-geforce"),
