@@ -34,10 +34,12 @@ from llamafit.cli.options import (
     ModelArg,
     ModelsArg,
     ModelsPresetOpt,
+    ModelsPresetOutOpt,
     OfflineOpt,
     Prefer,
     PreferOpt,
     QuantOpt,
+    QuantsOpt,
     QuietOpt,
     RestartMode,
     RestartOpt,
@@ -246,21 +248,8 @@ def plan(
     host_ram: HostRamOpt = None,
     quant: QuantOpt = None,
     models_preset: ModelsPresetOpt = None,
-    models_preset_out: Annotated[
-        Optional[Path],  # noqa: UP045
-        typer.Option(
-            "--models-preset-out",
-            metavar="FILE.ini",
-            dir_okay=False,
-            help="With several models: write the planned router preset to this file.",
-        ),
-    ] = None,
-    quants: Annotated[
-        bool,
-        typer.Option(
-            "--quants", help="Plan every quant of the repo (or folder) for this machine: one row each, best first."
-        ),
-    ] = False,
+    models_preset_out: ModelsPresetOutOpt = None,
+    quants: QuantsOpt = False,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:

@@ -171,6 +171,21 @@ HostCoresOpt = Annotated[
         "CPU), so the speed estimate has prompt processing on the host too.",
     ),
 ]
+ModelsPresetOutOpt = Annotated[
+    Optional[Path],  # noqa: UP045
+    typer.Option(
+        "--models-preset-out",
+        metavar="FILE.ini",
+        dir_okay=False,
+        help="With several models: write the planned router preset to this file.",
+    ),
+]
+QuantsOpt = Annotated[
+    bool,
+    typer.Option(
+        "--quants", help="Plan every quant of the repo (or folder) for this machine: one row each, best first."
+    ),
+]
 HostRamOpt = Annotated[
     Optional[str],  # noqa: UP045
     typer.Option(
