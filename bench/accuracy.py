@@ -91,6 +91,7 @@ def build_files(d: Path, quick: bool) -> dict[str, Path]:
     w("dspark", factory.dspark_qwen3_4b())
     w("dsv4", factory.deepseek4())
     w("dspark_dsv4", factory.dspark_dsv4())
+    w("dsv4_mtp", factory.deepseek4(n_nextn=1, name="dsv4-mtp"))
     w("hybrid", shapes.hybrid_like())
     w("hybrid_mtp", shapes.hybrid_mtp_like())
     w("mamba", shapes.mamba_130m())
@@ -233,6 +234,7 @@ def cases(quick: bool) -> list[Case]:
         Case("DeepSeek-V4 (small shape)", "dsv4", ["-c", "8192", "-np", "2"]),
         Case("DeepSeek-V4 (small shape)", "dsv4", ["-c", "4096"]),
         Case("DeepSeek-V4 + DSpark drafter (small)", "dsv4", ["-c", "4096"], spec="draft-dspark", draft="dspark_dsv4"),
+        Case("DeepSeek-V4 with its MTP head (small)", "dsv4_mtp", ["-c", "4096"], spec="draft-mtp"),
         Case("backend sampling (-bs): Qwen3-8B", "qwen3_8b", [*NR, "-c", "8192", "-np", "2", "-bs"], spec="ngram-mod"),
         Case("n-gram drafting: Qwen3-8B", "qwen3_8b", [*NR, "-c", "8192"], spec="ngram-simple"),
         Case("n-gram drafting: Qwen3-8B", "qwen3_8b", [*NR, "-c", "8192", "-np", "2"], spec="ngram-mod"),

@@ -53,6 +53,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "next": factory.qwen3next(name="next").write(d / "next.gguf"),
         "glm_dsa": factory.glm_dsa(name="glm-dsa", n_vocab=4096).write(d / "glm-dsa.gguf"),
         "dsv4": factory.deepseek4().write(d / "dsv4.gguf"),
+        "dsv4_mtp": factory.deepseek4(n_nextn=1, name="dsv4-mtp").write(d / "dsv4-mtp.gguf"),
         "mamba2": factory.mamba2().write(d / "mamba2.gguf"),
         "mamba": factory.mamba().write(d / "mamba.gguf"),
         "lfm2": factory.lfm2().write(d / "lfm2.gguf"),
@@ -273,6 +274,8 @@ MTP_SPLITS = [
     ("hybrid_mtp", ["-c", "8192", "-np", "2", "-ts", "2,1", "-fa", "off"]),
     ("hybrid_moe_mtp", ["-c", "4096", "-ngl", "all", "-ts", "1,1", "--n-cpu-moe", "2"]),
     ("glm4moe_mtp", ["-c", "4096", "-ngl", "5", "-ts", "1,1"]),  # the trunk partly on the host
+    ("dsv4_mtp", ["-c", "4096", "-ts", "1,1"]),  # DeepSeek-V4's NextN block, pipeline parallelism
+    ("dsv4_mtp", ["-c", "4096", "-ngl", "all", "-ts", "1,1", "--n-cpu-moe", "2"]),
 ]
 
 

@@ -303,6 +303,27 @@ def test_a_dspark_drafter_on_the_deepseek_v4_backbone(
         assert abs(compute.predicted / MiB - compute.actual_mib) <= 0.006, (context, compute)
 
 
+@pytest.mark.parametrize(
+    "args",
+    [["-c", "4096"], ["-c", "8192", "-np", "2", "-no-kvu"], ["-c", "4096", "-fa", "off"],
+     ["-c", "4096", "-ctk", "q8_0", "-ctv", "q8_0", "--spec-draft-n-max", "6"]],
+)  # fmt: skip
+def test_deepseek_v4s_own_mtp_head(server_bin: ServerBinary, tmp_path: Path, args: list[str]) -> None:
+    """DeepSeek-V4 with its NextN block: the target's caches with rollback planes and its trunk's replayed graph,
+    the MTP context's plain sliding-window cache (K and V, one layer) and its graph (the block alone, the target's
+    hidden copies in) equal to the log. The MTP context had been priced as a second DeepSeek-V4 cache (20x its
+    KV) and its compute at less than half."""
+    target = factory.deepseek4(n_nextn=1).write(tmp_path / "dsv4-mtp.gguf")
+    p, log, argv = plan_and_load(server_bin, target, args, spec="auto")
+    assert argv[argv.index("--spec-type") + 1] == "draft-mtp"
+    for context in ("target", "mtp"):
+        fp = p.footprint if context == "target" else p.draft_footprint
+        assert fp is not None and fp.compute_replayed, context
+        rows = {r.kind: r for r in assert_matches(p, log, context)}
+        compute = rows["compute"]
+        assert compute.actual_mib is not None and abs(compute.predicted / MiB - compute.actual_mib) <= 0.006, rows
+
+
 def _anonymous_mappings(pid: int) -> list[tuple[int, int]]:
     """(size, resident) in bytes of the process's anonymous mappings of 1 MiB or more, from /proc/PID/smaps."""
     import re

@@ -103,6 +103,7 @@ _SWA_RULES: dict[str, tuple[int, bool, int, bool, bool]] = {
     "laguna": (4, True, 0, True, False),
     "modern-bert": (3, True, 0, False, False),
     "dflash": (0, False, 0, True, False),  # only with a sliding_window in the file (dflash.cpp:92-99)
+    "deepseek4": (0, False, 0, True, False),  # every layer, its NextN blocks too (deepseek4.cpp:67-75)
 }
 
 
@@ -393,6 +394,8 @@ def _sliding_window(kv: dict[str, Any], arch: str, n_swa: int, n_all: int, n_nex
                         is_swa[il] = pattern == 0 or il % pattern < pattern - 1
     if arch == "phi3":
         return "none", n_swa, [False] * n_all
+    if arch == "deepseek4" and swa_type != "none":
+        is_swa = [True] * n_all
     return swa_type, n_swa, is_swa
 
 

@@ -109,7 +109,7 @@ def attention_layers(hp: Hparams, mtp: bool, build: int = MIRRORED) -> list[int]
     """Layers that own attention KV in this context (create_memory's filters, as ``build`` has them)."""
     n_all, n_layer = hp.n_layer_all, hp.n_layer
     arch = hp.arch
-    mtp_on_hybrid = mtp and arch in ("qwen3next", "qwen35", "qwen35moe", "bailingmoe3", "nemotron_h_moe")
+    mtp_on_hybrid = mtp and arch in ("qwen3next", "qwen35", "qwen35moe", "bailingmoe3", "nemotron_h_moe", "deepseek4")
     if hp.is_hybrid_arch and not mtp_on_hybrid:
         if arch == "falcon-h1":
             return list(range(n_all))
@@ -144,8 +144,9 @@ def swa_cells(hp: Hparams, cp: ContextParams) -> int:
     """Size of the sliding-window cache (llama-kv-cache-iswa.cpp:73-81)."""
     if cp.swa_full:
         return cp.n_ctx_seq
-    # DeepSeek-V4's raw cache keeps a stream per sequence even with -kvu (llama-kv-cache-dsv4.cpp:1246-1247)
-    unified = cp.kv_unified and hp.arch != "deepseek4"
+    # DeepSeek-V4's raw cache keeps a stream per sequence even with -kvu (llama-kv-cache-dsv4.cpp:1246-1247);
+    # its MTP context's cache is a plain ISWA one
+    unified = cp.kv_unified and (hp.arch != "deepseek4" or cp.mtp)
     return pad(min(cp.n_ctx_seq, hp.n_swa * (cp.n_seq_max if unified else 1) + cp.n_ubatch), N_CTX_PAD)
 
 

@@ -203,6 +203,7 @@ def deepseek4(
     indexer_top_k: int = 64,
     hc_mult: int = 4,
     n_hash: int = 1,
+    n_nextn: int = 0,
     n_vocab: int = 4096,
     ctx: int = 65536,
     w: str = "q8_0",
@@ -210,14 +211,17 @@ def deepseek4(
     """DeepSeek-V4 (src/models/deepseek4.cpp load_arch_tensors): one K per position (``attn_kv``), a
     sliding window on every layer, per-layer compression (ratio 4: with a lightning indexer, 128: heavy),
     hyper-connections around attention and FFN and before the head, grouped low-rank output, hash-routed
-    leading layers (``tid2eid``) and sqrt-softplus routing with a shared expert."""
+    leading layers (``tid2eid``) and sqrt-softplus routing with a shared expert; ``n_nextn`` MTP blocks after
+    the trunk (uncompressed, their embedding and hidden-state norms and projection; the head is the model's)."""
     arch = "deepseek4"
-    kv = _base_kv(arch, name, n_layer, n_embd, ctx, n_vocab)
-    ratio_list = list(ratios[:n_layer]) + [0] * max(0, n_layer - len(ratios))
-    kv.update(_dsv4_kv(arch, n_layer, n_head, head_dim, rope_dim, q_lora_rank, o_groups, o_lora_rank, n_expert,
-                       n_expert_used, n_ff_exp, window, hc_mult))  # fmt: skip
+    kv = _base_kv(arch, name, n_layer + n_nextn, n_embd, ctx, n_vocab)
+    if n_nextn:
+        kv[f"{arch}.nextn_predict_layers"] = n_nextn
+    ratio_list = list(ratios[:n_layer]) + [0] * max(0, n_layer - len(ratios)) + [0] * n_nextn
+    kv.update(_dsv4_kv(arch, n_layer + n_nextn, n_head, head_dim, rope_dim, q_lora_rank, o_groups, o_lora_rank,
+                       n_expert, n_expert_used, n_ff_exp, window, hc_mult))  # fmt: skip
     kv.update({
-        f"{arch}.swiglu_clamp_shexp": [10.0] * n_layer,
+        f"{arch}.swiglu_clamp_shexp": [10.0] * (n_layer + n_nextn),
         f"{arch}.attention.indexer.head_count": indexer_heads,
         f"{arch}.attention.indexer.key_length": indexer_dim,
         f"{arch}.attention.indexer.top_k": indexer_top_k,
@@ -251,6 +255,14 @@ def deepseek4(
             extra += [TensorSpec(f"blk.{i}.ffn_gate_tid2eid.weight", (n_expert_used, n_vocab), "i32")]
         ts += _dsv4_block(i, n_embd, n_head, head_dim, q_lora_rank, o_groups, o_lora_rank, hc_mult, n_expert,
                           n_ff_exp, w, hashed=i < n_hash) + extra  # fmt: skip
+    for i in range(n_layer, n_layer + n_nextn):
+        ts += _dsv4_block(i, n_embd, n_head, head_dim, q_lora_rank, o_groups, o_lora_rank, hc_mult, n_expert,
+                          n_ff_exp, w)  # fmt: skip
+        ts += [
+            TensorSpec(f"blk.{i}.nextn.eh_proj.weight", (2 * n_embd, n_embd), w),
+            TensorSpec(f"blk.{i}.nextn.enorm.weight", (n_embd,)),
+            TensorSpec(f"blk.{i}.nextn.hnorm.weight", (n_embd,)),
+        ]
     return Shape(arch, kv, ts)
 
 

@@ -19,7 +19,8 @@ Mirrors ``src/models/deepseek4.cpp`` (b11434) over the memory of ``src/llama-kv-
   expert (deepseek4.cpp:1277-1330).
 
 A quantized cache rotates the raw and compressed caches' keys (and the attention's query and output) by a
-Hadamard matrix (deepseek4.cpp:724-727, 761-763, 995-998, 1125-1128); an MTP head's context is not replayed.
+Hadamard matrix (deepseek4.cpp:724-727, 761-763, 995-998, 1125-1128). The MTP draft context runs the NextN
+block alone over a plain sliding-window cache (deepseek4.cpp:1363-1500).
 """
 
 from __future__ import annotations
@@ -78,7 +79,8 @@ class Dsv4Shape(Recipe):
 
 def dsv4_shape(model: ModelInfo) -> Dsv4Shape | None:
     """Sizes read off the tensor table and header (deepseek4.cpp:19-183, dflash.cpp:52-90); None where a
-    tensor the graph needs is missing or the model has NextN layers (an MTP context: not replayed)."""
+    tensor the graph needs is missing. The model's graph runs the trunk alone: NextN blocks change nothing
+    in it."""
     hp = model.hparams
     shapes = {t.name: t.info.shape for t in model.tensors}
     il = hp.n_layer - 1
@@ -90,11 +92,12 @@ def dsv4_shape(model: ModelInfo) -> Dsv4Shape | None:
     proj = next((s for n, s in shapes.items() if n.endswith("indexer.proj.weight")), ())
     hc = int(model.number("hyper_connection.count"))
     groups, o_rank = int(model.number("attention.output_group_count")), int(model.number("attention.output_lora_rank"))
-    if not (sinks and q_a and shexp and base and hc and groups and o_rank) or hp.n_nextn:
+    if not (sinks and q_a and shexp and base and hc and groups and o_rank):
         return None
     if base[0] != (2 + hc) * hc or sinks[0] % groups:
         return None
-    ratios = tuple(hp.compress_ratios[: hp.n_layer]) + (0,) * max(0, hp.n_layer - len(hp.compress_ratios))
+    # every layer's, the NextN blocks' too (an MTP context's graph runs one)
+    ratios = tuple(hp.compress_ratios[: hp.n_layer_all]) + (0,) * max(0, hp.n_layer_all - len(hp.compress_ratios))
     idx_dim = hp.indexer_head_size
     if any(x not in (0, CSA, HCA) for x in ratios):
         return None
@@ -144,6 +147,63 @@ class _Comp:
     ratio: int
     state_size: int
     width: int  # a state row (n_embd_state)
+
+
+@dataclass(frozen=True)
+class Dsv4MtpShape(Recipe):
+    """DeepSeek-V4's MTP head (its NextN block after the trunk), for the MTP draft context's graph."""
+
+    backbone: Dsv4Shape
+    own_embed: bool  # nextn.embed_tokens (else the model's token embeddings)
+
+    def graph(self, r: Reserve) -> Graph:
+        return _mtp_graph(self, r)
+
+    def since(self) -> int:
+        return DSV4_GRAPH_SINCE
+
+    def rotations(self, rot: tuple[int, int], quantized: bool) -> tuple[int, int] | None:
+        return (rot[0], 0)  # build_attn of a K-only ISWA input rotates K alone (llama-graph.cpp:3298-3307)
+
+
+def dsv4_mtp_shape(model: ModelInfo) -> Dsv4MtpShape | None:
+    """The NextN block of a DeepSeek-V4 model (deepseek4.cpp:94-99): one, uncompressed, after a trunk the
+    reader of ``dsv4_shape`` reads."""
+    hp = model.hparams
+    backbone = dsv4_shape(model)
+    il = hp.n_layer
+    if backbone is None or hp.n_nextn != 1 or not model.has_tensor(f"blk.{il}.nextn.eh_proj.weight"):
+        return None
+    if backbone.ratios[il] or il < backbone.n_hash:
+        return None
+    return Dsv4MtpShape(backbone, model.has_tensor(f"blk.{il}.nextn.embed_tokens.weight"))
+
+
+def _mtp_graph(sh: Dsv4MtpShape, r: Reserve) -> Graph:
+    """graph_mtp (deepseek4.cpp:1363-1500): the token rows and the target's hidden copies, each normed, joined
+    and projected, one block over the context's K-only sliding window (llama-graph.cpp:3285-3350); the rows of
+    the outputs (t_h_nextn, an output) through the head's mix, the norm and the logits."""
+    bb, g = sh.backbone, Graph()
+    b = _Builder(bb, r, g, draft=True)
+    E, hc, T, il = bb.n_embd, bb.hc, b.T, bb.n_layer
+    tokens = Graph.input((T,), I32)
+    hidden = Graph.input((E * hc, T))
+    n_out = max(1, min(r.n_outputs, T))
+    out_ids = Graph.input((n_out,), I32)
+    with in_layer(il if sh.own_embed else None):
+        rows = Graph.get_rows(
+            Graph.weight((E, bb.n_vocab), "nextn.embed_tokens" if sh.own_embed else "token_embd"), tokens
+        )
+    with in_layer(il):
+        h_norm = rms_norm(Graph.reshape(hidden, (E, hc, T)), "nextn.hnorm")
+        e_norm = Graph.op("repeat", (E, hc, T), Graph.reshape(rms_norm(rows, "nextn.enorm"), (E, 1, T)))
+        x = Graph.mul_mat(Graph.weight((2 * E, E), "nextn.eh_proj"), Graph.op("concat", (2 * E, hc, T), e_norm, h_norm))
+        x = b.block(x, il, tokens)
+    h_nextn = Graph.get_rows(Graph.reshape(x, (E * hc, T)), out_ids)
+    h_nextn.is_output = True  # t_h_nextn (llama-graph.cpp:1396-1408)
+    head = b.hc_head(Graph.reshape(h_nextn, (E, hc, n_out)))
+    output_head(g, head, bb.n_vocab, r.pooling, max(1, r.n_seqs), r.samplers)
+    return g
 
 
 def draft_embd(sh: Dsv4Shape, r: Reserve, g: Graph, tokens: Tensor) -> Tensor:
@@ -224,28 +284,33 @@ class _Builder:
 
     def trunk(self, rows: Tensor) -> Tensor:
         """The copies of the token rows through every block (deepseek4.cpp:1234-1321, dflash.cpp:935-999)."""
-        sh, g, T = self.sh, self.g, self.T
-        tokens = rows.src[1]
-        x = Graph.op("repeat", (sh.n_embd, sh.hc, T), Graph.reshape(rows, (sh.n_embd, 1, T)))
+        sh = self.sh
+        x = Graph.op("repeat", (sh.n_embd, sh.hc, self.T), Graph.reshape(rows, (sh.n_embd, 1, self.T)))
         for il in range(sh.n_layer):
             with in_layer(il):
-                residual = x
-                cur, post, comb = self.hc_pre(x, "hc_attn")
-                cur = self.attention(rms_norm(cur, "attn_norm"), il)
-                x = Graph.op("dsv4_hc_post", x.ne, cur, residual, post, comb)
-                residual = x
-                cur, post, comb = self.hc_pre(x, "hc_ffn")
-                if not self.draft:
-                    for t in (residual, post, comb):
-                        g.expand(t)
-                cur = rms_norm(cur, "ffn_norm")
-                hashed = il < sh.n_hash
-                ex = replace(sh.experts, probs_bias=sh.experts.probs_bias and not hashed)
-                chosen = Graph.get_rows(Graph.weight((ex.n_used, sh.n_vocab), "ffn_gate_tid2eid"), tokens)
-                moe = moe_ffn(g, cur, ex, selected=chosen if hashed else None)
-                cur = Graph.like("add", moe, gated_ffn(cur, sh.n_ff_shexp, "_shexp"))
-                x = Graph.op("dsv4_hc_post", x.ne, cur, residual, post, comb)
+                x = self.block(x, il, rows.src[1])
         return x
+
+    def block(self, x: Tensor, il: int, tokens: Tensor) -> Tensor:
+        """One block: attention and the routed and shared experts, each between its hyper-connection mixes
+        (the model's graph expands the FFN's residual and mixes early; its drafters' do not)."""
+        sh, g = self.sh, self.g
+        residual = x
+        cur, post, comb = self.hc_pre(x, "hc_attn")
+        cur = self.attention(rms_norm(cur, "attn_norm"), il)
+        x = Graph.op("dsv4_hc_post", x.ne, cur, residual, post, comb)
+        residual = x
+        cur, post, comb = self.hc_pre(x, "hc_ffn")
+        if not self.draft:
+            for t in (residual, post, comb):
+                g.expand(t)
+        cur = rms_norm(cur, "ffn_norm")
+        hashed = il < sh.n_hash
+        ex = replace(sh.experts, probs_bias=sh.experts.probs_bias and not hashed)
+        chosen = Graph.get_rows(Graph.weight((ex.n_used, sh.n_vocab), "ffn_gate_tid2eid"), tokens)
+        moe = moe_ffn(g, cur, ex, selected=chosen if hashed else None)
+        cur = Graph.like("add", moe, gated_ffn(cur, sh.n_ff_shexp, "_shexp"))
+        return Graph.op("dsv4_hc_post", x.ne, cur, residual, post, comb)
 
     def mixes(self, x: Tensor, name: str, width: int) -> Tensor:
         flat = Graph.reshape(x, (x.ne[0] * x.ne[1], x.ne[2]))

@@ -14,7 +14,7 @@ from dataclasses import replace
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory.graph.attention import TransformerShape, rotation_size
 from llamafit.memory.graph.dflash import DflashShape, Markov
-from llamafit.memory.graph.dsv4 import dsv4_shape
+from llamafit.memory.graph.dsv4 import dsv4_mtp_shape, dsv4_shape
 from llamafit.memory.graph.hybrid import HybridShape
 from llamafit.memory.graph.layered import LAYERED, layered_shape
 from llamafit.memory.graph.mamba import MambaShape
@@ -409,4 +409,8 @@ READERS: dict[str, Reader] = {
     "deepseek4": dsv4_shape,
 }
 # architecture -> the reader of its MTP head's shape (the drafter's context over the NextN block)
-DRAFT_READERS: dict[str, Reader] = {**dict.fromkeys(QWEN35, _mtp_shape), "glm4moe": _nextn_shape}
+DRAFT_READERS: dict[str, Reader] = {
+    **dict.fromkeys(QWEN35, _mtp_shape),
+    "glm4moe": _nextn_shape,
+    "deepseek4": dsv4_mtp_shape,
+}
