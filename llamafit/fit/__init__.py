@@ -34,7 +34,7 @@ from llamafit.fit.policy import Outcome, fit_with_policy
 from llamafit.fit.projector import ProjectorPlacement, place_projector
 from llamafit.fit.runtime import plan_runtime
 from llamafit.fit.search import CTX_STEP, MAX_SPLIT_DEVICES, Search, Trial, select_gpus
-from llamafit.gguf.hparams import ESTIMATED_COMPUTE_ARCHS, UNVERIFIED_MEMORY_ARCHS
+from llamafit.gguf.hparams import UNVERIFIED_MEMORY_ARCHS
 from llamafit.gguf.mmproj import Projector
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory import backends
@@ -402,8 +402,6 @@ def _model_warnings(
     out = []
     if model.arch in UNVERIFIED_MEMORY_ARCHS:
         out.append(messages.unverified_arch(model.arch))
-    if (measured := ESTIMATED_COMPUTE_ARCHS.get(model.arch)) is not None:
-        out.append(messages.estimated_compute(model.arch, measured))
     if mmproj is not None and mmproj.projection_dim and mmproj.projection_dim != model.hparams.n_embd:
         out.append(messages.projector_mismatch(mmproj.projection_dim, model.hparams.n_embd))
     out += notes

@@ -371,13 +371,6 @@ def unverified_arch(arch: str) -> str:
     )
 
 
-def estimated_compute(arch: str, measured: str) -> str:
-    return (
-        f"the compute buffer of {arch} is estimated, not replayed: {measured}; the margin covers it until "
-        "your first launch calibrates it (or raise --margin)"
-    )
-
-
 def devices_capped(n: int, cap: int) -> str:
     return (
         f"{n} devices, but llama.cpp splits a model over at most {cap} (-ts takes fewer values than its 16-device "

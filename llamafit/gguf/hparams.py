@@ -77,9 +77,6 @@ NO_MEMORY_ARCHS = frozenset(
 # (tests/test_memory_vs_server.py).
 # The plan says so.
 UNVERIFIED_MEMORY_ARCHS = frozenset({"dots3note", "minimax-m3", "hy_v4", "qwen4exp", "glm5-next"})
-# Graphs no replay builds whose compute buffer the per-phase estimate measurably misses: arch -> what
-# the plan says (measured on shapes the real server loaded; tests/test_memory_vs_server.py)
-ESTIMATED_COMPUTE_ARCHS: dict[str, str] = {}
 
 # Sliding-window rules: arch -> (default pattern, dense_first, default n_swa, needs n_swa > 0 in the file,
 # chunked). From each src/models/<arch>.cpp (e.g. gemma3.cpp:7, openai-moe.cpp:9, llama4.cpp:19).

@@ -22,8 +22,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from llamafit.errors import DoesNotFitError, LlamafitError
-from llamafit.fit import messages
-from llamafit.gguf.hparams import ESTIMATED_COMPUTE_ARCHS
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory import backends
 from llamafit.memory.build_match import Bound
@@ -194,7 +192,7 @@ def bounded(
         except DoesNotFitError as e:  # it fitted as the model priced it: say what made it not
             raised_to = ", ".join(f"{b} {floor[b] / MiB:.2f} MiB" for b in raised)
             raise e.but(message=f"{e.message} (with its compute raised to what {NAME} measured: {raised_to})") from e
-    return _without_estimate_warning(plan), list(argv), last
+    return plan, list(argv), last
 
 
 def from_table(table: Mapping[str, int], pred: Mapping[str, int], plan: Plan) -> dict[str, int]:
@@ -247,11 +245,3 @@ def _undrafted(s: LoadSettings) -> LoadSettings:
     return replace(
         s, n_rs_seq=0, sampled_rows=0, sampler_chain=(), backend_sampling=False, load_nextn=False, extract_hidden=0
     )
-
-
-def _without_estimate_warning(plan: Plan) -> Plan:
-    """Held to the binary's measurement, the estimated compute no longer needs the margin's cover."""
-    if (measured := ESTIMATED_COMPUTE_ARCHS.get(plan.model.arch)) is None:
-        return plan
-    said = messages.estimated_compute(plan.model.arch, measured)
-    return replace(plan, warnings=tuple(w for w in plan.warnings if w != said))
