@@ -107,6 +107,11 @@ FAR = (
     "while it was busy, a busy machine now, or priors that do not fit this device); cached measurements are "
     "dropped and the next plan measures again"
 )
+# a timing this short, measured and predicted, is mostly what every request costs beside the model's work (the
+# server's bookkeeping, a first request's page-in of the weights), which the speed model does not price: no
+# evidence about the rates either way
+MIN_JUDGED_MS = 100.0
+SHORT = "too short to judge the rates by (under 100 ms, measured and predicted)"
 
 
 @dataclass(frozen=True)
@@ -130,17 +135,27 @@ class SpeedCheck:
             parts.append(f"drafts accepted {s.acceptance:.0%}")
         if self.far:
             parts.append(FAR)
+        elif any(not self._sane(t) for t in self._timings()):
+            parts.append(SHORT)
         return "speed: " + "; ".join(parts)
+
+    def _timings(self) -> list[tuple[float, float, int, float]]:
+        """(measured, predicted tok/s, tokens, measured ms) of the prompt and the generation both have."""
+        s = self.served
+        pairs = ((s.pp, self.pp, s.prompt_tokens, s.prompt_ms), (s.tg, self.tg, s.gen_tokens, s.gen_ms))
+        return [(m, p, n, ms) for m, p, n, ms in pairs if m is not None and p]
+
+    @staticmethod
+    def _sane(t: tuple[float, float, int, float]) -> bool:
+        return SANE[0] <= t[1] / t[0] <= SANE[1]
 
     @property
     def far(self) -> bool:
         """Served outside the ratios a calibration takes (``calibrate.SANE``: more than 2x faster or slower than
-        predicted): the rates it was predicted with were not this machine's as it is now (measured under a
-        load, a machine that changed, or priors that do not fit this device)."""
-        s = self.served
-        return any(
-            m is not None and p and not SANE[0] <= p / m <= SANE[1] for m, p in ((s.pp, self.pp), (s.tg, self.tg))
-        )
+        predicted) over a timing long enough to judge by (``MIN_JUDGED_MS``, measured or predicted): the rates
+        it was predicted with were not this machine's as it is now (measured under a load, a machine that
+        changed, or priors that do not fit this device)."""
+        return any(not self._sane(t) and max(t[3], t[2] / t[1] * 1e3) >= MIN_JUDGED_MS for t in self._timings())
 
     def as_dict(self) -> dict[str, Any]:
         s = self.served
