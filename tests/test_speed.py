@@ -127,6 +127,11 @@ def test_gpu_descriptions_carry_bandwidths_and_card_names() -> None:
             described_gpu(bad, 0)
     assert lookup("NVIDIA GeForce RTX 3080 Ti") is None  # not an RTX 3080
     assert lookup("AMD Radeon RX 7900 XTX (RADV NAVI31)").name == "RX 7900 XTX"  # type: ignore[union-attr]
+    # AMD's workstation and Instinct cards by the names users type and ROCm lists them with
+    for name, memory in (("r9700", 32), ("AMD Radeon AI PRO R9700", 32), ("AMD Instinct MI50", 32),
+                         ("mi50-16gb", 16), ("w7900", 48), ("AMD Instinct MI210", 64)):  # fmt: skip
+        g = lookup(name)
+        assert g is not None and g.backend == "ROCm" and g.memory == memory * GiB, name
     with pytest.raises(UsageError):
         parse_rate("1008", "--host-bandwidth")
 

@@ -115,6 +115,16 @@ _ROWS: tuple[tuple[str, float, float, float, str], ...] = (
     ("RX 7900 XT", 20, 800, 103.0, "amd"),
     ("RX 7900 XTX", 24, 960, 122.8, "amd"),
     ("RX 9070 XT", 16, 640, 195.0, "amd"),
+    ("Radeon AI PRO R9700", 32, 644.6, 191.0, "amd"),
+    ("R9700", 32, 644.6, 191.0, "amd"),  # the AI PRO R9700, as users name it
+    ("Radeon PRO W7800", 32, 576, 90.5, "amd"),
+    ("W7800", 32, 576, 90.5, "amd"),
+    ("Radeon PRO W7900", 48, 864, 122.6, "amd"),
+    ("W7900", 48, 864, 122.6, "amd"),
+    ("MI50", 32, 1024, 26.5, "amd-instinct"),  # Vega 20: no matrix cores, its FP16 vector rate
+    ("MI50 16GB", 16, 1024, 26.5, "amd-instinct"),
+    ("MI60", 32, 1024, 29.5, "amd-instinct"),
+    ("MI100", 32, 1228.8, 184.6, "amd-instinct"),
     ("MI210", 64, 1638.4, 181.0, "amd-instinct"),
     ("MI250X", 128, 3276.8, 383.0, "amd-instinct"),
     ("MI300X", 192, 5300, 1307.0, "amd-instinct"),
@@ -136,7 +146,7 @@ _ROWS: tuple[tuple[str, float, float, float, str], ...] = (
     ("GB10", 128, 273, 125.0, "nvidia-soc"),
 )
 KNOWN = tuple(KnownGpu(n, int(gib * GiB), bw * _G, v, tf * 1e12) for n, gib, bw, tf, v in _ROWS)
-_NOISE = frozenset({"nvidia", "tesla", "geforce", "amd", "radeon", "intel", "apple", "graphics", "tm"})
+_NOISE = frozenset({"nvidia", "tesla", "geforce", "amd", "radeon", "instinct", "intel", "apple", "graphics", "tm"})
 # words that make another product of the same number ("RTX 3080 Ti" is not an "RTX 3080")
 _QUALIFIERS = frozenset(
     {"ti", "super", "xt", "xtx", "gre", "max", "pro", "ultra", "nvl", "sxm", "pcie", "laptop", "mobile", "d"}
