@@ -111,7 +111,7 @@ FAR = (
 # server's bookkeeping, a first request's page-in of the weights), which the speed model does not price: no
 # evidence about the rates either way
 MIN_JUDGED_MS = 100.0
-SHORT = "too short to judge the rates by (under 100 ms, measured and predicted)"
+SHORT = f"too short to judge the rates by (under {MIN_JUDGED_MS:.0f} ms, measured and predicted)"
 
 
 @dataclass(frozen=True)

@@ -140,6 +140,11 @@ def recurrent_layers(hp: Hparams, mtp: bool) -> list[int]:
     return [il for il in range(n_layer) if hp.is_recr[il]]
 
 
+def compressed_cells(n_ctx_seq: int, ratio: int) -> int:
+    """Cells per stream of a DeepSeek-V4 compressed cache of ``ratio`` (llama-kv-cache-dsv4.cpp:28-30, 1293-1313)."""
+    return pad(-(-n_ctx_seq // ratio), N_CTX_PAD)
+
+
 def swa_cells(hp: Hparams, cp: ContextParams) -> int:
     """Size of the sliding-window cache (llama-kv-cache-iswa.cpp:73-81)."""
     if cp.swa_full:
@@ -212,8 +217,7 @@ def memory_allocs(hp: Hparams, cp: ContextParams) -> list[_Alloc]:
         # src/llama-kv-cache-dsv4.cpp:1213-1339: per-sequence streams even with -kvu, K only
         n_seq = cp.n_seq_max
         raw = swa_cells(hp, cp)
-        csa = pad(-(-cp.n_ctx_seq // 4), N_CTX_PAD)
-        hca = pad(-(-cp.n_ctx_seq // 128), N_CTX_PAD)
+        csa, hca = compressed_cells(cp.n_ctx_seq, 4), compressed_cells(cp.n_ctx_seq, 128)
         planes = n_seq * (1 + cp.n_rs_seq)
         w = hp.head_k * hp.n_head_kv[0]
         for il in range(hp.n_layer_all):

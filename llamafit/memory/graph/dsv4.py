@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 from llamafit.ggml import by_name, row_size
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory.builds import DSV4_GRAPH_SINCE
+from llamafit.memory.context import compressed_cells
 from llamafit.memory.graph.attention import hadamard, kq_mask, rotation_size
 from llamafit.memory.graph.galloc import F32, I32, I64, Graph, Tensor, in_layer
 from llamafit.memory.graph.recipe import Recipe, Reserve
@@ -37,11 +38,6 @@ from llamafit.memory.graph.routing import read_experts
 from llamafit.memory.graph.trunk import Experts, gated_ffn, input_embeddings, moe_ffn, output_head, rms_norm
 
 CSA, HCA = 4, 128  # DSV4_CSA_RATIO, DSV4_HCA_RATIO (deepseek4.cpp:266-267)
-N_CTX_PAD = 256
-
-
-def _pad(n: int, to: int = N_CTX_PAD) -> int:
-    return -(-n // to) * to
 
 
 @dataclass(frozen=True)
@@ -234,8 +230,7 @@ class _Builder:
             return
         # build_inp_dsv4 (llama-graph.cpp:3560-3585): raw first, then csa, hca, lid
         self.raw_mask = Graph.input((self.raw_cells, T // ns, 1, ns), mask_es)
-        csa_cells = _pad(-(-r.n_kv // CSA))
-        hca_cells = _pad(-(-r.n_kv // HCA))
+        csa_cells, hca_cells = compressed_cells(r.n_kv, CSA), compressed_cells(r.n_kv, HCA)
         self.csa = self.comp(CSA, True, csa_cells, 2 * sh.head_dim, mask_es)
         self.hca = self.comp(HCA, False, hca_cells, sh.head_dim, mask_es)
         self.lid = self.comp(CSA, True, csa_cells, 2 * sh.idx_dim, 2)  # F16: the fused indexer's mask
@@ -307,8 +302,9 @@ class _Builder:
         cur = rms_norm(cur, "ffn_norm")
         hashed = il < sh.n_hash
         ex = replace(sh.experts, probs_bias=sh.experts.probs_bias and not hashed)
-        chosen = Graph.get_rows(Graph.weight((ex.n_used, sh.n_vocab), "ffn_gate_tid2eid"), tokens)
-        moe = moe_ffn(g, cur, ex, selected=chosen if hashed else None)
+        # a hash-routed layer's experts are its token ids' rows of tid2eid (deepseek4.cpp:1290-1293)
+        chosen = Graph.get_rows(Graph.weight((ex.n_used, sh.n_vocab), "ffn_gate_tid2eid"), tokens) if hashed else None
+        moe = moe_ffn(g, cur, ex, selected=chosen)
         cur = Graph.like("add", moe, gated_ffn(cur, sh.n_ff_shexp, "_shexp"))
         return Graph.op("dsv4_hc_post", x.ne, cur, residual, post, comb)
 
@@ -446,8 +442,7 @@ class _Builder:
         normed and rotated."""
         ratio, n_blocks = c.ratio, c.write_pos.ne[0]
         if c.state_size == 2 * ratio:
-            kv = self.zero_row(kv, "scale")
-            score = self.zero_row(score, "scale")
+            kv, score = self.zero_row(kv), self.zero_row(score)
             halves = []
             n_read = ratio * n_blocks
             for t in (kv, score):
@@ -470,9 +465,10 @@ class _Builder:
         return Graph.like("rope", rms_norm(comp, f"{name}_norm"), c.write_pos)
 
     @staticmethod
-    def zero_row(t: Tensor, op: str) -> Tensor:
-        """dsv4_append_zero_row (deepseek4.cpp:209-215): a zero (or -inf) row concatenated after ``t``."""
-        row = Graph.like(op, Graph.view(t, (t.ne[0],)))
+    def zero_row(t: Tensor) -> Tensor:
+        """dsv4_append_zero_row (deepseek4.cpp:209-215): a zero (or -inf: ggml_scale_bias, the same op) row
+        concatenated after ``t``."""
+        row = Graph.like("scale", Graph.view(t, (t.ne[0],)))
         return Graph.op("concat", (t.ne[0], t.ne[1] + 1), t, Graph.reshape(row, (t.ne[0], 1)))
 
     def top_k(self, cur: Tensor, qr: Tensor) -> Tensor:

@@ -96,8 +96,7 @@ def _reserve(
         n_seqs=cp.n_seq_max,
         n_outputs=n_outputs,
         n_kv=cp.n_ctx_seq if kv else 0,
-        # DeepSeek-V4's raw cache is a sliding window on every layer (deepseek4.cpp:67-68)
-        n_kv_swa=swa_cells(hp, cp) if kv and (hp.swa_type != "none" or hp.arch == "deepseek4") else 0,
+        n_kv_swa=swa_cells(hp, cp) if kv and hp.swa_type != "none" else 0,
         n_stream=cp.n_stream,
         flash_attn=fa if kv else True,
         cache_esize=esize(cp.type_k),
