@@ -48,6 +48,7 @@ class Rates:
     label: str = ""  # what was measured or given, for the report
     tg_spread: tuple[float, float] = MEASURED_TG_SPREAD  # measured / predicted speed these rates held
     pp_spread: tuple[float, float] = MEASURED_PP_SPREAD
+    moe_tiles: str = ""  # how its quantized expert matmuls are tiled (``llamafit.speed.tiles``); "": not ggml-cuda
 
     def read_rate(self, ggml_type: str) -> float:
         return dict(self.read_by_type).get(ggml_type, self.read)

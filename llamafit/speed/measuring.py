@@ -35,7 +35,7 @@ from llamafit.gguf.model import ModelInfo
 from llamafit.memory import backends
 from llamafit.memory.placement import CPU
 from llamafit.paths import cache_dir
-from llamafit.speed import load, priors
+from llamafit.speed import load, priors, tiles
 from llamafit.speed import probe as pr
 from llamafit.speed import probe_models as pm
 from llamafit.speed.bench import bench_binary
@@ -89,7 +89,7 @@ def known_rates(g: Device) -> Rates | None:
     if link is None:  # a described or listed card: the bus today's cards sit on (a unified one reads host memory)
         link = bandwidth if g.uma else priors.PRIOR_LINK
         label += "" if g.uma else ", PCIe 4.0 x16 assumed"
-    return priors.prior_rates(backend, bandwidth, fp16, link, label)
+    return priors.prior_rates(backend, bandwidth, fp16, link, label, tiles.family_for(backend, cards.key(g.name)))
 
 
 def host_rates(bandwidth: float, threads: int = 0) -> Rates:

@@ -117,7 +117,8 @@ def evaluation_time(ev: Evaluation, rates: Mapping[str, Rates]) -> _Time:
             if r.matmul is None:
                 missing.append(f"{dev}: {NO_MATMUL}")
             else:
-                t = max(t, sum(f / (r.matmul_rate(ty) or r.matmul) for ty, f in w.flops.items()))
+                flops = w.matmul_flops(ev.tokens, ev.routing, r.moe_tiles)
+                t = max(t, sum(f / (r.matmul_rate(ty) or r.matmul) for ty, f in flops.items()))
         if w.attn_layers:
             t += _attention_time(w, r, ev.tokens, batched)
         t += w.state_bytes / r.read + w.nodes * r.node

@@ -74,9 +74,11 @@ def for_backend(backend: str) -> Prior:
     return PRIORS.get(backend, PRIORS["Vulkan"])
 
 
-def prior_rates(backend: str, bandwidth: float, fp16: float = 0.0, link: float | None = None, label: str = "") -> Rates:
+def prior_rates(
+    backend: str, bandwidth: float, fp16: float = 0.0, link: float | None = None, label: str = "", moe_tiles: str = ""
+) -> Rates:
     """A device's rates from its backend's prior and its published peaks (``fp16`` 0: prefill unknown; the host's:
-    its threads times HOST_CORE_FLOPS)."""
+    its threads times HOST_CORE_FLOPS); ``moe_tiles``: its MMQ tiling (``llamafit.speed.tiles``)."""
     p = HOST if backend == "CPU" else for_backend(backend)
     read_by_type = tuple((ty, bandwidth * p.stream_float) for ty in FLOAT_TYPES)
     matmul = matmul_by_type = None
@@ -95,6 +97,7 @@ def prior_rates(backend: str, bandwidth: float, fp16: float = 0.0, link: float |
         label=label or f"{bandwidth / 1e9:.0f} GB/s peak, {p.backend} priors",
         tg_spread=p.tg_spread,
         pp_spread=p.pp_spread,
+        moe_tiles=moe_tiles,
     )
 
 
@@ -107,4 +110,5 @@ def fill(measured: Rates, prior: Rates | None) -> Rates:
         matmul=measured.matmul if measured.matmul is not None else prior.matmul,
         matmul_by_type=measured.matmul_by_type if measured.matmul is not None else prior.matmul_by_type,
         link=measured.link if measured.link is not None else prior.link,
+        moe_tiles=measured.moe_tiles or prior.moe_tiles,
     )

@@ -34,6 +34,7 @@ from llamafit.gguf.model import ModelInfo, Tensor
 from llamafit.memory import backends
 from llamafit.memory.context import ContextParams, attention_layers, kv_row_bytes, recurrent_layers
 from llamafit.memory.placement import CPU, WeightPlacement, output_weight_device
+from llamafit.speed.tiles import padding
 from llamafit.units import pad
 
 OUTPUTS = 1  # rows the output layer computes per ubatch: one sequence, its last token (llama-bench, a chat)
@@ -50,6 +51,7 @@ class DeviceWork:
 
     weight_bytes: dict[str, float] = field(default_factory=dict)  # ggml type -> bytes of weights read
     flops: dict[str, float] = field(default_factory=dict)  # ggml type -> matmul FLOPs
+    expert_flops: dict[str, float] = field(default_factory=dict)  # the part of ``flops`` that is experts'
     attn_flops: float = 0.0  # attention over every cell the ubatch attends to
     attn_depth_flops: float = 0.0  # the part over cells cached before the ubatch
     attn_layers: int = 0
@@ -59,10 +61,22 @@ class DeviceWork:
     copied_in: float = 0.0  # bytes of host weights copied to it for offloaded ops
     layers: int = 0  # layers with weights here (for the report)
 
-    def add_weight(self, ggml_type: str, nbytes: float, flops: float) -> None:
+    def add_weight(self, ggml_type: str, nbytes: float, flops: float, expert: bool = False) -> None:
         self.weight_bytes[ggml_type] = self.weight_bytes.get(ggml_type, 0.0) + nbytes
         if flops:
             self.flops[ggml_type] = self.flops.get(ggml_type, 0.0) + flops
+            if expert:
+                self.expert_flops[ggml_type] = self.expert_flops.get(ggml_type, 0.0) + flops
+
+    def matmul_flops(self, tokens: int, routing: tuple[int, int], moe_tiles: str) -> dict[str, float]:
+        """``flops`` with the expert matmuls' tile padding of a device tiling them as ``moe_tiles`` does
+        (``routing``: the model's experts and those each token uses)."""
+        if not self.expert_flops or not moe_tiles:
+            return self.flops
+        out = dict(self.flops)
+        for ty, f in self.expert_flops.items():
+            out[ty] += f * (padding(moe_tiles, ty, tokens, *routing) - 1.0)
+        return out
 
 
 @dataclass(frozen=True)
@@ -84,6 +98,7 @@ class Evaluation:
     depth: int
     devices: Mapping[str, DeviceWork]
     splits: tuple[Split, ...]
+    routing: tuple[int, int] = (0, 0)  # the model's experts and those a token uses
 
 
 def is_expert(t: Tensor) -> bool:
@@ -140,7 +155,8 @@ def evaluate(
             walks[tokens] = walk
     work = {d: replace(w, weight_bytes=dict(w.weight_bytes), flops=dict(w.flops)) for d, w in walk.work.items()}
     _attention(model, cp, placement, work, tokens=tokens, depth=depth, flash_attn=flash_attn)
-    return Evaluation(tokens, depth, work, walk.splits)
+    hp = model.hparams
+    return Evaluation(tokens, depth, work, walk.splits, (hp.n_expert, hp.n_expert_used))
 
 
 def _walk(
@@ -196,7 +212,7 @@ def _walk(
             ):
                 runs = offload_to
                 on(runs).copied_in += f.nbytes
-            on(runs).add_weight(f.type_name, nbytes, flops)
+            on(runs).add_weight(f.type_name, nbytes, flops, f.expert)
         else:
             runs = dev
             on(dev).add_weight(f.type_name, f.nbytes, 0.0)
