@@ -162,6 +162,7 @@ def components(prep: Prepared, depth: int = 0, prompt: int = 512) -> dict[str, A
     of quantized and float bytes (one token), nodes and splits; seconds at peak FP16 of quantized and float
     FLOPs (the prompt's ubatch, attention counted as float)."""
     from llamafit.memory.graph.replay import nodes_per_layer
+    from llamafit.speed import tiles
     from llamafit.speed.priors import FLOAT_TYPES
     from llamafit.speed.work import evaluate
 
@@ -183,7 +184,8 @@ def components(prep: Prepared, depth: int = 0, prompt: int = 512) -> dict[str, A
             g = devs.get(dev)
             if g is None or not g.fp16:
                 continue
-            for ty, f in w.flops.items():
+            moe_tiles = tiles.family_for(dev.rstrip("0123456789"), cards.key(g.name))
+            for ty, f in w.matmul_flops(pp.tokens, pp.routing, moe_tiles).items():
                 out["ff" if ty in FLOAT_TYPES else "fq"] += f / g.fp16
             out["ff"] += w.attn_flops / g.fp16
             out["pp_nodes"] += w.nodes
@@ -206,7 +208,9 @@ def _old(r: dict[str, Any]) -> bool:
     return r["backend"] == "CUDA" and r.get("cuda_graphs") is False
 
 
-MIN_ROWS = 6  # a backend with fewer rows borrows CUDA's shares and fits only its fixed costs and one matmul share
+# a backend with fewer tg rows borrows CUDA's split cost and float/quantized proportions, and fits its own quantized
+# streaming share, node cost and one matmul share
+MIN_ROWS = 6
 
 
 def fit_rows(rows: list[dict[str, Any]], base: dict[str, float] | None = None) -> dict[str, float]:
@@ -238,13 +242,18 @@ def fit_rows(rows: list[dict[str, Any]], base: dict[str, float] | None = None) -
     a = np.array([[r["c"]["bq"], r["c"]["bf"], 0.0 if _old(r) else r["c"]["nodes"], r["c"]["nodes"] if _old(r) else 0.0,
                    r["c"]["splits"]] for r in tg])  # fmt: skip
     t = np.array([1.0 / r["tg"] for r in tg])
-    held = {0: 1 / base["stream_quant"], 1: 1 / base["stream_float"], 4: base["split"]} if base else {}
+    # a backend with few rows: CUDA's split cost and float/quantized proportion; its own quantized share and node
+    held = {4: base["split"]} if base else {}
     if split is not None and not base:
         held[4] = split
     x = nnls(a / t[:, None], np.ones(len(tg)), {0: 1 / STREAM_CAP, 1: 1 / STREAM_CAP}, held)
+    stream_quant = 1 / x[0] if x[0] > 0 else STREAM_CAP
+    stream_float = 1 / x[1] if x[1] > 0 else STREAM_CAP
+    if base:
+        stream_float = min(STREAM_CAP, stream_quant * base["stream_float"] / base["stream_quant"])
     out = {
-        "stream_quant": 1 / x[0] if x[0] > 0 else 1.0,
-        "stream_float": 1 / x[1] if x[1] > 0 else 1.0,
+        "stream_quant": stream_quant,
+        "stream_float": stream_float,
         "node": float(x[2]),
         "node_no_graphs": float(x[3]) if any(_old(r) for r in tg) else float(x[2]),
         "split": float(x[4]),
@@ -315,7 +324,7 @@ def fit(data: dict[str, Any], keep: Path) -> None:
     cuda = fit_rows([r for r in rows if r["backend"] == "CUDA"])
     for be in sorted({r["backend"] for r in rows}):
         sel = [r for r in rows if r["backend"] == be]
-        base = cuda if be != "CUDA" and len(sel) < MIN_ROWS else None
+        base = cuda if be != "CUDA" and sum(1 for r in sel if r["tg"]) < MIN_ROWS else None
         p = fit_rows(sel, base)
         print(f"{be}: {len(sel)} rows: " + ", ".join(f"{k} {v:.3g}" for k, v in p.items()))
         loco_tg, loco_pp, ratios_tg, ratios_pp = [], [], [], []
@@ -327,8 +336,9 @@ def fit(data: dict[str, Any], keep: Path) -> None:
             for r in sel:
                 if "+".join(r["gpus"]) == card:
                     tg, pp = predict_with(q, r)
-                    loco_tg.append(abs(tg / r["tg"] - 1))
-                    ratios_tg.append(r["tg"] / tg)
+                    if r["tg"]:
+                        loco_tg.append(abs(tg / r["tg"] - 1))
+                        ratios_tg.append(r["tg"] / tg)
                     if pp and r.get("pp"):
                         loco_pp.append(abs(pp / r["pp"] - 1))
                         ratios_pp.append(r["pp"] / pp)
