@@ -208,9 +208,9 @@ def _old(r: dict[str, Any]) -> bool:
     return r["backend"] == "CUDA" and r.get("cuda_graphs") is False
 
 
-# a backend with fewer tg rows borrows CUDA's split cost and float/quantized proportions, and fits its own quantized
-# streaming share, node cost and one matmul share
-MIN_ROWS = 6
+# a backend with fewer tg rows (Metal has 10) borrows CUDA's split cost and float/quantized proportions, and fits
+# its own quantized streaming share, node cost and one matmul share
+MIN_ROWS = 10
 
 
 def fit_rows(rows: list[dict[str, Any]], base: dict[str, float] | None = None) -> dict[str, float]:
