@@ -46,7 +46,8 @@ class Prior:
 # bench/speed_dev.py --fit over bench/data/speed_dev.json (2026-12-03): CUDA 64 rows, Metal 10, ROCm 13 (6 with
 # tg), Vulkan 6. Streaming shares are capped at 0.92 (no kernel reads faster than a device copy); the split cost
 # is the slope of one model's time over 1 to 8 cards of a kind (the same build and bench); CUDA's node cost is
-# the one of builds that replay CUDA graphs (rows from before them, 2023 to May 2024, fitted with their own). A
+# the one of builds since 2025, which replay CUDA graphs (rows from before them, 2023 to May 2024, and the first
+# graphs' own table fit their own, twice as high). A
 # backend with under 10 tg rows keeps CUDA's split cost and float/quantized proportions and fits its own
 # quantized streaming share and node cost (dense models and MoEs with three times the nodes per byte tell the
 # two apart: ROCm's mat-vec kernels at 66 % of the peak and 2.1 us a kernel without graphs, Vulkan's at 66 % and
@@ -54,7 +55,7 @@ class Prior:
 # (``llamafit.speed.tiles``). Spreads: the middle 80 % of measured / predicted with each card left out of the
 # fit, widened to the nearest 0.05.
 PRIORS: dict[str, Prior] = {
-    "CUDA": Prior("CUDA", 0.92, 0.92, 0.32, 0.40, 3.4e-6, 8.9e-5, (0.75, 1.15), (0.45, 1.3)),
+    "CUDA": Prior("CUDA", 0.92, 0.92, 0.32, 0.40, 1.8e-6, 8.9e-5, (0.75, 1.15), (0.45, 1.3)),
     "MTL": Prior("MTL", 0.69, 0.85, 0.56, 0.69, 0.0, 5.0e-3, (0.55, 1.35), (0.75, 1.15)),
     "ROCm": Prior("ROCm", 0.657, 0.657, 0.332, 0.415, 2.1e-6, 8.9e-5, (0.85, 1.35), (0.6, 1.15)),
     "Vulkan": Prior("Vulkan", 0.661, 0.661, 0.147, 0.183, 9.4e-7, 8.9e-5, (0.8, 1.45), (0.4, 1.7)),
