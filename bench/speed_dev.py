@@ -83,6 +83,22 @@ QUANTS = {"q4_k_m": "Q4_K_M", "q4_0": "Q4_0", "f16": "F16", "q8_0": "Q8_0"}
 # models whose published GGUF is not a llama-quantize mix of one type: written with their own types
 DIRECT: dict[str, Callable[[], factory.Shape]] = {
     "gpt-oss-20b-f16": lambda: factory.gpt_oss_20b(w="f16"),  # ggml-org's: MXFP4 experts, the rest F16
+    # openai/gpt-oss-120b: gpt-oss-20b's layer, 36 layers and 128 experts (4 used); ggml-org's file, as above
+    "gpt-oss-120b-f16": lambda: factory.gpt_oss(
+        name="gpt-oss-120b",
+        n_layer=36,
+        n_embd=2880,
+        n_head=64,
+        n_head_kv=8,
+        head_dim=64,
+        n_expert=128,
+        n_expert_used=4,
+        n_ff_exp=2880,
+        n_vocab=201088,
+        ctx=131072,
+        w="f16",
+        w_exps="mxfp4",
+    ),
 }
 
 
@@ -243,8 +259,9 @@ def fit_rows(rows: list[dict[str, Any]], base: dict[str, float] | None = None) -
     a = np.array([[r["c"]["bq"], r["c"]["bf"], 0.0 if _old(r) else r["c"]["nodes"], r["c"]["nodes"] if _old(r) else 0.0,
                    r["c"]["splits"]] for r in tg])  # fmt: skip
     t = np.array([1.0 / r["tg"] for r in tg])
-    # a backend with few rows: CUDA's split cost and float/quantized proportion; its own quantized share and node
-    held = {4: base["split"]} if base else {}
+    # a backend with few rows: CUDA's float/quantized proportion, its own quantized share and node; the split cost
+    # its own rows over several card counts give, else CUDA's
+    held = {4: split if split is not None else base["split"]} if base else {}
     if split is not None and not base:
         held[4] = split
     x = nnls(a / t[:, None], np.ones(len(tg)), {0: 1 / STREAM_CAP, 1: 1 / STREAM_CAP}, held)
@@ -285,7 +302,7 @@ def split_cost(rows: list[dict[str, Any]]) -> float | None:
     for r in rows:
         if r.get("depth"):
             continue
-        key = (r["model"], r["gpus"][0], r["source"])
+        key = (r["model"], r["gpus"][0], r["source"].split(" ")[0])  # the same model and card in one publication
         groups.setdefault(key, []).append((r["c"]["splits"], 1.0 / r["tg"]))
     num = den = 0.0
     for pts in groups.values():
