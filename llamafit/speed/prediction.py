@@ -13,7 +13,8 @@ prompt processing of ``prompt`` tokens is its ubatches in order, each at the dep
 What the model assumes, and the plan says: one sequence, greedy decoding as llama-bench times it (the
 server's sampler chain adds its own time per token), no speculative decoding (a drafter's gain depends
 on how often its tokens are accepted, which only a measurement on your prompts shows), caches as
-planned.
+planned; for an MoE, each token's experts drawn uniformly (the experts a ubatch reaches, and the padding of
+their matmuls' tiles, ``llamafit.speed.tiles``).
 """
 
 from __future__ import annotations
@@ -246,6 +247,8 @@ def predict(
         at_context,
         tg_range=_range(tg_rate, [r.tg_spread for r in used]),
         pp_range=_range(pp_rate, [r.pp_spread for r in used]),
+        # the experts a ubatch reaches, and how its expert matmuls are tiled, are priced for uniform routing
+        assumes=ASSUMES + (", experts chosen uniformly" if model.hparams.n_expert > 1 else ""),
     )
 
 
