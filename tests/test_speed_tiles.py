@@ -41,6 +41,9 @@ def test_what_mmq_does_not_run_is_not_padded() -> None:
     assert tiles.padding("volta+", "f16", 512, 128, 8) == 1.0  # cuBLAS per expert
     assert tiles.padding("", "q4_K", 512, 128, 8) == 1.0  # not ggml-cuda
     assert tiles.padding("volta+", "q4_K", 512, 1, 1) == 1.0  # a dense model
+    # CDNA1/2 keep MMQ for a large batch only with many experts or Q4_0-like types (hipBLAS otherwise)
+    assert tiles.padding("cdna", "mxfp4", 512, 32, 4) == 1.0
+    assert tiles.padding("cdna", "q4_0", 512, 32, 4) > 1.0 and tiles.padding("cdna", "mxfp4", 512, 128, 4) > 1.0
 
 
 def test_a_larger_ubatch_never_pads_more() -> None:
@@ -49,9 +52,18 @@ def test_a_larger_ubatch_never_pads_more() -> None:
 
 
 def test_a_devices_tiling_comes_from_its_backend_and_card() -> None:
-    ids = ["rtx-4090", "rx-7900-xtx", "mi50", "rx-6900-xt", "r9700", "vulkan:rx-7900-xtx", "48GiB/64GiB@m3-max"]
+    ids = [
+        "rtx-4090",
+        "rx-7900-xtx",
+        "mi50",
+        "rx-6900-xt",
+        "r9700",
+        "vulkan:rx-7900-xtx",
+        "48GiB/64GiB@m3-max",
+        "mi210",
+    ]
     got = [r.moe_tiles if (r := known_rates(g)) else None for g in described_gpus(ids)]
-    assert got == ["volta+", "rdna3/rdna4", "gcn/cdna/rdna2", "gcn/cdna/rdna2", "rdna3/rdna4", "", ""]
+    assert got == ["volta+", "rdna3/rdna4", "gcn/cdna/rdna2", "gcn/cdna/rdna2", "rdna3/rdna4", "", "", "cdna"]
 
 
 def test_the_padding_slows_an_moe_prefill_and_leaves_a_dense_one(moe: ModelInfo, l8b: ModelInfo) -> None:

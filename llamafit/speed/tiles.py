@@ -39,11 +39,16 @@ AMPERE = MmqTiles((8, 16, 24, 32, 40, 48, 64, 80, 96, 112, 128))
 NARROW = MmqTiles((8, 16, 24, 32, 40, 48, 64))
 # mmq-config-rdna3.cuh / -rdna3-5.cuh / -rdna4.cuh, sized by an expert's tokens (GGML_CUDA_CC_IS_RDNA3 covers 3.5)
 RDNA3 = MmqTiles((16, 32, 48, 64, 96, 128), per_expert=True)
-# by the name a device's rates carry (``Rates.moe_tiles``)
-FAMILIES = {"volta+": AMPERE, "gcn/cdna/rdna2": NARROW, "rdna3/rdna4": RDNA3}
+# by the name a device's rates carry (``Rates.moe_tiles``); "cdna": CDNA1/2, whose MMQ is conditional (below)
+FAMILIES = {"volta+": AMPERE, "gcn/cdna/rdna2": NARROW, "cdna": NARROW, "rdna3/rdna4": RDNA3}
 
-# card-name prefixes (``cards.key`` spelling) of AMD's RDNA3, RDNA3.5 and RDNA4 parts
+# card-name prefixes (``cards.key`` spelling) of AMD's RDNA3, RDNA3.5 and RDNA4 parts, and CDNA1/2 (MI100-MI250;
+# the MI300s, CDNA3, always take MMQ)
 _RDNA3_KEYS = ("rx7", "rx9", "w7", "prow7", "r9700", "aipror9700", "8060s", "890m", "880m", "780m")
+_CDNA12_KEYS = ("mi100", "mi210", "mi250")
+# CDNA1/2 keep MMQ for these types at any batch (mmq.cu:399-404), others only up to 128 tokens or past 64 experts
+_CDNA_MMQ_TYPES = frozenset({"q4_0", "q4_1", "q5_0", "q5_1"})
+_CDNA_MMQ_TO_256 = frozenset({"q4_K", "q5_K"})
 
 
 def family_for(backend: str, card_key: str = "") -> str:
@@ -51,7 +56,9 @@ def family_for(backend: str, card_key: str = "") -> str:
     if backend in ("CUDA", "MUSA"):
         return "volta+"
     if backend == "ROCm":
-        return "rdna3/rdna4" if card_key.startswith(_RDNA3_KEYS) else "gcn/cdna/rdna2"
+        if card_key.startswith(_RDNA3_KEYS):
+            return "rdna3/rdna4"
+        return "cdna" if card_key.startswith(_CDNA12_KEYS) else "gcn/cdna/rdna2"
     return ""
 
 
@@ -60,7 +67,16 @@ def padding(family: str, ggml_type: str, tokens: int, n_expert: int, n_used: int
     tiles = FAMILIES.get(family)
     if tiles is None or not by_name(ggml_type).quantized or n_expert <= 1 or n_used <= 0 or tokens <= 0:
         return 1.0
+    if family == "cdna" and not _cdna_mmq(ggml_type, tokens, n_expert):
+        return 1.0  # dequantized and multiplied by hipBLAS per expert, on its own tokens
     return _padding(tiles, tokens, n_expert, min(n_used, n_expert))
+
+
+def _cdna_mmq(ggml_type: str, tokens: int, n_expert: int) -> bool:
+    """ggml_cuda_should_use_mmq on CDNA1/2 (mmq.cu:389-406)."""
+    if n_expert > 64 or tokens <= 128 or ggml_type in _CDNA_MMQ_TYPES:
+        return True
+    return tokens <= 256 and ggml_type in _CDNA_MMQ_TO_256
 
 
 @lru_cache(maxsize=256)
