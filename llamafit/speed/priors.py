@@ -43,7 +43,7 @@ class Prior:
     pp_spread: tuple[float, float]
 
 
-# bench/speed_dev.py --fit over bench/data/speed_dev.json (2026-12-03): CUDA 64 rows, Metal 10, ROCm 16 (8 with
+# bench/speed_dev.py --fit over bench/data/speed_dev.json (2026-12-03): CUDA 71 rows, Metal 10, ROCm 16 (8 with
 # tg), Vulkan 6. Streaming shares are capped at 0.92 (no kernel reads faster than a device copy); the split cost
 # is the slope of one model's time over 1 to 8 cards of a kind (the same build and bench); CUDA's node cost is
 # the one of builds since 2025, which replay CUDA graphs (rows from before them, 2023 to May 2024, and the first
@@ -55,12 +55,12 @@ class Prior:
 # (``llamafit.speed.tiles``). Spreads: the middle 80 % of measured / predicted with each card left out of the
 # fit, widened to the nearest 0.05.
 PRIORS: dict[str, Prior] = {
-    "CUDA": Prior("CUDA", 0.92, 0.92, 0.32, 0.40, 1.8e-6, 8.9e-5, (0.75, 1.15), (0.45, 1.3)),
+    "CUDA": Prior("CUDA", 0.92, 0.92, 0.33, 0.40, 1.5e-6, 8.9e-5, (0.75, 1.15), (0.45, 1.3)),
     "MTL": Prior("MTL", 0.69, 0.85, 0.56, 0.69, 0.0, 5.0e-3, (0.55, 1.35), (0.75, 1.15)),
-    "ROCm": Prior("ROCm", 0.699, 0.699, 0.353, 0.44, 2.45e-6, 3.0e-4, (0.8, 1.25), (0.7, 1.3)),
+    "ROCm": Prior("ROCm", 0.699, 0.699, 0.353, 0.433, 2.45e-6, 3.0e-4, (0.8, 1.25), (0.7, 1.3)),
     "Vulkan": Prior("Vulkan", 0.661, 0.661, 0.147, 0.183, 9.4e-7, 8.9e-5, (0.8, 1.45), (0.4, 1.7)),
     # no rows: ROCm's (MUSA ports ggml-cuda through its own HIP-like layer) and Vulkan's, with wider spreads
-    "MUSA": Prior("MUSA", 0.699, 0.699, 0.353, 0.44, 2.45e-6, 3.0e-4, (0.6, 1.6), (0.4, 1.6)),
+    "MUSA": Prior("MUSA", 0.699, 0.699, 0.353, 0.433, 2.45e-6, 3.0e-4, (0.6, 1.6), (0.4, 1.6)),
     "SYCL": Prior("SYCL", 0.661, 0.661, 0.147, 0.183, 9.4e-7, 8.9e-5, (0.6, 1.7), (0.3, 2.2)),
 }
 # the host (--host-bandwidth without a measurement): ggml-cpu's mat-vec on all cores reaches about half of a
