@@ -342,6 +342,9 @@ def fit(data: dict[str, Any], keep: Path) -> None:
     cuda = fit_rows([r for r in rows if r["backend"] == "CUDA"])
     for be in sorted({r["backend"] for r in rows}):
         sel = [r for r in rows if r["backend"] == be]
+        if sum(1 for r in sel if r["tg"]) < 2:  # one row fits nothing: its backend keeps the prior it borrows
+            print(f"{be}: {len(sel)} row(s): too few to fit, scored only")
+            continue
         base = cuda if be != "CUDA" and sum(1 for r in sel if r["tg"]) < MIN_ROWS else None
         p = fit_rows(sel, base)
         print(f"{be}: {len(sel)} rows: " + ", ".join(f"{k} {v:.3g}" for k, v in p.items()))
