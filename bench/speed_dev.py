@@ -83,22 +83,7 @@ QUANTS = {"q4_k_m": "Q4_K_M", "q4_0": "Q4_0", "f16": "F16", "q8_0": "Q8_0"}
 # models whose published GGUF is not a llama-quantize mix of one type: written with their own types
 DIRECT: dict[str, Callable[[], factory.Shape]] = {
     "gpt-oss-20b-f16": lambda: factory.gpt_oss_20b(w="f16"),  # ggml-org's: MXFP4 experts, the rest F16
-    # openai/gpt-oss-120b: gpt-oss-20b's layer, 36 layers and 128 experts (4 used); ggml-org's file, as above
-    "gpt-oss-120b-f16": lambda: factory.gpt_oss(
-        name="gpt-oss-120b",
-        n_layer=36,
-        n_embd=2880,
-        n_head=64,
-        n_head_kv=8,
-        head_dim=64,
-        n_expert=128,
-        n_expert_used=4,
-        n_ff_exp=2880,
-        n_vocab=201088,
-        ctx=131072,
-        w="f16",
-        w_exps="mxfp4",
-    ),
+    "gpt-oss-120b-f16": lambda: factory.gpt_oss_120b(w="f16"),  # ggml-org's, as above
 }
 
 

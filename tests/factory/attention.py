@@ -282,9 +282,14 @@ def gpt_oss(
     return Shape(arch, kv, ts)
 
 
-def gpt_oss_20b(w: str = "q8_0", n_layer: int = 24) -> Shape:
+def gpt_oss_20b(w: str = "q8_0", n_layer: int = 24, n_expert: int = 32, name: str = "gpt-oss-20b (shape)") -> Shape:
     """openai/gpt-oss-20b: 24 layers, 2880 embd, 64 heads of 64, 8 KV heads, 32 experts (4 used) of 2880 in
     MXFP4, a 201088-token vocabulary, a 128-token sliding window on every other layer."""
-    return gpt_oss(name="gpt-oss-20b (shape)", n_layer=n_layer, n_embd=2880, n_head=64, n_head_kv=8, head_dim=64,
-                   n_expert=32, n_expert_used=4, n_ff_exp=2880, n_vocab=201088, ctx=131072, w=w,
+    return gpt_oss(name=name, n_layer=n_layer, n_embd=2880, n_head=64, n_head_kv=8, head_dim=64,
+                   n_expert=n_expert, n_expert_used=4, n_ff_exp=2880, n_vocab=201088, ctx=131072, w=w,
                    w_exps="mxfp4")  # fmt: skip
+
+
+def gpt_oss_120b(w: str = "q8_0") -> Shape:
+    """openai/gpt-oss-120b: gpt-oss-20b's layer, 36 layers and 128 experts (4 used)."""
+    return gpt_oss_20b(w, n_layer=36, n_expert=128, name="gpt-oss-120b (shape)")
