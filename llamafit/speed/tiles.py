@@ -18,7 +18,7 @@ F16/BF16/F32, which go through cuBLAS/hipBLAS per expert). Metal's and Vulkan's 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from llamafit.ggml import by_name
@@ -31,6 +31,8 @@ class MmqTiles:
 
     widths: tuple[int, ...]
     per_expert: bool = False
+    # CDNA1/2: MMQ only for some batches and types (``_cdna_mmq``), else hipBLAS per expert, with no padding
+    hipblas_large: bool = False
 
 
 # mmq-config-ampere.cuh (Volta to Blackwell: ggml_cuda_mmq_get_config, mmq.cuh:249-258)
@@ -39,8 +41,13 @@ AMPERE = MmqTiles((8, 16, 24, 32, 40, 48, 64, 80, 96, 112, 128))
 NARROW = MmqTiles((8, 16, 24, 32, 40, 48, 64))
 # mmq-config-rdna3.cuh / -rdna3-5.cuh / -rdna4.cuh, sized by an expert's tokens (GGML_CUDA_CC_IS_RDNA3 covers 3.5)
 RDNA3 = MmqTiles((16, 32, 48, 64, 96, 128), per_expert=True)
-# by the name a device's rates carry (``Rates.moe_tiles``); "cdna": CDNA1/2, whose MMQ is conditional (below)
-FAMILIES = {"volta+": AMPERE, "gcn/cdna/rdna2": NARROW, "cdna": NARROW, "rdna3/rdna4": RDNA3}
+# by the name a device's rates carry (``Rates.moe_tiles``); "cdna": CDNA1/2, whose MMQ is conditional
+FAMILIES = {
+    "volta+": AMPERE,
+    "gcn/cdna/rdna2": NARROW,
+    "cdna": replace(NARROW, hipblas_large=True),
+    "rdna3/rdna4": RDNA3,
+}
 
 # card-name prefixes (``cards.key`` spelling) of AMD's RDNA3, RDNA3.5 and RDNA4 parts, and CDNA1/2 (MI100-MI250;
 # the MI300s, CDNA3, always take MMQ)
@@ -67,7 +74,7 @@ def padding(family: str, ggml_type: str, tokens: int, n_expert: int, n_used: int
     tiles = FAMILIES.get(family)
     if tiles is None or not by_name(ggml_type).quantized or n_expert <= 1 or n_used <= 0 or tokens <= 0:
         return 1.0
-    if family == "cdna" and not _cdna_mmq(ggml_type, tokens, n_expert):
+    if tiles.hipblas_large and not _cdna_mmq(ggml_type, tokens, n_expert):
         return 1.0  # dequantized and multiplied by hipBLAS per expert, on its own tokens
     return _padding(tiles, tokens, n_expert, min(n_used, n_expert))
 
