@@ -42,6 +42,7 @@ class Rates:
     attention_batch: float | None = None  # FLOP/s of a ubatch's attention over cells cached before it
     node: float = 0.0  # seconds per graph node beyond its bytes and FLOPs (thread barriers, kernel launches)
     split: float = 0.0  # seconds per graph split this device runs (a synchronisation, an RPC round trip)
+    reduce: float = 0.0  # seconds per copy step of an exchange between cards (-sm tensor/row); 0: ``split``'s
     token: float = 0.0  # seconds per evaluation on the host: graph build and scheduling (the host's own)
     link: float | None = None  # bytes/s between host memory and this device (PCIe, network); None: not known
     source: str = "measured"  # measured | prior (nvml: NVML's numbers on their way to the device list)
@@ -72,6 +73,7 @@ class Rates:
             attention=div(self.attention, tg),
             node=self.node * tg,
             split=self.split * tg,
+            reduce=self.reduce * tg,
             token=self.token * tg,
             matmul=div(self.matmul, pp),
             matmul_by_type=tuple((t, r / pp) for t, r in self.matmul_by_type),

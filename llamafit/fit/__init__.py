@@ -411,7 +411,11 @@ def _model_warnings(
 
 
 def _load_warnings(model: ModelInfo, t: Trial) -> list[str]:
-    """What the chosen load implies: a context past training."""
+    """What the chosen load implies: a context past training, a split mode whose memory is not modelled."""
     cp = t.fp.context
     train = _train(model)
-    return [messages.seq_exceeds_train(cp.n_ctx_seq, train)] if cp.n_ctx_seq > train and train else []
+    out = [messages.seq_exceeds_train(cp.n_ctx_seq, train)] if cp.n_ctx_seq > train and train else []
+    cards = {d for d in t.fp.layer_device if d != CPU}
+    if t.settings.split_mode in ("tensor", "row") and len(cards) > 1:
+        out.append(messages.split_mode_memory(t.settings.split_mode))
+    return out

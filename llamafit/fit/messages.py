@@ -445,3 +445,21 @@ def does_not_fit(
         + "; ".join(parts),
         hint=hint,
     )
+
+
+def split_mode_memory(mode: str) -> str:
+    """-sm tensor / row: the speed is the mode's (llamafit.speed.parallel), the memory a layer split's."""
+    if mode == "tensor":
+        how = (
+            "llama.cpp's Meta device gives each card its slice of every layer and cache, and a compute buffer and "
+            "reduction buffers of its own, which this plan does not model"
+        )
+    else:
+        how = (
+            "the row split needs a backend with split buffers (builds with the Meta device keep them for SYCL only: "
+            "CUDA, ROCm, Vulkan and Metal refuse to load with 'does not support split buffers'; -sm tensor replaced it)"
+        )
+    return (
+        f"-sm {mode}: memory is planned as a layer split over the same cards ({how}); keep a margin "
+        f"(--margin) or use -sm layer. The speed is the {mode} split's."
+    )

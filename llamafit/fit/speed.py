@@ -81,6 +81,7 @@ def _speed(
         op_offload=settings.op_offload,
         limits={g.id: g.max_tensor for g in gpus if g.max_tensor},
         full_context=full_context,
+        split_mode=settings.split_mode,
     )
     return replace(sp, unknown=tuple(_hint(u, gpus) for u in sp.unknown))
 

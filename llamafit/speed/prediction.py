@@ -26,7 +26,8 @@ from llamafit.devices.rates import Rates
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory.context import ContextParams
 from llamafit.memory.placement import CPU, WeightPlacement
-from llamafit.speed.work import DeviceWork, Evaluation, Walk, evaluate
+from llamafit.speed.parallel import spread
+from llamafit.speed.work import DeviceWork, Evaluation, Spread, Walk, evaluate
 
 PROMPT = 512  # llama-bench's pp512 and tg128, at depth 0 unless stated
 ASSUMES = "one sequence, greedy decoding (no sampler time), no speculative decoding"
@@ -105,6 +106,7 @@ class _Time:
 def evaluation_time(ev: Evaluation, rates: Mapping[str, Rates]) -> _Time:
     """Seconds of one evaluation, and per device; ``missing``: what no rate covers."""
     per: dict[str, float] = {}
+    matmuls: dict[str, float] = {}  # the part of ``per`` that is its weights' streaming and matmuls
     missing: list[str] = []
     batched = ev.tokens >= 32
     for dev, w in ev.devices.items():
@@ -120,6 +122,7 @@ def evaluation_time(ev: Evaluation, rates: Mapping[str, Rates]) -> _Time:
             else:
                 flops = w.matmul_flops(ev.tokens, ev.routing, r.moe_tiles)
                 t = max(t, sum(f / (r.matmul_rate(ty) or r.matmul) for ty, f in flops.items()))
+        matmuls[dev] = t
         if w.attn_layers:
             t += _attention_time(w, r, ev.tokens, batched)
         t += w.state_bytes / r.read + w.nodes * r.node
@@ -129,15 +132,38 @@ def evaluation_time(ev: Evaluation, rates: Mapping[str, Rates]) -> _Time:
             else:
                 t += w.copied_in / r.link
         per[dev] = t
-    total = sum(per.values())
+    total = sum(per.values()) - _overlap(ev, per, matmuls)
     for s in ev.splits:
         r = rates.get(s.device)
         if r is None:
             continue
         total += r.split + (s.nbytes / r.link if r.link else 0.0)
+    if ev.spread is not None:
+        total += _exchanges(ev.spread, rates)
     host = rates.get(CPU)
     total += host.token if host is not None else 0.0
     return _Time(total, per, missing)
+
+
+def _overlap(ev: Evaluation, per: Mapping[str, float], matmuls: Mapping[str, float]) -> float:
+    """The time a tensor or row split's cards save by working at once: under ``tensor`` all but the slowest
+    card's time, under ``row`` all but the slowest card's matmuls (``llamafit.speed.parallel``)."""
+    if ev.spread is None:
+        return 0.0
+    part = per if ev.spread.mode == "tensor" else matmuls
+    times = [part[d] for d in ev.spread.group if d in part]
+    return sum(times) - max(times, default=0.0)
+
+
+def _exchanges(sp: Spread, rates: Mapping[str, Rates]) -> float:
+    """A tensor or row split's exchanges between its cards: each step waits on the slowest card's copy, the
+    activations through host memory (out over one link and in over the other)."""
+    step = 0.0
+    for d in sp.group:
+        r = rates.get(d)
+        if r is not None:
+            step = max(step, (r.reduce or r.split) + (2.0 * sp.nbytes / r.link if r.link else 0.0))
+    return sp.reductions * sp.steps * step
 
 
 def _attention_time(w: DeviceWork, r: Rates, tokens: int, batched: bool) -> float:
@@ -179,11 +205,20 @@ def predict(
     op_offload: bool = True,
     limits: Mapping[str, int] | None = None,
     full_context: bool = True,
+    split_mode: str = "layer",
 ) -> Speed:
-    """pp and tg of one plan at ``depth`` (and, with ``full_context``, with the context full)."""
+    """pp and tg of one plan at ``depth`` (and, with ``full_context``, with the context full); ``split_mode``:
+    llama-server's ``-sm`` (tensor and row spread the placement's GPU layers over their cards at once,
+    ``llamafit.speed.parallel``)."""
 
     seen: dict[tuple[int, int], Evaluation] = {}  # decode's evaluation is also the tg phase's
     walks: dict[int, Walk] = {}  # what the depth does not change, by token count
+    shares: dict[str, float] = {}  # each offload device's weight bytes: the -ts proportions a split follows
+    row_matmuls = 0  # the matmul weights a row split splits: the 2-D ones of the offloaded layers
+    for p in placement.tensors:
+        if p.device != CPU:
+            shares[p.device] = shares.get(p.device, 0.0) + p.tensor.info.nbytes
+            row_matmuls += p.tensor.matmul and len(p.tensor.info.shape) == 2
 
     def ev(tokens: int, at: int) -> Evaluation:
         if (tokens, at) not in seen:
@@ -200,6 +235,10 @@ def predict(
                 limits=limits,
                 walks=walks,
             )
+            if split_mode != "layer":
+                seen[(tokens, at)] = spread(
+                    seen[(tokens, at)], split_mode, devices, shares, model.hparams.n_embd, row_matmuls
+                )
         return seen[(tokens, at)]
 
     def phase(at: int, n_prompt: int) -> tuple[_Time, _Time]:

@@ -71,6 +71,12 @@ HOST = Prior("CPU", 0.55, 0.65, 1.0, 1.0, 5.0e-6, 0.0, (0.3, 1.2), (0.5, 1.8))
 # CPU rows of bench/data/speed_dev.json reach 16-20 FLOP a cycle at their cores' clocks, 43-92 GFLOP/s a thread
 # (a 2014 Haswell, a Raptor Lake P-core, Cortex-A720s); a prior from the cores' arithmetic, not a fit to a row
 HOST_CORE_FLOPS = 55e9
+# a copy step of an exchange between cards under -sm tensor / row (``llamafit.speed.parallel``): its launch and the
+# wait on the other card. From PR #19378's 2x RTX 4090 table (gemma4 31B Q4_K_M, -sm layer against -sm tensor):
+# tensor saves half the weights' streaming (about 10.5 ms of layer's 22.8 ms a token) and took 16.8 ms, so its 2
+# reductions a layer over 60 layers cost about 4.7 ms, 40 us each; at depth 65536 (the cache halved as well) the
+# same 40 us holds. One pair of cards, so every backend takes it; a measured card keeps it (nothing measures it).
+REDUCE = 4.0e-5
 # the link of a card whose link is not known: PCIe 4.0 x16, what GPUs since 2020 (RTX 30, RX 6000) sit on
 PRIOR_LINK = pcie_link(4, 16) or 0.0
 
@@ -97,6 +103,7 @@ def prior_rates(
         matmul_by_type=matmul_by_type or (),
         node=p.node,
         split=p.split,
+        reduce=0.0 if backend == "CPU" else REDUCE,
         link=link,
         source="prior",
         label=label or f"{bandwidth / 1e9:.0f} GB/s peak, {p.backend} priors",
@@ -115,5 +122,6 @@ def fill(measured: Rates, prior: Rates | None) -> Rates:
         matmul=measured.matmul if measured.matmul is not None else prior.matmul,
         matmul_by_type=measured.matmul_by_type if measured.matmul is not None else prior.matmul_by_type,
         link=measured.link if measured.link is not None else prior.link,
+        reduce=measured.reduce or prior.reduce,
         moe_tiles=measured.moe_tiles or prior.moe_tiles,
     )

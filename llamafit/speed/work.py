@@ -93,12 +93,24 @@ class Split:
 
 
 @dataclass(frozen=True)
+class Spread:
+    """The cards of a tensor or row split (``llamafit.speed.parallel``), and what they exchange per evaluation."""
+
+    mode: str  # tensor | row
+    group: tuple[str, ...]  # the cards that work at once
+    reductions: int  # exchanges per evaluation
+    steps: int  # copies one exchange takes in turn
+    nbytes: float  # the activations one copy carries
+
+
+@dataclass(frozen=True)
 class Evaluation:
     tokens: int
     depth: int
     devices: Mapping[str, DeviceWork]
     splits: tuple[Split, ...]
     routing: tuple[int, int] = (0, 0)  # the model's experts and those a token uses
+    spread: Spread | None = None  # the cards working at once under -sm tensor / row; None: one after another
 
 
 def is_expert(t: Tensor) -> bool:
