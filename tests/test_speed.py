@@ -14,13 +14,14 @@ from typer.testing import CliRunner
 
 from llamafit.cli.app import app
 from llamafit.devices.cards import lookup
-from llamafit.devices.described import described_gpu
+from llamafit.devices.described import described_gpu, described_gpus
 from llamafit.devices.machine import Device, GpuProbeError, Host, Machine, PhysicalGpu, discover
 from llamafit.devices.rates import Rates, nvml_rates, parse_rate
 from llamafit.errors import UsageError
 from llamafit.fit import make_plan
 from llamafit.fit.speed import priced
-from llamafit.gguf.model import ModelInfo
+from llamafit.gguf.model import ModelInfo, load_model
+from llamafit.memory.graph import replay
 from llamafit.memory.placement import CPU
 from llamafit.request import build_request
 from llamafit.server.args import parse_server_args
@@ -325,3 +326,14 @@ def test_drafter_decisions_say_what_they_mean_for_speed(tmp_path: Path) -> None:
                                  "-c", "4096"])  # fmt: skip
     d = next(d for d in json.loads(r.stdout)["decisions"] if d["code"] == "speculative.drafter")
     assert "tok/s" not in d["message"]
+
+
+def test_nodes_per_layer_come_from_the_fits_own_graph(l8b: ModelInfo, moe: ModelInfo) -> None:
+    # the speed model's nodes per layer are counted on the graph the fit replayed (a ubatch's), where it built
+    # one, and equal the one-token graph's a model without a plan gets
+    for m in (l8b, moe):
+        alone = replay.nodes_per_layer(load_model(m.path))
+        machine = Machine(tuple(described_gpus(["rtx-4090", "rtx-4090"])), Host(total=256 * GiB, available=240 * GiB))
+        plan = make_plan(load_model(m.path), machine, build_request(parse_server_args(["-c", "4096"])))
+        assert plan.model.known(replay._NODES) is not None
+        assert alone is not None and replay.nodes_per_layer(plan.model) == alone

@@ -58,6 +58,10 @@ class ModelInfo:
             self._memo[key] = make()
         return cast(T, self._memo[key])
 
+    def known(self, key: Hashable) -> object | None:
+        """What ``memo`` keeps for ``key``, without computing it (None: nothing yet)."""
+        return self._memo.get(key)
+
     @property
     def arch(self) -> str:
         return self.hparams.arch

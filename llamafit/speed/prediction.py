@@ -212,10 +212,10 @@ def predict(
     ``llamafit.speed.parallel``)."""
 
     seen: dict[tuple[int, int], Evaluation] = {}  # decode's evaluation is also the tg phase's
-    walks: dict[int, Walk] = {}  # what the depth does not change, by token count
+    walks = _walks(model, placement, cp, devices, op_offload, limits, nodes_per_layer)
     shares: dict[str, float] = {}  # each offload device's weight bytes: the -ts proportions a split follows
     row_matmuls = 0  # the matmul weights a row split splits: the 2-D ones of the offloaded layers
-    for p in placement.tensors:
+    for p in placement.tensors if split_mode != "layer" else ():
         if p.device != CPU:
             shares[p.device] = shares.get(p.device, 0.0) + p.tensor.info.nbytes
             row_matmuls += p.tensor.matmul and len(p.tensor.info.shape) == 2
@@ -289,6 +289,24 @@ def predict(
         # the experts a ubatch reaches, and how its expert matmuls are tiled, are priced for uniform routing
         assumes=ASSUMES + (", experts chosen uniformly" if model.hparams.n_expert > 1 else ""),
     )
+
+
+def _walks(
+    model: ModelInfo,
+    placement: WeightPlacement,
+    cp: ContextParams,
+    devices: Sequence[str],
+    op_offload: bool,
+    limits: Mapping[str, int] | None,
+    nodes_per_layer: float | None,
+) -> dict[int, Walk]:
+    """What the depth does not change, by token count, for every prediction over this placement: a plan's
+    speed is predicted for the split the fit made, the faster one it weighs, and then the one it keeps."""
+    key = ("speed_walks", id(placement), cp, tuple(devices), op_offload, tuple(sorted((limits or {}).items())))
+    fresh: tuple[WeightPlacement, dict[int, Walk]] = (placement, {})
+    held = model.memo((*key, nodes_per_layer), lambda: fresh)
+    # the placement itself is kept beside its walks: an id is only its own while the object lives
+    return held[1] if held[0] is placement else {}
 
 
 def _range(rate: float | None, spreads: Sequence[tuple[float, float]]) -> tuple[float, float] | None:

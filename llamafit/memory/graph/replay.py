@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from typing import cast
 
 from llamafit.ggml import by_name
 from llamafit.gguf.model import ModelInfo
@@ -48,7 +49,7 @@ def recurrent_bytes(model: ModelInfo, cp: ContextParams, n_outputs: int) -> int 
     if shape is None or cp.mtp:
         return None
     r = _reserve(model, cp, n_outputs, True)
-    return model.memo(("graph_bytes", r), lambda: buffer_size(shape.graph(r)))
+    return model.memo(("graph_bytes", r), lambda: buffer_size(_built(model, shape, r)))
 
 
 def pooling_kind(requested: str | None, model_type: int) -> str:
@@ -72,7 +73,8 @@ def graph_bytes(
     if rot is None:
         return None
     r = _reserve(model, cp, n_outputs, fa, pooling, rot)
-    return model.memo(("graph_bytes", type(shape).__name__, r), lambda: buffer_size(shape.graph(r)))
+    trunk = not cp.mtp
+    return model.memo(("graph_bytes", type(shape).__name__, r), lambda: buffer_size(_built(model, shape, r, trunk)))
 
 
 def _reserve(
@@ -158,28 +160,45 @@ def split_graph_bytes(
 
 
 def nodes_per_layer(model: ModelInfo) -> float | None:
-    """Compute nodes (views excluded: they do no work) per layer of the model's one-token graph, for the
-    speed model's per-node overheads; None where no builder makes the model's graph."""
+    """Compute nodes (views excluded: they do no work) per layer of the model's graph, for the speed model's
+    per-node overheads; None where no builder makes the model's graph. The graph less its first layer's, over
+    the layers after it (the input and output nodes cancel): the fit's own reserve graph where the fit built
+    one (a ubatch's graph has the one-token graph's nodes), else a one-token graph built for it."""
     hp = model.hparams
     shape = shape_of(model, False)
     one = shape.first_layer() if shape is not None else None
     if shape is None or one is None or hp.n_layer < 2:
         return None
-    r = Reserve(
-        n_tokens=1,
-        n_seqs=1,
-        n_outputs=1,
-        n_kv=256,
-        n_kv_swa=256 if hp.swa_type != "none" else 0,
-        n_stream=1,
-        flash_attn=True,
-    )
+    seen = model.known(_NODES)
+    if isinstance(seen, tuple):
+        r, full = cast(tuple[Reserve, int], seen)
+    else:
+        r = Reserve(
+            n_tokens=1,
+            n_seqs=1,
+            n_outputs=1,
+            n_kv=256,
+            n_kv_swa=256 if hp.swa_type != "none" else 0,
+            n_stream=1,
+            flash_attn=True,
+        )
+        full = _compute_nodes(shape.graph(r))
+    return (full - _compute_nodes(one.graph(r))) / (hp.n_layer - 1)
 
-    def nodes(sh: Recipe) -> int:
-        return sum(1 for n in sh.graph(r).nodes if n.op not in VIEW_OPS)
 
-    # the graph less its first layer's: what the layers after it add (the input and output nodes cancel)
-    return (nodes(shape) - nodes(one)) / (hp.n_layer - 1)
+_NODES = ("trunk_graph_nodes",)  # (reserve, compute nodes) of the first trunk graph a plan built
+
+
+def _compute_nodes(g: Graph) -> int:
+    return sum(1 for n in g.nodes if n.op not in VIEW_OPS)
+
+
+def _built(model: ModelInfo, shape: Recipe, r: Reserve, trunk: bool = True) -> Graph:
+    """``shape``'s graph at ``r``; the first trunk graph's node count is kept for ``nodes_per_layer``."""
+    g = shape.graph(r)
+    if trunk:
+        model.memo(_NODES, lambda: (r, _compute_nodes(g)))
+    return g
 
 
 def _quantized(cp: ContextParams) -> bool:
@@ -284,7 +303,7 @@ def _placed_graph(
     # (llama-context.cpp:2646-2661)
     pin = all(d != CPU for d in layer_dev) or r.n_tokens < 32
     with placed(Where(device, pin, size)):
-        return shape.graph(r)
+        return _built(model, shape, r, not cp.mtp)
 
 
 def _attention_as_set(shape: Recipe, cp: ContextParams, fa: bool) -> bool:
