@@ -29,11 +29,12 @@ from llamafit.devices.rates import Rates
 from llamafit.errors import DoesNotFitError, UsageError
 from llamafit.fit import messages
 from llamafit.fit.argv import planned_argv, server_defaults
+from llamafit.fit.devices import MAX_SPLIT_DEVICES, select_gpus
 from llamafit.fit.faster import faster_split, user_placed
 from llamafit.fit.policy import Outcome, fit_with_policy
 from llamafit.fit.projector import ProjectorPlacement, place_projector
 from llamafit.fit.runtime import plan_runtime
-from llamafit.fit.search import CTX_STEP, MAX_SPLIT_DEVICES, Search, Trial, select_gpus
+from llamafit.fit.search import CTX_STEP, Search, Trial
 from llamafit.gguf.hparams import UNVERIFIED_MEMORY_ARCHS
 from llamafit.gguf.mmproj import Projector
 from llamafit.gguf.model import ModelInfo

@@ -15,8 +15,9 @@ from dataclasses import replace
 
 from llamafit.devices.machine import Device, Machine
 from llamafit.devices.rates import Rates
+from llamafit.fit.devices import select_gpus
 from llamafit.fit.messages import where
-from llamafit.fit.search import Search, Trial, select_gpus
+from llamafit.fit.search import Search, Trial
 from llamafit.fit.speed import trial_speed
 from llamafit.plan import Decision
 from llamafit.request import Request

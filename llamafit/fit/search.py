@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 from llamafit.calibration import Corrections
 from llamafit.devices.machine import Device, Machine
-from llamafit.errors import DoesNotFitError, UsageError
+from llamafit.errors import DoesNotFitError
 from llamafit.fit import messages
 from llamafit.fit.split import split_balanced, split_fastest, split_greedy
 from llamafit.gguf.model import ModelInfo
@@ -28,8 +28,6 @@ from llamafit.request import PARTIAL_EXPS_REGEX, Request, experts_on_cpu
 from llamafit.speculative import SpecConfig, SpecOptions, drafter_use
 
 CTX_STEP = N_CTX_PAD  # the server pads n_ctx to this: the only contexts that differ
-# -ts takes fewer values than llama_max_devices() = 16 (common/arg.cpp:2843, src/llama.cpp:86-88)
-MAX_SPLIT_DEVICES = 15
 
 
 @dataclass(frozen=True)
@@ -47,33 +45,6 @@ class Trial:
     def total(self, dev: str) -> int:
         base = self.fp.host if dev == CPU else self.fp.gpus[dev]
         return base.total + self.extra.get(dev, Use()).total
-
-
-def select_gpus(machine: Machine, req: Request) -> list[Device]:
-    """The devices the server will offload to: all, the ``-dev`` ones, or the main one with ``-sm none``."""
-    if req.cpu_only:
-        return []
-    gpus = list(machine.gpus)
-    if req.devices is not None:
-        by_id = {g.id: g for g in gpus}
-        chosen = []
-        for name in req.devices:
-            if name not in by_id:
-                raise UsageError(
-                    f"-dev {name}: no such device", hint="devices: " + (", ".join(by_id) or "none (CPU only)")
-                )
-            chosen.append(by_id[name])
-        gpus = chosen
-    if req.split_mode == "none" and gpus:
-        gpus = [gpus[min(req.main_gpu, len(gpus) - 1)]]
-    if len(gpus) > MAX_SPLIT_DEVICES:
-        if req.devices is not None:
-            raise UsageError(
-                f"-dev names {len(gpus)} devices; llama.cpp splits a model over at most {MAX_SPLIT_DEVICES}",
-                hint="name fewer devices with -dev",
-            )
-        gpus = gpus[:MAX_SPLIT_DEVICES]  # the plan says so (messages.devices_capped)
-    return gpus
 
 
 class Search:
