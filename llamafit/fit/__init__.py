@@ -38,7 +38,7 @@ from llamafit.fit.search import CTX_STEP, Search, Trial
 from llamafit.gguf.hparams import UNVERIFIED_MEMORY_ARCHS
 from llamafit.gguf.mmproj import Projector
 from llamafit.gguf.model import ModelInfo
-from llamafit.memory import backends
+from llamafit.memory import backends, tensor_split
 from llamafit.memory.adapters import Adapters
 from llamafit.memory.build_match import match
 from llamafit.memory.builds import MIRRORED, nextn_weights
@@ -180,6 +180,8 @@ def _make_plan(
     if problem := check_cache_types(model.hparams, req.type_k, req.type_v, req.flash_attn):
         raise UsageError(f"llama-server would refuse this: {problem}", hint="adjust -ctk/-ctv/-fa")
     gpus = select_gpus(machine, req)
+    if req.split_mode == "tensor" and gpus:
+        _check_tensor_split(model, req)
     check_buffer_types(req, opts, machine)
     req, opts = _overrides_by_device(req, opts, machine)
     # the server's build prices what changed between builds (llamafit.memory.builds); a lazy probe is not
@@ -280,7 +282,8 @@ def _decisions(
     if req.flash_attn == "auto" and t.fp.flash_attn is False and t.fp.context.offload_kqv:
         decisions.append(messages.flash_attn_resolved_off())
     if any(backends.kind(dev) == "rpc" for dev in t.fp.layer_device):
-        decisions.append(messages.rpc_network(t.fp.layer_device, machine))
+        tensor = list(t.fp.gpus) if search.tensor else []
+        decisions.append(messages.rpc_network(t.fp.layer_device, machine, tensor))
     if search.unified:
         unified = search.unified_use(t.fp, t.extra)
         host_use = t.fp.host.total + t.extra.get(CPU, Use()).total
@@ -416,7 +419,22 @@ def _load_warnings(model: ModelInfo, t: Trial) -> list[str]:
     cp = t.fp.context
     train = _train(model)
     out = [messages.seq_exceeds_train(cp.n_ctx_seq, train)] if cp.n_ctx_seq > train and train else []
+    mode = t.settings.split_mode
     cards = {d for d in t.fp.layer_device if d != CPU}
-    if t.settings.split_mode in ("tensor", "row") and len(cards) > 1:
-        out.append(messages.split_mode_memory(t.settings.split_mode))
+    if mode == "row" and len(cards) > 1:
+        out.append(messages.split_mode_memory(mode, None))
+    elif mode == "tensor" and len(t.fp.gpus) > 1 and (why := tensor_split.not_modelled(model)) is not None:
+        out.append(messages.split_mode_memory(mode, why))
     return out
+
+
+def _check_tensor_split(model: ModelInfo, req: Request) -> None:
+    """What llama.cpp refuses under -sm tensor: an architecture it does not split (llama-model.cpp:360-370), flash
+    attention off (llama-context.cpp:3824-3836)."""
+    if model.arch in tensor_split.UNSUPPORTED:
+        raise UsageError(
+            f"llama-server would refuse this: -sm tensor is not implemented for the {model.arch} architecture",
+            hint="use -sm layer",
+        )
+    if req.flash_attn == "off":
+        raise UsageError("llama-server would refuse this: -sm tensor requires flash attention", hint="drop -fa off")

@@ -47,7 +47,7 @@ def faster_split(
 ) -> tuple[Trial, Decision | None]:
     """``t``, or the fastest-first split of the same layers when it fits and is predicted faster."""
     ids = search.ids
-    if pinned or rates is None or len(ids) < 2 or not t.settings.tensor_split:
+    if pinned or rates is None or len(ids) < 2 or not t.settings.tensor_split or search.tensor:
         return t, None
     if any(g not in rates for g in ids):
         return t, None

@@ -26,6 +26,9 @@ def where(s: LoadSettings, ids: Sequence[str]) -> str:
     """The cards a placement uses, with their layer counts when there are several."""
     if len(ids) <= 1 or not s.tensor_split:
         return ", ".join(ids)
+    if s.split_mode == "tensor":  # every card holds its share of every layer
+        shares = ":".join(str(int(n)) for n in s.tensor_split)
+        return f"{' and '.join(ids)} (-sm tensor: each layer split {shares})"
     used = [(d, int(n)) for d, n in zip(ids, s.tensor_split, strict=False) if n > 0]
     if len(used) == 1:
         return used[0][0]
@@ -192,9 +195,17 @@ def flash_attn_resolved_off() -> Decision:
     )
 
 
-def rpc_network(layer_device: Sequence[str], machine: Machine) -> Decision:
-    """Where layers sit across machines, and which layer boundaries send activations over the network."""
+def rpc_network(layer_device: Sequence[str], machine: Machine, tensor: Sequence[str] = ()) -> Decision:
+    """Where layers sit across machines, and which layer boundaries send activations over the network;
+    ``tensor``: the cards of a -sm tensor split, which hold a share of every layer."""
     where_ = {g.id: g.endpoint or "this machine" for g in machine.gpus}
+    if tensor:
+        cards = " and ".join(f"{d} ({where_.get(d, 'this machine')})" for d in tensor)
+        return Decision(
+            "rpc.network",
+            f"Over RPC: every layer split over {cards} (-sm tensor); the cards exchange two partial sums a layer "
+            "over the network, each a round trip through this machine.",
+        )
     runs: list[tuple[str, int, int]] = []  # (device, first layer, last layer)
     for il, dev in enumerate(layer_device):
         if runs and runs[-1][0] == dev:
@@ -447,13 +458,10 @@ def does_not_fit(
     )
 
 
-def split_mode_memory(mode: str) -> str:
-    """-sm tensor / row: the speed is the mode's (llamafit.speed.parallel), the memory a layer split's."""
+def split_mode_memory(mode: str, why: str | None) -> str:
+    """-sm tensor not modelled for this model (``why``), or -sm row: the memory is a layer split's."""
     if mode == "tensor":
-        how = (
-            "llama.cpp's Meta device gives each card its slice of every layer and cache, and a compute buffer and "
-            "reduction buffers of its own, which this plan does not model"
-        )
+        how = f"{why}: each card's slice of every layer, cache and reduction buffer is not modelled"
     else:
         how = (
             "the row split needs a backend with split buffers (builds with the Meta device keep them for SYCL only: "

@@ -23,9 +23,11 @@ from llamafit.memory.adapters import Adapters
 from llamafit.memory.context import N_CTX_PAD, per_layer_memory
 from llamafit.memory.footprint import Footprint, LoadSettings, Use, estimate
 from llamafit.memory.placement import CPU, Override
+from llamafit.memory.tensor_split import not_modelled
 from llamafit.plan import Decision
 from llamafit.request import PARTIAL_EXPS_REGEX, Request, experts_on_cpu
 from llamafit.speculative import SpecConfig, SpecOptions, drafter_use
+from llamafit.units import GiB
 
 CTX_STEP = N_CTX_PAD  # the server pads n_ctx to this: the only contexts that differ
 
@@ -68,6 +70,11 @@ class Search:
         self.host_usable = machine.host.available - req.margins.get("host", req.margin)
         # --margin DEV=SIZE names devices case-insensitively (Vulkan0, VULKAN0 and vulkan0 are one device)
         self.usable = {g.id: g.free - req.margins.get(g.id.upper(), req.margin) for g in gpus}
+        # -sm tensor over several cards: every GPU layer is on all of them (llamafit.memory.tensor_split), each
+        # card's share of each layer in proportion to its room (-ts in GiB)
+        self.tensor = req.split_mode == "tensor" and len(self.ids) > 1 and not_modelled(model) is None
+        self.shares = tuple(float(max(1, self.usable[i] // GiB)) for i in self.ids)
+        self.by_layer = len(self.ids) > 1 and not self.tensor  # several cards, each holding whole layers
         # unified memory: the device's memory is host RAM, so the host's budget bounds it too, and
         # device and host use are checked together against it (docs/backends.md)
         self.unified = [g.id for g in gpus if g.uma]
@@ -162,6 +169,8 @@ class Search:
         ngl = min(n_gpu_layers, n_units)
         if len(self.ids) == 1:
             return replace(s, n_gpu_layers=ngl if ngl < n_units else -1, tensor_split=())
+        if self.tensor:
+            return replace(s, n_gpu_layers=ngl if ngl < n_units else -1, tensor_split=s.tensor_split or self.shares)
         probe_s = replace(s, n_gpu_layers=-1, tensor_split=(1.0,) * len(self.ids))
         # a probe for the per-layer costs: the per-phase compute is enough here (the trial that follows
         # is priced exactly, and a card its split overflows is packed again with that cut)
@@ -215,7 +224,7 @@ class Search:
         # the overflow off that card and pack again (at most three passes)
         cuts: dict[str, int] = {}
         for _ in range(3):
-            if t.ok or len(self.ids) < 2 or t.worst not in self.ids:
+            if t.ok or not self.by_layer or t.worst not in self.ids:
                 break
             cuts[t.worst] = cuts.get(t.worst, 0) + t.over
             again = self.pack(s, n_gpu_layers, spec, cuts)
@@ -230,7 +239,7 @@ class Search:
         layer), which can leave a layer's room on the others; the estimate of the packed split knows
         each card's own. The card with the most room left is tried first."""
         n_units = self.model.hparams.n_layer_all + 1
-        while len(self.ids) > 1 and t.ok and t.settings.tensor_split and 0 < t.settings.n_gpu_layers < n_units:
+        while self.by_layer and t.ok and t.settings.tensor_split and 0 < t.settings.n_gpu_layers < n_units:
             s = t.settings
             counts = list(s.tensor_split)
             room = {i: self.usable[g] - t.total(g) for i, g in enumerate(self.ids)}
@@ -257,7 +266,7 @@ class Search:
         cards (the packing's per-card budgets are conservative, see ``grow``): the first that fits."""
         s = replace(t.settings, overrides=overrides)
         cands = [s]
-        counts = list(s.tensor_split) if moves else []
+        counts = list(s.tensor_split) if moves and not self.tensor else []
         for i in range(len(counts)):
             for j in range(len(counts)):
                 if i != j and counts[j] > 1:

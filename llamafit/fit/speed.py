@@ -54,7 +54,10 @@ def priced(plan: Plan, rates: Mapping[str, Rates]) -> Plan:
 
 def used_devices(plan: Plan) -> list[str]:
     """The devices a plan's load puts work on, whose rates its speed reads."""
-    return _used(plan.footprint, [d.device.id for d in plan.devices], plan.settings.op_offload)
+    ids = [d.device.id for d in plan.devices]
+    if plan.settings.split_mode == "tensor":  # the Meta device runs every layer on every card
+        return sorted({*_used(plan.footprint, ids, plan.settings.op_offload), *ids})
+    return _used(plan.footprint, ids, plan.settings.op_offload)
 
 
 def _speed(
@@ -82,6 +85,7 @@ def _speed(
         limits={g.id: g.max_tensor for g in gpus if g.max_tensor},
         full_context=full_context,
         split_mode=settings.split_mode,
+        tensor_split=settings.tensor_split,
     )
     return replace(sp, unknown=tuple(_hint(u, gpus) for u in sp.unknown))
 

@@ -84,9 +84,12 @@ def kind(device: str) -> str:
     return "rpc" if b.name == "RPC" else "gpu"
 
 
+META = "Meta()"  # -sm tensor's Meta device, as llama.cpp logs its buffers (each card holds one of that size or less)
+
+
 def is_device_buffer(name: str) -> bool:
     """A buffer that lives on an offload device (not host memory, not a pinned host buffer)."""
-    return backend(name) is not None
+    return name == META or backend(name) is not None
 
 
 def device_of_buffer(name: str) -> str:

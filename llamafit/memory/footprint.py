@@ -11,13 +11,21 @@ from dataclasses import dataclass, field, fields, replace
 
 from llamafit.ggml import by_name
 from llamafit.gguf.model import ModelInfo
-from llamafit.memory import backends
+from llamafit.memory import backends, tensor_split
 from llamafit.memory.builds import MIRRORED, mtp_graph, outputs_per_slot
 from llamafit.memory.compute import ComputeSettings, compute_buffers, output_buffer_bytes, resolve_flash_attn
 from llamafit.memory.context import ContextParams, memory_buffers, resolve_context
 from llamafit.memory.graph.replay import pooling_kind
 from llamafit.memory.graph.sampling import backend_chain
-from llamafit.memory.placement import CPU, Override, RepackProfile, WeightPlacement, gpu_layers, place_weights
+from llamafit.memory.placement import (
+    CPU,
+    CPU_ALIGN,
+    Override,
+    RepackProfile,
+    WeightPlacement,
+    gpu_layers,
+    place_weights,
+)
 
 
 @dataclass(frozen=True)
@@ -155,6 +163,22 @@ def estimate(
     ``exact_compute=False``: a split graph's compute buffers by the per-phase estimate, not the replay of
     the scheduler (a quick probe; ``llamafit.memory.compute``).
     """
+    if s.split_mode == "tensor" and len(gpus) > 1 and tensor_split.not_modelled(model) is None:
+        inner = estimate(
+            model,
+            replace(s, flash_attn="on" if s.flash_attn == "auto" else s.flash_attn),
+            gpus[:1],
+            free=free[:1],
+            overhead=overhead,
+            profile=profile,
+            context_label=context_label,
+            share_weights=share_weights,
+            compute_scale=compute_scale,
+            estimate_scale=estimate_scale,
+            limits=limits,
+            exact_compute=exact_compute,
+        )
+        return _on_cards(model, s, inner, list(gpus), overhead or {})
     hp = model.hparams
     gpu_ids = list(gpus)
     if s.split_mode == "none" and gpu_ids:
@@ -298,3 +322,48 @@ def estimate(
         compute_replayed=comp.replayed,
         compute_scaled=scaled,
     )
+
+
+def _on_cards(
+    model: ModelInfo, s: LoadSettings, one: Footprint, cards: list[str], overhead: Mapping[str, int]
+) -> Footprint:
+    """``one`` (the load with the Meta device standing as the first card) spread over ``cards`` as the Meta device
+    spreads it (``llamafit.memory.tensor_split``): each card its slices and the whole compute buffer; the log's
+    Meta buffers are the largest card's."""
+    meta = cards[0]
+    split = list(s.tensor_split) if any(s.tensor_split) else [0.0] * len(cards)
+    split = (split + [0.0] * len(cards))[: len(cards)]
+    placed = [p for p in one.placement.tensors if p.device == meta]
+    bufts = {p.buft for p in placed}
+    align = max((backends.alignment(b, CPU_ALIGN) for b in bufts), default=CPU_ALIGN)
+    slices = tensor_split.weight_slices(model, placed, split, backends.pads_rows(meta))
+    weights = tensor_split.card_buffers(slices, align)
+    attn_type = {
+        p.tensor.layer: p.tensor.info.type.name
+        for p in placed
+        if p.tensor.layer is not None and p.tensor.name.endswith("attn_output.weight")
+    }
+    kv = tensor_split.kv_slices(model, one.context, split, align, attn_type) if s.offload_kqv else {}
+    reduce = tensor_split.reduce_buffers(model.hparams, one.context.n_ubatch, len(cards))
+    compute = one.gpus[meta].compute if meta in one.gpus else 0
+    gpus = {
+        d: Use(
+            model=weights[i],
+            kv=sum(c[i] for c in kv.values()),
+            compute=compute,
+            overhead=overhead.get(d, backends.runtime_overhead(d)) + reduce,
+        )
+        for i, d in enumerate(cards)
+    }
+    buffers: list[PredictedBuffer] = []
+    for b in one.buffers:
+        if backends.device_of_buffer(b.buft) != meta:
+            buffers.append(b)
+        elif b.kind == "model":
+            buffers.append(replace(b, buft=tensor_split.META, nbytes=max(weights)))
+        elif b.kind == "compute":
+            buffers.append(replace(b, buft=tensor_split.META))
+    # the KV buffers in the order the caches log them (kv, then swa)
+    label = one.buffers[0].context if one.buffers else "target"
+    buffers += [PredictedBuffer(label, "kv", tensor_split.META, max(c)) for c in kv.values()]
+    return replace(one, gpus=gpus, buffers=tuple(buffers))

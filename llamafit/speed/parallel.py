@@ -52,14 +52,16 @@ def spread(
     """``ev`` (a layer split's evaluation) as ``mode`` runs it over the offload ``devices`` holding its layers.
     ``shares``: each card's part of the split weights (the ``-ts`` proportions the placement followed);
     ``row_matmuls``: the split matmuls one evaluation runs (row mode)."""
-    group = tuple(d for d in devices if d != CPU and d in ev.devices)
+    # the Meta device is all the cards (its layers stand on the first in a plan that models its memory), a row split
+    # the cards holding layers
+    group = tuple(d for d in devices if d != CPU and ((mode == "tensor" and d in shares) or d in ev.devices))
     if mode not in PARALLEL_MODES or len(group) < 2:
         return ev
     total = sum(shares.get(d, 0.0) for d in group)
     part = {d: (shares.get(d, 0.0) / total if total > 0 else 1.0 / len(group)) for d in group}
     act = 4.0 * n_embd * ev.tokens
     work = dict(ev.devices)
-    merged = _merge([ev.devices[d] for d in group])
+    merged = _merge([ev.devices[d] for d in group if d in ev.devices])
     if mode == "tensor":
         for d in group:
             work[d] = _slice(merged, part[d], whole_graph=True)
@@ -68,7 +70,7 @@ def spread(
         splits = tuple(s for s in ev.splits if CPU in (s.src, s.dst))
         return replace(ev, devices=work, splits=tuple(_onto(s, group) for s in splits), spread=how)
     for d in group:  # row: the matmul weights' bytes and FLOPs by rows, the rest where its layer is
-        w = ev.devices[d]
+        w = ev.devices.get(d, DeviceWork())
         work[d] = replace(
             w,
             weight_bytes={t: b * part[d] for t, b in merged.weight_bytes.items()},

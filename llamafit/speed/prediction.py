@@ -206,10 +206,11 @@ def predict(
     limits: Mapping[str, int] | None = None,
     full_context: bool = True,
     split_mode: str = "layer",
+    tensor_split: Sequence[float] = (),
 ) -> Speed:
     """pp and tg of one plan at ``depth`` (and, with ``full_context``, with the context full); ``split_mode``:
     llama-server's ``-sm`` (tensor and row spread the placement's GPU layers over their cards at once,
-    ``llamafit.speed.parallel``)."""
+    ``llamafit.speed.parallel``; ``tensor_split``: -ts, each card's share of a tensor split, equal without it)."""
 
     seen: dict[tuple[int, int], Evaluation] = {}  # decode's evaluation is also the tg phase's
     walks = _walks(model, placement, cp, devices, op_offload, limits, nodes_per_layer)
@@ -219,6 +220,10 @@ def predict(
         if p.device != CPU:
             shares[p.device] = shares.get(p.device, 0.0) + p.tensor.info.nbytes
             row_matmuls += p.tensor.matmul and len(p.tensor.info.shape) == 2
+    if split_mode == "tensor":  # the Meta device's cards: all the offload devices, in -ts proportions
+        cards = [d for d in devices if d != CPU]
+        ts = list(tensor_split) if any(tensor_split) else [1.0] * len(cards)
+        shares = dict(zip(cards, ts, strict=False))
 
     def ev(tokens: int, at: int) -> Evaluation:
         if (tokens, at) not in seen:
