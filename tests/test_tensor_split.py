@@ -75,6 +75,10 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "qwen06": factory.qwen3_0_6b().write(d / "qwen3-0.6b.gguf"),  # tied output: mirrored
         "gemma3": factory.gemma3().write(d / "gemma3.gguf"),  # sliding-window cache beside the full one
         "gpt_oss": factory.gpt_oss(n_layer=6).write(d / "gpt-oss.gguf"),  # experts, biases, sinks, own output
+        # a draft model of the target's vocabulary, in a folder of its own (beside the target it is a sidecar)
+        "draft": factory.dense(name="draft", arch="qwen3", n_layer=2, n_vocab=151936).write(
+            tmp_path_factory.mktemp("tensor-draft") / "draft.gguf"
+        ),
     }
 
 
@@ -108,3 +112,20 @@ def test_the_meta_devices_buffers_are_the_plans(
         r = by[(kind, tensor_split.META)]
         assert r.actual_mib is not None and r.within, r
     assert all(r.within for r in rows), [r for r in rows if not r.within]
+
+
+@pytest.mark.server
+def test_a_drafter_under_a_tensor_split_is_on_one_card(
+    rpc_servers: list[str], server_bin: ServerBinary, models: dict[str, Path]
+) -> None:
+    """A drafter inherits -sm tensor and fails to load on no device (-devd none): the plan puts it whole on one card,
+    which llama.cpp loads as a layer split, and prices both contexts as the server allocates them."""
+    opts = Options(server_args=("-c", "4096", "-sm", "tensor"), rpc=[",".join(rpc_servers)], server=server_bin.path,
+                   calibrate=False, draft=str(models["draft"]))  # fmt: skip
+    prep = prepare(str(models["qwen06"]), opts)
+    assert prep.argv[prep.argv.index("-devd") + 1] == "RPC0", prep.argv
+    log = run_argv(server_bin, prep.argv[1:])
+    assert prep.plan.draft_footprint is not None
+    for context, fp in (("target", prep.plan.footprint), ("draft", prep.plan.draft_footprint)):
+        rows = compare(fp, log, context, prep.plan.buffer_aliases)
+        assert rows and all(r.within for r in rows), [r for r in rows if not r.within]

@@ -94,6 +94,11 @@ def fit_with_policy(
         options = [local, *(((g,) for g in local) if len(local) > 1 else ())]
     elif opts.devices is None and not d.embedded and len(search.ids) > 1:
         options += [(g,) for g in search.ids]
+    if search.tensor and opts.devices is None and not d.embedded:
+        # a drafter inherits -sm tensor, and the Meta device of no card fails to load ("needs >= 1 devices",
+        # src/llama.cpp:204-207): whole on one card (llama.cpp loads one card's drafter as a layer split,
+        # speculative.cpp:2544-2551), a local one first
+        options = [(g,) for g in (local or tuple(search.ids))]
 
     def fallback(
         alone: Trial, alone_dec: Decision | None, dropped: Callable[[str | None, tuple[int, int] | None], str]
