@@ -178,7 +178,7 @@ def estimate(
             limits=limits,
             exact_compute=exact_compute,
         )
-        return _on_cards(model, s, inner, list(gpus), overhead or {})
+        return _on_cards(model, s, inner, list(gpus), overhead or {}, share_weights)
     hp = model.hparams
     gpu_ids = list(gpus)
     if s.split_mode == "none" and gpu_ids:
@@ -325,11 +325,11 @@ def estimate(
 
 
 def _on_cards(
-    model: ModelInfo, s: LoadSettings, one: Footprint, cards: list[str], overhead: Mapping[str, int]
+    model: ModelInfo, s: LoadSettings, one: Footprint, cards: list[str], overhead: Mapping[str, int], shared: bool
 ) -> Footprint:
     """``one`` (the load with the Meta device standing as the first card) spread over ``cards`` as the Meta device
     spreads it (``llamafit.memory.tensor_split``): each card its slices and the whole compute buffer; the log's
-    Meta buffers are the largest card's."""
+    Meta buffers are the largest card's. ``shared``: a second context over the loaded weights (no weights)."""
     meta = cards[0]
     split = list(s.tensor_split) if any(s.tensor_split) else [0.0] * len(cards)
     split = (split + [0.0] * len(cards))[: len(cards)]
@@ -337,7 +337,7 @@ def _on_cards(
     bufts = {p.buft for p in placed}
     align = max((backends.alignment(b, CPU_ALIGN) for b in bufts), default=CPU_ALIGN)
     slices = tensor_split.weight_slices(model, placed, split, backends.pads_rows(meta))
-    weights = tensor_split.card_buffers(slices, align)
+    weights = [0] * len(cards) if shared else tensor_split.card_buffers(slices, align)
     attn_type = {
         p.tensor.layer: p.tensor.info.type.name
         for p in placed
