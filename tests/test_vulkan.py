@@ -107,6 +107,25 @@ def test_the_plan_matches_the_vulkan_servers_buffers(
         assert -0.02 <= err <= 0.10, f"{r.buft}: {r.predicted / MiB:.2f} vs {r.actual_mib}"
 
 
+@pytest.mark.parametrize("devices", ["0,0"], indirect=True)
+@pytest.mark.parametrize(("shape", "args"), [("qwen3-0.6b", []), ("gemma3", ["-ts", "3,1"]), ("moe", [])])
+def test_a_tensor_split_over_two_vulkan_devices_is_the_meta_devices(
+    vulkan: ServerBinary, shapes: dict[str, Path], shape: str, args: list[str], devices: str
+) -> None:
+    """-sm tensor on a second backend (llamafit.memory.tensor_split): each card's slices as the Meta() buffers
+    report them; lavapipe's largest tensor keeps a tied output on the host, beside the Meta device."""
+    o = Options(server_args=["--no-warmup", "-sm", "tensor", *args], server=vulkan.path, calibrate=False)
+    found = server_and_caps(vulkan.path)
+    prep = prepare(str(shapes[shape]), o, machine=discover_for(o, found[0]), server=found)
+    assert not prep.plan.warnings, prep.plan.warnings
+    rows = compare_all(prep, run_argv(vulkan, prep.argv[1:], timeout=300))
+    assert {"model", "kv", "compute"} <= {r.kind for r in rows if r.buft == "Meta()"}
+    exact = [r for r in rows if r.kind != "compute" and not r.within]
+    assert not exact, "\n".join(f"{r.kind} {r.buft}: {r.predicted / MiB:.2f} vs {r.actual_mib}" for r in exact)
+    for r in (r for r in rows if r.kind == "compute"):  # graph_optimize's reordering, as above
+        assert r.actual_mib is not None and -0.02 <= r.predicted / MiB / r.actual_mib - 1 <= 0.10, r
+
+
 @pytest.mark.parametrize("devices", ["0", "0,0"], indirect=True)
 @pytest.mark.parametrize(("shape", "args"), [("qwen3-0.6b", []), ("qwen3-0.6b", ["-ngl", "20"]),
                                              ("gemma3", ["-np", "2"]), ("gemma3", ["-ngl", "5"]),
