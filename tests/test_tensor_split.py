@@ -49,6 +49,19 @@ def test_each_card_holds_its_slice_and_all_of_what_is_mirrored(l8b: ModelInfo) -
     assert next(x.nbytes for x in meta if x.kind == "model") == max(a.model, b.model)
 
 
+def test_a_gated_delta_net_is_cut_by_key_heads(tmp_path: Path) -> None:
+    # Qwen3.5's recurrent layers: Q/K/V channels and the states by key heads (128 channels a granule: two here), the
+    # V heads each K head serves beside them; under -ts 3:1 a layer's cut rounds to 1:1 or, with the order of the
+    # cards rotated on every other recurrent layer, 2:0, which over the layers is 3:1 (as a real server over two
+    # Vulkan devices holds them: tests/test_vulkan.py)
+    wide = load_model(factory.qwen35(n_embd=512, d_state=128, head_dim=128).write(tmp_path / "q35.gguf"))
+    fp = estimate(wide, LoadSettings(n_ctx=4096, split_mode="tensor", tensor_split=(3.0, 1.0)), ["CUDA0", "CUDA1"])
+    one = estimate(wide, LoadSettings(n_ctx=4096, split_mode="tensor"), ["CUDA0"])
+    a, b, whole = fp.gpus["CUDA0"], fp.gpus["CUDA1"], one.gpus["CUDA0"]
+    assert a.rs + b.rs == whole.rs and a.rs == 3 * b.rs
+    assert {x.kind for x in fp.buffers if x.buft == tensor_split.META} == {"model", "kv", "rs", "compute"}
+
+
 def test_the_fit_splits_each_layer_by_the_cards_room(l8b: ModelInfo) -> None:
     machine = Machine(tuple(described_gpus(["rtx-4090", "16GiB@rtx-4080"])), Host(total=256 * GiB, available=240 * GiB))
     plan = make_plan(l8b, machine, build_request(parse_server_args(["-sm", "tensor"])))

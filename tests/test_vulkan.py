@@ -55,6 +55,10 @@ def shapes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "gemma3": factory.gemma3().write(d / "gemma3.gguf"),  # sliding window
         "moe": factory.moe().write(d / "moe.gguf"),
         "hybrid": factory.qwen35().write(d / "hybrid.gguf"),  # recurrent + attention
+        # key heads wider than the tensor split's granule, so its states are cut between the cards
+        "hybrid_wide": factory.qwen35(name="hybrid-wide", n_embd=512, d_state=128, head_dim=128).write(
+            d / "hybrid-wide.gguf"
+        ),
         "mla": factory.deepseek2(n_layer=6).write(d / "mla.gguf"),  # MLA with experts
         "lfm2": factory.lfm2().write(d / "lfm2.gguf"),  # short convolutions and attention
         "nemotron_h": factory.nemotron_h().write(d / "nemotron-h.gguf"),  # Mamba-2 (d_state 64), attention, MLP
@@ -108,7 +112,10 @@ def test_the_plan_matches_the_vulkan_servers_buffers(
 
 
 @pytest.mark.parametrize("devices", ["0,0"], indirect=True)
-@pytest.mark.parametrize(("shape", "args"), [("qwen3-0.6b", []), ("gemma3", ["-ts", "3,1"]), ("moe", [])])
+@pytest.mark.parametrize(
+    ("shape", "args"),
+    [("qwen3-0.6b", []), ("gemma3", ["-ts", "3,1"]), ("moe", []), ("hybrid", []), ("hybrid_wide", ["-ts", "3,1"])],
+)
 def test_a_tensor_split_over_two_vulkan_devices_is_the_meta_devices(
     vulkan: ServerBinary, shapes: dict[str, Path], shape: str, args: list[str], devices: str
 ) -> None:

@@ -338,18 +338,19 @@ def _on_cards(
     align = max((backends.alignment(b, CPU_ALIGN) for b in bufts), default=CPU_ALIGN)
     slices = tensor_split.weight_slices(model, placed, split, backends.pads_rows(meta))
     weights = [0] * len(cards) if shared else tensor_split.card_buffers(slices, align)
-    attn_type = {
+    partner = {
         p.tensor.layer: p.tensor.info.type.name
         for p in placed
-        if p.tensor.layer is not None and p.tensor.name.endswith("attn_output.weight")
+        if p.tensor.layer is not None and p.tensor.name.endswith(("attn_output.weight", "ssm_out.weight"))
     }
-    kv = tensor_split.kv_slices(model, one.context, split, align, attn_type) if s.offload_kqv else {}
+    caches = tensor_split.memory_slices(model, one.context, split, align, partner) if s.offload_kqv else {}
     reduce = tensor_split.reduce_buffers(model.hparams, one.context.n_ubatch, len(cards))
     compute = one.gpus[meta].compute if meta in one.gpus else 0
     gpus = {
         d: Use(
             model=weights[i],
-            kv=sum(c[i] for c in kv.values()),
+            kv=sum(c[i] for (kind, _), c in caches.items() if kind == "kv"),
+            rs=sum(c[i] for (kind, _), c in caches.items() if kind == "rs"),
             compute=compute,
             overhead=overhead.get(d, backends.runtime_overhead(d)) + reduce,
         )
@@ -363,7 +364,7 @@ def _on_cards(
             buffers.append(replace(b, buft=tensor_split.META, nbytes=max(weights)))
         elif b.kind == "compute":
             buffers.append(replace(b, buft=tensor_split.META))
-    # the KV buffers in the order the caches log them (kv, then swa)
+    # the cache buffers in the order the caches log them (kv, then swa; the recurrent states)
     label = one.buffers[0].context if one.buffers else "target"
-    buffers += [PredictedBuffer(label, "kv", tensor_split.META, max(c)) for c in kv.values()]
+    buffers += [PredictedBuffer(label, kind, tensor_split.META, max(c)) for (kind, _), c in caches.items()]
     return replace(one, gpus=gpus, buffers=tuple(buffers))

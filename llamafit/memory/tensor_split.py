@@ -16,8 +16,9 @@ of every other.
   the experts' output over a ubatch) for the reductions between cards (ggml-backend-meta.cpp:2200-2248), allocated
   at the first evaluation: no log line reports them.
 
-The log reports each Meta buffer as the largest card's (``meta_buf->size = max``). Models whose split needs
-segments or states of their own (recurrent layers, Qwen3-Next/3.5's fused gates, DeepSeek-V4) are not modelled.
+The log reports each Meta buffer as the largest card's (``meta_buf->size = max``). Qwen3.5's family (gated delta-net
+layers and their states cut by key heads, a Q gate doubling Q) is modelled; the architectures with rules of their own
+beyond it (Qwen3-Next, DeepSeek-V4, other recurrent layers, MLA) are not.
 """
 
 from __future__ import annotations
@@ -75,7 +76,10 @@ UNSUPPORTED = frozenset(
     }
 )
 # split with segments, granularities or mirrored states of their own (get_split_segments and the dsv4/hrm branches)
-OWN_RULES = frozenset({"qwen3next", "qwen35", "qwen35moe", "clef", "qwen4exp", "deepseek4", "dflash", "hrm-text"})
+OWN_RULES = frozenset({"qwen3next", "deepseek4", "dflash", "hrm-text"})
+# Qwen3.5's family: gated delta-net layers cut by key heads, V heads interleaved over them, a Q gate doubling Q
+# ([TAG_SPLIT_QGATE_QWEN], llama-model.cpp:607-660, 691-720, 765-770)
+QWEN35 = frozenset({"qwen35", "qwen35moe", "clef", "qwen4exp"})
 
 _BLK = re.compile(r"^blk\.(\d+)\.(.+)$")
 _AXIS1_ATTN = re.compile(r"^attn_(q|k|v|qkv|gate)\.weight$")
@@ -88,7 +92,7 @@ _FFN_DOWN = re.compile(r"^ffn_down(_exps)?\.weight$")
 def not_modelled(model: ModelInfo) -> str | None:
     """Why this model's tensor split is not modelled here (None: it is)."""
     hp = model.hparams
-    if hp.arch in OWN_RULES or any(hp.is_recr) or hp.mla:
+    if hp.arch in OWN_RULES or (any(hp.is_recr) and hp.arch not in QWEN35) or hp.mla:
         return f"the {hp.arch} architecture's tensor split has rules of its own"
     return None
 
@@ -123,11 +127,20 @@ def _config(name: str, shape: Sequence[int], tensors: Mapping[str, PlacedTensor]
         return 0, down
     if base == "ffn_down_exps.bias":
         return PARTIAL, name
+    ssm = prefix + "ssm_out.weight"
+    if base in ("ssm_dt.bias", "ssm_a"):
+        return 0, ssm
+    if base in ("ssm_alpha.weight", "ssm_beta.weight", "ssm_ba.weight", "ssm_conv1d.weight"):
+        return 1, ssm
+    if base == "ssm_out.weight":
+        return 0, name
     return MIRRORED, name
 
 
 def _segments(hp: Hparams, il: int, base: str, ne: int) -> list[tuple[int, int]]:
     """get_split_segments: (elements, repeats) of a fused tensor's parts along its split axis."""
+    if hp.arch in QWEN35:
+        return _qwen35_segments(hp, il, base, ne)
     if base.startswith("attn_qkv."):
         q, k, v = hp.n_head[il] * hp.head_k_at(il), hp.n_embd_k_gqa(il), hp.n_embd_v_gqa(il)
         return [(q, 1), (k, 2)] if k == v else [(q, 1), (k, 1), (v, 1)]
@@ -139,10 +152,44 @@ def _segments(hp: Hparams, il: int, base: str, ne: int) -> list[tuple[int, int]]
     return [(ne, 1)]
 
 
+def _qwen35_segments(hp: Hparams, il: int, base: str, ne: int) -> list[tuple[int, int]]:
+    """Qwen3.5's: Q, K, V and the V heads each K head serves, interleaved (llama-model.cpp:607-660)."""
+    if not hp.is_recr[il] and base.startswith("attn_qkv."):
+        return [(hp.n_head[il] * hp.head_k_at(il) * 2, 1), (hp.n_embd_v_gqa(il), 2)]
+    key_dim = hp.ssm_d_state * hp.ssm_n_group
+    ratio = hp.ssm_dt_rank // max(1, hp.ssm_n_group)
+    if base.startswith("attn_qkv.") or base == "ssm_conv1d.weight":
+        return [(key_dim, 2 + ratio)]
+    if base in ("attn_gate.weight", "ssm_out.weight"):
+        return [(key_dim, ratio)]
+    if base in ("ssm_dt.bias", "ssm_a", "ssm_alpha.weight", "ssm_beta.weight"):
+        return [(hp.ssm_n_group, ratio)]
+    if base == "cache_r":
+        return [(key_dim * (hp.ssm_d_conv - 1), 2 + ratio)]
+    if base == "cache_s":
+        return [(hp.ssm_n_group * hp.ssm_d_state * hp.ssm_d_state, ratio)]
+    if base.startswith("ffn_gate_up"):
+        return [(hp.n_ff_exp, 2)]
+    return [(ne, 1)]
+
+
 def _granularity(hp: Hparams, il: int, base: str, blck: int, n_cards: int, ne1: int) -> list[int]:
-    """get_split_granularity for a layer that is not recurrent: whole heads, or GRANULE-element FFN slices."""
+    """get_split_granularity: whole heads (a recurrent layer's key heads), or GRANULE-element FFN slices."""
+    if hp.is_recr[il]:
+        head = hp.ssm_d_state
+        g_qkv = math.lcm(math.lcm(blck, GRANULE), head)
+        if base in ("attn_qkv.weight", "attn_gate.weight", "ssm_conv1d.weight", "ssm_out.weight"):
+            return [g_qkv]
+        if base in ("ssm_dt.bias", "ssm_a", "ssm_alpha.weight", "ssm_beta.weight"):
+            return [g_qkv // head]
+        if base == "ssm_ba.weight":
+            return [2 * (g_qkv // head)]
+        if base in ("cache_r", "cache_s"):
+            return [g_qkv * ((hp.ssm_d_conv - 1) if base == "cache_r" else head)]
     if _FFN_AXIS1.match(base) or _FFN_BIAS.match(base) or _FFN_DOWN.match(base):
         return [math.lcm(blck, GRANULE)]
+    if hp.is_recr[il]:
+        return [1]
     head_k, head_v = hp.head_k_at(il), hp.head_v_at(il)
     n_gqa = hp.n_head[il] // max(1, hp.n_head_kv[il])
     n_embd_q = n_gqa * head_k
@@ -156,7 +203,7 @@ def _granularity(hp: Hparams, il: int, base: str, blck: int, n_cards: int, ne1: 
     if base == "attn_sinks.weight":
         return [g_head]
     if base.startswith("attn_q."):
-        return [g_q]
+        return [math.lcm(2 * n_embd_q, perf) if hp.arch in QWEN35 else g_q]
     if base == "attn_output.weight":
         return [g_head * head_v]
     if base == "attn_gate.weight":
@@ -164,6 +211,8 @@ def _granularity(hp: Hparams, il: int, base: str, blck: int, n_cards: int, ne1: 
     if base.startswith(("attn_k.", "attn_v.", "cache_k", "cache_v")):
         return [g_v if base.startswith(("attn_v.", "cache_v")) else g_kv]
     if base.startswith("attn_qkv."):
+        if hp.arch in QWEN35:
+            return [math.lcm(2 * n_embd_q, perf), g_kv]
         return [g_q, g_kv] if hp.n_embd_k_gqa(il) == hp.n_embd_v_gqa(il) else [g_q, g_kv, g_v]
     return [1]
 
@@ -172,7 +221,8 @@ def _rotation(hp: Hparams, il: int | None, n_cards: int) -> int:
     """The rotation of the rounding: by the layers before of the same kind (get_il_eff), n_layer for the rest."""
     if il is None:
         return hp.n_layer % n_cards
-    return sum(hp.is_swa[j] == hp.is_swa[il] for j in range(il)) % n_cards
+    kind = (hp.is_recr[il], hp.is_swa[il])
+    return sum((hp.is_recr[j], hp.is_swa[j]) == kind for j in range(il)) % n_cards
 
 
 def cut(ne: int, granule: int, split: Sequence[float], rotation: int) -> list[int]:
@@ -233,26 +283,34 @@ def card_buffers(slices: Sequence[Sequence[int]], align: int) -> list[int]:
     return [sum(pad(b, align) for b in card) for card in slices]
 
 
-def kv_slices(
-    model: ModelInfo, cp: ContextParams, split: Sequence[float], align: int, attn_type: Mapping[int, str]
-) -> dict[str, list[int]]:
-    """Each card's KV buffers, by sub-cache (``kv``, ``swa``): the K and V of every layer on the Meta device (those
-    ``attn_type`` names, with the type of their attention output weight, whose block size sets the head granule),
-    cut by heads."""
+def memory_slices(
+    model: ModelInfo, cp: ContextParams, split: Sequence[float], align: int, partner_type: Mapping[int, str]
+) -> dict[tuple[str, str], list[int]]:
+    """Each card's cache buffers, by kind and sub-cache (``kv``/``swa``, ``rs``): the K and V (a recurrent layer's R
+    and S states) of every layer on the Meta device cut by heads. ``partner_type``: those layers, each with the type
+    of the weight whose block size sets the head granule (its attention output, a recurrent layer's ``ssm_out``)."""
     hp = model.hparams
     n = len(split)
-    out: dict[str, list[int]] = {}
+    out: dict[tuple[str, str], list[int]] = {}
     for a in memory_allocs(hp, cp):
         il = a.il
-        if il not in attn_type:
+        if il not in partner_type:
             continue
-        blck = by_name(attn_type[il]).blck
+        blck = by_name(partner_type[il]).blck
         rot = _rotation(hp, il, n)
-        widths = (hp.n_embd_k_gqa(il), hp.n_embd_v_gqa(il))
-        cards = out.setdefault(a.cache, [0] * n)
-        for size, width, base in zip(a.tensors, widths, ("cache_k", "cache_v"), strict=False):
-            g = _granularity(hp, il, base, blck, n, 1)[0]
-            for d, k in enumerate(cut(width, g, split, rot)):
+        if a.kind == "rs":
+            parts = zip(a.tensors, (hp.n_embd_r(), hp.n_embd_s()), ("cache_r", "cache_s"), strict=False)
+        else:
+            parts = zip(a.tensors, (hp.n_embd_k_gqa(il), hp.n_embd_v_gqa(il)), ("cache_k", "cache_v"), strict=False)
+        cards = out.setdefault((a.kind, a.cache), [0] * n)
+        for size, width, base in parts:
+            segs = _segments(hp, il, base, width)
+            grans = _granularity(hp, il, base, blck, n, 1)
+            per = [0] * n
+            for (ne_s, reps), g in zip(segs, grans + grans[-1:] * (len(segs) - len(grans)), strict=False):
+                for d, k in enumerate(cut(ne_s, g, split, rot)):
+                    per[d] += k * reps
+            for d, k in enumerate(per):
                 cards[d] += pad(size * k // width, align)
     return out
 
