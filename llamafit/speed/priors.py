@@ -44,24 +44,25 @@ class Prior:
 
 
 # bench/speed_dev.py --fit over bench/data/speed_dev.json (2026-12-03): CUDA 71 rows, Metal 10, ROCm 16 (8 with
-# tg), Vulkan 6. Streaming shares are capped at 0.92 (no kernel reads faster than a device copy); the split cost
+# tg), Vulkan 6, each row's nodes counted on the graph of its own flash-attention setting (without it, a layer's
+# attention is more kernels). Streaming shares are capped at 0.92 (no kernel reads faster than a device copy); the split cost
 # is the slope of one model's time over 1 to 8 cards of a kind (the same build and bench); CUDA's node cost is
 # the one of builds since 2025, which replay CUDA graphs (rows from before them, 2023 to May 2024, and the first
 # graphs' own table fit their own, twice as high). A backend with under 10 tg rows keeps CUDA's float/quantized
 # proportions (and split cost, unless its own rows over several card counts give one: ROCm's MI50s, 0.3 ms) and
 # fits its own quantized streaming share and node cost (dense models and MoEs with three times the nodes per byte
-# tell the two apart: ROCm's mat-vec kernels at 70 % of the peak and 2.5 us a kernel without graphs, Vulkan's at
-# 66 % and 0.9 us) and one matmul share; the prefill's expert FLOPs are counted with MMQ's tile padding
+# tell the two apart: ROCm's mat-vec kernels at 71 % of the peak and 2.4 us a kernel without graphs, Vulkan's at
+# 66 % and 0.8 us) and one matmul share; the prefill's expert FLOPs are counted with MMQ's tile padding
 # (``llamafit.speed.tiles``). Spreads: the middle 80 % of measured / predicted with each card left out of the
 # fit, widened to the nearest 0.05.
 PRIORS: dict[str, Prior] = {
-    "CUDA": Prior("CUDA", 0.92, 0.92, 0.33, 0.40, 1.5e-6, 8.9e-5, (0.75, 1.15), (0.45, 1.3)),
+    "CUDA": Prior("CUDA", 0.92, 0.92, 0.33, 0.40, 1.4e-6, 8.9e-5, (0.75, 1.15), (0.45, 1.3)),
     "MTL": Prior("MTL", 0.69, 0.85, 0.56, 0.69, 0.0, 5.0e-3, (0.55, 1.35), (0.75, 1.15)),
-    "ROCm": Prior("ROCm", 0.699, 0.699, 0.353, 0.433, 2.45e-6, 3.0e-4, (0.8, 1.25), (0.7, 1.3)),
-    "Vulkan": Prior("Vulkan", 0.661, 0.661, 0.147, 0.183, 9.4e-7, 8.9e-5, (0.8, 1.45), (0.4, 1.7)),
+    "ROCm": Prior("ROCm", 0.712, 0.712, 0.354, 0.433, 2.38e-6, 3.0e-4, (0.8, 1.25), (0.7, 1.3)),
+    "Vulkan": Prior("Vulkan", 0.658, 0.658, 0.147, 0.18, 8.1e-7, 8.9e-5, (0.8, 1.45), (0.4, 1.7)),
     # no rows: ROCm's (MUSA ports ggml-cuda through its own HIP-like layer) and Vulkan's, with wider spreads
-    "MUSA": Prior("MUSA", 0.699, 0.699, 0.353, 0.433, 2.45e-6, 3.0e-4, (0.6, 1.6), (0.4, 1.6)),
-    "SYCL": Prior("SYCL", 0.661, 0.661, 0.147, 0.183, 9.4e-7, 8.9e-5, (0.6, 1.7), (0.3, 2.2)),
+    "MUSA": Prior("MUSA", 0.712, 0.712, 0.354, 0.433, 2.38e-6, 3.0e-4, (0.6, 1.6), (0.4, 1.6)),
+    "SYCL": Prior("SYCL", 0.658, 0.658, 0.147, 0.18, 8.1e-7, 8.9e-5, (0.6, 1.7), (0.3, 2.2)),
 }
 # the host (--host-bandwidth without a measurement): ggml-cpu's mat-vec on all cores reaches about half of a
 # desktop's dual-channel peak and much less of a many-channel server's (NUMA, threads waiting on each other);
