@@ -45,9 +45,9 @@ class Prior:
 
 # bench/speed_dev.py --fit over bench/data/speed_dev.json (2026-12-03): CUDA 71 rows, Metal 10, ROCm 16 (8 with
 # tg), Vulkan 6, each row's nodes counted on the graph of its own flash-attention setting (without it, a layer's
-# attention is more kernels). Streaming shares are capped at 0.92 (no kernel reads faster than a device copy); the split cost
-# is the slope of one model's time over 1 to 8 cards of a kind (the same build and bench); CUDA's node cost is
-# the one of builds since 2025, which replay CUDA graphs (rows from before them, 2023 to May 2024, and the first
+# attention is more kernels). Streaming shares are capped at 0.92 (no kernel reads faster than a device copy); the
+# split cost is the slope of one model's time over 1 to 8 cards of a kind (the same build and bench); CUDA's node
+# cost is the one of builds since 2025, which replay CUDA graphs (rows from before them, 2023 to May 2024, and the first
 # graphs' own table fit their own, twice as high). A backend with under 10 tg rows keeps CUDA's float/quantized
 # proportions (and split cost, unless its own rows over several card counts give one: ROCm's MI50s, 0.3 ms) and
 # fits its own quantized streaming share and node cost (dense models and MoEs with three times the nodes per byte
