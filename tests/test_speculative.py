@@ -344,3 +344,14 @@ def test_a_sidecar_made_for_another_model_is_passed_over_or_refused(tmp_path: Pa
     fits_path = fits.write(tmp_path / "elsewhere.gguf")
     ok = plan(target, [gpu(0, 24)], draft=str(fits_path))
     assert ok.speculative is not None and ok.speculative.chosen == "draft-dflash"
+
+
+def test_a_drafter_under_a_tensor_split_is_on_a_card(models: dict[str, Path]) -> None:
+    """It inherits -sm tensor, whose Meta device of no card fails to load: whole on one card, never -devd none."""
+    cards = [gpu(0, 24), gpu(1, 24)]
+    p = plan(models["qwen8b"], cards, ["-sm", "tensor"], draft=str(models["qwen06b"]))
+    a = argv(p, ["-sm", "tensor"])
+    assert a[a.index("-devd") + 1] in ("CUDA0", "CUDA1")
+    assert sum(d.use.draft_model > 0 for d in p.devices) == 1
+    with pytest.raises(UsageError, match="-devd none"):
+        plan(models["qwen8b"], cards, ["-sm", "tensor", "-devd", "none"], draft=str(models["qwen06b"]))

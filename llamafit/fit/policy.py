@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from llamafit.errors import UsageError
 from llamafit.fit import messages
 from llamafit.fit.search import Search, Trial
 from llamafit.memory import backends
@@ -94,6 +95,12 @@ def fit_with_policy(
         options = [local, *(((g,) for g in local) if len(local) > 1 else ())]
     elif opts.devices is None and not d.embedded and len(search.ids) > 1:
         options += [(g,) for g in search.ids]
+    if search.tensor and opts.devices == () and not d.embedded:
+        raise UsageError(
+            "llama-server would refuse this: under -sm tensor the draft model inherits the split, and on no device "
+            "(-devd none) it cannot load",
+            hint="name a card for it (-devd CUDA0) or drop -devd none",
+        )
     if search.tensor and opts.devices is None and not d.embedded:
         # a drafter inherits -sm tensor, and the Meta device of no card fails to load ("needs >= 1 devices",
         # src/llama.cpp:204-207): whole on one card (llama.cpp loads one card's drafter as a layer split,
