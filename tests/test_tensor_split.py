@@ -142,3 +142,18 @@ def test_a_drafter_under_a_tensor_split_is_on_one_card(
     for context, fp in (("target", prep.plan.footprint), ("draft", prep.plan.draft_footprint)):
         rows = compare(fp, log, context, prep.plan.buffer_aliases)
         assert rows and all(r.within for r in rows), [r for r in rows if not r.within]
+
+
+@pytest.mark.server
+def test_over_one_card_the_buffers_are_still_the_meta_devices(
+    rpc_servers: list[str], server_bin: ServerBinary, models: dict[str, Path]
+) -> None:
+    """-sm tensor over one device still wraps it in a Meta device (src/llama.cpp:193-220): its buffers, whole, carry
+    that name; backend sampling stays on the host."""
+    for args in (["-c", "4096"], ["-c", "4096", "-bs", "-np", "2", "--spec-type", "ngram-mod"]):
+        opts = Options(server_args=(*args, "-sm", "tensor", "-dev", "RPC0"), rpc=[",".join(rpc_servers)],
+                       server=server_bin.path, calibrate=False)  # fmt: skip
+        prep = prepare(str(models["qwen06"]), opts)
+        rows = compare(prep.plan.footprint, run_argv(server_bin, prep.argv[1:]), "target", prep.plan.buffer_aliases)
+        assert {r.kind for r in rows if r.buft == tensor_split.META} == {"model", "kv", "compute"}, rows
+        assert all(r.within for r in rows), [r for r in rows if not r.within]

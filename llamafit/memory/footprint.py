@@ -163,10 +163,13 @@ def estimate(
     ``exact_compute=False``: a split graph's compute buffers by the per-phase estimate, not the replay of
     the scheduler (a quick probe; ``llamafit.memory.compute``).
     """
-    if s.split_mode == "tensor" and len(gpus) > 1 and tensor_split.not_modelled(model) is None:
+    if s.split_mode == "tensor" and gpus and tensor_split.not_modelled(model) is None:
+        # the Meta device as one card (even over one card its buffers are the Meta device's); its samplers stay on
+        # the host (llama_context::set_sampler, llama-context.cpp:1291-1302)
+        one = replace(s, split_mode="layer", backend_sampling=False, sampled_rows=0)
         inner = estimate(
             model,
-            replace(s, flash_attn="on" if s.flash_attn == "auto" else s.flash_attn),
+            replace(one, flash_attn="on" if s.flash_attn == "auto" else s.flash_attn),
             gpus[:1],
             free=free[:1],
             overhead=overhead,
