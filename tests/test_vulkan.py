@@ -114,7 +114,14 @@ def test_the_plan_matches_the_vulkan_servers_buffers(
 @pytest.mark.parametrize("devices", ["0,0"], indirect=True)
 @pytest.mark.parametrize(
     ("shape", "args"),
-    [("qwen3-0.6b", []), ("gemma3", ["-ts", "3,1"]), ("moe", []), ("hybrid", []), ("hybrid_wide", ["-ts", "3,1"])],
+    [
+        ("qwen3-0.6b", []),
+        ("gemma3", ["-ts", "3,1"]),
+        ("moe", []),
+        ("hybrid", []),
+        ("hybrid_wide", ["-ts", "3,1"]),
+        ("lfm2", ["-ts", "3,1"]),  # short convolutions and their state mirrored on both cards
+    ],
 )
 def test_a_tensor_split_over_two_vulkan_devices_is_the_meta_devices(
     vulkan: ServerBinary, shapes: dict[str, Path], shape: str, args: list[str], devices: str

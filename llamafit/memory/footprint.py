@@ -341,7 +341,9 @@ def _on_cards(
     align = max((backends.alignment(b, CPU_ALIGN) for b in bufts), default=CPU_ALIGN)
     slices = tensor_split.weight_slices(model, placed, split, backends.pads_rows(meta))
     weights = [0] * len(cards) if shared else tensor_split.card_buffers(slices, align)
-    partner = {
+    # each layer on the Meta device, with the type whose block size sets its cache's head granule
+    partner = {p.tensor.layer: "f32" for p in placed if p.tensor.layer is not None}
+    partner |= {
         p.tensor.layer: p.tensor.info.type.name
         for p in placed
         if p.tensor.layer is not None and p.tensor.name.endswith(("attn_output.weight", "ssm_out.weight"))

@@ -17,8 +17,8 @@ of every other.
   at the first evaluation: no log line reports them.
 
 The log reports each Meta buffer as the largest card's (``meta_buf->size = max``). Qwen3.5's family (gated delta-net
-layers and their states cut by key heads, a Q gate doubling Q) is modelled; the architectures with rules of their own
-beyond it (Qwen3-Next, DeepSeek-V4, other recurrent layers, MLA) are not.
+layers and their states cut by key heads, a Q gate doubling Q) and LFM2's (short convolutions mirrored) are modelled;
+the architectures with rules of their own beyond them (Qwen3-Next, DeepSeek-V4, other recurrent layers, MLA) are not.
 """
 
 from __future__ import annotations
@@ -80,6 +80,8 @@ OWN_RULES = frozenset({"qwen3next", "deepseek4", "dflash", "hrm-text"})
 # Qwen3.5's family: gated delta-net layers cut by key heads, V heads interleaved over them, a Q gate doubling Q
 # ([TAG_SPLIT_QGATE_QWEN], llama-model.cpp:607-660, 691-720, 765-770)
 QWEN35 = frozenset({"qwen35", "qwen35moe", "clef", "qwen4exp"})
+# LFM2's short convolutions run mirrored on every card, their state too (llama-model.cpp:558-562)
+LFM2 = frozenset({"lfm2", "lfm2moe"})
 
 _BLK = re.compile(r"^blk\.(\d+)\.(.+)$")
 _AXIS1_ATTN = re.compile(r"^attn_(q|k|v|qkv|gate)\.weight$")
@@ -92,7 +94,7 @@ _FFN_DOWN = re.compile(r"^ffn_down(_exps)?\.weight$")
 def not_modelled(model: ModelInfo) -> str | None:
     """Why this model's tensor split is not modelled here (None: it is)."""
     hp = model.hparams
-    if hp.arch in OWN_RULES or (any(hp.is_recr) and hp.arch not in QWEN35) or hp.mla:
+    if hp.arch in OWN_RULES or (any(hp.is_recr) and hp.arch not in QWEN35 | LFM2) or hp.mla:
         return f"the {hp.arch} architecture's tensor split has rules of its own"
     return None
 
@@ -303,6 +305,10 @@ def memory_slices(
         else:
             parts = zip(a.tensors, (hp.n_embd_k_gqa(il), hp.n_embd_v_gqa(il)), ("cache_k", "cache_v"), strict=False)
         cards = out.setdefault((a.kind, a.cache), [0] * n)
+        if a.kind == "rs" and hp.arch in LFM2:
+            for d in range(n):
+                cards[d] += sum(pad(size, align) for size in a.tensors)
+            continue
         for size, width, base in parts:
             segs = _segments(hp, il, base, width)
             grans = _granularity(hp, il, base, blck, n, 1)
