@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import signal
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -342,13 +343,18 @@ def _attempt(
     def warn(text: str) -> None:
         on_event(Note(text, "warning"))
 
+    served = threading.Event()  # set before "ready" is said: a request sent on it may fail at once
+
     def on_line(line: str) -> None:
         times.feed(line)
-        if dogs:  # after ready
+        if served.is_set():  # the load's own errors are not a serving server's last error
             last.feed(line)
         on_event(ServerLine(line, is_key_line(line), is_error(line)))
 
     def on_ready(url: str, log: LoadLog) -> None:
+        # the log is read on another thread than this one (the supervisor's announcer): the lines of a request sent
+        # as soon as "ready" is said must reach the last error the watchdog names
+        served.set()
         rows = tuple(compare_all(prep, log))
         doc = to_json(prep.plan, argv)
         on_event(Ready(url, rows, tuple(free_drift(prep, log)), tuple(log.fit), dict(log.device_free_mib), doc))
