@@ -243,6 +243,17 @@ def cut(ne: int, granule: int, split: Sequence[float], rotation: int) -> list[in
     return out
 
 
+def _per_card(
+    segs: Sequence[tuple[int, int]], grans: Sequence[int], split: Sequence[float], rotation: int
+) -> list[int]:
+    """Each card's elements along the split axis: every segment cut at its granule, times its repeats."""
+    out = [0] * len(split)
+    for (ne_s, reps), g in zip(segs, [*grans, *[grans[-1]] * (len(segs) - len(grans))], strict=False):
+        for d, k in enumerate(cut(ne_s, g, split, rotation)):
+            out[d] += k * reps
+    return out
+
+
 def weight_slices(
     model: ModelInfo, placed: Sequence[PlacedTensor], split: Sequence[float], pads_rows: bool
 ) -> list[list[int]]:
@@ -266,12 +277,7 @@ def weight_slices(
         ne = info.shape[axis]
         segs = _segments(hp, il or 0, base, ne)
         grans = _granularity(hp, il or 0, base, blck, n, info.shape[1] if len(info.shape) > 1 else 1)
-        rot = _rotation(hp, il, n)
-        per = [0] * n
-        for (ne_s, reps), g in zip(segs, grans + grans[-1:] * (len(segs) - len(grans)), strict=False):
-            for d, k in enumerate(cut(ne_s, g, split, rot)):
-                per[d] += k * reps
-        for d, k in enumerate(per):
+        for d, k in enumerate(_per_card(segs, grans, split, _rotation(hp, il, n))):
             shape = list(info.shape)
             shape[axis] = k
             size = nbytes(info.type, tuple(shape))
@@ -312,11 +318,7 @@ def memory_slices(
         for size, width, base in parts:
             segs = _segments(hp, il, base, width)
             grans = _granularity(hp, il, base, blck, n, 1)
-            per = [0] * n
-            for (ne_s, reps), g in zip(segs, grans + grans[-1:] * (len(segs) - len(grans)), strict=False):
-                for d, k in enumerate(cut(ne_s, g, split, rot)):
-                    per[d] += k * reps
-            for d, k in enumerate(per):
+            for d, k in enumerate(_per_card(segs, grans, split, rot)):
                 cards[d] += pad(size * k // width, align)
     return out
 

@@ -64,7 +64,7 @@ def spread(
     merged = _merge([ev.devices[d] for d in group if d in ev.devices])
     if mode == "tensor":
         for d in group:
-            work[d] = _slice(merged, part[d], whole_graph=True)
+            work[d] = _slice(merged, part[d])
         how = Spread(mode, group, REDUCTIONS_PER_LAYER * merged.layers, reduce_steps(len(group)), act)
         # one device to the scheduler: the splits between its cards are gone, those with the host remain
         splits = tuple(s for s in ev.splits if CPU in (s.src, s.dst))
@@ -101,8 +101,8 @@ def _merge(works: Sequence[DeviceWork]) -> DeviceWork:
     return out
 
 
-def _slice(w: DeviceWork, part: float, whole_graph: bool) -> DeviceWork:
-    """One card's slice of ``w``: ``part`` of its bytes and FLOPs; every node where the card runs the whole graph."""
+def _slice(w: DeviceWork, part: float) -> DeviceWork:
+    """One card's slice of ``w``: ``part`` of its bytes and FLOPs, and every node (each card runs the whole graph)."""
     return DeviceWork(
         weight_bytes={t: b * part for t, b in w.weight_bytes.items()},
         flops={t: f * part for t, f in w.flops.items()},
@@ -112,7 +112,7 @@ def _slice(w: DeviceWork, part: float, whole_graph: bool) -> DeviceWork:
         attn_layers=w.attn_layers,
         kv_bytes=w.kv_bytes * part,
         state_bytes=w.state_bytes * part,
-        nodes=w.nodes if whole_graph else w.nodes * part,
+        nodes=w.nodes,
         copied_in=w.copied_in * part,
         layers=w.layers,
     )

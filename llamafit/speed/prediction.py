@@ -216,7 +216,7 @@ def predict(
     walks = _walks(model, placement, cp, devices, op_offload, limits, nodes_per_layer)
     shares: dict[str, float] = {}  # each offload device's weight bytes: the -ts proportions a split follows
     row_matmuls = 0  # the matmul weights a row split splits: the 2-D ones of the offloaded layers
-    for p in placement.tensors if split_mode != "layer" else ():
+    for p in placement.tensors if split_mode == "row" else ():
         if p.device != CPU:
             shares[p.device] = shares.get(p.device, 0.0) + p.tensor.info.nbytes
             row_matmuls += p.tensor.matmul and len(p.tensor.info.shape) == 2
