@@ -199,8 +199,8 @@ def components(prep: Prepared, depth: int = 0, prompt: int = 512) -> dict[str, A
             out["bf" if ty in FLOAT_TYPES else "bq"] += n / bw
         out["bf"] += (w.kv_bytes + w.state_bytes) / bw
         out["nodes"] += w.nodes
-    out["splits"] = float(len(tg.splits))
-    out["pp_splits"] = float(len(tg.splits) * -(-prompt // ub))
+    out["splits"] = float(sum(s.syncs for s in tg.splits))
+    out["pp_splits"] = out["splits"] * -(-prompt // ub)
     return out
 
 

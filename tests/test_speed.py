@@ -56,6 +56,19 @@ def test_more_experts_on_the_host_never_predict_faster_generation(moe: ModelInfo
     assert tg == sorted(tg, reverse=True) and tg[0] > tg[-1], tg
 
 
+def test_each_visit_to_a_card_costs_one_synchronisation(moe: ModelInfo) -> None:
+    """Experts on the host: the token goes to the card and back for every such layer. The probe times a whole
+    visit (inputs set, graph launched, output waited for) as the card's split, so the way back is only bytes."""
+    p = plan(moe, ["-c", "8192", "--n-cpu-moe", "4"])
+    rates = {CPU: HOST_RATES, "CUDA0": replace(GPU_RATES, split=1e-3, link=None)}
+    free = {CPU: HOST_RATES, "CUDA0": replace(GPU_RATES, split=0.0, link=None)}
+    slow, fast = priced(p, rates).speed, priced(p, free).speed
+    assert slow.tg and fast.tg and slow.splits > 4
+    # the host's input, then back from each of 4 layers' experts, then the output on the card: odd boundaries
+    visits = (slow.splits + 1) // 2
+    assert 1 / slow.tg - 1 / fast.tg == pytest.approx(visits * 1e-3, rel=1e-6)
+
+
 def test_a_larger_ubatch_never_predicts_slower_prefill_with_experts_on_the_host(moe: ModelInfo) -> None:
     # op offload copies every host expert tensor to the card once per ubatch: fewer, larger ubatches win
     pp = [plan(moe, ["-c", "8192", "--n-cpu-moe", "16", "-ub", str(u), "-b", "2048"]) for u in (256, 512, 1024, 2048)]

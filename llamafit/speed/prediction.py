@@ -137,7 +137,7 @@ def evaluation_time(ev: Evaluation, rates: Mapping[str, Rates]) -> _Time:
         r = rates.get(s.device)
         if r is None:
             continue
-        total += r.split + (s.nbytes / r.link if r.link else 0.0)
+        total += (r.split if s.syncs else 0.0) + (s.nbytes / r.link if r.link else 0.0)
     if ev.spread is not None:
         total += _exchanges(ev.spread, rates)
     host = rates.get(CPU)

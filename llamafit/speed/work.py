@@ -21,7 +21,8 @@ Per device, as llama.cpp's graph runs it (``src/llama-graph.cpp``, ``ggml-backen
   evaluation (``llamafit.memory.compute._op_offload``'s rule, with its size limit);
 * **splits**: each change of device along the layer order (the input is the host's, each layer's
   attention and FFN parts where their weights are, the output layer's) is a graph split; the
-  activations (``tokens x n_embd`` floats) cross there.
+  activations (``tokens x n_embd`` floats) cross there, and each visit to an offload device costs it one
+  synchronisation (``Split.syncs``).
 """
 
 from __future__ import annotations
@@ -87,9 +88,18 @@ class Split:
 
     @property
     def device(self) -> str:
-        """The offload device on this boundary whose link and synchronisation it costs (the receiving one
-        between two offload devices)."""
+        """The offload device on this boundary whose link it costs (the receiving one between two offload
+        devices)."""
         return self.dst if self.dst != CPU else self.src
+
+    @property
+    def syncs(self) -> bool:
+        """Whether this boundary costs the device its split (``Rates.split``): one a visit, on the way in. A
+        visit is the inputs set and the graph launched, asynchronously, and the host waiting for its output at
+        the way out (ggml-rpc.cpp:1040-1059 sends the graph and the inputs without a reply; the read of the
+        output is the round trip): the probe times one whole visit as the split (``llamafit.speed.probe``), so
+        the way back to the host costs only its bytes."""
+        return self.dst != CPU
 
 
 @dataclass(frozen=True)
