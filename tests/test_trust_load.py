@@ -146,3 +146,25 @@ def test_a_moments_hold_up_is_measured_again_and_the_steady_run_kept(
     assert len(runs) >= 2 and runs[0] == runs[1]  # the held-up run, made again with the same arguments
     assert [k for k in pr.read_cache(Path(os.environ["LLAMAFIT_CACHE"]) / "speed") if not k.startswith("failed|")]
     assert json.loads(r.stdout)["speed"]["devices"][0]["rates"] == "measured"
+
+
+def test_a_held_up_run_whose_second_try_fails_is_judged_on_the_first(
+    server_bin: ServerBinary, tmp_path: Path, demo: Path
+) -> None:
+    """The run made again fails (llama-bench exits 1): the first run's repetitions are judged, doubtful, and
+    nothing is cached; the probe is not marked failed for a day."""
+    real = str(Path(server_bin.path).with_name("llama-bench"))
+    hold = tmp_path / "hold.py"
+    hold.write_text(HOLD)
+    first, second = tmp_path / "held", tmp_path / "failed"
+    held = f'"{real}" "$@" | "{sys.executable}" "{hold}"; exit 0'
+    body = (f'if [ ! -e "{first}" ]; then touch "{first}"; {held}; fi\n'
+            f'if [ ! -e "{second}" ]; then touch "{second}"; exit 1; fi\nexec "{real}" "$@"\n')  # fmt: skip
+    srv = toolbox(tmp_path, server_bin, bench=body)
+    r = subprocess.run([*LLAMAFIT, "plan", str(demo), "--server", srv, "--json"], capture_output=True, text=True,
+                       timeout=180, env=probing())  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "doubtful" in r.stderr and "not measured again today" not in r.stderr
+    runs = (tmp_path / "calls").read_text().splitlines()
+    assert len(runs) > 2 and runs[0] == runs[1]  # the held-up run was tried again; the probe went on after it
+    assert not [k for k in pr.read_cache(Path(os.environ["LLAMAFIT_CACHE"]) / "speed") if not k.startswith("failed|")]

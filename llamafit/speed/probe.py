@@ -255,9 +255,11 @@ class _Run:
             return results
         took = time.monotonic() - started
         # repetitions that disagree were held up by something else for a moment (or for good): one run
-        # again, where the time allows, tells which; the steadier of the two is kept and judged
+        # again, where the time allows, tells which; the steadier of the two is kept and judged (a second run
+        # that fails leaves the first to be judged)
         if _worst(results) > MAX_SPREAD and (self.deadline is None or self.deadline - time.monotonic() > 2 * took):
-            results = min(results, self._bench(argv), key=_worst)
+            with contextlib.suppress(BenchError):
+                results = min(results, self._bench(argv), key=_worst)
         self.spreads.extend(r.spread for r in results)
         return results
 
