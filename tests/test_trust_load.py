@@ -126,18 +126,27 @@ for line in sys.stdin:
 """
 
 
+def _held_first(tmp_path: Path, server_bin: ServerBinary, second: str = "") -> str:
+    """The real llama-server beside a llama-bench whose first run is held up (``HOLD``) and whose second run is
+    ``second`` (a shell body, ``REAL`` the real llama-bench with its arguments; empty: the real one); every later
+    run is the real one."""
+    real = str(Path(server_bin.path).with_name("llama-bench"))
+    hold = tmp_path / "hold.py"
+    hold.write_text(HOLD)
+    first, then = tmp_path / "held", tmp_path / "then"
+    body = f'if [ ! -e "{first}" ]; then touch "{first}"; "{real}" "$@" | "{sys.executable}" "{hold}"; exit 0; fi\n'
+    if second:
+        run = second.replace("REAL", f'"{real}" "$@"')
+        body += f'if [ ! -e "{then}" ]; then touch "{then}"; {run}; fi\n'
+    return toolbox(tmp_path, server_bin, bench=f'{body}exec "{real}" "$@"\n')
+
+
 def test_a_moments_hold_up_is_measured_again_and_the_steady_run_kept(
     server_bin: ServerBinary, tmp_path: Path, demo: Path
 ) -> None:
     """The first llama-bench run's repetitions disagree (something held the machine for a moment): that run
     is made once more, the steady repetitions are kept, and the measurement is cached as a quiet one."""
-    real = str(Path(server_bin.path).with_name("llama-bench"))
-    hold = tmp_path / "hold.py"
-    hold.write_text(HOLD)
-    marker = tmp_path / "held"
-    held = f'"{real}" "$@" | "{sys.executable}" "{hold}"; exit 0'
-    first = f'if [ ! -e "{marker}" ]; then touch "{marker}"; {held}; fi\n'
-    srv = toolbox(tmp_path, server_bin, bench=f'{first}exec "{real}" "$@"\n')
+    srv = _held_first(tmp_path, server_bin)
     r = subprocess.run([*LLAMAFIT, "plan", str(demo), "--server", srv, "--json"], capture_output=True, text=True,
                        timeout=180, env=probing())  # fmt: skip
     assert r.returncode == 0, r.stderr
@@ -148,19 +157,20 @@ def test_a_moments_hold_up_is_measured_again_and_the_steady_run_kept(
     assert json.loads(r.stdout)["speed"]["devices"][0]["rates"] == "measured"
 
 
+@pytest.mark.parametrize(
+    "second",
+    [
+        "exit 1",  # the second try fails
+        "REAL | head -n 1; exit 0",  # reports only the first of its tests, steady
+    ],
+    ids=["fails", "reports-fewer"],
+)
 def test_a_held_up_run_whose_second_try_fails_is_judged_on_the_first(
-    server_bin: ServerBinary, tmp_path: Path, demo: Path
+    server_bin: ServerBinary, tmp_path: Path, demo: Path, second: str
 ) -> None:
-    """The run made again fails (llama-bench exits 1): the first run's repetitions are judged, doubtful, and
-    nothing is cached; the probe is not marked failed for a day."""
-    real = str(Path(server_bin.path).with_name("llama-bench"))
-    hold = tmp_path / "hold.py"
-    hold.write_text(HOLD)
-    first, second = tmp_path / "held", tmp_path / "failed"
-    held = f'"{real}" "$@" | "{sys.executable}" "{hold}"; exit 0'
-    body = (f'if [ ! -e "{first}" ]; then touch "{first}"; {held}; fi\n'
-            f'if [ ! -e "{second}" ]; then touch "{second}"; exit 1; fi\nexec "{real}" "$@"\n')  # fmt: skip
-    srv = toolbox(tmp_path, server_bin, bench=body)
+    """The run made again fails (llama-bench exits 1) or reports fewer tests: the first run's repetitions are
+    judged, doubtful, and nothing is cached; the probe is not marked failed for a day."""
+    srv = _held_first(tmp_path, server_bin, second)
     r = subprocess.run([*LLAMAFIT, "plan", str(demo), "--server", srv, "--json"], capture_output=True, text=True,
                        timeout=180, env=probing())  # fmt: skip
     assert r.returncode == 0, r.stderr

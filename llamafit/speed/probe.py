@@ -256,10 +256,11 @@ class _Run:
         took = time.monotonic() - started
         # repetitions that disagree were held up by something else for a moment (or for good): one run
         # again, where the time allows, tells which; the steadier of the two is kept and judged (a second run
-        # that fails leaves the first to be judged)
+        # that fails, or reports fewer tests, leaves the first to be judged)
         if _worst(results) > MAX_SPREAD and (self.deadline is None or self.deadline - time.monotonic() > 2 * took):
             with contextlib.suppress(BenchError):
-                results = min(results, self._bench(argv), key=_worst)
+                if _tests(again := self._bench(argv)) == _tests(results):
+                    results = min(results, again, key=_worst)
         self.spreads.extend(r.spread for r in results)
         return results
 
@@ -280,6 +281,10 @@ class _Run:
 
 def _worst(results: Sequence[BenchResult]) -> float:
     return max((r.spread for r in results), default=0.0)
+
+
+def _tests(results: Sequence[BenchResult]) -> set[tuple[str, int, int, int, int]]:
+    return {(r.model, r.n_prompt, r.n_gen, r.n_depth, r.n_ubatch) for r in results}
 
 
 def _measure(
