@@ -31,6 +31,7 @@ from llamafit.speed.bench import bench_flags, parse_jsonl
 from llamafit.speed.calibrate import correction
 from llamafit.speed.priors import PRIORS
 from llamafit.speed.timings import TimingReader
+from llamafit.speed.work import evaluate, is_expert
 from llamafit.units import GiB
 from tests import factory
 
@@ -69,8 +70,24 @@ def test_each_visit_to_a_card_costs_one_synchronisation(moe: ModelInfo) -> None:
     assert 1 / slow.tg - 1 / fast.tg == pytest.approx(visits * 1e-3, rel=1e-6)
 
 
+def test_a_ubatch_is_sent_only_the_host_experts_it_routes_to(moe: ModelInfo) -> None:
+    """Op offload copies, of an expert tensor in host memory, the experts the ubatch's tokens use and no others
+    (ggml-backend.cpp:1849-1935): 32 tokens of 8 experts each reach 1 - (120/128)^32 of 128."""
+    fp = plan(moe, ["-c", "8192", "--n-cpu-moe", "16", "-ub", "32"]).footprint
+    host = sum(p.tensor.info.nbytes for p in fp.placement.tensors if p.device == CPU and is_expert(p.tensor))
+    assert host > 0  # the rest of the host's weights is the input embedding, read by rows, never sent
+
+    def sent(tokens: int) -> float:
+        ev = evaluate(moe, fp.placement, fp.context, tokens=tokens, depth=0, flash_attn=True, devices=["CUDA0"])
+        return ev.devices["CUDA0"].copied_in
+
+    assert sent(32) == pytest.approx(host * (1 - (120 / 128) ** 32), rel=1e-9)
+    assert sent(2048) == pytest.approx(host, rel=1e-9) and sent(16) == 0.0  # under 32 tokens the host runs them
+
+
 def test_a_larger_ubatch_never_predicts_slower_prefill_with_experts_on_the_host(moe: ModelInfo) -> None:
-    # op offload copies every host expert tensor to the card once per ubatch: fewer, larger ubatches win
+    # op offload copies the host's experts a ubatch uses (nearly all of them) to the card once per ubatch: fewer,
+    # larger ubatches win
     pp = [plan(moe, ["-c", "8192", "--n-cpu-moe", "16", "-ub", str(u), "-b", "2048"]) for u in (256, 512, 1024, 2048)]
     rates = [p.speed.pp for p in pp]
     assert all(r is not None for r in rates)
@@ -189,7 +206,8 @@ def _timings_of(rates: Rates, host: Rates | None, layer_nodes: float, twin: pm.T
     ppd = pp0 + 2.0 * attn.n_head * (attn.head_k + attn.head_v) * 512 * 1024 * attn.n_layer / (
         rates.attention_batch or 1
     )
-    return pr.Timings(t1, t9, {}, twin_tg, twin_pp, 512, tg0, tg0 + kv / (rates.attention or 1), pp0, ppd, 1024)
+    off = twin_pp + pm.ffn_copied(twin, 512) / rates.link if host and rates.link else None
+    return pr.Timings(t1, t9, {}, twin_tg, twin_pp, 512, tg0, tg0 + kv / (rates.attention or 1), pp0, ppd, 1024, off)
 
 
 def test_the_probe_derives_the_rates_that_reproduce_it(l8b: ModelInfo) -> None:
@@ -202,6 +220,7 @@ def test_the_probe_derives_the_rates_that_reproduce_it(l8b: ModelInfo) -> None:
     assert host.read_rate(twin.type_of("ffn_up")) == pytest.approx(HOST_RATES.read, rel=0.02)
     dev = pr.derive(_timings_of(GPU_RATES, HOST_RATES, 19, twin, attn), host=host, node_layer=19, twin=twin, attn=attn)
     assert dev.split == pytest.approx(GPU_RATES.split, rel=0.05) and dev.node == pytest.approx(GPU_RATES.node, rel=0.02)
+    assert dev.link == pytest.approx(GPU_RATES.link, rel=1e-6)
 
 
 def test_a_damaged_probe_cache_is_not_read(tmp_path: Path) -> None:

@@ -158,11 +158,8 @@ def derive(
         att = own / attention_batch if attention_batch else 0.0
         matmul = pm.matmul_flops(twin, t.prompt) / max(left(t.twin_pp, twin) - att, t.twin_pp * 0.05)
     link = None
-    if twin is not None and t.offload is not None and t.twin_pp:
-        ffn = sum(
-            _bytes(s) for s in twin.tensors() if s.name.startswith("blk.") and ".ffn_" in s.name and len(s.shape) >= 2
-        )
-        link = ffn / max(t.offload - t.twin_pp, 1e-6)
+    if twin is not None and t.offload is not None and t.twin_pp and t.prompt:
+        link = pm.ffn_copied(twin, t.prompt) / max(t.offload - t.twin_pp, 1e-6)
     first = next(iter(stream.values()), 0.0)
     return Rates(
         read=first,
@@ -177,12 +174,6 @@ def derive(
         source="measured",
         label="measured",
     )
-
-
-def _bytes(s: Any) -> int:
-    from llamafit.ggml import by_name, nbytes
-
-    return nbytes(by_name(s.type), s.shape)
 
 
 def measure(

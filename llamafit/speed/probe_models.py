@@ -25,6 +25,7 @@ from llamafit.ggml import by_name, nbytes
 from llamafit.gguf.model import ModelInfo
 from llamafit.gguf.writer import TensorSpec, spm_vocab, write_gguf
 from llamafit.memory.context import attention_layers
+from llamafit.speed.work import expert_share
 
 VERSION = 1
 N_VOCAB = 320
@@ -141,6 +142,17 @@ def streamed_bytes(t: Twin) -> float:
         if len(s.shape) >= 2:
             total += nbytes(by_name(s.type), s.shape) * (share if len(s.shape) == 3 else 1.0) * t.n_layer
     return total
+
+
+def ffn_copied(t: Twin, tokens: int) -> float:
+    """What a card is sent of the twin's FFN weights, held in host memory, for a ubatch of ``tokens`` tokens
+    (op offload): the dense ones whole, of the experts those the ubatch routes to (``llamafit.speed.work``)."""
+    share = expert_share(t.n_expert, t.n_used, tokens)
+    return sum(
+        nbytes(by_name(s.type), s.shape) * (share if len(s.shape) == 3 else 1.0)
+        for s in t.tensors()
+        if s.name.startswith("blk.") and ".ffn_" in s.name and len(s.shape) >= 2
+    )
 
 
 def matmul_flops(t: Twin, tokens: int) -> float:

@@ -17,8 +17,10 @@ Per device, as llama.cpp's graph runs it (``src/llama-graph.cpp``, ``ggml-backen
 * **graph nodes** it runs, for the per-node overheads (thread barriers, kernel launches): the model's
   compute nodes per layer, split over devices by the share of a layer's weights each holds;
 * **op offload** (``ggml_backend_sched``, ggml-backend.cpp:1100-1118): from 32 tokens on, an op whose
-  weight sits in host memory runs on the first GPU, which is sent a copy of that whole weight each
-  evaluation (``llamafit.memory.compute._op_offload``'s rule, with its size limit);
+  weight sits in host memory runs on the first GPU, which is sent a copy of that weight each evaluation
+  (``llamafit.memory.compute._op_offload``'s rule, with its size limit): the whole of a dense weight, and of
+  an expert tensor only the experts the ubatch routes to, in runs of consecutive ones
+  (ggml-backend.cpp:1849-1935), the same share as its reads;
 * **splits**: each change of device along the layer order (the input is the host's, each layer's
   attention and FFN parts where their weights are, the output layer's) is a graph split; the
   activations (``tokens x n_embd`` floats) cross there, and each visit to an offload device costs it one
@@ -233,7 +235,7 @@ def _walk(
                 and not (limit and f.nbytes > limit)
             ):
                 runs = offload_to
-                on(runs).copied_in += f.nbytes
+                on(runs).copied_in += nbytes  # an expert tensor: only the experts used
             on(runs).add_weight(f.type_name, nbytes, flops, f.expert)
         else:
             runs = dev
