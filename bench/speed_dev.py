@@ -393,7 +393,7 @@ def main() -> None:
         rows.append(out)
         rule = out["tg"]["rule"]
         print(
-            f"{row['category']:<18} {'+'.join(out['gpus']):<34} {row['model']:<18} "
+            f"{row['category']:<24} {'+'.join(out['gpus']):<34} {row['model']:<18} "
             f"tg {_f(row['tg'])} pred {_f(sp.tg)} ({_pct(err(sp.tg, row['tg']))}) rule {_pct(err(rule, row['tg']))}"
             f"  pp {_f(row.get('pp'))} pred {_f(sp.pp)} ({_pct(err(sp.pp, row.get('pp')))})",
             flush=True,
@@ -424,7 +424,7 @@ OLD, NEW = "CUDA builds of 2023-24", "since 2025, or not CUDA"
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     cats = [*sorted({r["category"] for r in rows}), "all", OLD, NEW]
     table: dict[str, Any] = {}
-    lines = [f"{'category':<18} {'rows':>4} {'tg median':>10} {'tg worst':>9} {'rule':>7} {'pp median':>10} "
+    lines = [f"{'category':<24} {'rows':>4} {'tg median':>10} {'tg worst':>9} {'rule':>7} {'pp median':>10} "
              f"{'in range':>9}"]  # fmt: skip
     for c in cats:
         sel = [r for r in rows if c in ("all", r["category"], OLD if r.get("old_build") else NEW)]
@@ -442,7 +442,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "in_range": sum(inside) / len(inside) if inside else None,
         }
         table[c] = entry
-        lines.append(f"{c:<18} {len(sel):>4} {_pct(entry['tg_median']):>10} {_pct(entry['tg_worst']):>9} "
+        lines.append(f"{c:<24} {len(sel):>4} {_pct(entry['tg_median']):>10} {_pct(entry['tg_worst']):>9} "
                      f"{_pct(entry['rule_median']):>7} {_pct(entry['pp_median']):>10} "
                      f"{_pct(entry['in_range']):>9}")  # fmt: skip
     return {"table": table, "lines": lines}
