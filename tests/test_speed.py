@@ -193,7 +193,7 @@ def _timings_of(rates: Rates, host: Rates | None, layer_nodes: float, twin: pm.T
     over = (host.token if host else rates.token) + rates.split
 
     def run(tw: pm.Twin, seconds: float) -> float:
-        return over + (tw.n_layer * layer_nodes + pr.FIXED_NODES) * rates.node + seconds
+        return over + (tw.n_layer * (layer_nodes + tw.extra_nodes) + pr.FIXED_NODES) * rates.node + seconds
 
     t1 = run(pm.TINY, 0)
     t9 = run(pm.TINY9, 0)
@@ -221,6 +221,21 @@ def test_the_probe_derives_the_rates_that_reproduce_it(l8b: ModelInfo) -> None:
     dev = pr.derive(_timings_of(GPU_RATES, HOST_RATES, 19, twin, attn), host=host, node_layer=19, twin=twin, attn=attn)
     assert dev.split == pytest.approx(GPU_RATES.split, rel=0.05) and dev.node == pytest.approx(GPU_RATES.node, rel=0.02)
     assert dev.link == pytest.approx(GPU_RATES.link, rel=1e-6)
+
+
+def test_a_model_that_normalises_each_head_is_measured_on_a_twin_that_does(tmp_path: Path, l8b: ModelInfo) -> None:
+    """Qwen3's per-head q/k norms are rows a device pays for (a lavapipe device about a millisecond each): its
+    twin carries them, as a qwen3 layer, and the node count the probe subtracts is that graph's."""
+    model = load_model(str(factory.moe(n_expert=16, n_expert_used=4).write(tmp_path / "m.gguf")))
+    twin = pm.twin_of(model)
+    assert twin is not None and twin.qk_norm and twin.arch == "qwen3moe"
+    plain = replace(twin, name="plain", qk_norm=False)
+    assert plain.key != twin.key and plain.arch == "llama"
+    written = load_model(str(pm.ensure(twin, tmp_path)))
+    assert written.arch == "qwen3moe" and "blk.0.attn_q_norm.weight" in {t.name for t in written.tensors}
+    llama = load_model(str(pm.ensure(plain, tmp_path)))
+    assert replay.nodes_per_layer(written) - replay.nodes_per_layer(llama) == twin.extra_nodes
+    assert (other := pm.twin_of(l8b)) is not None and not other.qk_norm and other.arch == "llama"
 
 
 def test_a_damaged_probe_cache_is_not_read(tmp_path: Path) -> None:

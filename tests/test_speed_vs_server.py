@@ -15,8 +15,12 @@ from typer.testing import CliRunner
 
 from llamafit.cli.app import app
 from llamafit.gguf.demo_model import ensure_demo_model
+from llamafit.gguf.model import load_model
 from llamafit.server.binary import ServerBinary
 from llamafit.speed import load
+from llamafit.speed import probe_models as pm
+from llamafit.speed.bench import bench_binary, run_bench
+from tests import factory
 
 pytestmark = pytest.mark.server
 
@@ -94,3 +98,15 @@ def test_the_demo_holds_its_request_to_the_predicted_speed(server_bin: ServerBin
     assert doc["plan"]["speed"]["source"] == "estimated"
     (check,) = doc["speed"]
     assert check["gen_tokens"] == 8 and check["tg_measured"] > 0 and check["tg_predicted"] > 0
+
+
+def test_llama_bench_runs_the_twin_of_a_model_with_per_head_norms(server_bin: ServerBinary, tmp_path: Path) -> None:
+    """The twin of a Qwen3-MoE-like model is written as a qwen3moe GGUF: the real llama-bench loads it and times
+    both a prompt and a generation (the probe's two questions of a twin)."""
+    bench = bench_binary(server_bin.path)
+    assert bench is not None
+    twin = pm.twin_of(load_model(str(factory.moe(n_expert=16, n_expert_used=4).write(tmp_path / "m.gguf"))))
+    assert twin is not None and twin.arch == "qwen3moe"
+    path = str(pm.ensure(twin, tmp_path))
+    got = run_bench(bench, ["-m", path, "-p", "32", "-n", "4", "-r", "1", "-t", "1"], server_bin.env(), timeout=120)
+    assert sorted((r.n_prompt, r.n_gen) for r in got if r.model == path) == [(0, 4), (32, 0)]

@@ -131,7 +131,7 @@ def derive(
     overhead = token + split
 
     def left(total: float, tw: pm.Twin) -> float:
-        return max(total - overhead - (tw.n_layer * node_layer + FIXED_NODES) * node, total * 0.05)
+        return max(total - overhead - (tw.n_layer * (node_layer + tw.extra_nodes) + FIXED_NODES) * node, total * 0.05)
 
     stream = {ty: pm.streamed_bytes(pm.stream(ty)) / left(sec, pm.stream(ty)) for ty, sec in t.stream.items()}
     if twin is not None and t.twin_tg:

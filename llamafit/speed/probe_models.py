@@ -8,7 +8,8 @@ get seeded random values, so tokens pick different experts as they do in a real 
 * ``stream-<type>``: weights of one ggml type, at least ``STREAM_BYTES`` of them read per token (past any
   cache): the rate generation streams that type from memory;
 * the model's **twin** (:func:`twin_of`): two layers with the model's own widths, heads, experts and weight
-  types: the batched matmul rate (and the cache-resident mat-vec rate) at the shapes that will run;
+  types, and its per-head q/k norms where it has them: the batched matmul rate (and the cache-resident mat-vec
+  rate) at the shapes that will run;
 * the model's **attention twin**: as many attention layers as the model has, with its heads, KV heads and
   head sizes (and a width and FFN too small to matter): attention over a filled cache.
 """
@@ -36,7 +37,10 @@ MAX_TWIN_BYTES = 4 << 30
 
 @dataclass(frozen=True)
 class Twin:
-    """A Llama-architecture stand-in: the layers' shapes and types, none of their values."""
+    """A Llama-architecture stand-in: the layers' shapes and types, none of their values. With ``qk_norm`` (a
+    model that normalises each attention head's q and k, as Qwen3 does) it is written as ``qwen3`` or
+    ``qwen3moe``: a Llama layer with those two norms (src/models/qwen3moe.cpp:36-37, 97), whose cost per row
+    is a device's own (one kernel on a GPU; a lavapipe device takes about a millisecond a row)."""
 
     name: str
     n_layer: int
@@ -50,6 +54,19 @@ class Twin:
     n_used: int = 0
     n_ff_shexp: int = 0
     types: tuple[tuple[str, str], ...] = field(default=tuple((r, "f16") for r in ROLES))
+    qk_norm: bool = field(default=False, repr=False)  # out of repr: a Llama twin keeps its key
+
+    @property
+    def arch(self) -> str:
+        if not self.qk_norm:
+            return "llama"
+        return "qwen3moe" if self.n_expert else "qwen3"
+
+    @property
+    def extra_nodes(self) -> int:
+        """Compute nodes a layer has beyond a Llama layer's: each norm is an RMS_NORM and its weight's MUL
+        (llm_graph_context::build_norm, llama-graph.cpp:1640-1660)."""
+        return 4 if self.qk_norm else 0
 
     def type_of(self, role: str) -> str:
         return dict(self.types).get(role, "f16")
@@ -57,7 +74,8 @@ class Twin:
     @property
     def key(self) -> str:
         """The twin's identity: what shapes and types it times (two models with the same layers share it)."""
-        return hashlib.sha256(repr(replace(self, name="")).encode()).hexdigest()[:16]
+        shape = repr(replace(self, name="")) + (" qk_norm" if self.qk_norm else "")
+        return hashlib.sha256(shape.encode()).hexdigest()[:16]
 
     def tensors(self) -> list[TensorSpec]:
         q, k, v = self.n_head * self.head_k, self.n_head_kv * self.head_k, self.n_head_kv * self.head_v
@@ -68,6 +86,11 @@ class Twin:
             TensorSpec("output.weight", (e, N_VOCAB), "f16"),
         ]
         for i in range(self.n_layer):
+            if self.qk_norm:
+                out += [
+                    TensorSpec(f"blk.{i}.attn_q_norm.weight", (self.head_k,)),
+                    TensorSpec(f"blk.{i}.attn_k_norm.weight", (self.head_k,)),
+                ]
             out += [
                 TensorSpec(f"blk.{i}.attn_norm.weight", (e,)),
                 TensorSpec(f"blk.{i}.attn_q.weight", (e, q), ty("attn_q")),
@@ -100,25 +123,27 @@ class Twin:
         return out
 
     def metadata(self) -> dict[str, object]:
+        a = self.arch
         kv: dict[str, object] = {
             "general.name": f"llamafit speed probe {self.name}",
-            "llama.block_count": self.n_layer,
-            "llama.context_length": 8192,
-            "llama.embedding_length": self.n_embd,
-            "llama.feed_forward_length": self.n_ff,
-            "llama.attention.head_count": self.n_head,
-            "llama.attention.head_count_kv": self.n_head_kv,
-            "llama.attention.key_length": self.head_k,
-            "llama.attention.value_length": self.head_v,
-            "llama.attention.layer_norm_rms_epsilon": 1e-5,
-            "llama.rope.dimension_count": self.head_k,
-            "llama.vocab_size": N_VOCAB,
+            f"{a}.block_count": self.n_layer,
+            f"{a}.context_length": 8192,
+            f"{a}.embedding_length": self.n_embd,
+            f"{a}.feed_forward_length": self.n_ff,
+            f"{a}.attention.head_count": self.n_head,
+            f"{a}.attention.head_count_kv": self.n_head_kv,
+            f"{a}.attention.key_length": self.head_k,
+            f"{a}.attention.value_length": self.head_v,
+            f"{a}.attention.layer_norm_rms_epsilon": 1e-5,
+            f"{a}.rope.dimension_count": self.head_k,
+            f"{a}.vocab_size": N_VOCAB,
         }
         if self.n_expert:
-            kv["llama.expert_count"] = self.n_expert
-            kv["llama.expert_used_count"] = self.n_used
+            kv[f"{a}.expert_count"] = self.n_expert
+            kv[f"{a}.expert_used_count"] = self.n_used
+            kv[f"{a}.expert_feed_forward_length"] = self.n_ff
             if self.n_ff_shexp:
-                kv["llama.expert_shared_feed_forward_length"] = self.n_ff_shexp
+                kv[f"{a}.expert_shared_feed_forward_length"] = self.n_ff_shexp
         kv.update(spm_vocab(N_VOCAB))
         return kv
 
@@ -194,8 +219,9 @@ def _type_at(model: ModelInfo, il: int, names: tuple[str, ...], default: str) ->
 
 
 def twin_of(model: ModelInfo) -> Twin | None:
-    """The model's layers as a Llama twin (two layers of its widths and types), or None when its layers have
-    no attention or FFN a Llama layer can stand for."""
+    """The model's layers as a Llama twin (two layers of its widths and types, with its per-head q/k norms
+    where it has them and no shared experts beside them), or None when its layers have no attention or FFN a
+    Llama layer can stand for."""
     hp = model.hparams
     by_name_ = {t.name: t for t in model.tensors}
     att = [il for il in attention_layers(hp, mtp=False) if il < hp.n_layer and hp.n_head[il] > 0]
@@ -236,6 +262,7 @@ def twin_of(model: ModelInfo) -> Twin | None:
         hp.n_expert_used if expert else 0,
         shexp.info.shape[1] if shexp is not None else 0,
         tuple(types.items()),
+        _per_head_norms(model, ia) and shexp is None,
     )
     # as many layers as one token streams STREAM_BYTES of (a model's weights come from memory, not a
     # cache: a MoE's tokens route all over its experts), at most the model's own and MAX_TWIN_BYTES
@@ -245,6 +272,14 @@ def twin_of(model: ModelInfo) -> Twin | None:
     n = max(1, min(n, int(MAX_TWIN_BYTES // max(layer, 1.0))))
     t = replace(t, n_layer=n)
     return replace(t, name=f"twin-{t.key}")
+
+
+def _per_head_norms(model: ModelInfo, il: int) -> bool:
+    """Whether layer ``il`` normalises each head's q and k (a weight of one head's size; OLMo2's norm over the
+    whole q is one row a token, as cheap as the layer's own norm)."""
+    head = model.hparams.head_k_at(il)
+    shapes = {t.name: t.info.shape for t in model.tensors}
+    return all(shapes.get(f"blk.{il}.attn_{x}_norm.weight") == (head,) for x in "qk")
 
 
 def _io_bytes(t: Twin) -> int:
@@ -272,7 +307,7 @@ def ensure(twin: Twin, directory: Path) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     try:
-        write_gguf(tmp, "llama", twin.metadata(), twin.tensors(), fill="sparse", random=twin.random_tensors())
+        write_gguf(tmp, twin.arch, twin.metadata(), twin.tensors(), fill="sparse", random=twin.random_tensors())
         os.replace(tmp, path)
     finally:
         if tmp.exists():
