@@ -223,6 +223,17 @@ def test_the_probe_derives_the_rates_that_reproduce_it(l8b: ModelInfo) -> None:
     assert dev.link == pytest.approx(GPU_RATES.link, rel=1e-6)
 
 
+def test_a_one_layer_run_slower_than_the_nine_layer_one_does_not_set_the_split() -> None:
+    """tiny-9 holds everything tiny-1 does and eight layers more: a tiny-1 slower than it was held up (loopback
+    RPC's round trips scatter 2x), and the split is what tiny-9 leaves, not what tiny-1 does."""
+    host = Rates(read=20e9, node=1e-6, token=2e-5)
+    steady = pr.derive(pr.Timings(1.0e-3, 1.2e-3, {}), host=host, node_layer=19, twin=None, attn=None)
+    held = pr.derive(pr.Timings(1.8e-3, 1.1e-3, {}), host=host, node_layer=19, twin=None, attn=None)
+    assert steady.node == pytest.approx(0.2e-3 / (8 * 19)) and held.node == 0.0
+    assert steady.split == pytest.approx(1.0e-3 - (19 + pr.FIXED_NODES) * steady.node - 2e-5)
+    assert held.split == pytest.approx(1.1e-3 - 2e-5)
+
+
 def test_a_model_that_normalises_each_head_is_measured_on_a_twin_that_does(tmp_path: Path, l8b: ModelInfo) -> None:
     """Qwen3's per-head q/k norms are rows a device pays for (a lavapipe device about a millisecond each): its
     twin carries them, as a qwen3 layer, and the node count the probe subtracts is that graph's."""

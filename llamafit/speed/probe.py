@@ -111,7 +111,11 @@ class Timings:
 def _overheads(t: Timings, host: Rates | None, node_layer: float) -> tuple[float, float, float]:
     """(seconds per node, the host's own time per evaluation, this device's split)."""
     node = max(0.0, (t.tiny9 - t.tiny1) / (8 * node_layer))
-    rest = max(0.0, t.tiny1 - (node_layer + FIXED_NODES) * node)
+    # both runs are one evaluation's fixed costs and their layers' nodes, so each bounds the fixed costs; they
+    # agree unless tiny-9 ran faster than tiny-1 (the node cost clamped to 0: tiny-1 was held up, as loopback
+    # RPC's round trips scatter 2x), and then the faster run is the one to believe
+    one = t.tiny1 - (node_layer + FIXED_NODES) * node
+    rest = max(0.0, min(one, t.tiny9 - (9 * node_layer + FIXED_NODES) * node))
     if host is None:
         return node, rest, 0.0
     return node, host.token, max(0.0, rest - host.token)
