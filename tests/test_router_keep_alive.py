@@ -15,7 +15,13 @@ from pathlib import Path
 import psutil
 import pytest
 
+from llamafit.options import Options
+from llamafit.planning.planner import prepare
 from llamafit.server.binary import ServerBinary, free_port
+from llamafit.server.logparse import parse
+from llamafit.server.metrics import Metrics
+from llamafit.several.keeper import Keeper, KeepSettings
+from llamafit.several.router_log import Instance
 from tests import factory
 from tests.realserver import router_models, wait_for
 
@@ -120,3 +126,21 @@ def test_a_dead_instance_past_its_restarts_is_said_and_left(
         assert run.p.poll() is None  # the router serves on with the other model
     finally:
         run.stop()
+
+
+def test_an_instance_seen_exiting_after_its_successor_is_ready_leaves_the_successor(
+    server_bin: ServerBinary, tmp_path: Path
+) -> None:
+    """The router may report a killed hung instance's exit after the one loaded in its place is ready: that exit
+    is the old port's, and the new instance keeps its probes and its `up` series."""
+    model = factory.dense(name="one").write(tmp_path / "one.gguf")
+    prep = prepare(str(model), Options(server=server_bin.path, server_args=("-c", "2048"), cpu_only=True), speed=False)
+    metrics, said = Metrics("one"), []
+    keeper = Keeper({"one": prep}, frozenset({"one"}), KeepSettings(metrics=metrics), said.append)
+    keeper.ready(Instance("one", 40001, ready=True), parse([]), ())
+    keeper.exited(Instance("one", 40000, ready=True, exit_code=-9))
+    up = metrics.registry.get_sample_value("llamafit_server_up", {"model": "one"})
+    assert up == 1.0 and keeper._kept["one"].port == 40001 and not said, said
+    keeper.exited(Instance("one", 40001, ready=True, exit_code=-9))
+    assert metrics.registry.get_sample_value("llamafit_server_up", {"model": "one"}) == 0.0
+    keeper.stop()

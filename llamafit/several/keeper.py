@@ -135,6 +135,11 @@ class Keeper:
         """The router says ``inst`` exited: its probes stop; one that failed is loaded again as the policy says."""
         name, code = inst.name, inst.exit_code or 0
         with self._lock:
+            now = self._kept.get(name)
+            if now is not None and now.port != inst.port:
+                # an instance already replaced (a hung one the router saw exit only after its successor was
+                # ready): the one serving now keeps its probes and stays up
+                return
             kept = self._kept.pop(name, None)
             ours = name in self._ours
             reload = name in self._loading
