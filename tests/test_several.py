@@ -133,6 +133,26 @@ def test_the_router_log_is_told_apart_per_instance() -> None:
     assert not embed.ready and embed.exit_code == 1 and "KV buffer" in embed.lines[0]
 
 
+def test_an_exit_logged_after_the_next_spawn_is_the_earlier_instances() -> None:
+    """The router names an exit by model only, and may spawn the model's next instance (the last one unloaded)
+    before it logs the last one's exit: that exit is the earlier instance's, not the one just spawned."""
+    rl = RouterLog()
+    lines = [
+        "load: spawning server instance with name=one on port 40000",
+        "[40000] I srv  llama_server: listening on http://127.0.0.1:40000",
+        "load: spawning server instance with name=one on port 40001",
+        "run: instance name=one exited with status -9",
+        "[40001] I srv  llama_server: listening on http://127.0.0.1:40001",
+        "run: instance name=one exited with status 0",
+    ]
+    events = [rl.feed(x) for x in lines]
+    assert [(e[0].port if e[0] else None, e[2]) for e in events] == [
+        (40000, "spawned"), (40000, "ready"), (40001, "spawned"), (40000, "exited"), (40001, "ready"), (40001, "exited")
+    ]  # fmt: skip
+    assert events[3][0] is not None and events[3][0].exit_code == -9
+    assert rl.feed("run: instance name=one exited with status 1")[0] is None  # no instance of it is running
+
+
 # -- planning together (described GPUs) ------------------------------------------------------------
 
 

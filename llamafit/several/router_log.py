@@ -3,8 +3,10 @@
 The router forwards each instance's log lines prefixed with the instance's port, ``[%5d] <line>``
 (tools/server/server-models.cpp:194), and names the port when it spawns the instance: ``spawning server
 instance with name=NAME on port PORT`` (server-models.cpp:1189); an instance that stops is ``instance
-name=NAME exited with status N``. An instance is ready at its own ``listening on`` line. Silent: the
-caller decides what to show.
+name=NAME exited with status N``, by name only: it is the oldest instance of that name still running, as
+the router runs one instance of a model at a time and may spawn its next one (the model unloaded,
+server-models.cpp:247-249) before it logs the last one's exit. An instance is ready at its own ``listening
+on`` line. Silent: the caller decides what to show.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ class RouterLog:
 
     instances: dict[str, Instance] = field(default_factory=dict)  # by model name
     _by_port: dict[int, Instance] = field(default_factory=dict)
+    _running: dict[str, list[Instance]] = field(default_factory=dict)  # by name, oldest first, not yet exited
 
     def feed(self, line: str) -> tuple[Instance | None, str, str]:
         """The instance a line belongs to (None for the router's own), the line without its prefix, and
@@ -60,8 +63,10 @@ class RouterLog:
             inst = Instance(name, port)  # a reload starts the instance afresh
             self.instances[name] = inst
             self._by_port[port] = inst
+            self._running.setdefault(name, []).append(inst)
             return inst, line, "spawned"
-        if (m := _EXIT.search(line)) and (inst := self.instances.get(m.group("name"))) is not None:
+        if (m := _EXIT.search(line)) and (running := self._running.get(m.group("name"))):
+            inst = running.pop(0)
             inst.exit_code = int(m.group("code"))
             return inst, line, "exited"
         return None, line, ""
