@@ -279,7 +279,7 @@ def test_a_chat_model_with_a_drafter_and_an_embedding_model_run_together(
     p = launch_run(["--models-preset", str(ini), "--cpu-only", "--json", "--", "--port", "0"], server_bin)
     try:
         doc = read_json_doc(p, 180)
-        assert doc["schema"] == "llamafit.run-set/1" and doc["models_max"] == 2
+        assert doc["schema"] == "llamafit.run-set/1" and doc["models_max"] == 2, doc  # an error doc says why
         assert set(doc["models"]) == {"chat", "embed"}
         for name, m in doc["models"].items():
             rows = m["memory"]
