@@ -109,9 +109,11 @@ def _router_attempt(
         log = inst.log()
         rows: tuple[Row, ...] = tuple(compare_all(plans[inst.name].prep, log))
         reported.add(inst.name)
-        on_event(InstanceReady(inst.name, inst.port, rows))
         keeper.router_pid = sup.pid
+        # kept first (its watchdog, memory watch and `up` series in place), then said: whoever reads the event
+        # finds the instance's metrics saying what the event does
         keeper.ready(inst, log, rows)
+        on_event(InstanceReady(inst.name, inst.port, rows))
         finish_if_all_ready()
 
     def on_line(line: str) -> None:
