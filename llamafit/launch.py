@@ -30,7 +30,7 @@ from llamafit.hub.select import HubFile
 from llamafit.paths import not_an_input
 from llamafit.planning.discover import launch_env
 from llamafit.planning.prepared import Prepared
-from llamafit.server.args import ServerArgs
+from llamafit.server.args import ServerArgs, redacted
 from llamafit.server.binary import GET_SERVER_HINT, ServerBinary
 from llamafit.server.capabilities import Capabilities
 from llamafit.server.failures import Failure
@@ -324,7 +324,7 @@ def _record(
                 compute[buft] = compute.get(buft, 0.0) + mib
         mm = (prep.plan.mmproj, compute)
     try:
-        extra: dict[str, object] = {"argv": prep.argv, "server": prep.server.path if prep.server else None}
+        extra: dict[str, object] = {"argv": redacted(prep.argv), "server": prep.server.path if prep.server else None}
         if (sp := speed_record(prep, checks)) is not None:
             extra["speed"] = sp
         if watch is not None:

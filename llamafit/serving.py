@@ -36,6 +36,7 @@ from llamafit.launch import (
 from llamafit.memory.backends import device_of_buffer, is_device_buffer
 from llamafit.plan import to_json
 from llamafit.planning.prepared import Prepared
+from llamafit.server.args import redacted
 from llamafit.server.failures import classify
 from llamafit.server.liveness import Liveness, Watchdog, api_key
 from llamafit.server.logparse import OOM_WORDS, LoadLog, error_text, is_error
@@ -332,7 +333,7 @@ def _attempt(
 ) -> tuple[int, Outcome, str | None]:
     """One launch, until the server exits; the third value says why it was stopped as wedged (None: not)."""
     argv = with_buffer_lines(prep.argv, prep.user, prep.caps)  # the log level the comparison reads
-    on_event(Note(shellwords.join(argv)))  # one line, copyable
+    on_event(Note(shellwords.join(redacted(argv))))  # one line, copyable; no secret
     on_event(Note(f"loading {prep.plan.model.name} ..."))
     times = RequestTimes(prep, on_event, metrics)
     last = LastError()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import threading
 import time
 from collections.abc import Iterable
@@ -47,8 +48,9 @@ class EventLog:
         """``inputs``: the run's own files, which the events file must not be; an existing path that is not a
         regular file (a FIFO would block the open) is refused."""
         check_output(path, inputs, "the events file")
-        try:
-            self._fh: IO[str] | None = open(path, "a", encoding="utf-8")  # noqa: SIM115
+        try:  # created readable by its owner alone: what happens while a server serves is nobody else's
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
+            self._fh: IO[str] | None = open(fd, "a", encoding="utf-8")  # noqa: SIM115
         except OSError as e:
             raise UsageError(f"cannot write the events file {path}: {e.strerror or e}") from None
         self.path = path

@@ -92,6 +92,21 @@ def lookup(token: str) -> tuple[Option, bool] | None:
     return _TOKENS.get(normalize(token))
 
 
+SECRET_OPTIONS = frozenset({"--api-key", "--hf-token"})  # options whose value is a key or a token
+REDACTED = "<redacted>"
+
+
+def redacted(argv: Sequence[str]) -> list[str]:
+    """``argv`` with the values of secret options (``--api-key``, ``--hf-token``, by any alias) replaced: what
+    is shown, logged or kept of a command line others may read (an events file, a journal, the history)."""
+    out = list(argv)
+    for i, token in enumerate(out[:-1]):
+        hit = lookup(token) if token.startswith("-") else None
+        if hit is not None and hit[0].key in SECRET_OPTIONS and not hit[1]:
+            out[i + 1] = REDACTED
+    return out
+
+
 @dataclass(frozen=True)
 class Occurrence:
     tokens: tuple[str, ...]  # exactly as the user typed them (flag, then values)

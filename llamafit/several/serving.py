@@ -16,6 +16,7 @@ from llamafit import shellwords
 from llamafit.compare import Row
 from llamafit.errors import ExitCode
 from llamafit.launch import compare_all, exit_reason
+from llamafit.server.args import redacted
 from llamafit.server.failures import Failure, classify
 from llamafit.server.liveness import api_key
 from llamafit.server.logparse import is_error
@@ -90,7 +91,7 @@ def _router_attempt(
 ) -> tuple[Served, bool, bool]:
     """One start of the router, until it exits: how it ended, whether all were ready, whether interrupted."""
 
-    on_event(Note(shellwords.join(argv)))
+    on_event(Note(shellwords.join(redacted(argv))))
     plans = {m.entry.name: m for m in t.members}
     resident = frozenset(m.entry.name for m in t.members if m.resident)
     rl = RouterLog()
