@@ -14,7 +14,7 @@ import shlex
 from collections.abc import Iterable
 
 # C0, DEL, C1, and the Unicode bidi controls (LRM/RLM, embeddings/overrides, isolates, ALM)
-UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069\u061c]")
+UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff\u200e\u200f\u202a-\u202e\u2066-\u2069\u061c]")
 
 
 def quote(word: str) -> str:

@@ -345,30 +345,36 @@ def run(
         ),
     ] = False,
     quiet: QuietOpt = False,
+    for_service: Annotated[
+        bool, typer.Option("--for-service", hidden=True, help="A dry run with every check of a launch (service).")
+    ] = False,
 ) -> None:
     """Plan with your llama-server flags, then launch the server and watch it load (or just print the argv).
 
     A Hub model is downloaded (only the files the plan uses) after the plan says it fits."""
     with handled():
-        refs, o = _targets(ctx, model)
-        if (o.gpu or o.host_ram) and not dry_run:
-            from llamafit.errors import UsageError
+        from llamafit.cli.supervise import KeepAlive, check_upkeep
+        from llamafit.errors import UsageError
 
+        refs, o = _targets(ctx, model)
+        if for_service and dry_run:
+            raise UsageError("--dry-run among a service's arguments: the service would print the argv and stop")
+        if (o.gpu or o.host_ram) and (for_service or not dry_run):
             flag = "--gpu" if o.gpu else "--host-ram"
             raise UsageError(
                 f"{flag} describes hardware that is not here: a plan for it can be printed, not launched",
-                hint=f"add --dry-run (or use plan), or drop {flag} to launch on this machine",
+                hint=f"drop {flag} to launch on this machine"
+                + ("" if for_service else " (or add --dry-run, or use plan, to print it)"),
             )
+        keep = KeepAlive(restart.value, max_restarts, liveness, watch, metrics, events)
+        check_upkeep(keep, log_file)
+        dry_run = dry_run or for_service
         if len(refs) > 1 or models_preset is not None:
             _one_model_options(quant)
             from llamafit.cli.several import run_several
 
             if exec_:
-                from llamafit.errors import UsageError
-
                 raise UsageError("--exec runs one server; several models run under the router that llamafit watches")
-            from llamafit.cli.supervise import KeepAlive
-
             code = run_several(
                 refs,
                 models_preset,
@@ -378,10 +384,10 @@ def run(
                 verbose=verbose,
                 log_file=log_file,
                 ready_timeout=ready_timeout or None,
-                keep=KeepAlive(restart.value, max_restarts, liveness, watch, metrics, events),
+                keep=keep,
             )
             raise typer.Exit(code)
-        from llamafit.cli.supervise import KeepAlive, run_one
+        from llamafit.cli.supervise import run_one
         from llamafit.launch import RETRIES
 
         code = run_one(
@@ -394,7 +400,7 @@ def run(
             ready_timeout=ready_timeout or None,
             replan=lambda: _prepare(refs[0], o, json_out, quant),
             retries=0 if no_retry else RETRIES,
-            keep=KeepAlive(restart.value, max_restarts, liveness, watch, metrics, events),
+            keep=keep,
         )
         raise typer.Exit(code)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -13,6 +13,9 @@ from llamafit.cli.output import handled, note, out_console, print_line
 from llamafit.errors import UsageError
 from llamafit.paths import read_regular_file
 from llamafit.server.bounded import run_bounded
+
+if TYPE_CHECKING:
+    from llamafit import service as service_types
 
 service_app = typer.Typer(
     help="Start llamafit run on boot: a systemd user unit (Linux) or a launchd agent (macOS).",
@@ -34,6 +37,9 @@ def install_command(
     check: Annotated[
         bool, typer.Option("--check/--no-check", help="Plan once now (run --dry-run) before writing the unit.")
     ] = True,
+    replace: Annotated[
+        bool, typer.Option("--replace", help="Write over a unit of this name that runs something else.")
+    ] = False,
 ) -> None:
     """Write a unit that runs `llamafit run RUN_ARGS` (everything after the first `--`), checked by the
     platform's own checker; then say how to enable it."""
@@ -47,19 +53,40 @@ def install_command(
         unit = service.render(name, run_args, os.environ, service.kind_here())
         if dry_run:
             print_line(unit.text.rstrip("\n"))
+            _said(unit)
             return
+        if not replace and service.existing(unit) is not None:
+            raise UsageError(
+                f"a unit named {name} is installed already and runs something else: {unit.path}",
+                hint=f"llamafit service show {name}; --replace writes over it, or choose another name",
+            )
         if check:
             _plans(run_args)
         service.install(unit)
-        note(f"wrote {unit.path}")
+        note(f"wrote {unit.path} (readable by you alone)")
+        _said(unit)
         for step in service.next_steps(unit):
             note(f"then: {step}")
+
+
+def _said(unit: service_types.Unit) -> None:
+    """What the unit holds that is a secret, and the caller's secrets it does not hold."""
+    from llamafit import service
+
+    if unit.secrets:
+        note(
+            f"the unit holds a secret ({', '.join(unit.secrets)}): it is written readable by you alone (0600); "
+            "--api-key-file FILE keeps a key out of it"
+        )
+    for k in unit.dropped:
+        note(f"{k} is not written into the unit: {service.SECRET_ENV[k]}")
 
 
 def _plans(run_args: list[str]) -> None:
     """The arguments plan here now (the same run with --dry-run), or a UsageError with what it said."""
     cut = run_args.index("--") if "--" in run_args else len(run_args)
-    argv = [sys.executable, "-m", "llamafit", "run", *run_args[:cut], "--dry-run", "--quiet", *run_args[cut:]]
+    # --for-service: the checks of a launch (hardware that is here, the metrics port, the files it writes)
+    argv = [sys.executable, "-m", "llamafit", "run", *run_args[:cut], "--for-service", "--quiet", *run_args[cut:]]
     try:
         r = run_bounded(argv, env=None, timeout=CHECK_TIMEOUT)  # dies with llamafit, killed whole at the bound
     except subprocess.TimeoutExpired:

@@ -3,6 +3,7 @@ actual, failures on stderr; the URL, or under ``--json`` the run's document, on 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,9 +26,11 @@ from llamafit.cli.output import (
 from llamafit.cli.relay import Relay
 from llamafit.cli.render import memory_tables, rows_json
 from llamafit.compare import Row
+from llamafit.errors import UsageError
 from llamafit.launch import RETRIES, before_launch, downloads_line
-from llamafit.paths import named_files
+from llamafit.paths import check_output, named_files
 from llamafit.planning.prepared import Prepared
+from llamafit.server.args import redacted
 from llamafit.server.liveness import Liveness
 from llamafit.server.metrics import Metrics, parse_address
 from llamafit.server.restarts import RestartPolicy
@@ -59,6 +62,33 @@ class KeepAlive:
     watch: float = 0.0
     metrics: str | None = None  # [HOST:]PORT
     events: str | None = None  # a file of llamafit.event/1 lines
+
+
+def check_upkeep(keep: KeepAlive, log_file: Path | None) -> None:
+    """What a launch would refuse in ``keep`` and ``--log-file``, refused before anything is planned (a dry
+    run and a service's check included): a metrics address that is not one, a file to write in a folder that is
+    not there, the events and the raw log in one file (the server's lines would break the JSON lines)."""
+    if keep.metrics is not None:
+        parse_address(keep.metrics)
+    files = [(Path(keep.events), "the events file")] if keep.events else []
+    files += [(log_file, "the log file")] if log_file is not None else []
+    for path, what in files:
+        folder = path.parent
+        if not folder.is_dir():
+            raise UsageError(f"{what} {path}: its folder {folder} does not exist", hint="create it, or give another")
+        check_output(path, (), what)
+    if len(files) == 2 and _same_file(files[0][0], files[1][0]):
+        raise UsageError(
+            "--events and --log-file name one file: the server's raw lines would break the events' JSON lines",
+            hint="give each its own file",
+        )
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve() or (a.exists() and b.exists() and os.path.samefile(a, b))
+    except OSError:
+        return False
 
 
 def metrics_endpoint(keep: KeepAlive, model: str) -> Metrics | None:
@@ -114,7 +144,7 @@ def run_one(
     if exec_:
         from llamafit.server.supervisor import exec_server
 
-        note(shellwords.join(prep.argv))
+        note(shellwords.join(redacted(prep.argv)))
         exec_server(prep.argv, env)
     return supervise(
         prep,
