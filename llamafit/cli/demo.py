@@ -48,7 +48,7 @@ def run_demo(server: str | None, json_out: bool) -> int:
         else:
             print_plan(out_console(), prep.plan, prep.argv)
         why = missing.message if missing else "no llama-server found"
-        err_console().print(f"[yellow]no llama-server to launch:[/] {safe(why)}")
+        err_console().print(f"[yellow]no llama-server to launch:[/] {safe(why)}", soft_wrap=True)
         err_console().print(f"[dim]hint:[/] {safe(GET_SERVER_HINT)}", soft_wrap=True)
         return int(ExitCode.SERVER_NOT_FOUND)
 
