@@ -38,7 +38,7 @@ from llamafit.plan import to_json
 from llamafit.planning.prepared import Prepared
 from llamafit.server.args import redacted
 from llamafit.server.failures import classify
-from llamafit.server.liveness import Liveness, Watchdog, api_key
+from llamafit.server.liveness import Liveness, Watchdog
 from llamafit.server.logparse import OOM_WORDS, LoadLog, error_text, is_error
 from llamafit.server.metrics import Metrics
 from llamafit.server.restarts import RestartPolicy, Restarts
@@ -358,8 +358,10 @@ def _attempt(
         served.set()
         rows = tuple(compare_all(prep, log))
         doc = to_json(prep.plan, argv)
-        on_event(Ready(url, rows, tuple(free_drift(prep, log)), tuple(log.fit), dict(log.device_free_mib), doc))
-        dogs.append(Watchdog(url, liveness, lambda why: wedged.append(last.reason(why)), api_key(argv, env)).start())
+        assert sup.endpoint is not None  # said ready: it answers there
+        at = sup.endpoint.shown()  # what a client uses: the URL with the server's --api-prefix
+        on_event(Ready(at, rows, tuple(free_drift(prep, log)), tuple(log.fit), dict(log.device_free_mib), doc))
+        dogs.append(Watchdog(sup.endpoint, liveness, lambda why: wedged.append(last.reason(why)), on_own=warn).start())
         if sup.pid is not None:
             watches.append(watch_memory(prep, sup.pid, watch, warn, metrics))
         if metrics is not None:

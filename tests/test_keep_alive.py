@@ -23,7 +23,8 @@ import pytest
 
 from llamafit.gguf.demo_model import ensure_demo_model
 from llamafit.server.binary import ServerBinary, free_port
-from llamafit.server.liveness import Liveness, Watchdog, api_key, probe
+from llamafit.server.endpoint import Endpoint, api_key
+from llamafit.server.liveness import Liveness, Watchdog, probe
 from llamafit.server.restarts import RestartPolicy, Restarts
 from tests.realserver import CRASHES_AT_ONCE, FAILS_GENERATIONS, READY, stand_in, wait_for
 
@@ -72,14 +73,16 @@ def test_the_probe_uses_the_servers_own_key(tmp_path: Path) -> None:
 def test_the_watchdog_says_wedged_after_failures_in_a_row() -> None:
     answers = iter(["no", None, "no", "no", "never asked"])
     said: list[str] = []
-    dog = Watchdog("http://x", Liveness(0.01, failures=2), said.append, check=lambda *_: next(answers)).start()
+    dog = Watchdog(
+        Endpoint("http://x"), Liveness(0.01, failures=2), said.append, check=lambda *_: next(answers)
+    ).start()
     assert wait_for(lambda: bool(said), 5)
     dog.stop()
     assert said == ["no (2 probes in a row)"] and dog.probes == 4  # one success in between resets the count
 
 
 def test_a_port_with_nothing_behind_it_is_not_alive() -> None:
-    why = probe(f"http://127.0.0.1:{free_port()}", 2)
+    why = probe(Endpoint(f"http://127.0.0.1:{free_port()}"), 2)
     assert why is not None and "/slots failed" in why
 
 
@@ -231,7 +234,7 @@ def test_a_server_out_of_memory_at_run_time_is_said_and_started_again(
 
 
 def _answers(port: int) -> bool:
-    return probe(f"http://127.0.0.1:{port}", 5) is None
+    return probe(Endpoint(f"http://127.0.0.1:{port}"), 5) is None
 
 
 def test_an_interrupt_during_the_backoff_ends_the_run(tmp_path: Path, model: Path) -> None:

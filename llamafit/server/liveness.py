@@ -10,15 +10,14 @@ Every probe is bounded in time; the probing thread stops with the server. Nothin
 
 from __future__ import annotations
 
+import errno
 import http.client
 import json
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from urllib.parse import urlsplit
 
-from llamafit.store import read_bytes
+from llamafit.server.endpoint import Endpoint
 
 PROBE_PROMPT = "ok"  # a token or two: the probe costs one tiny prefill and one decoded token
 
@@ -36,46 +35,26 @@ class Liveness:
         return self.interval > 0
 
 
-def api_key(argv: Sequence[str], env: Mapping[str, str]) -> str | None:
-    """The key the server asks for (``--api-key`` takes a comma-separated list; ``--api-key-file`` one key a
-    line; LLAMA_API_KEY), so that a protected server can be probed; None when it takes none."""
-    keys: str | None = env.get("LLAMA_API_KEY")
-    for i, a in enumerate(argv[:-1]):
-        if a == "--api-key":
-            keys = argv[i + 1]
-        elif a == "--api-key-file":  # read without blocking (a FIFO is not read) and bounded
-            data = read_bytes(Path(argv[i + 1]), 1 << 20)
-            if data is None:
-                continue
-            lines = data.decode("utf-8", errors="replace").splitlines()
-            keys = next((ln.strip() for ln in lines if ln.strip()), None)
-    first = keys.split(",")[0].strip() if keys else ""
-    return first or None
+class OwnFailure(Exception):
+    """A probe that could not be made for a reason of llamafit's own (no file descriptor, no memory for a
+    socket): it says nothing about the server."""
 
 
-def request(
-    url: str, method: str, path: str, timeout: float, key: str | None = None, body: str | None = None
-) -> tuple[int, bytes]:
-    """One HTTP request to the server at ``url``, bounded by ``timeout`` (its answer's first MiB); raises
-    TimeoutError, OSError or http.client.HTTPException."""
-    u = urlsplit(url)
-    headers = {"Content-Type": "application/json"}
-    if key:
-        headers["Authorization"] = f"Bearer {key}"
-    conn = http.client.HTTPConnection(u.hostname or "127.0.0.1", u.port or 80, timeout=timeout)
-    try:
-        conn.request(method, path, body=body, headers=headers)
-        resp = conn.getresponse()
-        return resp.status, resp.read(1 << 20)
-    finally:
-        conn.close()
+# what a failed connect or send says about llamafit itself, never about the server it asks
+OWN_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 
-def probe(url: str, timeout: float, key: str | None = None) -> str | None:
-    """None when the server at ``url`` serves; else why not, in words."""
+def probe(endpoint: Endpoint, timeout: float) -> str | None:
+    """None when the server at ``endpoint`` serves; else why not, in words. OwnFailure when llamafit itself
+    could not ask (out of file descriptors: a flood of clients elsewhere in the process)."""
 
     def ask(method: str, path: str, body: str | None = None) -> tuple[int, bytes]:
-        return request(url, method, path, timeout, key, body)
+        try:
+            return endpoint.request(method, path, timeout, body)
+        except OSError as e:
+            if e.errno in OWN_ERRNOS:
+                raise OwnFailure(e.strerror or str(e)) from None
+            raise
 
     try:
         status, data = ask("GET", "/slots")
@@ -113,17 +92,19 @@ def _all_busy(data: bytes) -> bool:
 
 class Watchdog:
     """Probes a ready server on a thread of its own until ``stop()``; after ``failures`` failed probes in a
-    row it calls ``on_wedged`` once, with the last reason, and stops probing."""
+    row it calls ``on_wedged`` once, with the last reason, and stops probing. A probe llamafit could not make
+    (``OwnFailure``) is not counted against the server: ``on_own`` hears it, once until a probe is made again."""
 
     def __init__(
         self,
-        url: str,
+        endpoint: Endpoint,
         liveness: Liveness,
         on_wedged: Callable[[str], None],
-        key: str | None = None,
-        check: Callable[[str, float, str | None], str | None] = probe,
+        check: Callable[[Endpoint, float], str | None] = probe,
+        on_own: Callable[[str], None] | None = None,
     ) -> None:
-        self.url, self.liveness, self.on_wedged, self.key, self._check = url, liveness, on_wedged, key, check
+        self.endpoint, self.liveness, self.on_wedged, self._check = endpoint, liveness, on_wedged, check
+        self.on_own = on_own
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="llama-server liveness", daemon=True)
         self.probes = 0
@@ -140,11 +121,18 @@ class Watchdog:
 
     def _loop(self) -> None:
         failed = 0
+        own_said = False
         while not self._stop.wait(self.liveness.interval):
             try:
-                why = self._check(self.url, self.liveness.interval, self.key)
+                why = self._check(self.endpoint, self.liveness.interval)
+            except OwnFailure as e:  # llamafit's own trouble: the server is not judged by it
+                if not own_said and self.on_own is not None:
+                    self.on_own(f"a liveness probe could not be made ({e}); it is not counted against the server")
+                own_said = True
+                continue
             except Exception as e:  # a probe's own bug must not end the watch silently
                 why = f"the probe failed ({type(e).__name__}: {e})"
+            own_said = False
             self.probes += 1
             if self._stop.is_set():
                 return  # the server is being stopped: a failed probe now says nothing

@@ -33,6 +33,7 @@ import psutil
 
 from llamafit.errors import ServerLoadError, ServerNotFoundError, UsageError
 from llamafit.server.children import Guardian, die_with_parent
+from llamafit.server.endpoint import Endpoint, endpoint_of
 from llamafit.server.failures import Failure, classify
 from llamafit.server.logparse import LoadLog, parse, strip
 
@@ -147,6 +148,8 @@ class Supervisor:
         self.usable = usable
         self.lines: list[str] = []
         self.url: str | None = None
+        self.endpoint: Endpoint | None = None  # where it answers, once ready (its prefix and key with it)
+        self._listener: psutil.Process | None = None  # the process that listens there, when not the child
         self.interrupted = False
         self.timed_out: float | None = None
         self._proc: subprocess.Popen[str] | None = None
@@ -240,14 +243,15 @@ class Supervisor:
         server-queue.cpp:279); ``/slots`` is answered by that loop (server-context.cpp:5085-5100). A line
         that is not the server's (nothing of its process listens there, or it still loads: the real line
         comes after the load) is passed over, and the next one is waited for."""
-        why = self._confirm(url, time.monotonic() + CONFIRM_TIMEOUT)
+        endpoint = endpoint_of(url, self.argv, self.env)
+        why = self._confirm(endpoint, time.monotonic() + CONFIRM_TIMEOUT)
         if why is not None or not self.running:
             if self.running and self.on_warning:
                 said = f"a log line said the server listens on {url}, but it does not answer there ({why})"
                 self.on_warning(said + ": ignored")
             self._announcer = None
             return
-        self.url = url
+        self.url, self.endpoint = url, endpoint
         self._ready.set()
         if self.on_ready:
             self.on_ready(url, parse(list(self.lines)))
@@ -281,53 +285,74 @@ class Supervisor:
         assert self.url is not None
         return self.url
 
-    def _confirm(self, url: str, deadline: float) -> str | None:
-        """None when the server's own process listens at ``url`` and its task loop answers ``self.probe``;
-        else why not."""
-        u = urlsplit(url)
-        if u.scheme == "unix":
-            return None  # a socket file: nothing to ask it over HTTP
-        port = url_port(url)
-        if u.scheme != "http" or port is None:
-            return "not an HTTP URL with a port"
-        if not self._listens(port):
+    def _confirm(self, endpoint: Endpoint, deadline: float) -> str | None:
+        """None when the server's own process (or one of its children: a wrapper script may run llama-server as
+        its child) listens at ``endpoint`` and its task loop answers ``self.probe`` there; else why not."""
+        if endpoint.scheme not in ("http", "https", "unix") or (endpoint.scheme != "unix" and endpoint.port is None):
+            return "not an HTTP URL with a port, nor a unix socket"
+        if not self._listens(endpoint):
             return "its process does not listen there"
         why = "its task loop did not answer"
         while self.running and time.monotonic() < deadline:
-            conn = http.client.HTTPConnection(u.hostname or "127.0.0.1", port, timeout=2)
             try:
-                conn.request("GET", self.probe)
-                status = conn.getresponse().status
+                status, _ = endpoint.request("GET", self.probe, 2.0)
                 # 200: the loop answered; 501: --no-slots; 401/403: an API key: nothing more to learn
                 if status in (200, 401, 403, 501):
                     return None
                 if status == 503:
                     return "it answered 503 (still loading)"  # the real line comes after the load
-                why = f"it answered HTTP {status}"
+                why = f"it answered HTTP {status}" + (
+                    f" at {endpoint.prefix}{self.probe}" if endpoint.prefix and status == 404 else ""
+                )
             except ConnectionRefusedError:
                 return "the connection was refused"
-            except OSError:
-                pass
-            finally:
-                conn.close()
+            except (OSError, http.client.HTTPException) as e:
+                why = f"it did not answer ({getattr(e, 'strerror', None) or type(e).__name__})"
             time.sleep(0.05)
         return why
 
-    def _listens(self, port: int) -> bool:
-        """The server's process listens on ``port`` (True when the system does not say)."""
+    def _listens(self, endpoint: Endpoint) -> bool:
+        """The server's process or one of its descendants listens at ``endpoint`` (True when the system does
+        not say); the one that does is kept, to be stopped with the server."""
         assert self._proc is not None
         try:
-            proc = psutil.Process(self._proc.pid)
-            conns = proc.net_connections("inet") if hasattr(proc, "net_connections") else proc.connections("inet")
+            root = psutil.Process(self._proc.pid)
+            tree = [root, *root.children(recursive=True)]
         except (psutil.Error, OSError):
             return True
-        return any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in conns)
+        said = False
+        for proc in tree:
+            try:
+                if endpoint.socket_path is not None:
+                    hit = any(_path(c.laddr) == endpoint.socket_path for c in proc.net_connections("unix"))
+                else:
+                    conns = proc.net_connections("inet")
+                    hit = any(
+                        c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == endpoint.port for c in conns
+                    )
+            except (psutil.Error, OSError):
+                continue
+            said = True
+            if hit:
+                self._listener = proc if proc.pid != root.pid else None
+                return True
+        return not said
+
+    def _signal(self, signum: int) -> None:
+        """``signum`` to the server, and to the process that listens when that is another (a wrapper script
+        that runs llama-server as its child passes no signal on)."""
+        assert self._proc is not None
+        if self._proc.poll() is None:
+            self._proc.send_signal(signum)
+        if self._listener is not None:
+            with contextlib.suppress(psutil.Error, OSError):
+                self._listener.send_signal(signum)
 
     def stop(self, timeout: float = 30.0) -> Outcome:
         """SIGINT (llama-server's graceful shutdown), then SIGKILL if it lingers."""
         if self.running:
             assert self._proc is not None
-            self._proc.send_signal(signal.SIGINT)
+            self._signal(signal.SIGINT)
             try:
                 self._proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
@@ -356,7 +381,7 @@ class Supervisor:
             self.interrupted = True
             asked.append(time.monotonic())
             if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM if signum == signal.SIGHUP else signum)
+                self._signal(signal.SIGTERM if signum == signal.SIGHUP else signum)
 
         old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         try:
@@ -414,23 +439,22 @@ class Supervisor:
 
     def complete(self, prompt: str, n_predict: int = 8, timeout: float = 120.0) -> dict[str, Any]:
         """One /completion request to the ready server."""
-        if self.url is None:
+        if self.endpoint is None:
             raise ServerLoadError("llama-server is not ready")
-        u = urlsplit(self.url)
-        conn = http.client.HTTPConnection(u.hostname or "127.0.0.1", u.port or 80, timeout=timeout)
         body = json.dumps({"prompt": prompt, "n_predict": n_predict, "temperature": 0, "ignore_eos": True})
         try:
-            conn.request("POST", "/completion", body=body, headers={"Content-Type": "application/json"})
-            resp = conn.getresponse()
-            data = resp.read()
-        except OSError as e:
-            raise ServerLoadError(f"/completion at {self.url} failed: {e}") from None
-        finally:
-            conn.close()
-        if resp.status != 200:
-            raise ServerLoadError(f"/completion answered HTTP {resp.status}: {data[:200]!r}")
+            status, data = self.endpoint.request("POST", "/completion", timeout, body)
+        except (OSError, http.client.HTTPException) as e:
+            raise ServerLoadError(f"/completion at {self.endpoint.shown()} failed: {e}") from None
+        if status != 200:
+            raise ServerLoadError(f"/completion answered HTTP {status}: {data[:200]!r}")
         out: dict[str, Any] = json.loads(data)
         return out
+
+
+def _path(laddr: object) -> str | None:
+    """A unix socket's path as psutil gives it (a string), None for an address of another family."""
+    return laddr if isinstance(laddr, str) else None
 
 
 def exec_server(argv: Sequence[str], env: dict[str, str]) -> None:  # pragma: no cover - replaces the process

@@ -27,7 +27,8 @@ import psutil
 from llamafit.compare import Row
 from llamafit.launch import exit_reason, record_launch
 from llamafit.planning.prepared import Prepared
-from llamafit.server.liveness import Liveness, Watchdog, request
+from llamafit.server.endpoint import Endpoint
+from llamafit.server.liveness import Liveness, Watchdog
 from llamafit.server.logparse import LoadLog
 from llamafit.server.metrics import Metrics
 from llamafit.server.restarts import RestartPolicy, Restarts
@@ -88,7 +89,7 @@ class Keeper:
     keep: KeepSettings
     on_event: OnEvent
     key: str | None = None  # the router's API key (an instance takes none: it listens on loopback only)
-    router_url: str | None = None
+    router: Endpoint | None = None  # the router's own, once it listens (its --api-prefix, its key)
     router_pid: int | None = None
     _kept: dict[str, _Kept] = field(default_factory=dict)
     _restarts: dict[str, Restarts] = field(default_factory=dict)
@@ -117,7 +118,7 @@ class Keeper:
         def wedged(why: str) -> None:
             self._wedged(name, inst.port, kept.last.reason(why))
 
-        kept.dog = Watchdog(f"http://127.0.0.1:{inst.port}", self.keep.liveness, wedged, self.key)
+        kept.dog = Watchdog(Endpoint(f"http://127.0.0.1:{inst.port}", key=self.key), self.keep.liveness, wedged)
         if proc is not None:
             kept.memory = watch_memory(prep, proc.pid, self.keep.watch, self._warn(name), self.metrics(name))
         with self._lock:
@@ -242,11 +243,11 @@ class Keeper:
 
     def _router(self, path: str, name: str) -> str | None:
         """POST ``path`` to the router for model ``name``; None when it took it, else why not."""
-        if self.router_url is None:
+        if self.router is None:
             return "the router's address is not known yet"
         body = json.dumps({"model": name})
         try:
-            status, data = request(self.router_url, "POST", path, API_WAIT, self.key, body)
+            status, data = self.router.request("POST", path, API_WAIT, body)
         except (OSError, http.client.HTTPException) as e:
             return f"{path} failed ({type(e).__name__}: {e})"
         return None if status == 200 else f"{path} answered HTTP {status}: {data[:200].decode(errors='replace')}"

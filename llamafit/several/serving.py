@@ -17,8 +17,8 @@ from llamafit.compare import Row
 from llamafit.errors import ExitCode
 from llamafit.launch import compare_all, exit_reason
 from llamafit.server.args import redacted
+from llamafit.server.endpoint import api_key, endpoint_of
 from llamafit.server.failures import Failure, classify
-from llamafit.server.liveness import api_key
 from llamafit.server.logparse import is_error
 from llamafit.server.restarts import Restarts
 from llamafit.server.supervisor import Supervisor, is_key_line
@@ -133,7 +133,8 @@ def _router_attempt(
             keeper.line(inst, text)
 
     def on_ready(url: str, _log: object) -> None:
-        w.url = keeper.router_url = url
+        w.url = url
+        keeper.router = endpoint_of(url, argv, env)
         finish_if_all_ready()
 
     def stop_when() -> bool:

@@ -1,0 +1,134 @@
+"""A running llama-server's HTTP endpoint, however it listens: ``http://HOST:PORT``, ``https://HOST:PORT``
+(``--ssl-key-file``/``--ssl-cert-file``), or a unix socket ``unix://PATH`` (``--host PATH.sock``), each route
+under its ``--api-prefix`` (server-http.cpp:690-762 registers every route as prefix + path) and with its API
+key. What llamafit asks a server it started (readiness, liveness, the router's loads) goes through here.
+
+An https server's certificate is not verified: llamafit talks to the process it started and confirmed listens
+there (``llamafit.server.supervisor``), usually with a self-signed certificate; the transport is encrypted as
+the server asks, and nothing secret beyond the server's own key is sent. Every request is bounded in time and
+reads at most the first MiB of an answer.
+"""
+
+from __future__ import annotations
+
+import http.client
+import socket
+import ssl
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from llamafit.store import read_bytes
+
+MAX_ANSWER = 1 << 20
+
+
+class UnixHTTPConnection(http.client.HTTPConnection):
+    """HTTP over a unix socket (cpp-httplib's AF_UNIX listener, as llama-server binds a ``.sock`` host)."""
+
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.socket_path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self.socket_path)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where a server answers: the URL of its ``listening on`` line, its API prefix and key."""
+
+    url: str
+    prefix: str = ""
+    key: str | None = None
+
+    @property
+    def scheme(self) -> str:
+        return urlsplit(self.url).scheme
+
+    @property
+    def port(self) -> int | None:
+        """The TCP port (None for a unix socket or a URL without one)."""
+        try:
+            return urlsplit(self.url).port
+        except ValueError:
+            return None
+
+    @property
+    def socket_path(self) -> str | None:
+        return self.url[len("unix://") :] if self.scheme == "unix" else None
+
+    def connection(self, timeout: float) -> http.client.HTTPConnection:
+        u = urlsplit(self.url)
+        if u.scheme == "unix":
+            return UnixHTTPConnection(self.url[len("unix://") :], timeout)
+        host = u.hostname or "127.0.0.1"
+        if host in ("0.0.0.0", "::"):  # a wildcard listener answers on loopback
+            host = "127.0.0.1" if host == "0.0.0.0" else "::1"
+        if u.scheme == "https":
+            context = ssl.create_default_context()
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE  # the process llamafit started, on its own certificate
+            return http.client.HTTPSConnection(host, u.port or 443, timeout=timeout, context=context)
+        return http.client.HTTPConnection(host, u.port or 80, timeout=timeout)
+
+    def request(self, method: str, path: str, timeout: float, body: str | None = None) -> tuple[int, bytes]:
+        """One request to ``path`` under the prefix, bounded by ``timeout``; its status and the first MiB of its
+        answer. Raises TimeoutError, OSError or http.client.HTTPException."""
+        headers = {"Content-Type": "application/json"}
+        if self.key:
+            headers["Authorization"] = f"Bearer {self.key}"
+        conn = self.connection(timeout)
+        try:
+            conn.request(method, self.prefix + path, body=body, headers=headers)
+            resp = conn.getresponse()
+            return resp.status, resp.read(MAX_ANSWER)
+        finally:
+            conn.close()
+
+    def with_url(self, url: str) -> Endpoint:
+        return Endpoint(url, self.prefix, self.key)
+
+    def shown(self) -> str:
+        """The URL a client uses, the prefix included."""
+        return self.url + self.prefix
+
+
+def api_prefix(argv: Sequence[str]) -> str:
+    """The server's ``--api-prefix``, the last one given, exactly as written: llama.cpp registers every route
+    as prefix + "/path" (common/arg.cpp:3397-3402, server-http.cpp:690); "" when none."""
+    prefix = ""
+    for i, a in enumerate(argv[:-1]):
+        if a == "--api-prefix":
+            prefix = argv[i + 1]
+    return prefix
+
+
+def api_key(argv: Sequence[str], env: Mapping[str, str]) -> str | None:
+    """The key the server asks for (``--api-key`` takes a comma-separated list; ``--api-key-file`` one key a
+    line; LLAMA_API_KEY), so that a protected server can be asked; None when it takes none."""
+    keys: str | None = env.get("LLAMA_API_KEY")
+    for i, a in enumerate(argv[:-1]):
+        if a == "--api-key":
+            keys = argv[i + 1]
+        elif a == "--api-key-file":  # read without blocking (a FIFO is not read) and bounded
+            data = read_bytes(Path(argv[i + 1]), 1 << 20)
+            if data is None:
+                continue
+            lines = data.decode("utf-8", errors="replace").splitlines()
+            keys = next((ln.strip() for ln in lines if ln.strip()), None)
+    first = keys.split(",")[0].strip() if keys else ""
+    return first or None
+
+
+def endpoint_of(url: str, argv: Sequence[str], env: Mapping[str, str]) -> Endpoint:
+    """The endpoint of a server started with ``argv`` and ``env`` that said it listens at ``url``."""
+    return Endpoint(url, api_prefix(argv), api_key(argv, env))
