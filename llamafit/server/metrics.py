@@ -1,21 +1,38 @@
 """A Prometheus endpoint for a served model (``run --metrics [HOST:]PORT``): what the plan predicted and what
 the server holds, per device and buffer kind; its speed against the prediction; requests, restarts and
 whether it serves. Written by ``prometheus_client`` (the ecosystem's library, its text format) from a
-registry of its own, served on a daemon thread, loopback unless a host is given. Nothing here prints.
+registry of its own, loopback unless a host is given. Nothing here prints.
+
+The endpoint shares llamafit's process with the server's supervision, so no client may exhaust it:
+``prometheus_client``'s own server takes every connection on a thread of its own and waits on a slow client
+forever, and a thousand half-sent requests used up llamafit's file descriptors, which failed the liveness
+probe and stopped a healthy server. Here at most ``MAX_CLIENTS`` connections are served at once (more are
+closed as they are accepted), each given ``CLIENT_TIMEOUT`` seconds a read and ``CLIENT_DEADLINE`` for its
+whole exchange.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import http.server
+import socket
+import socketserver
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 
 from llamafit.errors import UsageError
 from llamafit.numbers import to_int
 
 LOOPBACK = "127.0.0.1"
+MAX_CLIENTS = 16  # connections served at once; a scraper needs one
+CLIENT_TIMEOUT = 5.0  # seconds a read from a client may wait
+CLIENT_DEADLINE = 10.0  # seconds one exchange may take in all (a client that trickles bytes is cut off)
 
 
 @dataclass(frozen=True)
@@ -79,12 +96,13 @@ class Metrics:
 
     def serve(self, at: Address) -> None:
         try:
-            start_http_server(at.port, at.host, registry=self.registry)
+            server = _Endpoint(at, self.registry)
         except OSError as e:
             raise UsageError(
                 f"the metrics endpoint could not listen on {at}: {e.strerror or e}",
                 hint="give another --metrics port (or HOST:PORT), or stop what holds it",
             ) from None
+        threading.Thread(target=server.serve_forever, name="metrics endpoint", daemon=True).start()
 
     def memory(self, predicted: Iterable[tuple[str, str, int]], actual: Iterable[tuple[str, str, int]]) -> None:
         """(device, kind, bytes) rows: the plan's and the server's."""
@@ -111,3 +129,64 @@ class Metrics:
 
     def restarted(self) -> None:
         self.restarts.labels(self.model).inc()
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    """GET /metrics (or /): the registry in Prometheus' text format; nothing else."""
+
+    server: _Endpoint
+    timeout = CLIENT_TIMEOUT  # applied to the connection by StreamRequestHandler.setup
+
+    def do_GET(self) -> None:
+        if urlsplit(self.path).path not in ("/", "/metrics"):
+            self.send_error(404)
+            return
+        body = generate_latest(self.server.registry)
+        self.send_response(200)
+        self.send_header("Content-Type", CONTENT_TYPE_LATEST)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # nothing here prints
+
+
+class _Endpoint(socketserver.ThreadingMixIn, http.server.HTTPServer):
+    """An HTTP server that serves at most ``MAX_CLIENTS`` connections at once and closes each by its deadline."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 128  # connections the kernel holds until accepted (and closed when over the bound)
+
+    def __init__(self, at: Address, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self._slots = threading.BoundedSemaphore(MAX_CLIENTS)
+        self.address_family = socket.AF_INET6 if ":" in at.host else socket.AF_INET
+        super().__init__((at.host, at.port), _Handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)  # over the bound: closed at once, its descriptor freed
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        # the whole exchange is bounded: the socket is shut at the deadline, whatever the client sends
+        timer = threading.Timer(CLIENT_DEADLINE, _shut, (request,))
+        timer.daemon = True
+        timer.start()
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            timer.cancel()
+            self._slots.release()
+
+
+def _shut(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
