@@ -14,6 +14,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import stat
 import tempfile
 import time
@@ -25,6 +26,22 @@ from llamafit.numbers import jsonable
 
 MAX_BYTES = 16 << 20  # no cache of ours comes near it; a larger file is not ours
 LOCK_WAIT = 10.0  # seconds a change waits for another process's change of the same file
+
+
+MAX_REASON = 300  # characters kept of a reason read back (what a failure said)
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff\u200e\u200f\u202a-\u202e\u2066-\u2069\u061c]")
+
+
+def text_field(value: object, limit: int = MAX_REASON) -> str | None:
+    """A text read back from one of our files, as it may be shown: at most ``limit`` characters, every control
+    character (escape sequences, bidirectional overrides) written as ``\\xNN``/``\\uNNNN``; None when it is not
+    text. A file we wrote is input: someone may have put a terminal's escape sequences in it."""
+    if not isinstance(value, str):
+        return None
+    cut = value[:limit] + ("..." if len(value) > limit else "")
+    return _CONTROL.sub(
+        lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100 else f"\\u{ord(m.group()):04x}", cut
+    )
 
 
 def read_bytes(path: Path, limit: int = MAX_BYTES) -> bytes | None:

@@ -207,6 +207,30 @@ def test_a_probe_that_failed_is_not_run_again_by_every_plan(
     assert "not measured again today" in r.stderr
 
 
+def test_a_cached_failure_with_escape_sequences_is_bounded_and_escaped(
+    server_bin: ServerBinary, tmp_path: Path, demo: Path
+) -> None:
+    """The rates cache is input: a failure's reason written there with a clipboard write and a screen clear,
+    a million characters long, reaches neither the terminal nor the JSON raw nor whole."""
+    srv = toolbox(tmp_path, server_bin, bench='echo "error: unknown argument" >&2\nexit 1\n')
+    assert subprocess.run([*LLAMAFIT, "plan", str(demo), "--server", srv], capture_output=True, timeout=120,
+                          env=probing()).returncode == 0  # fmt: skip
+    cache = Path(os.environ["LLAMAFIT_CACHE"]) / "speed" / "rates.json"
+    doc = json.loads(cache.read_text())
+    hostile = "\x1b]52;c;cHduZWQ=\x07\x1b[2J" * 50000
+    for k, v in doc["entries"].items():
+        if k.startswith("failed|"):
+            v["failed"] = hostile
+    cache.write_text(json.dumps(doc))
+    for json_out in ([], ["--json"]):
+        r = subprocess.run([*LLAMAFIT, "plan", str(demo), "--server", srv, *json_out], capture_output=True,
+                           text=True, timeout=120, env=probing())  # fmt: skip
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert len(r.stdout) + len(r.stderr) < 20000 and "\x1b" not in r.stdout + r.stderr
+        said = r.stderr if not json_out else json.dumps(json.loads(r.stdout)["notes"])
+        assert "not measured again today: \\x1b]52;c;cHduZWQ=\\x07" in said.replace("\\\\", "\\"), said[:500]
+
+
 def test_a_plan_does_not_wait_while_another_llamafit_measures(
     server_bin: ServerBinary, tmp_path: Path, demo: Path
 ) -> None:

@@ -467,9 +467,9 @@ def failed_before(cache: Mapping[str, Mapping[str, Any]], key: str, budget: floa
     entry = cache.get(_FAILED + key)
     if not isinstance(entry, Mapping):
         return None
-    at, why = finite(entry.get("at"), 0.0), entry.get("failed")
+    at, why = finite(entry.get("at"), 0.0), store.text_field(entry.get("failed"))
     had = finite(entry.get("budget", math.inf), 0.0)
-    if at is None or not isinstance(why, str) or not 0 <= time.time() - at < FAILED_FOR:
+    if at is None or why is None or not 0 <= time.time() - at < FAILED_FOR:
         return None
     return why if had is None or had >= budget else None
 
