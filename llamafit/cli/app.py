@@ -50,6 +50,7 @@ from llamafit.cli.options import (
     SpecMode,
     SpecOpt,
     WatchOpt,
+    seconds,
     split_targets,
 )
 from llamafit.cli.output import (
@@ -307,6 +308,7 @@ def run(
             "--ready-timeout",
             help="Stop the server if it is not ready after this many seconds (0: wait forever).",
             min=0,
+            callback=seconds,
         ),
     ] = 1800,
     no_retry: Annotated[

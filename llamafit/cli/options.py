@@ -7,6 +7,7 @@ that has it (Typer has no option groups).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from enum import Enum
 from pathlib import Path
@@ -40,6 +41,17 @@ class Prefer(str, Enum):
     speed = "speed"
 
 
+MAX_SECONDS = 1e7  # about 115 days: a duration beyond it is a typo, and past a timestamp's range an error
+
+
+def seconds(value: float) -> float:
+    """A duration in seconds as an option takes it: a finite number from 0 to ``MAX_SECONDS`` (``nan`` passes
+    ``min=0``, and ``inf`` or ``1e309`` overflow the clocks they are added to)."""
+    if not math.isfinite(value) or not 0 <= value <= MAX_SECONDS:
+        raise typer.BadParameter(f"{value} is not a number of seconds from 0 to {MAX_SECONDS:.0f}")
+    return value
+
+
 class RestartMode(str, Enum):
     """--restart values (llamafit.server.restarts.RESTART_MODES)."""
 
@@ -71,6 +83,7 @@ WatchOpt = Annotated[
     typer.Option(
         "--watch",
         min=0,
+        callback=seconds,
         metavar="SECONDS",
         help="Sample the server's own host memory (RssAnon + VmSwap) this often (0: never), hold it to what the "
         "plan allows after the load, and say growth past it, or toward it, with the rate.",
@@ -99,6 +112,7 @@ LivenessOpt = Annotated[
     typer.Option(
         "--liveness",
         min=0,
+        callback=seconds,
         metavar="SECONDS",
         help="Probe the ready server this often with a one-token generation (each probe bounded by the same "
         "time; 0: never); two failed probes in a row stop it as wedged.",

@@ -27,6 +27,7 @@ from llamafit.cli.options import (
     ServerOpt,
     SpecMode,
     SpecOpt,
+    seconds,
     split_targets,
 )
 from llamafit.cli.output import handled, note, out_console, print_json, print_line, safe
@@ -46,7 +47,8 @@ def tune_command(
     ctx: typer.Context,
     model: ModelsArg = None,
     budget: Annotated[
-        float, typer.Option("--budget", metavar="SECONDS", help="Stop measuring after this long.", min=1)
+        float,
+        typer.Option("--budget", metavar="SECONDS", help="Stop measuring after this long.", min=1, callback=seconds),
     ] = 180,
     goal: Annotated[
         str,
