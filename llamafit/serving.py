@@ -274,9 +274,10 @@ def wait_restart(restarts: Restarts, why: str, code: int, on_event: OnEvent) -> 
         )
         return Served(code)
     said = Note(f"{why}; starting it again in {delay:.0f} s ({policy.said()})", "notice")
-    if not _pause(delay, functools.partial(on_event, said)):
+    if (signum := _pause(delay, functools.partial(on_event, said))) is not None:
         on_event(Note("interrupted before the restart"))
-        return Served(int(ExitCode.INTERRUPTED))
+        # as the shell reports a signal: 130 for Ctrl-C, 143 for SIGTERM (a service manager's stop), 129 for SIGHUP
+        return Served(int(ExitCode.INTERRUPTED) if signum == signal.SIGINT else 128 + signum)
     restarts.record()
     return None
 
@@ -292,9 +293,9 @@ def _ran_out(prep: Prepared, outcome: Outcome, rc: int) -> FailedLoad | None:
     return failed_load_cap(prep, classify(outcome.lines, rc, predicted, usable), outcome.log)
 
 
-def _pause(seconds: float, announce: Callable[[], None]) -> bool:
-    """Say the restart, then wait for it; False when an interrupt (SIGINT, SIGTERM, SIGHUP) came meanwhile
-    (caught from before it is said, so one sent on reading it is not lost)."""
+def _pause(seconds: float, announce: Callable[[], None]) -> int | None:
+    """Say the restart, then wait for it; the signal when an interrupt (SIGINT, SIGTERM, SIGHUP) came meanwhile
+    (caught from before it is said, so one sent on reading it is not lost), None when the wait ran out."""
     # the handler only appends (a list is no lock): one that set a threading.Event would take the Event's
     # lock, which this thread may hold inside Event.wait when the signal comes (a deadlock)
     asked: list[int] = []
@@ -305,7 +306,7 @@ def _pause(seconds: float, announce: Callable[[], None]) -> bool:
         end = time.monotonic() + seconds
         while not asked and (left := end - time.monotonic()) > 0:
             time.sleep(min(PAUSE_POLL, left))
-        return not asked
+        return asked[0] if asked else None
     finally:
         for s, h in old.items():
             signal.signal(s, h)
