@@ -90,6 +90,19 @@ def test_gpu_specs_carry_the_backend_and_unified_memory() -> None:
             described_gpu(bad)
 
 
+def test_a_metal_device_described_by_its_size_is_unified_memory(l8b: ModelInfo) -> None:
+    """Metal runs on Apple Silicon: its memory is the host's whether the card is named or only its size, so both
+    descriptions plan the same load against the same RAM (not a GPU's memory beside it)."""
+    assert described_gpu("metal:32GiB").uma and not described_gpu("vulkan:32GiB").uma
+    docs = []
+    for gpu in ("metal:20GiB", "20GiB@m3-max"):
+        r = CliRunner().invoke(app, ["plan", str(l8b.path), "--gpu", gpu, "--host-ram", "24GiB", "--json"])
+        assert r.exit_code == 0, r.output
+        doc = json.loads(r.stdout)
+        docs.append((doc["context"], doc["placement"], doc["host"]["unified"], doc["fits"]))
+    assert docs[0] == docs[1] and docs[0][2] > 0
+
+
 def test_a_unified_memory_card_is_its_machines_ram_not_this_ones() -> None:
     m = discover(gpu_specs=["96GiB/128GiB@ryzen-ai-max-395"])
     assert (m.host.total, m.host.available) == (128 * GiB, 96 * GiB)

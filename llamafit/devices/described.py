@@ -98,7 +98,8 @@ def described_gpu(spec: str, index: int = 0) -> Device:
         free=free,
         source="override",
         backend="Metal" if backend == "MTL" else backend,
-        uma=card is not None and card.uma,
+        # Metal is Apple Silicon's GPU: its memory is always the host's (docs/backends.md, "Unified memory")
+        uma=(card is not None and card.uma) or backend == "MTL",
         bandwidth=bandwidth,
         bandwidth_source=source,
         fp16=card.fp16 if card is not None else 0.0,
