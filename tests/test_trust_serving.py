@@ -183,3 +183,33 @@ def test_ready_and_probed_however_the_server_listens(
     assert "stopped serving" not in err and "does not answer there" not in err and "starting it again" not in err, err
     if how == "wrapper":
         assert not [q for q in psutil.process_iter(["cmdline"]) if str(model) in " ".join(q.info["cmdline"] or [])]
+
+
+# -- options that are not numbers, signals during a restart's wait ---------------------------------------
+
+
+@pytest.mark.parametrize("option", ["--watch", "--liveness", "--ready-timeout"])
+@pytest.mark.parametrize("value", ["nan", "inf", "1e309", "-inf"])
+def test_a_duration_that_is_not_a_number_is_a_usage_error(model: Path, option: str, value: str) -> None:
+    r = run([str(model), "--dry-run", f"{option}={value}"], timeout=60)
+    assert r.returncode == 2 and f"Invalid value for '{option}'" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGHUP, 129), (signal.SIGINT, 130)])
+def test_a_signal_during_the_backoff_exits_as_the_shell_reports_it(
+    tmp_path: Path, model: Path, signum: int, code: int
+) -> None:
+    srv = stand_in(tmp_path, READY + CRASHES_AT_ONCE)
+    p = subprocess.Popen([*LLAMAFIT, "run", str(model), "--server", srv, "--liveness", "0"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    assert p.stderr is not None
+    seen = []
+    for line in p.stderr:
+        seen.append(line)
+        if "starting it again in 1 s" in line:
+            p.send_signal(signum)
+            break
+    rest = p.communicate(timeout=30)[1]
+    assert p.returncode == code, "".join(seen) + rest
+    assert "interrupted before the restart" in rest
