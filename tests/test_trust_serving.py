@@ -213,3 +213,10 @@ def test_a_signal_during_the_backoff_exits_as_the_shell_reports_it(
     rest = p.communicate(timeout=30)[1]
     assert p.returncode == code, "".join(seen) + rest
     assert "interrupted before the restart" in rest
+
+
+def test_the_events_and_the_raw_log_in_one_file_are_refused(tmp_path: Path, model: Path) -> None:
+    one = tmp_path / "both.log"
+    r = run([str(model), "--events", str(one), "--log-file", str(tmp_path / "." / "both.log")], timeout=60)
+    assert r.returncode == 2 and "--events and --log-file name one file" in r.stderr, r.stderr
+    assert not one.exists()
