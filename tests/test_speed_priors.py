@@ -140,5 +140,10 @@ def test_a_described_hosts_cores_give_its_prompt_processing(l8b: ModelInfo) -> N
     assert speed("--host-cores", "8", "--", "-t", "4")["pp"] == pytest.approx(four)
     # the generation is the memory's: the same whatever the cores
     assert speed("--host-cores", "4")["tg"] == speed("--host-cores", "8")["tg"] == bare["tg"]
-    alone = CliRunner().invoke(app, ["plan", str(l8b.path), "--cpu-only", "--host-cores", "8"])
-    assert alone.exit_code != 0 and "--host-bandwidth" in alone.output
+    # cores alone: a desktop's bandwidth assumed (a server's past 24 cores), and the plan says what narrows it
+    for cores, kind in (("8", "desktop's"), ("64", "server's")):
+        alone = CliRunner().invoke(app, ["plan", str(l8b.path), "--cpu-only", "--host-cores", cores, "--json"])
+        assert alone.exit_code == 0, alone.output
+        sp = json.loads(alone.stdout)["speed"]
+        assert sp["tg"] is not None and sp["pp"] is not None
+        assert any(f"a {kind} assumed" in u and "--host-bandwidth narrows it" in u for u in sp["unknown"])

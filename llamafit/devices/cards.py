@@ -12,6 +12,7 @@ says the backend llama.cpp runs it with and whether its memory is the host's (Ap
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from functools import lru_cache
@@ -198,3 +199,17 @@ def lookup(name: str) -> KnownGpu | None:
 
 def names() -> list[str]:
     return [g.name for g in KNOWN]
+
+
+def similar(total: int, backend: str = "") -> list[KnownGpu]:
+    """The table's discrete cards (memory of their own) of about ``total`` bytes, 3/4 to 4/3 of it, or the nearest
+    in size where none is that close, of ``backend`` where it has any: what a card described by its size alone is
+    likely to be."""
+    cards = [g for g in KNOWN if g.memory and not g.uma]
+    same = [g for g in cards if g.backend == backend] or cards
+
+    def distance(g: KnownGpu) -> float:
+        return abs(math.log(g.memory / max(total, 1)))
+
+    nearest = min(distance(g) for g in same)
+    return [g for g in same if distance(g) <= max(nearest, math.log(4 / 3)) + 1e-9]

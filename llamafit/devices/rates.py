@@ -50,6 +50,7 @@ class Rates:
     tg_spread: tuple[float, float] = MEASURED_TG_SPREAD  # measured / predicted speed these rates held
     pp_spread: tuple[float, float] = MEASURED_PP_SPREAD
     moe_tiles: str = ""  # how its quantized expert matmuls are tiled (``llamafit.speed.tiles``); "": not ggml-cuda
+    assumed: bool = False  # its peak is not known either: what a device like it is likely to have (priors.assumed_*)
 
     def read_rate(self, ggml_type: str) -> float:
         return dict(self.read_by_type).get(ggml_type, self.read)

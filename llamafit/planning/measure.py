@@ -14,9 +14,9 @@ from collections.abc import Callable
 
 from llamafit.devices.machine import Machine
 from llamafit.devices.rates import parse_rate
-from llamafit.errors import UsageError
 from llamafit.fit.faster import split_devices
 from llamafit.fit.speed import used_devices
+from llamafit.memory.placement import CPU
 from llamafit.options import Options
 from llamafit.plan import Plan
 from llamafit.planning.discover import launch_env
@@ -41,11 +41,6 @@ def rate_source(
     if (occ := user.last("--threads")) is not None and (occ.value or "").isdecimal():
         threads = int(occ.value or 0) or None
     bw = parse_rate(o.host_bandwidth, "--host-bandwidth") if o.host_bandwidth else None
-    if o.host_cores and bw is None:
-        raise UsageError(
-            "--host-cores describes a host given with --host-bandwidth",
-            hint="give its memory bandwidth too (--host-bandwidth 80GB/s); this machine's CPU is measured",
-        )
     return RateSource(
         mach,
         res.model,
@@ -64,8 +59,9 @@ def rate_source(
 
 
 def before_fit(source: RateSource, mach: Machine, res: Resolved) -> Measured:
-    """The rates the fit reads: the cards it may split layers over as cached (and every known device's priors)."""
-    return source.measured(split_devices(mach, res.asked.req), measure=False)
+    """The rates the fit reads: every device it may place work on (the cards and the host) as cached, else their
+    priors or what is assumed of them (``llamafit.speed.measuring``): the choice between placements weighs them."""
+    return source.measured([*split_devices(mach, res.asked.req), *(g.id for g in mach.gpus), CPU], measure=False)
 
 
 def after_fit(source: RateSource, plan: Plan) -> Measured:

@@ -27,6 +27,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import psutil
+
 from llamafit.calibration import model_id, read_history
 from llamafit.devices import cards
 from llamafit.devices.machine import Device, Machine, NvmlProbe
@@ -90,6 +92,36 @@ def known_rates(g: Device) -> Rates | None:
         link = bandwidth if g.uma else priors.PRIOR_LINK
         label += "" if g.uma else ", PCIe 4.0 x16 assumed"
     return priors.prior_rates(backend, bandwidth, fp16, link, label, tiles.family_for(backend, cards.key(g.name)))
+
+
+def assumed_rates(g: Device) -> Rates | None:
+    """What is assumed of a card whose bandwidth nobody knows (``--gpu 24GiB``, a listed device the card table does
+    not know): the cards of about its memory in the table (``llamafit.devices.cards.similar``), their range folded
+    into the spread; None for a device that is not a GPU."""
+    if g.kind != "gpu":
+        return None
+    backend = g.id.rstrip("0123456789")
+    like = cards.similar(g.total, backend)
+    if not like:
+        return None
+    link = g.link or (None if g.uma else priors.PRIOR_LINK)  # unified memory: its own bandwidth (assumed_card)
+    fp16 = [c.fp16 for c in like if c.fp16]
+    return priors.assumed_card(backend, g.total, [c.bandwidth for c in like], fp16, link, g.id)
+
+
+DESCRIBED_CORES = 8  # the cores taken for a host nobody described (a desktop's)
+
+
+def with_assumed(machine: Machine, rates: Mapping[str, Rates] | None, cores: int = DESCRIBED_CORES) -> dict[str, Rates]:
+    """``rates`` and, for every device they lack, what is known or assumed of it (a desktop host of ``cores``):
+    what a choice between placements weighs when nothing was measured."""
+    out = dict(rates or {})
+    for g in machine.gpus:
+        if g.id not in out and (r := known_rates(g) or assumed_rates(g)) is not None:
+            out[g.id] = r
+    if CPU not in out:
+        out[CPU] = priors.assumed_host(cores)
+    return out
 
 
 def host_rates(bandwidth: float, threads: int = 0) -> Rates:
@@ -166,6 +198,12 @@ class RateSource:
             # llama.cpp computes on -t threads, by default on the physical cores (common/common.cpp cpu_get_num_math)
             threads_used = min(threads or host_cores or 0, host_cores or 0)
             self._rates[CPU] = host_rates(host_bandwidth, threads_used)
+        # what is assumed where nothing is known, measured or given: a plan has a speed (with its range) and a
+        # choice between placements something to weigh; never what a measurement is derived from
+        cores = host_cores or ((psutil.cpu_count(logical=False) or DESCRIBED_CORES) if here else DESCRIBED_CORES)
+        self._assumed = with_assumed(machine, None, cores)
+        if threads:
+            self._assumed[CPU] = priors.assumed_host(cores, min(threads, cores))
         self._bench = bench_binary(server_path) if server_path else None
         if self._bench is None and server_path and here:
             self.notes.append("speed not measured: no llama-bench beside the server binary")
@@ -192,7 +230,7 @@ class RateSource:
         if want and self._bench is not None and self.here:
             self._measure(want, run=measure)
         c = self.correction
-        return {d: r.calibrated(c.tg, c.pp) for d, r in self._rates.items()}
+        return {d: r.calibrated(c.tg, c.pp) for d, r in {**self._assumed, **self._rates}.items()}
 
     @property
     def correction(self) -> SpeedCorrection:

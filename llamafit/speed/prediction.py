@@ -270,8 +270,10 @@ def predict(
         devices_out.append(
             DeviceTime(dev, tg.per_device.get(dev, 0.0), pp.per_device.get(dev), read, r.source if r else "unknown")
         )
-    for label in {rates[d].label for d in decode.devices if d in rates and rates[d].source == "prior"}:
-        unknown.append(f"not measured: {label} (the range is how far these priors held on public measurements)")
+    priored = {rates[d].label: rates[d].assumed for d in decode.devices if d in rates and rates[d].source == "prior"}
+    for label, assumed in priored.items():
+        why = "spans what it may be, and how far priors held" if assumed else "is how far these priors held"
+        unknown.append(f"not measured: {label} (the range {why} on public measurements)")
     used = [rates[d] for d in decode.devices if d in rates]
     at_context = None
     full = cp.n_ctx_seq - prompt - 1

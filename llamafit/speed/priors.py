@@ -82,6 +82,14 @@ REDUCE = 4.0e-5
 PRIOR_LINK = pcie_link(4, 16) or 0.0
 
 
+# a host whose memory bandwidth nobody gave or measured: a desktop's two channels (DDR4-3200 to DDR5-6400, 51 to 102
+# GB/s peak; laptops' LPDDR5 within that), or a workstation's or server's four to twelve (DDR5: 150 to 600 GB/s) when
+# it has more physical cores than a desktop CPU comes with (24: a Ryzen 9 9950X has 16, a Core i9-14900K 24)
+DESKTOP_BANDWIDTH = (40e9, 100e9)
+SERVER_BANDWIDTH = (100e9, 500e9)
+SERVER_CORES = 24
+
+
 def for_backend(backend: str) -> Prior:
     return PRIORS.get(backend, PRIORS["Vulkan"])
 
@@ -126,3 +134,39 @@ def fill(measured: Rates, prior: Rates | None) -> Rates:
         reduce=measured.reduce or prior.reduce,
         moe_tiles=measured.moe_tiles or prior.moe_tiles,
     )
+
+
+def assumed_host(cores: int, threads: int = 0, label: str = "") -> Rates:
+    """The rates of a host whose bandwidth is not known: the middle (geometric) of a desktop's or a server's range by
+    its ``cores``, the range's ends folded into the spread the plan gives (``threads``: what computes its prompt
+    matmuls; 0: ``cores``)."""
+    lo, hi = SERVER_BANDWIDTH if cores > SERVER_CORES else DESKTOP_BANDWIDTH
+    mid = (lo * hi) ** 0.5
+    kind = "server's" if cores > SERVER_CORES else "desktop's"
+    said = label or f"host: bandwidth not known, a {kind} assumed ({lo / 1e9:.0f}-{hi / 1e9:.0f} GB/s, {cores} cores)"
+    r = prior_rates("CPU", mid, (threads or cores) * HOST_CORE_FLOPS, label=said + "; --host-bandwidth narrows it")
+    return _widened(r, lo / mid, hi / mid)
+
+
+def assumed_card(
+    backend: str, total: int, bandwidths: list[float], fp16s: list[float], link: float | None, label: str
+) -> Rates:
+    """The rates of a card whose bandwidth is not known, from the cards it is likely to be (``bandwidths``, ``fp16s``:
+    theirs): the middle of their range, its ends folded into the spread; ``link`` None: its memory is the host's
+    (the link is its own bandwidth)."""
+    lo, hi = min(bandwidths), max(bandwidths)
+    mid = (lo * hi) ** 0.5
+    link = link or mid
+    fp16 = sorted(fp16s)[len(fp16s) // 2] if fp16s else 0.0
+    said = (
+        f"{label}: bandwidth not known, a {total / 2**30:.0f} GiB card's assumed ({lo / 1e9:.0f}-{hi / 1e9:.0f} GB/s)"
+    )
+    r = prior_rates(backend, mid, fp16, link, said + "; --gpu SIZE@RATE or the card's name narrows it")
+    return _widened(r, lo / mid, hi / mid)
+
+
+def _widened(r: Rates, lo: float, hi: float) -> Rates:
+    """``r``'s spreads widened by a bandwidth known only within ``lo``-``hi`` of the value taken."""
+    # a prompt's matmuls are bound by arithmetic more than by memory: its speed is taken as half as sensitive
+    (tl, th), (pl, ph) = r.tg_spread, r.pp_spread
+    return replace(r, tg_spread=(tl * lo, th * hi), pp_spread=(pl * lo**0.5, ph * hi**0.5), assumed=True)
