@@ -75,7 +75,7 @@ _llamafit() {
                 --margin) :; return 0 ;;
                 --min-ctx) :; return 0 ;;
                 --spec) COMPREPLY=($(compgen -W "auto off draft-simple draft-mtp draft-eagle3 draft-dflash draft-dspark ngram-mod ngram-simple ngram-map-k ngram-map-k4v ngram-cache" -- "$cur")); return 0 ;;
-                --prefer) COMPREPLY=($(compgen -W "context speed" -- "$cur")); return 0 ;;
+                --prefer) COMPREPLY=($(compgen -W "balanced context speed" -- "$cur")); return 0 ;;
                 --draft) _llamafit_models; return 0 ;;
                 --server) COMPREPLY=($(compgen -f -- "$cur")); compopt -o filenames 2>/dev/null; return 0 ;;
                 --hf-file) :; return 0 ;;
@@ -107,7 +107,7 @@ _llamafit() {
                 --margin) :; return 0 ;;
                 --min-ctx) :; return 0 ;;
                 --spec) COMPREPLY=($(compgen -W "auto off draft-simple draft-mtp draft-eagle3 draft-dflash draft-dspark ngram-mod ngram-simple ngram-map-k ngram-map-k4v ngram-cache" -- "$cur")); return 0 ;;
-                --prefer) COMPREPLY=($(compgen -W "context speed" -- "$cur")); return 0 ;;
+                --prefer) COMPREPLY=($(compgen -W "balanced context speed" -- "$cur")); return 0 ;;
                 --draft) _llamafit_models; return 0 ;;
                 --hf-file) :; return 0 ;;
                 --revision) :; return 0 ;;
@@ -137,7 +137,7 @@ _llamafit() {
                 --margin) :; return 0 ;;
                 --min-ctx) :; return 0 ;;
                 --spec) COMPREPLY=($(compgen -W "auto off draft-simple draft-mtp draft-eagle3 draft-dflash draft-dspark ngram-mod ngram-simple ngram-map-k ngram-map-k4v ngram-cache" -- "$cur")); return 0 ;;
-                --prefer) COMPREPLY=($(compgen -W "context speed" -- "$cur")); return 0 ;;
+                --prefer) COMPREPLY=($(compgen -W "balanced context speed" -- "$cur")); return 0 ;;
                 --draft) _llamafit_models; return 0 ;;
                 --server) COMPREPLY=($(compgen -f -- "$cur")); compopt -o filenames 2>/dev/null; return 0 ;;
                 --hf-file) :; return 0 ;;

@@ -24,7 +24,7 @@ class Options:
     margin: str = str(DEFAULT_MARGIN_MIB)  # --margin SIZE or DEV=SIZE,...
     min_ctx: int = DEFAULT_MIN_CTX
     spec: str = "auto"  # auto | off | a --spec-type
-    prefer: str = "context"  # context | speed
+    prefer: str = "balanced"  # balanced | context | speed (llamafit.fit.choice)
     draft: str | None = None  # --draft FILE or owner/repo[:QUANT]
     server: str | None = None  # --server PATH
     calibrate: bool = True  # apply corrections from past launches

@@ -104,6 +104,47 @@ class SpecReport:
 
 
 @dataclass(frozen=True)
+class Tradeoff:
+    """One row of the context-speed trade-off: a context, the fastest placement that holds it, and what that
+    placement gives (``llamafit.fit.choice``). ``flags``: its placement as llama-server flags (``-c``, ``-ngl``,
+    ``--n-cpu-ffn``, ``--n-cpu-moe``, ``-ot``, ``-ts``)."""
+
+    n_ctx: int
+    where: str  # where the weights go, in words
+    flags: tuple[str, ...]
+    tightest: str  # the device with the least room left ("host" for host RAM)
+    room: int  # bytes left there
+    chosen: bool
+    settings: LoadSettings = field(repr=False)
+    footprint: Footprint = field(repr=False)
+    speed: Speed | None = None  # at depth 0, as the plan's own
+
+    def differing(self, chosen: Tradeoff | None) -> list[str]:
+        """Its flags that differ from the chosen row's (whole flags with their values)."""
+        mine, theirs = _flag_words(self.flags), _flag_words(chosen.flags if chosen is not None else ())
+        return [t for flag, words in mine.items() if theirs.get(flag) != words for t in (flag, *words)]
+
+    def as_dict(self, chosen: Tradeoff | None) -> dict[str, Any]:
+        sp = self.speed
+        return {
+            "n_ctx": self.n_ctx,
+            "tg": None if sp is None or sp.tg is None else round(sp.tg, 2),
+            "pp": None if sp is None or sp.pp is None else round(sp.pp, 2),
+            "where": self.where,
+            "tightest": self.tightest,
+            "room": self.room,
+            "chosen": self.chosen,
+            "flags": self.differing(chosen),
+            "placement": list(self.flags),
+        }
+
+
+def _flag_words(flags: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+    """``-c 4096 -ngl 30`` as {"-c": ("4096",), "-ngl": ("30",)} (every placement flag takes one value)."""
+    return {flags[i]: (flags[i + 1],) for i in range(0, len(flags) - 1, 2)}
+
+
+@dataclass(frozen=True)
 class Plan:
     model: ModelInfo = field(repr=False)
     settings: LoadSettings
@@ -124,6 +165,7 @@ class Plan:
     memory_build: BuildMatch | None = None  # the llama.cpp build it is priced for, against the server's
     memory_bound: Bound | None = None  # its compute held to the binary's no-alloc measurement (llamafit.planning.bound)
     calibrated_compute: tuple[str, ...] = ()  # compute buffers a past launch of this model corrected
+    tradeoffs: tuple[Tradeoff, ...] = ()  # contexts against speed, the chosen row marked (none when all fits)
 
     @property
     def fits(self) -> bool:
@@ -135,6 +177,10 @@ class Plan:
 
     def decision(self, code: str) -> Decision | None:
         return next((d for d in self.decisions if d.code == code), None)
+
+    @property
+    def chosen_row(self) -> Tradeoff | None:
+        return next((t for t in self.tradeoffs if t.chosen), None)
 
     @property
     def placement_code(self) -> str:
@@ -225,6 +271,7 @@ def to_json(plan: Plan, argv: list[str]) -> dict[str, Any]:
         "notes": list(plan.notes),
         "blind": list(plan.blind),
         "speed": plan.speed.as_dict() if plan.speed is not None else None,
+        "tradeoffs": [t.as_dict(plan.chosen_row) for t in plan.tradeoffs],
     }
 
 

@@ -182,12 +182,18 @@ def _overrides(args: ServerArgs) -> tuple[Override, ...] | None:
             out += n_cpu_moe_overrides(int_value(o.value, o.tokens[0], 0))
         elif o.key == "--n-cpu-ffn":
             seen = True
-            out += [Override(rf"blk\.{i}{FFN_DENSE_REGEX}", "CPU") for i in range(int_value(o.value, o.tokens[0], 0))]
+            out += n_cpu_ffn_overrides(int_value(o.value, o.tokens[0], 0))
     return tuple(out) if seen else None
 
 
 def n_cpu_moe_overrides(n: int) -> tuple[Override, ...]:
     return tuple(Override(rf"blk\.{i}{FFN_EXPS_REGEX}", "CPU") for i in range(n))
+
+
+def n_cpu_ffn_overrides(n: int) -> tuple[Override, ...]:
+    """The dense FFN weights of the first ``n`` layers on the CPU, as ``--n-cpu-ffn n`` puts them (common/arg.cpp:
+    2779-2789, LLM_FFN_DENSE_REGEX of common/common.h:1226)."""
+    return tuple(Override(rf"blk\.{i}{FFN_DENSE_REGEX}", "CPU") for i in range(n))
 
 
 def experts_on_cpu(n: int, part: int = 0) -> tuple[Override, ...]:
@@ -212,6 +218,15 @@ def whole_expert_layers(overrides: tuple[Override, ...]) -> tuple[int, tuple[Ove
     the first compose as ``--n-cpu-moe``, the rest as ``-ot``."""
     whole = sum(1 for o in overrides if o.pattern.endswith(FFN_EXPS_REGEX))
     return whole, tuple(o for o in overrides if not o.pattern.endswith(FFN_EXPS_REGEX))
+
+
+def dense_ffn_layers(overrides: tuple[Override, ...]) -> tuple[int, tuple[Override, ...]]:
+    """(layers whose dense FFN weights are on the CPU, the other overrides) of a tuple that starts with
+    ``n_cpu_ffn_overrides``: the first compose as ``--n-cpu-ffn``, the rest as they are."""
+    n = 0
+    while n < len(overrides) and overrides[n] == Override(rf"blk\.{n}{FFN_DENSE_REGEX}", "CPU"):
+        n += 1
+    return n, overrides[n:]
 
 
 def parse_margins(text: str) -> tuple[int, dict[str, int]]:

@@ -74,7 +74,7 @@ def test_bash_completes_commands_options_and_values(workdir: Path) -> None:
     assert "--spec" in bash_complete("llamafit plan --sp", workdir)
     assert bash_complete("llamafit plan --spec ", workdir) == SPEC_VALUES
     assert bash_complete("llamafit run --spec draft-d", workdir) == ["draft-dflash", "draft-dspark"]
-    assert bash_complete("llamafit run --prefer ", workdir) == ["context", "speed"]
+    assert bash_complete("llamafit run --prefer ", workdir) == ["balanced", "context", "speed"]
     assert bash_complete("llamafit completion ", workdir) == ["bash", "zsh", "fish"]
     assert bash_complete("llamafit plan --gpu ", workdir) == []  # a size: nothing to guess
 
@@ -116,7 +116,7 @@ def test_fish_offers_every_option_and_the_values() -> None:
     text = script("fish", app)
     _options_by_command(text, "fish")
     assert f"-l spec -x -a '{' '.join(SPEC_VALUES)}'" in text
-    assert "-l prefer -x -a 'context speed'" in text
+    assert "-l prefer -x -a 'balanced context speed'" in text
     assert "-n '__fish_seen_subcommand_from plan' -a '(__llamafit_models)'" in text
     assert "__fish_complete_suffix .gguf" in text
 

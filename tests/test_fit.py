@@ -14,6 +14,7 @@ from llamafit.gguf.model import ModelInfo, load_model
 from llamafit.memory.placement import Override
 from llamafit.request import PARTIAL_EXPS_REGEX, build_request, experts_on_cpu, whole_expert_layers
 from llamafit.server.args import compose, parse_server_args
+from llamafit.speculative import SpecOptions
 from llamafit.units import GiB, MiB
 from tests import factory
 
@@ -38,8 +39,9 @@ gpu = factory.gpu
 HOST = Host(total=128 * GiB, available=120 * GiB)
 
 
-def plan(model: ModelInfo, gpus: list[Device], args: list[str] = (), **kw: object):  # type: ignore[no-untyped-def,assignment]
-    return make_plan(model, Machine(tuple(gpus), HOST), build_request(parse_server_args(list(args)), **kw))  # type: ignore[arg-type]
+def plan(model: ModelInfo, gpus: list[Device], args: list[str] = (), prefer: str = "balanced", **kw: object):  # type: ignore[no-untyped-def,assignment]
+    req = build_request(parse_server_args(list(args)), **kw)  # type: ignore[arg-type]
+    return make_plan(model, Machine(tuple(gpus), HOST), req, SpecOptions(mode="off", prefer=prefer))
 
 
 def past_the_margin(model: ModelInfo, gpus: list[Device], args: list[str], device: str | None = None) -> bool:
@@ -89,7 +91,7 @@ def test_a_busy_card_is_planned_on_its_free_memory(l8b: ModelInfo) -> None:
 
 
 def test_two_unequal_cards_are_checked_card_by_card(l8b: ModelInfo) -> None:
-    p = plan(l8b, [gpu(0, 16), gpu(1, 6)])
+    p = plan(l8b, [gpu(0, 16), gpu(1, 6)], prefer="speed")  # every layer on the cards, the context cut
     assert p.fits
     for d in p.devices:
         assert d.use.total <= d.usable, d.device.id
@@ -102,8 +104,8 @@ def test_two_unequal_cards_are_checked_card_by_card(l8b: ModelInfo) -> None:
 
 def test_the_pooled_sum_is_not_enough(l8b: ModelInfo) -> None:
     """Two 5 GiB cards pool to 10 GiB, but each must hold its share plus its own overhead."""
-    pair = plan(l8b, [gpu(0, 5), gpu(1, 5)])
-    single = plan(l8b, [gpu(0, 10)])
+    pair = plan(l8b, [gpu(0, 5), gpu(1, 5)], prefer="speed")
+    single = plan(l8b, [gpu(0, 10)], prefer="speed")
     assert pair.fits
     assert all(d.use.overhead > 0 for d in pair.devices)  # each card pays its runtime overhead
     assert pair.decision("placement.all_gpu") and single.decision("placement.all_gpu")
@@ -127,7 +129,7 @@ def test_cpu_only_on_a_gpu_machine_says_dev_none(l8b: ModelInfo) -> None:
 
 
 def test_weights_too_big_moe_experts_go_to_cpu_first(moe30: ModelInfo) -> None:
-    p = plan(moe30, [gpu(0, 12)])
+    p = plan(moe30, [gpu(0, 12)], prefer="speed")  # the fewest experts on the CPU, the context they leave
     assert p.fits
     d = p.decision("placement.cpu_moe")
     assert d is not None
@@ -211,11 +213,11 @@ def test_several_small_cards_never_do_worse_than_one(l8b: ModelInfo, min_ctx: in
     """One policy whatever the number of cards: the context first (never below what the host alone holds),
     then the most layers on the GPUs that context leaves room for; more cards of the same size never give
     less of either."""
-    alone = plan(l8b, [], min_ctx=min_ctx)
-    one = plan(l8b, [gpu(0, 2)], min_ctx=min_ctx)
+    alone = plan(l8b, [], min_ctx=min_ctx, prefer="context")
+    one = plan(l8b, [gpu(0, 2)], min_ctx=min_ctx, prefer="context")
     assert one.n_ctx >= alone.n_ctx
     for n in (2, 4, 8):
-        many = plan(l8b, [gpu(i, 2) for i in range(n)], min_ctx=min_ctx)
+        many = plan(l8b, [gpu(i, 2) for i in range(n)], min_ctx=min_ctx, prefer="context")
         assert many.fits and many.n_ctx >= one.n_ctx
         if many.n_ctx == one.n_ctx:
             assert sum(d.layers for d in many.devices) >= sum(d.layers for d in one.devices)
@@ -224,7 +226,7 @@ def test_several_small_cards_never_do_worse_than_one(l8b: ModelInfo, min_ctx: in
 def test_layers_on_small_cards_never_cut_the_context_the_host_holds(l8b: ModelInfo) -> None:
     """A 2 GiB card holds a layer only at a shorter context: the load runs without it, and says why."""
     for cards in ([gpu(0, 2)], [gpu(0, 2), gpu(1, 2)]):
-        p = plan(l8b, cards)
+        p = plan(l8b, cards, prefer="context")
         assert p.n_ctx == plan(l8b, []).n_ctx
         d = p.decision("placement.cpu") or p.decision("placement.context_first")
         assert d is not None and "The context is chosen first" in d.message
@@ -384,7 +386,7 @@ def test_part_of_a_layer_never_costs_context(moe30: ModelInfo) -> None:
     """Parts of expert layers only take the room left at the context whole layers allow: the context is
     the largest the whole-layer placement holds (a speed option never cuts the context)."""
     for cards in ([gpu(0, 12)], [gpu(0, 9), gpu(1, 4.5)]):
-        p = plan(moe30, cards)
+        p = plan(moe30, cards, prefer="speed")  # the whole-layer placement first, then the largest context it holds
         assert p.fits and p.n_ctx < 40960
         whole, rest = whole_expert_layers(p.settings.overrides)
         k = whole + (1 if any(o.buft == "CPU" for o in rest) else 0)

@@ -122,6 +122,12 @@ CASES: list[Case] = [
     Case("qwen3-8b", ONE_24, spec="ngram-mod"),
     Case("gemma3-4b", ONE_24, extra={"mmproj": "gemma3-mmproj"}),
     Case("gemma3-4b", ONE_8, ("--no-mmproj-offload",), extra={"mmproj": "gemma3-mmproj"}),
+    # the choice by speed under each --prefer (llamafit.fit.choice): a dense model, a MoE, a hybrid, two cards
+    *(
+        Case(m, g, prefer=p)
+        for m, g in (("qwen3-8b", ONE_8), ("qwen3-30b-a3b", ONE_12), ("hybrid", ((4.0, 4.0),)), ("llama31-8b", TWO))
+        for p in ("balanced", "speed")
+    ),
 ]
 
 
@@ -151,6 +157,7 @@ def plan_case(case: Case, files: dict[str, Path]) -> dict[str, Any]:
         prefer=case.prefer,
         draft=str(files[case.draft]) if case.draft else None,
         calibrate=False,
+        host_cores=8,  # the host nobody measured: a desktop of 8 cores assumed, whatever machine runs the test
     )
     try:
         prep = prepare(str(files[case.model]), o, machine=_machine(case), server=(None, ASSUMED))

@@ -71,6 +71,8 @@ def commands(app: Any) -> list[Cmd]:
                 if p.nargs == -1:
                     passthrough = True
                 continue
+            if getattr(p, "hidden", False):  # an option for llamafit's own use (run --for-service)
+                continue
             choices = tuple(str(c) for c in getattr(p.type, "choices", None) or ())
             kind = "model" if p.name in MODEL_PARAMS else "file" if p.name in FILE_PARAMS else ""
             names = tuple(p.opts) + tuple(getattr(p, "secondary_opts", ()) or ())

@@ -37,6 +37,7 @@ class SpecMode(str, Enum):
 
 
 class Prefer(str, Enum):
+    balanced = "balanced"
     context = "context"
     speed = "speed"
 
@@ -181,8 +182,9 @@ HostCoresOpt = Annotated[
         metavar="N",
         min=1,
         max=4096,
-        help="With --host-bandwidth: the host's cores llama.cpp computes on (its physical cores; P-cores on a hybrid "
-        "CPU), so the speed estimate has prompt processing on the host too.",
+        help="The host's cores llama.cpp computes on (its physical cores; P-cores on a hybrid CPU), for the speed "
+        "estimate's prompt processing; without --host-bandwidth they also say whether a desktop's or a server's "
+        "memory bandwidth is assumed.",
     ),
 ]
 ModelsPresetOutOpt = Annotated[
@@ -235,9 +237,11 @@ PreferOpt = Annotated[
     Prefer,
     typer.Option(
         "--prefer",
-        help="'context': the context first (under --spec auto the drafter is given up before it is cut; layers "
-        "on small GPUs never cut it below what the host holds); 'speed': the drafter and the GPU layers first, the "
-        "context cut (not below --min-ctx).",
+        help="Where the context and the speed trade: 'balanced' (default) the largest context at which generation "
+        "keeps 75 % of the fastest placement's speed; 'context' the largest context the machine holds (the host "
+        "included); 'speed' the fastest placement, then the largest context it holds. At the context chosen, the "
+        "fastest placement that fits. Under --spec auto the drafter is given up before that context is cut (under "
+        "'speed' the context is cut for it, not below --min-ctx).",
     ),
 ]
 DraftOpt = Annotated[

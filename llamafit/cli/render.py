@@ -240,6 +240,7 @@ def plan_view(plan: Plan, width: int = 80, text_width: int | None = None) -> lis
         for line in pack_items([f"{ch} {name}" for ch, name, _ in SEGMENTS], width, indent="")
     ]
     out.append(Text(""))
+    out += tradeoff_lines(plan, tw)
     if plan.decisions:
         out.append(Text("Decisions", style="bold"))
     for dec in plan.decisions:
@@ -249,6 +250,38 @@ def plan_view(plan: Plan, width: int = 80, text_width: int | None = None) -> lis
         for w in plan.warnings:
             out += wrapped(safe_plain(w), tw, "  ! ", "    ", style="yellow")
     return out
+
+
+def tradeoff_lines(plan: Plan, width: int) -> list[Text]:
+    """The context-speed trade-off: one row a context, the chosen one marked, each with the flags that give it."""
+    if len(plan.tradeoffs) < 2:
+        return []
+    chosen = plan.chosen_row
+    out = [Text("Context and speed (> chosen; the flags give another row)", style="bold")]
+    for r in plan.tradeoffs:
+        tg = _rate(r.speed.tg if r.speed else None)
+        pp = _rate(r.speed.pp if r.speed else None)
+        room = f"{r.tightest} {b(max(r.room, 0))} left"
+        flags = shellwords.join(r.differing(chosen)) if not r.chosen else ""
+        line = f"{'>' if r.chosen else ' '} {r.n_ctx:>7}  tg {tg:>6}  pp {pp:>6}  {r.where}; {room}"
+        out += wrapped(
+            safe_plain(f"{line}{'  ' + flags if flags else ''}"), width, "", "      ", style="bold" if r.chosen else ""
+        )
+    out.append(Text(""))
+    return out
+
+
+def next_row(plan: Plan) -> str | None:
+    """What the row beside the chosen one gives (the next larger context, else the next faster one), in a line."""
+    rows = list(plan.tradeoffs)
+    chosen = plan.chosen_row
+    if chosen is None or len(rows) < 2:
+        return None
+    i = rows.index(chosen)
+    other = rows[i + 1] if i + 1 < len(rows) else rows[i - 1]
+    tg = _rate(other.speed.tg if other.speed else None)
+    flags = shellwords.join(other.differing(chosen))
+    return f"context {other.n_ctx} at tg {tg} tok/s instead ({other.where}): -- {flags}"
 
 
 def _rate(x: float | None) -> str:

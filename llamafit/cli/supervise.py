@@ -24,7 +24,7 @@ from llamafit.cli.output import (
     warn,
 )
 from llamafit.cli.relay import Relay
-from llamafit.cli.render import memory_tables, rows_json
+from llamafit.cli.render import memory_tables, next_row, rows_json
 from llamafit.compare import Row
 from llamafit.errors import UsageError
 from llamafit.launch import RETRIES, before_launch, downloads_line
@@ -75,8 +75,9 @@ def check_upkeep(keep: KeepAlive, log_file: Path | None) -> None:
     for path, what in files:
         folder = path.parent
         if not folder.is_dir():
-            raise UsageError(f"{what} {path}: its folder {folder} does not exist", hint="create it, or give another")
-        check_output(path, (), what)
+            raise UsageError(f"cannot write {what} {path}: its folder {folder} does not exist", hint="create it first")
+    if keep.events:
+        check_output(Path(keep.events), (), "the events file")  # a device or a FIFO is not a file of lines
     if len(files) == 2 and _same_file(files[0][0], files[1][0]):
         raise UsageError(
             "--events and --log-file name one file: the server's raw lines would break the events' JSON lines",
@@ -121,6 +122,8 @@ def run_one(
     report = prep.report()
     print_report([r for r in report if r[0] == "note"], decisions=False)
     pending = prep.downloads()
+    if (other := next_row(prep.plan)) is not None:
+        note(f"trade-off: {other} (llamafit plan shows every row)")
     if dry_run:
         # the warnings; of the decisions only a choice left to llamafit (no launch follows)
         print_report([r for r in report if r[0] == "warning"], decisions=False)

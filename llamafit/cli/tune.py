@@ -64,7 +64,7 @@ def tune_command(
     margin: MarginOpt = DEFAULTS.margin,
     min_ctx: MinCtxOpt = DEFAULTS.min_ctx,
     spec: SpecOpt = SpecMode.auto,
-    prefer: PreferOpt = Prefer.context,
+    prefer: PreferOpt = Prefer.balanced,
     draft: DraftOpt = None,
     server: ServerOpt = None,
     hf_file: HfFileOpt = None,

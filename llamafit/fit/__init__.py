@@ -27,7 +27,7 @@ from llamafit.calibration import Corrections
 from llamafit.devices.machine import Device, Machine
 from llamafit.devices.rates import Rates
 from llamafit.errors import DoesNotFitError, UsageError
-from llamafit.fit import messages
+from llamafit.fit import messages, tradeoff
 from llamafit.fit.argv import planned_argv, server_defaults
 from llamafit.fit.devices import MAX_SPLIT_DEVICES, select_gpus
 from llamafit.fit.faster import faster_split, user_placed
@@ -35,6 +35,7 @@ from llamafit.fit.policy import Outcome, fit_with_policy
 from llamafit.fit.projector import ProjectorPlacement, place_projector
 from llamafit.fit.runtime import plan_runtime
 from llamafit.fit.search import CTX_STEP, Search, Trial
+from llamafit.fit.speed import trial_speed
 from llamafit.gguf.hparams import UNVERIFIED_MEMORY_ARCHS
 from llamafit.gguf.mmproj import Projector
 from llamafit.gguf.model import ModelInfo
@@ -82,7 +83,7 @@ def make_plan(
     """
     args = (model, machine, req, opts, caps, calibrate, mmproj, mmproj_measured, drafter_files, rates, adapters)
     try:
-        return _context_first(_make_plan(*args), args)
+        return _host_context(_make_plan(*args), args)
     except DoesNotFitError as e:
         pinned = req.devices is not None or req.n_gpu_layers is not None or req.overrides is not None
         if (pinned or req.tensor_split is not None) and req.ctx is not None:
@@ -101,18 +102,18 @@ def make_plan(
         return replace(plan, decisions=tuple(why if d.code == "placement.cpu" else d for d in plan.decisions))
 
 
-def _context_first(plan: Plan, args: tuple[Any, ...]) -> Plan:
-    """The context is chosen first, whatever the number or size of the cards: a partial offload whose layers
-    cut the context below what the host alone gives (-dev none) keeps only as many layers as that context
-    allows, and none when no card holds a layer there (one 2 GiB card put 1 of 37 layers on it at 23040 tokens
-    where the host holds 40960). ``--prefer speed`` keeps the layers first."""
+def _host_context(plan: Plan, args: tuple[Any, ...]) -> Plan:
+    """A GPU that takes no layer still takes its compute buffer and the host its pinned buffers beside it, so the
+    host alone (``-dev none``) can hold a larger context than any placement on small cards. Under ``--prefer
+    context`` (the largest context the machine holds), or when no layer is on the GPUs anyway (generation as fast
+    without them), the load then runs without them, and says so."""
     model, machine, req, opts = args[0], args[1], args[2], args[3]
     chosen = (req.n_gpu_layers, req.tensor_split, req.overrides, req.devices, req.ctx)
-    if any(x is not None for x in chosen) or not plan.decision("context.reduced"):
-        return plan  # the user's placement or context, or no context cut
-    if opts is not None and opts.prefer == "speed":
-        return plan  # --prefer speed: the layers on the GPUs first
-    if not plan.decision("placement.partial"):
+    if any(x is not None for x in chosen) or not plan.devices:
+        return plan
+    if not (opts is not None and opts.prefer == "context") and plan.settings.n_gpu_layers != 0:
+        return plan
+    if not plan.decision("context.reduced"):
         return plan
     try:
         alone = _make_plan(model, machine, replace(req, devices=()), *args[3:])
@@ -120,28 +121,8 @@ def _context_first(plan: Plan, args: tuple[Any, ...]) -> Plan:
         return plan
     if alone.n_ctx <= plan.n_ctx:
         return plan
-    # the most layers at the host's context: the search's placement at that minimum, over all the cards or the
-    # first few (a card that takes no layer still takes its compute buffer)
-    gpus = [d.device.id for d in plan.devices]
-    fewer = None
-    for k in range(len(gpus), 0, -1):
-        devices = tuple(gpus[:k]) if k < len(gpus) else None
-        try:
-            p = _make_plan(model, machine, replace(req, min_ctx=alone.n_ctx, devices=devices), *args[3:])
-        except DoesNotFitError:
-            continue
-        if p.n_ctx >= alone.n_ctx and p.decision("placement.partial") and _layers(p) > _layers(fewer):
-            fewer = p
-    ngl = _layers(plan)
-    if fewer is not None:
-        why = messages.context_first(ngl, plan.n_ctx, _layers(fewer), fewer.n_ctx)
-        return replace(fewer, decisions=(*fewer.decisions, why))
-    why = messages.context_first(ngl, plan.n_ctx, 0, alone.n_ctx)
+    why = messages.context_first(sum(d.layers for d in plan.devices), plan.n_ctx, 0, alone.n_ctx)
     return replace(alone, decisions=tuple(why if d.code == "placement.cpu" else d for d in alone.decisions))
-
-
-def _layers(plan: Plan | None) -> int:
-    return sum(d.layers for d in plan.devices) if plan is not None else 0
 
 
 def _without_margins(refused: DoesNotFitError, args: tuple[Any, ...]) -> Plan:
@@ -192,7 +173,7 @@ def _make_plan(
     base = replace(server_defaults(req), build=built, load_nextn=nextn_weights(built, model.arch, False))
     calib = calibrate(base, tuple(g.id for g in gpus)) if calibrate is not None else Corrections()
     projector = place_projector(req, machine, [g.id for g in gpus], mmproj, mmproj_measured)
-    search = Search(model, machine, req, gpus, opts, calib, projector.fixed, adapters)
+    search = Search(model, machine, req, gpus, opts, calib, projector.fixed, adapters, rates)
     lo, hi = _context_bounds(model, req, base)
     choice = choose(model, opts, drafter_files, built)
     out = fit_with_policy(search, base, lo, hi, user_placed(req), choice, opts, caps)
@@ -223,6 +204,13 @@ def _make_plan(
     runtime = plan_runtime(model, t, out.spec, req, search)
     planned += runtime.flags
     decisions = _decisions(model, machine, req, search, t, out, planned, calib, projector)
+    rows = tradeoff.rows(
+        [tradeoff.Row(c.ladder.name, c.step, c.trial, c is out.chosen) for c in out.rows],
+        t,
+        search,
+        lambda tr: planned_argv(model, tr.settings, tr.fp.context.n_ctx, gpus, req, machine, out.spec, opts),
+        lambda tr: trial_speed(model, tr, gpus, search.rates, full_context=False),
+    )
     if faster is not None:  # right after the placement it changed
         at = next((i + 1 for i, d in enumerate(decisions) if d.code.startswith("placement.")), len(decisions))
         decisions.insert(at, faster)
@@ -236,7 +224,7 @@ def _make_plan(
     if build is not None and build.message is not None:
         warnings.append(build.message)
     plan = _assemble(model, machine, req, search, gpus, t, out.report, planned, projector, decisions, warnings, runtime)
-    plan = replace(plan, memory_build=build, calibrated_compute=tuple(calib.compute_scale))
+    plan = replace(plan, memory_build=build, calibrated_compute=tuple(calib.compute_scale), tradeoffs=rows)
     if (grows := _output_growth(plan)) is not None:
         plan = replace(plan, notes=(*plan.notes, grows))
     return plan
@@ -271,7 +259,8 @@ def _decisions(
     projector: ProjectorPlacement,
 ) -> list[Decision]:
     """Every choice the plan made, context first, each with its reason."""
-    decisions = [*_context_decisions(model, req, t), *filter(None, [messages.calibration_applied(calib)])]
+    context = [out.context] if out.context is not None else _context_decisions(model, req, t)
+    decisions = [*context, *filter(None, [messages.calibration_applied(calib)])]
     decisions += [*projector.decisions, out.placement] if out.placement else [*projector.decisions]
     if out.report.message:
         decisions.append(Decision(out.report.code, out.report.message))

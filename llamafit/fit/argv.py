@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from llamafit.devices.machine import Device, Machine
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory.footprint import LoadSettings
-from llamafit.request import Request, whole_expert_layers
+from llamafit.request import Request, dense_ffn_layers, whole_expert_layers
 from llamafit.server.args import Planned
 from llamafit.speculative import SpecConfig, SpecOptions
 
@@ -71,11 +71,13 @@ def planned_argv(
         out.append(Planned("ctx", ("-c", str(n_ctx))))
     if gpus and placed:
         out.append(Planned("ngl", ("-ngl", "all" if s.n_gpu_layers < 0 else str(s.n_gpu_layers))))
-        if len(gpus) > 1 and s.tensor_split:
+        if len(gpus) > 1 and s.tensor_split and s.n_gpu_layers != 0:  # no layer to split at -ngl 0
             out.append(Planned("split", ("-ts", ",".join(str(int(x)) for x in s.tensor_split))))
         if s.overrides and req.overrides is None:
-            whole, rest = whole_expert_layers(s.overrides)
-            tokens: tuple[str, ...] = ("--n-cpu-moe", str(whole)) if whole else ()
+            ffn, rest = dense_ffn_layers(s.overrides)
+            whole, rest = whole_expert_layers(rest)
+            tokens: tuple[str, ...] = ("--n-cpu-ffn", str(ffn)) if ffn else ()
+            tokens += ("--n-cpu-moe", str(whole)) if whole else ()
             if rest:  # a layer's experts in part on its GPU, the rest on the CPU or the next GPU
                 names = {dev: name for name, dev in machine.buffer_aliases.items()}
                 tokens += ("-ot", ",".join(f"{o.pattern}={names.get(o.buft, o.buft)}" for o in rest))

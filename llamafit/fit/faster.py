@@ -49,8 +49,8 @@ def faster_split(
     ids = search.ids
     if pinned or rates is None or len(ids) < 2 or not t.settings.tensor_split or search.tensor:
         return t, None
-    if any(g not in rates for g in ids):
-        return t, None
+    if any(g not in rates or rates[g].assumed for g in ids):
+        return t, None  # a card whose speed nobody knows is not filled first on a guess
     speed = {i: rates[g].read for i, g in enumerate(ids)}
     if max(speed.values()) < (1 + GAIN) * min(speed.values()):
         return t, None

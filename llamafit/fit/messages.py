@@ -73,19 +73,23 @@ def placement_cpu_moe(n_layer: int, overrides: Sequence[Override]) -> Decision:
 
 
 def context_first(ngl: int, cut: int, kept: int, n_ctx: int) -> Decision:
-    """More layers on small cards would cut the context below what the host holds without them: the context is
-    chosen first, the GPUs take the layers it leaves room for (``kept``; none: the load runs without them)."""
-    head = f"The context is chosen first: {ngl} layers on the GPUs would cut it to {cut}"
-    tail = " (--prefer speed puts the layers first)"
+    """--prefer context: the GPUs' own buffers leave the host less than it holds without them (``kept`` layers
+    keep that context; none: the load runs without them)."""
+    head = f"The context is chosen first (--prefer context): with the GPUs ({ngl} layers on them) it is {cut}"
     if kept:
-        return Decision("placement.context_first", f"{head}; {kept} keep it at {n_ctx}{tail}.")
+        return Decision("placement.context_first", f"{head}; {kept} keep it at {n_ctx}.")
     return Decision(
         "placement.cpu",
-        f"{head}; without them (-dev none) the host holds {n_ctx}, and all layers run on the CPU{tail}.",
+        f"{head}; without them (-dev none) the host holds {n_ctx}, and all layers run on the CPU.",
     )
 
 
 def placement_partial(ngl: int, n_units: int, on: str) -> Decision:
+    if ngl == 0:
+        return Decision(
+            "placement.partial",
+            f"All {n_units} layers on the CPU (-ngl 0); {on} takes the large matmuls of a prompt (op offload).",
+        )
     return Decision("placement.partial", f"{ngl} of {n_units} layers on {on} (-ngl {ngl}); the rest run on the CPU.")
 
 

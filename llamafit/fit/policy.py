@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 
 from llamafit.errors import UsageError
 from llamafit.fit import messages
+from llamafit.fit.choice import Candidate, Fitted, placed
 from llamafit.fit.search import Search, Trial
 from llamafit.memory import backends
 from llamafit.memory.footprint import LoadSettings
@@ -28,6 +29,9 @@ class Outcome:
     placement: Decision | None
     spec: SpecConfig  # what runs (or, when nothing fits, what was tried last)
     report: SpecReport
+    rows: tuple[Candidate, ...] = ()  # the context-speed trade-off the target's load was chosen from
+    context: Decision | None = None  # why the context is the one chosen, when speed chose it
+    chosen: Candidate | None = None  # the row chosen (the trial may hold a drafter beside it)
 
 
 def fallback_type(caps: Capabilities | Callable[[], Capabilities]) -> str | None:
@@ -59,8 +63,12 @@ def fit_with_policy(
     requested = opts.mode if not opts.user_types else "extra args: --spec-type " + ",".join(opts.user_types)
     d = choice.drafter
 
+    fitted: list[Fitted] = []  # the target's own fits, the last one the choice the outcome reports
+
     def fit(spec: SpecConfig, lo_: int, hi_: int) -> tuple[Trial | None, Decision | None]:
-        return search.fit(target_settings(model, base, spec, opts), lo_, hi_, pinned, spec)
+        f = placed(search, target_settings(model, base, spec, opts), lo_, hi_, pinned, spec, opts.prefer)
+        fitted.append(f)
+        return f.trial, f.placement
 
     def outcome(
         t: Trial | None,
@@ -70,12 +78,15 @@ def fit_with_policy(
         message: str,
         reason: str | None = None,
     ) -> Outcome:
-        """``drafter`` in the report is the one considered, kept or dropped; ``chosen`` what runs."""
+        """``drafter`` in the report is the one considered, kept or dropped; ``chosen`` what runs; the trade-off
+        is the one the target's placement came from (a drafter beside it keeps its context and placement)."""
         chosen = ",".join(spec.types) or "none"
         n_rs = rollback_rows(model, spec, opts, base.build)
-        return Outcome(
-            t, placement, spec, SpecReport(requested, chosen, d, reason, n_rs, message, code, spec.draft_devices)
-        )
+        report = SpecReport(requested, chosen, d, reason, n_rs, message, code, spec.draft_devices)
+        source = next((f for f in reversed(fitted) if f.placement is placement), None)
+        if source is None or t is None:
+            return Outcome(t, placement, spec, report)
+        return Outcome(t, placement, spec, report, source.rows, source.context, source.chosen)
 
     if d is None:
         spec = SpecConfig(None, choice.ngram)

@@ -1,9 +1,11 @@
-"""The search: for one speculative configuration, the largest context and the placement that fit.
+"""The search: one speculative configuration's loads priced on the machine, placed and packed over the cards.
 
-Everything on the GPUs first; then MoE experts to the CPU (the smallest ``--n-cpu-moe``); then fewer
-GPU layers (``-ngl``); placement the user pinned is kept. Across several GPUs each card is checked on
-its own share plus its own runtime overhead and margin, never only the pooled sum. The speculative
-configuration is an argument of every call: a result never depends on what was tried before.
+Its pieces serve the choice by speed (``llamafit.fit.choice``): a load priced (``run``), the top layers packed over
+the GPUs (``pack``, ``place``), the largest context a placement holds (``max_ctx``), a placement made as full as
+the exact estimate allows (``grow``, ``fewer_experts_on_cpu``, ``finer_experts``); ``fit`` is the context around
+a placement that is not llamafit's to choose. Across several GPUs each card is checked on its own share plus its
+own runtime overhead and margin, never only the pooled sum. The speculative configuration is an argument of every
+call: a result never depends on what was tried before.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass, replace
 
 from llamafit.calibration import Corrections
 from llamafit.devices.machine import Device, Machine
+from llamafit.devices.rates import Rates
 from llamafit.errors import DoesNotFitError
 from llamafit.fit import messages
 from llamafit.fit.split import split_balanced, split_fastest, split_greedy
@@ -27,6 +30,7 @@ from llamafit.memory.tensor_split import not_modelled
 from llamafit.plan import Decision
 from llamafit.request import PARTIAL_EXPS_REGEX, Request, experts_on_cpu
 from llamafit.speculative import SpecConfig, SpecOptions, drafter_use
+from llamafit.speed.measuring import with_assumed
 from llamafit.units import GiB
 
 CTX_STEP = N_CTX_PAD  # the server pads n_ctx to this: the only contexts that differ
@@ -60,6 +64,7 @@ class Search:
         calib: Corrections,
         fixed: Mapping[str, Use],
         adapters: Adapters | None = None,
+        rates: Mapping[str, Rates] | None = None,
     ) -> None:
         self.model = model
         self.req = req
@@ -92,6 +97,9 @@ class Search:
         self.calib = calib
         self.fixed = dict(fixed)  # what does not depend on the fit: the multimodal projector
         self.adapters = adapters if adapters is not None and not adapters.empty else None
+        # what each device does per second, for the choice between placements: measured or prior where the
+        # planner's measuring stage had them, else what is assumed of such a device (llamafit.speed.measuring)
+        self.rates = with_assumed(machine, rates)
 
     def estimate(
         self,
@@ -379,77 +387,14 @@ class Search:
     def fit(
         self, base: LoadSettings, lo: int, hi: int, pinned: bool, spec: SpecConfig
     ) -> tuple[Trial | None, Decision | None]:
-        """Context and placement for ``base`` with the speculative configuration ``spec``."""
+        """The largest context in [lo, hi] where the placement is not llamafit's to choose: no GPU, or the user's
+        (``pinned``). Every other placement is chosen by speed (``llamafit.fit.choice``)."""
         hp = self.model.hparams
-        n_units = hp.n_layer_all + 1
-        at = self.attempt_at
         if not self.ids:
-            r = self.max_ctx(lo, hi, at(base, 0, spec))
+            r = self.max_ctx(lo, hi, self.attempt_at(base, 0, spec))
             return r, messages.placement_cpu(hp.n_layer_all, "--cpu-only" if self.req.cpu_only else "no GPU")
-        if pinned:
-            r = self.max_ctx(lo, hi, lambda ctx: self.run(replace(base, n_ctx=ctx), spec))
-            return r, messages.placement_user()
-        r = self.max_ctx(lo, hi, at(base, n_units, spec))
-        if r is not None:
-            return r, messages.placement_all_gpu(hp.n_layer_all, messages.where(r.settings, self.ids))
-        if hp.n_expert > 0:
-            # experts to CPU, smallest count first: attention and dense weights stay on the GPU
-            # more expert layers on the CPU means less on the GPUs and more on the host: the smallest
-            # count the GPUs hold is also the one the host holds best, so find it on the GPU side alone
-            def with_experts_on_cpu(k: int) -> LoadSettings:
-                return replace(base, overrides=experts_on_cpu(k))
-
-            def held(t: Trial | None) -> bool:
-                return t is not None and all(t.total(g) <= self.usable[g] for g in self.ids)
-
-            def gpus_hold(k: int) -> bool:  # a quick probe (per-phase compute) for the bisection
-                return held(at(with_experts_on_cpu(k), n_units, spec, exact=False)(lo))
-
-            a, b = -1, hp.n_layer
-            if gpus_hold(b):
-                while b - a > 1:
-                    m = (a + b) // 2
-                    a, b = (a, m) if gpus_hold(m) else (m, b)
-            t = at(with_experts_on_cpu(b), n_units, spec)(lo)
-            while not held(t) and b < hp.n_layer:  # the quick probe was short: settle on exact trials
-                b += 1
-                t = at(with_experts_on_cpu(b), n_units, spec)(lo)
-            if t is not None and t.ok:
-                refined, k = self.fewer_experts_on_cpu(t, b, spec)
-                # the split found at the minimum context stays while the context grows (packed again at
-                # each context, a split can lose a step another one holds: the search is not monotone)
-                split = refined.settings
-                r = self.max_ctx(lo, hi, lambda ctx: self.run(replace(split, n_ctx=ctx), spec))
-                if r is not None:
-                    r = self.finer_experts(r, k, spec)
-                    return r, messages.placement_cpu_moe(hp.n_layer, r.settings.overrides)
-        # fewer GPU layers: the largest -ngl that fits at the minimum context
-        a, b = 0, n_units
-        while b - a > 1:
-            m = (a + b) // 2
-            t = at(base, m, spec, exact=False)(lo)  # quick probes, settled on exact trials below
-            a, b = (m, b) if t is not None and t.ok else (a, m)
-        packed = at(base, a, spec)(lo) if a > 0 else None
-        while a > 0 and (packed is None or not packed.ok):
-            a -= 1
-            packed = at(base, a, spec)(lo) if a > 0 else None
-        while 0 < a < n_units - 1:
-            more = at(base, a + 1, spec)(lo)
-            if more is None or not more.ok:
-                break
-            a, packed = a + 1, more
-        if a > 0:
-            grown = self.grow(packed, spec) if packed is not None else None
-            if grown is not None and grown.settings != packed.settings:  # type: ignore[union-attr]
-                # the layers the exact estimate adds at the minimum context stay where it put them
-                split = grown.settings
-                r = self.max_ctx(lo, hi, lambda ctx: self.run(replace(split, n_ctx=ctx), spec))
-            else:
-                r = self.max_ctx(lo, hi, at(base, a, spec))
-            if r is not None:
-                ngl = r.settings.n_gpu_layers if r.settings.n_gpu_layers >= 0 else n_units
-                return r, messages.placement_partial(ngl, n_units, messages.where(r.settings, self.ids))
-        return None, None
+        r = self.max_ctx(lo, hi, lambda ctx: self.run(replace(base, n_ctx=ctx), spec))
+        return r, messages.placement_user()
 
     def refusal(self, base: LoadSettings, ctx: int, spec: SpecConfig) -> tuple[DoesNotFitError, Trial]:
         """Why nothing fits, with the two ends: everything on the GPUs, and everything the GPUs cannot

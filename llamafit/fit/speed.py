@@ -17,7 +17,7 @@ from llamafit.memory import backends
 from llamafit.memory.footprint import Footprint, LoadSettings
 from llamafit.memory.graph.replay import nodes_per_layer
 from llamafit.memory.placement import CPU
-from llamafit.plan import Plan
+from llamafit.plan import Plan, Tradeoff
 from llamafit.speed.prediction import NO_MATMUL, NO_RATE, PROMPT, Speed, predict
 
 SPEED_WORDED = ("speculative.drafter", "speculative.dropped", "speculative.ngram")
@@ -39,17 +39,35 @@ def plan_speed(
 
 
 def priced(plan: Plan, rates: Mapping[str, Rates]) -> Plan:
-    """The plan with its speed, and each drafter decision saying what it means for speed."""
+    """The plan with its speed, its trade-off rows with theirs, and each drafter decision saying what it means for
+    speed."""
     speed = plan_speed(plan, rates)
+    plan = replace(plan, speed=speed, tradeoffs=_rows_priced(plan, rates))
     if speed.tg is None:
-        return replace(plan, speed=speed)
+        return plan
     decisions = tuple(
         replace(d, message=f"{d.message} {messages.spec_speed_words(d.code, speed.tg)}")
         if d.code in SPEED_WORDED and d.message
         else d
         for d in plan.decisions
     )
-    return replace(plan, speed=speed, decisions=decisions)
+    return replace(plan, decisions=decisions)
+
+
+def _rows_priced(plan: Plan, rates: Mapping[str, Rates]) -> tuple[Tradeoff, ...]:
+    """The trade-off rows with their speed at depth 0 from ``rates`` (what the plan's own speed reads: the choice
+    may have read priors that a measurement has replaced since); a row that a row of larger context is as fast as
+    is left out (nobody would pick it), the chosen one kept."""
+    gpus = [d.device for d in plan.devices]
+    rows = [
+        replace(r, speed=_speed(plan.model, r.footprint, r.settings, gpus, rates, full_context=False))
+        for r in plan.tradeoffs
+    ]
+
+    def tg(r: Tradeoff) -> float:
+        return r.speed.tg if r.speed is not None and r.speed.tg is not None else 0.0
+
+    return tuple(r for i, r in enumerate(rows) if r.chosen or not any(tg(o) >= tg(r) for o in rows[i + 1 :]))
 
 
 def used_devices(plan: Plan) -> list[str]:

@@ -87,6 +87,8 @@ def supported(planned: Sequence[Planned], caps: Capabilities) -> tuple[list[Plan
     out: list[Planned] = []
     notes = []
     for p in planned:
+        if p.family == "overrides" and "--n-cpu-ffn" in p.tokens and not caps.accepts("--n-cpu-ffn"):
+            p = _ffn_as_overrides(p)  # a build before --n-cpu-ffn places the same weights with -ot
         flag = p.tokens[0]
         hit = lookup(flag)
         key = hit[0].key if hit else flag
@@ -97,3 +99,18 @@ def supported(planned: Sequence[Planned], caps: Capabilities) -> tuple[list[Plan
         else:
             notes.append(f"this llama-server does not accept {flag}; llamafit left it out")
     return out, tuple(notes)
+
+
+def _ffn_as_overrides(p: Planned) -> Planned:
+    """``--n-cpu-ffn N`` written as the ``-ot`` entries it stands for (common/arg.cpp:2779-2789: the first N layers'
+    ``\\.ffn_(up|down|gate)\\.`` on the CPU), joined with the plan's other ``-ot`` entries."""
+    words = list(p.tokens)
+    i = words.index("--n-cpu-ffn")
+    n = int(words[i + 1])
+    del words[i : i + 2]
+    entries = [rf"blk\.{k}\.ffn_(up|down|gate)\.=CPU" for k in range(n)]
+    if "-ot" in words:
+        j = words.index("-ot")
+        entries.append(words[j + 1])
+        del words[j : j + 2]
+    return Planned(p.family, (*words, "-ot", ",".join(entries)))

@@ -16,7 +16,7 @@ class SpecOptions:
     """Speculative settings from llamafit's options and the user's extra args."""
 
     mode: str = "auto"  # auto | off | one of SPEC_TYPES
-    prefer: str = "context"  # context | speed
+    prefer: str = "balanced"  # balanced | context | speed (llamafit.fit.choice)
     draft: str | None = None  # --draft
     user_types: tuple[str, ...] = ()  # --spec-type / --spec-default in the extra args (explicit)
     user_draft: str | None = None  # -md in the extra args (last wins)
@@ -39,12 +39,12 @@ class SpecOptions:
 
 
 def spec_options(
-    args: ServerArgs, *, mode: str = "auto", prefer: str = "context", draft: str | None = None
+    args: ServerArgs, *, mode: str = "auto", prefer: str = "balanced", draft: str | None = None
 ) -> SpecOptions:
     if mode not in ("auto", "off", *SPEC_TYPES[1:]):
         raise UsageError(f"--spec {mode!r} is not a speculative type", hint="auto, off, " + ", ".join(SPEC_TYPES[1:]))
-    if prefer not in ("context", "speed"):
-        raise UsageError(f"--prefer {prefer!r}: expected context or speed")
+    if prefer not in ("balanced", "context", "speed"):
+        raise UsageError(f"--prefer {prefer!r}: expected balanced, context or speed")
     types: list[str] = []
     for o in args.items:
         if o.key == "--spec-type":
