@@ -3,18 +3,20 @@
 Policy (README "How llamafit decides"):
 
 * a user's ``-c N`` is a hard requirement (``-c 0`` means the training context, never reduced);
-  otherwise the training context if it fits, else the largest that fits, rounded down to 256 and
-  not below ``--min-ctx``;
-* everything on the GPUs first, each card checked on its own share (``search``);
-* when the weights do not fit even at the minimum context: MoE experts to the CPU first, then fewer
-  GPU layers, then refuse with the numbers; placement the user pinned is kept as is;
+* everything on the GPUs at the training context when it fits; otherwise context and placement are chosen by
+  speed (``choice``): at each context the fastest placement that fits, and the context by ``--prefer``
+  (``balanced``, ``context``, ``speed``); placement the user pinned is kept;
+* each card is checked on its own share (``search``); the split between unlike cards by speed (``faster``);
 * speculative decoding is a speed option: under Auto the drafter is given up *before* the context
   is cut (``policy``); an explicit drafter is always honoured;
 * every choice is recorded as a ``Decision(code, message)`` (``messages``).
 
-Modules: ``search`` (placement and context for one speculative configuration), ``split`` (layers per
-card), ``policy`` (the drafter), ``projector`` (the multimodal projector), ``messages`` (every text),
-``argv_plan`` (the server's defaults and the flags a plan passes).
+Modules: ``search`` (loads priced, placed and packed over the cards), ``choice`` (the choice by speed),
+``ladders`` (the families of placements it weighs), ``tradeoff`` (the trade-off as a plan shows it), ``split``
+(layers per card), ``faster`` (the faster split of unlike cards), ``speed`` (a trial's or a plan's speed; ``priced``:
+the plan with it), ``policy`` (the drafter), ``projector`` (the multimodal projector), ``devices`` (the cards a load
+may use), ``runtime`` (host RAM after the load), ``messages`` (every text), ``argv`` (the server's defaults and the
+flags a plan passes).
 """
 
 from __future__ import annotations

@@ -1,17 +1,8 @@
 """The choice by speed: where the weights go at each context, weighed with the speed model, and which context a
 plan takes (``--prefer``).
 
-A placement is a step on one of a few ladders, each from fast to far offloaded (the GPUs hold less along it,
-the host more):
-
-* ``layers``: whole layers on the CPU, the first ones first (``-ngl N``, down to ``-ngl 0``);
-* ``ffn``: every layer on the GPUs, the dense FFN weights (up, gate, down) of the first m layers on the CPU
-  (``--n-cpu-ffn m``), attention and its cache staying on the GPUs (the order llama.cpp PR #29027 measured to
-  keep the most speed); ``ffn-out`` the same with the output tensor on the CPU too;
-* ``experts``: the experts of the first k layers on the CPU (``--n-cpu-moe k``), everything else on the GPUs;
-* ``layers-cmoe``: every expert on the CPU and whole layers too (a MoE whose attention does not fit).
-
-At one context, a ladder's fastest step that fits is its first one the GPUs hold (a bisection on the quick
+A placement is a step on one of a few ladders, each from fast to far offloaded (``llamafit.fit.ladders``). At one
+context, a ladder's fastest step that fits is its first one the GPUs hold (a bisection on the quick
 estimate, the compute buffers by phase), when the host holds it too; the ladders' steps are priced by the speed
 model (generation at depth 0, as llama-bench's tg; prompt processing breaks a tie within ``TIE``) and the
 fastest wins. Each candidate that is kept is settled on the exact estimate.
@@ -25,20 +16,22 @@ fastest. Whichever it picks, the placement at that context is the fastest that f
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from llamafit.devices.machine import Device
 from llamafit.devices.rates import Rates
 from llamafit.fit import messages, tradeoff
+from llamafit.fit.ladders import Ladder, ladders
 from llamafit.fit.search import CTX_STEP, Search, Trial
 from llamafit.fit.speed import trial_speed
+from llamafit.gguf.model import ModelInfo
 from llamafit.memory.footprint import LoadSettings
 from llamafit.memory.placement import CPU
 from llamafit.plan import Decision
-from llamafit.request import experts_on_cpu, n_cpu_ffn_overrides
 from llamafit.speculative import SpecConfig
 from llamafit.speed.prediction import Speed
+from llamafit.speed.work import expert_share, is_expert
 
 SHARE = 0.5  # balanced: the largest context whose generation keeps this share of the fastest (README, "How ...")
 TIE = 0.01  # generation speeds within this share are a tie: prompt processing decides
@@ -48,55 +41,12 @@ SETTLE_STEPS = 4  # exact estimates a candidate may take to settle its step
 
 
 @dataclass(frozen=True)
-class Ladder:
-    """One family of placements: step ``x`` from ``first`` (the fastest) to ``last`` (the most offloaded)."""
-
-    name: str
-    first: int
-    last: int
-    at: Callable[[LoadSettings, int], tuple[LoadSettings, int]]  # (settings with its overrides, GPU layers)
-
-
-def ladders(search: Search) -> list[Ladder]:
-    """The families that apply to the model: layers always; FFN first for a dense model; experts for a MoE."""
-    hp = search.model.hparams
-    units = hp.n_layer_all + 1  # the output counts as one (llama.cpp's -ngl)
-
-    def layers(s: LoadSettings, x: int) -> tuple[LoadSettings, int]:
-        return replace(s, overrides=()), units - x
-
-    out = [Ladder("layers", 0, units, layers)]
-    if hp.n_expert > 0:
-
-        def experts(s: LoadSettings, x: int) -> tuple[LoadSettings, int]:
-            return replace(s, overrides=experts_on_cpu(x)), units
-
-        def layers_cmoe(s: LoadSettings, x: int) -> tuple[LoadSettings, int]:
-            return replace(s, overrides=experts_on_cpu(hp.n_layer)), units - x
-
-        out += [Ladder("experts", 1, hp.n_layer, experts), Ladder("layers-cmoe", 1, units, layers_cmoe)]
-    elif any(t.layer is not None and _dense_ffn(t.name) for t in search.model.tensors):
-
-        def ffn(s: LoadSettings, x: int) -> tuple[LoadSettings, int]:
-            return replace(s, overrides=n_cpu_ffn_overrides(x)), units
-
-        def ffn_out(s: LoadSettings, x: int) -> tuple[LoadSettings, int]:
-            return replace(s, overrides=n_cpu_ffn_overrides(x)), units - 1
-
-        out += [Ladder("ffn", 1, hp.n_layer, ffn), Ladder("ffn-out", 0, hp.n_layer, ffn_out)]
-    return out
-
-
-def _dense_ffn(name: str) -> bool:
-    return any(f".ffn_{p}." in name for p in ("up", "gate", "down"))
-
-
-@dataclass(frozen=True)
 class Candidate:
     ladder: Ladder
     step: int
     trial: Trial
     speed: Speed
+    host_read: float = 0.0  # weight bytes the host reads a token (``host_read``)
 
     @property
     def tg(self) -> float:
@@ -105,6 +55,13 @@ class Candidate:
     @property
     def n_ctx(self) -> int:
         return self.trial.fp.context.n_ctx
+
+
+def _far_behind(c: Candidate, best: Candidate) -> bool:
+    """``c`` is further behind ``best`` than settling either could close (``NEAR``)."""
+    if c.speed.tg is None or best.speed.tg is None:
+        return c.host_read > best.host_read * (1 + NEAR)
+    return c.tg < best.tg * (1 - NEAR)
 
 
 def _tg(c: Candidate) -> float:
@@ -117,10 +74,22 @@ def faster(a: Candidate, b: Candidate | None) -> bool:
     if b is None:
         return True
     if a.speed.tg is None or b.speed.tg is None:
-        return a.trial.fp.host.model < b.trial.fp.host.model
+        return a.host_read < b.host_read
     if abs(a.tg - b.tg) > TIE * max(a.tg, b.tg):
         return a.tg > b.tg
     return (a.speed.pp or 0.0) > (b.speed.pp or 0.0)
+
+
+def host_read(model: ModelInfo, t: Trial) -> float:
+    """The weight bytes the host reads for one generated token (of an expert tensor, the share a token routes to):
+    what ranks placements where a device's speed is not known at all (an RPC server nobody measured)."""
+    hp = model.hparams
+    share = expert_share(hp.n_expert, hp.n_expert_used, 1)
+    return sum(
+        p.tensor.info.nbytes * (share if is_expert(p.tensor) else 1.0)
+        for p in t.fp.placement.tensors
+        if p.device == CPU and p.tensor.matmul
+    )
 
 
 @dataclass(frozen=True)
@@ -172,7 +141,9 @@ class Chooser:
         return over is not None and over <= 0
 
     def _priced(self, ladder: Ladder, x: int, t: Trial) -> Candidate:
-        return Candidate(ladder, x, t, trial_speed(self.search.model, t, self.gpus, self.rates, full_context=False))
+        model = self.search.model
+        speed = trial_speed(model, t, self.gpus, self.rates, full_context=False)
+        return Candidate(ladder, x, t, speed, host_read(model, t))
 
     def best_in(self, ladder: Ladder, ctx: int) -> Candidate | None:
         """The ladder's fastest step that fits at ``ctx`` (quick estimates): the first its GPUs hold, when the
@@ -253,11 +224,15 @@ class Chooser:
         return fewer.over <= gap + CTX_STEP  # a little beyond: the split may move a layer between cards
 
     def best_settled(self, ctx: int) -> Candidate | None:
-        """The fastest placement at ``ctx`` on the exact estimate: every ladder's quick best, settled."""
+        """The fastest placement at ``ctx`` on the exact estimate: the ladders' quick bests, settled, fastest first;
+        one far behind the best settled so far is not settled (a step either way moves it by a few percent)."""
+        quick = [c for ladder in self.ladders if (c := self.best_in(ladder, ctx)) is not None]
+        quick.sort(key=lambda c: (-(c.speed.tg or 0.0), c.host_read))
         best: Candidate | None = None
-        for ladder in self.ladders:
-            c = self.best_in(ladder, ctx)
-            s = self.settle(c) if c is not None else None
+        for c in quick:
+            if best is not None and _far_behind(c, best):
+                continue
+            s = self.settle(c)
             if s is not None and faster(s, best):
                 best = s
         return best
@@ -458,7 +433,8 @@ def finished(search: Search, c: Candidate, spec: SpecConfig) -> Candidate:
         t = search.finer_experts(t, k, spec)
     if t is c.trial:
         return c
-    return Candidate(c.ladder, c.step, t, trial_speed(search.model, t, search.gpus, search.rates, full_context=False))
+    speed = trial_speed(search.model, t, search.gpus, search.rates, full_context=False)
+    return Candidate(c.ladder, c.step, t, speed, host_read(search.model, t))
 
 
 def placement_words(search: Search, c: Candidate) -> Decision:
