@@ -14,15 +14,13 @@ from dataclasses import dataclass, field
 from llamafit.errors import UsageError
 from llamafit.ggml import KV_CACHE_TYPES
 from llamafit.memory.graph.sampling import SAMPLING_FLAGS
-from llamafit.memory.placement import FFN_DENSE_REGEX, FFN_EXPS_REGEX, Override
+from llamafit.memory.placement import FFN_EXPS_REGEX, Override, n_cpu_ffn_overrides, n_cpu_moe_overrides
 from llamafit.options import DEFAULT_MARGIN_MIB, DEFAULT_MIN_CTX
 from llamafit.server.args import ServerArgs
 
 # A layer whose experts fit on the GPU only in part: the expert tensors that stay on the CPU, as the GPU
 # takes more of them in llama.cpp's own fit order (common/fit.cpp:493-530): the up projection first
 # (LAYER_FRACTION_UP), then up and gate (LAYER_FRACTION_GATE). A fused gate_up tensor goes with "up".
-PARTIAL_EXPS_REGEX = (r"\.ffn_(gate|down)_(ch|)exps", r"\.ffn_down_(ch|)exps")
-PARTIAL_EXPS_WORDS = ("gate and down", "down")
 
 
 _TRUTHY = {"on", "enabled", "true", "1"}
@@ -184,49 +182,6 @@ def _overrides(args: ServerArgs) -> tuple[Override, ...] | None:
             seen = True
             out += n_cpu_ffn_overrides(int_value(o.value, o.tokens[0], 0))
     return tuple(out) if seen else None
-
-
-def n_cpu_moe_overrides(n: int) -> tuple[Override, ...]:
-    return tuple(Override(rf"blk\.{i}{FFN_EXPS_REGEX}", "CPU") for i in range(n))
-
-
-def n_cpu_ffn_overrides(n: int) -> tuple[Override, ...]:
-    """The dense FFN weights of the first ``n`` layers on the CPU, as ``--n-cpu-ffn n`` puts them (common/arg.cpp:
-    2779-2789, LLM_FFN_DENSE_REGEX of common/common.h:1226)."""
-    return tuple(Override(rf"blk\.{i}{FFN_DENSE_REGEX}", "CPU") for i in range(n))
-
-
-def experts_on_cpu(n: int, part: int = 0) -> tuple[Override, ...]:
-    """The experts of the first ``n`` layers on the CPU (``--n-cpu-moe n``); with ``part`` 1 or 2 the
-    last of them only in part (``PARTIAL_EXPS_REGEX[part - 1]`` stays on the CPU, ``-ot``)."""
-    if part == 0 or n == 0:
-        return n_cpu_moe_overrides(n)
-    return (*n_cpu_moe_overrides(n - 1), Override(rf"blk\.{n - 1}{PARTIAL_EXPS_REGEX[part - 1]}", "CPU"))
-
-
-def partial_expert_layer(o: Override) -> tuple[int, str] | None:
-    """(layer, the projections it names) of a partial-layer override made by ``experts_on_cpu``/the fit."""
-    for rx, words in zip(PARTIAL_EXPS_REGEX, PARTIAL_EXPS_WORDS, strict=True):
-        m = re.fullmatch(rf"blk\\.(\d+){re.escape(rx)}", o.pattern)
-        if m:
-            return int(m[1]), words
-    return None
-
-
-def whole_expert_layers(overrides: tuple[Override, ...]) -> tuple[int, tuple[Override, ...]]:
-    """(layers whose experts are all on the CPU, the other overrides) of an ``experts_on_cpu`` tuple:
-    the first compose as ``--n-cpu-moe``, the rest as ``-ot``."""
-    whole = sum(1 for o in overrides if o.pattern.endswith(FFN_EXPS_REGEX))
-    return whole, tuple(o for o in overrides if not o.pattern.endswith(FFN_EXPS_REGEX))
-
-
-def dense_ffn_layers(overrides: tuple[Override, ...]) -> tuple[int, tuple[Override, ...]]:
-    """(layers whose dense FFN weights are on the CPU, the other overrides) of a tuple that starts with
-    ``n_cpu_ffn_overrides``: the first compose as ``--n-cpu-ffn``, the rest as they are."""
-    n = 0
-    while n < len(overrides) and overrides[n] == Override(rf"blk\.{n}{FFN_DENSE_REGEX}", "CPU"):
-        n += 1
-    return n, overrides[n:]
 
 
 def parse_margins(text: str) -> tuple[int, dict[str, int]]:

@@ -11,8 +11,8 @@ from llamafit.devices.machine import Device, Host, Machine
 from llamafit.errors import DoesNotFitError, UsageError
 from llamafit.fit import make_plan
 from llamafit.gguf.model import ModelInfo, load_model
-from llamafit.memory.placement import Override
-from llamafit.request import PARTIAL_EXPS_REGEX, build_request, experts_on_cpu, whole_expert_layers
+from llamafit.memory.placement import PARTIAL_EXPS_REGEX, Override, experts_on_cpu, whole_expert_layers
+from llamafit.request import build_request
 from llamafit.server.args import compose, parse_server_args
 from llamafit.speculative import SpecOptions
 from llamafit.units import GiB, MiB

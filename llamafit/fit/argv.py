@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from llamafit.devices.machine import Device, Machine
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory.footprint import LoadSettings
-from llamafit.request import Request, dense_ffn_layers, whole_expert_layers
+from llamafit.memory.placement import dense_ffn_layers, whole_expert_layers
+from llamafit.request import Request
 from llamafit.server.args import Planned
 from llamafit.speculative import SpecConfig, SpecOptions
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 
 from llamafit.fit.search import Search
 from llamafit.memory.footprint import LoadSettings
-from llamafit.request import experts_on_cpu, n_cpu_ffn_overrides
+from llamafit.memory.placement import experts_on_cpu, n_cpu_ffn_overrides
 
 
 @dataclass(frozen=True)

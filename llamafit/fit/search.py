@@ -25,10 +25,10 @@ from llamafit.memory import backends
 from llamafit.memory.adapters import Adapters
 from llamafit.memory.context import N_CTX_PAD, per_layer_memory
 from llamafit.memory.footprint import Footprint, LoadSettings, Use, estimate
-from llamafit.memory.placement import CPU, Override
+from llamafit.memory.placement import CPU, PARTIAL_EXPS_REGEX, Override, experts_on_cpu
 from llamafit.memory.tensor_split import not_modelled
 from llamafit.plan import Decision
-from llamafit.request import PARTIAL_EXPS_REGEX, Request, experts_on_cpu
+from llamafit.request import Request
 from llamafit.speculative import SpecConfig, SpecOptions, drafter_use
 from llamafit.speed.measuring import with_assumed
 from llamafit.units import GiB

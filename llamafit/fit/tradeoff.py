@@ -9,9 +9,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from llamafit.fit.search import Search, Trial
-from llamafit.memory.placement import CPU
+from llamafit.memory.placement import CPU, whole_expert_layers
 from llamafit.plan import Decision, Tradeoff
-from llamafit.request import whole_expert_layers
 from llamafit.server.args import Planned
 from llamafit.speed.prediction import Speed
 

@@ -258,3 +258,52 @@ def output_weight_device(placement: WeightPlacement, out_dev: str) -> str:
         emb = [p for p in placement.tensors if p.tensor.name == "token_embd.weight"]
         mine = [p for p in emb if p.device == out_dev] or emb
     return mine[0].device if mine else out_dev
+
+
+# -- the overrides the fit composes (--n-cpu-moe, --n-cpu-ffn, parts of an expert layer) --------------------
+
+PARTIAL_EXPS_REGEX = (r"\.ffn_(gate|down)_(ch|)exps", r"\.ffn_down_(ch|)exps")
+PARTIAL_EXPS_WORDS = ("gate and down", "down")
+
+
+def n_cpu_moe_overrides(n: int) -> tuple[Override, ...]:
+    return tuple(Override(rf"blk\.{i}{FFN_EXPS_REGEX}", "CPU") for i in range(n))
+
+
+def n_cpu_ffn_overrides(n: int) -> tuple[Override, ...]:
+    """The dense FFN weights of the first ``n`` layers on the CPU, as ``--n-cpu-ffn n`` puts them (common/arg.cpp:
+    2779-2789, LLM_FFN_DENSE_REGEX of common/common.h:1226)."""
+    return tuple(Override(rf"blk\.{i}{FFN_DENSE_REGEX}", "CPU") for i in range(n))
+
+
+def experts_on_cpu(n: int, part: int = 0) -> tuple[Override, ...]:
+    """The experts of the first ``n`` layers on the CPU (``--n-cpu-moe n``); with ``part`` 1 or 2 the
+    last of them only in part (``PARTIAL_EXPS_REGEX[part - 1]`` stays on the CPU, ``-ot``)."""
+    if part == 0 or n == 0:
+        return n_cpu_moe_overrides(n)
+    return (*n_cpu_moe_overrides(n - 1), Override(rf"blk\.{n - 1}{PARTIAL_EXPS_REGEX[part - 1]}", "CPU"))
+
+
+def partial_expert_layer(o: Override) -> tuple[int, str] | None:
+    """(layer, the projections it names) of a partial-layer override made by ``experts_on_cpu``/the fit."""
+    for rx, words in zip(PARTIAL_EXPS_REGEX, PARTIAL_EXPS_WORDS, strict=True):
+        m = re.fullmatch(rf"blk\\.(\d+){re.escape(rx)}", o.pattern)
+        if m:
+            return int(m[1]), words
+    return None
+
+
+def whole_expert_layers(overrides: tuple[Override, ...]) -> tuple[int, tuple[Override, ...]]:
+    """(layers whose experts are all on the CPU, the other overrides) of an ``experts_on_cpu`` tuple:
+    the first compose as ``--n-cpu-moe``, the rest as ``-ot``."""
+    whole = sum(1 for o in overrides if o.pattern.endswith(FFN_EXPS_REGEX))
+    return whole, tuple(o for o in overrides if not o.pattern.endswith(FFN_EXPS_REGEX))
+
+
+def dense_ffn_layers(overrides: tuple[Override, ...]) -> tuple[int, tuple[Override, ...]]:
+    """(layers whose dense FFN weights are on the CPU, the other overrides) of a tuple that starts with
+    ``n_cpu_ffn_overrides``: the first compose as ``--n-cpu-ffn``, the rest as they are."""
+    n = 0
+    while n < len(overrides) and overrides[n] == Override(rf"blk\.{n}{FFN_DENSE_REGEX}", "CPU"):
+        n += 1
+    return n, overrides[n:]

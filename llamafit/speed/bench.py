@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llamafit.memory.placement import FFN_EXPS_REGEX
-from llamafit.numbers import finite
+from llamafit.memory.placement import FFN_EXPS_REGEX, n_cpu_ffn_overrides
+from llamafit.numbers import finite, to_int
 from llamafit.server.args import ServerArgs
 from llamafit.server.bounded import run_tool
 
@@ -160,6 +160,9 @@ def bench_flags(server_args: Sequence[str]) -> list[str]:
     overrides = [v for o in args.all("--override-tensor") for v in (o.value or "").split(",") if v]
     if args.has("--cpu-moe"):
         overrides.append(f"{FFN_EXPS_REGEX}=CPU")
+    if (occ := args.last("--n-cpu-ffn")) is not None and (n := to_int(occ.value)) is not None:
+        # llama-bench has no --n-cpu-ffn (tools/llama-bench/llama-bench.cpp): the -ot entries it stands for
+        overrides[:0] = [f"{o.pattern}={o.buft}" for o in n_cpu_ffn_overrides(n)]
     if overrides:
         out += ["-ot", ";".join(overrides)]
     for key, flag in (("--kv-offload", "-nkvo"), ("--repack", "--repack"), ("--op-offload", "-nopo")):
