@@ -87,9 +87,14 @@ class QuantPlan:
 
     @property
     def full(self) -> bool:
-        """Fits with every layer on the GPUs (on a machine without GPUs, or with the placement pinned by
-        the user's flags, fitting is all there is)."""
-        return self.prepared is not None and self.prepared.plan.placement_code not in _PARTIAL
+        """Fits with every layer on the GPUs at ``--min-ctx`` or more: its plan's placement, or the fastest row of
+        its trade-off where the plan traded layers for context (on a machine without GPUs, or with the placement
+        pinned by the user's flags, fitting is all there is)."""
+        if self.prepared is None:
+            return False
+        plan = self.prepared.plan
+        whole = any(r.settings.n_gpu_layers < 0 and not r.settings.overrides for r in plan.tradeoffs)
+        return plan.placement_code not in _PARTIAL or whole
 
     @property
     def n_params(self) -> int | None:

@@ -106,7 +106,8 @@ def header_reads(hub: FakeHub) -> set[str]:
 
 
 def test_the_ladder_on_an_8_gib_card(hub: FakeHub, quant_files: dict[str, Path]) -> None:
-    doc = quants_json("acme/Qwen3-8B-GGUF", "--gpu", "8GiB")
+    # --prefer speed: a quant that fits whole is planned whole, at the largest context it holds
+    doc = quants_json("acme/Qwen3-8B-GGUF", "--gpu", "8GiB", "--prefer", "speed")
     rows = by_tag(doc)
     assert set(rows) == {"BF16", *LADDER, "UD-Q4_K_XL"}
     # one row per quant, smallest first; sizes from the listing, the bits per weight from the header
@@ -133,6 +134,10 @@ def test_the_ladder_on_an_8_gib_card(hub: FakeHub, quant_files: dict[str, Path])
     # smaller files get more context on the same card
     ctx = [q["n_ctx"] for q in doc["quants"] if q["full"]]
     assert ctx == sorted(ctx, reverse=True) and ctx[0] > ctx[-1]
+    # by default a plan may trade a few layers for context: which quants can be whole does not change
+    balanced = by_tag(quants_json("acme/Qwen3-8B-GGUF", "--gpu", "8GiB"))
+    assert {t for t, q in balanced.items() if q["full"]} == {t for t, q in rows.items() if q["full"]}
+    assert all(q["n_ctx"] >= rows[t]["n_ctx"] for t, q in balanced.items())
 
 
 def test_each_row_is_the_plan_of_that_quant_alone(hub: FakeHub) -> None:
@@ -147,7 +152,7 @@ def test_each_row_is_the_plan_of_that_quant_alone(hub: FakeHub) -> None:
 
 
 def test_the_table_for_people(hub: FakeHub) -> None:
-    rc, out, err = cli("plan", "acme/Qwen3-8B-GGUF", "--quants", "--gpu", "8GiB")
+    rc, out, err = cli("plan", "acme/Qwen3-8B-GGUF", "--quants", "--gpu", "8GiB", "--prefer", "speed")
     assert rc == 0, err
     lines = [ln for ln in out.splitlines() if re.search(r"\b(BF16|Q\d|IQ4|UD-)", ln)]
     tags = [re.search(r"(UD-Q4_K_XL|IQ4_XS|BF16|Q\d_\w+)", ln).group(1) for ln in lines]  # type: ignore[union-attr]
@@ -176,7 +181,7 @@ def test_best_at_the_edge_of_a_quant(hub: FakeHub) -> None:
     doc = plan_json("acme/Qwen3-8B-GGUF:Q6_K", "--gpu", "24GiB", "--", "-c", "4096")
     dev = doc["devices"][0]
     edge = dev["need"] + dev["margin"]
-    best = plan_json("acme/Qwen3-8B-GGUF:best", "--gpu", f"{edge}B")
+    best = plan_json("acme/Qwen3-8B-GGUF:best", "--gpu", f"{edge}B", "--prefer", "speed")
     assert best["model"]["path"].endswith(f"{STEM}-Q6_K.gguf")
     assert best["context"]["n_ctx"] == 4096
     dec = next(d for d in best["decisions"] if d["code"] == "quant.best")

@@ -111,10 +111,15 @@ class Chooser:
         spec: SpecConfig,
         rates: Mapping[str, Rates],
         gpus: Sequence[Device],
+        whole: Trial | None = None,
     ) -> None:
+        """``whole``: every layer on the GPUs at the largest context it holds, priced exactly (None: at none)."""
         self.search, self.base, self.spec, self.rates, self.gpus = search, base, spec, rates, list(gpus)
         self.ladders = ladders(search)
+        self.whole = whole
         self._quick: dict[tuple[str, int, int], Trial | None] = {}
+        if whole is not None:  # an exact trial serves where a quick one is asked for
+            self._quick[(self.ladders[0].name, 0, whole.fp.context.n_ctx)] = whole
         self._best: dict[int, Candidate | None] = {}
         self._steps: dict[str, dict[int, int | None]] = {}  # per ladder: the first step its GPUs hold, by context
 
@@ -291,8 +296,7 @@ class Chooser:
             return None
         if fast.speed.tg is None and prefer == "balanced":
             prefer = "context"  # no speed to keep a share of: the context first
-        whole = self.search.max_ctx(lo, largest, lambda ctx: self.trial(self.ladders[0], 0, ctx))
-        ctxs = self._contexts(lo, largest, whole.fp.context.n_ctx if whole is not None else None)
+        ctxs = self._contexts(lo, largest, self.whole.fp.context.n_ctx if self.whole is not None else None)
         if prefer == "speed":
             ctx = lo
         elif prefer == "context":
@@ -408,11 +412,13 @@ def placed(search: Search, base: LoadSettings, lo: int, hi: int, pinned: bool, s
     n_units = search.model.hparams.n_layer_all + 1
     if not search.ids or pinned:
         return Fitted(*search.fit(base, lo, hi, pinned, spec))
-    whole = search.attempt_at(base, n_units, spec)(hi)
-    if whole is not None and whole.ok:  # nothing to trade: the largest context, everything on the GPUs
+    # every layer on the GPUs: the largest context it holds, on the exact estimate (a card that holds the model
+    # only just is not misjudged by the quick one)
+    whole = search.max_ctx(lo, hi, search.attempt_at(base, n_units, spec))
+    if whole is not None and whole.fp.context.n_ctx >= hi:  # nothing to trade: the largest context, all on GPUs
         on = messages.where(whole.settings, search.ids)
         return Fitted(whole, messages.placement_all_gpu(search.model.hparams.n_layer_all, on))
-    choice = Chooser(search, base, spec, search.rates, search.gpus).choose(lo, hi, prefer)
+    choice = Chooser(search, base, spec, search.rates, search.gpus, whole).choose(lo, hi, prefer)
     if choice is None:
         return Fitted(None, None)
     chosen = finished(search, choice.chosen, spec)
