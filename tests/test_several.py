@@ -211,16 +211,23 @@ def test_a_context_you_set_is_kept(eights: list[Path], tmp_path: Path) -> None:
     assert "a 8192 (set)" in next(d["message"] for d in doc["decisions"] if d["code"] == "models.context")
 
 
-def test_models_that_do_not_fit_together_get_a_models_max(eights: list[Path], tmp_path: Path) -> None:
+def test_models_that_do_not_fit_together_get_a_budget_or_a_models_max(eights: list[Path], tmp_path: Path) -> None:
     """On the host alone: a margin that leaves room for one 0.6B at -c 4096 and not two."""
     one = factory.qwen3_0_6b().write(tmp_path / "one.gguf")
     two = factory.qwen3_0_6b().write(tmp_path / "two.gguf")
-    alone = plan_json(str(one), "--cpu-only", "--", "-c", "4096")["host"]["need"]
+    alone = plan_json(str(one), "--cpu-only", "--", "-c", "4096", "--cache-ram", "0")["host"]["need"]
     margin = psutil.virtual_memory().available - int(alone * 1.5)
-    doc = plan_json(str(one), str(two), "--cpu-only", "--margin", f"host={margin}B", "--", "-c", "4096")
+    flags = ("--cpu-only", "--margin", f"host={margin}B", "--", "-c", "4096", "--cache-ram", "0")
+    doc = plan_json(str(one), str(two), *flags)
     assert doc["models_max"] == 1
     assert [m["resident"] for m in doc["models"]] == [True, False]
-    assert {d["code"] for d in doc["decisions"]} >= {"models.max"}
+    assert {d["code"] for d in doc["decisions"]} >= {"models.budget"}
+    assert doc["policy"]["kind"] == "budget" and doc["policy"]["resident_sets"] == [["one"], ["two"]]
+    assert "--no-models-autoload" in doc["argv"]
+    # a router on a unix socket is not fronted by llamafit: it keeps the router's count
+    sock = plan_json(str(one), str(two), *flags, "--host", str(tmp_path / "r.sock"))
+    assert sock["policy"] == {"kind": "count", "models_max": 1}
+    assert {d["code"] for d in sock["decisions"]} >= {"models.max"}
     secs = {s.name: s.values for s in read_ini(doc["preset"])}
     assert secs["one"]["load-on-startup"] == "true" and secs["two"]["load-on-startup"] == "false"
     # one that does not fit even alone is refused with its numbers

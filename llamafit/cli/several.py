@@ -155,6 +155,12 @@ def run_several(
     # one preset per run: two routers started from one data directory never read each other's
     preset_path = data_dir() / "router" / f"preset-{os.getpid()}.ini"
     argv = ps.argv(str(preset_path))
+    front_at = None
+    if t.budget is not None:  # llamafit's front takes the user's address; the router answers behind it
+        from llamafit.server.binary import free_port
+        from llamafit.several.front import behind_front
+
+        front_at, argv = behind_front(argv, free_port())
     pending = list(dict.fromkeys((st, f) for m in t.members for st, f in m.prep.downloads()))
     if dry_run:
         if pending:
@@ -186,6 +192,7 @@ def run_several(
             keep=KeepSettings(
                 RestartPolicy(keep.restart, keep.max_restarts), Liveness(keep.liveness), keep.watch, endpoint
             ),
+            front_at=front_at,
         )
     finally:
         relay.close()

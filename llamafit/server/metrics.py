@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from llamafit.errors import UsageError
 from llamafit.numbers import to_int
@@ -87,6 +87,23 @@ class Metrics:
         self.requests = Counter("llamafit_requests", "Requests the server timed", m, registry=r)
         self.restarts = Counter("llamafit_restarts", "Times the server was started again", m, registry=r)
         self.up = Gauge("llamafit_server_up", "1 while the server is ready and serving", m, registry=r)
+        # several models kept by memory (llamafit.several.front): loads, unloads by reason, waits for room
+        self.loads = Counter(
+            "llamafit_model_loads", "Times llamafit loaded the model through the router", m, registry=r
+        )
+        self.unloads = Counter(
+            "llamafit_model_unloads",
+            "Times the model was unloaded, by reason: evicted (for another's room), crashed, requested, idle",
+            [*m, "reason"],
+            registry=r,
+        )
+        self.wait = Histogram(
+            "llamafit_request_wait_seconds",
+            "Time a request for the model waited for room and its load",
+            m,
+            registry=r,
+            buckets=(0.005, 0.05, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
+        )
 
     def of(self, model: str) -> Metrics:
         """The same endpoint's series for another model (each of the router's instances)."""
@@ -129,6 +146,15 @@ class Metrics:
 
     def restarted(self) -> None:
         self.restarts.labels(self.model).inc()
+
+    def load_done(self) -> None:
+        self.loads.labels(self.model).inc()
+
+    def unloaded(self, reason: str) -> None:
+        self.unloads.labels(self.model, reason).inc()
+
+    def waited(self, seconds: float) -> None:
+        self.wait.labels(self.model).observe(seconds)
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):

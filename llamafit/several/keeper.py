@@ -89,6 +89,8 @@ class Keeper:
     keep: KeepSettings
     on_event: OnEvent
     key: str | None = None  # the router's API key (an instance takes none: it listens on loopback only)
+    # loads a model again (None: the router's /models/load; with a memory budget, llamafit's front makes room)
+    load: Callable[[str], str | None] | None = None
     router: Endpoint | None = None  # the router's own, once it listens (its --api-prefix, its key)
     router_pid: int | None = None
     _kept: dict[str, _Kept] = field(default_factory=dict)
@@ -132,6 +134,12 @@ class Keeper:
         if (m := self.metrics(name)) is not None:
             memory_metrics(m, rows)
 
+    def expect_exit(self, name: str) -> None:
+        """``name`` is about to be unloaded on purpose (llamafit's memory budget, a user's /models/unload): its
+        exit is not a failure."""
+        with self._lock:
+            self._ours.add(name)
+
     def exited(self, inst: Instance) -> None:
         """The router says ``inst`` exited: its probes stop; one that failed is loaded again as the policy says."""
         name, code = inst.name, inst.exit_code or 0
@@ -159,6 +167,10 @@ class Keeper:
             self._start(name, why, unload=None)
         else:
             self.on_event(Note(f"{why}; not loaded again (--restart {self.keep.restart.mode})", "warning"))
+
+    def ending(self) -> None:
+        """The router is being stopped (Ctrl-C, SIGTERM): the instances it stops from here did not fail."""
+        self._stopping.set()
 
     def stop(self) -> None:
         """The router is ending: every probe and pending restart stops."""
@@ -224,7 +236,8 @@ class Keeper:
             self._loading.add(name)
         if (m := self.metrics(name)) is not None:
             m.restarted()
-        if (said := self._router("/models/load", name)) is not None:
+        said = self.load(name) if self.load is not None else self._router("/models/load", name)
+        if said is not None:
             self.on_event(Note(f"{name} could not be loaded again: {said}", "warning"))
 
     def _unload(self, name: str, proc: psutil.Process) -> None:

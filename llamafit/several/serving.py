@@ -8,16 +8,17 @@ Reported as ``llamafit.serving``'s events; nothing here prints.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from llamafit import shellwords
 from llamafit.compare import Row
-from llamafit.errors import ExitCode
+from llamafit.errors import ExitCode, UsageError
 from llamafit.launch import compare_all, exit_reason
 from llamafit.server.args import redacted
-from llamafit.server.endpoint import api_key, endpoint_of
+from llamafit.server.endpoint import Endpoint, api_key, endpoint_of
 from llamafit.server.failures import Failure, classify
 from llamafit.server.logparse import is_error
 from llamafit.server.restarts import Restarts
@@ -34,6 +35,7 @@ from llamafit.serving import (
     say_killed,
     wait_restart,
 )
+from llamafit.several.front import Front
 from llamafit.several.keeper import Keeper, KeepSettings
 from llamafit.several.router_log import Instance, RouterLog
 from llamafit.several.together import Together
@@ -56,16 +58,18 @@ def serve_router(
     ready_timeout: float | None = None,
     plan_doc: dict[str, Any] | None = None,
     keep: KeepSettings | None = None,
+    front_at: tuple[str, int] | None = None,
 ) -> Served:
     """Run the router; as each instance becomes ready, hold its buffers to its plan; when all the resident ones
     are, say so. A resident instance that fails its first load stops the router (exit 5). While it serves, each
     instance is kept as ``keep`` says; a router that dies after all were ready is started again as its restart
-    policy says."""
+    policy says. ``front_at``: with a memory budget (``t.budget``), the user's address, where llamafit's front
+    answers for the router (``argv`` has it on loopback behind it: ``llamafit.several.front.behind_front``)."""
     keep = keep or KeepSettings()
     restart = keep.restart
     restarts = Restarts(restart)
     while True:
-        attempt = _router_attempt(t, argv, env, on_event, log_file, ready_timeout, plan_doc, keep)
+        attempt = _router_attempt(t, argv, env, on_event, log_file, ready_timeout, plan_doc, keep, front_at)
         served, all_ready, interrupted = attempt
         if not all_ready or interrupted or not restart.wants(served.code, False):
             if all_ready and served.code != 0 and not interrupted:
@@ -88,6 +92,7 @@ def _router_attempt(
     ready_timeout: float | None,
     plan_doc: dict[str, Any] | None,
     keep: KeepSettings,
+    front_at: tuple[str, int] | None = None,
 ) -> tuple[Served, bool, bool]:
     """One start of the router, until it exits: how it ended, whether all were ready, whether interrupted."""
 
@@ -97,7 +102,14 @@ def _router_attempt(
     rl = RouterLog()
     w = _Watch()
     reported: set[str] = set()
+    failures: dict[str, str] = {}  # why a model's last load failed, as its log says (for a request waiting on it)
     keeper = Keeper({n: m.prep for n, m in plans.items()}, resident, keep, on_event, api_key(argv, env))
+    front: Front | None = None
+    if t.budget is not None and front_at is not None:
+        # bound now (a taken port launches nothing), answering once the router listens
+        front = _front(front_at, t, on_event, keep, ready_timeout, failures.get, keeper.expect_exit)
+        keeper.resident = frozenset(plans)  # any loaded model that dies is loaded again, through the budget
+        keeper.load = lambda name: front.ensure(name).error if front is not None else None
     started = time.monotonic()
 
     def finish_if_all_ready() -> None:
@@ -110,6 +122,9 @@ def _router_attempt(
         log = inst.log()
         rows: tuple[Row, ...] = tuple(compare_all(plans[inst.name].prep, log))
         reported.add(inst.name)
+        failures.pop(inst.name, None)
+        if front is not None:
+            front.loaded(inst.name)
         keeper.router_pid = sup.pid
         # kept first (its watchdog, memory watch and `up` series in place), then said: whoever reads the event
         # finds the instance's metrics saying what the event does
@@ -122,6 +137,14 @@ def _router_attempt(
         on_event(ServerLine(line, is_key_line(text) or event == "exited", is_error(text)))
         if inst is None or inst.name not in plans:
             return
+        if event == "exited":
+            if sup.interrupted:
+                keeper.ending()
+            if not inst.ready:
+                pred, usable = device_totals(plans[inst.name].prep)
+                failures[inst.name] = classify(inst.lines, inst.exit_code or 1, pred, usable).message
+            if front is not None:
+                front.gone(inst.name, "crashed" if inst.exit_code else "requested")
         if event == "ready":
             instance_ready(inst)
         elif event == "exited" and (w.done or inst.ready):  # a first load's failure stops the router (below)
@@ -133,8 +156,13 @@ def _router_attempt(
             keeper.line(inst, text)
 
     def on_ready(url: str, _log: object) -> None:
-        w.url = url
         keeper.router = endpoint_of(url, argv, env)
+        w.url = url
+        if front is not None:
+            front.router = keeper.router
+            front.start()
+            host, port = front.address
+            w.url = f"http://{host}:{port}{keeper.router.prefix}"
         finish_if_all_ready()
 
     def stop_when() -> bool:
@@ -154,6 +182,8 @@ def _router_attempt(
         outcome = sup.run(ready_timeout, stop_when=stop_when)
     finally:
         keeper.stop()
+        if front is not None:
+            front.stop()
     say_killed(outcome, on_event)
     if w.done:
         return Served(outcome.returncode), True, outcome.interrupted
@@ -171,3 +201,32 @@ def _router_attempt(
         message, hint = outcome.failure.message, outcome.failure.hint
     on_event(Problem(message, hint))
     return Served(int(ExitCode.SERVER_LOAD_FAILED), (message, hint, plan)), False, False
+
+
+def _front(
+    at: tuple[str, int],
+    t: Together,
+    on_event: OnEvent,
+    keep: KeepSettings,
+    ready_timeout: float | None,
+    why_failed: Callable[[str], str | None],
+    on_unload: Callable[[str], None],
+) -> Front:
+    """llamafit's front on the user's address (bound now: a port that is taken is a usage error before the router
+    starts), for the budget ``t`` keeps."""
+    assert t.budget is not None
+    try:
+        return Front(
+            at,
+            Endpoint("http://127.0.0.1:0"),  # the router's, once it listens
+            t.budget,
+            on_event,
+            metrics=lambda name: keep.metrics.of(name) if keep.metrics is not None else None,
+            load_wait=ready_timeout or 1800.0,
+            why_failed=why_failed,
+            on_unload=on_unload,
+        )
+    except OSError as e:
+        raise UsageError(
+            f"cannot answer on {at[0]}:{at[1]}: {e.strerror or e}", hint="give another --port, or stop what holds it"
+        ) from None

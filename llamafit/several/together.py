@@ -34,7 +34,8 @@ from llamafit.options import Options
 from llamafit.paths import named_files, write_output
 from llamafit.plan import Decision
 from llamafit.planning.prepared import Prepared
-from llamafit.server.args import parse_server_args
+from llamafit.server.args import ServerArgs, parse_server_args
+from llamafit.several.budget import Budget
 from llamafit.several.preset import GLOBAL, Section, is_truthy, router_name, section_text, to_tokens
 from llamafit.units import fmt_bytes
 
@@ -100,6 +101,9 @@ class Together:
     decisions: tuple[Decision, ...]
     machine: Machine
     router_args: tuple[str, ...]  # the user's flags that stay on the router's command line
+    # when they cannot all be resident: the memory budget llamafit keeps while the router serves (which models are
+    # loaded is llamafit's choice, by their plans: ``llamafit.several.budget``); None: all resident, or by count
+    budget: Budget | None = None
 
     def preset(self) -> str:
         """The planned preset: one section per model with its planned flags."""
@@ -118,7 +122,11 @@ class Together:
         return [f for m in self.members for f in named_files(m.prep.argv[1:])]
 
     def argv(self, binary: str, preset_path: str) -> list[str]:
-        return [binary, "--models-preset", preset_path, "--models-max", str(self.models_max), *self.router_args]
+        # by the budget llamafit loads and unloads: the router neither loads on its own nor counts (a count of all
+        # of them never evicts; 0, unlimited, refuses any load-on-startup: server-models.cpp:885-889)
+        count = len(self.members) if self.budget else self.models_max
+        limit = ["--models-max", str(count), *(["--no-models-autoload"] if self.budget else [])]
+        return [binary, "--models-preset", preset_path, *limit, *self.router_args]
 
 
 # -- the set of models ----------------------------------------------------------------------------
@@ -203,6 +211,7 @@ def plan_together(entries: Sequence[Entry], o: Options, machine: Machine, plan: 
         if user.has(key):
             raise UsageError(f"{key} is planned by llamafit for several models", hint="drop it")
     router_args = tuple(t for x in user.items if x.key in ROUTER_KEYS for t in x.tokens)
+    by_memory = swappable(parse_server_args(list(router_args)))
     model_args = tuple(user.without(ROUTER_KEYS).tokens())
     o = replace(o, server_args=model_args)
 
@@ -268,7 +277,8 @@ def plan_together(entries: Sequence[Entry], o: Options, machine: Machine, plan: 
                 f"{sum(m.resident for m in members)} models ask for load-on-startup but only {k} fit together",
                 hint="set load-on-startup = false on the others",
             )
-        decisions = _decisions(members, k, f, pinned)
+        budget = Budget(limits, {m.entry.name: footprint(m.prep) for m in members}) if k < n and by_memory else None
+        decisions = _decisions(members, k, f, pinned, budget)
         if machine.blind:
             # llama.cpp's own fit places each instance on what it sees free at its load, one at a time
             decisions += (
@@ -279,8 +289,15 @@ def plan_together(entries: Sequence[Entry], o: Options, machine: Machine, plan: 
                     "took, but the sum is not planned.",
                 ),
             )
-        return Together(members, k, decisions, machine, router_args)
+        return Together(members, k, decisions, machine, router_args, budget)
     raise AssertionError("every model fits alone, so one at a time fits")  # k = 1 is each alone
+
+
+def swappable(router: ServerArgs) -> bool:
+    """Whether llamafit can keep the memory budget: its front answers the user's address over plain HTTP (a
+    router on https or a unix socket keeps llama.cpp's count, ``--models-max``)."""
+    host = router.last("--host")
+    return not router.has("--ssl-key-file") and not (host is not None and (host.value or "").endswith(".sock"))
 
 
 def resident_counts(n: int, fits: Callable[[int], bool]) -> list[int]:
@@ -304,6 +321,15 @@ def _pad(ctx: float) -> int:
 def _uses(p: Prepared) -> dict[str, int]:
     out = {d.device.id: d.use.total for d in p.plan.devices}
     out[HOST] = p.plan.host.use.total + p.plan.host.unified
+    return out
+
+
+def footprint(p: Prepared) -> dict[str, int]:
+    """What a model holds while it is loaded: its load on each device and in host memory, and what grows in host
+    memory while it serves (checkpoints, the prompt cache its plan allows)."""
+    out = _uses(p)
+    runtime = p.plan.host.runtime
+    out[HOST] += runtime.total if runtime is not None and runtime.prompt_cache >= 0 else 0
     return out
 
 
@@ -334,7 +360,9 @@ def _any_k_fit(plans: Sequence[Prepared], k: int, limits: dict[str, int]) -> boo
     return all(_top([_uses(p).get(dev, 0) for p in plans], k) <= lim for dev, lim in limits.items())
 
 
-def _decisions(members: Sequence[Member], k: int, f: float, pinned: Sequence[bool]) -> tuple[Decision, ...]:
+def _decisions(
+    members: Sequence[Member], k: int, f: float, pinned: Sequence[bool], budget: Budget | None
+) -> tuple[Decision, ...]:
     n = len(members)
     ctxs = ", ".join(
         f"{m.entry.name} {m.prep.plan.n_ctx}"
@@ -351,6 +379,19 @@ def _decisions(members: Sequence[Member], k: int, f: float, pinned: Sequence[boo
         )
     if k >= n:
         res = Decision("models.resident", f"All {n} models resident at once (--models-max {n}).")
+    elif budget is not None:
+        sets = budget.resident_sets([m.entry.name for m in members])
+        together = "; ".join(" + ".join(s) for s in sets or [])
+        res = Decision(
+            "models.budget",
+            f"All {n} models do not fit together; llamafit keeps a memory budget instead of a count: a model asked "
+            "for is loaded once the least recently used ones that keep it from fitting are unloaded, and models "
+            "that fit together stay together"
+            + (f" (resident together at most: {together})" if together else "")
+            + "; loaded at start: "
+            + ", ".join(m.entry.name for m in members if m.resident)
+            + ".",
+        )
     else:
         res = Decision(
             "models.max",
@@ -385,11 +426,28 @@ def to_json(t: Together, argv: Sequence[str], preset_path: str | None) -> dict[s
         "preset_path": preset_path,
         "preset": t.preset(),
         "models_max": k,
+        "policy": _policy_json(t),
         "fits": host["fits"] and all(d["fits"] for d in devices),
         "devices": devices,
         "host": host,
         "decisions": [{"code": d.code, "message": d.message} for d in t.decisions],
         "models": [_member_json(m) for m in t.members],
+    }
+
+
+def _policy_json(t: Together) -> dict[str, Any]:
+    """How the models share the machine: all resident; by count (the router's ``--models-max``); or by memory
+    (llamafit's budget per device, each model's footprint, the largest sets that fit together)."""
+    n = len(t.members)
+    if t.budget is None:
+        return {"kind": "all" if t.models_max >= n else "count", "models_max": t.models_max}
+    names = [m.entry.name for m in t.members]
+    sets = t.budget.resident_sets(names)
+    return {
+        "kind": "budget",
+        "budget": dict(t.budget.limits),
+        "footprints": {name: dict(t.budget.uses[name]) for name in names},
+        "resident_sets": [list(s) for s in sets] if sets is not None else None,
     }
 
 
