@@ -1,7 +1,41 @@
 """llamafit: start llama.cpp's llama-server with the best configuration that fits the machine.
 
-The core (``gguf``, ``devices``, ``memory``, ``fit``, ``argv``, ``server``) is importable and
-silent: it returns frozen dataclasses and never prints. Only ``llamafit.cli`` talks to a terminal.
+The core is importable and silent: it returns frozen dataclasses and never prints. Only ``llamafit.cli`` talks
+to a terminal. The pipeline (docs/architecture.md): ``planning`` reads the request, the machine (``devices``) and
+the model (``gguf``, ``hub``), prices it (``memory``, ``speed``), fits it (``fit``, ``speculative``) and composes
+the argv (``server``); ``serving`` runs it and ``several`` runs a set under the router.
+
+Modules:
+
+* ``cli``: the command line (Typer, rich), the only part that prints;
+* ``planning``: from what the user typed to a plan and its argv, in named stages;
+* ``gguf``: GGUF headers read, hparams resolved as llama.cpp does, test and demo models written;
+* ``hub``: models on the Hugging Face Hub, sized from their headers;
+* ``devices``: the machine: the devices the server will use, host RAM, RPC servers, cards by name;
+* ``memory``: every byte llama.cpp allocates for a load, per device and buffer;
+* ``fit``: context, placement, split and drafter chosen against each device;
+* ``speculative``: which drafter, what it costs;
+* ``speed``: the speed model, the probe that measures each device, llama-bench;
+* ``server``: the llama-server binary, its flags and its process;
+* ``several``: several models under llama-server's router;
+* ``plan``: the plan, its decisions and its JSON (``llamafit.plan/1``);
+* ``request``: what the user asked for, llamafit's options and the server flags joined;
+* ``options``: llamafit's own options with their defaults;
+* ``serving``: one launch of a plan watched to ready and kept while it serves;
+* ``launch``: what every launch does first, and what it measured against the plan;
+* ``compare``: a plan's buffers lined up with what the server logged;
+* ``calibration``: the launch history: what past launches allocated, for the next plan;
+* ``quants``: which quant of a repo or folder fits;
+* ``tune``: the configurations that fit measured with llama-bench, the fastest kept;
+* ``service``: a unit that starts ``llamafit run`` on boot;
+* ``unit_syntax``: words as a systemd unit holds them, written and read back;
+* ``ggml``: ggml tensor types, their block and byte sizes;
+* ``errors``: the typed errors, each with a hint and an exit code;
+* ``numbers``: bounded numbers read from other programs' text;
+* ``units``: byte sizes parsed and printed;
+* ``paths``: llamafit's folders, and files read and written safely;
+* ``store``: llamafit's own files read back as input;
+* ``shellwords``: an argv as shell words that give back its exact bytes.
 """
 
 __version__ = "0.1.0"

@@ -4,6 +4,7 @@ module reaches for another's private names, and no hand-written module grows pas
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -173,3 +174,25 @@ def test_nothing_imports_a_floor_above_its_own() -> None:
 def test_every_module_has_a_floor() -> None:
     for m in MODULES:
         assert floor_of(m) >= 0  # a new package gets a floor in FLOORS and in docs/architecture.md
+
+
+def _named_modules(doc: str) -> list[str]:
+    """The modules a package docstring names in its ``Modules:`` list (``* ``name``: what it is for``)."""
+    _, found, rest = doc.partition("\nModules:\n")
+    assert found, "no 'Modules:' list"
+    return re.findall(r"^\* ``(\w+)``: \S", rest, re.M)
+
+
+def test_every_package_names_its_modules() -> None:
+    """Each package's docstring says in a line what each of its modules (and subpackages) is for: a module left
+    out, or one named that does not exist, fails here."""
+    for init in sorted(PKG.rglob("__init__.py")):
+        d = init.parent
+        have = {p.stem for p in d.glob("*.py") if not p.stem.startswith("__")}
+        have |= {p.name for p in d.iterdir() if (p / "__init__.py").exists()}
+        doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))) or ""
+        named = _named_modules(doc) if doc else []
+        where = init.relative_to(ROOT)
+        assert len(named) == len(set(named)), f"{where}: a module named twice"
+        assert not have - set(named), f"{where}: modules not named: {sorted(have - set(named))}"
+        assert not set(named) - have, f"{where}: named but missing: {sorted(set(named) - have)}"

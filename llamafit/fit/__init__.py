@@ -11,12 +11,21 @@ Policy (README "How llamafit decides"):
   is cut (``policy``); an explicit drafter is always honoured;
 * every choice is recorded as a ``Decision(code, message)`` (``messages``).
 
-Modules: ``search`` (loads priced, placed and packed over the cards), ``choice`` (the choice by speed),
-``ladders`` (the families of placements it weighs), ``tradeoff`` (the trade-off as a plan shows it), ``split``
-(layers per card), ``faster`` (the faster split of unlike cards), ``speed`` (a trial's or a plan's speed; ``priced``:
-the plan with it), ``policy`` (the drafter), ``projector`` (the multimodal projector), ``devices`` (the cards a load
-may use), ``runtime`` (host RAM after the load), ``messages`` (every text), ``argv`` (the server's defaults and the
-flags a plan passes).
+Modules:
+
+* ``search``: loads priced, placed and packed over the cards;
+* ``choice``: the choice by speed: the placement at each context, and the context ``--prefer`` takes;
+* ``ladders``: the families of placements the choice weighs;
+* ``tradeoff``: the trade-off as a plan shows it;
+* ``split``: layers per card;
+* ``faster``: the faster split of unlike cards;
+* ``speed``: a trial's or a plan's speed (``priced``: the plan with it);
+* ``policy``: whether the drafter stays;
+* ``projector``: the multimodal projector's device;
+* ``devices``: the cards a load may use;
+* ``runtime``: host RAM that grows after the load (checkpoints, the prompt cache);
+* ``messages``: every text the fit says;
+* ``argv``: the server's defaults and the flags a plan passes.
 """
 
 from __future__ import annotations

@@ -1,3 +1,22 @@
-"""The llama-server binary and its process: finding it (binary), what it accepts (capabilities, compat,
-the generated option_table and args, which parses and composes its command line), its environment, the one
-process runner (supervisor, with bounded for short probes), and reading its log (logparse, failures)."""
+"""The llama-server binary and its process.
+
+Modules:
+
+* ``binary``: finding llama-server;
+* ``capabilities``: what a binary accepts, learned by asking it (cached by path and mtime);
+* ``option_table``: llama-server's options, generated from llama.cpp's common/arg.cpp;
+* ``args``: the command line parsed and composed through that one table;
+* ``compat``: an argv made to fit the binary that will run it;
+* ``environment``: what the server inherits besides its argv;
+* ``endpoint``: a running server's HTTP endpoint (http, https, a unix socket, an API prefix);
+* ``supervisor``: the server run under supervision: its log streamed, ready noticed, signals forwarded;
+* ``children``: every process llamafit starts dies with it;
+* ``bounded``: short child processes with a bound on time and output;
+* ``fitprint``: the binary's own no-alloc measurement (``llama-fit-params``);
+* ``logparse``: the memory log lines parsed into what each context allocated;
+* ``failures``: why a server did not come up, one actionable message per class;
+* ``liveness``: whether a ready server still serves (a real generation);
+* ``watch``: the server's host memory over its life, held to the plan;
+* ``restarts``: when a server that was ready is started again;
+* ``metrics``: the Prometheus endpoint of a served model.
+"""

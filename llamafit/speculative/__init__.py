@@ -15,6 +15,13 @@ Kinds and their memory (docs/memory-model.md §5, ``common/speculative.cpp:2527-
 
 Detection follows ``common_speculative_types_from_gguf`` (``speculative.cpp:2351-2386``). Nothing
 here prints; decisions come back as data for the fit to record.
+
+Modules:
+
+* ``kinds``: the speculative types, their constants, a drafter's kind told from its file;
+* ``choose``: which drafter the options ask for, before memory is considered;
+* ``cost``: the drafter's footprint per device, and what the target pays;
+* ``flags``: llamafit's speculative options joined with the drafter flags of the extra args.
 """
 
 from llamafit.speculative.choose import Drafter, DrafterFiles, LocalFiles, SpecChoice, choose

@@ -1,11 +1,19 @@
 """Speed: how many tokens per second a plan gives, predicted from the plan and each device's measured
 rates, and measured for real (llama-bench, the server's own timings).
 
-* ``rates``: what a device does per second (measured, NVML, a card table, or given) and ``gpus`` the
-  table of cards by name;
+Modules:
+
 * ``work``: what each device reads and computes in one evaluation of the planned placement;
-* ``model``: prompt processing and generation in tokens/s from those two (``Speed``);
-* ``probe`` (with ``probe_models`` and ``bench``): the bounded, cached llama-bench measurement of each
-  device the server will use;
-* ``machine``: the rates of a machine's devices for one plan, from all of the above.
+* ``prediction``: the speed model: prompt processing and generation in tokens/s (``Speed``);
+* ``parallel``: how ``-sm tensor`` and ``-sm row`` spread one evaluation over cards at once;
+* ``tiles``: how ggml-cuda's MMQ tiles an MoE ubatch's expert matmuls;
+* ``priors``: what a device does per second where nothing was measured, per backend;
+* ``measuring``: the rate source: each device's rates for one plan, measured by the probe or from priors;
+* ``probe``: the bounded, cached llama-bench measurement of each device;
+* ``probe_models``: the synthetic models the probe times;
+* ``bench``: running the real llama-bench and reading its JSON lines;
+* ``load``: whether the machine is quiet enough to measure;
+* ``calibrate``: past launches' served speed against their plans, correcting the next;
+* ``timings``: the server's own timings of the requests it serves;
+* ``decay``: a server that slows over its life.
 """
