@@ -141,3 +141,17 @@ def test_plan_shows_the_trade_off_and_run_says_the_next_row(models: dict[str, Pa
     assert ran.exit_code == 0, ran.output
     assert f"trade-off: context {nxt['n_ctx']} at tg {nxt['tg']:.1f} tok/s instead" in ran.stderr
     assert " ".join(nxt["flags"]) in ran.stderr
+
+
+def test_a_card_slower_than_the_host_is_left_the_layers_it_would_slow(models: dict[str, Path]) -> None:
+    """A small card that reads its memory at a sixth of the host's: every layer it could take is faster on the
+    host, so the choice takes the ladder's host end and says what it was weighed against; a fast card of the
+    same size takes the most it holds."""
+    slow = plan(models["qwen3-8b"], "3GiB@10GB/s", ["-c", "4096"])
+    fast = plan(models["qwen3-8b"], "3GiB@300GB/s", ["-c", "4096"])
+    held = fast["placement"]["n_gpu_layers"]
+    assert 0 < held < 37 and slow["placement"]["n_gpu_layers"] == 0
+    pinned = plan(models["qwen3-8b"], "3GiB@10GB/s", ["-c", "4096", "-ngl", str(held)])
+    assert pinned["fits"] and pinned["speed"]["tg"] < slow["speed"]["tg"]
+    said = next(d["message"] for d in slow["decisions"] if d["code"] == "placement.partial")
+    assert f"Predicted faster than the most CUDA0 holds here ({held} of 37 layers on the GPUs" in said

@@ -2,10 +2,11 @@
 plan takes (``--prefer``).
 
 A placement is a step on one of a few ladders, each from fast to far offloaded (``llamafit.fit.ladders``). At one
-context, a ladder's fastest step that fits is its first one the GPUs hold (a bisection on the quick
-estimate, the compute buffers by phase), when the host holds it too; the ladders' steps are priced by the speed
-model (generation at depth 0, as llama-bench's tg; prompt processing breaks a tie within ``TIE``) and the
-fastest wins. Each candidate that is kept is settled on the exact estimate.
+context, a ladder's fastest step that fits is at one of its ends: the first one the GPUs hold (a bisection on the
+quick estimate, the compute buffers by phase), or its last, the host's, where the device is slower than the host
+for what moves (a token's time is about linear along a ladder); either only when the host holds it too. The
+ladders' steps are priced by the speed model (generation at depth 0, as llama-bench's tg; prompt processing breaks
+a tie within ``TIE``) and the fastest wins. Each candidate that is kept is settled on the exact estimate.
 
 The contexts weighed: ``--min-ctx``, the largest with everything on the GPUs, the largest the machine holds with
 any placement (the host included), and the powers of two between; a plan shows them as its trade-off. The
@@ -33,7 +34,7 @@ from llamafit.speculative import SpecConfig
 from llamafit.speed.prediction import Speed
 from llamafit.speed.work import expert_share, is_expert
 
-SHARE = 0.5  # balanced: the largest context whose generation keeps this share of the fastest (README, "How ...")
+SHARE = 0.5  # balanced: the largest context whose generation keeps this share of the fastest (docs/decisions.md)
 TIE = 0.01  # generation speeds within this share are a tie: prompt processing decides
 NEAR = 0.1  # a ladder this close to the winner at either end of a bracket is weighed between them
 MAX_ROWS = 6  # contexts a plan shows
@@ -47,6 +48,7 @@ class Candidate:
     trial: Trial
     speed: Speed
     host_read: float = 0.0  # weight bytes the host reads a token (``host_read``)
+    over: Candidate | None = None  # at a ladder's host end: the GPUs' end it was found faster than
 
     @property
     def tg(self) -> float:
@@ -166,7 +168,17 @@ class Chooser:
             found[ctx] = self._first_held(ladder, ctx, a, b)
         x = found[ctx]
         t = self.trial(ladder, x, ctx) if x is not None else None
-        return self._priced(ladder, x, t) if x is not None and t is not None and t.ok else None
+        held = self._priced(ladder, x, t) if x is not None and t is not None and t.ok else None
+        if held is None or x == ladder.last:
+            return held
+        # a token's time is about linear along a ladder (each step moves the same kind of weights from one device
+        # to the other), so its fastest step is at one end: the GPUs' first, or the host's where a device is
+        # slower than the host for what moves (an emulated or remote one) or costs more to reach than it saves
+        far = self.trial(ladder, ladder.last, ctx)
+        end = self._priced(ladder, ladder.last, far) if far is not None and far.ok else None
+        if end is not None and end.speed.tg is not None and faster(end, held):
+            return replace(end, over=held)
+        return held
 
     def _first_held(self, ladder: Ladder, ctx: int, a: int, b: int) -> int:
         """The first step in (a, b] the GPUs hold (``a`` is not held, ``b`` is): memory falls almost linearly along
@@ -210,14 +222,15 @@ class Chooser:
             t = self.trial(c.ladder, x, ctx, exact=True)
         if t is None or not t.ok:
             return None
-        for _ in range(SETTLE_STEPS):
+        got = self._priced(c.ladder, x, t)
+        for _ in range(SETTLE_STEPS):  # more on the GPUs where it fits and is faster (it is not at the host's end)
             if x <= c.ladder.first or not self._may_fit(c.ladder, x, ctx, t):
                 break
             fewer = self.trial(c.ladder, x - 1, ctx, exact=True)
-            if fewer is None or not fewer.ok:
+            if fewer is None or not fewer.ok or not faster(more := self._priced(c.ladder, x - 1, fewer), got):
                 break
-            x, t = x - 1, fewer
-        return self._priced(c.ladder, x, t)
+            x, t, got = x - 1, fewer, more
+        return replace(got, over=c.over)
 
     def _may_fit(self, ladder: Ladder, x: int, ctx: int, exact: Trial) -> bool:
         """Whether step ``x - 1`` may fit on the exact estimate: its quick one misses by no more than the two
@@ -286,7 +299,7 @@ class Chooser:
                 break
         if got is None or ctx <= c.n_ctx:
             return c
-        return self._priced(c.ladder, c.step, got)
+        return replace(self._priced(c.ladder, c.step, got), over=c.over)
 
     def choose(self, lo: int, hi: int, prefer: str) -> Choice | None:
         """The trade-off between ``lo`` and the largest context the machine holds, and the row ``prefer`` picks."""
@@ -440,7 +453,8 @@ def finished(search: Search, c: Candidate, spec: SpecConfig) -> Candidate:
     if t is c.trial:
         return c
     speed = trial_speed(search.model, t, search.gpus, search.rates, full_context=False)
-    return Candidate(c.ladder, c.step, t, speed, host_read(search.model, t))
+    fuller = Candidate(c.ladder, c.step, t, speed, host_read(search.model, t), c.over)
+    return fuller if speed.tg is None or c.speed.tg is None or fuller.tg >= c.tg else c
 
 
 def placement_words(search: Search, c: Candidate) -> Decision:
@@ -449,14 +463,19 @@ def placement_words(search: Search, c: Candidate) -> Decision:
     ngl = s.n_gpu_layers if s.n_gpu_layers >= 0 else units
     on = messages.where(s, search.ids)
     if c.ladder.name == "experts":
-        return messages.placement_cpu_moe(hp.n_layer, s.overrides)
-    if c.ladder.name in ("ffn", "ffn-out"):
-        return tradeoff.placement_ffn(c.step, hp.n_layer, ngl < units, on)
-    if c.ladder.name == "layers-cmoe":
-        return tradeoff.placement_layers_cmoe(ngl, units, on)
-    if ngl >= units:
-        return messages.placement_all_gpu(hp.n_layer_all, on)
-    return messages.placement_partial(ngl, units, on)
+        d = messages.placement_cpu_moe(hp.n_layer, s.overrides)
+    elif c.ladder.name in ("ffn", "ffn-out"):
+        d = tradeoff.placement_ffn(c.step, hp.n_layer, ngl < units, on)
+    elif c.ladder.name == "layers-cmoe":
+        d = tradeoff.placement_layers_cmoe(ngl, units, on)
+    elif ngl >= units:
+        d = messages.placement_all_gpu(hp.n_layer_all, on)
+    else:
+        d = messages.placement_partial(ngl, units, on)
+    if c.over is None:
+        return d
+    gpus_end = tradeoff.short_where(tradeoff.Row(c.over.ladder.name, c.over.step, c.over.trial, False), search)
+    return tradeoff.host_end(d, gpus_end, c.over.tg, c.tg, on)
 
 
 def context_words(choice: Choice, chosen: Candidate, prefer: str) -> Decision | None:

@@ -47,6 +47,15 @@ def placement_layers_cmoe(ngl: int, units: int, on: str) -> Decision:
     )
 
 
+def host_end(d: Decision, gpus_end: str, gpus_tg: float, tg: float, on: str) -> Decision:
+    """``d``, a placement that keeps more on the CPU than the GPUs hold, and why: it is predicted faster."""
+    return Decision(
+        d.code,
+        f"{d.message} Predicted faster than the most {on} holds here ({gpus_end}: {gpus_tg:.1f} tok/s against "
+        f"{tg:.1f}): what would move there runs slower on it than on the host, or costs more to reach than it saves.",
+    )
+
+
 def context_for_speed(
     n_ctx: int, largest: int, tg: float, fastest: tuple[float, int], prefer: str, share: float
 ) -> Decision:
