@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 
 class ExitCode(IntEnum):
-    """Process exit codes. Documented in README ("Exit codes"); tools rely on them."""
+    """Process exit codes. Documented in docs/usage.md ("Exit codes"); tools rely on them."""
 
     OK = 0
     INTERNAL = 1  # a bug: unexpected exception (LLAMAFIT_DEBUG=1 shows the traceback)

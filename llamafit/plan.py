@@ -1,7 +1,7 @@
 """The plan: what will be loaded where, why, and the llama-server argv that does exactly that.
 
 ``to_json`` renders the ``llamafit.plan/1`` schema other tools read. Keys are a contract: add, never
-rename (README "JSON plan").
+rename (docs/json.md).
 """
 
 from __future__ import annotations

@@ -47,10 +47,10 @@ def test_a_missing_section_is_caught(tmp_path: Path) -> None:
 
 
 def test_the_exit_code_table_has_every_code_and_its_json() -> None:
-    """README's table names every exit code llamafit uses, each with what --json prints on stdout."""
+    """The usage page's table names every exit code llamafit uses, each with what --json prints on stdout."""
     from llamafit.errors import ExitCode
 
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    text = (ROOT / "docs" / "usage.md").read_text(encoding="utf-8")
     table = text[text.index("## Exit codes") : text.index("## Environment")]
     rows = {int(m.group(1)): m.group(2) for m in re.finditer(r"^\| (\d+) \|(.*)\|$", table, re.M)}
     assert set(rows) == {int(c) for c in ExitCode}

@@ -1,6 +1,6 @@
 """The fit: choose context, GPU layers, tensor split, expert offload and the drafter.
 
-Policy (README "How llamafit decides"):
+Policy (docs/decisions.md):
 
 * a user's ``-c N`` is a hard requirement (``-c 0`` means the training context, never reduced);
 * everything on the GPUs at the training context when it fits; otherwise context and placement are chosen by

@@ -1,6 +1,6 @@
 """Every text the fit says: decisions (a code and a sentence), warnings, and the "does not fit" refusal.
 
-Codes are part of the ``llamafit.plan/1`` contract (README "JSON plan"); the sentences may improve.
+Codes are part of the ``llamafit.plan/1`` contract (docs/json.md); the sentences may improve.
 Nothing here computes memory: callers pass the numbers.
 """
 

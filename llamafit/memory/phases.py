@@ -16,7 +16,7 @@ of a transformer block, in floats per token of the micro-batch ``U`` (= n_ubatch
 
 The coefficients come from reading the graph (``src/llama-graph.cpp`` build_ffn/build_attn) and were
 checked against the CPU build's ``sched_reserve`` lines across model shapes; ``bench/accuracy.py``
-prints the measured error (README "Accuracy"). The device terms (``device_terms``) follow
+prints the measured error (docs/accuracy.md). The device terms (``device_terms``) follow
 docs/memory-model.md §3.2: the scheduler's inputs on the host, F16 copies of a quantized K/V layer for
 CUDA flash attention, op-offload staging of the largest CPU-resident matmul weight on the first GPU, and
 pipeline-parallel input copies (x4).
