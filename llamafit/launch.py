@@ -25,7 +25,7 @@ from llamafit.calibration import HistoryNotWritten, record, record_failed_load
 from llamafit.compare import Row, compare, compare_mmproj
 from llamafit.errors import ServerNotFoundError
 from llamafit.fit.speed import plan_speed
-from llamafit.hub.resolve import Hub, RepoState
+from llamafit.hub.resolve import Hub, RepoState, downloads_line
 from llamafit.hub.select import HubFile
 from llamafit.paths import not_an_input
 from llamafit.planning.discover import launch_env
@@ -37,7 +37,7 @@ from llamafit.server.failures import Failure
 from llamafit.server.logparse import LoadLog
 from llamafit.speed.calibrate import SANE
 from llamafit.speed.timings import Served
-from llamafit.units import MiB, fmt_bytes
+from llamafit.units import MiB
 
 RETRIES = 2
 OOM_KINDS = ("device_oom_weights", "device_oom_kv", "device_oom_compute", "device_oom", "host_oom")
@@ -232,13 +232,6 @@ def free_drift(prep: Prepared, log: LoadLog) -> list[str]:
                 f"assumed; the margin absorbed it, but re-plan if something else now runs there"
             )
     return out
-
-
-def downloads_line(pending: Sequence[tuple[RepoState, HubFile]], verb: str) -> str:
-    """``verb N file(s), SIZE: repo/path, ...`` for Hub files a plan uses that the cache lacks."""
-    total = sum(f.size for _, f in pending)
-    names = ", ".join(f"{st.repo}/{f.path}" for st, f in pending[:3]) + (" ..." if len(pending) > 3 else "")
-    return f"{verb} {len(pending)} file(s), {fmt_bytes(total)}: {names}"
 
 
 def before_launch(

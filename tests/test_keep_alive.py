@@ -368,7 +368,7 @@ def test_a_server_that_grows_past_the_plan_is_said_and_recorded(tmp_path: Path, 
 
 def test_the_metrics_address() -> None:
     from llamafit.errors import UsageError
-    from llamafit.server.metrics import Address, parse_address
+    from llamafit.server.endpoint import Address, parse_address
 
     assert parse_address("9464") == Address("127.0.0.1", 9464)  # loopback unless a host is given
     assert parse_address("0.0.0.0:9000") == Address("0.0.0.0", 9000)

@@ -3,7 +3,12 @@
 Modules:
 
 * ``entry``: the executable, a fast path for shell completion before the app;
-* ``app``: the commands (``plan``, ``run``, ``demo``, ``devices``, ...), core errors translated once;
+* ``app``: the Typer app and its small commands (``gpus``, ``inspect``, ``demo``, ``history``, ...);
+* ``plan_command``: ``llamafit plan``;
+* ``run_command``: ``llamafit run``;
+* ``targets``: what ``plan`` and ``run`` share: the models and options a command line names, one model's plan;
+* ``keep``: ``run``'s options for the server's life after ready, checked before anything is planned;
+* ``dry``: what ``run`` says before a launch, and all that ``run --dry-run`` does (nothing of serving loaded);
 * ``options``: every option declared once (type, flags, help);
 * ``output``: where words go: data on stdout, progress, hints and errors on stderr;
 * ``render``: the human tables of devices, models and plans;

@@ -10,67 +10,40 @@ from __future__ import annotations
 import os
 import sys
 from enum import Enum
-from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from llamafit import __version__
 from llamafit.cli.options import (
     CpuOnlyOpt,
-    DraftOpt,
-    EventsOpt,
     GpuOpt,
     HfFileOpt,
-    HostBandwidthOpt,
-    HostCoresOpt,
-    HostRamOpt,
     JsonOpt,
-    LivenessOpt,
-    MarginOpt,
-    MaxRestartsOpt,
-    MetricsOpt,
-    MinCtxOpt,
     ModelArg,
-    ModelsArg,
-    ModelsPresetOpt,
-    ModelsPresetOutOpt,
     OfflineOpt,
-    Prefer,
-    PreferOpt,
-    QuantOpt,
-    QuantsOpt,
     QuietOpt,
-    RestartMode,
-    RestartOpt,
     RevisionOpt,
     RpcOpt,
     RpcOptionalOpt,
     ServerOpt,
-    SpecMode,
-    SpecOpt,
-    WatchOpt,
-    seconds,
-    split_targets,
 )
 from llamafit.cli.output import (
     handled,
     interrupted_code,
     json_failure,
-    note,
     out_console,
     print_json,
-    print_report,
     progress_console,
     safe,
     set_json,
     stop_on_signals,
 )
 from llamafit.errors import ExitCode
-from llamafit.options import DEFAULTS, Options
+from llamafit.options import Options
 
 if TYPE_CHECKING:
-    from llamafit.planning.prepared import Prepared
+    pass
 
 app = typer.Typer(
     name="llamafit",
@@ -97,52 +70,6 @@ def _root(
     ] = False,
 ) -> None:
     """Plan and launch llama-server so the model fits: context, GPU layers, split, drafter."""
-
-
-def _prepare(model: str, o: Options, json_out: bool = False, quant: str | None = None) -> Prepared:
-    """The plan and argv (of the quant asked for with ``:best``/``--quant``); when nothing fits and
-    ``json_out``, the plan that could not be made is the error's document (``"fits": false``, exit 3)."""
-    from llamafit.errors import DoesNotFitError
-    from llamafit.planning.planner import Planner
-    from llamafit.quants import prepare_choice, wants_quants
-
-    if wants_quants(model, quant) and o.hf_file:
-        from llamafit.errors import UsageError
-
-        raise UsageError("--hf-file names one file; :best and --quant choose among the repo's", hint="give one")
-    planner = Planner.for_options(o)
-    try:
-        if wants_quants(model, quant):
-            return prepare_choice(model, quant, o, planner)
-        return planner.plan(model, progress=lambda m: note(f"measuring speed: {m}"))
-    except DoesNotFitError as e:
-        if json_out and e.plan is not None and e.argv is not None:
-            from llamafit.plan import to_json
-
-            raise e.but(doc=to_json(e.plan, e.argv)) from e  # printed with the error (cli.output.json_failure)
-        raise
-
-
-def _one_model_options(quant: str | None) -> None:
-    """Options that choose for one model are refused with several (never silently ignored)."""
-    if quant:
-        from llamafit.errors import UsageError
-
-        raise UsageError(
-            "--quant chooses the quant of one model; with several, give each one's quant in its name",
-            hint="e.g. owner/repo:Q4_K_M",
-        )
-
-
-def _targets(ctx: typer.Context, tokens: list[str] | None) -> tuple[list[str], Options]:
-    """The models and the options (with the server flags after them)."""
-    refs, server_args = split_targets(tokens)
-    o = Options.from_params(ctx.params, server_args=tuple(server_args))
-    if not refs and ctx.params.get("models_preset") is None:
-        from llamafit.errors import UsageError
-
-        raise UsageError("no MODEL given", hint=f"llamafit {ctx.info_name} MODEL [-- SERVER_ARGS...]; see --help")
-    return refs, o
 
 
 @app.command(short_help="The devices llama-server will use, and host RAM.")
@@ -207,210 +134,16 @@ def inspect(
             con.print(t)
 
 
-PLAN_EXAMPLES = """Examples:
-
-\b
-  llamafit plan model.gguf
-  llamafit plan Qwen/Qwen3-8B-GGUF:Q4_K_M --gpu 24GiB --gpu 24GiB
-  llamafit plan model.gguf --json -- -c 32768 -ctk q8_0 -ctv q8_0
-  llamafit plan Qwen/Qwen3-8B-GGUF --quants --gpu 8GiB
-  llamafit plan chat.gguf embed.gguf --models-preset-out planned.ini
-"""
-RUN_EXAMPLES = """Examples:
-
-\b
-  llamafit run unsloth/Qwen3-30B-A3B-GGUF:Q4_K_M -- --port 8080
-  llamafit run model.gguf --dry-run
-  llamafit run model.gguf --exec --quiet -- --host 0.0.0.0 --port 8080
-  llamafit run Qwen/Qwen3-8B-GGUF:best -- --port 8080
-  llamafit run chat.gguf embed.gguf -- --port 8080
-"""
-
-
-@app.command(epilog=PLAN_EXAMPLES, short_help="The memory plan per device, and why. Launches nothing.")
-def plan(
-    ctx: typer.Context,
-    model: ModelsArg = None,
-    gpu: GpuOpt = None,
-    cpu_only: CpuOnlyOpt = False,
-    margin: MarginOpt = DEFAULTS.margin,
-    min_ctx: MinCtxOpt = DEFAULTS.min_ctx,
-    spec: SpecOpt = SpecMode.auto,
-    prefer: PreferOpt = Prefer.balanced,
-    draft: DraftOpt = None,
-    server: ServerOpt = None,
-    hf_file: HfFileOpt = None,
-    revision: RevisionOpt = None,
-    offline: OfflineOpt = False,
-    rpc: RpcOpt = None,
-    rpc_optional: RpcOptionalOpt = False,
-    host_bandwidth: HostBandwidthOpt = None,
-    host_cores: HostCoresOpt = None,
-    host_ram: HostRamOpt = None,
-    quant: QuantOpt = None,
-    models_preset: ModelsPresetOpt = None,
-    models_preset_out: ModelsPresetOutOpt = None,
-    quants: QuantsOpt = False,
-    json_out: JsonOpt = False,
-    quiet: QuietOpt = False,
-) -> None:
-    """The memory plan per device and the decisions behind it. Nothing is launched or downloaded."""
-    with handled():
-        refs, o = _targets(ctx, model)
-        if quants and (len(refs) > 1 or models_preset is not None or o.hf_file):
-            from llamafit.errors import UsageError
-
-            raise UsageError("--quants plans every quant of one repo or folder", hint="give one MODEL, no --hf-file")
-        if len(refs) > 1 or models_preset is not None:
-            _one_model_options(quant)
-            from llamafit.cli.several import plan_several
-
-            raise typer.Exit(plan_several(refs, models_preset, o, json_out, models_preset_out))
-        if models_preset_out is not None:
-            from llamafit.errors import UsageError
-
-            raise UsageError("--models-preset-out is for several models", hint="give two or more, or --models-preset")
-        if quants:
-            if quant:
-                from llamafit.errors import UsageError
-
-                raise UsageError("--quants plans every quant; --quant picks one", hint="give one of them")
-            from llamafit.cli.ladder import plan_ladder
-
-            raise typer.Exit(plan_ladder(refs[0], o, json_out))
-        prep = _prepare(refs[0], o, json_out, quant)
-        # the notes; the decisions and warnings are in the view (and in the JSON)
-        print_report([r for r in prep.report() if r[0] == "note"], decisions=False)
-        if json_out:
-            print_json(prep.to_json())
-            return
-        from llamafit.cli.render import print_plan
-
-        print_plan(out_console(), prep.plan, prep.argv)
-
-
-@app.command(epilog=RUN_EXAMPLES, short_help="Plan, then launch llama-server and watch it load.")
-def run(
-    ctx: typer.Context,
-    model: ModelsArg = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the exact argv (shell-quoted) and exit.")] = False,
-    exec_: Annotated[
-        bool, typer.Option("--exec", help="Replace llamafit with the server (for scripts and service managers).")
-    ] = False,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Pass every server log line through.")] = False,
-    log_file: Annotated[
-        Optional[Path],  # noqa: UP045
-        typer.Option("--log-file", help="Also keep the server's raw log in this file.", dir_okay=False),
-    ] = None,
-    ready_timeout: Annotated[
-        float,
-        typer.Option(
-            "--ready-timeout",
-            help="Stop the server if it is not ready after this many seconds (0: wait forever).",
-            min=0,
-            callback=seconds,
-        ),
-    ] = 1800,
-    no_retry: Annotated[
-        bool, typer.Option("--no-retry", help="Stop at the first load that runs out of memory (no new plan).")
-    ] = False,
-    restart: RestartOpt = RestartMode.on_failure,
-    max_restarts: MaxRestartsOpt = 5,
-    liveness: LivenessOpt = 10.0,
-    watch: WatchOpt = 5.0,
-    metrics: MetricsOpt = None,
-    events: EventsOpt = None,
-    server: ServerOpt = None,
-    gpu: GpuOpt = None,
-    cpu_only: CpuOnlyOpt = False,
-    margin: MarginOpt = DEFAULTS.margin,
-    min_ctx: MinCtxOpt = DEFAULTS.min_ctx,
-    spec: SpecOpt = SpecMode.auto,
-    prefer: PreferOpt = Prefer.balanced,
-    draft: DraftOpt = None,
-    hf_file: HfFileOpt = None,
-    revision: RevisionOpt = None,
-    offline: OfflineOpt = False,
-    rpc: RpcOpt = None,
-    rpc_optional: RpcOptionalOpt = False,
-    host_bandwidth: HostBandwidthOpt = None,
-    host_cores: HostCoresOpt = None,
-    host_ram: HostRamOpt = None,
-    quant: QuantOpt = None,
-    models_preset: ModelsPresetOpt = None,
-    json_out: Annotated[
-        bool,
-        typer.Option(
-            "--json",
-            callback=set_json,
-            help="When the server is ready, print the plan and predicted vs actual as JSON (a failure's too).",
-        ),
-    ] = False,
-    quiet: QuietOpt = False,
-    for_service: Annotated[
-        bool, typer.Option("--for-service", hidden=True, help="A dry run with every check of a launch (service).")
-    ] = False,
-) -> None:
-    """Plan with your llama-server flags, then launch the server and watch it load (or just print the argv).
-
-    A Hub model is downloaded (only the files the plan uses) after the plan says it fits."""
-    with handled():
-        from llamafit.cli.supervise import KeepAlive, check_upkeep
-        from llamafit.errors import UsageError
-
-        refs, o = _targets(ctx, model)
-        if for_service and dry_run:
-            raise UsageError("--dry-run among a service's arguments: the service would print the argv and stop")
-        if (o.gpu or o.host_ram) and (for_service or not dry_run):
-            flag = "--gpu" if o.gpu else "--host-ram"
-            raise UsageError(
-                f"{flag} describes hardware that is not here: a plan for it can be printed, not launched",
-                hint=f"drop {flag} to launch on this machine"
-                + ("" if for_service else " (or add --dry-run, or use plan, to print it)"),
-            )
-        keep = KeepAlive(restart.value, max_restarts, liveness, watch, metrics, events)
-        check_upkeep(keep, log_file)
-        dry_run = dry_run or for_service
-        if len(refs) > 1 or models_preset is not None:
-            _one_model_options(quant)
-            from llamafit.cli.several import run_several
-
-            if exec_:
-                raise UsageError("--exec runs one server; several models run under the router that llamafit watches")
-            code = run_several(
-                refs,
-                models_preset,
-                o,
-                dry_run=dry_run,
-                json_out=json_out,
-                verbose=verbose,
-                log_file=log_file,
-                ready_timeout=ready_timeout or None,
-                keep=keep,
-            )
-            raise typer.Exit(code)
-        from llamafit.cli.supervise import run_one
-        from llamafit.launch import RETRIES
-
-        code = run_one(
-            _prepare(refs[0], o, json_out, quant),
-            dry_run=dry_run,
-            exec_=exec_,
-            json_out=json_out,
-            verbose=verbose,
-            log_file=log_file,
-            ready_timeout=ready_timeout or None,
-            replan=lambda: _prepare(refs[0], o, json_out, quant),
-            retries=0 if no_retry else RETRIES,
-            keep=keep,
-        )
-        raise typer.Exit(code)
-
-
 def _register() -> None:
+    from llamafit.cli.plan_command import PLAN_EXAMPLES, plan_command
+    from llamafit.cli.run_command import RUN_EXAMPLES, run_command
     from llamafit.cli.service import service_app
     from llamafit.cli.tune import TUNE_EXAMPLES, tune_command
 
+    app.command("plan", epilog=PLAN_EXAMPLES, short_help="The memory plan per device, and why. Launches nothing.")(
+        plan_command
+    )
+    app.command("run", epilog=RUN_EXAMPLES, short_help="Plan, then launch llama-server and watch it load.")(run_command)
     app.command("tune", epilog=TUNE_EXAMPLES, short_help="Measure what fits and keep the fastest.")(tune_command)
     app.add_typer(service_app, name="service", short_help="Start llamafit run on boot (systemd, launchd).")
 

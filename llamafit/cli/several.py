@@ -10,17 +10,18 @@ from pathlib import Path
 
 from llamafit import shellwords
 from llamafit.cli.events import EventLog, tee
+from llamafit.cli.keep import KeepAlive
 from llamafit.cli.output import (
     note,
     print_json,
     print_line,
 )
 from llamafit.cli.relay import Relay
-from llamafit.cli.supervise import KeepAlive, View, finish, metrics_endpoint
+from llamafit.cli.supervise import View, finish, metrics_endpoint
 from llamafit.devices.machine import Machine
 from llamafit.errors import DoesNotFitError, ServerNotFoundError, UsageError
-from llamafit.hub.resolve import Hub
-from llamafit.launch import before_launch, downloads_line, with_buffer_lines
+from llamafit.hub.resolve import Hub, downloads_line
+from llamafit.launch import before_launch, with_buffer_lines
 from llamafit.options import Options
 from llamafit.paths import data_dir, named_files
 from llamafit.planning.prepared import Prepared

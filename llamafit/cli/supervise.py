@@ -3,14 +3,14 @@ actual, failures on stderr; the URL, or under ``--json`` the run's document, on 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from llamafit import shellwords
+from llamafit.cli.dry import announce, dry_run_one
 from llamafit.cli.events import EventLog, tee
+from llamafit.cli.keep import KeepAlive
 from llamafit.cli.output import (
     err_console,
     error,
@@ -24,15 +24,15 @@ from llamafit.cli.output import (
     warn,
 )
 from llamafit.cli.relay import Relay
-from llamafit.cli.render import memory_tables, next_row, rows_json
+from llamafit.cli.render import memory_tables, rows_json
 from llamafit.compare import Row
-from llamafit.errors import UsageError
-from llamafit.launch import RETRIES, before_launch, downloads_line
-from llamafit.paths import check_output, named_files
+from llamafit.launch import RETRIES, before_launch
+from llamafit.paths import named_files
 from llamafit.planning.prepared import Prepared
 from llamafit.server.args import redacted
+from llamafit.server.endpoint import parse_address
 from llamafit.server.liveness import Liveness
-from llamafit.server.metrics import Metrics, parse_address
+from llamafit.server.metrics import Metrics
 from llamafit.server.restarts import RestartPolicy
 from llamafit.serving import (
     NO_PROBES,
@@ -50,46 +50,6 @@ from llamafit.serving import (
 from llamafit.several.together import RUN_SET_SCHEMA
 
 SHOWN_LINE = 2000  # characters of one server line shown on the terminal (--log-file keeps it whole)
-
-
-@dataclass(frozen=True)
-class KeepAlive:
-    """run's options for the server's life after ready, as given (defaults: none of it, as in tests)."""
-
-    restart: str = "no"
-    max_restarts: int = RestartPolicy.max_restarts
-    liveness: float = 0.0
-    watch: float = 0.0
-    metrics: str | None = None  # [HOST:]PORT
-    events: str | None = None  # a file of llamafit.event/1 lines
-
-
-def check_upkeep(keep: KeepAlive, log_file: Path | None) -> None:
-    """What a launch would refuse in ``keep`` and ``--log-file``, refused before anything is planned (a dry
-    run and a service's check included): a metrics address that is not one, a file to write in a folder that is
-    not there, the events and the raw log in one file (the server's lines would break the JSON lines)."""
-    if keep.metrics is not None:
-        parse_address(keep.metrics)
-    files = [(Path(keep.events), "the events file")] if keep.events else []
-    files += [(log_file, "the log file")] if log_file is not None else []
-    for path, what in files:
-        folder = path.parent
-        if not folder.is_dir():
-            raise UsageError(f"cannot write {what} {path}: its folder {folder} does not exist", hint="create it first")
-    if keep.events:
-        check_output(Path(keep.events), (), "the events file")  # a device or a FIFO is not a file of lines
-    if len(files) == 2 and _same_file(files[0][0], files[1][0]):
-        raise UsageError(
-            "--events and --log-file name one file: the server's raw lines would break the events' JSON lines",
-            hint="give each its own file",
-        )
-
-
-def _same_file(a: Path, b: Path) -> bool:
-    try:
-        return a.resolve() == b.resolve() or (a.exists() and b.exists() and os.path.samefile(a, b))
-    except OSError:
-        return False
 
 
 def metrics_endpoint(keep: KeepAlive, model: str) -> Metrics | None:
@@ -119,23 +79,10 @@ def run_one(
 ) -> int:
     """``run`` with one model, once planned: the argv (``--dry-run``), or the downloads and the environment,
     then the server replacing llamafit (``--exec``) or served and watched."""
-    report = prep.report()
-    print_report([r for r in report if r[0] == "note"], decisions=False)
-    pending = prep.downloads()
-    if (other := next_row(prep.plan)) is not None:
-        note(f"trade-off: {other} (llamafit plan shows every row)")
     if dry_run:
-        # the warnings; of the decisions only a choice left to llamafit (no launch follows)
-        print_report([r for r in report if r[0] == "warning"], decisions=False)
-        if (chosen := prep.plan.decision("quant.best")) is not None:
-            note(chosen.message)
-        if pending:
-            note(downloads_line(pending, "run would download"))
-        if json_out:
-            print_json(prep.to_json())  # the plan, with the argv in it
-        else:
-            print_line(shellwords.join(prep.argv))
-        return 0
+        return dry_run_one(prep, json_out)
+    report = announce(prep)
+    pending = prep.downloads()
     env = before_launch(prep.server, pending, prep.hub, log_file, named_files(prep.argv[1:]), note)
     if (held := prep.plan.memory_bound) is not None and held.after_download:
         # the files are here now: the plan is made again and held to the binary's own no-alloc measurement

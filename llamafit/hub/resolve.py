@@ -32,6 +32,7 @@ from llamafit.hub.select import (
     split_files,
     split_repo_tag,
 )
+from llamafit.units import fmt_bytes
 
 
 def offline_from_env(env: dict[str, str] | None = None) -> bool:
@@ -270,3 +271,10 @@ class Hub:
         for st, _ in items:
             if st.branch and (st.repo, st.branch) in done:
                 write_ref(self.hub_dir, st.repo, st.branch, st.commit)
+
+
+def downloads_line(pending: Sequence[tuple[RepoState, HubFile]], verb: str) -> str:
+    """``verb N file(s), SIZE: repo/path, ...`` for Hub files a plan uses that the cache lacks."""
+    total = sum(f.size for _, f in pending)
+    names = ", ".join(f"{st.repo}/{f.path}" for st, f in pending[:3]) + (" ..." if len(pending) > 3 else "")
+    return f"{verb} {len(pending)} file(s), {fmt_bytes(total)}: {names}"

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from llamafit.errors import UsageError
+from llamafit.numbers import to_int
 from llamafit.store import read_bytes
 
 MAX_ANSWER = 1 << 20
@@ -132,3 +134,27 @@ def api_key(argv: Sequence[str], env: Mapping[str, str]) -> str | None:
 def endpoint_of(url: str, argv: Sequence[str], env: Mapping[str, str]) -> Endpoint:
     """The endpoint of a server started with ``argv`` and ``env`` that said it listens at ``url``."""
     return Endpoint(url, api_prefix(argv), api_key(argv, env))
+
+
+# -- where llamafit itself listens (run --metrics) ----------------------------------------------------
+
+LOOPBACK = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class Address:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+def parse_address(text: str) -> Address:
+    """``PORT`` (loopback) or ``HOST:PORT``; a UsageError says what is wrong."""
+    host, sep, port = text.rpartition(":")
+    host = host.strip("[]") if sep else LOOPBACK
+    n = to_int(port) if port.strip() == port else None  # the one bounded parser: no sign, no blanks
+    if n is None or port.startswith("-") or not 0 < n < 65536 or (sep and not host):
+        raise UsageError(f"--metrics takes PORT or HOST:PORT, not {text!r}", hint="for example --metrics 9464")
+    return Address(host, n)

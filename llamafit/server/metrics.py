@@ -20,38 +20,17 @@ import socket
 import socketserver
 import threading
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from llamafit.errors import UsageError
-from llamafit.numbers import to_int
+from llamafit.server.endpoint import Address
 
-LOOPBACK = "127.0.0.1"
 MAX_CLIENTS = 16  # connections served at once; a scraper needs one
 CLIENT_TIMEOUT = 5.0  # seconds a read from a client may wait
 CLIENT_DEADLINE = 10.0  # seconds one exchange may take in all (a client that trickles bytes is cut off)
-
-
-@dataclass(frozen=True)
-class Address:
-    host: str
-    port: int
-
-    def __str__(self) -> str:
-        return f"{self.host}:{self.port}"
-
-
-def parse_address(text: str) -> Address:
-    """``PORT`` (loopback) or ``HOST:PORT``; a UsageError says what is wrong."""
-    host, sep, port = text.rpartition(":")
-    host = host.strip("[]") if sep else LOOPBACK
-    n = to_int(port) if port.strip() == port else None  # the one bounded parser: no sign, no blanks
-    if n is None or port.startswith("-") or not 0 < n < 65536 or (sep and not host):
-        raise UsageError(f"--metrics takes PORT or HOST:PORT, not {text!r}", hint="for example --metrics 9464")
-    return Address(host, n)
 
 
 class Metrics:
