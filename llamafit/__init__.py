@@ -29,7 +29,6 @@ Modules:
 * ``tune``: the configurations that fit measured with llama-bench, the fastest kept;
 * ``service``: a unit that starts ``llamafit run`` on boot;
 * ``unit_syntax``: words as a systemd unit holds them, written and read back;
-* ``ggml``: ggml tensor types, their block and byte sizes;
 * ``errors``: the typed errors, each with a hint and an exit code;
 * ``numbers``: bounded numbers read from other programs' text;
 * ``units``: byte sizes parsed and printed;

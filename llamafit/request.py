@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 
 from llamafit.errors import UsageError
-from llamafit.ggml import KV_CACHE_TYPES
+from llamafit.gguf.ggml import KV_CACHE_TYPES
 from llamafit.memory.graph.sampling import SAMPLING_FLAGS
 from llamafit.memory.placement import FFN_EXPS_REGEX, Override, n_cpu_ffn_overrides, n_cpu_moe_overrides
 from llamafit.options import DEFAULT_MARGIN_MIB, DEFAULT_MIN_CTX

@@ -9,7 +9,7 @@ import gguf
 import pytest
 
 from llamafit.errors import BadModelFileError, ModelNotFoundError
-from llamafit.ggml import TYPES
+from llamafit.gguf.ggml import TYPES
 from llamafit.gguf.reader import ArrayInfo, read_file_header
 from llamafit.gguf.writer import TensorSpec, write_gguf
 from tests import factory

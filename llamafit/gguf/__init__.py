@@ -12,5 +12,6 @@ Modules:
 * ``checks``: what llama.cpp checks when it loads a model;
 * ``mmproj``: a multimodal projector as clip.cpp reads it;
 * ``writer``: GGUF files written with ``gguf.GGUFWriter``;
-* ``demo_model``: the embedded demo model.
+* ``demo_model``: the embedded demo model;
+* ``ggml``: ggml tensor types, their block and byte sizes.
 """

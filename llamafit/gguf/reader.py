@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from llamafit.errors import BadModelFileError, ModelNotFoundError
-from llamafit.ggml import TYPES, GGMLType, nbytes
+from llamafit.gguf.ggml import TYPES, GGMLType, nbytes
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32  # GGUF_DEFAULT_ALIGNMENT, ggml/include/gguf.h:46

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from llamafit.ggml import by_name, nbytes
+from llamafit.gguf.ggml import by_name, nbytes
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from llamafit.ggml import by_name
+from llamafit.gguf.ggml import by_name
 from llamafit.gguf.hparams import HYBRID_ARCHS, RECURRENT_ARCHS, RS_ROLLBACK_ARCHS
 from llamafit.memory.ggml_builds import GGML_BUILDS
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from llamafit.ggml import by_name, row_size
+from llamafit.gguf.ggml import by_name, row_size
 from llamafit.gguf.hparams import Hparams
 from llamafit.memory import backends
 from llamafit.memory.builds import MIRRORED, checkpoint_swa_masked, indexer_by_type, nextn_cache

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 
-from llamafit.ggml import by_name
+from llamafit.gguf.ggml import by_name
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory import backends, tensor_split
 from llamafit.memory.builds import MIRRORED, mtp_graph, outputs_per_slot

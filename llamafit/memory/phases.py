@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from llamafit.ggml import by_name
+from llamafit.gguf.ggml import by_name
 from llamafit.gguf.hparams import Hparams
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory import backends

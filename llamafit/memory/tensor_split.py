@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from llamafit.ggml import by_name, nbytes
+from llamafit.gguf.ggml import by_name, nbytes
 from llamafit.gguf.hparams import Hparams
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory.backends import META as META

@@ -22,7 +22,7 @@ import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from llamafit.ggml import by_name, nbytes
+from llamafit.gguf.ggml import by_name, nbytes
 from llamafit.gguf.model import ModelInfo
 from llamafit.gguf.writer import TensorSpec, spm_vocab, write_gguf
 from llamafit.memory.context import attention_layers

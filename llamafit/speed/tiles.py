@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
-from llamafit.ggml import by_name
+from llamafit.gguf.ggml import by_name
 
 
 @dataclass(frozen=True)

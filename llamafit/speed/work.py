@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from llamafit.ggml import row_size
+from llamafit.gguf.ggml import row_size
 from llamafit.gguf.model import ModelInfo, Tensor
 from llamafit.memory import backends
 from llamafit.memory.context import ContextParams, attention_layers, kv_row_bytes, recurrent_layers

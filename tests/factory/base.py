@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from llamafit.devices.machine import Device
-from llamafit.ggml import by_name
+from llamafit.gguf.ggml import by_name
 from llamafit.gguf.writer import TensorSpec, spm_vocab, write_gguf
 from llamafit.units import GiB
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from llamafit.ggml import by_name, row_size
+from llamafit.gguf.ggml import by_name, row_size
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory.builds import DSV4_GRAPH_SINCE
 from llamafit.memory.context import compressed_cells

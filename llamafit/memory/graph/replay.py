@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import cast
 
-from llamafit.ggml import by_name
+from llamafit.gguf.ggml import by_name
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory.backends import pads_rows
 from llamafit.memory.builds import (
