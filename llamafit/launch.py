@@ -21,12 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llamafit.calibration import HistoryNotWritten, record, record_failed_load
 from llamafit.compare import Row, compare, compare_mmproj
 from llamafit.errors import ServerNotFoundError
 from llamafit.fit.speed import plan_speed
 from llamafit.hub.resolve import Hub, RepoState, downloads_line
 from llamafit.hub.select import HubFile
+from llamafit.memory.calibration import HistoryNotWritten, record, record_failed_load
 from llamafit.paths import not_an_input
 from llamafit.planning.discover import launch_env
 from llamafit.planning.prepared import Prepared

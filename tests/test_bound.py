@@ -263,7 +263,7 @@ def test_a_launch_calibrates_past_the_bound(server_bin: ServerBinary, tmp_path: 
     """The bound is for a first plan: once a launch on this machine logged the compute buffers, the next plan
     takes them (the record keeps the model's own number, not the bound's, so the correction is not compounded)
     and is not bounded again."""
-    from llamafit.calibration import record
+    from llamafit.memory.calibration import record
 
     zero = "version: 0.6.0-dev (build 0, commit unknown)"
     srv = wrapped(tmp_path, "llama-server", server_bin.path, server_bin.lib_dir, version=zero)

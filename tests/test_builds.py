@@ -291,7 +291,7 @@ def test_the_plan_says_which_build_it_priced(models: dict[str, Path]) -> None:
 
 def test_a_launch_on_one_build_calibrates_only_that_builds_plans(models: dict[str, Path]) -> None:
     """Calibration records carry the build: another build allocates otherwise, so its correction is its own."""
-    from llamafit.calibration import corrections, record
+    from llamafit.memory.calibration import corrections, record
 
     model = load_model(models["qwen06b"])
     args = ["-c", "4096", "-np", "1"]
@@ -345,8 +345,8 @@ def small_model(tmp_path: Path) -> Path:
 def test_an_old_cuda_builds_log_does_not_lower_a_quantized_caches_compute(models: dict[str, Path]) -> None:
     """Before b9489 CUDA's pool took the F16 copies of a quantized K/V at run time (#23907): the logged compute
     buffer leaves them out, so a launch's record does not take them off the next plan; from b9489 it does."""
-    from llamafit.calibration import corrections, record
     from llamafit.devices.machine import Device
+    from llamafit.memory.calibration import corrections, record
     from llamafit.units import MiB
 
     model = load_model(models["qwen06b"])

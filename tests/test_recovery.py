@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from llamafit.calibration import failed_load_caps, history_file, read_history
 from llamafit.gguf.model import load_model
+from llamafit.memory.calibration import failed_load_caps, history_file, read_history
 from llamafit.server.binary import ServerBinary, free_port
 from tests import factory
 from tests.realserver import run_until_ready_then_interrupt

@@ -172,7 +172,7 @@ def history(
 ) -> None:
     """Past launches: what was predicted and what llama-server really allocated (the calibration data)."""
     with handled():
-        from llamafit.calibration import history_file, read_history
+        from llamafit.memory.calibration import history_file, read_history
 
         entries = read_history(limit)
         if json_out:

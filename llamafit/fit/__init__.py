@@ -34,7 +34,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from llamafit.calibration import Corrections
 from llamafit.devices.machine import Device, Machine
 from llamafit.devices.rates import Rates
 from llamafit.errors import DoesNotFitError, UsageError
@@ -54,6 +53,7 @@ from llamafit.memory import backends, tensor_split
 from llamafit.memory.adapters import Adapters
 from llamafit.memory.build_match import match
 from llamafit.memory.builds import MIRRORED, nextn_weights
+from llamafit.memory.calibration import Corrections
 from llamafit.memory.context import check_cache_types
 from llamafit.memory.footprint import LoadSettings, Use
 from llamafit.memory.mmproj import MmprojUse
@@ -84,7 +84,7 @@ def make_plan(
     """Fit ``model`` (and its drafter) onto ``machine`` under ``req``; DoesNotFitError when nothing fits.
 
     ``caps`` may be a callable: the server binary is then probed only if a decision needs it.
-    ``calibrate`` returns corrections from past launches for the base settings (llamafit.calibration);
+    ``calibrate`` returns corrections from past launches for the base settings (llamafit.memory.calibration);
     ``mmproj_measured`` what a past launch measured for the projector's compute buffer; ``rates``: the
     cards' measured or prior speed (the planner's measuring stage), read where the fit chooses between splits of
     unlike cards; the plan's own speed is its last stage (``llamafit.fit.speed.priced``).

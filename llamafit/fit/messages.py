@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from llamafit.calibration import Corrections
 from llamafit.devices.machine import Machine
 from llamafit.errors import DoesNotFitError
+from llamafit.memory.calibration import Corrections
 from llamafit.memory.footprint import LoadSettings
 from llamafit.memory.mmproj import MmprojUse
 from llamafit.memory.placement import CPU, Override, partial_expert_layer, whole_expert_layers

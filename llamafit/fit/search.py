@@ -14,7 +14,6 @@ import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from llamafit.calibration import Corrections
 from llamafit.devices.machine import Device, Machine
 from llamafit.devices.rates import Rates
 from llamafit.errors import DoesNotFitError
@@ -23,6 +22,7 @@ from llamafit.fit.split import split_balanced, split_fastest, split_greedy
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory import backends
 from llamafit.memory.adapters import Adapters
+from llamafit.memory.calibration import Corrections
 from llamafit.memory.context import N_CTX_PAD, per_layer_memory
 from llamafit.memory.footprint import Footprint, LoadSettings, Use, estimate
 from llamafit.memory.placement import CPU, PARTIAL_EXPS_REGEX, Override, experts_on_cpu

@@ -15,5 +15,6 @@ Modules:
 * ``adapters``: LoRA adapters and control vectors;
 * ``builds``: which llama.cpp build the memory model mirrors, and how sure a plan is for another;
 * ``ggml_builds``: the builds that shipped each ggml version (generated);
-* ``build_match``: how the build a plan is priced for relates to the server's.
+* ``build_match``: how the build a plan is priced for relates to the server's;
+* ``calibration``: the launch history: what past launches allocated, for the next plan.
 """

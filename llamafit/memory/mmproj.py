@@ -15,7 +15,7 @@ live-tensor peak of the generic ViT graph (``clip_graph::build_vit``, ``clip.cpp
 
 Measured on the CPU build this is exact for SigLIP towers (Gemma 3's 896 px tower: 121.25 MiB);
 other projectors add merger and rope tensors on top, so their compute is an estimate that a launch
-calibrates (``llamafit.calibration``). Audio encoders are not modelled: their compute is priced at
+calibrates (``llamafit.memory.calibration``). Audio encoders are not modelled: their compute is priced at
 zero until a launch measures it, and the plan says so.
 """
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-from llamafit.calibration import Corrections, corrections, measured_mmproj_compute
 from llamafit.devices.machine import Machine
 from llamafit.devices.rates import Rates
 from llamafit.errors import DoesNotFitError
 from llamafit.fit import make_plan
 from llamafit.hub.resolve import Hub
+from llamafit.memory.calibration import Corrections, corrections, measured_mmproj_compute
 from llamafit.memory.footprint import LoadSettings
 from llamafit.options import Options
 from llamafit.plan import Decision, Plan

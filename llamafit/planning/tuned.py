@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from llamafit import store
-from llamafit.calibration import model_id
 from llamafit.errors import LlamafitError
 from llamafit.gguf.model import ModelInfo
+from llamafit.memory.calibration import model_id
 from llamafit.numbers import to_int
 from llamafit.paths import data_dir
 from llamafit.plan import Decision, DevicePlan

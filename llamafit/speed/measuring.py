@@ -29,12 +29,12 @@ from pathlib import Path
 
 import psutil
 
-from llamafit.calibration import model_id, read_history
 from llamafit.devices import cards
 from llamafit.devices.machine import Device, Machine, NvmlProbe
 from llamafit.devices.rates import Rates
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory import backends
+from llamafit.memory.calibration import model_id, read_history
 from llamafit.memory.placement import CPU
 from llamafit.paths import cache_dir
 from llamafit.speed import load, priors, tiles
