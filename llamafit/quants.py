@@ -17,14 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from llamafit.errors import BadModelFileError, DoesNotFitError, LlamafitError, ModelNotFoundError, UsageError
+from llamafit.fit.plan import Decision, Plan
+from llamafit.fit.plan import to_json as plan_to_json
 from llamafit.gguf.model import Tensor
 from llamafit.gguf.naming import split_info
 from llamafit.hub.resolve import Hub, is_hub_ref
 from llamafit.hub.select import HubFile, is_first_shard, is_model_file, split_repo_tag
 from llamafit.memory.placement import whole_expert_layers
 from llamafit.options import Options
-from llamafit.plan import Decision, Plan
-from llamafit.plan import to_json as plan_to_json
 from llamafit.planning.planner import Planner
 from llamafit.planning.prepared import Prepared
 from llamafit.units import fmt_bytes

@@ -20,6 +20,7 @@ from typing import Any
 from llamafit import shellwords
 from llamafit.compare import Row
 from llamafit.errors import DoesNotFitError, ExitCode
+from llamafit.fit.plan import to_json
 from llamafit.launch import (
     RETRIES,
     FailedLoad,
@@ -34,7 +35,6 @@ from llamafit.launch import (
     with_buffer_lines,
 )
 from llamafit.memory.backends import device_of_buffer, is_device_buffer
-from llamafit.plan import to_json
 from llamafit.planning.prepared import Prepared
 from llamafit.server.args import redacted
 from llamafit.server.failures import classify

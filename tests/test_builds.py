@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from llamafit.cli.app import app
 from llamafit.devices.machine import Host, Machine
 from llamafit.fit import make_plan
+from llamafit.fit.plan import Plan, to_json
 from llamafit.gguf.model import load_model
 from llamafit.memory.build_match import match
 from llamafit.memory.builds import (
@@ -32,7 +33,6 @@ from llamafit.memory.builds import (
     settled,
 )
 from llamafit.memory.footprint import estimate
-from llamafit.plan import Plan, to_json
 from llamafit.request import build_request
 from llamafit.server.args import parse_server_args
 from llamafit.server.binary import ServerBinary

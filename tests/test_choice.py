@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 
 from llamafit.cli.app import app
 from llamafit.errors import DoesNotFitError
+from llamafit.fit.plan import to_json
 from llamafit.options import Options
-from llamafit.plan import to_json
 from llamafit.planning.planner import prepare
 from tests import factory
 

@@ -26,8 +26,8 @@ import shapes
 
 from llamafit.devices.machine import Device, Host, Machine
 from llamafit.errors import LlamafitError
+from llamafit.fit.plan import to_json
 from llamafit.options import Options
-from llamafit.plan import to_json
 from llamafit.planning.planner import prepare
 from llamafit.server.capabilities import ASSUMED
 from llamafit.units import GiB

@@ -12,8 +12,8 @@ import pytest
 from llamafit.devices.machine import Device, Host, Machine
 from llamafit.errors import UsageError
 from llamafit.fit import make_plan
+from llamafit.fit.plan import Plan
 from llamafit.gguf.model import load_model
-from llamafit.plan import Plan
 from llamafit.request import build_request
 from llamafit.server.args import compose, parse_server_args
 from llamafit.server.capabilities import ASSUMED
@@ -289,7 +289,7 @@ def test_checkpoints_and_cache_are_chosen_when_host_ram_would_run_out(tmp_path: 
 
 
 def test_json_carries_the_speculative_block(models: dict[str, Path]) -> None:
-    from llamafit.plan import to_json
+    from llamafit.fit.plan import to_json
 
     p = plan(models["glm"], [gpu(0, 96.5)])
     doc = to_json(p, argv(p))

@@ -10,8 +10,8 @@ import pytest
 from llamafit.compare import compare
 from llamafit.devices.machine import Host, Machine
 from llamafit.fit import make_plan
+from llamafit.fit.plan import Plan
 from llamafit.gguf.model import load_model
-from llamafit.plan import Plan
 from llamafit.request import build_request
 from llamafit.server.args import compose, parse_server_args
 from llamafit.server.binary import ServerBinary

@@ -118,7 +118,7 @@ def test_a_deeper_cache_never_predicts_faster_generation(l8b: ModelInfo) -> None
 
 
 def test_the_plan_json_states_its_speed(l8b: ModelInfo) -> None:
-    from llamafit.plan import to_json
+    from llamafit.fit.plan import to_json
 
     doc = to_json(plan(l8b, ["-c", "8192"]), [])
     sp = doc["speed"]

@@ -12,10 +12,10 @@ from llamafit import shellwords
 from llamafit.cli.output import err_console, note, out_console, print_json, progress_console, safe
 from llamafit.cli.render import memory_tables, print_plan, rows_json
 from llamafit.errors import ExitCode, LlamafitError
+from llamafit.fit.plan import to_json
 from llamafit.gguf.demo_model import ensure_demo_model
 from llamafit.launch import check_speed, compare_all, record_launch
 from llamafit.options import Options
-from llamafit.plan import to_json
 from llamafit.planning.discover import discover_for, launch_env, new_hub, server_and_caps
 from llamafit.planning.planner import Planner
 from llamafit.server.binary import GET_SERVER_HINT, ServerBinary, free_port

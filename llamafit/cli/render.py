@@ -17,9 +17,9 @@ if TYPE_CHECKING:
 
     from llamafit.compare import Row
     from llamafit.devices.types import Machine
+    from llamafit.fit.plan import Plan
     from llamafit.gguf.model import ModelInfo
     from llamafit.memory.footprint import Use
-    from llamafit.plan import Plan
     from llamafit.quants import QuantPlan, QuantSource
     from llamafit.speed.prediction import Speed
 

@@ -88,7 +88,7 @@ def prepare_several(refs: Sequence[str], models_preset: Path | None, o: Options)
         return _Set(plan_together(entries, o, planner.machine, plan), srv, caps, hub)
     except DoesNotFitError as e:
         if e.plan is not None and e.argv is not None:
-            from llamafit.plan import to_json as plan_json
+            from llamafit.fit.plan import to_json as plan_json
 
             raise e.but(
                 doc={"model": e.model, "plan": plan_json(e.plan, e.argv)}

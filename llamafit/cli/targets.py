@@ -33,7 +33,7 @@ def prepare_one(model: str, o: Options, json_out: bool = False, quant: str | Non
         return planner.plan(model, progress=lambda m: note(f"measuring speed: {m}"))
     except DoesNotFitError as e:
         if json_out and e.plan is not None and e.argv is not None:
-            from llamafit.plan import to_json
+            from llamafit.fit.plan import to_json
 
             raise e.but(doc=to_json(e.plan, e.argv)) from e  # printed with the error (cli.output.json_failure)
         raise

@@ -25,7 +25,8 @@ Modules:
 * ``devices``: the cards a load may use;
 * ``runtime``: host RAM that grows after the load (checkpoints, the prompt cache);
 * ``messages``: every text the fit says;
-* ``argv``: the server's defaults and the flags a plan passes.
+* ``argv``: the server's defaults and the flags a plan passes;
+* ``plan``: the plan, its decisions and its JSON (``llamafit.plan/1``).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from llamafit.fit import messages, tradeoff
 from llamafit.fit.argv import planned_argv, server_defaults
 from llamafit.fit.devices import MAX_SPLIT_DEVICES, select_gpus
 from llamafit.fit.faster import faster_split, user_placed
+from llamafit.fit.plan import Decision, DevicePlan, HostPlan, Plan, RuntimeHost, SpecReport
 from llamafit.fit.policy import Outcome, fit_with_policy
 from llamafit.fit.projector import ProjectorPlacement, place_projector
 from llamafit.fit.runtime import plan_runtime
@@ -58,7 +60,6 @@ from llamafit.memory.context import check_cache_types
 from llamafit.memory.footprint import LoadSettings, Use
 from llamafit.memory.mmproj import MmprojUse
 from llamafit.memory.placement import CPU, Override
-from llamafit.plan import Decision, DevicePlan, HostPlan, Plan, RuntimeHost, SpecReport
 from llamafit.request import Request
 from llamafit.server.args import Planned
 from llamafit.server.capabilities import ASSUMED, Capabilities

@@ -24,12 +24,12 @@ from llamafit.devices.machine import Device
 from llamafit.devices.rates import Rates
 from llamafit.fit import messages, tradeoff
 from llamafit.fit.ladders import Ladder, ladders
+from llamafit.fit.plan import Decision
 from llamafit.fit.search import CTX_STEP, Search, Trial
 from llamafit.fit.speed import trial_speed
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory.footprint import LoadSettings
 from llamafit.memory.placement import CPU
-from llamafit.plan import Decision
 from llamafit.speculative import SpecConfig
 from llamafit.speed.prediction import Speed
 from llamafit.speed.work import expert_share, is_expert

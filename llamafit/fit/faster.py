@@ -17,9 +17,9 @@ from llamafit.devices.machine import Device, Machine
 from llamafit.devices.rates import Rates
 from llamafit.fit.devices import select_gpus
 from llamafit.fit.messages import where
+from llamafit.fit.plan import Decision
 from llamafit.fit.search import Search, Trial
 from llamafit.fit.speed import trial_speed
-from llamafit.plan import Decision
 from llamafit.request import Request
 from llamafit.speculative import SpecConfig
 

@@ -10,11 +10,11 @@ from collections.abc import Sequence
 
 from llamafit.devices.machine import Machine
 from llamafit.errors import DoesNotFitError
+from llamafit.fit.plan import Decision
 from llamafit.memory.calibration import Corrections
 from llamafit.memory.footprint import LoadSettings
 from llamafit.memory.mmproj import MmprojUse
 from llamafit.memory.placement import CPU, Override, partial_expert_layer, whole_expert_layers
-from llamafit.plan import Decision
 from llamafit.speculative import DRAFT_GRAPH_RESERVE, Drafter
 from llamafit.units import MiB, fmt_bytes
 

@@ -14,11 +14,11 @@ from dataclasses import dataclass, replace
 from llamafit.errors import UsageError
 from llamafit.fit import messages
 from llamafit.fit.choice import Candidate, Fitted, placed
+from llamafit.fit.plan import Decision, SpecReport
 from llamafit.fit.search import Search, Trial
 from llamafit.memory import backends
 from llamafit.memory.footprint import LoadSettings
 from llamafit.memory.placement import CPU, gpu_layers
-from llamafit.plan import Decision, SpecReport
 from llamafit.server.capabilities import Capabilities
 from llamafit.speculative import SpecChoice, SpecConfig, SpecOptions, ngram_host_bytes, rollback_rows, target_settings
 

@@ -11,13 +11,13 @@ from dataclasses import replace
 from llamafit.devices.machine import Device
 from llamafit.devices.rates import Rates
 from llamafit.fit import messages
+from llamafit.fit.plan import Plan, Tradeoff
 from llamafit.fit.search import Trial
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory import backends
 from llamafit.memory.footprint import Footprint, LoadSettings
 from llamafit.memory.graph.replay import nodes_per_layer
 from llamafit.memory.placement import CPU
-from llamafit.plan import Plan, Tradeoff
 from llamafit.speed.prediction import NO_MATMUL, NO_RATE, PROMPT, Speed, predict
 
 SPEED_WORDED = ("speculative.drafter", "speculative.dropped", "speculative.ngram")

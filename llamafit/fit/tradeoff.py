@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from llamafit.fit.plan import Decision, Tradeoff
 from llamafit.fit.search import Search, Trial
 from llamafit.memory.placement import CPU, whole_expert_layers
-from llamafit.plan import Decision, Tradeoff
 from llamafit.server.args import Planned
 from llamafit.speed.prediction import Speed
 

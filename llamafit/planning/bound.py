@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from llamafit.errors import DoesNotFitError, LlamafitError
+from llamafit.fit.plan import Plan
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory import backends
 from llamafit.memory.build_match import Bound
@@ -29,7 +30,6 @@ from llamafit.memory.builds import MIRRORED, OLDEST_READ, OUTPUTS_PER_SLOT_SINCE
 from llamafit.memory.footprint import LoadSettings, estimate
 from llamafit.memory.placement import CPU
 from llamafit.paths import cache_dir
-from llamafit.plan import Plan
 from llamafit.server.args import parse_server_args
 from llamafit.server.binary import ServerBinary
 from llamafit.server.capabilities import probe

@@ -11,11 +11,11 @@ from llamafit.devices.machine import Machine
 from llamafit.devices.rates import Rates
 from llamafit.errors import DoesNotFitError
 from llamafit.fit import make_plan
+from llamafit.fit.plan import Decision, Plan
 from llamafit.hub.resolve import Hub
 from llamafit.memory.calibration import Corrections, corrections, measured_mmproj_compute
 from llamafit.memory.footprint import LoadSettings
 from llamafit.options import Options
-from llamafit.plan import Decision, Plan
 from llamafit.planning import bound
 from llamafit.planning.resolve import Resolved
 from llamafit.server.args import ServerArgs, compose

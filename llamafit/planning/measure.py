@@ -15,10 +15,10 @@ from collections.abc import Callable
 from llamafit.devices.machine import Machine
 from llamafit.devices.rates import parse_rate
 from llamafit.fit.faster import split_devices
+from llamafit.fit.plan import Plan
 from llamafit.fit.speed import used_devices
 from llamafit.memory.placement import CPU
 from llamafit.options import Options
-from llamafit.plan import Plan
 from llamafit.planning.discover import launch_env
 from llamafit.planning.resolve import Resolved
 from llamafit.server.binary import ServerBinary

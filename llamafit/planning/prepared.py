@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from llamafit.fit.plan import Plan, to_json
 from llamafit.hub.resolve import Hub, RepoState
 from llamafit.hub.select import HubFile
-from llamafit.plan import Plan, to_json
 from llamafit.server.args import ServerArgs
 from llamafit.server.binary import ServerBinary
 from llamafit.server.capabilities import Capabilities

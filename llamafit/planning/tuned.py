@@ -19,11 +19,11 @@ from typing import Any
 
 from llamafit import store
 from llamafit.errors import LlamafitError
+from llamafit.fit.plan import Decision, DevicePlan
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory.calibration import model_id
 from llamafit.numbers import to_int
 from llamafit.paths import data_dir
-from llamafit.plan import Decision, DevicePlan
 from llamafit.planning.prepared import Prepared
 from llamafit.server.args import ServerArgs
 from llamafit.server.binary import ServerBinary

@@ -27,12 +27,12 @@ from typing import Any
 
 from llamafit.devices.machine import Host, Machine
 from llamafit.errors import DoesNotFitError, UsageError
+from llamafit.fit.plan import Decision
 from llamafit.gguf.naming import split_info
 from llamafit.hub.resolve import is_hub_ref
 from llamafit.memory.context import N_CTX_PAD as CTX_PAD
 from llamafit.options import Options
 from llamafit.paths import named_files, write_output
-from llamafit.plan import Decision
 from llamafit.planning.prepared import Prepared
 from llamafit.server.args import ServerArgs, parse_server_args
 from llamafit.several.budget import Budget
