@@ -18,7 +18,6 @@ Modules:
 * ``speed``: the speed model, the probe that measures each device, llama-bench;
 * ``server``: the llama-server binary, its flags and its process;
 * ``several``: several models under llama-server's router;
-* ``request``: what the user asked for, llamafit's options and the server flags joined;
 * ``options``: llamafit's own options with their defaults;
 * ``serving``: one launch of a plan watched to ready and kept while it serves;
 * ``launch``: what every launch does first, and what it measured against the plan;

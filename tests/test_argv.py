@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from llamafit.errors import UsageError
-from llamafit.request import FFN_EXPS_REGEX, build_request
+from llamafit.fit.request import FFN_EXPS_REGEX, build_request
 from llamafit.server.args import OPTIONS, Planned, compose, lookup, parse_server_args
 
 

@@ -15,6 +15,7 @@ from llamafit.cli.app import app
 from llamafit.devices.machine import Host, Machine
 from llamafit.fit import make_plan
 from llamafit.fit.plan import Plan, to_json
+from llamafit.fit.request import build_request
 from llamafit.gguf.model import load_model
 from llamafit.memory.build_match import match
 from llamafit.memory.builds import (
@@ -33,7 +34,6 @@ from llamafit.memory.builds import (
     settled,
 )
 from llamafit.memory.footprint import estimate
-from llamafit.request import build_request
 from llamafit.server.args import parse_server_args
 from llamafit.server.binary import ServerBinary
 from llamafit.server.capabilities import ASSUMED, Capabilities, ggml_version

@@ -10,9 +10,9 @@ import pytest
 from llamafit.devices.machine import Device, Host, Machine
 from llamafit.errors import DoesNotFitError, UsageError
 from llamafit.fit import make_plan
+from llamafit.fit.request import build_request
 from llamafit.gguf.model import ModelInfo, load_model
 from llamafit.memory.placement import PARTIAL_EXPS_REGEX, Override, experts_on_cpu, whole_expert_layers
-from llamafit.request import build_request
 from llamafit.server.args import compose, parse_server_args
 from llamafit.speculative import SpecOptions
 from llamafit.units import GiB, MiB
@@ -196,7 +196,7 @@ def test_dev_subset_plans_on_the_named_card_only(l8b: ModelInfo, tmp_path: Path)
 
 
 def test_margins_per_device(l8b: ModelInfo) -> None:
-    from llamafit.request import parse_margins
+    from llamafit.fit.request import parse_margins
 
     assert parse_margins("2048") == (2048 * MiB, {})
     default, per = parse_margins("cuda1=4GiB,host=512")

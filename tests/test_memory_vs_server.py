@@ -14,8 +14,8 @@ import pytest
 from llamafit.compare import TOLERANCE, compare
 from llamafit.devices.machine import Host, Machine
 from llamafit.fit import make_plan
+from llamafit.fit.request import build_request
 from llamafit.gguf.model import load_model
-from llamafit.request import build_request
 from llamafit.server.args import parse_server_args
 from llamafit.server.binary import ServerBinary
 from llamafit.units import GiB

@@ -14,10 +14,10 @@ from llamafit.devices.machine import Device, Host, Machine
 from llamafit.errors import BadModelFileError, UsageError
 from llamafit.fit import make_plan
 from llamafit.fit.plan import to_json
+from llamafit.fit.request import build_request
 from llamafit.gguf.mmproj import Projector, read_projector
 from llamafit.gguf.model import load_model
 from llamafit.memory.mmproj import vit_compute_bytes, warmup_side
-from llamafit.request import build_request
 from llamafit.server.args import parse_server_args
 from llamafit.server.binary import ServerBinary
 from llamafit.server.logparse import parse

@@ -155,8 +155,8 @@ def test_the_human_plan_says_what_discovery_saw(model: Path) -> None:
 def test_no_empty_decisions_heading_and_no_negative_zero(model: Path) -> None:
     from llamafit.devices.machine import Host, Machine
     from llamafit.fit import make_plan
+    from llamafit.fit.request import build_request
     from llamafit.gguf.model import load_model
-    from llamafit.request import build_request
 
     p = make_plan(load_model(model), Machine((), Host(64 << 30, 60 << 30)), build_request(__import__(
         "llamafit.server.args", fromlist=["parse_server_args"]).parse_server_args([])))  # fmt: skip

@@ -9,10 +9,10 @@ import pytest
 
 from llamafit.devices.machine import Host, Machine
 from llamafit.fit import make_plan
+from llamafit.fit.request import build_request
 from llamafit.gguf.model import load_model
 from llamafit.memory.builds import DSPARK_DSV4_GRAPH_SINCE, DSV4_GRAPH_SINCE
 from llamafit.memory.graph.replay import graph_bytes, recurrent_bytes
-from llamafit.request import build_request
 from llamafit.server.args import parse_server_args
 from llamafit.units import GiB
 from tests import factory

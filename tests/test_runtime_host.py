@@ -12,9 +12,9 @@ import pytest
 from llamafit.devices.machine import Device, Host, Machine
 from llamafit.fit import make_plan
 from llamafit.fit.plan import Plan, to_json
+from llamafit.fit.request import build_request
 from llamafit.gguf.model import ModelInfo, load_model
 from llamafit.memory.context import checkpoint_bytes, draft_checkpoint_bytes
-from llamafit.request import build_request
 from llamafit.server.args import compose, parse_server_args
 from llamafit.server.binary import ServerBinary
 from llamafit.speculative import spec_options

@@ -13,8 +13,8 @@ from llamafit.devices.machine import Device, Host, Machine
 from llamafit.errors import UsageError
 from llamafit.fit import make_plan
 from llamafit.fit.plan import Plan
+from llamafit.fit.request import build_request
 from llamafit.gguf.model import load_model
-from llamafit.request import build_request
 from llamafit.server.args import compose, parse_server_args
 from llamafit.server.capabilities import ASSUMED
 from llamafit.speculative import detect_kind, find_sidecars, spec_options

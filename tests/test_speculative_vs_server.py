@@ -11,8 +11,8 @@ from llamafit.compare import compare
 from llamafit.devices.machine import Host, Machine
 from llamafit.fit import make_plan
 from llamafit.fit.plan import Plan
+from llamafit.fit.request import build_request
 from llamafit.gguf.model import load_model
-from llamafit.request import build_request
 from llamafit.server.args import compose, parse_server_args
 from llamafit.server.binary import ServerBinary
 from llamafit.speculative import spec_options

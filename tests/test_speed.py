@@ -19,11 +19,11 @@ from llamafit.devices.machine import Device, GpuProbeError, Host, Machine, Physi
 from llamafit.devices.rates import Rates, nvml_rates, parse_rate
 from llamafit.errors import UsageError
 from llamafit.fit import make_plan
+from llamafit.fit.request import build_request
 from llamafit.fit.speed import priced
 from llamafit.gguf.model import ModelInfo, load_model
 from llamafit.memory.graph import replay
 from llamafit.memory.placement import CPU
-from llamafit.request import build_request
 from llamafit.server.args import parse_server_args
 from llamafit.speed import probe as pr
 from llamafit.speed import probe_models as pm

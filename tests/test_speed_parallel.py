@@ -12,10 +12,10 @@ from llamafit.devices.machine import Host, Machine
 from llamafit.devices.rates import Rates
 from llamafit.fit import make_plan
 from llamafit.fit.plan import Plan
+from llamafit.fit.request import build_request
 from llamafit.fit.speed import priced
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory.placement import CPU
-from llamafit.request import build_request
 from llamafit.server.args import parse_server_args
 from llamafit.speed import priors
 from llamafit.speed.measuring import host_rates, known_rates

@@ -11,10 +11,10 @@ import pytest
 from llamafit.devices.described import described_gpus
 from llamafit.devices.machine import Host, Machine
 from llamafit.fit import make_plan
+from llamafit.fit.request import build_request
 from llamafit.fit.speed import priced
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory.placement import CPU
-from llamafit.request import build_request
 from llamafit.server.args import parse_server_args
 from llamafit.speed import tiles
 from llamafit.speed.measuring import host_rates, known_rates

@@ -12,12 +12,12 @@ from llamafit.devices.described import described_gpus
 from llamafit.devices.machine import Host, Machine
 from llamafit.errors import UsageError
 from llamafit.fit import make_plan
+from llamafit.fit.request import build_request
 from llamafit.gguf.model import ModelInfo, load_model
 from llamafit.memory import tensor_split
 from llamafit.memory.footprint import LoadSettings, estimate
 from llamafit.options import Options
 from llamafit.planning.planner import prepare
-from llamafit.request import build_request
 from llamafit.server.args import parse_server_args
 from llamafit.server.binary import ServerBinary
 from llamafit.units import GiB

@@ -18,9 +18,9 @@ from llamafit.cli.render import plan_view
 from llamafit.devices.machine import Device, Host, Machine
 from llamafit.errors import ExitCode
 from llamafit.fit import make_plan
+from llamafit.fit.request import build_request
 from llamafit.gguf.demo_model import ensure_demo_model
 from llamafit.gguf.model import load_model
-from llamafit.request import build_request
 from llamafit.server.args import parse_server_args
 from llamafit.speculative import SpecOptions
 from llamafit.units import GiB

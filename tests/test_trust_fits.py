@@ -16,11 +16,12 @@ from llamafit.devices.machine import Device, GpuProbeError, Host, PhysicalGpu, d
 from llamafit.devices.rpc import same_servers
 from llamafit.errors import ExitCode, UsageError
 from llamafit.fit import make_plan
+from llamafit.fit.request import build_request
 from llamafit.gguf.model import load_model, with_kv
 from llamafit.gguf.writer import write_gguf
-from llamafit.request import build_request, kv_overrides
 from llamafit.server.args import parse_server_args
 from llamafit.server.binary import ServerBinary
+from llamafit.server.values import kv_overrides
 from llamafit.several.preset import read_ini
 from llamafit.several.together import entries_from_preset
 from llamafit.speculative import spec_options

@@ -19,9 +19,9 @@ from llamafit.cli.app import app
 from llamafit.devices.machine import Host, Machine
 from llamafit.errors import ExitCode
 from llamafit.fit import make_plan
+from llamafit.fit.request import build_request
 from llamafit.gguf.model import ModelInfo, load_model
 from llamafit.memory.calibration import HistoryNotWritten, history_file, read_history, record
-from llamafit.request import build_request
 from llamafit.server.args import parse_server_args
 from llamafit.units import GiB, MiB
 from tests import factory

@@ -9,9 +9,9 @@ import pytest
 
 from llamafit.devices.machine import Device, Host, Machine
 from llamafit.fit import make_plan
+from llamafit.fit.request import build_request
 from llamafit.gguf.model import load_model
 from llamafit.memory.weight_ops import refuses
-from llamafit.request import build_request
 from llamafit.server.args import parse_server_args
 from llamafit.units import GiB
 from tests import factory

@@ -26,7 +26,8 @@ Modules:
 * ``runtime``: host RAM that grows after the load (checkpoints, the prompt cache);
 * ``messages``: every text the fit says;
 * ``argv``: the server's defaults and the flags a plan passes;
-* ``plan``: the plan, its decisions and its JSON (``llamafit.plan/1``).
+* ``plan``: the plan, its decisions and its JSON (``llamafit.plan/1``);
+* ``request``: what the user asked for, llamafit's options and the server flags joined.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from llamafit.fit.faster import faster_split, user_placed
 from llamafit.fit.plan import Decision, DevicePlan, HostPlan, Plan, RuntimeHost, SpecReport
 from llamafit.fit.policy import Outcome, fit_with_policy
 from llamafit.fit.projector import ProjectorPlacement, place_projector
+from llamafit.fit.request import Request
 from llamafit.fit.runtime import plan_runtime
 from llamafit.fit.search import CTX_STEP, Search, Trial
 from llamafit.fit.speed import trial_speed
@@ -60,7 +62,6 @@ from llamafit.memory.context import check_cache_types
 from llamafit.memory.footprint import LoadSettings, Use
 from llamafit.memory.mmproj import MmprojUse
 from llamafit.memory.placement import CPU, Override
-from llamafit.request import Request
 from llamafit.server.args import Planned
 from llamafit.server.capabilities import ASSUMED, Capabilities
 from llamafit.speculative import Drafter, DrafterFiles, SpecOptions, choose

@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from llamafit.devices.machine import Device, Machine
+from llamafit.fit.request import Request
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory.footprint import LoadSettings
 from llamafit.memory.placement import dense_ffn_layers, whole_expert_layers
-from llamafit.request import Request
 from llamafit.server.args import Planned
 from llamafit.speculative import SpecConfig, SpecOptions
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from llamafit.devices.machine import Device, Machine
 from llamafit.errors import UsageError
-from llamafit.request import Request
+from llamafit.fit.request import Request
 
 # -ts takes fewer values than llama_max_devices() = 16 (common/arg.cpp:2843, src/llama.cpp:86-88)
 MAX_SPLIT_DEVICES = 15

@@ -18,9 +18,9 @@ from llamafit.devices.rates import Rates
 from llamafit.fit.devices import select_gpus
 from llamafit.fit.messages import where
 from llamafit.fit.plan import Decision
+from llamafit.fit.request import Request
 from llamafit.fit.search import Search, Trial
 from llamafit.fit.speed import trial_speed
-from llamafit.request import Request
 from llamafit.speculative import SpecConfig
 
 GAIN = 0.03  # a predicted gain below this is within the model's noise: the fit's split stays

@@ -9,11 +9,11 @@ from llamafit.devices.machine import Machine
 from llamafit.errors import UsageError
 from llamafit.fit import messages
 from llamafit.fit.plan import Decision
+from llamafit.fit.request import Request
 from llamafit.gguf.mmproj import Projector
 from llamafit.memory.footprint import Use
 from llamafit.memory.mmproj import MmprojUse, mmproj_device, mmproj_use
 from llamafit.memory.placement import CPU
-from llamafit.request import Request
 
 
 @dataclass(frozen=True)

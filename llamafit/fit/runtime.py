@@ -14,12 +14,12 @@ from __future__ import annotations
 
 from llamafit.fit import messages
 from llamafit.fit.plan import RuntimeHost
+from llamafit.fit.request import DEFAULT_CACHE_RAM_MIB, DEFAULT_CTX_CHECKPOINTS, Request
 from llamafit.fit.search import Search, Trial
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory.context import checkpoint_bytes, draft_checkpoint_bytes
 from llamafit.memory.footprint import Use
 from llamafit.memory.placement import CPU
-from llamafit.request import DEFAULT_CACHE_RAM_MIB, DEFAULT_CTX_CHECKPOINTS, Request
 from llamafit.server.args import Planned
 from llamafit.speculative import SpecConfig
 from llamafit.units import MiB

@@ -19,6 +19,7 @@ from llamafit.devices.rates import Rates
 from llamafit.errors import DoesNotFitError
 from llamafit.fit import messages
 from llamafit.fit.plan import Decision
+from llamafit.fit.request import Request
 from llamafit.fit.split import split_balanced, split_fastest, split_greedy
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory import backends
@@ -28,7 +29,6 @@ from llamafit.memory.context import N_CTX_PAD, per_layer_memory
 from llamafit.memory.footprint import Footprint, LoadSettings, Use, estimate
 from llamafit.memory.placement import CPU, PARTIAL_EXPS_REGEX, Override, experts_on_cpu
 from llamafit.memory.tensor_split import not_modelled
-from llamafit.request import Request
 from llamafit.speculative import SpecConfig, SpecOptions, drafter_use
 from llamafit.speed.measuring import with_assumed
 from llamafit.units import GiB

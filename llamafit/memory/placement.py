@@ -13,6 +13,7 @@ import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from llamafit.errors import UsageError
 from llamafit.gguf.model import ModelInfo, Tensor
 from llamafit.memory import backends
 from llamafit.memory.weight_ops import refuses
@@ -307,3 +308,21 @@ def dense_ffn_layers(overrides: tuple[Override, ...]) -> tuple[int, tuple[Overri
     while n < len(overrides) and overrides[n] == Override(rf"blk\.{n}{FFN_DENSE_REGEX}", "CPU"):
         n += 1
     return n, overrides[n:]
+
+
+def override_entries(value: str | None, flag: str) -> list[Override]:
+    """``<regex>=<buffer type>[,...]`` of ``-ot`` and ``-otd``, checked as llama.cpp would (a valid regex,
+    both halves present)."""
+    out: list[Override] = []
+    for entry in (value or "").split(","):
+        if not entry:
+            continue
+        pat, sep, buft = entry.partition("=")
+        if not sep or not pat or not buft:
+            raise UsageError(f"{flag} expects <regex>=<buffer type>, got {entry!r}", hint=f"e.g. {flag} 'exps=CPU'")
+        try:
+            re.compile(pat)
+        except re.error as e:
+            raise UsageError(f"{flag} pattern {pat!r} is not a valid regex: {e}") from None
+        out.append(Override(pat, buft))
+    return out

@@ -7,9 +7,9 @@ import os
 from dataclasses import dataclass
 
 from llamafit.errors import UsageError
+from llamafit.fit.request import Request, build_request, parse_margins
 from llamafit.hub.resolve import Hub, is_hub_ref
 from llamafit.options import Options
-from llamafit.request import Request, build_request, parse_margins
 from llamafit.server.args import ServerArgs, parse_server_args
 from llamafit.server.capabilities import Capabilities
 from llamafit.server.compat import normalize_bare_flash_attn, translate_user_args

@@ -16,8 +16,8 @@ from llamafit.memory.adapters import Adapters, read_adapters
 from llamafit.options import Options
 from llamafit.planning.asked import Asked
 from llamafit.planning.discover import new_hub
-from llamafit.request import kv_overrides
 from llamafit.server.args import ServerArgs
+from llamafit.server.values import kv_overrides
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ Modules:
 * ``capabilities``: what a binary accepts, learned by asking it (cached by path and mtime);
 * ``option_table``: llama-server's options, generated from llama.cpp's common/arg.cpp;
 * ``args``: the command line parsed and composed through that one table;
+* ``values``: an option's value read as llama-server reads it (integers, booleans, cache types, ``--override-kv``);
 * ``compat``: an argv made to fit the binary that will run it;
 * ``environment``: what the server inherits besides its argv;
 * ``endpoint``: a running server's HTTP endpoint (http, https, a unix socket, an API prefix);

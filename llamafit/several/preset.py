@@ -20,10 +20,10 @@ from pathlib import Path
 from llamafit.errors import UsageError
 from llamafit.paths import read_regular_file
 from llamafit.server.args import OPTIONS, Option, parse_server_args
+from llamafit.server.values import TRUTHY  # common_arg_utils::is_truthy
 
 GLOBAL = "*"
 PRESET_ONLY = ("load-on-startup", "stop-timeout", "dedup-cache-models")
-TRUTHY = ("on", "enabled", "true", "1")  # common_arg_utils::is_truthy
 FALSEY = ("off", "disabled", "false", "0")
 MAX_PRESET_BYTES = 1 << 20
 _IDENT = re.compile(r"[a-zA-Z_][a-zA-Z0-9_.-]*")

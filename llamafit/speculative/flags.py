@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from llamafit.errors import UsageError
-from llamafit.memory.placement import FFN_EXPS_REGEX, Override, n_cpu_moe_overrides
-from llamafit.request import int_value, kv_type_value, override_entries
+from llamafit.memory.placement import FFN_EXPS_REGEX, Override, n_cpu_moe_overrides, override_entries
 from llamafit.server.args import ServerArgs
+from llamafit.server.values import int_value, kv_type_value
 from llamafit.speculative.kinds import DEFAULT_N_MAX, SPEC_TYPES
 
 

@@ -7,24 +7,24 @@ server. Values are validated here, once, with messages that say what to type ins
 
 from __future__ import annotations
 
-import math
-import re
 from dataclasses import dataclass, field
 
 from llamafit.errors import UsageError
-from llamafit.gguf.ggml import KV_CACHE_TYPES
 from llamafit.memory.graph.sampling import SAMPLING_FLAGS
-from llamafit.memory.placement import FFN_EXPS_REGEX, Override, n_cpu_ffn_overrides, n_cpu_moe_overrides
+from llamafit.memory.placement import (
+    FFN_EXPS_REGEX,
+    Override,
+    n_cpu_ffn_overrides,
+    n_cpu_moe_overrides,
+    override_entries,
+)
 from llamafit.options import DEFAULT_MARGIN_MIB, DEFAULT_MIN_CTX
 from llamafit.server.args import ServerArgs
+from llamafit.server.values import int_value, kv_type_value, parse_bool_value, split_values
 
 # A layer whose experts fit on the GPU only in part: the expert tensors that stay on the CPU, as the GPU
 # takes more of them in llama.cpp's own fit order (common/fit.cpp:493-530): the up projection first
 # (LAYER_FRACTION_UP), then up and gate (LAYER_FRACTION_GATE). A fused gate_up tensor goes with "up".
-
-
-_TRUTHY = {"on", "enabled", "true", "1"}
-_FALSY = {"off", "disabled", "false", "0"}
 
 
 DEFAULT_CTX_CHECKPOINTS = 32  # -ctxcp (common.h:635)
@@ -75,94 +75,6 @@ class Request:
     margins: dict[str, int] = field(default_factory=dict)  # per device ("host" for RAM), over ``margin``
     min_ctx: int = DEFAULT_MIN_CTX
     cpu_only: bool = False
-
-
-def int_value(value: str | None, flag: str, minimum: int | None = None) -> int:
-    """An integer as llama-server reads one (std::stoi): ASCII digits only; a "٤٠٩٦" or "３" that Python
-    would take is refused there."""
-    if value is None or not re.fullmatch(r"-?[0-9]+", value.strip()):
-        hint = f"e.g. {flag} 8192" + ("; write ASCII digits" if value and any(c.isdigit() for c in value) else "")
-        raise UsageError(f"{flag} expects an integer, got {value!r}", hint=hint)
-    digits = value.strip().lstrip("-").lstrip("0")
-    v = int(value) if len(digits) <= 12 else 2**63  # no 4300-digit conversion (Python refuses those)
-    if not -(2**31) <= v < 2**31:
-        raise UsageError(f"{flag} {value[:40]}: out of range (llama-server reads it as a 32-bit integer)")
-    if minimum is not None and v < minimum:
-        raise UsageError(f"{flag} must be at least {minimum}, got {v}")
-    return v
-
-
-def kv_overrides(args: ServerArgs) -> dict[str, object]:
-    """``--override-kv KEY=TYPE:VALUE,...`` (every occurrence, later wins per key), read as llama.cpp's
-    string_parse_kv_override reads them (common/common.cpp:657-701); what it would refuse is refused here."""
-    out: dict[str, object] = {}
-    for occ in args.all("--override-kv"):
-        for item in (x for x in (occ.value or "").split(",") if x):
-            key, sep, rest = item.partition("=")
-            kind, colon, raw = rest.partition(":")
-            if not sep or not key or len(key) >= 128 or not colon:
-                raise UsageError(f"--override-kv {item!r}: expected KEY=TYPE:VALUE", hint="e.g. llama.ctx=int:8192")
-            if kind == "int":
-                out[key] = int_value(raw, f"--override-kv {key}=int:")
-            elif kind == "float":
-                try:
-                    out[key] = float(raw) if raw.isascii() else float("x")
-                except ValueError:
-                    raise UsageError(f"--override-kv {item!r}: not a number") from None
-            elif kind == "bool" and raw in ("true", "false"):
-                out[key] = raw == "true"
-            elif kind == "str" and len(raw) <= 127:
-                out[key] = raw
-            else:
-                raise UsageError(f"--override-kv {item!r}: llama-server refuses it", hint="int, float, bool, str")
-    return out
-
-
-def parse_bool_value(value: str | None, flag: str, *, allow_auto: bool = False) -> str:
-    v = (value or "").strip().lower()
-    if allow_auto and v in ("auto", "-1"):
-        return "auto"
-    if v in _TRUTHY:
-        return "on"
-    if v in _FALSY:
-        return "off"
-    choices = "on, off" + (" or auto" if allow_auto else "")
-    raise UsageError(f"{flag} expects {choices}, got {value!r}")
-
-
-def kv_type_value(value: str | None, flag: str) -> str:
-    if value not in KV_CACHE_TYPES:
-        raise UsageError(f"{flag}: unsupported cache type {value!r}", hint="one of " + ", ".join(KV_CACHE_TYPES))
-    return value
-
-
-def _split(value: str | None, flag: str) -> tuple[float, ...]:
-    parts = [p for p in re.split(r"[,/]+", value or "") if p]
-    try:
-        vals = tuple(float(p) for p in parts)
-    except ValueError:
-        raise UsageError(f"{flag} expects proportions like 3,1 got {value!r}") from None
-    if not vals or len(vals) >= 16 or any(not math.isfinite(v) or v < 0 for v in vals):
-        raise UsageError(f"{flag} expects 1 to 15 non-negative proportions, got {value!r}")
-    return vals
-
-
-def override_entries(value: str | None, flag: str) -> list[Override]:
-    """``<regex>=<buffer type>[,...]`` of ``-ot`` and ``-otd``, checked as llama.cpp would (a valid regex,
-    both halves present)."""
-    out: list[Override] = []
-    for entry in (value or "").split(","):
-        if not entry:
-            continue
-        pat, sep, buft = entry.partition("=")
-        if not sep or not pat or not buft:
-            raise UsageError(f"{flag} expects <regex>=<buffer type>, got {entry!r}", hint=f"e.g. {flag} 'exps=CPU'")
-        try:
-            re.compile(pat)
-        except re.error as e:
-            raise UsageError(f"{flag} pattern {pat!r} is not a valid regex: {e}") from None
-        out.append(Override(pat, buft))
-    return out
 
 
 def _overrides(args: ServerArgs) -> tuple[Override, ...] | None:
@@ -246,7 +158,7 @@ def build_request(
         v = (o.value or "").strip().lower()
         kw["n_gpu_layers"] = -1 if v == "auto" else -2 if v == "all" else int_value(o.value, o.tokens[0], -2)
     if (o := args.last("--tensor-split")) is not None:
-        kw["tensor_split"] = _split(o.value, o.tokens[0])
+        kw["tensor_split"] = split_values(o.value, o.tokens[0])
     ov = _overrides(args)
     if ov is not None:
         kw["overrides"] = ov
