@@ -22,7 +22,6 @@ Modules:
 * ``serving``: one launch of a plan watched to ready and kept while it serves;
 * ``launch``: what every launch does first, and what it measured against the plan;
 * ``compare``: a plan's buffers lined up with what the server logged;
-* ``quants``: which quant of a repo or folder fits;
 * ``tune``: the configurations that fit measured with llama-bench, the fastest kept;
 * ``service``: a unit that starts ``llamafit run`` on boot;
 * ``unit_syntax``: words as a systemd unit holds them, written and read back;

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 from llamafit.cli.app import app
 from llamafit.errors import ExitCode
 from llamafit.hub.select import HubFile
-from llamafit.quants import group
+from llamafit.planning.quants import group
 from llamafit.server.binary import ServerBinary
 from tests import factory, quantmix
 from tests.hubserver import FakeHub
@@ -320,7 +320,7 @@ def test_quants_are_told_apart_by_what_their_names_do_not_share() -> None:
 def test_bits_per_weight_agree_with_llama_quantize(server_bin: ServerBinary, quant_files: dict[str, Path]) -> None:
     """llama-quantize prints the quant's bits per weight; the header's tensor table gives the same."""
     from llamafit.gguf.model import load_model
-    from llamafit.quants import _n_params
+    from llamafit.planning.quants import _n_params
 
     tool = Path(server_bin.path).with_name("llama-quantize")
     for q in ("Q3_K_M", "IQ4_XS", "Q6_K"):

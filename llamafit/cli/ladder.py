@@ -10,7 +10,7 @@ def plan_ladder(model: str, o: Options, json_out: bool) -> int:
     """``plan --quants``: every quant planned; when none fits, the table (or the ladder's JSON, with the
     error in it) and the answer ``:best`` gives (``quants.none_fits``)."""
     from llamafit.planning.planner import Planner
-    from llamafit.quants import ladder, ladder_json, none_fits, quant_planner, source
+    from llamafit.planning.quants import ladder, ladder_json, none_fits, quant_planner, source
 
     planner = Planner.for_options(o)
     src = source(model, planner.hub, o.revision)

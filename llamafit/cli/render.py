@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from llamafit.fit.plan import Plan
     from llamafit.gguf.model import ModelInfo
     from llamafit.memory.footprint import Use
-    from llamafit.quants import QuantPlan, QuantSource
+    from llamafit.planning.quants import QuantPlan, QuantSource
     from llamafit.speed.prediction import Speed
 
 

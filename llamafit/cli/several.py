@@ -52,7 +52,7 @@ class _Set:
 def prepare_several(refs: Sequence[str], models_preset: Path | None, o: Options) -> _Set:
     """The plan of the set, with the server that would run it and the Hub resolver its files came from."""
     from llamafit.planning.planner import Planner
-    from llamafit.quants import wants_quants
+    from llamafit.planning.quants import wants_quants
     from llamafit.several.preset import load, renamed
 
     if o.draft or o.hf_file or o.revision:

@@ -20,7 +20,7 @@ def prepare_one(model: str, o: Options, json_out: bool = False, quant: str | Non
     ``json_out``, the plan that could not be made is the error's document (``"fits": false``, exit 3)."""
     from llamafit.errors import DoesNotFitError
     from llamafit.planning.planner import Planner
-    from llamafit.quants import prepare_choice, wants_quants
+    from llamafit.planning.quants import prepare_choice, wants_quants
 
     if wants_quants(model, quant) and o.hf_file:
         from llamafit.errors import UsageError

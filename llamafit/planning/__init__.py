@@ -18,7 +18,8 @@ Modules:
 * ``bound``: a plan held to the binary's own no-alloc measurement where the memory model is not sure;
 * ``tuned``: what ``llamafit tune`` measured fastest, the last stage;
 * ``planner``: one command's planning context, shared by its plans;
-* ``prepared``: what planning gives a command: the plan, the argv, what to tell the user.
+* ``prepared``: what planning gives a command: the plan, the argv, what to tell the user;
+* ``quants``: which quant of a repo or folder fits.
 
 This package imports nothing on import: ``--help`` and completion never load the planner.
 """
