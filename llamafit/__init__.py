@@ -19,7 +19,7 @@ Modules:
 * ``server``: the llama-server binary, its flags and its process;
 * ``several``: several models under llama-server's router;
 * ``options``: llamafit's own options with their defaults;
-* ``serving``: one launch of a plan watched to ready and kept while it serves;
+* ``serving``: everything after the plan: launched, watched, kept while it serves, and on boot;
 * ``launch``: what every launch does first, and what it measured against the plan;
 * ``compare``: a plan's buffers lined up with what the server logged;
 * ``tune``: the configurations that fit measured with llama-bench, the fastest kept;

@@ -277,7 +277,7 @@ def test_a_stderr_nobody_reads_never_stops_the_server(tmp_path: Path, model: Pat
 
 
 def test_a_probes_own_request_is_not_a_speed_measurement() -> None:
-    from llamafit.serving import probe_sized
+    from llamafit.serving.serve import probe_sized
     from llamafit.speed.timings import Served
 
     assert probe_sized(Served(6, 0.5, 1, 0.0))
@@ -285,7 +285,7 @@ def test_a_probes_own_request_is_not_a_speed_measurement() -> None:
 
 
 def test_a_wedged_servers_reason_names_its_last_error() -> None:
-    from llamafit.serving import LastError
+    from llamafit.serving.serve import LastError
 
     last = LastError()
     assert last.reason("no answer") == "no answer"

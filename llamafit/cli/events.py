@@ -19,7 +19,7 @@ from llamafit.cli.output import warn
 from llamafit.cli.render import rows_json
 from llamafit.errors import UsageError
 from llamafit.paths import check_output
-from llamafit.serving import AllReady, Event, InstanceReady, Note, OnEvent, Problem, Ready, ServerLine
+from llamafit.serving.events import AllReady, Event, InstanceReady, Note, OnEvent, Problem, Ready, ServerLine
 
 SCHEMA = "llamafit.event/1"
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import queue
 import threading
 
-from llamafit.serving import Event, Note, OnEvent, ServerLine
+from llamafit.serving.events import Event, Note, OnEvent, ServerLine
 
 BOUND = 10_000  # lines waiting to be shown before more are dropped (a few MiB at most)
 CLOSE_WAIT = 5.0  # seconds the last events are given to be written when llamafit ends

@@ -1,4 +1,4 @@
-"""``llamafit run``'s view of serving (``llamafit.serving``): the server's key lines, ready, predicted vs
+"""``llamafit run``'s view of serving (``llamafit.serving.serve``): the server's key lines, ready, predicted vs
 actual, failures on stderr; the URL, or under ``--json`` the run's document, on stdout."""
 
 from __future__ import annotations
@@ -34,19 +34,8 @@ from llamafit.server.endpoint import parse_address
 from llamafit.server.liveness import Liveness
 from llamafit.server.metrics import Metrics
 from llamafit.server.restarts import RestartPolicy
-from llamafit.serving import (
-    NO_PROBES,
-    NO_RESTART,
-    AllReady,
-    Event,
-    InstanceReady,
-    Note,
-    Problem,
-    Ready,
-    Served,
-    ServerLine,
-    serve,
-)
+from llamafit.serving.events import AllReady, Event, InstanceReady, Note, Problem, Ready, Served, ServerLine
+from llamafit.serving.serve import NO_PROBES, NO_RESTART, serve
 from llamafit.several.together import RUN_SET_SCHEMA
 
 SHOWN_LINE = 2000  # characters of one server line shown on the terminal (--log-file keeps it whole)

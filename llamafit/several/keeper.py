@@ -33,13 +33,12 @@ from llamafit.server.logparse import LoadLog
 from llamafit.server.metrics import Metrics
 from llamafit.server.restarts import RestartPolicy, Restarts
 from llamafit.server.watch import MemoryWatch
-from llamafit.serving import (
+from llamafit.serving.events import Note, OnEvent
+from llamafit.serving.serve import (
     NO_PROBES,
     NO_RESTART,
     WEDGED_STOP,
     LastError,
-    Note,
-    OnEvent,
     RequestTimes,
     memory_metrics,
     watch_memory,

@@ -2,7 +2,7 @@
 buffers held to its own plan as it becomes ready, every instance kept alive while the router serves
 (``llamafit.several.keeper``), and the router started again when it dies after all were ready.
 
-Reported as ``llamafit.serving``'s events; nothing here prints.
+Reported as ``llamafit.serving.serve``'s events; nothing here prints.
 """
 
 from __future__ import annotations
@@ -23,18 +23,8 @@ from llamafit.server.failures import Failure, classify
 from llamafit.server.logparse import is_error
 from llamafit.server.restarts import Restarts
 from llamafit.server.supervisor import Supervisor, is_key_line
-from llamafit.serving import (
-    AllReady,
-    InstanceReady,
-    Note,
-    OnEvent,
-    Problem,
-    Served,
-    ServerLine,
-    device_totals,
-    say_killed,
-    wait_restart,
-)
+from llamafit.serving.events import AllReady, InstanceReady, Note, OnEvent, Problem, Served, ServerLine
+from llamafit.serving.serve import device_totals, say_killed, wait_restart
 from llamafit.several.front import Front
 from llamafit.several.keeper import Keeper, KeepSettings
 from llamafit.several.router_log import Instance, RouterLog

@@ -13,9 +13,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from llamafit import shellwords
 from llamafit.compare import Row
@@ -44,6 +42,14 @@ from llamafit.server.metrics import Metrics
 from llamafit.server.restarts import RestartPolicy, Restarts
 from llamafit.server.supervisor import Outcome, Supervisor, is_key_line
 from llamafit.server.watch import Allowance, MemoryWatch
+from llamafit.serving.events import (
+    Note,
+    OnEvent,
+    Problem,
+    Ready,
+    Served,
+    ServerLine,
+)
 from llamafit.speed.decay import Decay
 from llamafit.speed.timings import MAX_SERVED, TimingReader
 from llamafit.speed.timings import Served as ServedRequest
@@ -71,70 +77,6 @@ def allowance(prep: Prepared) -> Allowance:
     if rt is None:
         return Allowance(planned, -1, max(0, plan.host.usable - plan.host.use.total))
     return Allowance(planned, rt.total if rt.prompt_cache >= 0 else -1, rt.room)
-
-
-@dataclass(frozen=True)
-class Note:
-    """Something llamafit says while it serves: ``info`` (progress), ``notice`` (worth a look: a correction
-    recorded, a retry), ``warning`` (the supervisor's warnings)."""
-
-    text: str
-    level: str = "info"
-
-
-@dataclass(frozen=True)
-class ServerLine:
-    text: str
-    key: bool  # one of the lines shown without --verbose (loading, buffers, ready, errors)
-    error: bool  # an error line: shown even under --quiet
-
-
-@dataclass(frozen=True)
-class Problem:
-    """An error to say (the exit code and any ``--json`` document come with ``Served``)."""
-
-    message: str
-    hint: str | None = None
-
-
-@dataclass(frozen=True)
-class Ready:
-    """The server is ready at ``url``; ``rows``: each buffer it logged against the plan."""
-
-    url: str
-    rows: tuple[Row, ...]
-    drift: tuple[str, ...]  # free memory that moved between the plan and the load
-    fit: tuple[str, ...]  # llama.cpp's own --fit lines
-    device_free_mib: dict[str, float]
-    plan_doc: dict[str, Any]  # the plan that was launched (llamafit.plan/1)
-
-
-@dataclass(frozen=True)
-class InstanceReady:
-    """One of the router's models is ready on its own port; ``rows`` as in ``Ready``."""
-
-    name: str
-    port: int
-    rows: tuple[Row, ...]
-
-
-@dataclass(frozen=True)
-class AllReady:
-    url: str
-    names: tuple[str, ...]  # the resident models, all loaded
-
-
-Event = Note | ServerLine | Problem | Ready | InstanceReady | AllReady
-OnEvent = Callable[[Event], None]
-
-
-@dataclass(frozen=True)
-class Served:
-    """How serving ended: the exit code, and under ``--json`` the failure document's message, hint and the
-    plan it carries (None when it ended well or the document was already complete)."""
-
-    code: int
-    failure: tuple[str, str | None, dict[str, Any] | None] | None = None
 
 
 class LastError:
