@@ -31,12 +31,12 @@ sys.path.insert(0, str(HERE.parent))
 
 import shapes  # noqa: E402
 
-from llamafit.compare import Row  # noqa: E402
 from llamafit.errors import LlamafitError  # noqa: E402
-from llamafit.launch import compare_all  # noqa: E402
 from llamafit.options import Options  # noqa: E402
 from llamafit.planning.planner import prepare  # noqa: E402
 from llamafit.server.binary import ServerBinary, find_server  # noqa: E402
+from llamafit.serving.compare import Row  # noqa: E402
+from llamafit.serving.outcome import compare_all  # noqa: E402
 from llamafit.units import MiB  # noqa: E402
 from tests import factory  # noqa: E402
 from tests.realserver import CREATED_CHECKPOINT, chat_log, run_argv  # noqa: E402

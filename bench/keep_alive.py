@@ -40,7 +40,7 @@ import psutil  # noqa: E402
 
 from llamafit.gguf.demo_model import ensure_demo_model  # noqa: E402
 from llamafit.server.binary import find_server, free_port  # noqa: E402
-from llamafit.server.liveness import probe  # noqa: E402
+from llamafit.serving.liveness import probe  # noqa: E402
 from tests.realserver import CRASHES_AT_ONCE, FAILS_GENERATIONS, READY, stand_in  # noqa: E402
 
 LLAMAFIT = [sys.executable, "-m", "llamafit"]

@@ -20,11 +20,7 @@ Modules:
 * ``several``: several models under llama-server's router;
 * ``options``: llamafit's own options with their defaults;
 * ``serving``: everything after the plan: launched, watched, kept while it serves, and on boot;
-* ``launch``: what every launch does first, and what it measured against the plan;
-* ``compare``: a plan's buffers lined up with what the server logged;
 * ``tune``: the configurations that fit measured with llama-bench, the fastest kept;
-* ``service``: a unit that starts ``llamafit run`` on boot;
-* ``unit_syntax``: words as a systemd unit holds them, written and read back;
 * ``errors``: the typed errors, each with a hint and an exit code;
 * ``numbers``: bounded numbers read from other programs' text;
 * ``units``: byte sizes parsed and printed;

@@ -25,11 +25,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from llamafit.errors import LlamafitError, ServerLoadError, ServerNotFoundError
-from llamafit.launch import before_launch
 from llamafit.options import Options
 from llamafit.planning.planner import Planner
 from llamafit.planning.prepared import Prepared
 from llamafit.planning.tuned import remember, tune_file
+from llamafit.serving.before import before_launch
 from llamafit.speed.bench import BenchError, bench_binary, bench_flags, run_bench
 from llamafit.speed.measuring import MEASURE_BUDGET
 

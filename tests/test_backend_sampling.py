@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from llamafit.compare import compare
 from llamafit.memory.graph.sampling import backend_chain
 from llamafit.server.binary import ServerBinary
+from llamafit.serving.compare import compare
 from llamafit.units import MiB
 from tests import factory
 from tests.test_speculative_vs_server import plan_and_load

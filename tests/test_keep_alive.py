@@ -24,8 +24,8 @@ import pytest
 from llamafit.gguf.demo_model import ensure_demo_model
 from llamafit.server.binary import ServerBinary, free_port
 from llamafit.server.endpoint import Endpoint, api_key
-from llamafit.server.liveness import Liveness, Watchdog, probe
-from llamafit.server.restarts import RestartPolicy, Restarts
+from llamafit.serving.liveness import Liveness, Watchdog, probe
+from llamafit.serving.restarts import RestartPolicy, Restarts
 from tests.realserver import CRASHES_AT_ONCE, FAILS_GENERATIONS, READY, stand_in, wait_for
 
 LLAMAFIT = [sys.executable, "-m", "llamafit"]
@@ -278,7 +278,7 @@ def test_a_stderr_nobody_reads_never_stops_the_server(tmp_path: Path, model: Pat
 
 def test_a_probes_own_request_is_not_a_speed_measurement() -> None:
     from llamafit.serving.serve import probe_sized
-    from llamafit.speed.timings import Served
+    from llamafit.serving.timings import Served
 
     assert probe_sized(Served(6, 0.5, 1, 0.0))
     assert not probe_sized(Served(6, 0.5, 64, 400.0)) and not probe_sized(Served(300, 90.0, 1, 0.0))
@@ -303,7 +303,7 @@ def test_a_wedged_servers_reason_names_its_last_error() -> None:
 
 
 def test_a_sample_reads_what_proc_says() -> None:
-    from llamafit.server.watch import read_sample
+    from llamafit.serving.watch import read_sample
 
     s = read_sample(os.getpid())
     assert s is not None
@@ -314,7 +314,7 @@ def test_a_sample_reads_what_proc_says() -> None:
 
 
 def test_the_growth_rate_is_the_least_squares_slope() -> None:
-    from llamafit.server.watch import RATE_MIN_SPAN, Sample, growth_rate
+    from llamafit.serving.watch import RATE_MIN_SPAN, Sample, growth_rate
 
     line = [Sample(t, 1000 + 7 * t, 0, 0) for t in range(0, int(RATE_MIN_SPAN) + 60, 10)]
     rate = growth_rate(line)
@@ -323,7 +323,7 @@ def test_the_growth_rate_is_the_least_squares_slope() -> None:
 
 
 def test_the_watch_says_growth_past_and_toward_the_plans_limit() -> None:
-    from llamafit.server.watch import SLACK, Allowance, MemoryWatch, Sample
+    from llamafit.serving.watch import SLACK, Allowance, MemoryWatch, Sample
     from llamafit.units import MiB
 
     said: list[str] = []
@@ -425,7 +425,7 @@ def test_a_metrics_port_in_use_launches_nothing(tmp_path: Path, model: Path) -> 
 
 
 def test_a_server_that_slows_over_its_life_is_said_once() -> None:
-    from llamafit.speed.decay import BASELINE, RECENT, Decay
+    from llamafit.serving.decay import BASELINE, RECENT, Decay
 
     d = Decay()
     said = [d.feed(20.0, 25.0, 1000) for _ in range(BASELINE)]  # its own baseline: 80 % of the plan
@@ -438,7 +438,7 @@ def test_a_server_that_slows_over_its_life_is_said_once() -> None:
 
 
 def test_a_cards_memory_is_held_to_what_the_plan_put_there() -> None:
-    from llamafit.server.watch import Allowance, MemoryWatch, Sample, nvml_process_memory
+    from llamafit.serving.watch import Allowance, MemoryWatch, Sample, nvml_process_memory
     from llamafit.units import GiB
 
     assert nvml_process_memory(os.getpid()) == {}  # no NVIDIA card here: nothing read, nothing raised

@@ -342,10 +342,10 @@ def test_device_and_fit_lines_are_read() -> None:
 
 
 def test_memory_taken_after_planning_is_reported(tmp_path: Path) -> None:
-    from llamafit.launch import free_drift
     from llamafit.options import Options
     from llamafit.planning.planner import prepare
     from llamafit.server.logparse import LoadLog
+    from llamafit.serving.outcome import free_drift
 
     prep = prepare(str(ensure_demo_model(tmp_path)), Options(gpu=["8GiB"], calibrate=False))
     assert free_drift(prep, LoadLog(device_free_mib={"CUDA0": 8192})) == []
@@ -355,7 +355,7 @@ def test_memory_taken_after_planning_is_reported(tmp_path: Path) -> None:
 
 def test_one_memory_table_per_device() -> None:
     from llamafit.cli.render import device_of, memory_tables
-    from llamafit.compare import Row
+    from llamafit.serving.compare import Row
 
     assert [device_of(b) for b in ("CPU", "CPU_Mapped", "CUDA_Host", "CPU_REPACK", "CUDA0", "CUDA1")] == [
         "host", "host", "host", "host", "CUDA0", "CUDA1",

@@ -1,7 +1,7 @@
 """The memory model against the real llama-server (CPU build): the plan's numbers are held to the log.
 
 KV cache, recurrent state, weights and the output buffer must match byte for byte (to the log's
-0.01 MiB); the compute buffer must be within its documented tolerance (llamafit.compare.TOLERANCE).
+0.01 MiB); the compute buffer must be within its documented tolerance (llamafit.serving.compare.TOLERANCE).
 """
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from llamafit.compare import TOLERANCE, compare
 from llamafit.devices.machine import Host, Machine
 from llamafit.fit import make_plan
 from llamafit.fit.request import build_request
 from llamafit.gguf.model import load_model
 from llamafit.server.args import parse_server_args
 from llamafit.server.binary import ServerBinary
+from llamafit.serving.compare import TOLERANCE, compare
 from llamafit.units import GiB
 from tests import factory
 from tests.realserver import load_log

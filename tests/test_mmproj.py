@@ -9,7 +9,6 @@ import pytest
 from typer.testing import CliRunner
 
 from llamafit.cli.app import app
-from llamafit.compare import compare_mmproj
 from llamafit.devices.machine import Device, Host, Machine
 from llamafit.errors import BadModelFileError, UsageError
 from llamafit.fit import make_plan
@@ -21,6 +20,7 @@ from llamafit.memory.mmproj import vit_compute_bytes, warmup_side
 from llamafit.server.args import parse_server_args
 from llamafit.server.binary import ServerBinary
 from llamafit.server.logparse import parse
+from llamafit.serving.compare import compare_mmproj
 from llamafit.units import GiB, MiB
 from tests import factory
 from tests.realserver import run_argv

@@ -16,10 +16,10 @@ from typer.testing import CliRunner
 
 from llamafit.cli.app import app
 from llamafit.cli.render import memory_tables, plan_view
-from llamafit.compare import Row
 from llamafit.errors import ExitCode
 from llamafit.gguf.demo_model import ensure_demo_model
 from llamafit.server.binary import ServerBinary
+from llamafit.serving.compare import Row
 from llamafit.units import MiB
 from tests import factory
 

@@ -19,7 +19,7 @@ from llamafit.options import Options
 from llamafit.planning.planner import prepare
 from llamafit.server.binary import ServerBinary, free_port
 from llamafit.server.logparse import parse
-from llamafit.server.metrics import Metrics
+from llamafit.serving.metrics import Metrics
 from llamafit.several.keeper import Keeper, KeepSettings
 from llamafit.several.router_log import Instance
 from tests import factory

@@ -12,12 +12,12 @@ import pytest
 from typer.testing import CliRunner
 
 from llamafit.cli.app import app
-from llamafit.compare import compare
 from llamafit.devices.rpc import parse_endpoints, rpc_devices
 from llamafit.errors import UsageError
 from llamafit.options import Options
 from llamafit.planning.planner import prepare
 from llamafit.server.binary import ServerBinary, free_port
+from llamafit.serving.compare import compare
 from llamafit.units import MiB
 from tests import factory
 from tests.realserver import read_until, run_argv

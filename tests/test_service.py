@@ -14,8 +14,8 @@ import pytest
 from llamafit.errors import UsageError
 from llamafit.gguf.demo_model import ensure_demo_model
 from llamafit.server.binary import ServerBinary
-from llamafit.service import Unit, install, render
-from llamafit.unit_syntax import quote, read_service
+from llamafit.serving.service import Unit, install, render
+from llamafit.serving.unit_syntax import quote, read_service
 
 LLAMAFIT = [sys.executable, "-m", "llamafit"]
 HAS_SYSTEMD = shutil.which("systemd-analyze") is not None

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from llamafit.compare import compare
 from llamafit.devices.machine import Host, Machine
 from llamafit.fit import make_plan
 from llamafit.fit.plan import Plan
@@ -15,6 +14,7 @@ from llamafit.fit.request import build_request
 from llamafit.gguf.model import load_model
 from llamafit.server.args import compose, parse_server_args
 from llamafit.server.binary import ServerBinary
+from llamafit.serving.compare import compare
 from llamafit.speculative import spec_options
 from llamafit.units import GiB, MiB
 from tests import factory

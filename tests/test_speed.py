@@ -25,12 +25,12 @@ from llamafit.gguf.model import ModelInfo, load_model
 from llamafit.memory.graph import replay
 from llamafit.memory.placement import CPU
 from llamafit.server.args import parse_server_args
+from llamafit.serving.timings import TimingReader
 from llamafit.speed import probe as pr
 from llamafit.speed import probe_models as pm
 from llamafit.speed.bench import bench_flags, parse_jsonl
 from llamafit.speed.calibrate import correction
 from llamafit.speed.priors import PRIORS
-from llamafit.speed.timings import TimingReader
 from llamafit.speed.work import evaluate, is_expert
 from llamafit.units import GiB
 from tests import factory

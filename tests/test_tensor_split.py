@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from llamafit.compare import compare
 from llamafit.devices.described import described_gpus
 from llamafit.devices.machine import Host, Machine
 from llamafit.errors import UsageError
@@ -20,6 +19,7 @@ from llamafit.options import Options
 from llamafit.planning.planner import prepare
 from llamafit.server.args import parse_server_args
 from llamafit.server.binary import ServerBinary
+from llamafit.serving.compare import compare
 from llamafit.units import GiB
 from tests import factory
 from tests.realserver import run_argv

@@ -365,9 +365,9 @@ def test_quant_with_several_models_is_a_usage_error(demo: Path, tmp_path: Path) 
 
 
 def test_a_served_request_far_from_its_prediction_drops_the_measurement(server_bin: ServerBinary, demo: Path) -> None:
-    from llamafit.launch import FAR, SpeedCheck
     from llamafit.planning.planner import prepare
-    from llamafit.speed.timings import Served
+    from llamafit.serving.outcome import FAR, SpeedCheck
+    from llamafit.serving.timings import Served
 
     directory = Path(os.environ["LLAMAFIT_CACHE"]) / "speed"
     os.environ["LLAMAFIT_PROBE"] = "auto"

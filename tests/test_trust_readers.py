@@ -26,10 +26,10 @@ from llamafit.server.bounded import MAX_OUTPUT, run_bounded
 from llamafit.server.capabilities import MAX_VERSION, package_build, parse_probe
 from llamafit.server.failures import classify
 from llamafit.server.supervisor import listening_url
+from llamafit.serving.timings import TimingReader
 from llamafit.speed import probe as pr
 from llamafit.speed.bench import parse_jsonl
 from llamafit.speed.prediction import MAX_UBATCHES, _ubatches
-from llamafit.speed.timings import TimingReader
 from llamafit.units import GiB
 
 SLOT = "0.08.024.846 I slot print_timing: id  3 | task 7 | "

@@ -24,7 +24,7 @@ from llamafit.gguf.demo_model import ensure_demo_model
 from llamafit.server.args import REDACTED, redacted
 from llamafit.server.binary import ServerBinary, free_port
 from llamafit.server.endpoint import Endpoint
-from llamafit.server.liveness import Liveness, OwnFailure, Watchdog
+from llamafit.serving.liveness import Liveness, OwnFailure, Watchdog
 from tests.realserver import CRASHES_AT_ONCE, READY, health, stand_in, wait_for
 
 LLAMAFIT = [sys.executable, "-m", "llamafit"]

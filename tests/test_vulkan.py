@@ -3,7 +3,7 @@
 ``tools/build_vulkan_server.sh`` builds the server (CI runs it and sets ``LLAMAFIT_VULKAN_SERVER``);
 ``GGML_VK_VISIBLE_DEVICES=0`` gives one device, ``=0,0`` two (docs/backends.md). The plan is held to
 the Vulkan server's own log per device: weights, KV cache, recurrent state and host buffers exact,
-compute within its tolerance (10 %, llamafit.compare).
+compute within its tolerance (10 %, llamafit.serving.compare).
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from llamafit.launch import compare_all
 from llamafit.options import Options
 from llamafit.planning.discover import discover_for, server_and_caps
 from llamafit.planning.planner import prepare
 from llamafit.server.binary import ServerBinary, free_port
+from llamafit.serving.outcome import compare_all
 from llamafit.units import MiB
 from tests import factory
 from tests.realserver import required, run_argv, run_until_ready_then_interrupt

@@ -14,14 +14,14 @@ from llamafit.cli.render import memory_tables, print_plan, rows_json
 from llamafit.errors import ExitCode, LlamafitError
 from llamafit.fit.plan import to_json
 from llamafit.gguf.demo_model import ensure_demo_model
-from llamafit.launch import check_speed, compare_all, record_launch
 from llamafit.options import Options
 from llamafit.planning.discover import discover_for, launch_env, new_hub, server_and_caps
 from llamafit.planning.planner import Planner
 from llamafit.server.binary import GET_SERVER_HINT, ServerBinary, free_port
 from llamafit.server.capabilities import ASSUMED, Capabilities
 from llamafit.server.supervisor import Supervisor
-from llamafit.speed.timings import served_from_response
+from llamafit.serving.outcome import check_speed, compare_all, record_launch
+from llamafit.serving.timings import served_from_response
 
 PROMPT = "The llama"
 READY_TIMEOUT = 120.0  # the demo model loads in about a second; a server this slow is broken

@@ -10,7 +10,7 @@ from pathlib import Path
 from llamafit.errors import UsageError
 from llamafit.paths import check_output
 from llamafit.server.endpoint import parse_address
-from llamafit.server.restarts import RestartPolicy
+from llamafit.serving.restarts import RestartPolicy
 
 
 @dataclass(frozen=True)

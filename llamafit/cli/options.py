@@ -54,7 +54,7 @@ def seconds(value: float) -> float:
 
 
 class RestartMode(str, Enum):
-    """--restart values (llamafit.server.restarts.RESTART_MODES)."""
+    """--restart values (llamafit.serving.restarts.RESTART_MODES)."""
 
     on_failure = "on-failure"
     always = "always"

@@ -15,12 +15,12 @@ from llamafit.units import MiB, fmt_bytes
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from llamafit.compare import Row
     from llamafit.devices.types import Machine
     from llamafit.fit.plan import Plan
     from llamafit.gguf.model import ModelInfo
     from llamafit.memory.footprint import Use
     from llamafit.planning.quants import QuantPlan, QuantSource
+    from llamafit.serving.compare import Row
     from llamafit.speed.prediction import Speed
 
 

@@ -161,7 +161,7 @@ def run_command(
 
             raise typer.Exit(dry_run_one(prepare_one(refs[0], o, json_out, quant), json_out))
         from llamafit.cli.supervise import run_one
-        from llamafit.launch import RETRIES
+        from llamafit.serving.outcome import RETRIES
 
         code = run_one(
             prepare_one(refs[0], o, json_out, quant),

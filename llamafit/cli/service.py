@@ -1,4 +1,4 @@
-"""``llamafit service``: a unit that starts ``llamafit run ...`` on boot (llamafit.service)."""
+"""``llamafit service``: a unit that starts ``llamafit run ...`` on boot (llamafit.serving.service)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from llamafit.paths import read_regular_file
 from llamafit.server.bounded import run_bounded
 
 if TYPE_CHECKING:
-    from llamafit import service as service_types
+    from llamafit.serving import service as service_types
 
 service_app = typer.Typer(
     help="Start llamafit run on boot: a systemd user unit (Linux) or a launchd agent (macOS).",
@@ -43,7 +43,7 @@ def install_command(
 ) -> None:
     """Write a unit that runs `llamafit run RUN_ARGS` (everything after the first `--`), checked by the
     platform's own checker; then say how to enable it."""
-    from llamafit import service
+    from llamafit.serving import service
 
     with handled():
         service.check_name(name)
@@ -71,7 +71,7 @@ def install_command(
 
 def _said(unit: service_types.Unit) -> None:
     """What the unit holds that is a secret, and the caller's secrets it does not hold."""
-    from llamafit import service
+    from llamafit.serving import service
 
     if unit.secrets:
         note(
@@ -100,7 +100,7 @@ def _plans(run_args: list[str]) -> None:
 @service_app.command("show")
 def show_command(name: NameArg) -> None:
     """Print an installed unit."""
-    from llamafit import service
+    from llamafit.serving import service
 
     with handled():
         path = service.unit_path(service.check_name(name), service.kind_here(), os.environ)
@@ -114,7 +114,7 @@ def show_command(name: NameArg) -> None:
 @service_app.command("remove")
 def remove_command(name: NameArg) -> None:
     """Remove an installed unit (disable it first: systemctl --user disable --now llamafit-NAME)."""
-    from llamafit import service
+    from llamafit.serving import service
 
     with handled():
         path = service.unit_path(service.check_name(name), service.kind_here(), os.environ)
@@ -126,7 +126,7 @@ def remove_command(name: NameArg) -> None:
 @service_app.command("list")
 def list_command() -> None:
     """The units llamafit installed."""
-    from llamafit import service
+    from llamafit.serving import service
 
     with handled():
         for path in service.installed(os.environ, service.kind_here()):

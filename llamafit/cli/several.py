@@ -21,12 +21,12 @@ from llamafit.cli.supervise import View, finish, metrics_endpoint
 from llamafit.devices.machine import Machine
 from llamafit.errors import DoesNotFitError, ServerNotFoundError, UsageError
 from llamafit.hub.resolve import Hub, downloads_line
-from llamafit.launch import before_launch, with_buffer_lines
 from llamafit.options import Options
 from llamafit.paths import data_dir, named_files
 from llamafit.planning.prepared import Prepared
 from llamafit.server.binary import GET_SERVER_HINT, ServerBinary
 from llamafit.server.capabilities import Capabilities
+from llamafit.serving.before import before_launch, with_buffer_lines
 from llamafit.several.together import (
     Together,
     entries_from_preset,
@@ -145,10 +145,10 @@ def run_several(
 ) -> int:
     """``run`` with several models: the router, restarted as ``keep`` says (its restart options only)."""
     from llamafit.server.args import parse_server_args
-    from llamafit.server.liveness import Liveness
-    from llamafit.server.restarts import RestartPolicy
+    from llamafit.serving.liveness import Liveness
+    from llamafit.serving.restarts import RestartPolicy
     from llamafit.several.keeper import KeepSettings
-    from llamafit.several.serving import serve_router
+    from llamafit.several.router import serve_router
     from llamafit.several.together import write_preset
 
     ps = prepare_several(refs, models_preset, o)

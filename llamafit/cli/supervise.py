@@ -25,16 +25,17 @@ from llamafit.cli.output import (
 )
 from llamafit.cli.relay import Relay
 from llamafit.cli.render import memory_tables, rows_json
-from llamafit.compare import Row
-from llamafit.launch import RETRIES, before_launch
 from llamafit.paths import named_files
 from llamafit.planning.prepared import Prepared
 from llamafit.server.args import redacted
 from llamafit.server.endpoint import parse_address
-from llamafit.server.liveness import Liveness
-from llamafit.server.metrics import Metrics
-from llamafit.server.restarts import RestartPolicy
+from llamafit.serving.before import before_launch
+from llamafit.serving.compare import Row
 from llamafit.serving.events import AllReady, Event, InstanceReady, Note, Problem, Ready, Served, ServerLine
+from llamafit.serving.liveness import Liveness
+from llamafit.serving.metrics import Metrics
+from llamafit.serving.outcome import RETRIES
+from llamafit.serving.restarts import RestartPolicy
 from llamafit.serving.serve import NO_PROBES, NO_RESTART, serve
 from llamafit.several.together import RUN_SET_SCHEMA
 

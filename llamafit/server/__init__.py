@@ -16,8 +16,4 @@ Modules:
 * ``fitprint``: the binary's own no-alloc measurement (``llama-fit-params``);
 * ``logparse``: the memory log lines parsed into what each context allocated;
 * ``failures``: why a server did not come up, one actionable message per class;
-* ``liveness``: whether a ready server still serves (a real generation);
-* ``watch``: the server's host memory over its life, held to the plan;
-* ``restarts``: when a server that was ready is started again;
-* ``metrics``: the Prometheus endpoint of a served model.
 """

@@ -2,7 +2,7 @@
 
 The lines need ``-lv 4`` (llama's INFO maps to TRACE). Every line may carry a timestamp and level
 prefix and ANSI colours; they are stripped first. Sizes are printed in MiB with two decimals, so an
-observed buffer is known to +-0.005 MiB (llamafit.compare holds predictions to that precision).
+observed buffer is known to +-0.005 MiB (llamafit.serving.compare holds predictions to that precision).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from llamafit.compare import Row
+from llamafit.serving.compare import Row
 
 
 @dataclass(frozen=True)

@@ -16,10 +16,28 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from llamafit import shellwords
-from llamafit.compare import Row
 from llamafit.errors import DoesNotFitError, ExitCode
 from llamafit.fit.plan import to_json
-from llamafit.launch import (
+from llamafit.memory.backends import device_of_buffer, is_device_buffer
+from llamafit.planning.prepared import Prepared
+from llamafit.server.args import redacted
+from llamafit.server.failures import classify
+from llamafit.server.logparse import OOM_WORDS, LoadLog, error_text, is_error
+from llamafit.server.supervisor import Outcome, Supervisor, is_key_line
+from llamafit.serving.before import with_buffer_lines
+from llamafit.serving.compare import Row
+from llamafit.serving.decay import Decay
+from llamafit.serving.events import (
+    Note,
+    OnEvent,
+    Problem,
+    Ready,
+    Served,
+    ServerLine,
+)
+from llamafit.serving.liveness import Liveness, Watchdog
+from llamafit.serving.metrics import Metrics
+from llamafit.serving.outcome import (
     RETRIES,
     FailedLoad,
     SpeedCheck,
@@ -30,29 +48,11 @@ from llamafit.launch import (
     free_drift,
     record_launch,
     remember_failed_load,
-    with_buffer_lines,
 )
-from llamafit.memory.backends import device_of_buffer, is_device_buffer
-from llamafit.planning.prepared import Prepared
-from llamafit.server.args import redacted
-from llamafit.server.failures import classify
-from llamafit.server.liveness import Liveness, Watchdog
-from llamafit.server.logparse import OOM_WORDS, LoadLog, error_text, is_error
-from llamafit.server.metrics import Metrics
-from llamafit.server.restarts import RestartPolicy, Restarts
-from llamafit.server.supervisor import Outcome, Supervisor, is_key_line
-from llamafit.server.watch import Allowance, MemoryWatch
-from llamafit.serving.events import (
-    Note,
-    OnEvent,
-    Problem,
-    Ready,
-    Served,
-    ServerLine,
-)
-from llamafit.speed.decay import Decay
-from llamafit.speed.timings import MAX_SERVED, TimingReader
-from llamafit.speed.timings import Served as ServedRequest
+from llamafit.serving.restarts import RestartPolicy, Restarts
+from llamafit.serving.timings import MAX_SERVED, TimingReader
+from llamafit.serving.timings import Served as ServedRequest
+from llamafit.serving.watch import Allowance, MemoryWatch
 from llamafit.units import MiB
 
 NO_RESTART = RestartPolicy("no")
@@ -139,8 +139,8 @@ def serve(
     the device holds) and, with ``replan``, planned again within that and launched again, at most
     ``retries`` times, each attempt stated with its numbers. A server that was ready and then died or stopped
     serving (``liveness``) is started again as ``restart`` says, each restart stated with its reason. Its host
-    memory is sampled every ``watch`` seconds (0: not) and held to the plan (``llamafit.server.watch``); all of
-    it is also set on ``metrics`` (``llamafit.server.metrics``)."""
+    memory is sampled every ``watch`` seconds (0: not) and held to the plan (``llamafit.serving.watch``); all of
+    it is also set on ``metrics`` (``llamafit.serving.metrics``)."""
     attempt = 0
     restarts = Restarts(restart)
     while True:

@@ -28,8 +28,8 @@ from urllib.parse import parse_qs, urlsplit
 from llamafit.errors import UsageError
 from llamafit.numbers import to_int
 from llamafit.server.endpoint import Endpoint
-from llamafit.server.metrics import Metrics
 from llamafit.serving.events import Note, OnEvent
+from llamafit.serving.metrics import Metrics
 from llamafit.several.budget import Budget
 
 API_WAIT = 10.0  # seconds the router's /models, /models/load and /models/unload have to answer

@@ -3,7 +3,7 @@
 The router starts each model's llama-server on a loopback port of its own and never starts one again by
 itself: an instance that dies is marked unloaded (``on_child_exit``, tools/server/server-models.cpp:246-250)
 until a request autoloads it, and one that hangs stays hung. So each ready instance gets what ``run`` gives one
-server: a liveness probe on its own port (a real one-token generation, ``llamafit.server.liveness``), a watch
+server: a liveness probe on its own port (a real one-token generation, ``llamafit.serving.liveness``), a watch
 of its own process's memory against its plan, its requests timed against its plan, and its own metrics labels.
 An instance that stops serving is unloaded through the router (which would give it its stop timeout and then
 kill it, server-models.cpp:238-244), killed here if it is still there after llamafit's own stop grace, and
@@ -24,16 +24,15 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from llamafit.compare import Row
-from llamafit.launch import exit_reason, record_launch
 from llamafit.planning.prepared import Prepared
 from llamafit.server.endpoint import Endpoint
-from llamafit.server.liveness import Liveness, Watchdog
 from llamafit.server.logparse import LoadLog
-from llamafit.server.metrics import Metrics
-from llamafit.server.restarts import RestartPolicy, Restarts
-from llamafit.server.watch import MemoryWatch
+from llamafit.serving.compare import Row
 from llamafit.serving.events import Note, OnEvent
+from llamafit.serving.liveness import Liveness, Watchdog
+from llamafit.serving.metrics import Metrics
+from llamafit.serving.outcome import exit_reason, record_launch
+from llamafit.serving.restarts import RestartPolicy, Restarts
 from llamafit.serving.serve import (
     NO_PROBES,
     NO_RESTART,
@@ -43,6 +42,7 @@ from llamafit.serving.serve import (
     memory_metrics,
     watch_memory,
 )
+from llamafit.serving.watch import MemoryWatch
 from llamafit.several.router_log import Instance
 
 STOP_WAIT = WEDGED_STOP  # seconds an unloaded wedged instance has to exit before llamafit kills it, as it

@@ -14,6 +14,4 @@ Modules:
 * ``bench``: running the real llama-bench and reading its JSON lines;
 * ``load``: whether the machine is quiet enough to measure;
 * ``calibrate``: past launches' served speed against their plans, correcting the next;
-* ``timings``: the server's own timings of the requests it serves;
-* ``decay``: a server that slows over its life.
 """

@@ -2,7 +2,7 @@
 their plans predicted, corrects the next plan's rates (``Rates.calibrated``).
 
 A launch records each request the server timed with the prediction for that request's prompt and depth
-(``llamafit.launch``); the correction is the median of measured over predicted time, for generation and
+(``llamafit.serving.outcome``); the correction is the median of measured over predicted time, for generation and
 for prompts apart, over the newest launch that has enough tokens of each. Records are input like any
 other: a number that is not positive and finite, a record of another model, or a correction outside
 ``SANE`` (a record that says more about what else ran than about the model) is not applied, and the plan

@@ -6,7 +6,7 @@ llamafit keeps the server alive (``--restart``, liveness); the service manager r
 if it gives up (bounded: ``StartLimitBurst``). SIGTERM reaches llamafit, which stops the server within
 its grace (30 s) before the manager's ``TimeoutStopSec`` kills what is left (``KillMode=mixed``).
 
-Every argument is written as the manager reads it back (``llamafit.unit_syntax``), and the written text is
+Every argument is written as the manager reads it back (``llamafit.serving.unit_syntax``), and the written text is
 read back and compared with what was meant before anything is installed: no argument can add a line to the
 unit. The environment kept is what planning reads (the devices shown, the caches, the Hub's address) and
 llamafit's own variables, never a token; a unit is written readable by its owner alone (0600), and one that
@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from llamafit import unit_syntax
 from llamafit.errors import UsageError
 from llamafit.server.bounded import run_bounded
+from llamafit.serving import unit_syntax
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 # what planning and the server read from the environment: the devices a backend shows, where models and caches

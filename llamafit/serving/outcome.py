@@ -1,14 +1,13 @@
-"""After the plan: what a launch needs and what it measured against what was planned, as data (the CLI
-shows it; the bench and the tests use the same).
+"""After a launch: what it measured against what was planned, as data (the CLI shows it; the bench and the tests
+use the same).
 
-* the argv's last touch: ``-lv 4`` so the buffer lines are logged (``with_buffer_lines``);
 * memory: every logged buffer lined up with its prediction (``compare_all``), devices that had less free
   memory at load than planned (``free_drift``), and the launch record that calibrates the next plan
   (``record_launch``, which says why when it cannot record);
 * a load that ran out of memory: what it showed the device holds (``failed_load_cap``), kept in the
   history so the next plan stays within it (``remember_failed_load``; the launch plans again at most
   ``RETRIES`` times);
-* speed (``llamafit.speed``): each request the server timed (``speed.timings.Served``) beside the plan's
+* speed (``llamafit.speed``): each request the server timed (``serving.timings.Served``) beside the plan's
   prediction for that request's prompt and depth, kept in the launch record, which corrects the next
   plan of the same model on the same devices (``speed.calibrate``).
 """
@@ -16,27 +15,19 @@ shows it; the bench and the tests use the same).
 from __future__ import annotations
 
 import signal
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from llamafit.compare import Row, compare, compare_mmproj
-from llamafit.errors import ServerNotFoundError
 from llamafit.fit.speed import plan_speed
-from llamafit.hub.resolve import Hub, RepoState, downloads_line
-from llamafit.hub.select import HubFile
 from llamafit.memory.calibration import HistoryNotWritten, record, record_failed_load
-from llamafit.paths import not_an_input
-from llamafit.planning.discover import launch_env
 from llamafit.planning.prepared import Prepared
-from llamafit.server.args import ServerArgs, redacted
-from llamafit.server.binary import GET_SERVER_HINT, ServerBinary
-from llamafit.server.capabilities import Capabilities
+from llamafit.server.args import redacted
 from llamafit.server.failures import Failure
 from llamafit.server.logparse import LoadLog
+from llamafit.serving.compare import Row, compare, compare_mmproj
+from llamafit.serving.timings import Served
 from llamafit.speed.calibrate import SANE
-from llamafit.speed.timings import Served
 from llamafit.units import MiB
 
 RETRIES = 2
@@ -234,40 +225,6 @@ def free_drift(prep: Prepared, log: LoadLog) -> list[str]:
     return out
 
 
-def before_launch(
-    server: ServerBinary | None,
-    pending: Sequence[tuple[RepoState, HubFile]],
-    hub: Hub | None,
-    log_file: Path | None,
-    inputs: Sequence[str | Path],
-    say: Callable[[str], None],
-) -> dict[str, str]:
-    """What every launch does first, of one model or of a router, and ``tune`` before it measures: a server
-    to run, a log file that is none of the inputs, the Hub files the plan uses downloaded (``say`` hears
-    what, before it starts), and the server's environment without the inherited llama.cpp settings that
-    would change what was planned."""
-    if server is None:
-        raise ServerNotFoundError("no llama-server found", hint=GET_SERVER_HINT)
-    if log_file is not None:
-        not_an_input(log_file, inputs, "the log file")
-    if pending:
-        assert hub is not None  # Hub files come from a plan's Hub resolver
-        say(downloads_line(pending, "downloading"))
-        hub.download(pending)
-    env = launch_env(server)
-    if env.removed:
-        say("not passed to the server (they would change what was planned): " + ", ".join(env.removed))
-    return env.env
-
-
-def with_buffer_lines(argv: Sequence[str], user: ServerArgs, caps: Capabilities) -> list[str]:
-    """``argv`` with ``-lv 4`` unless the user set a verbosity: the buffer lines are llama INFO messages,
-    shown from verbosity 4 (a router passes it on to every instance)."""
-    if user.sets_family("verbosity") or not caps.accepts("-lv"):
-        return list(argv)
-    return [*argv, "-lv", "4"]
-
-
 def exit_reason(code: int) -> str:
     """How a shell-style exit status reads: 134 is SIGABRT."""
     if code > 128:
@@ -284,7 +241,7 @@ def record_launch(
     """What the server really allocated (and served), beside what was predicted: the calibration of later
     plans; returns why it was not recorded, if it was not. Only when the server used the devices the plan
     was made for (a plan for a described --gpu, or a card that vanished, would teach the next plan the
-    wrong thing). ``watch``: the host memory's high-water marks over the server's life (llamafit.server.watch)."""
+    wrong thing). ``watch``: the host memory's high-water marks over the server's life (llamafit.serving.watch)."""
     dropped = prep.measured.forget() if prep.measured is not None and any(c.far for c in checks) else []
     return dropped + _record(prep, log, checks, watch)
 

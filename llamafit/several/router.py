@@ -14,16 +14,16 @@ from pathlib import Path
 from typing import Any
 
 from llamafit import shellwords
-from llamafit.compare import Row
 from llamafit.errors import ExitCode, UsageError
-from llamafit.launch import compare_all, exit_reason
 from llamafit.server.args import redacted
 from llamafit.server.endpoint import Endpoint, api_key, endpoint_of
 from llamafit.server.failures import Failure, classify
 from llamafit.server.logparse import is_error
-from llamafit.server.restarts import Restarts
 from llamafit.server.supervisor import Supervisor, is_key_line
+from llamafit.serving.compare import Row
 from llamafit.serving.events import AllReady, InstanceReady, Note, OnEvent, Problem, Served, ServerLine
+from llamafit.serving.outcome import compare_all, exit_reason
+from llamafit.serving.restarts import Restarts
 from llamafit.serving.serve import device_totals, say_killed, wait_restart
 from llamafit.several.front import Front
 from llamafit.several.keeper import Keeper, KeepSettings

@@ -1,7 +1,7 @@
 """When a server that was ready is started again (``run --restart``), bounded in number and spaced out.
 
 ``on-failure`` (run's default): a server that exits with an error or a signal after it was ready, or that
-stopped serving (``llamafit.server.liveness``), is started again with the same plan; ``always`` also after
+stopped serving (``llamafit.serving.liveness``), is started again with the same plan; ``always`` also after
 a clean exit; ``no`` never. At most ``max_restarts`` in any ``window`` seconds, each after a backoff that
 doubles from one second to ``backoff_max``: a server that keeps dying stops with its reason, never loops.
 An interrupt (Ctrl-C, SIGTERM) is the user's stop and is never restarted.
