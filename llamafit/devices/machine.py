@@ -111,6 +111,21 @@ class NvmlProbe:
             except Exception as e:
                 raise GpuProbeError(str(e) or type(e).__name__) from None
 
+    def process_memory(self, pid: int) -> dict[int, int]:
+        """Bytes process ``pid`` holds on each card (NVML index -> bytes), from NVML's per-process list; empty
+        where NVML cannot be used, what was read so far where a driver stops answering."""
+        out: dict[int, int] = {}
+        try:
+            with _nvml() as nv:
+                for i in range(nv.nvmlDeviceGetCount()):
+                    h = nv.nvmlDeviceGetHandleByIndex(i)
+                    for p in nv.nvmlDeviceGetComputeRunningProcesses(h):
+                        if p.pid == pid and isinstance(p.usedGpuMemory, int):
+                            out[i] = out.get(i, 0) + p.usedGpuMemory
+        except Exception:  # no library, no driver, a query the driver does not answer
+            pass
+        return out
+
     def busy(self, index: int) -> int | None:
         """The percent of NVML's last sample period (1/6 s to 1 s) card ``index`` ran kernels, whoever's
         (nvmlDeviceGetUtilizationRates); None where NVML cannot say."""

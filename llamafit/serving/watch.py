@@ -12,7 +12,6 @@ once each, with the numbers; the high-water marks go to the launch's history rec
 from __future__ import annotations
 
 import collections
-import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -21,6 +20,7 @@ from typing import Any
 
 import psutil
 
+from llamafit.devices.machine import NvmlProbe
 from llamafit.numbers import to_int
 from llamafit.units import MiB
 
@@ -64,27 +64,9 @@ def read_sample(pid: int, t: float | None = None) -> Sample | None:
 
 
 def nvml_process_memory(pid: int) -> dict[int, int]:
-    """Bytes the process holds on each NVIDIA card (NVML index -> bytes), from NVML's per-process list; empty
-    without NVML or a card (the one boundary, as in llamafit.devices.machine)."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception:  # no library, no driver: nothing to read
-        return {}
-    out: dict[int, int] = {}
-    try:
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h):
-                if p.pid == pid and isinstance(p.usedGpuMemory, int):
-                    out[i] = out.get(i, 0) + p.usedGpuMemory
-    except Exception:  # a driver that does not answer a query: what was read so far
-        pass
-    finally:
-        with contextlib.suppress(Exception):
-            pynvml.nvmlShutdown()
-    return out
+    """Bytes the process holds on each NVIDIA card (NVML index -> bytes); empty without NVML or a card (the one
+    NVML boundary: ``llamafit.devices.machine.NvmlProbe``)."""
+    return NvmlProbe().process_memory(pid)
 
 
 def growth_rate(samples: list[Sample]) -> float | None:
