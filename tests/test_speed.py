@@ -270,6 +270,37 @@ def test_a_damaged_probe_cache_is_not_read(tmp_path: Path) -> None:
     assert pr.read_cache(tmp_path) == {}
 
 
+def test_a_probe_that_ran_out_of_time_rests_an_hour_one_that_failed_a_day(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pr.write_cache(tmp_path, {}, {"late": ("did not finish within 9 s", True), "broke": ("exit 1", False)}, 10.0)
+    cache = pr.read_cache(tmp_path)
+    assert pr.failed_before(cache, "late", 10.0) and pr.failed_before(cache, "broke", 10.0)
+    assert pr.failed_before(cache, "late", 60.0) is None  # more time (tune) tries it now
+    now = pr.time.time()
+    monkeypatch.setattr(pr.time, "time", lambda: now + pr.OUT_OF_TIME_FOR + 1)
+    assert pr.failed_before(cache, "late", 10.0) is None and pr.failed_before(cache, "broke", 10.0) == "exit 1"
+
+
+def test_the_attention_run_is_sized_to_the_time_a_plan_has_left(tmp_path: Path) -> None:
+    """A host at one thread (this machine's rates for Qwen3-0.6B's twin: 45 ms a token, a 160-token prompt in
+    1.8 s): a 1024-deep cache would take longer than the plan has left, so the attention run is measured at a
+    shallower depth, and at none when even the shallowest would not fit (a later plan measures it with its own
+    time); a fast host gets the deepest."""
+    q06 = load_model(str(factory.qwen3_0_6b().write(tmp_path / "q06.gguf")))
+    twin, attn = pm.twin_of(q06), pm.attention_twin(q06)
+    assert twin is not None and attn is not None
+    prompt = 160
+
+    def depth(left: float, tg: float, pp: float) -> int:
+        run = pr._Run("llama-bench", {}, pr.host_target(), 1, (), pr.time.monotonic() + left, [])
+        return pr._attention_depth(run, attn, twin, tg, pp, prompt)
+
+    assert depth(10.0, 0.004, 0.05) == 1024
+    assert 0 < depth(10.0, 0.045, 1.8) < 1024
+    assert depth(2.0, 0.045, 1.8) == 0
+
+
 def test_llama_bench_gets_the_planned_placement() -> None:
     argv = [
         "-m",

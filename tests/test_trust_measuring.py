@@ -204,7 +204,7 @@ def test_a_probe_that_failed_is_not_run_again_by_every_plan(
                            timeout=120, env=probing())  # fmt: skip
         assert r.returncode == 0, r.stderr
     assert calls(tmp_path) == 1
-    assert "not measured again today" in r.stderr
+    assert "not measured again for now" in r.stderr
 
 
 def test_a_cached_failure_with_escape_sequences_is_bounded_and_escaped(
@@ -228,7 +228,7 @@ def test_a_cached_failure_with_escape_sequences_is_bounded_and_escaped(
         assert r.returncode == 0, r.stderr[-2000:]
         assert len(r.stdout) + len(r.stderr) < 20000 and "\x1b" not in r.stdout + r.stderr
         said = r.stderr if not json_out else json.dumps(json.loads(r.stdout)["notes"])
-        assert "not measured again today: \\x1b]52;c;cHduZWQ=\\x07" in said.replace("\\\\", "\\"), said[:500]
+        assert "not measured again for now: \\x1b]52;c;cHduZWQ=\\x07" in said.replace("\\\\", "\\"), said[:500]
 
 
 def test_a_plan_does_not_wait_while_another_llamafit_measures(
@@ -405,7 +405,7 @@ def test_a_measurement_the_plans_time_cuts_short_goes_on_then_rests(
         said.append(r.stderr)
     assert "measured in part" in said[0]
     assert "could not be measured" in said[1] and "llamafit tune measures it" in said[1]
-    assert "not measured again today" in said[2]
+    assert "not measured again for now" in said[2]
 
 
 def test_measuring_an_rpc_device_never_cuts_a_run_short(server_bin: ServerBinary, tmp_path: Path) -> None:

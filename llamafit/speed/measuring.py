@@ -275,7 +275,7 @@ class RateSource:
         shape = f"{twin.key if twin else '-'}:{attn.key if attn else '-'}:p={self.prompt}"
         cache = pr.read_cache(d)
         fresh: dict[str, pr.Timings] = {}
-        failed: dict[str, str] = {}
+        failed: dict[str, tuple[str, bool]] = {}
         measured: dict[str, pr.Timings] = {}
         allowed = run and self.measure > 0 and probe_allowed(self.env)
         busy = False  # another llamafit holds the measuring lock, or the machine is too busy to measure
@@ -300,7 +300,10 @@ class RateSource:
                 if not allowed:
                     continue
                 if (why := pr.failed_before(cache, mod_key, self.measure)) is not None:
-                    self.notes.append(f"the speed of {t.device} is not measured again today: {why}")
+                    self.notes.append(
+                        f"the speed of {t.device} is not measured again for now: {why} (priors stand in; "
+                        "llamafit tune measures it)"
+                    )
                     if have is not None:
                         measured[t.device] = have
                     continue
@@ -339,7 +342,7 @@ class RateSource:
                     )
                 except pr.ProbeError as e:
                     if (why := self._stopped(t.device, e, have)) is not None:
-                        failed[mod_key] = why
+                        failed[mod_key] = (why, e.out_of_time)
                     if (got_some := e.partial) is None:
                         continue
                     got = got_some

@@ -47,7 +47,8 @@ from llamafit.speed.load import MAX_SPREAD
 
 CACHE_VERSION = 4
 CALL_TIMEOUT = 180.0  # one llama-bench run
-FAILED_FOR = 86400.0  # seconds a probe that failed (or ran past its time) is not run again by a plan
+FAILED_FOR = 86400.0  # seconds a probe that failed is not run again by a plan
+OUT_OF_TIME_FOR = 3600.0  # seconds a probe that ran past a plan's time without progress waits for the next try
 RUN_BUDGET = 10.0  # seconds a timed test should take at most, for choosing prompt lengths and depths
 FIXED_NODES = 4  # compute nodes outside the layers, as llamafit.speed.work counts them (input rows, output)
 Progress = Callable[[str], None]
@@ -315,6 +316,11 @@ def _measure(
         # never below 128 tokens (a slow device's matmuls get faster with the batch) unless even that is long
         fits = int(4 * RUN_BUDGET / max(tw_tg, 1e-6)) // 32 * 32
         n_prompt = max(min(128, prompt) if 128 * tw_tg / 4 <= 3 * RUN_BUDGET else 32, min(prompt, fits))
+        if run.deadline is not None:
+            # and within half of what the plan has left, warmed up and timed (a host at one thread prompts the
+            # whole twin at 512 tokens in longer than a plan has; at 128 its rate is the same within a few %)
+            left = run.deadline - time.monotonic()
+            n_prompt = max(32, min(n_prompt, int(left / 2 / (2 * max(tw_tg, 1e-6) / 4)) // 32 * 32))
         tw_pp = _one(run(["-m", path, "-p", str(n_prompt), "-n", "0", "-ub", str(n_prompt)]), path, gen=False)
     n_prompt = n_prompt or prompt
     base = step(replace(base, tiny1=t1, tiny9=t9, twin_tg=tw_tg, twin_pp=tw_pp, prompt=n_prompt))
@@ -334,10 +340,9 @@ def _measure(
     depth = have.depth if have else 0
     if have is not None:
         a = (have.attn_tg0, have.attn_tgd, have.attn_pp0, have.attn_ppd)
-    if attn is not None and a[0] is None:
+    if attn is not None and a[0] is None and (depth := _attention_depth(run, attn, twin, tw_tg, tw_pp, n_prompt)):
         say(f"{target.device}: attention")
         path = str(pm.ensure(attn, directory))
-        depth = 1024 if (tw_tg or 0) < 0.05 else 256
         res = run(["-m", path, "-p", str(n_prompt), "-n", "16", "-d", f"0,{depth}", "-ub", str(n_prompt)])
         got = {(r.n_depth, r.n_gen > 0): r.per_token if r.n_gen else r.seconds for r in res}
         a = (got.get((0, True)), got.get((depth, True)), got.get((0, False)), got.get((depth, False)))
@@ -348,6 +353,38 @@ def _measure(
         res = run(["-m", path, "-p", str(n_prompt), "-n", "0", "-ub", str(n_prompt), "-ot", r"blk\..*\.ffn_.*=CPU"])
         off = _one(res, path, gen=False)
     return Timings(t1, t9, stream, tw_tg, tw_pp, n_prompt, a[0], a[1], a[2], a[3], depth, off)
+
+
+# the cache depths the attention run may be measured at, deepest first: below 256 cached rows the difference
+# from depth 0 is mostly the run's own noise, and the priors extrapolate a long context better
+DEPTHS = (1024, 512, 256)
+ATTENTION_TIME = 0.6  # of what the plan has left, what the attention run may take
+ATTENTION_SHARE = 0.25  # of the twin's matmul rate, what attention is assumed to run at when sizing its run
+
+
+def _attention_depth(
+    run: _Run, attn: pm.Twin, twin: pm.Twin | None, tw_tg: float | None, tw_pp: float | None, prompt: int
+) -> int:
+    """The deepest cache the attention run can be measured at within ``ATTENTION_TIME`` of the time left (0: none
+    this time: a later plan measures it with its own time, or ``tune``). Each depth's run fills the cache,
+    prompts and generates, at depth 0 and at the depth, once to warm up and once timed: its projections at the
+    twin's matmul rate, its attention at a quarter of it (a slow host at one thread would otherwise spend a
+    plan's whole time on a 1024-deep cache and never finish)."""
+    depth = 1024 if (tw_tg or 0) < 0.05 else 256  # a device this slow is timed at a shallower cache anyway
+    if run.deadline is None or twin is None or not tw_pp:
+        return depth
+    rate = pm.matmul_flops(twin, prompt) / tw_pp  # the host's matmul FLOP/s at this prompt, as measured
+    left = run.deadline - time.monotonic()
+    per_row = 2.0 * attn.n_head * (attn.head_k + attn.head_v) * attn.n_layer  # FLOPs a query row a cached row
+
+    def seconds(d: int) -> float:
+        fill = per_row * d * d / 2
+        prompts = per_row * prompt * (d + prompt / 2) + per_row * prompt * prompt / 2
+        gen = per_row * 16 * (2 * d + 16)
+        attention = (fill + prompts + gen) / (ATTENTION_SHARE * rate)
+        return 2 * (attention + pm.matmul_flops(attn, 2 * prompt + d + 32) / rate)
+
+    return next((d for d in DEPTHS if d <= depth and seconds(d) <= ATTENTION_TIME * left), 0)
 
 
 def _one(results: Sequence[BenchResult], model: str, *, gen: bool) -> float:
@@ -428,11 +465,14 @@ def timings_from(entry: Mapping[str, Any]) -> Timings | None:
 
 
 def write_cache(
-    directory: Path, entries: Mapping[str, Timings], failed: Mapping[str, str] | None = None, budget: float = 0.0
+    directory: Path,
+    entries: Mapping[str, Timings],
+    failed: Mapping[str, tuple[str, bool]] | None = None,
+    budget: float = 0.0,
 ) -> bool:
-    """Add ``entries`` (and the probes that ``failed`` within ``budget`` seconds, with why) to the cache, under
-    its lock, atomically (a concurrent plan reads the old file or the new one, and a concurrent writer's
-    entries are kept)."""
+    """Add ``entries`` (and the probes that ``failed`` within ``budget`` seconds: why, and whether they only ran
+    out of time) to the cache, under its lock, atomically (a concurrent plan reads the old file or the new one,
+    and a concurrent writer's entries are kept)."""
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
 
     def add(doc: Any) -> dict[str, Any]:
@@ -441,8 +481,8 @@ def write_cache(
             d = {f: getattr(t, f) for f in t.__dataclass_fields__}
             d["stream"] = dict(t.stream)
             out[k] = {**d, "time": stamp}
-        for k, why in (failed or {}).items():
-            out[_FAILED + k] = {"failed": why[:300], "at": time.time(), "budget": budget}
+        for k, (why, late) in (failed or {}).items():
+            out[_FAILED + k] = {"failed": why[:300], "at": time.time(), "budget": budget, "out_of_time": late}
         return {"schema": _SCHEMA, "entries": out}
 
     return store.update_json(_cache_file(directory), add)
@@ -463,13 +503,15 @@ def forget(directory: Path, keys: set[str]) -> bool:
 def failed_before(cache: Mapping[str, Mapping[str, Any]], key: str, budget: float) -> str | None:
     """Why the probe of ``key`` failed within ``FAILED_FOR`` seconds with at least ``budget`` seconds to run, if
     it did (a plan does not run it again meanwhile: a hung or refusing llama-bench would cost every plan the
-    time; ``tune``, given more time, does)."""
+    time; ``tune``, given more time, does). One that only ran past a plan's time waits ``OUT_OF_TIME_FOR``: the
+    machine may be quieter at the next try, and the plans meanwhile read the priors."""
     entry = cache.get(_FAILED + key)
     if not isinstance(entry, Mapping):
         return None
     at, why = finite(entry.get("at"), 0.0), store.text_field(entry.get("failed"))
     had = finite(entry.get("budget", math.inf), 0.0)
-    if at is None or why is None or not 0 <= time.time() - at < FAILED_FOR:
+    hold = OUT_OF_TIME_FOR if entry.get("out_of_time") is True else FAILED_FOR
+    if at is None or why is None or not 0 <= time.time() - at < hold:
         return None
     return why if had is None or had >= budget else None
 
