@@ -7,9 +7,10 @@ For each case (rig, model, the room its device is given with ``--margin DEV=SIZE
 ``-c 4096 -np 1`` (the probe measures each device first, cached in the bench's cache); the alternatives are the
 steps of each ladder that fit at that context within the margins, as a user would pin them: ``-ngl N`` from the
 largest that fits down, ``--n-cpu-ffn m`` (every layer on the device) from the smallest that fits up, and for a MoE
-``--n-cpu-moe k``. Every placement is timed in interleaved rounds (llama-bench ``-p 64 -n 32``, one repetition a
-round, the median of the rounds): the rounds' spread is this machine's noise. The choice is held to the fastest
-measured generation (within 5 %: the issue's goal).
+``--n-cpu-moe k``; and each ladder's host end (``-ngl 0``, every FFN or expert layer on the host). Every
+placement is timed in interleaved rounds (llama-bench ``-p 64 -n 32``, one repetition a round, the median of the
+rounds): the rounds' spread is this machine's noise. The choice is held to the fastest measured generation (within
+5 %: the issue's goal).
 
 Usage: python bench/choice.py [--rigs vulkan,rpc] [--rounds 3] [--keep DIR]
 
@@ -81,7 +82,9 @@ def plan(path: Path, r: Rig, margin: str, flags: tuple[str, ...] = ()) -> Prepar
 
 
 def alternatives(path: Path, r: Rig, margin: str, prep: Prepared) -> dict[str, Prepared]:
-    """Each ladder's fastest steps that fit at the context, as pinned flags: the first two that fit of each."""
+    """Each ladder's steps that may be fastest at the context, as pinned flags: the first two that fit of each
+    (the most on the device), and its last (the most on the host: faster where the device is slower than the
+    host for what moves)."""
     hp = prep.plan.model.hparams
     units = hp.n_layer_all + 1
     out: dict[str, Prepared] = {}
@@ -101,6 +104,8 @@ def alternatives(path: Path, r: Rig, margin: str, prep: Prepared) -> dict[str, P
                 found += 1
                 if found == 2:
                     break
+        if found and " ".join(steps[-1]) not in out and (p := plan(path, r, margin, steps[-1])) is not None:
+            out[" ".join(steps[-1])] = p
     return out
 
 
