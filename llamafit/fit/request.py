@@ -7,7 +7,9 @@ server. Values are validated here, once, with messages that say what to type ins
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from llamafit.errors import UsageError
 from llamafit.memory.graph.sampling import SAMPLING_FLAGS
@@ -117,16 +119,7 @@ def parse_margins(text: str) -> tuple[int, dict[str, int]]:
     return default, out
 
 
-def build_request(
-    args: ServerArgs,
-    *,
-    margin: int = DEFAULT_MARGIN_MIB << 20,
-    margins: dict[str, int] | None = None,
-    min_ctx: int = DEFAULT_MIN_CTX,
-    cpu_only: bool = False,
-) -> Request:
-    """Resolve the extra args into a Request (last occurrence wins, as in llama.cpp)."""
-    kw: dict[str, object] = {}
+def _ctx(args: ServerArgs, kw: dict[str, Any]) -> None:
     if (o := args.last("--ctx-size")) is not None:
         c = int_value(o.value, o.tokens[0], 0)
         kw["ctx_full"] = c == 0
@@ -138,87 +131,104 @@ def build_request(
         n_seq = kw.get("n_seq")
         if "ctx" not in kw and not kw.get("ctx_full"):
             kw["ctx"] = (n_seq if isinstance(n_seq, int) else 4) * per
-    if (f := args.flag("--kv-unified")) is not None:
-        kw["kv_unified"] = f
-    if (o := args.last("--batch-size")) is not None:
-        kw["n_batch"] = int_value(o.value, o.tokens[0], 1)
-    if (o := args.last("--ubatch-size")) is not None:
-        kw["n_ubatch"] = int_value(o.value, o.tokens[0], 1)
-    if (o := args.last("--ctx-checkpoints")) is not None:
-        kw["ctx_checkpoints"] = int_value(o.value, o.tokens[0], 0)
-    if (o := args.last("--cache-ram")) is not None:
-        kw["cache_ram_mib"] = int_value(o.value, o.tokens[0], -1)
-    if (o := args.last("--flash-attn")) is not None:
-        kw["flash_attn"] = parse_bool_value(o.value, o.tokens[0], allow_auto=True)
-    if (o := args.last("--cache-type-k")) is not None:
-        kw["type_k"] = kv_type_value(o.value, o.tokens[0])
-    if (o := args.last("--cache-type-v")) is not None:
-        kw["type_v"] = kv_type_value(o.value, o.tokens[0])
-    if (o := args.last("--gpu-layers")) is not None:
-        v = (o.value or "").strip().lower()
-        kw["n_gpu_layers"] = -1 if v == "auto" else -2 if v == "all" else int_value(o.value, o.tokens[0], -2)
-    if (o := args.last("--tensor-split")) is not None:
-        kw["tensor_split"] = split_values(o.value, o.tokens[0])
-    ov = _overrides(args)
-    if ov is not None:
+
+
+def _gpu_layers(value: str | None, flag: str) -> int:
+    v = (value or "").strip().lower()
+    return -1 if v == "auto" else -2 if v == "all" else int_value(value, flag, -2)
+
+
+def _devices(value: str | None, _flag: str) -> tuple[str, ...]:
+    names = [d.strip() for d in (value or "").split(",") if d.strip()]
+    return () if names == ["none"] else tuple(n.upper() for n in names)
+
+
+def _one_of(*choices: str) -> Callable[[str | None, str], str]:
+    def read(value: str | None, flag: str) -> str:
+        v = (value or "").strip()
+        if v not in choices:
+            raise UsageError(f"{flag} expects {', '.join(choices[:-1])} or {choices[-1]}, got {v!r}")
+        return v
+
+    return read
+
+
+def _mmproj_device(value: str | None, _flag: str) -> str:
+    v = (value or "").strip()
+    return "none" if v.lower() == "none" else v.upper()
+
+
+def _at_least(minimum: int) -> Callable[[str | None, str], int]:
+    return lambda value, flag: int_value(value, flag, minimum)
+
+
+# The flags whose last value sets one field of the request, each read as llama-server reads it (last wins)
+VALUES: tuple[tuple[str, str, Callable[[str | None, str], object]], ...] = (
+    ("--batch-size", "n_batch", _at_least(1)),
+    ("--ubatch-size", "n_ubatch", _at_least(1)),
+    ("--ctx-checkpoints", "ctx_checkpoints", _at_least(0)),
+    ("--cache-ram", "cache_ram_mib", _at_least(-1)),
+    ("--flash-attn", "flash_attn", lambda v, f: parse_bool_value(v, f, allow_auto=True)),
+    ("--cache-type-k", "type_k", kv_type_value),
+    ("--cache-type-v", "type_v", kv_type_value),
+    ("--gpu-layers", "n_gpu_layers", _gpu_layers),
+    ("--tensor-split", "tensor_split", split_values),
+    ("--device", "devices", _devices),
+    ("--split-mode", "split_mode", _one_of("none", "layer", "row", "tensor")),
+    ("--main-gpu", "main_gpu", _at_least(0)),
+    ("--pooling", "pooling", lambda v, _f: (v or "").strip().lower()),
+    ("--fit", "fit", lambda v, f: parse_bool_value(v, f) == "on"),
+    ("--mmproj", "mmproj", lambda v, _f: v),
+    ("--mmproj-url", "mmproj_url", lambda v, _f: v),
+    ("--mmproj-device", "mmproj_device", _mmproj_device),
+    ("--image-max-tokens", "image_max_tokens", _at_least(-1)),
+)
+# on/off flags (``--X`` / ``--no-X``) that set a field
+SWITCHES = (
+    ("--kv-unified", "kv_unified"),
+    ("--kv-offload", "offload_kqv"),
+    ("--repack", "repack"),
+    ("--op-offload", "op_offload"),
+    ("--mmproj-auto", "mmproj_auto"),
+    ("--mmproj-offload", "mmproj_offload"),
+)
+# flags whose presence sets a field true
+PRESENT = (("--swa-full", "swa_full"), ("--backend-sampling", "backend_sampling"), ("--no-host", "no_host"))
+
+
+def build_request(
+    args: ServerArgs,
+    *,
+    margin: int = DEFAULT_MARGIN_MIB << 20,
+    margins: dict[str, int] | None = None,
+    min_ctx: int = DEFAULT_MIN_CTX,
+    cpu_only: bool = False,
+) -> Request:
+    """Resolve the extra args into a Request (last occurrence wins, as in llama.cpp): one table of the flags that
+    set a field (``VALUES``, ``SWITCHES``, ``PRESENT``), and the few read together (the context, the overrides,
+    embeddings, the load mode, the RPC servers)."""
+    kw: dict[str, Any] = {}  # field name -> value, each read by its flag's reader above
+    _ctx(args, kw)
+    for flag, name, read in VALUES:
+        if (o := args.last(flag)) is not None:
+            kw[name] = read(o.value, o.tokens[0])
+    for flag, name in SWITCHES:
+        if (f := args.flag(flag)) is not None:
+            kw[name] = f
+    kw.update({name: True for flag, name in PRESENT if args.has(flag)})
+    if (ov := _overrides(args)) is not None:
         kw["overrides"] = ov
-    if (o := args.last("--device")) is not None:
-        names = [d.strip() for d in (o.value or "").split(",") if d.strip()]
-        kw["devices"] = () if names == ["none"] else tuple(n.upper() for n in names)
-    if (o := args.last("--split-mode")) is not None:
-        if o.value not in ("none", "layer", "row", "tensor"):
-            raise UsageError(f"{o.tokens[0]} expects none, layer, row or tensor, got {o.value!r}")
-        kw["split_mode"] = o.value
-    if (o := args.last("--main-gpu")) is not None:
-        kw["main_gpu"] = int_value(o.value, o.tokens[0], 0)
-    if (f := args.flag("--kv-offload")) is not None:
-        kw["offload_kqv"] = f
-    if args.has("--swa-full"):
-        kw["swa_full"] = True
-    if args.has("--backend-sampling"):
-        kw["backend_sampling"] = True
     kw["sampling_args"] = tuple((o.key, o.value or "") for o in args.items if o.key in SAMPLING_FLAGS)
     if args.has("--embedding") or args.has("--rerank"):
         kw["embeddings"] = True
-    if args.has("--rerank"):
+    if args.has("--rerank") and not args.has("--pooling"):
         kw["pooling"] = "rank"
-    if (o := args.last("--pooling")) is not None:
-        kw["pooling"] = (o.value or "").strip().lower()
     if (o := args.last("--load-mode")) is not None:
-        mode = (o.value or "").strip()
-        if mode not in ("auto", "none", "mmap", "mlock", "mmap+mlock", "dio"):
-            raise UsageError(f"{o.tokens[0]} expects auto, none, mmap, mlock, mmap+mlock or dio, got {mode!r}")
+        mode = _one_of("auto", "none", "mmap", "mlock", "mmap+mlock", "dio")(o.value, o.tokens[0])
         kw["use_mmap"] = mode in ("auto", "mmap", "mmap+mlock")
-    if (f := args.flag("--repack")) is not None:
-        kw["repack"] = f
-    if args.has("--no-host"):
-        kw["no_host"] = True
-    if (f := args.flag("--op-offload")) is not None:
-        kw["op_offload"] = f
-    if (o := args.last("--fit")) is not None:
-        kw["fit"] = parse_bool_value(o.value, o.tokens[0]) == "on"
-    if (o := args.last("--mmproj")) is not None:
-        kw["mmproj"] = o.value
-    if (o := args.last("--mmproj-url")) is not None:
-        kw["mmproj_url"] = o.value
-    if (f := args.flag("--mmproj-auto")) is not None:
-        kw["mmproj_auto"] = f
-    if (f := args.flag("--mmproj-offload")) is not None:
-        kw["mmproj_offload"] = f
-    if (o := args.last("--mmproj-device")) is not None:
-        kw["mmproj_device"] = (o.value or "").strip().upper() if (o.value or "").strip().lower() != "none" else "none"
-    rpc_values = [o.value or "" for o in args.items if o.key == "--rpc"]
-    if rpc_values:
+    if rpc_values := [o.value or "" for o in args.items if o.key == "--rpc"]:
         from llamafit.devices.rpc import parse_endpoints
 
         kw["rpc"] = tuple(parse_endpoints(rpc_values))
-    if (o := args.last("--image-max-tokens")) is not None:
-        kw["image_max_tokens"] = int_value(o.value, o.tokens[0], -1)
-    return Request(
-        server_args=args,
-        margin=margin,
-        margins=dict(margins or {}),
-        min_ctx=min_ctx,
-        cpu_only=cpu_only,
-        **kw,  # type: ignore[arg-type]
-    )
+    base = Request(server_args=args, margin=margin, margins=dict(margins or {}), min_ctx=min_ctx, cpu_only=cpu_only)
+    return replace(base, **kw)
