@@ -49,72 +49,75 @@ def classify(
     usable: dict[str, int] | None = None,
 ) -> Failure:
     """Turn the server's last words and exit status into one Failure. ``predicted``/``usable`` are the
-    plan's per-device totals, for the message."""
+    plan's per-device totals, for the message. The first class whose words the log has wins: a device out of
+    memory, the host out of memory, what the server refused (``_refused``), a signal; else its last error."""
     text = [strip(line) for line in lines]
+    joined = "\n".join(text)
+    return (
+        _device_oom(text, joined, predicted, usable)
+        or _host_oom(text)
+        or _refused(text, joined)
+        or _killed(text, returncode)
+        or _unknown(lines, text, returncode)
+    )
+
+
+def _device_oom(
+    text: Sequence[str], joined: str, predicted: dict[str, int] | None, usable: dict[str, int] | None
+) -> Failure | None:
+    """A device's allocation that failed, by what it was for (the projector, the weights, the cache, compute)."""
     cuda_oom = next((m for t in text if (m := _CUDA_OOM.search(t))), None)
     buft_fail = next((m for t in text if (m := _BUFT_FAIL.search(t))), None)
-    device = asked = None
     if cuda_oom:
-        device = f"CUDA{cuda_oom['dev']}"
-        asked = int(float(cuda_oom["mib"]) * MiB)
+        device, asked = f"CUDA{cuda_oom['dev']}", int(float(cuda_oom["mib"]) * MiB)
     elif buft_fail and buft_fail["buft"].startswith(("CUDA", "ROCm", "Vulkan", "Metal")):
-        device = buft_fail["buft"].split("_")[0]
-        asked = int(buft_fail["size"])
-    joined = "\n".join(text)
-
-    def plan_says() -> str:
-        if device and predicted and device in predicted:
-            return f"; the plan put {fmt_bytes(predicted[device])} there" + (
-                f" of {fmt_bytes(usable[device])} usable" if usable and device in usable else ""
-            )
-        return ""
-
-    oom_hint = "leave more room with --margin 2GiB, a smaller -c, --n-cpu-moe N (MoE), or --spec off"
-    if device:
-        what = fmt_bytes(asked) if asked else "memory"
-        if "failed to load multimodal model" in joined:
-            return Failure(
-                "device_oom_mmproj",
-                f"{device} ran out of memory loading the projector (asked for {what}){plan_says()}",
-                "keep the projector on the CPU with --no-mmproj-offload, or leave more room with --margin 2GiB",
-                device,
-                asked,
-            )
-        if "error loading model" in joined or "unable to allocate" in joined:
-            return Failure(
-                "device_oom_weights",
-                f"{device} ran out of memory loading the weights (asked for {what}){plan_says()}",
-                oom_hint,
-                device,
-                asked,
-            )
-        if "kv cache" in joined:
-            return Failure(
-                "device_oom_kv",
-                f"{device} ran out of memory allocating the KV cache (asked for {what}){plan_says()}",
-                oom_hint,
-                device,
-                asked,
-            )
-        if "compute" in joined or "graph_reserve" in joined or "ggml_gallocr" in joined:
-            return Failure(
-                "device_oom_compute",
-                f"{device} ran out of memory for the compute buffers (asked for {what}){plan_says()}",
-                oom_hint,
-                device,
-                asked,
-            )
-        return Failure("device_oom", f"{device} ran out of memory (asked for {what}){plan_says()}", oom_hint, device)
-    if m := next((m for t in text if (m := _HOST_OOM.search(t))), None):
-        size = int(float(m["mb"]) * MiB) if m["mb"] else int(m["size"])
-        return Failure(
-            "host_oom",
-            f"the host ran out of memory (an allocation of {fmt_bytes(size)} failed)",
-            "close other programs, use -lm mmap (the default) instead of -lm none, fewer slots (-np) or a "
-            "smaller --cache-ram",
-            None,
-            size,
+        device, asked = buft_fail["buft"].split("_")[0], int(buft_fail["size"])
+    else:
+        return None
+    plan_says = ""
+    if predicted and device in predicted:
+        plan_says = f"; the plan put {fmt_bytes(predicted[device])} there" + (
+            f" of {fmt_bytes(usable[device])} usable" if usable and device in usable else ""
         )
+    what = fmt_bytes(asked) if asked else "memory"
+    oom_hint = "leave more room with --margin 2GiB, a smaller -c, --n-cpu-moe N (MoE), or --spec off"
+    if "failed to load multimodal model" in joined:
+        return Failure(
+            "device_oom_mmproj",
+            f"{device} ran out of memory loading the projector (asked for {what}){plan_says}",
+            "keep the projector on the CPU with --no-mmproj-offload, or leave more room with --margin 2GiB",
+            device,
+            asked,
+        )
+    for code, words, doing in (
+        ("device_oom_weights", ("error loading model", "unable to allocate"), "loading the weights"),
+        ("device_oom_kv", ("kv cache",), "allocating the KV cache"),
+        ("device_oom_compute", ("compute", "graph_reserve", "ggml_gallocr"), "for the compute buffers"),
+    ):
+        if any(w in joined for w in words):
+            return Failure(
+                code, f"{device} ran out of memory {doing} (asked for {what}){plan_says}", oom_hint, device, asked
+            )
+    return Failure("device_oom", f"{device} ran out of memory (asked for {what}){plan_says}", oom_hint, device)
+
+
+def _host_oom(text: Sequence[str]) -> Failure | None:
+    if (m := next((m for t in text if (m := _HOST_OOM.search(t))), None)) is None:
+        return None
+    size = int(float(m["mb"]) * MiB) if m["mb"] else int(m["size"])
+    return Failure(
+        "host_oom",
+        f"the host ran out of memory (an allocation of {fmt_bytes(size)} failed)",
+        "close other programs, use -lm mmap (the default) instead of -lm none, fewer slots (-np) or a "
+        "smaller --cache-ram",
+        None,
+        size,
+    )
+
+
+def _refused(text: Sequence[str], joined: str) -> Failure | None:
+    """What the server could not open or load, or refused: the model file, an argument, the port, the context
+    settings, the projector, the drafter."""
     if m := next((m for t in text if (m := _OPEN_FAIL.search(t))), None):
         return Failure("model_file", f"llama-server could not open {m['path']}: {m['why']}", "check the path")
     if "failed to load model" in joined and ("invalid magic" in joined or "GGUF" in joined):
@@ -144,20 +147,28 @@ def classify(
         )
     if "failed to load draft model" in joined or "failed to create MTP context" in joined:
         return Failure("draft", "llama-server could not load the drafter", "check --draft, or run with --spec off")
-    if returncode < 0 or returncode >= 128:
-        sig = -returncode if returncode < 0 else returncode - 128
-        cuda = next((m for t in text if (m := _CUDA_ERR.search(t))), None)
-        why = f" after a CUDA error: {cuda['why']}" if cuda else ""
-        name = {6: "SIGABRT", 9: "SIGKILL", 11: "SIGSEGV"}.get(sig, f"signal {sig}")
-        if not why and (said := next((m.group(1) for t in text if (m := _ABORT.match(t.strip()))), None)):
-            why = f": {said[:200]}"  # GGML_ABORT's own words
-        return Failure(
-            "abort",
-            f"llama-server was killed by {name} while loading{why}",
-            "an out-of-memory during warmup aborts: try --margin 2GiB or a smaller -c"
-            if sig == 6
-            else "the system may have run out of memory (check dmesg for the OOM killer)",
-        )
+    return None
+
+
+def _killed(text: Sequence[str], returncode: int) -> Failure | None:
+    if not (returncode < 0 or returncode >= 128):
+        return None
+    sig = -returncode if returncode < 0 else returncode - 128
+    cuda = next((m for t in text if (m := _CUDA_ERR.search(t))), None)
+    why = f" after a CUDA error: {cuda['why']}" if cuda else ""
+    name = {6: "SIGABRT", 9: "SIGKILL", 11: "SIGSEGV"}.get(sig, f"signal {sig}")
+    if not why and (said := next((m.group(1) for t in text if (m := _ABORT.match(t.strip()))), None)):
+        why = f": {said[:200]}"  # GGML_ABORT's own words
+    return Failure(
+        "abort",
+        f"llama-server was killed by {name} while loading{why}",
+        "an out-of-memory during warmup aborts: try --margin 2GiB or a smaller -c"
+        if sig == 6
+        else "the system may have run out of memory (check dmesg for the OOM killer)",
+    )
+
+
+def _unknown(lines: Sequence[str], text: Sequence[str], returncode: int) -> Failure:
     # the last error-level line, else the last line that says "error", else its very last words
     tail = next((strip(r) for r in reversed(lines) if is_error(r)), "") or next(
         (t for t in reversed(text) if "error" in t.lower()), next((t for t in reversed(text) if t.strip()), "")
