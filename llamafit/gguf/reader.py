@@ -372,6 +372,42 @@ class _Ahead:
         return rest
 
 
+def _tensor_table(cur: _Cursor, n_tensors: int, ahead: _Ahead) -> list[tuple[str, tuple[int, ...], GGMLType, int]]:
+    """The tensor table's entries (name, shape, type, offset in the data), each checked as gguf.cpp checks it."""
+    raw: list[tuple[str, tuple[int, ...], GGMLType, int]] = []
+    seen: set[str] = set()
+    src = cur.src
+    for i in range(n_tensors):
+        ahead.tensors_done = i
+        name = cur.string(MAX_KEY_LEN, f"tensor name #{i}")
+        if name is None:
+            raise BadModelFileError(f"{src.name}: tensor #{i} has an over-long name")
+        if name in seen:
+            raise BadModelFileError(f"{src.name}: duplicate tensor {name!r}")
+        seen.add(name)
+        n_dims = cur.u32()
+        if n_dims > MAX_DIMS:
+            raise BadModelFileError(f"{src.name}: tensor {name!r} has {n_dims} dimensions (at most {MAX_DIMS})")
+        shape = tuple(cur.u64() for _ in range(n_dims))
+        n_el = 1
+        for d in shape:
+            n_el *= d
+        if n_el >= 1 << 63:
+            raise BadModelFileError(f"{src.name}: tensor {name!r} has an absurd shape {shape}")
+        type_id = cur.u32()
+        t = TYPES.get(type_id)
+        if t is None:
+            raise BadModelFileError(f"{src.name}: tensor {name!r} has an unknown ggml type {type_id}")
+        if shape and shape[0] % t.blck:
+            raise BadModelFileError(
+                f"{src.name}: tensor {name!r} row of {shape[0]} is not a multiple of the {t.name} block ({t.blck})"
+            )
+        rel_off = cur.u64()
+        raw.append((name, shape, t, rel_off))
+
+    return raw
+
+
 def read_header(src: ByteSource, first_read: int | None = None) -> GGUFHeader:
     """Parse the metadata and tensor table of one GGUF file (one shard).
 
@@ -413,37 +449,8 @@ def read_header(src: ByteSource, first_read: int | None = None) -> GGUFHeader:
     if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
         raise BadModelFileError(f"{src.name}: general.alignment must be a power of two, got {alignment!r}")
 
-    raw: list[tuple[str, tuple[int, ...], GGMLType, int]] = []
-    seen: set[str] = set()
     ahead.kv_done, ahead.table_start = n_kv, cur.pos
-    for i in range(n_tensors):
-        ahead.tensors_done = i
-        name = cur.string(MAX_KEY_LEN, f"tensor name #{i}")
-        if name is None:
-            raise BadModelFileError(f"{src.name}: tensor #{i} has an over-long name")
-        if name in seen:
-            raise BadModelFileError(f"{src.name}: duplicate tensor {name!r}")
-        seen.add(name)
-        n_dims = cur.u32()
-        if n_dims > MAX_DIMS:
-            raise BadModelFileError(f"{src.name}: tensor {name!r} has {n_dims} dimensions (at most {MAX_DIMS})")
-        shape = tuple(cur.u64() for _ in range(n_dims))
-        n_el = 1
-        for d in shape:
-            n_el *= d
-        if n_el >= 1 << 63:
-            raise BadModelFileError(f"{src.name}: tensor {name!r} has an absurd shape {shape}")
-        type_id = cur.u32()
-        t = TYPES.get(type_id)
-        if t is None:
-            raise BadModelFileError(f"{src.name}: tensor {name!r} has an unknown ggml type {type_id}")
-        if shape and shape[0] % t.blck:
-            raise BadModelFileError(
-                f"{src.name}: tensor {name!r} row of {shape[0]} is not a multiple of the {t.name} block ({t.blck})"
-            )
-        rel_off = cur.u64()
-        raw.append((name, shape, t, rel_off))
-
+    raw = _tensor_table(cur, n_tensors, ahead)
     header_end = cur.pos
     data_offset = header_end + (-header_end % alignment) if n_tensors else header_end
     tensors: list[TensorInfo] = []
