@@ -250,6 +250,13 @@ def _flags(values: list[Any], n: int) -> list[bool]:
     return [bool(x) for x in values[:n]] + [False] * max(0, n - len(values))
 
 
+def _largest(v: Any) -> int:
+    """A count given once or per layer: its largest value (0 where it is neither)."""
+    if isinstance(v, list) and v:
+        return int(max(v))
+    return v if isinstance(v, int) else 0
+
+
 def resolve_hparams(kv: dict[str, Any], src: str) -> Hparams:
     arch = kv.get("general.architecture")
     if not isinstance(arch, str) or not arch:
@@ -291,18 +298,10 @@ def resolve_hparams(kv: dict[str, Any], src: str) -> Hparams:
     if arch == "lfm2" and swa_type != "none":
         is_swa = [not r for r in is_recr[:n_layer]] + [False] * n_nextn
 
-    if arch == "gemma3n":
-        kv_from_start = 20
-    elif arch == "gemma4":
-        kv_from_start = n_all - g("attention.shared_kv_layers")
-    else:
-        kv_from_start = -1
-
+    kv_from_start = {"gemma3n": 20, "gemma4": n_all - g("attention.shared_kv_layers")}.get(arch, -1)
     n_expert = g("expert_count")
-    used = kv.get(f"{arch}.expert_used_count", 0)
-    n_expert_used = max(used) if isinstance(used, list) and used else (used if isinstance(used, int) else 0)
-    ff_exp = kv.get(f"{arch}.expert_feed_forward_length", 0)
-    n_ff_exp = max(ff_exp) if isinstance(ff_exp, list) and ff_exp else (ff_exp if isinstance(ff_exp, int) else 0)
+    n_expert_used = _largest(kv.get(f"{arch}.expert_used_count", 0))
+    n_ff_exp = _largest(kv.get(f"{arch}.expert_feed_forward_length", 0))
 
     indexer_full = _indexer_layers(kv, arch, g("context_length"), n_all, n_layer)
     ratios = kv.get(f"{arch}.attention.compress_ratios")
@@ -329,8 +328,8 @@ def resolve_hparams(kv: dict[str, Any], src: str) -> Hparams:
         is_recr=tuple(is_recr),
         n_layer_kv_from_start=kv_from_start,
         n_expert=n_expert,
-        n_expert_used=int(n_expert_used),
-        n_ff_exp=int(n_ff_exp),
+        n_expert_used=n_expert_used,
+        n_ff_exp=n_ff_exp,
         n_ff_shexp=g("expert_shared_feed_forward_length"),
         ssm_d_conv=g("ssm.conv_kernel"),
         ssm_d_inner=g("ssm.inner_size"),
