@@ -191,6 +191,25 @@ def _ubatches(n_prompt: int, ub: int) -> list[tuple[int, int, float]]:
     return [*out, (rest, full * ub, 1.0)] if rest else out
 
 
+def _split_shares(
+    placement: WeightPlacement, devices: Sequence[str], split_mode: str, tensor_split: Sequence[float]
+) -> tuple[dict[str, float], int]:
+    """How a row or tensor split spreads a layer over the cards: each card's share (a row split follows the
+    weight bytes each holds; the Meta device's cards, all the offload devices, -ts), and the matmul weights a row
+    split splits (the 2-D ones of the offloaded layers)."""
+    shares: dict[str, float] = {}
+    row_matmuls = 0
+    for p in placement.tensors if split_mode == "row" else ():
+        if p.device != CPU:
+            shares[p.device] = shares.get(p.device, 0.0) + p.tensor.info.nbytes
+            row_matmuls += p.tensor.matmul and len(p.tensor.info.shape) == 2
+    if split_mode == "tensor":
+        cards = [d for d in devices if d != CPU]
+        ts = list(tensor_split) if any(tensor_split) else [1.0] * len(cards)
+        shares = dict(zip(cards, ts, strict=False))
+    return shares, row_matmuls
+
+
 def predict(
     model: ModelInfo,
     placement: WeightPlacement,
@@ -214,16 +233,7 @@ def predict(
 
     seen: dict[tuple[int, int], Evaluation] = {}  # decode's evaluation is also the tg phase's
     walks = _walks(model, placement, cp, devices, op_offload, limits, nodes_per_layer)
-    shares: dict[str, float] = {}  # each offload device's weight bytes: the -ts proportions a split follows
-    row_matmuls = 0  # the matmul weights a row split splits: the 2-D ones of the offloaded layers
-    for p in placement.tensors if split_mode == "row" else ():
-        if p.device != CPU:
-            shares[p.device] = shares.get(p.device, 0.0) + p.tensor.info.nbytes
-            row_matmuls += p.tensor.matmul and len(p.tensor.info.shape) == 2
-    if split_mode == "tensor":  # the Meta device's cards: all the offload devices, in -ts proportions
-        cards = [d for d in devices if d != CPU]
-        ts = list(tensor_split) if any(tensor_split) else [1.0] * len(cards)
-        shares = dict(zip(cards, ts, strict=False))
+    shares, row_matmuls = _split_shares(placement, devices, split_mode, tensor_split)
 
     def ev(tokens: int, at: int) -> Evaluation:
         if (tokens, at) not in seen:
