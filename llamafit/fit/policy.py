@@ -59,18 +59,64 @@ def fit_with_policy(
     opts: SpecOptions,
     caps: Capabilities | Callable[[], Capabilities],
 ) -> Outcome:
-    model = search.model
-    requested = opts.mode if not opts.user_types else "extra args: --spec-type " + ",".join(opts.user_types)
-    d = choice.drafter
+    """The load's context and placement with the drafter kept or given up as the policy says (the module's
+    docstring): no drafter, an explicit one, ``--prefer speed``, Auto."""
+    return _Policy(search, base, lo, hi, pinned, choice, opts, caps).decide()
 
-    fitted: list[Fitted] = []  # the target's own fits, the last one the choice the outcome reports
 
-    def fit(spec: SpecConfig, lo_: int, hi_: int) -> tuple[Trial | None, Decision | None]:
-        f = placed(search, target_settings(model, base, spec, opts), lo_, hi_, pinned, spec, opts.prefer)
-        fitted.append(f)
+def drafter_devices(search: Search, opts: SpecOptions, embedded: bool) -> list[tuple[str, ...] | None]:
+    """The placements to try for a separate drafter on several cards: following the target's split, or whole
+    on one card (-devd), so a busy card does not condemn a drafter another card holds."""
+    options: list[tuple[str, ...] | None] = [opts.devices]
+    local = tuple(i for i in search.ids if backends.kind(i) != "rpc")
+    if opts.devices is None and not embedded and len(local) < len(search.ids):
+        # never on a remote device unless the user says so (-devd): the local cards, or the CPU
+        options = [local, *(((g,) for g in local) if len(local) > 1 else ())]
+    elif opts.devices is None and not embedded and len(search.ids) > 1:
+        options += [(g,) for g in search.ids]
+    if search.tensor and opts.devices == () and not embedded:
+        raise UsageError(
+            "llama-server would refuse this: under -sm tensor the draft model inherits the split, and on no device "
+            "(-devd none) it cannot load",
+            hint="name a card for it (-devd CUDA0) or drop -devd none",
+        )
+    if search.tensor and opts.devices is None and not embedded:
+        # a drafter inherits -sm tensor, and the Meta device of no card fails to load ("needs >= 1 devices",
+        # src/llama.cpp:204-207): whole on one card (llama.cpp loads one card's drafter as a layer split,
+        # speculative.cpp:2544-2551), a local one first
+        options = [(g,) for g in (local or tuple(search.ids))]
+    return options
+
+
+class _Policy:
+    """One load's drafter decision: the target's fits (the last one the choice the outcome reports) and the
+    drafter tried beside them."""
+
+    def __init__(
+        self,
+        search: Search,
+        base: LoadSettings,
+        lo: int,
+        hi: int,
+        pinned: bool,
+        choice: SpecChoice,
+        opts: SpecOptions,
+        caps: Capabilities | Callable[[], Capabilities],
+    ) -> None:
+        self.search, self.base, self.lo, self.hi, self.pinned = search, base, lo, hi, pinned
+        self.choice, self.opts, self.caps, self.d = choice, opts, caps, choice.drafter
+        self.model = search.model
+        self.requested = opts.mode if not opts.user_types else "extra args: --spec-type " + ",".join(opts.user_types)
+        self.fitted: list[Fitted] = []
+
+    def fit(self, spec: SpecConfig, lo: int, hi: int) -> tuple[Trial | None, Decision | None]:
+        s = target_settings(self.model, self.base, spec, self.opts)
+        f = placed(self.search, s, lo, hi, self.pinned, spec, self.opts.prefer)
+        self.fitted.append(f)
         return f.trial, f.placement
 
     def outcome(
+        self,
         t: Trial | None,
         placement: Decision | None,
         spec: SpecConfig,
@@ -81,120 +127,101 @@ def fit_with_policy(
         """``drafter`` in the report is the one considered, kept or dropped; ``chosen`` what runs; the trade-off
         is the one the target's placement came from (a drafter beside it keeps its context and placement)."""
         chosen = ",".join(spec.types) or "none"
-        n_rs = rollback_rows(model, spec, opts, base.build)
-        report = SpecReport(requested, chosen, d, reason, n_rs, message, code, spec.draft_devices)
-        source = next((f for f in reversed(fitted) if f.placement is placement), None)
+        n_rs = rollback_rows(self.model, spec, self.opts, self.base.build)
+        report = SpecReport(self.requested, chosen, self.d, reason, n_rs, message, code, spec.draft_devices)
+        source = next((f for f in reversed(self.fitted) if f.placement is placement), None)
         if source is None or t is None:
             return Outcome(t, placement, spec, report)
         return Outcome(t, placement, spec, report, source.rows, source.context, source.chosen)
 
-    if d is None:
-        spec = SpecConfig(None, choice.ngram)
-        r, dec = fit(spec, lo, hi)
-        if choice.ngram:
-            cost = ngram_cost(search, opts, r) if r is not None else None
-            msg = messages.spec_ngram(choice.ngram, ngram_host_bytes(choice.ngram, base.n_seq), cost)
-            return outcome(r, dec, spec, "speculative.ngram", msg)
-        return outcome(r, dec, spec, "speculative.none", "")
-
-    # placements to try for a separate drafter on several cards: following the target's split, or
-    # whole on one card (-devd), so a busy card does not condemn a drafter another card holds
-    options: list[tuple[str, ...] | None] = [opts.devices]
-    local = tuple(i for i in search.ids if backends.kind(i) != "rpc")
-    if opts.devices is None and not d.embedded and len(local) < len(search.ids):
-        # never on a remote device unless the user says so (-devd): the local cards, or the CPU
-        options = [local, *(((g,) for g in local) if len(local) > 1 else ())]
-    elif opts.devices is None and not d.embedded and len(search.ids) > 1:
-        options += [(g,) for g in search.ids]
-    if search.tensor and opts.devices == () and not d.embedded:
-        raise UsageError(
-            "llama-server would refuse this: under -sm tensor the draft model inherits the split, and on no device "
-            "(-devd none) it cannot load",
-            hint="name a card for it (-devd CUDA0) or drop -devd none",
+    def decide(self) -> Outcome:
+        search, opts, choice, d, lo, hi = self.search, self.opts, self.choice, self.d, self.lo, self.hi
+        if d is None:
+            spec = SpecConfig(None, choice.ngram)
+            r, dec = self.fit(spec, lo, hi)
+            if choice.ngram:
+                cost = ngram_cost(search, opts, r) if r is not None else None
+                msg = messages.spec_ngram(choice.ngram, ngram_host_bytes(choice.ngram, self.base.n_seq), cost)
+                return self.outcome(r, dec, spec, "speculative.ngram", msg)
+            return self.outcome(r, dec, spec, "speculative.none", "")
+        options = drafter_devices(search, opts, d.embedded)
+        if choice.explicit:
+            # always honoured: the whole cascade, the context cut if needed, and the plan says by how much
+            for devs in options:
+                spec = SpecConfig(d, choice.ngram, devs)
+                r, dec = self.fit(spec, lo, hi)
+                if r is not None:
+                    alone, _ = self.fit(SpecConfig(None, choice.ngram), lo, hi)
+                    cut = messages.context_cost(r.fp.context.n_ctx, alone.fp.context.n_ctx) if alone else ""
+                    return self.outcome(r, dec, spec, "speculative.drafter", messages.spec_explicit(d, cut))
+            return self.outcome(None, None, SpecConfig(d, choice.ngram, opts.devices), "speculative.drafter", "")
+        alone_spec = SpecConfig(None, None)
+        alone, alone_dec = self.fit(alone_spec, lo, hi)
+        if alone is None:
+            return self.outcome(None, None, alone_spec, "speculative.none", "")
+        ctx_alone = alone.fp.context.n_ctx
+        if opts.prefer == "speed":
+            # keep the drafter and cut the context, not below --min-ctx; if even that fails, drop it
+            for devs in options:
+                spec = SpecConfig(d, None, devs)
+                if (r := self.beside(spec, alone, lo, ctx_alone)) is not None:
+                    cut = messages.context_cost(r.fp.context.n_ctx, ctx_alone)
+                    return self.outcome(r, alone_dec, spec, "speculative.drafter", messages.spec_speed(d, cut))
+            return self.fallback(alone, alone_dec, lambda ngram, cost: messages.spec_speed_dropped(d, lo, ngram, cost))
+        # Auto, --prefer context: price the load at the context the target alone gets, with and without
+        for devs in options:
+            spec = SpecConfig(d, None, devs)
+            if (r := self.beside(spec, alone, ctx_alone, ctx_alone)) is not None:
+                on = devs[0] if devs and len(search.ids) > 1 else None
+                msg = messages.spec_auto_kept(d, ctx_alone, on)
+                return self.outcome(r, alone_dec, spec, "speculative.drafter", msg)
+        # the numbers for the message: the drafter beside the target, following its placement
+        tried_spec = SpecConfig(d, None, options[0])
+        tried = search.run(
+            replace(target_settings(self.model, alone.settings, tried_spec, opts), n_ctx=ctx_alone), tried_spec
         )
-    if search.tensor and opts.devices is None and not d.embedded:
-        # a drafter inherits -sm tensor, and the Meta device of no card fails to load ("needs >= 1 devices",
-        # src/llama.cpp:204-207): whole on one card (llama.cpp loads one card's drafter as a layer split,
-        # speculative.cpp:2544-2551), a local one first
-        options = [(g,) for g in (local or tuple(search.ids))]
+        need = (tried.worst, tried.total(tried.worst), search.budget(tried.worst)) if tried.worst else None
+        return self.fallback(
+            alone, alone_dec, lambda ngram, cost: messages.spec_auto_dropped(d, ctx_alone, need, ngram, cost)
+        )
 
     def fallback(
-        alone: Trial, alone_dec: Decision | None, dropped: Callable[[str | None, tuple[int, int] | None], str]
+        self, alone: Trial, alone_dec: Decision | None, dropped: Callable[[str | None, tuple[int, int] | None], str]
     ) -> Outcome:
         """The drafter is dropped and the target keeps ``alone``. ngram-mod (when this build has it)
         runs only if its verification batch fits beside that plan for free: the same context, the same
         layers and experts on the GPUs; else no speculation. The message states its cost either way."""
-        ngram = fallback_type(caps)
+        ngram = fallback_type(self.caps)
         if ngram is None:
             msg = dropped(None, None)
-            return outcome(alone, alone_dec, SpecConfig(), "speculative.dropped", msg, "drafter_no_vram")
+            return self.outcome(alone, alone_dec, SpecConfig(), "speculative.dropped", msg, "drafter_no_vram")
         spec = SpecConfig(None, ngram)
         ctx = alone.fp.context.n_ctx
-        r = beside(spec, alone, ctx, ctx)
+        r = self.beside(spec, alone, ctx, ctx)
         if r is not None and r.settings.n_gpu_layers == alone.settings.n_gpu_layers:
-            msg = dropped(ngram, ngram_cost(search, opts, r))
-            return outcome(r, alone_dec, spec, "speculative.dropped", msg, "drafter_no_vram")
-        priced = search.run(target_settings(model, alone.settings, spec, opts), spec)
+            msg = dropped(ngram, ngram_cost(self.search, self.opts, r))
+            return self.outcome(r, alone_dec, spec, "speculative.dropped", msg, "drafter_no_vram")
+        priced = self.search.run(target_settings(self.model, alone.settings, spec, self.opts), spec)
         msg = (
             dropped(None, None)
             + " "
-            + messages.fallback_refused(ngram, ngram_cost(search, opts, priced), priced.worst or None)
+            + messages.fallback_refused(ngram, ngram_cost(self.search, self.opts, priced), priced.worst or None)
         )
-        return outcome(alone, alone_dec, SpecConfig(), "speculative.dropped", msg, "drafter_no_vram")
+        return self.outcome(alone, alone_dec, SpecConfig(), "speculative.dropped", msg, "drafter_no_vram")
 
-    def beside(spec: SpecConfig, alone: Trial, lo_: int, hi_: int) -> Trial | None:
+    def beside(self, spec: SpecConfig, alone: Trial, lo: int, hi: int) -> Trial | None:
         """The drafter beside the target's own placement (its GPU layers and experts), at the largest
-        context in [lo_, hi_]: the drafter may take what is left, never push the target off the GPU."""
-        s_a = alone.settings
-        ngl = gpu_layers(s_a.n_gpu_layers, model.hparams.n_layer_all)
-        s_base = replace(target_settings(model, base, spec, opts), overrides=s_a.overrides)
+        context in [lo, hi]: the drafter may take what is left, never push the target off the GPU."""
+        search, s_a = self.search, alone.settings
+        ngl = gpu_layers(s_a.n_gpu_layers, self.model.hparams.n_layer_all)
+        s_base = replace(target_settings(self.model, self.base, spec, self.opts), overrides=s_a.overrides)
 
         def attempt(ctx: int) -> Trial | None:
             s2 = replace(s_base, n_ctx=ctx)
             if not search.ids:
                 return search.run(replace(s2, n_gpu_layers=0), spec)
-            if pinned:
+            if self.pinned:
                 return search.run(s2, spec)
             return search.place(s2, ngl, spec)
 
-        return search.max_ctx(lo_, hi_, attempt)
-
-    if choice.explicit:
-        # always honoured: the whole cascade, the context cut if needed, and the plan says by how much
-        for devs in options:
-            spec = SpecConfig(d, choice.ngram, devs)
-            r, dec = fit(spec, lo, hi)
-            if r is not None:
-                alone, _ = fit(SpecConfig(None, choice.ngram), lo, hi)
-                cut = messages.context_cost(r.fp.context.n_ctx, alone.fp.context.n_ctx) if alone else ""
-                return outcome(r, dec, spec, "speculative.drafter", messages.spec_explicit(d, cut))
-        return outcome(None, None, SpecConfig(d, choice.ngram, opts.devices), "speculative.drafter", "")
-
-    alone_spec = SpecConfig(None, None)
-    alone, alone_dec = fit(alone_spec, lo, hi)
-    if alone is None:
-        return outcome(None, None, alone_spec, "speculative.none", "")
-    ctx_alone = alone.fp.context.n_ctx
-
-    if opts.prefer == "speed":
-        # keep the drafter and cut the context, not below --min-ctx; if even that fails, drop it
-        for devs in options:
-            spec = SpecConfig(d, None, devs)
-            r = beside(spec, alone, lo, ctx_alone)
-            if r is not None:
-                cut = messages.context_cost(r.fp.context.n_ctx, ctx_alone)
-                return outcome(r, alone_dec, spec, "speculative.drafter", messages.spec_speed(d, cut))
-        return fallback(alone, alone_dec, lambda ngram, cost: messages.spec_speed_dropped(d, lo, ngram, cost))
-
-    # Auto, --prefer context: price the load at the context the target alone gets, with and without
-    for devs in options:
-        spec = SpecConfig(d, None, devs)
-        r = beside(spec, alone, ctx_alone, ctx_alone)
-        if r is not None:
-            on = devs[0] if devs and len(search.ids) > 1 else None
-            return outcome(r, alone_dec, spec, "speculative.drafter", messages.spec_auto_kept(d, ctx_alone, on))
-    # the numbers for the message: the drafter beside the target, following its placement
-    tried_spec = SpecConfig(d, None, options[0])
-    tried = search.run(replace(target_settings(model, alone.settings, tried_spec, opts), n_ctx=ctx_alone), tried_spec)
-    need = (tried.worst, tried.total(tried.worst), search.budget(tried.worst)) if tried.worst else None
-    return fallback(alone, alone_dec, lambda ngram, cost: messages.spec_auto_dropped(d, ctx_alone, need, ngram, cost))
+        return search.max_ctx(lo, hi, attempt)
