@@ -8,13 +8,20 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
 from llamafit.gguf.ggml import by_name
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory import backends, tensor_split
 from llamafit.memory.builds import MIRRORED, mtp_graph, outputs_per_slot
-from llamafit.memory.compute import ComputeSettings, compute_buffers, output_buffer_bytes, resolve_flash_attn
-from llamafit.memory.context import ContextParams, memory_buffers, resolve_context
+from llamafit.memory.compute import (
+    ComputeEstimate,
+    ComputeSettings,
+    compute_buffers,
+    output_buffer_bytes,
+    resolve_flash_attn,
+)
+from llamafit.memory.context import ContextParams, MemBuffer, memory_buffers, resolve_context
 from llamafit.memory.graph.replay import pooling_kind
 from llamafit.memory.graph.sampling import backend_chain
 from llamafit.memory.placement import (
@@ -138,54 +145,16 @@ def _buft_device(buft: str) -> str:
     return backends.device_of_buffer(buft)
 
 
-def estimate(
+def _placement(
     model: ModelInfo,
     s: LoadSettings,
-    gpus: Sequence[str] = (),
-    *,
-    free: Sequence[int] = (),
-    overhead: Mapping[str, int] | None = None,
-    profile: RepackProfile | None = None,
-    context_label: str = "target",
-    share_weights: bool = False,
-    compute_scale: Mapping[str, float] | None = None,
-    estimate_scale: Mapping[str, float] | None = None,
-    limits: Mapping[str, int] | None = None,
-    exact_compute: bool = True,
-) -> Footprint:
-    """Predict every buffer of one llama_context over ``model`` with settings ``s`` on ``gpus``.
-
-    ``free`` (bytes per GPU) is only used for llama.cpp's default layer split when ``-ts`` is unset.
-    ``share_weights``: a second context over an already loaded model (an MTP context): no weights.
-    ``overhead`` may be per GPU; ``compute_scale`` (buffer name -> factor) applies calibration;
-    ``estimate_scale`` only to a compute that is the per-phase estimate (a drafter over a graph no replay builds
-    takes the factor its target's no-alloc measurement showed).
-    ``exact_compute=False``: a split graph's compute buffers by the per-phase estimate, not the replay of
-    the scheduler (a quick probe; ``llamafit.memory.compute``).
-    """
-    if s.split_mode == "tensor" and gpus and tensor_split.not_modelled(model) is None:
-        # the Meta device as one card (even over one card its buffers are the Meta device's); its samplers stay on
-        # the host (llama_context::set_sampler, llama-context.cpp:1291-1302)
-        one = replace(s, split_mode="layer", backend_sampling=False, sampled_rows=0)
-        inner = estimate(
-            model,
-            replace(one, flash_attn="on" if s.flash_attn == "auto" else s.flash_attn),
-            gpus[:1],
-            free=free[:1],
-            overhead=overhead,
-            profile=profile,
-            context_label=context_label,
-            share_weights=share_weights,
-            compute_scale=compute_scale,
-            estimate_scale=estimate_scale,
-            limits=limits,
-            exact_compute=exact_compute,
-        )
-        return _on_cards(model, s, inner, list(gpus), overhead or {}, share_weights)
-    hp = model.hparams
-    gpu_ids = list(gpus)
-    if s.split_mode == "none" and gpu_ids:
-        gpu_ids = [gpu_ids[min(s.main_gpu, len(gpu_ids) - 1)]]
+    gpu_ids: list[str],
+    free: Sequence[int],
+    profile: RepackProfile | None,
+    limits: Mapping[str, int] | None,
+) -> WeightPlacement:
+    """Where each weight goes for ``s`` on ``gpu_ids``: computed once per model and placement (the fit asks for
+    the same placement at many contexts)."""
     splits = list(s.tensor_split) if any(s.tensor_split) else (list(free) if free else [1.0] * len(gpu_ids))
     splits = (splits + [0.0] * len(gpu_ids))[: len(gpu_ids)]
     key = (
@@ -201,8 +170,7 @@ def estimate(
         profile,
         tuple(sorted((limits or {}).items())),
     )
-    # the fit asks for the same placement at many contexts: it is computed once per model and key
-    placement = model.memo(
+    return model.memo(
         key,
         lambda: place_weights(
             model,
@@ -218,13 +186,14 @@ def estimate(
             limits=limits,
         ),
     )
-    fa = resolve_flash_attn(
-        s.flash_attn, offload_kqv=s.offload_kqv, have_gpu=bool(gpu_ids), quantized_v=by_name(s.type_v).quantized
-    )
+
+
+def _context(model: ModelInfo, s: LoadSettings, context_label: str, per_slot: bool) -> ContextParams:
+    """The context ``s`` makes, as llama_context resolves it."""
+    hp = model.hparams
     # builds before OUTPUTS_PER_SLOT_SINCE reserve every ubatch token's logits (graph_reserve(n_tokens, n_seqs,
     # n_tokens) in their llama-context.cpp) and sample them all; the output buffer grows at run time as now
-    per_slot = outputs_per_slot(s.build)
-    cp = resolve_context(
+    return resolve_context(
         hp,
         n_ctx=s.n_ctx,
         n_seq_max=s.n_seq,
@@ -254,6 +223,111 @@ def estimate(
         mtp=context_label == "mtp" and mtp_graph(s.build, hp.arch),
         build=s.build,
     )
+
+
+def _buffers(
+    model: ModelInfo,
+    s: LoadSettings,
+    cp: ContextParams,
+    gpu_ids: list[str],
+    placement: WeightPlacement,
+    mem: Sequence[MemBuffer],
+    comp: ComputeEstimate,
+    out_bytes: int,
+    context_label: str,
+    share_weights: bool,
+    overhead: Mapping[str, int],
+    compute_scale: Mapping[str, float],
+    estimate_scale: Mapping[str, float],
+) -> tuple[list[PredictedBuffer], dict[str, Use], dict[str, float]]:
+    """Every buffer of the context, and each device's use (the host's under ``CPU``): the weights, the memory
+    module, the compute buffers (scaled by calibration), the output buffer, each card's runtime overhead."""
+    hp = model.hparams
+    buffers: list[PredictedBuffer] = []
+    per: dict[str, Use] = {g: Use() for g in gpu_ids}
+    per[CPU] = Use()
+
+    def add(dev: str, **kw: int) -> None:
+        per[dev] = per.get(dev, Use()) + Use(**kw)
+
+    for name, size in () if share_weights else placement.buffers:
+        buffers.append(PredictedBuffer(context_label, "model", name, size))
+        add(_buft_device(name), model=size)
+    for b in mem:
+        buffers.append(PredictedBuffer(context_label, b.kind, b.buft, b.nbytes))
+        if b.kind == "kv":
+            add(_buft_device(b.buft), kv=b.nbytes)
+        else:
+            add(_buft_device(b.buft), rs=b.nbytes)
+    factors = dict(compute_scale)
+    for name, by in estimate_scale.items() if not comp.replayed else ():
+        factors[name] = max(by, factors.get(name, 0.0))
+    scaled: dict[str, float] = {}
+    for dev, size in comp.per_buft.items():
+        buft = dev if dev != CPU else (backends.host_buffer(gpu_ids) or CPU)
+        if buft in factors:
+            size, scaled[buft] = int(size * factors[buft]), factors[buft]
+        buffers.append(PredictedBuffer(context_label, "compute", buft, size))
+        add(dev, compute=size)
+    out_dev = placement.layer_device[hp.n_layer_all]
+    out_buft = (backends.host_buffer(gpu_ids) or CPU) if out_dev != CPU else CPU
+    initial = output_buffer_bytes(
+        hp, 0, cp.n_seq_max, initial=True, embeddings=s.embeddings, sampling=cp.sampled_rows > 0 and s.backend_sampling
+    )
+    buffers.append(PredictedBuffer(context_label, "output", out_buft, initial))
+    add(CPU, output=out_bytes)
+    for g in gpu_ids:
+        # the backend's runtime memory no buffer reports (llamafit.memory.backends), unless measured
+        ov = overhead.get(g, backends.runtime_overhead(g))
+        if per[g].total > 0 and ov > 0:
+            per[g] = replace(per[g], overhead=ov)
+    return buffers, per, scaled
+
+
+def estimate(
+    model: ModelInfo,
+    s: LoadSettings,
+    gpus: Sequence[str] = (),
+    *,
+    free: Sequence[int] = (),
+    overhead: Mapping[str, int] | None = None,
+    profile: RepackProfile | None = None,
+    context_label: str = "target",
+    share_weights: bool = False,
+    compute_scale: Mapping[str, float] | None = None,
+    estimate_scale: Mapping[str, float] | None = None,
+    limits: Mapping[str, int] | None = None,
+    exact_compute: bool = True,
+) -> Footprint:
+    """Predict every buffer of one llama_context over ``model`` with settings ``s`` on ``gpus``.
+
+    ``free`` (bytes per GPU) is only used for llama.cpp's default layer split when ``-ts`` is unset.
+    ``share_weights``: a second context over an already loaded model (an MTP context): no weights.
+    ``overhead`` may be per GPU; ``compute_scale`` (buffer name -> factor) applies calibration;
+    ``estimate_scale`` only to a compute that is the per-phase estimate (a drafter over a graph no replay builds
+    takes the factor its target's no-alloc measurement showed).
+    ``exact_compute=False``: a split graph's compute buffers by the per-phase estimate, not the replay of
+    the scheduler (a quick probe; ``llamafit.memory.compute``).
+    """
+    if s.split_mode == "tensor" and gpus and tensor_split.not_modelled(model) is None:
+        # the Meta device as one card (even over one card its buffers are the Meta device's); its samplers stay on
+        # the host (llama_context::set_sampler, llama-context.cpp:1291-1302)
+        meta_fa = "on" if s.flash_attn == "auto" else s.flash_attn
+        one = replace(s, split_mode="layer", backend_sampling=False, sampled_rows=0, flash_attn=meta_fa)
+        same: dict[str, Any] = dict(overhead=overhead, profile=profile, context_label=context_label, limits=limits)
+        same |= dict(share_weights=share_weights, compute_scale=compute_scale, estimate_scale=estimate_scale)
+        inner = estimate(model, one, gpus[:1], free=free[:1], exact_compute=exact_compute, **same)
+        return _on_cards(model, s, inner, list(gpus), overhead or {}, share_weights)
+    hp = model.hparams
+    gpu_ids = list(gpus)
+    if s.split_mode == "none" and gpu_ids:
+        gpu_ids = [gpu_ids[min(s.main_gpu, len(gpu_ids) - 1)]]
+    placement = _placement(model, s, gpu_ids, free, profile, limits)
+    fa = resolve_flash_attn(
+        s.flash_attn, offload_kqv=s.offload_kqv, have_gpu=bool(gpu_ids), quantized_v=by_name(s.type_v).quantized
+    )
+    per_slot = outputs_per_slot(s.build)
+    cp = _context(model, s, context_label, per_slot)
     ngl = gpu_layers(s.n_gpu_layers, hp.n_layer_all)
     pp = len(gpu_ids) > 1 and ngl > hp.n_layer_all and s.split_mode == "layer" and s.offload_kqv and not s.overrides
     mem = memory_buffers(hp, cp, placement.layer_device)
@@ -275,44 +349,21 @@ def estimate(
     )
     out_bytes += 4 * hp.n_embd * cp.n_batch * s.extract_hidden
 
-    buffers: list[PredictedBuffer] = []
-    per: dict[str, Use] = {g: Use() for g in gpu_ids}
-    per[CPU] = Use()
-
-    def add(dev: str, **kw: int) -> None:
-        per[dev] = per.get(dev, Use()) + Use(**kw)
-
-    for name, size in () if share_weights else placement.buffers:
-        buffers.append(PredictedBuffer(context_label, "model", name, size))
-        add(_buft_device(name), model=size)
-    for b in mem:
-        buffers.append(PredictedBuffer(context_label, b.kind, b.buft, b.nbytes))
-        if b.kind == "kv":
-            add(_buft_device(b.buft), kv=b.nbytes)
-        else:
-            add(_buft_device(b.buft), rs=b.nbytes)
-    factors = dict(compute_scale or {})
-    for name, by in (estimate_scale or {}).items() if not comp.replayed else ():
-        factors[name] = max(by, factors.get(name, 0.0))
-    scaled: dict[str, float] = {}
-    for dev, size in comp.per_buft.items():
-        buft = dev if dev != CPU else (backends.host_buffer(gpu_ids) or CPU)
-        if buft in factors:
-            size, scaled[buft] = int(size * factors[buft]), factors[buft]
-        buffers.append(PredictedBuffer(context_label, "compute", buft, size))
-        add(dev, compute=size)
-    out_dev = placement.layer_device[hp.n_layer_all]
-    out_buft = (backends.host_buffer(gpu_ids) or CPU) if out_dev != CPU else CPU
-    initial = output_buffer_bytes(
-        hp, 0, cp.n_seq_max, initial=True, embeddings=s.embeddings, sampling=cp.sampled_rows > 0 and s.backend_sampling
+    buffers, per, scaled = _buffers(
+        model,
+        s,
+        cp,
+        gpu_ids,
+        placement,
+        mem,
+        comp,
+        out_bytes,
+        context_label,
+        share_weights,
+        overhead or {},
+        compute_scale or {},
+        estimate_scale or {},
     )
-    buffers.append(PredictedBuffer(context_label, "output", out_buft, initial))
-    add(CPU, output=out_bytes)
-    for g in gpu_ids:
-        # the backend's runtime memory no buffer reports (llamafit.memory.backends), unless measured
-        ov = (overhead or {}).get(g, backends.runtime_overhead(g))
-        if per[g].total > 0 and ov > 0:
-            per[g] = replace(per[g], overhead=ov)
     host = per.pop(CPU)
     return Footprint(
         context=cp,
