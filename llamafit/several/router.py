@@ -85,96 +85,25 @@ def _router_attempt(
     front_at: tuple[str, int] | None = None,
 ) -> tuple[Served, bool, bool]:
     """One start of the router, until it exits: how it ended, whether all were ready, whether interrupted."""
-
     on_event(Note(shellwords.join(redacted(argv))))
-    plans = {m.entry.name: m for m in t.members}
-    resident = frozenset(m.entry.name for m in t.members if m.resident)
-    rl = RouterLog()
-    w = _Watch()
-    reported: set[str] = set()
-    failures: dict[str, str] = {}  # why a model's last load failed, as its log says (for a request waiting on it)
-    keeper = Keeper({n: m.prep for n, m in plans.items()}, resident, keep, on_event, api_key(argv, env))
-    front: Front | None = None
-    if t.budget is not None and front_at is not None:
-        # bound now (a taken port launches nothing), answering once the router listens
-        front = _front(front_at, t, on_event, keep, ready_timeout, failures.get, keeper.expect_exit)
-        keeper.resident = frozenset(plans)  # any loaded model that dies is loaded again, through the budget
-        keeper.load = lambda name: front.ensure(name).error if front is not None else None
-    started = time.monotonic()
-
-    def finish_if_all_ready() -> None:
-        if w.done or w.url is None or not resident <= reported:
-            return
-        w.done = True
-        on_event(AllReady(w.url, tuple(sorted(resident))))
-
-    def instance_ready(inst: Instance) -> None:
-        log = inst.log()
-        rows: tuple[Row, ...] = tuple(compare_all(plans[inst.name].prep, log))
-        reported.add(inst.name)
-        failures.pop(inst.name, None)
-        if front is not None:
-            front.loaded(inst.name)
-        keeper.router_pid = sup.pid
-        # kept first (its watchdog, memory watch and `up` series in place), then said: whoever reads the event
-        # finds the instance's metrics saying what the event does
-        keeper.ready(inst, log, rows)
-        on_event(InstanceReady(inst.name, inst.port, rows))
-        finish_if_all_ready()
-
-    def on_line(line: str) -> None:
-        inst, text, event = rl.feed(line)
-        on_event(ServerLine(line, is_key_line(text) or event == "exited", is_error(text)))
-        if inst is None or inst.name not in plans:
-            return
-        if event == "exited":
-            if sup.interrupted:
-                keeper.ending()
-            if not inst.ready:
-                pred, usable = device_totals(plans[inst.name].prep)
-                failures[inst.name] = classify(inst.lines, inst.exit_code or 1, pred, usable).message
-            if front is not None:
-                front.gone(inst.name, "crashed" if inst.exit_code else "requested")
-        if event == "ready":
-            instance_ready(inst)
-        elif event == "exited" and (w.done or inst.ready):  # a first load's failure stops the router (below)
-            keeper.exited(inst)
-        elif event == "exited" and not inst.ready and inst.name in resident and w.failed is None:
-            pred, usable = device_totals(plans[inst.name].prep)
-            w.failed = (inst.name, classify(inst.lines, inst.exit_code or 1, pred, usable))
-        elif event == "":
-            keeper.line(inst, text)
-
-    def on_ready(url: str, _log: object) -> None:
-        keeper.router = endpoint_of(url, argv, env)
-        w.url = url
-        if front is not None:
-            front.router = keeper.router
-            front.start()
-            host, port = front.address
-            w.url = f"http://{host}:{port}{keeper.router.prefix}"
-        finish_if_all_ready()
-
-    def stop_when() -> bool:
-        late = bool(ready_timeout) and not w.done and time.monotonic() - started > (ready_timeout or 0)
-        return w.failed is not None or late
-
-    sup = Supervisor(
+    attempt = _Attempt(t, argv, env, on_event, ready_timeout, keep, front_at)
+    sup = attempt.sup = Supervisor(
         argv,
         env,
         log_file=log_file,
-        on_line=on_line,
-        on_ready=on_ready,
+        on_line=attempt.on_line,
+        on_ready=attempt.on_ready,
         probe="/models",
         on_warning=lambda text: on_event(Note(text, "warning")),
     )
     try:
-        outcome = sup.run(ready_timeout, stop_when=stop_when)
+        outcome = sup.run(ready_timeout, stop_when=attempt.stop_when)
     finally:
-        keeper.stop()
-        if front is not None:
-            front.stop()
+        attempt.keeper.stop()
+        if attempt.front is not None:
+            attempt.front.stop()
     say_killed(outcome, on_event)
+    w = attempt.w
     if w.done:
         return Served(outcome.returncode), True, outcome.interrupted
     plan = {"plan": plan_doc}
@@ -191,6 +120,109 @@ def _router_attempt(
         message, hint = outcome.failure.message, outcome.failure.hint
     on_event(Problem(message, hint))
     return Served(int(ExitCode.SERVER_LOAD_FAILED), (message, hint, plan)), False, False
+
+
+class _Attempt:
+    """What one start of the router keeps while it runs: the router's log per instance, the instances kept
+    alive (``keeper``), llamafit's front with a memory budget, and the supervisor's callbacks."""
+
+    sup: Supervisor
+
+    def __init__(
+        self,
+        t: Together,
+        argv: list[str],
+        env: dict[str, str],
+        on_event: OnEvent,
+        ready_timeout: float | None,
+        keep: KeepSettings,
+        front_at: tuple[str, int] | None,
+    ) -> None:
+        self.argv, self.env, self.on_event, self.ready_timeout = argv, env, on_event, ready_timeout
+        self.plans = {m.entry.name: m for m in t.members}
+        self.resident = frozenset(m.entry.name for m in t.members if m.resident)
+        self.rl = RouterLog()
+        self.w = _Watch()
+        self.reported: set[str] = set()
+        self.failures: dict[str, str] = {}  # why a model's last load failed, as its log says (for a waiting request)
+        self.keeper = Keeper(
+            {n: m.prep for n, m in self.plans.items()}, self.resident, keep, on_event, api_key(argv, env)
+        )
+        self.front: Front | None = None
+        if t.budget is not None and front_at is not None:
+            # bound now (a taken port launches nothing), answering once the router listens
+            self.front = _front(front_at, t, on_event, keep, ready_timeout, self.failures.get, self.keeper.expect_exit)
+            self.keeper.resident = frozenset(self.plans)  # any loaded model that dies is loaded again, by the budget
+            front = self.front
+            self.keeper.load = lambda name: front.ensure(name).error
+        self.started = time.monotonic()
+
+    def finish_if_all_ready(self) -> None:
+        w = self.w
+        if w.done or w.url is None or not self.resident <= self.reported:
+            return
+        w.done = True
+        self.on_event(AllReady(w.url, tuple(sorted(self.resident))))
+
+    def instance_ready(self, inst: Instance) -> None:
+        log = inst.log()
+        rows: tuple[Row, ...] = tuple(compare_all(self.plans[inst.name].prep, log))
+        self.reported.add(inst.name)
+        self.failures.pop(inst.name, None)
+        if self.front is not None:
+            self.front.loaded(inst.name)
+        self.keeper.router_pid = self.sup.pid
+        # kept first (its watchdog, memory watch and `up` series in place), then said: whoever reads the event
+        # finds the instance's metrics saying what the event does
+        self.keeper.ready(inst, log, rows)
+        self.on_event(InstanceReady(inst.name, inst.port, rows))
+        self.finish_if_all_ready()
+
+    def on_line(self, line: str) -> None:
+        inst, text, event = self.rl.feed(line)
+        self.on_event(ServerLine(line, is_key_line(text) or event == "exited", is_error(text)))
+        if inst is None or inst.name not in self.plans:
+            return
+        if event == "exited":
+            self.exited(inst)
+        if event == "ready":
+            self.instance_ready(inst)
+        elif event == "exited" and (self.w.done or inst.ready):  # a first load's failure stops the router (below)
+            self.keeper.exited(inst)
+        elif event == "exited" and not inst.ready and inst.name in self.resident and self.w.failed is None:
+            self.w.failed = (inst.name, self.why(inst))
+        elif event == "":
+            self.keeper.line(inst, text)
+
+    def exited(self, inst: Instance) -> None:
+        """An instance exited: on Ctrl-C or SIGTERM the router stops them (not failures); a first load's
+        failure is kept for the request that waits for it; the front no longer counts it as loaded."""
+        if self.sup.interrupted:
+            self.keeper.ending()
+        if not inst.ready:
+            self.failures[inst.name] = self.why(inst).message
+        if self.front is not None:
+            self.front.gone(inst.name, "crashed" if inst.exit_code else "requested")
+
+    def why(self, inst: Instance) -> Failure:
+        pred, usable = device_totals(self.plans[inst.name].prep)
+        return classify(inst.lines, inst.exit_code or 1, pred, usable)
+
+    def on_ready(self, url: str, _log: object) -> None:
+        self.keeper.router = endpoint_of(url, self.argv, self.env)
+        self.w.url = url
+        if self.front is not None:
+            self.front.router = self.keeper.router
+            self.front.start()
+            host, port = self.front.address
+            self.w.url = f"http://{host}:{port}{self.keeper.router.prefix}"
+        self.finish_if_all_ready()
+
+    def stop_when(self) -> bool:
+        late = (
+            bool(self.ready_timeout) and not self.w.done and time.monotonic() - self.started > (self.ready_timeout or 0)
+        )
+        return self.w.failed is not None or late
 
 
 def _front(
