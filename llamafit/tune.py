@@ -31,7 +31,7 @@ from llamafit.planning.prepared import Prepared
 from llamafit.planning.tuned import remember, tune_file
 from llamafit.serving.before import before_launch
 from llamafit.speed.bench import BenchError, bench_binary, bench_flags, run_bench
-from llamafit.speed.measuring import MEASURE_BUDGET
+from llamafit.speed.rate_source import MEASURE_BUDGET
 
 SCHEMA = "llamafit.tune/1"
 PROMPT, GEN = 512, 64

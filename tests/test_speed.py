@@ -27,6 +27,7 @@ from llamafit.memory.placement import CPU
 from llamafit.server.args import parse_server_args
 from llamafit.serving.timings import TimingReader
 from llamafit.speed import probe as pr
+from llamafit.speed import probe_cache as pc
 from llamafit.speed import probe_models as pm
 from llamafit.speed.bench import bench_flags, parse_jsonl
 from llamafit.speed.calibrate import correction
@@ -256,8 +257,8 @@ def test_a_model_that_normalises_each_head_is_measured_on_a_twin_that_does(tmp_p
 
 def test_a_damaged_probe_cache_is_not_read(tmp_path: Path) -> None:
     good = pr.Timings(1e-4, 2e-4, {"q8_0": 0.02}, 0.01, 0.5, 512, 0.001, 0.01, 0.1, 0.2, 1024)
-    pr.write_cache(tmp_path, {"k": good})
-    assert pr.timings_from(pr.read_cache(tmp_path)["k"]) == good
+    pc.write_cache(tmp_path, {"k": good})
+    assert pc.timings_from(pc.read_cache(tmp_path)["k"]) == good
     for bad in (
         {"tiny1": -1, "tiny9": 1},
         {"tiny1": 1e-4, "tiny9": "x"},
@@ -265,21 +266,21 @@ def test_a_damaged_probe_cache_is_not_read(tmp_path: Path) -> None:
         {"tiny1": 1e-4, "tiny9": 2e-4, "twin_tg": True},
         {"tiny1": 1e-4, "tiny9": 2e-4, "prompt": 1.5},
     ):
-        assert pr.timings_from(bad) is None, bad
+        assert pc.timings_from(bad) is None, bad
     (tmp_path / "rates.json").write_text("[not the cache")
-    assert pr.read_cache(tmp_path) == {}
+    assert pc.read_cache(tmp_path) == {}
 
 
 def test_a_probe_that_ran_out_of_time_rests_an_hour_one_that_failed_a_day(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    pr.write_cache(tmp_path, {}, {"late": ("did not finish within 9 s", True), "broke": ("exit 1", False)}, 10.0)
-    cache = pr.read_cache(tmp_path)
-    assert pr.failed_before(cache, "late", 10.0) and pr.failed_before(cache, "broke", 10.0)
-    assert pr.failed_before(cache, "late", 60.0) is None  # more time (tune) tries it now
-    now = pr.time.time()
-    monkeypatch.setattr(pr.time, "time", lambda: now + pr.OUT_OF_TIME_FOR + 1)
-    assert pr.failed_before(cache, "late", 10.0) is None and pr.failed_before(cache, "broke", 10.0) == "exit 1"
+    pc.write_cache(tmp_path, {}, {"late": ("did not finish within 9 s", True), "broke": ("exit 1", False)}, 10.0)
+    cache = pc.read_cache(tmp_path)
+    assert pc.failed_before(cache, "late", 10.0) and pc.failed_before(cache, "broke", 10.0)
+    assert pc.failed_before(cache, "late", 60.0) is None  # more time (tune) tries it now
+    now = pc.time.time()
+    monkeypatch.setattr(pc.time, "time", lambda: now + pc.OUT_OF_TIME_FOR + 1)
+    assert pc.failed_before(cache, "late", 10.0) is None and pc.failed_before(cache, "broke", 10.0) == "exit 1"
 
 
 def test_the_attention_run_is_sized_to_the_time_a_plan_has_left(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from llamafit.cli.app import app
 from llamafit.gguf.demo_model import ensure_demo_model
 from llamafit.gguf.model import load_model
 from llamafit.server.binary import ServerBinary
-from llamafit.speed import load
+from llamafit.speed import busy
 from llamafit.speed import probe_models as pm
 from llamafit.speed.bench import bench_binary, run_bench
 from tests import factory
@@ -28,9 +28,9 @@ pytestmark = pytest.mark.server
 @pytest.fixture
 def probing(monkeypatch: pytest.MonkeyPatch) -> None:
     """Measuring allowed, on a machine quiet enough for the probe to measure: a probe rightly defers on a
-    busy one (llamafit.speed.load), so the test waits for the quiet it needs, and names what kept it busy."""
+    busy one (llamafit.speed.busy), so the test waits for the quiet it needs, and names what kept it busy."""
     monkeypatch.setenv("LLAMAFIT_PROBE", "auto")
-    if (why := load.wait_quiet(None, time.monotonic() + 90)) is not None:
+    if (why := busy.wait_quiet(None, time.monotonic() + 90)) is not None:
         pytest.fail(f"{why}: {_busiest()}")
 
 

@@ -16,7 +16,7 @@ import pytest
 
 from llamafit.gguf.demo_model import ensure_demo_model
 from llamafit.server.binary import ServerBinary
-from llamafit.speed import probe as pr
+from llamafit.speed import probe_cache as pc
 from tests.test_trust_measuring import LLAMAFIT, calls, probing, toolbox
 
 pytestmark = pytest.mark.server
@@ -57,7 +57,7 @@ def test_a_busy_machine_is_not_measured_and_nothing_is_cached(
     assert r.returncode == 0, r.stderr
     assert "speed not measured now: other processes keep" in r.stderr and calls(tmp_path) == 0
     assert time.monotonic() - t < 60  # waited its bounded while, then deferred
-    assert pr.read_cache(Path(os.environ["LLAMAFIT_CACHE"]) / "speed") == {}
+    assert pc.read_cache(Path(os.environ["LLAMAFIT_CACHE"]) / "speed") == {}
 
 
 class BusyCard:
@@ -79,21 +79,21 @@ def test_a_card_another_process_keeps_busy_is_not_measured_and_nothing_is_cached
     and passes."""
     from llamafit.devices.machine import Device, Host, Machine
     from llamafit.gguf.model import load_model
-    from llamafit.speed.measuring import RateSource
+    from llamafit.speed.rate_source import RateSource
 
     srv = toolbox(tmp_path, server_bin)
     card = Device("CUDA0", "NVIDIA GeForce RTX 4090", 24 << 30, 23 << 30, nvml_index=0)
     machine = Machine((card,), Host(total=24 << 30, available=20 << 30))
-    busy = BusyCard(95)
-    source = RateSource(machine, load_model(str(demo)), server_path=srv, env=probing(), gpu_use=busy)
+    card_use = BusyCard(95)
+    source = RateSource(machine, load_model(str(demo)), server_path=srv, env=probing(), gpu_use=card_use)
     measured = source.measured(["CUDA0"])
-    assert busy.asked and any("speed not measured now: CUDA0 is 95 % busy" in n for n in measured.notes)
-    assert calls(tmp_path) == 0 and pr.read_cache(Path(os.environ["LLAMAFIT_CACHE"]) / "speed") == {}
+    assert card_use.asked and any("speed not measured now: CUDA0 is 95 % busy" in n for n in measured.notes)
+    assert calls(tmp_path) == 0 and pc.read_cache(Path(os.environ["LLAMAFIT_CACHE"]) / "speed") == {}
     assert measured.rates["CUDA0"].source == "prior"  # what it is known as stays: the card's priors
-    from llamafit.speed import load
+    from llamafit.speed import busy
 
-    assert load.gpu_too_busy({"CUDA0": 0}, BusyCard(0)) is None
-    assert load.gpu_too_busy({"CUDA0": 0}, BusyCard(load.GPU_BUSY + 1)) is not None
+    assert busy.gpu_too_busy({"CUDA0": 0}, BusyCard(0)) is None
+    assert busy.gpu_too_busy({"CUDA0": 0}, BusyCard(busy.GPU_BUSY + 1)) is not None
 
 
 def test_a_load_that_arrives_during_a_measurement_makes_it_doubtful(
@@ -109,7 +109,7 @@ def test_a_load_that_arrives_during_a_measurement_makes_it_doubtful(
         _stop_spinners()
     assert r.returncode == 0, r.stderr
     assert "doubtful" in r.stderr and "not used, not cached" in r.stderr
-    assert not [k for k in pr.read_cache(Path(os.environ["LLAMAFIT_CACHE"]) / "speed") if not k.startswith("failed|")]
+    assert not [k for k in pc.read_cache(Path(os.environ["LLAMAFIT_CACHE"]) / "speed") if not k.startswith("failed|")]
 
 
 # every result of llama-bench's first run held up: the upper half of its repetitions three times slower
@@ -153,7 +153,7 @@ def test_a_moments_hold_up_is_measured_again_and_the_steady_run_kept(
     assert "doubtful" not in r.stderr and "measured this machine's speed" in r.stderr
     runs = (tmp_path / "calls").read_text().splitlines()
     assert len(runs) >= 2 and runs[0] == runs[1]  # the held-up run, made again with the same arguments
-    assert [k for k in pr.read_cache(Path(os.environ["LLAMAFIT_CACHE"]) / "speed") if not k.startswith("failed|")]
+    assert [k for k in pc.read_cache(Path(os.environ["LLAMAFIT_CACHE"]) / "speed") if not k.startswith("failed|")]
     assert json.loads(r.stdout)["speed"]["devices"][0]["rates"] == "measured"
 
 
@@ -177,4 +177,4 @@ def test_a_held_up_run_whose_second_try_fails_is_judged_on_the_first(
     assert "doubtful" in r.stderr and "not measured again for now" not in r.stderr
     runs = (tmp_path / "calls").read_text().splitlines()
     assert len(runs) > 2 and runs[0] == runs[1]  # the held-up run was tried again; the probe went on after it
-    assert not [k for k in pr.read_cache(Path(os.environ["LLAMAFIT_CACHE"]) / "speed") if not k.startswith("failed|")]
+    assert not [k for k in pc.read_cache(Path(os.environ["LLAMAFIT_CACHE"]) / "speed") if not k.startswith("failed|")]

@@ -25,7 +25,7 @@ from llamafit.planning.planner import Planner
 from llamafit.planning.tuned import tune_file, tune_key
 from llamafit.server.binary import ServerBinary, free_port
 from llamafit.server.supervisor import Supervisor
-from llamafit.speed import probe as pr
+from llamafit.speed import probe_cache as pc
 from tests import factory
 from tests.realserver import READY, launch_run, read_json_doc, stand_in, stop_run, wait_for
 
@@ -237,7 +237,7 @@ def test_a_plan_does_not_wait_while_another_llamafit_measures(
     """Two cold plans at once would each time the other's load (and eight would take minutes): the second
     uses what is cached and says why."""
     srv = toolbox(tmp_path, server_bin)
-    with pr.measuring(Path(os.environ["LLAMAFIT_CACHE"]) / "speed") as mine:
+    with pc.measuring(Path(os.environ["LLAMAFIT_CACHE"]) / "speed") as mine:
         assert mine
         t = time.monotonic()
         r = subprocess.run([*LLAMAFIT, "plan", str(demo), "--server", srv], capture_output=True, text=True,
@@ -376,7 +376,7 @@ def test_a_served_request_far_from_its_prediction_drops_the_measurement(server_b
     finally:
         os.environ.pop("LLAMAFIT_PROBE")
     assert prep.measured is not None and prep.plan.speed is not None and prep.plan.speed.tg
-    cached = set(pr.read_cache(directory))
+    cached = set(pc.read_cache(directory))
     assert cached
     near = SpeedCheck(Served(16, 10.0, 8, 8 / prep.plan.speed.tg * 1e3), None, prep.plan.speed.tg)
     far = SpeedCheck(Served(16, 10.0, 8, 1.0), None, 9.3)  # the demo's 700x: 8 tokens in 1 ms against 9.3 tok/s
@@ -385,7 +385,7 @@ def test_a_served_request_far_from_its_prediction_drops_the_measurement(server_b
     # per-request costs: said, not taken as evidence against the measurement
     short = SpeedCheck(Served(15, 35.0, 8, 0.9), 172712.5, 11421.2)
     assert not short.far and "too short to judge" in short.message() and FAR not in short.message()
-    assert prep.measured.forget() and not set(pr.read_cache(directory)) & cached
+    assert prep.measured.forget() and not set(pc.read_cache(directory)) & cached
 
 
 def test_a_measurement_the_plans_time_cuts_short_goes_on_then_rests(

@@ -27,7 +27,7 @@ from llamafit.server.capabilities import MAX_VERSION, package_build, parse_probe
 from llamafit.server.failures import classify
 from llamafit.server.supervisor import listening_url
 from llamafit.serving.timings import TimingReader
-from llamafit.speed import probe as pr
+from llamafit.speed import probe_cache as pc
 from llamafit.speed.bench import parse_jsonl
 from llamafit.speed.prediction import MAX_UBATCHES, _ubatches
 from llamafit.units import GiB
@@ -167,9 +167,9 @@ def test_bench_results_no_device_could_give_are_dropped(bad: dict[str, object]) 
 
 def test_cached_timings_are_validated() -> None:
     good = {"tiny1": 1e-4, "tiny9": 2e-4, "stream": {"f16": 3e-4}}
-    assert pr.timings_from(good) is not None
+    assert pc.timings_from(good) is not None
     for k, v in [("tiny1", 1e-320), ("tiny9", float("inf")), ("stream", {"f16": 1e-300}), ("twin_tg", True)]:
-        assert pr.timings_from(good | {k: v}) is None, (k, v)
+        assert pc.timings_from(good | {k: v}) is None, (k, v)
 
 
 def test_documents_are_strict_json() -> None:

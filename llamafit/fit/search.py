@@ -30,7 +30,7 @@ from llamafit.memory.footprint import Footprint, LoadSettings, Use, estimate
 from llamafit.memory.placement import CPU, PARTIAL_EXPS_REGEX, Override, experts_on_cpu
 from llamafit.memory.tensor_split import not_modelled
 from llamafit.speculative import SpecConfig, SpecOptions, drafter_use
-from llamafit.speed.measuring import with_assumed
+from llamafit.speed.rate_source import with_assumed
 from llamafit.units import GiB
 
 CTX_STEP = N_CTX_PAD  # the server pads n_ctx to this: the only contexts that differ
@@ -98,7 +98,7 @@ class Search:
         self.fixed = dict(fixed)  # what does not depend on the fit: the multimodal projector
         self.adapters = adapters if adapters is not None and not adapters.empty else None
         # what each device does per second, for the choice between placements: measured or prior where the
-        # planner's measuring stage had them, else what is assumed of such a device (llamafit.speed.measuring)
+        # planner's measuring stage had them, else what is assumed of such a device (llamafit.speed.rate_source)
         self.rates = with_assumed(machine, rates)
 
     def estimate(

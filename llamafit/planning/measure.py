@@ -1,5 +1,5 @@
 """The measuring stage: the devices' rates a plan reads, measured where llama-bench can reach them and nothing
-is cached (within the plan's measuring time), else their backend's priors (``llamafit.speed.measuring``).
+is cached (within the plan's measuring time), else their backend's priors (``llamafit.speed.rate_source``).
 
 It runs twice around the fit, and the fit only reads what it gave: ``before_fit`` gives the cards the fit may
 choose a split between as they are known (measured before and cached, else their priors: a plan is not held
@@ -23,7 +23,7 @@ from llamafit.planning.discover import launch_env
 from llamafit.planning.resolve import Resolved
 from llamafit.server.binary import ServerBinary
 from llamafit.speed.bench import rate_flags
-from llamafit.speed.measuring import MEASURE_BUDGET, Measured, RateSource
+from llamafit.speed.rate_source import MEASURE_BUDGET, Measured, RateSource
 
 
 def rate_source(
@@ -60,7 +60,7 @@ def rate_source(
 
 def before_fit(source: RateSource, mach: Machine, res: Resolved) -> Measured:
     """The rates the fit reads: every device it may place work on (the cards and the host) as cached, else their
-    priors or what is assumed of them (``llamafit.speed.measuring``): the choice between placements weighs them."""
+    priors or what is assumed of them (``llamafit.speed.rate_source``): the choice between placements weighs them."""
     return source.measured([*split_devices(mach, res.asked.req), *(g.id for g in mach.gpus), CPU], measure=False)
 
 

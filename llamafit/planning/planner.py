@@ -26,7 +26,7 @@ from llamafit.server.binary import ServerBinary
 from llamafit.server.capabilities import Capabilities
 from llamafit.server.compat import supported
 from llamafit.server.environment import config_findings
-from llamafit.speed.measuring import MEASURE_BUDGET, Measured
+from llamafit.speed.rate_source import MEASURE_BUDGET, Measured
 
 
 @dataclass

@@ -12,7 +12,7 @@ from llamafit.hub.select import HubFile
 from llamafit.server.args import ServerArgs
 from llamafit.server.binary import ServerBinary
 from llamafit.server.capabilities import Capabilities
-from llamafit.speed.measuring import Measured
+from llamafit.speed.rate_source import Measured
 
 
 @dataclass(frozen=True)

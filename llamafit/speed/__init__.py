@@ -8,10 +8,11 @@ Modules:
 * ``parallel``: how ``-sm tensor`` and ``-sm row`` spread one evaluation over cards at once;
 * ``tiles``: how ggml-cuda's MMQ tiles an MoE ubatch's expert matmuls;
 * ``priors``: what a device does per second where nothing was measured, per backend;
-* ``measuring``: the rate source: each device's rates for one plan, measured by the probe or from priors;
-* ``probe``: the bounded, cached llama-bench measurement of each device;
+* ``rate_source``: each device's rates for one plan, measured by the probe or from priors (``RateSource``);
+* ``probe``: the bounded llama-bench measurement of each device;
+* ``probe_cache``: the probe's cache of timings and failures, and the measuring lock;
 * ``probe_models``: the synthetic models the probe times;
 * ``bench``: running the real llama-bench and reading its JSON lines;
-* ``load``: whether the machine is quiet enough to measure;
+* ``busy``: whether the machine is quiet enough to measure;
 * ``calibrate``: past launches' served speed against their plans, correcting the next;
 """

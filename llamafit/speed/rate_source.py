@@ -4,7 +4,7 @@ given rate) turned into every term by its backend's priors (``llamafit.speed.pri
 wins over a prior of the same term; a term neither measured nor known stays unknown.
 
 Measuring is bounded (``MEASURE_BUDGET`` seconds a plan, what is left measured by a later one) and guarded: a
-machine that other processes keep busy is not measured now (``llamafit.speed.load``: the plan waits
+machine that other processes keep busy is not measured now (``llamafit.speed.busy``: the plan waits
 ``LOAD_WAIT`` seconds for it to quiet down, then defers), a measurement whose repetitions disagree or that a
 load arrived during is neither used nor cached, and a served request far from its prediction drops the cached
 measurements it came from (``Measured.forget``).
@@ -37,8 +37,9 @@ from llamafit.memory import backends
 from llamafit.memory.calibration import model_id, read_history
 from llamafit.memory.placement import CPU
 from llamafit.paths import cache_dir
-from llamafit.speed import load, priors, tiles
+from llamafit.speed import busy, priors, tiles
 from llamafit.speed import probe as pr
+from llamafit.speed import probe_cache as pc
 from llamafit.speed import probe_models as pm
 from llamafit.speed.bench import bench_binary
 from llamafit.speed.calibrate import SpeedCorrection, correction, speed_key
@@ -149,7 +150,7 @@ class Measured:
         again. What was dropped, in words."""
         if not self.entries or self.directory is None:
             return []
-        if not pr.forget(self.directory, set(self.entries)):
+        if not pc.forget(self.directory, set(self.entries)):
             return ["the cached speed measurements could not be dropped (another llamafit holds them)"]
         return ["the cached speed measurements of these devices were dropped: the next plan measures them again"]
 
@@ -182,7 +183,7 @@ class RateSource:
         directory: Path | None = None,
         calibrate: bool = True,
         measure: float = MEASURE_BUDGET,
-        gpu_use: load.GpuUse | None = None,
+        gpu_use: busy.GpuUse | None = None,
     ) -> None:
         self.machine, self.model, self.env, self.threads, self.flags = machine, model, env, threads, tuple(flags)
         self.prompt, self.here, self.progress, self.measure = prompt, here, progress, measure
@@ -248,6 +249,51 @@ class RateSource:
         rates = self.rates(devices, measure=measure)
         return Measured(rates, self.key, tuple(self.notes), frozenset(self._used), self.directory)
 
+    def _probe(
+        self,
+        one: _One,
+        types: Sequence[str],
+        twin: pm.Twin | None,
+        attn: pm.Twin | None,
+        failed: dict[str, tuple[str, bool]],
+    ) -> pr.Timings | None:
+        """``one`` device measured (what it lacks of the probe): its timings, or None when nothing usable came of it
+        (a failure, said and remembered in ``failed``; a doubtful run, said and marked on ``one``)."""
+        assert self._bench is not None
+        t = one.target
+        spreads: list[float] = []
+        try:
+            got = pr.measure(
+                self._bench,
+                self.env,
+                t,
+                types=[] if one.light else types,
+                twin=None if one.light else twin,
+                attn=None if one.light else attn,
+                prompt=self.prompt,
+                threads=self.threads,
+                directory=self.directory,
+                have=one.have,
+                progress=self.progress,
+                extra=self.flags,
+                deadline=one.deadline,
+                spreads=spreads,
+            )
+        except pr.ProbeError as e:
+            if (why := self._stopped(t.device, e, one.have)) is not None:
+                failed[one.key] = (why, e.out_of_time)
+            if e.partial is None:
+                return None
+            got = e.partial
+        if (doubt := _doubt(spreads, self.threads)) is not None:
+            self.notes.append(
+                f"the speed of {t.device} measured now is doubtful ({doubt}): not used, not cached; "
+                "a later plan measures it again"
+            )
+            one.doubtful = True
+            return None
+        return got
+
     def _stopped(self, device: str, e: pr.ProbeError, have: pr.Timings | None) -> str | None:
         """Say why ``device``'s probe stopped; what to remember as its failure (not tried again by every plan),
         or None when this plan's time ran out after some progress (the next plan goes on from there)."""
@@ -273,12 +319,12 @@ class RateSource:
         types = weight_types(self.model)
         twin, attn = pm.twin_of(self.model), pm.attention_twin(self.model)
         shape = f"{twin.key if twin else '-'}:{attn.key if attn else '-'}:p={self.prompt}"
-        cache = pr.read_cache(d)
+        cache = pc.read_cache(d)
         fresh: dict[str, pr.Timings] = {}
         failed: dict[str, tuple[str, bool]] = {}
         measured: dict[str, pr.Timings] = {}
         allowed = run and self.measure > 0 and probe_allowed(self.env)
-        busy = False  # another llamafit holds the measuring lock, or the machine is too busy to measure
+        held_off = False  # another llamafit holds the measuring lock, or the machine is too busy to measure
         deferred = False  # the machine was too busy: said once
         started = time.monotonic()
         targets = self._targets(devices)
@@ -288,9 +334,9 @@ class RateSource:
         with contextlib.ExitStack() as held:
             lock: list[bool] = []  # the measuring lock, taken when the first device needs measuring
             for t in targets:
-                gen_key = pr.cache_key(bench, t, self.threads, self.flags, "device")
-                mod_key = pr.cache_key(bench, t, self.threads, self.flags, shape)
-                have = _combined(pr.timings_from(cache.get(gen_key, {})), pr.timings_from(cache.get(mod_key, {})))
+                gen_key = pc.cache_key(bench, t, self.threads, self.flags, "device")
+                mod_key = pc.cache_key(bench, t, self.threads, self.flags, shape)
+                have = _combined(pc.timings_from(cache.get(gen_key, {})), pc.timings_from(cache.get(mod_key, {})))
                 light = t.device == CPU and CPU not in devices  # only its overheads are needed
                 if have is not None:
                     self._used.update((gen_key, mod_key))
@@ -299,7 +345,7 @@ class RateSource:
                     continue
                 if not allowed:
                     continue
-                if (why := pr.failed_before(cache, mod_key, self.measure)) is not None:
+                if (why := pc.failed_before(cache, mod_key, self.measure)) is not None:
                     self.notes.append(
                         f"the speed of {t.device} is not measured again for now: {why} (priors stand in; "
                         "llamafit tune measures it)"
@@ -308,9 +354,9 @@ class RateSource:
                         measured[t.device] = have
                     continue
                 if not lock:
-                    lock.append(held.enter_context(pr.measuring(d)))
+                    lock.append(held.enter_context(pc.measuring(d)))
                     until = min(started + self.measure, time.monotonic() + LOAD_WAIT)
-                    if lock[0] and (why := load.wait_quiet(self.threads, until, cards, self.gpu_use)):
+                    if lock[0] and (why := busy.wait_quiet(self.threads, until, cards, self.gpu_use)):
                         self.notes.append(f"speed not measured now: {why} (a later plan measures it; so does tune)")
                         lock[0], deferred = False, True
                 if not lock[0]:
@@ -318,40 +364,13 @@ class RateSource:
                         self.notes.append(
                             "another llamafit is measuring this machine now: this plan uses what is cached"
                         )
-                    allowed, busy = False, True
+                    allowed, held_off = False, True
                     if have is not None:
                         measured[t.device] = have
                     continue
-                spreads: list[float] = []
-                try:
-                    got = pr.measure(
-                        bench,
-                        self.env,
-                        t,
-                        types=[] if light else types,
-                        twin=None if light else twin,
-                        attn=None if light else attn,
-                        prompt=self.prompt,
-                        threads=self.threads,
-                        directory=d,
-                        have=have,
-                        progress=self.progress,
-                        extra=self.flags,
-                        deadline=started + self.measure,
-                        spreads=spreads,
-                    )
-                except pr.ProbeError as e:
-                    if (why := self._stopped(t.device, e, have)) is not None:
-                        failed[mod_key] = (why, e.out_of_time)
-                    if (got_some := e.partial) is None:
-                        continue
-                    got = got_some
-                if (doubt := _doubt(spreads, self.threads)) is not None:
-                    self.notes.append(
-                        f"the speed of {t.device} measured now is doubtful ({doubt}): not used, not cached; "
-                        "a later plan measures it again"
-                    )
-                    if have is not None:
+                one = _One(t, mod_key, have, light, started + self.measure)
+                if (got := self._probe(one, types, twin, attn, failed)) is None:
+                    if have is not None and one.doubtful:
                         measured[t.device] = have
                     continue
                 self._used.update((gen_key, mod_key))
@@ -360,12 +379,12 @@ class RateSource:
                     fresh[mod_key] = got
                 measured[t.device] = got
             if fresh or failed:
-                pr.write_cache(d, fresh, failed, self.measure)
+                pc.write_cache(d, fresh, failed, self.measure)
         if fresh:
             self.notes.append(
                 f"measured this machine's speed for this model ({time.monotonic() - started:.0f} s; cached)"
             )
-        elif run and not allowed and targets and not measured and not busy:
+        elif run and not allowed and targets and not measured and not held_off:
             self.notes.append(f"speed not measured ({PROBE_ENV}=off and nothing cached)")
         # a device whose measurement stopped after its overheads (the time ran out, a run failed) has no
         # streaming rate to derive from: it keeps its priors, or stays unknown, until a later plan completes it;
@@ -390,9 +409,9 @@ def _doubt(spreads: Sequence[float], threads: int | None) -> str | None:
     A card is not asked again here: NVML's last sample period still holds the measurement's own kernels (a
     load arriving on it during the measurement shows in the repetitions' spread)."""
     worst = max(spreads, default=0.0)
-    if worst > load.MAX_SPREAD:
+    if worst > busy.MAX_SPREAD:
         return f"repetitions {worst:.0%} apart"
-    return load.too_busy(threads)
+    return busy.too_busy(threads)
 
 
 def _streams(t: pr.Timings) -> bool:
@@ -407,6 +426,19 @@ def _combined(device: pr.Timings | None, model: pr.Timings | None) -> pr.Timings
     if device is None:
         return model
     return replace(model, tiny1=device.tiny1, tiny9=device.tiny9, stream={**model.stream, **device.stream})
+
+
+@dataclass
+class _One:
+    """One device to measure in a plan: its probe target, its cache key, what is cached of it, whether only its
+    overheads are needed, the plan's measuring deadline; ``doubtful``: its run's repetitions disagreed."""
+
+    target: pr.Target
+    key: str
+    have: pr.Timings | None
+    light: bool
+    deadline: float
+    doubtful: bool = False
 
 
 def _complete(t: pr.Timings, types: Sequence[str], twin: pm.Twin | None, attn: pm.Twin | None, gpu: bool) -> bool:
