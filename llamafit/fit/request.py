@@ -72,6 +72,7 @@ class Request:
     mmproj_offload: bool = True  # --no-mmproj-offload keeps it on the CPU
     mmproj_device: str | None = None  # -mmdev DEV
     image_max_tokens: int = -1  # --image-max-tokens (changes the warmup image)
+    threads: int | None = None  # -t (None: llama.cpp's default, its -1 or 0 included)
     rpc: tuple[str, ...] = ()  # --rpc endpoints (every occurrence accumulates)
     margin: int = DEFAULT_MARGIN_MIB << 20
     margins: dict[str, int] = field(default_factory=dict)  # per device ("host" for RAM), over ``margin``
@@ -182,6 +183,7 @@ VALUES: tuple[tuple[str, str, Callable[[str | None, str], object]], ...] = (
     ("--mmproj-url", "mmproj_url", lambda v, _f: v),
     ("--mmproj-device", "mmproj_device", _mmproj_device),
     ("--image-max-tokens", "image_max_tokens", _at_least(-1)),
+    ("--threads", "threads", lambda v, f: int_value(v, f) if int_value(v, f) > 0 else None),
 )
 # on/off flags (``--X`` / ``--no-X``) that set a field
 SWITCHES = (

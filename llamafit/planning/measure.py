@@ -37,16 +37,13 @@ def rate_source(
     """What measures the devices for this model as the server will run it: its thread count, repacking, flash
     attention and cache types; ``budget``: the seconds it may spend measuring (0: cached measurements only)."""
     user = res.asked.user
-    threads = None
-    if (occ := user.last("--threads")) is not None and (occ.value or "").isdecimal():
-        threads = int(occ.value or 0) or None
     bw = parse_rate(o.host_bandwidth, "--host-bandwidth") if o.host_bandwidth else None
     return RateSource(
         mach,
         res.model,
         server_path=srv.path if srv else None,
         env=launch_env(srv).env if srv else dict(os.environ),
-        threads=threads,
+        threads=res.asked.req.threads,
         flags=rate_flags(user),
         prompt=max(32, min(res.asked.req.n_ubatch, 2048)),  # the ubatch the server runs prompts in
         host_bandwidth=bw,
