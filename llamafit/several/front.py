@@ -6,9 +6,9 @@ server-models.cpp:2020-2080) that is not loaded first gets room: with the router
 ("model is not loaded"), so llamafit unloads what the budget says (``/models/unload``), loads the model
 (``/models/load``) and waits until the router says it is loaded, then passes the request on. One room is made at a
 time (two cold models asked at once are loaded one after the other, and stay together where they fit); a request
-for a loaded model never waits for that. A load that fails answers the waiting request with an error that says
-why; a client that goes away while it waits does not stop the load. Nothing here prints: ``on_event`` hears
-every load and unload.
+for a loaded model never waits for that; a load asked by name (``/models/load``) makes its room the same way. A load
+that fails answers the waiting request with an error that says why; a client that goes away while it waits does not
+stop the load. Nothing here prints: ``on_event`` hears every load and unload.
 """
 
 from __future__ import annotations
@@ -232,7 +232,11 @@ class Front:
         name = self.name_of(asked) if asked is not None else None
         if name is not None and path_of(h.path).endswith("/models/unload"):
             self.on_unload(name)
-        elif name is not None and not path_of(h.path).endswith("/models/load"):
+        elif name is not None and path_of(h.path).endswith("/models/load"):
+            if self._load_asked(name):
+                _answer(h, 200, {"success": True})
+                return
+        elif name is not None:
             room = self.ensure(name)
             if room.error is not None:
                 _answer(h, 503, {"error": {"code": 503, "type": "unavailable_error", "message": room.error}})
@@ -240,6 +244,22 @@ class Front:
         self._forward(h, body)
         if name is not None and path_of(h.path).endswith("/models/unload"):
             self.gone(name, "requested")
+
+    def _load_asked(self, name: str) -> bool:
+        """A load asked of the router's API by name: room is made by the budget as for a request, in the background,
+        answered at once as the router answers it (server-models.cpp:2070-2078); False where the router should
+        answer itself (the model is running already: its own "already running" error)."""
+        with contextlib.suppress(OSError, ValueError, http.client.HTTPException):
+            if self._statuses().get(name) in RUNNING:
+                return False
+        loader = threading.Thread(target=self._load_in_background, args=(name,), name=f"load {name}", daemon=True)
+        loader.start()
+        return True
+
+    def _load_in_background(self, name: str) -> None:
+        room = self.ensure(name)
+        if room.error is not None:
+            self.on_event(Note(f"the load of {name} asked through the API failed: {room.error}", "warning"))
 
     def _forward(self, h: _Handler, body: bytes) -> None:
         headers = {k: v for k, v in h.headers.items() if k.lower() not in HOP and k.lower() != "host"}
