@@ -3,7 +3,8 @@
 placement llamafit chooses at a context against the alternatives that fit there, each timed by the real
 llama-bench of the same build.
 
-For each case (rig, model, the room its device is given with ``--margin DEV=SIZE``), llamafit plans the load at
+For each case (rig, model, the room its device is given with ``--margin DEV=SIZE``: its fixed buffers and a share
+of what grows with the layers it holds, as the whole load on it plans them), llamafit plans the load at
 ``-c 4096 -np 1`` (the probe measures each device first, cached in the bench's cache); the alternatives are the
 steps of each ladder that fit at that context within the margins, as a user would pin them: ``-ngl N`` from the
 largest that fits down, ``--n-cpu-ffn m`` (every layer on the device) from the smallest that fits up, and for a MoE
@@ -51,17 +52,18 @@ class Case:
     rig: str
     model: str
     device: str  # the device given a small room
-    room_mib: int  # what it may hold beyond its own buffers' share (its usable memory)
+    share: float  # of what grows with the layers it holds (weights, cache), the room it is given beside its fixed
+    # buffers (compute, output, runtime overhead), as the whole load on it plans them
     label: str
 
 
 CASES = [
-    Case("vulkan", "dense-160m", "Vulkan0", 110, "dense, room for half the model"),
-    Case("vulkan", "qwen3-0.6b", "Vulkan0", 420, "dense 0.6B, room for 60 %"),
-    Case("vulkan", "moe-32x4", "Vulkan0", 40, "MoE, room for part of the experts"),
-    Case("vulkan", "hybrid-small", "Vulkan0", 60, "hybrid (gated delta-net), room for half"),
-    Case("rpc", "qwen3-0.6b", "RPC0", 350, "dense 0.6B over one RPC device"),
-    Case("rpc", "moe-64x8", "RPC0", 90, "MoE over one RPC device, part of the experts"),
+    Case("vulkan", "dense-160m", "Vulkan0", 0.5, "dense, room for half the model"),
+    Case("vulkan", "qwen3-0.6b", "Vulkan0", 0.6, "dense 0.6B, room for 60 %"),
+    Case("vulkan", "moe-32x4", "Vulkan0", 0.4, "MoE, room for part of the experts"),
+    Case("vulkan", "hybrid-small", "Vulkan0", 0.5, "hybrid (gated delta-net), room for half"),
+    Case("rpc", "qwen3-0.6b", "RPC0", 0.5, "dense 0.6B over one RPC device, room for half"),
+    Case("rpc", "moe-64x8", "RPC0", 0.4, "MoE over one RPC device, part of the experts"),
 ]
 
 
@@ -123,10 +125,12 @@ def timed(prep: Prepared, path: Path, r: Rig) -> tuple[float | None, float | Non
 
 
 def run_case(c: Case, r: Rig, path: Path, rounds: int) -> dict[str, object]:
-    probe = plan(path, r, "0")
+    probe = plan(path, r, "0", ("-ngl", "all"))  # the whole load on the device: what each part takes there
     assert probe is not None, "the model does not load on this rig at all"
     dev = next(d for d in probe.plan.devices if d.device.id == c.device)
-    margin = f"{c.device}={max(0, dev.usable // (1 << 20) - c.room_mib)}MiB"
+    fixed = dev.use.compute + dev.use.output + dev.use.overhead
+    room = fixed + c.share * (dev.use.total - fixed)
+    margin = f"{c.device}={max(0, int(dev.usable - room)) >> 20}MiB"
     chosen = plan(path, r, margin)
     assert chosen is not None, "nothing fits the room given"
     placements = {"chosen": chosen, **alternatives(path, r, margin, chosen)}
