@@ -79,6 +79,10 @@ SHAPES["gemma3-12b"] = lambda: factory.gemma3(name="gemma-3-12b", n_layer=48, n_
                                               head_dim=256, n_ff=15360, n_vocab=262208, ctx=8192,
                                               sliding_window=1024, w="bf16")  # fmt: skip
 SHAPES["qwen3-30b-a3b"] = shapes.qwen3_30b_a3b
+# mistralai/Mistral-Small-24B-Instruct-2501's config.json (head_dim 128, not n_embd / n_head)
+SHAPES["mistral-small-24b"] = lambda: factory.dense(arch="llama", name="Mistral-Small-24B", n_layer=40, n_embd=5120,
+                                                    n_head=32, n_head_kv=8, head_dim=128, n_ff=32768,
+                                                    n_vocab=131072, ctx=8192, w="bf16")  # fmt: skip
 QUANTS = {"q4_k_m": "Q4_K_M", "q4_0": "Q4_0", "f16": "F16", "q8_0": "Q8_0"}
 # models whose published GGUF is not a llama-quantize mix of one type: written with their own types
 DIRECT: dict[str, Callable[[], factory.Shape]] = {
