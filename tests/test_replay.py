@@ -91,3 +91,29 @@ def test_every_architecture_the_registry_names_is_one_llama_cpp_knows() -> None:
     named = {*READERS, *DRAFT_READERS, *TRANSFORMER}
     assert named <= ARCHS, sorted(named - ARCHS)
     assert not set(TRANSFORMER) & set(READERS)  # a transformer is read by the default reader only
+
+
+def test_placements_replayed_on_one_build_give_what_each_gives_alone(tmp_path: Path) -> None:
+    """A search's placements at one context share one graph build, each placing its tensors before the replay
+    (``replay._placed_graph``): in any order they give what a model object of their own gives."""
+    from llamafit.memory.footprint import Footprint, LoadSettings, estimate
+    from llamafit.memory.placement import experts_on_cpu, n_cpu_ffn_overrides
+
+    path = factory.moe(n_layer=6, n_expert=8, n_expert_used=2).write(tmp_path / "moe.gguf")
+    gpus = ["CUDA0", "CUDA1"]
+    settings = [
+        LoadSettings(n_ctx=4096, n_gpu_layers=4),
+        LoadSettings(n_ctx=4096, overrides=experts_on_cpu(3)),
+        LoadSettings(n_ctx=4096, overrides=experts_on_cpu(5, 1), tensor_split=(1.0, 3.0)),
+        LoadSettings(n_ctx=4096, overrides=n_cpu_ffn_overrides(2)),
+        LoadSettings(n_ctx=4096),
+    ]
+
+    def buffers(fp: Footprint) -> dict[str, int]:
+        return {**{g: u.compute for g, u in fp.gpus.items()}, "CPU": fp.host.compute}
+
+    alone = [buffers(estimate(load_model(str(path)), s, gpus)) for s in settings]
+    assert len({tuple(sorted(b.items())) for b in alone}) > 2  # the placements move the buffers
+    shared = load_model(str(path))
+    for i in [0, 1, 2, 3, 4, 2, 0, 3]:
+        assert buffers(estimate(shared, settings[i], gpus)) == alone[i]

@@ -99,18 +99,53 @@ def in_layer(il: int | None) -> AbstractContextManager[None]:
     return _setting(_LAYER, il)
 
 
-def _device_of(name: str) -> str | None:
+def _placed_as(t: Tensor, name: str) -> None:
+    """``t`` (a weight or a cache called ``name``) on its backend under ``placed``, and what it is kept on it,
+    so that ``retag`` can place the same graph again."""
     where = _WHERE.get()
-    return where.device(_LAYER.get(), name) if where is not None else None
+    if where is not None:
+        t.tag = (_LAYER.get(), name)
+        t.backend = where.device(*t.tag)
 
 
 def pin_norm(t: Tensor) -> Tensor:
     """A layer's norm (build_norm's ``norm-il``) on the layer's device where llama.cpp pins it."""
     where = _WHERE.get()
     il = _LAYER.get()
-    if where is not None and where.pin_norms and il is not None:
-        t.pinned = where.device(il, "norm")
+    if where is not None and il is not None:
+        t.tag = (il, "norm")
+        t.pinned = where.device(il, "norm") if where.pin_norms else None
     return t
+
+
+def tagged(g: Graph) -> list[Tensor]:
+    """The tensors of ``g`` that ``placed`` tagged (weights, caches, pinned norms)."""
+    seen: set[int] = set()
+    out: list[Tensor] = []
+    stack = [*g.leafs, *g.nodes]
+    while stack:  # every tensor a node reaches, through its sources and the tensors its views are of
+        t = stack.pop()
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        if t.tag is not None:
+            out.append(t)
+        stack += t.src
+        if t.view_src is not None:
+            stack.append(t.view_src)
+    return out
+
+
+def retag(tensors: Sequence[Tensor], where: Where) -> None:
+    """The tensors of a graph built under ``placed`` put where ``where`` says, as a build under it would have
+    put them: a graph's nodes do not depend on where its weights are, so one build serves every placement."""
+    for t in tensors:
+        assert t.tag is not None
+        il, name = t.tag
+        if name == "norm":
+            t.pinned = where.device(il, name) if where.pin_norms else None
+        else:
+            t.backend = where.device(il, name)
 
 
 @dataclass(eq=False, slots=True)
@@ -129,6 +164,7 @@ class Tensor:
     pinned: str | None = None  # the backend llama.cpp assigns a node to (ggml_backend_sched_set_tensor_backend)
     size: int | None = None  # bytes when the type is not what ``esize`` describes (a quantized weight)
     padded: int | None = None  # ``size`` with rows padded, as ggml-cuda allocates a copy of it
+    tag: tuple[int | None, str] | None = None  # (layer, name) of a weight, cache or norm ``Where`` places
 
     @property
     def nbytes(self) -> int:
@@ -181,7 +217,7 @@ class Graph:
         """A model weight; ``name`` (its GGUF name in the layer) tells ``Where`` which tensor it is."""
         t = Graph.new(shape)
         t.external = t.weight = True
-        t.backend = _device_of(name)
+        _placed_as(t, name)
         where = _WHERE.get()
         sizes = where.size(_LAYER.get(), name) if where is not None and where.size is not None else None
         if sizes is not None:
@@ -193,7 +229,7 @@ class Graph:
         """A layer's K or V cache (sized elsewhere)."""
         t = Graph.new(shape, esize)
         t.external = True
-        t.backend = _device_of("cache")
+        _placed_as(t, "cache")
         return t
 
     @staticmethod

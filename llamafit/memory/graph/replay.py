@@ -28,7 +28,7 @@ from llamafit.memory.builds import (
 )
 from llamafit.memory.context import ContextParams, swa_cells
 from llamafit.memory.graph.attention import rotation_size
-from llamafit.memory.graph.galloc import Graph, Tensor, Where, buffer_size, placed
+from llamafit.memory.graph.galloc import Graph, Tensor, Where, buffer_size, placed, retag, tagged
 from llamafit.memory.graph.recipe import Recipe, Reserve
 from llamafit.memory.graph.sampling import Samplers
 from llamafit.memory.graph.sched import VIEW_OPS, attention_stays, split_buffers
@@ -302,8 +302,27 @@ def _placed_graph(
     # llama.cpp pins each layer's norms to the layer's device on a full offload or a small batch
     # (llama-context.cpp:2646-2661)
     pin = all(d != CPU for d in layer_dev) or r.n_tokens < 32
-    with placed(Where(device, pin, size)):
-        return _built(model, shape, r, not cp.mtp)
+    where = Where(device, pin, size)
+
+    def build() -> tuple[Graph, list[Tensor]]:
+        with placed(where):
+            g = _built(model, shape, r, not cp.mtp)
+        return g, tagged(g)
+
+    # the nodes depend on the reserve and the shape, not on where the weights are: a search's placements at
+    # one context share one build, each placing its tensors before the scheduler reads them (a replay is
+    # done before the next placement's begins)
+    shared = model.memo(_PLACED, dict[tuple[bool, Reserve], tuple[Graph, list[Tensor]]])
+    if (key := (cp.mtp, r)) not in shared:
+        if len(shared) >= 16:  # a search visits a few contexts at a time
+            shared.clear()
+        shared[key] = build()
+    g, tensors = shared[key]
+    retag(tensors, where)
+    return g
+
+
+_PLACED = ("placed_graphs",)  # (mtp, reserve) -> a graph built under ``placed`` and its tagged tensors
 
 
 def _attention_as_set(shape: Recipe, cp: ContextParams, fa: bool) -> bool:

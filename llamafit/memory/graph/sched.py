@@ -109,11 +109,14 @@ def split_buffers(
             buffers.append(where[n])
     leafs: list[Tensor] = []
     leaf_buffers: list[str] = []
+    marked: list[Tensor] = []  # inputs made outputs for this replay: the graph is shared by other replays
     if n_copies > 1:
         # pass 6: every graph input in n_copies copies (the current one is the input itself), then every
         # split input's copies, all allocated first as leafs
         for t in g.leafs:
             if t.is_input:
+                if not t.is_output:
+                    marked.append(t)
                 t.is_output = True
                 b = where.get(t, cpu)
                 leafs += [t, *(Tensor(t.ne, t.nb, t.esize, is_input=True, is_output=True) for _ in range(n_copies - 1))]
@@ -125,7 +128,11 @@ def split_buffers(
     leafs += g.leafs
     leaf_buffers += [where.get(t, cpu) for t in g.leafs]
     aligns = {b: alignments.get(b, 32) for b in backends}
-    return allocate(leafs, nodes, aligns, leaf_buffers=leaf_buffers, node_buffers=buffers, srcs=srcs)
+    try:
+        return allocate(leafs, nodes, aligns, leaf_buffers=leaf_buffers, node_buffers=buffers, srcs=srcs)
+    finally:
+        for t in marked:
+            t.is_output = False
 
 
 def assign(
