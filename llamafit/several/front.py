@@ -247,7 +247,7 @@ class Front:
 
     def _load_asked(self, name: str) -> bool:
         """A load asked of the router's API by name: room is made by the budget as for a request, in the background,
-        answered at once as the router answers it (server-models.cpp:2070-2078); False where the router should
+        answered at once as the router answers it (server-models.cpp:2073-2078); False where the router should
         answer itself (the model is running already: its own "already running" error)."""
         with contextlib.suppress(OSError, ValueError, http.client.HTTPException):
             if self._statuses().get(name) in RUNNING:
