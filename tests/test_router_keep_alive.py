@@ -20,7 +20,8 @@ from llamafit.planning.planner import prepare
 from llamafit.server.binary import ServerBinary, free_port
 from llamafit.server.logparse import parse
 from llamafit.serving.metrics import Metrics
-from llamafit.several.keeper import Keeper, KeepSettings
+from llamafit.serving.serve import KeepSettings
+from llamafit.several.keeper import Keeper
 from llamafit.several.router_log import Instance
 from tests import factory
 from tests.realserver import router_models, wait_for

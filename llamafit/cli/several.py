@@ -17,7 +17,7 @@ from llamafit.cli.output import (
     print_line,
 )
 from llamafit.cli.relay import Relay
-from llamafit.cli.supervise import View, finish, metrics_endpoint
+from llamafit.cli.supervise import View, finish, kept_with
 from llamafit.devices.machine import Machine
 from llamafit.errors import DoesNotFitError, ServerNotFoundError, UsageError
 from llamafit.hub.resolve import Hub, downloads_line
@@ -145,9 +145,6 @@ def run_several(
 ) -> int:
     """``run`` with several models: the router, restarted as ``keep`` says (its restart options only)."""
     from llamafit.server.args import parse_server_args
-    from llamafit.serving.liveness import Liveness
-    from llamafit.serving.restarts import RestartPolicy
-    from llamafit.several.keeper import KeepSettings
     from llamafit.several.router import serve_router
     from llamafit.several.together import write_preset
 
@@ -172,7 +169,7 @@ def run_several(
             _show(t, argv, preset_shown=True)
         return 0
     keep = keep or KeepAlive()
-    endpoint = metrics_endpoint(keep, "router")  # each instance's series are labelled with its model's name
+    kept = kept_with(keep, "router")
     inputs: list[str | Path] = [*t.files(), *([models_preset] if models_preset else [])]
     env = before_launch(ps.server, pending, ps.hub, log_file, inputs, note)
     write_preset(t, preset_path)
@@ -190,9 +187,7 @@ def run_several(
             log_file=log_file,
             ready_timeout=ready_timeout,
             plan_doc=plan_doc,
-            keep=KeepSettings(
-                RestartPolicy(keep.restart, keep.max_restarts), Liveness(keep.liveness), keep.watch, endpoint
-            ),
+            keep=kept,
             front_at=front_at,
         )
     finally:

@@ -36,22 +36,24 @@ from llamafit.serving.liveness import Liveness
 from llamafit.serving.metrics import Metrics
 from llamafit.serving.outcome import RETRIES
 from llamafit.serving.restarts import RestartPolicy
-from llamafit.serving.serve import NO_PROBES, NO_RESTART, serve
+from llamafit.serving.serve import NOTHING_KEPT, KeepSettings, serve
 from llamafit.several.together import RUN_SET_SCHEMA
 
 SHOWN_LINE = 2000  # characters of one server line shown on the terminal (--log-file keeps it whole)
 
 
-def metrics_endpoint(keep: KeepAlive, model: str) -> Metrics | None:
-    """The metrics endpoint ``keep`` asks for, serving (before the launch: a port that is taken launches
-    nothing); ``model``: the label of a single server's series."""
-    if keep.metrics is None:
-        return None
-    at = parse_address(keep.metrics)
-    endpoint = Metrics(model)
-    endpoint.serve(at)
-    note(f"metrics at http://{at}/metrics")
-    return endpoint
+def kept_with(keep: KeepAlive, model: str, metrics: bool = True) -> KeepSettings:
+    """What ``run``'s options say the server is kept with, built once: the restart policy, the probes, the watch
+    and the metrics endpoint serving (before the launch: a port that is taken launches nothing; ``metrics``
+    False: none, as under ``--exec``); ``model``: the label of a single server's series ("router": each
+    instance's series are labelled with its model's name)."""
+    endpoint = None
+    if keep.metrics is not None and metrics:
+        at = parse_address(keep.metrics)
+        endpoint = Metrics(model)
+        endpoint.serve(at)
+        note(f"metrics at http://{at}/metrics")
+    return KeepSettings(RestartPolicy(keep.restart, keep.max_restarts), Liveness(keep.liveness), keep.watch, endpoint)
 
 
 def run_one(
@@ -79,8 +81,7 @@ def run_one(
         prep = replan()
         report = prep.report()
     print_report([r for r in report if r[0] != "note"], decisions=True)
-    keep = keep or KeepAlive()
-    endpoint = None if exec_ else metrics_endpoint(keep, prep.plan.model.name)
+    kept = kept_with(keep or KeepAlive(), prep.plan.model.name, metrics=not exec_)
     if exec_:
         from llamafit.server.supervisor import exec_server
 
@@ -95,11 +96,8 @@ def run_one(
         ready_timeout=ready_timeout,
         replan=replan,
         retries=retries,
-        restart=RestartPolicy(keep.restart, keep.max_restarts),
-        liveness=Liveness(keep.liveness),
-        watch=keep.watch,
-        metrics=endpoint,
-        events=keep.events,
+        keep=kept,
+        events=keep.events if keep is not None else None,
     )
 
 
@@ -113,10 +111,7 @@ def supervise(
     ready_timeout: float | None = None,
     replan: Callable[[], Prepared] | None = None,
     retries: int = RETRIES,
-    restart: RestartPolicy = NO_RESTART,
-    liveness: Liveness = NO_PROBES,
-    watch: float = 0.0,
-    metrics: Metrics | None = None,
+    keep: KeepSettings = NOTHING_KEPT,
     events: str | None = None,
 ) -> int:
     """Serve one model, render what happens (and write it to ``events``), and return llamafit's exit code."""
@@ -131,10 +126,7 @@ def supervise(
             ready_timeout=ready_timeout,
             replan=replan,
             retries=retries,
-            restart=restart,
-            liveness=liveness,
-            watch=watch,
-            metrics=metrics,
+            keep=keep,
         )
     finally:
         relay.close()

@@ -13,6 +13,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from llamafit import shellwords
@@ -59,6 +60,20 @@ NO_RESTART = RestartPolicy("no")
 NO_PROBES = Liveness(interval=0)
 PAUSE_POLL = 0.05  # seconds between looks at whether an interrupt came during a restart's backoff
 WEDGED_STOP = 5.0  # seconds a wedged server is given to stop before SIGKILL (a stopped one ignores the rest)
+
+
+@dataclass(frozen=True)
+class KeepSettings:
+    """What a server (or each of the router's instances) is kept with once ready: its restart policy, liveness
+    probes, memory watch interval (0: none) and metrics endpoint; built once by ``run`` from its options."""
+
+    restart: RestartPolicy = NO_RESTART
+    liveness: Liveness = NO_PROBES
+    watch: float = 0.0
+    metrics: Metrics | None = None
+
+
+NOTHING_KEPT = KeepSettings()  # tests and a bare serve(): no restart, no probes, no watch, no metrics
 
 
 def probe_sized(s: ServedRequest) -> bool:
@@ -130,24 +145,21 @@ def serve(
     ready_timeout: float | None = None,
     replan: Callable[[], Prepared] | None = None,
     retries: int = RETRIES,
-    restart: RestartPolicy = NO_RESTART,
-    liveness: Liveness = NO_PROBES,
-    watch: float = 0.0,
-    metrics: Metrics | None = None,
+    keep: KeepSettings = NOTHING_KEPT,
 ) -> Served:
     """Run one model's server until it exits. A load that runs out of memory is recorded (what it showed
     the device holds) and, with ``replan``, planned again within that and launched again, at most
     ``retries`` times, each attempt stated with its numbers. A server that was ready and then died or stopped
-    serving (``liveness``) is started again as ``restart`` says, each restart stated with its reason. Its host
-    memory is sampled every ``watch`` seconds (0: not) and held to the plan (``llamafit.serving.watch``); all of
-    it is also set on ``metrics`` (``llamafit.serving.metrics``)."""
+    serving (``keep.liveness``) is started again as ``keep.restart`` says, each restart stated with its reason.
+    Its host memory is sampled every ``keep.watch`` seconds (0: not) and held to the plan
+    (``llamafit.serving.watch``); all of it is also set on ``keep.metrics`` (``llamafit.serving.metrics``)."""
     attempt = 0
-    restarts = Restarts(restart)
+    restarts = Restarts(keep.restart)
     while True:
-        rc, outcome, wedged = _attempt(prep, env, on_event, log_file, ready_timeout, liveness, watch, metrics)
+        rc, outcome, wedged = _attempt(prep, env, on_event, log_file, ready_timeout, keep)
         if outcome.ready and not outcome.interrupted:
             why = f"stopped serving: {wedged}" if wedged else f"stopped after it was ready: {exit_reason(rc)}"
-            if not restart.wants(rc, wedged is not None):
+            if not keep.restart.wants(rc, wedged is not None):
                 if rc != 0 or wedged:
                     on_event(Problem(f"llama-server {why}", "run with --verbose (or --log-file) to see its last lines"))
                 return Served(rc)
@@ -161,8 +173,8 @@ def serve(
                 if isinstance(planned := _plan_again(replan, "after running out of memory", on_event), Served):
                     return planned
                 prep = planned
-            if metrics is not None:
-                metrics.restarted()
+            if keep.metrics is not None:
+                keep.metrics.restarted()
             continue
         if outcome.ready or outcome.interrupted or outcome.failure is None:
             return _ended(rc, outcome, prep)
@@ -270,11 +282,10 @@ def _attempt(
     on_event: OnEvent,
     log_file: Path | None,
     ready_timeout: float | None,
-    liveness: Liveness,
-    watch: float,
-    metrics: Metrics | None = None,
+    keep: KeepSettings,
 ) -> tuple[int, Outcome, str | None]:
     """One launch, until the server exits; the third value says why it was stopped as wedged (None: not)."""
+    liveness, watch, metrics = keep.liveness, keep.watch, keep.metrics
     argv = with_buffer_lines(prep.argv, prep.user, prep.caps)  # the log level the comparison reads
     on_event(Note(shellwords.join(redacted(argv))))  # one line, copyable; no secret
     on_event(Note(f"loading {prep.plan.model.name} ..."))

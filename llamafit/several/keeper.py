@@ -29,14 +29,13 @@ from llamafit.server.endpoint import Endpoint
 from llamafit.server.logparse import LoadLog
 from llamafit.serving.compare import Row
 from llamafit.serving.events import Note, OnEvent
-from llamafit.serving.liveness import Liveness, Watchdog
+from llamafit.serving.liveness import Watchdog
 from llamafit.serving.metrics import Metrics
 from llamafit.serving.outcome import exit_reason, record_launch
-from llamafit.serving.restarts import RestartPolicy, Restarts
+from llamafit.serving.restarts import Restarts
 from llamafit.serving.serve import (
-    NO_PROBES,
-    NO_RESTART,
     WEDGED_STOP,
+    KeepSettings,
     LastError,
     RequestTimes,
     memory_metrics,
@@ -48,16 +47,6 @@ from llamafit.several.router_log import Instance
 STOP_WAIT = WEDGED_STOP  # seconds an unloaded wedged instance has to exit before llamafit kills it, as it
 # kills one wedged server (the router would wait its own stop timeout, 10 s, for a hung one that cannot exit)
 API_WAIT = 10.0  # seconds the router's /models/load and /models/unload have to answer
-
-
-@dataclass(frozen=True)
-class KeepSettings:
-    """What ``run`` keeps the instances with: its restart policy, liveness, watch interval and metrics."""
-
-    restart: RestartPolicy = NO_RESTART
-    liveness: Liveness = NO_PROBES
-    watch: float = 0.0
-    metrics: Metrics | None = None
 
 
 @dataclass

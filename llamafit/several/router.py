@@ -24,9 +24,9 @@ from llamafit.serving.compare import Row
 from llamafit.serving.events import AllReady, InstanceReady, Note, OnEvent, Problem, Served, ServerLine
 from llamafit.serving.outcome import compare_all, exit_reason
 from llamafit.serving.restarts import Restarts
-from llamafit.serving.serve import device_totals, say_killed, wait_restart
+from llamafit.serving.serve import KeepSettings, device_totals, say_killed, wait_restart
 from llamafit.several.front import Front
-from llamafit.several.keeper import Keeper, KeepSettings
+from llamafit.several.keeper import Keeper
 from llamafit.several.router_log import Instance, RouterLog
 from llamafit.several.together import Together
 
