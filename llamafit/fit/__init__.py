@@ -36,7 +36,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from llamafit.devices.machine import Device, Machine
+from llamafit.devices.machine import Machine
 from llamafit.devices.rates import Rates
 from llamafit.errors import DoesNotFitError, UsageError
 from llamafit.fit import messages, tradeoff
@@ -195,11 +195,7 @@ def _make_plan(
         planned = planned_argv(model, closest.settings, closest.fp.context.n_ctx, gpus, req, machine, out.spec, opts)
         # the plan that could not be made, for --json: the closest end, with what each device misses by
         closest_plan = _assemble(
-            model,
-            machine,
-            req,
             search,
-            gpus,
             closest,
             out.report,
             planned,
@@ -216,7 +212,7 @@ def _make_plan(
     planned = planned_argv(model, t.settings, t.fp.context.n_ctx, gpus, req, machine, out.spec, opts)
     runtime = plan_runtime(model, t, out.spec, req, search)
     planned += runtime.flags
-    decisions = _decisions(model, machine, req, search, t, out, planned, calib, projector)
+    decisions = _decisions(search, t, out, planned, calib, projector)
     rows = tradeoff.rows(
         [tradeoff.Row(c.ladder.name, c.step, c.trial, c is out.chosen) for c in out.rows],
         t,
@@ -236,7 +232,7 @@ def _make_plan(
         warnings.append(messages.devices_capped(len(machine.gpus), MAX_SPLIT_DEVICES))
     if build is not None and build.message is not None:
         warnings.append(build.message)
-    plan = _assemble(model, machine, req, search, gpus, t, out.report, planned, projector, decisions, warnings, runtime)
+    plan = _assemble(search, t, out.report, planned, projector, decisions, warnings, runtime)
     plan = replace(plan, memory_build=build, calibrated_compute=tuple(calib.compute_scale), tradeoffs=rows)
     if (grows := _output_growth(plan)) is not None:
         plan = replace(plan, notes=(*plan.notes, grows))
@@ -261,9 +257,6 @@ def _train(model: ModelInfo) -> int:
 
 
 def _decisions(
-    model: ModelInfo,
-    machine: Machine,
-    req: Request,
     search: Search,
     t: Trial,
     out: Outcome,
@@ -271,7 +264,9 @@ def _decisions(
     calib: Corrections,
     projector: ProjectorPlacement,
 ) -> list[Decision]:
-    """Every choice the plan made, context first, each with its reason."""
+    """Every choice the plan made, context first, each with its reason (the model, machine and request are the
+    search's)."""
+    model, machine, req = search.model, search.machine, search.req
     context = [out.context] if out.context is not None else _context_decisions(model, req, t)
     decisions = [*context, *filter(None, [messages.calibration_applied(calib)])]
     decisions += [*projector.decisions, out.placement] if out.placement else [*projector.decisions]
@@ -296,11 +291,7 @@ def _decisions(
 
 
 def _assemble(
-    model: ModelInfo,
-    machine: Machine,
-    req: Request,
     search: Search,
-    gpus: list[Device],
     t: Trial,
     report: SpecReport,
     planned: list[Planned],
@@ -309,6 +300,8 @@ def _assemble(
     warnings: list[str],
     runtime: RuntimeHost | None = None,
 ) -> Plan:
+    """The plan of trial ``t`` (the model, machine, request and devices are the search's)."""
+    model, machine, req, gpus = search.model, search.machine, search.req, search.gpus
     unified = search.unified_use(t.fp, t.extra)
     layers_on = {g.id: sum(1 for d in t.fp.layer_device if d == g.id) for g in gpus}
     return Plan(

@@ -66,7 +66,7 @@ class Search:
         adapters: Adapters | None = None,
         rates: Mapping[str, Rates] | None = None,
     ) -> None:
-        self.model = model
+        self.model, self.machine = model, machine
         self.req = req
         self.opts = opts
         self.gpus = list(gpus)
