@@ -44,7 +44,7 @@ from llamafit.fit.argv import planned_argv, server_defaults
 from llamafit.fit.devices import MAX_SPLIT_DEVICES, select_gpus
 from llamafit.fit.faster import faster_split, user_placed
 from llamafit.fit.plan import Decision, DevicePlan, HostPlan, Plan, RuntimeHost, SpecReport
-from llamafit.fit.policy import Outcome, fit_with_policy
+from llamafit.fit.policy import Outcome, Policy
 from llamafit.fit.projector import ProjectorPlacement, place_projector
 from llamafit.fit.request import Request
 from llamafit.fit.runtime import plan_runtime
@@ -189,7 +189,7 @@ def _make_plan(
     search = Search(model, machine, req, gpus, opts, calib, projector.fixed, adapters, rates)
     lo, hi = _context_bounds(model, req, base)
     choice = choose(model, opts, drafter_files, built)
-    out = fit_with_policy(search, base, lo, hi, user_placed(req), choice, opts, caps)
+    out = Policy(search, base, lo, hi, user_placed(req), choice, opts, caps).decide()
     if out.trial is None or out.placement is None:
         err, closest = search.refusal(base, lo, out.spec)
         planned = planned_argv(model, closest.settings, closest.fp.context.n_ctx, gpus, req, machine, out.spec, opts)

@@ -9,7 +9,7 @@ explicit drafter is always honoured, and the plan says what it costs. The drafte
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from llamafit.errors import UsageError
 from llamafit.fit import messages
@@ -49,21 +49,6 @@ def ngram_cost(search: Search, opts: SpecOptions, t: Trial) -> tuple[int, int]:
     return gpus, t.total(CPU) - ref.total(CPU)
 
 
-def fit_with_policy(
-    search: Search,
-    base: LoadSettings,
-    lo: int,
-    hi: int,
-    pinned: bool,
-    choice: SpecChoice,
-    opts: SpecOptions,
-    caps: Capabilities | Callable[[], Capabilities],
-) -> Outcome:
-    """The load's context and placement with the drafter kept or given up as the policy says (the module's
-    docstring): no drafter, an explicit one, ``--prefer speed``, Auto."""
-    return _Policy(search, base, lo, hi, pinned, choice, opts, caps).decide()
-
-
 def drafter_devices(search: Search, opts: SpecOptions, embedded: bool) -> list[tuple[str, ...] | None]:
     """The placements to try for a separate drafter on several cards: following the target's split, or whole
     on one card (-devd), so a busy card does not condemn a drafter another card holds."""
@@ -88,26 +73,26 @@ def drafter_devices(search: Search, opts: SpecOptions, embedded: bool) -> list[t
     return options
 
 
-class _Policy:
-    """One load's drafter decision: the target's fits (the last one the choice the outcome reports) and the
-    drafter tried beside them."""
+@dataclass
+class Policy:
+    """One load's context and placement with the drafter kept or given up as the policy says (the module's
+    docstring: no drafter, an explicit one, ``--prefer speed``, Auto): ``decide()``. The target's fits are kept
+    (the last one the choice the outcome reports) with the drafter tried beside them."""
 
-    def __init__(
-        self,
-        search: Search,
-        base: LoadSettings,
-        lo: int,
-        hi: int,
-        pinned: bool,
-        choice: SpecChoice,
-        opts: SpecOptions,
-        caps: Capabilities | Callable[[], Capabilities],
-    ) -> None:
-        self.search, self.base, self.lo, self.hi, self.pinned = search, base, lo, hi, pinned
-        self.choice, self.opts, self.caps, self.d = choice, opts, caps, choice.drafter
-        self.model = search.model
+    search: Search
+    base: LoadSettings
+    lo: int
+    hi: int
+    pinned: bool
+    choice: SpecChoice
+    opts: SpecOptions
+    caps: Capabilities | Callable[[], Capabilities]
+    fitted: list[Fitted] = field(default_factory=list, init=False)
+
+    def __post_init__(self) -> None:
+        self.d, self.model = self.choice.drafter, self.search.model
+        opts = self.opts
         self.requested = opts.mode if not opts.user_types else "extra args: --spec-type " + ",".join(opts.user_types)
-        self.fitted: list[Fitted] = []
 
     def fit(self, spec: SpecConfig, lo: int, hi: int) -> tuple[Trial | None, Decision | None]:
         s = target_settings(self.model, self.base, spec, self.opts)
