@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from llamafit.devices.listed import SELECTION_VARS
 from llamafit.errors import UsageError
 from llamafit.server.bounded import run_bounded
 from llamafit.serving import unit_syntax
@@ -52,14 +53,8 @@ KEPT_ENV = (
     "XDG_CACHE_HOME",
     "XDG_DATA_HOME",
     "XDG_CONFIG_HOME",
-    "CUDA_VISIBLE_DEVICES",
     "CUDA_DEVICE_ORDER",
-    "HIP_VISIBLE_DEVICES",
-    "ROCR_VISIBLE_DEVICES",
-    "GPU_DEVICE_ORDINAL",
-    "GGML_VK_VISIBLE_DEVICES",
-    "ONEAPI_DEVICE_SELECTOR",
-    "MUSA_VISIBLE_DEVICES",
+    *SELECTION_VARS,  # which devices each backend shows: the service plans for the ones the caller saw
 )
 # secrets the environment may hold, never written into a unit: where the service finds them instead
 SECRET_ENV = {
