@@ -8,6 +8,7 @@ import http.client
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -18,7 +19,10 @@ import psutil
 import pytest
 
 from llamafit.server.binary import ServerBinary, free_port
+from llamafit.server.endpoint import Endpoint
+from llamafit.several import front
 from llamafit.several.budget import Budget
+from llamafit.several.front import Front
 from tests import factory
 from tests.realserver import wait_for
 
@@ -161,3 +165,32 @@ def test_a_load_that_fails_is_said_to_the_request_that_waits(tmp_path: Path, ser
     finally:
         os.killpg(p.pid, signal.SIGINT)
         p.communicate(timeout=120)
+
+
+def test_slow_clients_cannot_exhaust_the_front(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Half-sent requests beyond the front's bound are closed as they are accepted (each would hold a descriptor and a
+    thread for as long as the client likes): the front serves the ones within it, and answers again once they go."""
+    monkeypatch.setattr(front, "MAX_CLIENTS", 4)
+    f = Front(("127.0.0.1", 0), Endpoint("http://127.0.0.1:9"), Budget({"host": GiB}, {}), lambda _e: None).start()
+    host, port = f.address
+    held: list[socket.socket] = []
+    try:
+        for _ in range(4):
+            s = socket.create_connection((host, port), timeout=5)
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: x")  # half a request, never finished
+            held.append(s)
+        time.sleep(0.3)
+        over = socket.create_connection((host, port), timeout=5)
+        assert over.recv(1) == b""  # over the bound: closed at once
+        over.close()
+        for s in held:
+            s.close()
+        held.clear()
+        time.sleep(0.3)
+        c = http.client.HTTPConnection(host, port, timeout=10)
+        c.request("GET", "/health")
+        assert c.getresponse().status == 502  # served again: passed on to a router that is not there
+    finally:
+        for s in held:
+            s.close()
+        f.stop()

@@ -12,6 +12,7 @@ Modules:
 * ``liveness``: whether a ready server still serves (a real generation);
 * ``restarts``: when a server that was ready is started again;
 * ``metrics``: the Prometheus endpoint of a served model;
+* ``listener``: an HTTP listener in llamafit's process that no client can exhaust (metrics, the several models' front);
 * ``timings``: the server's own timings of the requests it serves;
 * ``decay``: a server that slows over its life;
 * ``compare``: a plan's buffers lined up with what the server logged;

@@ -3,21 +3,15 @@ the server holds, per device and buffer kind; its speed against the prediction; 
 whether it serves. Written by ``prometheus_client`` (the ecosystem's library, its text format) from a
 registry of its own, loopback unless a host is given. Nothing here prints.
 
-The endpoint shares llamafit's process with the server's supervision, so no client may exhaust it:
-``prometheus_client``'s own server takes every connection on a thread of its own and waits on a slow client
-forever, and a thousand half-sent requests used up llamafit's file descriptors, which failed the liveness
-probe and stopped a healthy server. Here at most ``MAX_CLIENTS`` connections are served at once (more are
-closed as they are accepted), each given ``CLIENT_TIMEOUT`` seconds a read and ``CLIENT_DEADLINE`` for its
-whole exchange.
+The endpoint shares llamafit's process with the server's supervision, so no client may exhaust it
+(``llamafit.serving.listener``): at most ``MAX_CLIENTS`` connections are served at once, each given
+``CLIENT_TIMEOUT`` seconds a read and ``CLIENT_DEADLINE`` for its whole exchange.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import http.server
-import socket
-import socketserver
 import threading
 from collections.abc import Iterable
 from typing import Any
@@ -27,6 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 
 from llamafit.errors import UsageError
 from llamafit.server.endpoint import Address
+from llamafit.serving.listener import BoundedListener
 
 MAX_CLIENTS = 16  # connections served at once; a scraper needs one
 CLIENT_TIMEOUT = 5.0  # seconds a read from a client may wait
@@ -157,41 +152,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         pass  # nothing here prints
 
 
-class _Endpoint(socketserver.ThreadingMixIn, http.server.HTTPServer):
-    """An HTTP server that serves at most ``MAX_CLIENTS`` connections at once and closes each by its deadline."""
-
-    daemon_threads = True
-    allow_reuse_address = True
-    request_queue_size = 128  # connections the kernel holds until accepted (and closed when over the bound)
+class _Endpoint(BoundedListener):
+    """The metrics' HTTP server: at most ``MAX_CLIENTS`` connections at once, each closed by its deadline."""
 
     def __init__(self, at: Address, registry: CollectorRegistry) -> None:
         self.registry = registry
-        self._slots = threading.BoundedSemaphore(MAX_CLIENTS)
-        self.address_family = socket.AF_INET6 if ":" in at.host else socket.AF_INET
-        super().__init__((at.host, at.port), _Handler)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            self.shutdown_request(request)  # over the bound: closed at once, its descriptor freed
-            return
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self._slots.release()
-            raise
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        # the whole exchange is bounded: the socket is shut at the deadline, whatever the client sends
-        timer = threading.Timer(CLIENT_DEADLINE, _shut, (request,))
-        timer.daemon = True
-        timer.start()
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            timer.cancel()
-            self._slots.release()
-
-
-def _shut(sock: socket.socket) -> None:
-    with contextlib.suppress(OSError):
-        sock.shutdown(socket.SHUT_RDWR)
+        super().__init__((at.host, at.port), _Handler, MAX_CLIENTS, CLIENT_DEADLINE)

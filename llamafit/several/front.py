@@ -17,7 +17,6 @@ import contextlib
 import http.client
 import http.server
 import json
-import socketserver
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -29,6 +28,7 @@ from llamafit.errors import UsageError
 from llamafit.numbers import to_int
 from llamafit.server.endpoint import Endpoint
 from llamafit.serving.events import Note, OnEvent
+from llamafit.serving.listener import BoundedListener
 from llamafit.serving.metrics import Metrics
 from llamafit.several.budget import Budget
 
@@ -36,6 +36,11 @@ API_WAIT = 10.0  # seconds the router's /models, /models/load and /models/unload
 UNLOAD_WAIT = 60.0  # seconds an unloaded instance has to be gone
 ANSWER_WAIT = 3600.0  # seconds the router may take between two pieces of an answer (a long prompt's prefill)
 MAX_BODY = 256 << 20  # bytes of a request body passed on (a prompt with images)
+# no client may exhaust llamafit's descriptors (``llamafit.serving.listener``): a connection to the front holds one
+# to the router as well, so 256 keep both well under a desktop's limit of 1024; far more than the router's HTTP
+# threads serve at once
+MAX_CLIENTS = 256
+CLIENT_WAIT = 3600.0  # seconds a client read or write may wait: llama-server's own (common/common.h:628-629)
 POLL = 0.1
 HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-connection"})
 RUNNING = ("loaded", "loading", "sleeping")
@@ -300,6 +305,7 @@ def _answer(h: _Handler, status: int, doc: Mapping[str, Any]) -> None:
 class _Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # chunked answers: a stream passes as it comes
     server: _Server
+    timeout = CLIENT_WAIT  # applied to the connection by StreamRequestHandler.setup
 
     def _any(self) -> None:
         try:
@@ -313,14 +319,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         pass  # nothing here prints
 
 
-class _Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    request_queue_size = 128
+class _Server(BoundedListener):
+    """At most ``MAX_CLIENTS`` connections at once (each holds one to the router too), no deadline: an answer
+    streams as long as the generation lasts."""
 
     def __init__(self, listen: tuple[str, int], front: Front) -> None:
         self.front = front
-        super().__init__(listen, _Handler)
+        super().__init__(listen, _Handler, MAX_CLIENTS)
 
 
 DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8080  # llama-server's (common/common.h)
