@@ -194,3 +194,19 @@ def test_slow_clients_cannot_exhaust_the_front(monkeypatch: pytest.MonkeyPatch) 
         for s in held:
             s.close()
         f.stop()
+
+
+def test_a_load_asked_again_while_it_is_made_starts_no_second_one() -> None:
+    """``POST /models/load`` for a model whose room is being made answers at once and adds no second background
+    load: a client asking in a loop cannot pile up threads that each wait for the room."""
+    import threading
+
+    f = Front(("127.0.0.1", 0), Endpoint("http://127.0.0.1:9"), Budget({"host": GiB}, {}), lambda _e: None)
+    try:
+        with f._room:  # the room is being made for another model: the background load waits for it
+            assert all(f._load_asked("a") for _ in range(5))
+            assert sum(1 for t in threading.enumerate() if t.name == "load a") == 1
+        assert wait_for(lambda: not any(t.name == "load a" for t in threading.enumerate()), 10)
+        assert f._load_asked("a") and wait_for(lambda: "a" not in f._asked, 10)  # asked again once it ended
+    finally:
+        f.stop()

@@ -78,6 +78,7 @@ class Front:
         self._state = threading.Lock()
         self._used: dict[str, float] = {}  # loaded models (as far as llamafit made them so), by their last use
         self._aliases: dict[str, str] = {}
+        self._asked: set[str] = set()  # loads asked by name whose room is being made in the background
         self._server = _Server(listen, self)
         self._thread = threading.Thread(target=self._server.serve_forever, name="llamafit front", daemon=True)
 
@@ -257,12 +258,20 @@ class Front:
         with contextlib.suppress(OSError, ValueError, http.client.HTTPException):
             if self._statuses().get(name) in RUNNING:
                 return False
+        with self._state:
+            if name in self._asked:  # one background load a model: asking again while it is made adds none
+                return True
+            self._asked.add(name)
         loader = threading.Thread(target=self._load_in_background, args=(name,), name=f"load {name}", daemon=True)
         loader.start()
         return True
 
     def _load_in_background(self, name: str) -> None:
-        room = self.ensure(name)
+        try:
+            room = self.ensure(name)
+        finally:
+            with self._state:
+                self._asked.discard(name)
         if room.error is not None:
             self.on_event(Note(f"the load of {name} asked through the API failed: {room.error}", "warning"))
 
