@@ -113,6 +113,29 @@ def test_dry_run_prints_exactly_the_argv(l8b: Path) -> None:
     ]  # fmt: skip
 
 
+def test_a_dry_run_loads_nothing_it_does_not_use(l8b: Path) -> None:
+    """A dry run plans and prints: the serving life, the Hub client and numpy stay unimported (plan time). The
+    restart policy is read as every run option is, before the plan (``cli.keep``): its module and package only."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from llamafit.cli.entry import main\n"
+        f"sys.argv = ['llamafit', 'run', {str(l8b)!r}, '--dry-run', '--server', '/bin/true', '--gpu', '24GiB']\n"
+        "try:\n"
+        "    main()\n"
+        "except SystemExit as e:\n"
+        "    assert not e.code, e.code\n"
+        "print([m for m in sys.modules if m.split('.')[0] in ('numpy', 'huggingface_hub')"
+        " or m.startswith('llamafit.serving')], file=sys.stderr)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "-ngl" in r.stdout, r.stderr
+    loaded = r.stderr.strip().splitlines()[-1]
+    assert loaded == "['llamafit.serving', 'llamafit.serving.restarts']", r.stderr
+
+
 def test_dry_run_user_context_wins(l8b: Path) -> None:
     r = invoke("run", str(l8b), "--dry-run", "--gpu", "24GiB", "--", "--ctx_size", "8192")
     argv = shlex.split(r.stdout)

@@ -35,6 +35,37 @@ def test_a_cut_rounds_down_to_its_granule_and_gives_the_rest_to_the_last_card() 
     assert sum(tensor_split.cut(151936, 1, [23.0, 15.0], 1)) == 151936
 
 
+def test_a_cut_rounds_in_float32_as_llama_cpp_does() -> None:
+    """The cut's float32 arithmetic (llama-model.cpp:833-857) without numpy, held to numpy's float32 on splits
+    whose shares round differently in double: ``-ts`` fractions, odd ratios, many cards."""
+    import random
+
+    import numpy as np
+
+    def by_numpy(ne: int, granule: int, split: list[float], rotation: int) -> list[int]:
+        n = len(split)
+        scan = np.cumsum(np.array([split[(j + rotation) % n] for j in range(n)], dtype=np.float32), dtype=np.float32)
+        out, low = [0] * n, 0
+        for j in range(n - 1):
+            high = int(np.float32(ne) * scan[j] / scan[-1])
+            high -= high % granule
+            out[(j + rotation) % n] = high - low
+            low = high
+        out[(n - 1 + rotation) % n] = ne - low
+        return out
+
+    rng = random.Random(7)
+    for _ in range(3000):
+        n = rng.randint(2, 8)
+        split = [rng.choice([rng.random() * 100, float(rng.randint(1, 48)), rng.random() / 3]) for _ in range(n)]
+        ne, granule, rot = (
+            rng.choice([151936, 4096, 17408, 1000, 2**20 + 7]),
+            rng.choice([1, 32, 128]),
+            rng.randrange(n),
+        )
+        assert tensor_split.cut(ne, granule, split, rot) == by_numpy(ne, granule, split, rot), (ne, granule, split, rot)
+
+
 def test_each_card_holds_its_slice_and_all_of_what_is_mirrored(l8b: ModelInfo) -> None:
     fp = estimate(l8b, LoadSettings(n_ctx=4096, split_mode="tensor", tensor_split=(3.0, 1.0)), ["CUDA0", "CUDA1"])
     one = estimate(l8b, LoadSettings(n_ctx=4096, split_mode="tensor"), ["CUDA0"])

@@ -25,9 +25,8 @@ from __future__ import annotations
 
 import math
 import re
+import struct
 from collections.abc import Mapping, Sequence
-
-import numpy as np
 
 from llamafit.gguf.ggml import by_name, nbytes
 from llamafit.gguf.hparams import Hparams
@@ -227,15 +226,26 @@ def _rotation(hp: Hparams, il: int | None, n_cards: int) -> int:
     return sum((hp.is_recr[j], hp.is_swa[j]) == kind for j in range(il)) % n_cards
 
 
+_F32 = struct.Struct("f")
+
+
+def _f32(x: float) -> float:
+    """``x`` rounded to float32 as llama.cpp's float arithmetic rounds it: one operation on float32 values done in
+    double and rounded once gives float32's own result (53 >= 2 * 24 + 2 bits), so no array library is needed."""
+    return float(_F32.unpack(_F32.pack(x))[0])
+
+
 def cut(ne: int, granule: int, split: Sequence[float], rotation: int) -> list[int]:
     """Each card's elements of ``ne`` (llama-model.cpp:833-857): ``split``'s cumulative proportions (float, as
     llama.cpp scans them; all zero: an equal split), each cut rounded down to ``granule``, the last card the rest."""
     n = len(split)
-    scan = np.cumsum(np.array([split[(j + rotation) % n] for j in range(n)], dtype=np.float32), dtype=np.float32)
+    scan: list[float] = []
+    for j in range(n):
+        scan.append(_f32((scan[-1] if scan else 0.0) + _f32(split[(j + rotation) % n])))
     out = [0] * n
     low = 0
     for j in range(n - 1):
-        high = ne * (j + 1) // n if scan[-1] == 0 else int(np.float32(ne) * scan[j] / scan[-1])
+        high = ne * (j + 1) // n if scan[-1] == 0 else int(_f32(_f32(_f32(ne) * scan[j]) / scan[-1]))
         high -= high % granule
         out[(j + rotation) % n] = high - low
         low = high
