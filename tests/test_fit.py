@@ -287,6 +287,37 @@ def test_expert_layers_come_back_to_the_gpus_while_the_estimate_fits(tmp_path: P
         )
 
 
+def test_a_trial_refused_by_its_quick_price_does_not_fit_exactly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``Search.fits`` skips the split graph's replay where the buffers besides the compute already overflow a
+    device: every trial it refuses so, and every one it prices, is what the exact price says (GLM-4.5-Air's
+    layers over 10 + 4 GiB cards, whose expert search weighs trials on both sides of the budget)."""
+    from llamafit.fit.search import Search, floor
+
+    shape = factory.glm4moe(name="GLM-4.5-Air layers, 8 deep (shape)", n_layer=8, n_nextn=1, n_embd=4096, n_head=96,
+                            n_head_kv=8, head_dim=128, n_ff=10944, n_dense_lead=1, n_expert=128, n_expert_used=8,
+                            n_ff_exp=1408, n_vocab=151552, ctx=131072, w="q4_K")  # fmt: skip
+    air = load_model(shape.write(tmp_path / "air.gguf"))
+    fits, seen = Search.fits, []
+
+    def checked(self: Search, s, spec):  # type: ignore[no-untyped-def]
+        got = fits(self, s, spec)
+        exact = self.run(s, spec)
+        quick = self.estimate(self.model, s, self.ids, exact_compute=False)
+        for dev in self.ids:  # the floor is a floor on every device, whatever the compute's replay gives
+            assert floor(quick.gpus[dev]) <= exact.fp.gpus[dev].total, (dev, quick.gpus[dev], exact.fp.gpus[dev])
+        assert floor(quick.host) <= exact.fp.host.total
+        seen.append((got is not None, exact.ok))
+        return got
+
+    monkeypatch.setattr(Search, "fits", checked)
+    p = plan(air, [gpu(0, 10), gpu(1, 4)], ["-c", "8192", "-np", "1"])
+    assert p.fits and seen
+    assert all(quick == exact for quick, exact in seen), seen
+    assert any(not quick for quick, _ in seen) and any(quick for quick, _ in seen)
+
+
 def _as_flags(overrides: tuple[Override, ...]) -> list[str]:
     whole, rest = whole_expert_layers(overrides)
     return ["--n-cpu-moe", str(whole)] + (["-ot", ",".join(f"{o.pattern}={o.buft}" for o in rest)] if rest else [])

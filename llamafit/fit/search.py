@@ -53,6 +53,14 @@ class Trial:
         return base.total + self.extra.get(dev, Use()).total
 
 
+def floor(u: Use) -> int:
+    """The least of a device's exact price a quick price tells: every buffer but the compute, and the runtime
+    overhead where the device holds anything else (``memory.footprint``'s rule: a device holding only a compute
+    buffer may have no other use, the replay may give it none)."""
+    rest = u.total - u.compute - u.overhead
+    return rest + (u.overhead if rest > 0 else 0)
+
+
 class Search:
     def __init__(
         self,
@@ -155,6 +163,20 @@ class Search:
                 worst, over = g, o
         return Trial(s, fp, dfp, extra, over <= 0, worst if over > 0 else "", over)
 
+    def fits(self, s: LoadSettings, spec: SpecConfig) -> Trial | None:
+        """``s`` priced exactly where it may fit, else None: a quick price first (the compute by its per-phase
+        estimate), whose buffers other than the compute and the runtime overhead are the exact price's (only the
+        compute depends on the replay), so a device they alone overflow overflows exactly too, without the split
+        graph's replay. For the searches that keep only a trial that fits (``first_fit``, ``grow``)."""
+        quick = self.estimate(self.model, s, self.ids, exact_compute=False)
+        fixed = self.fixed
+        if any(floor(quick.gpus[g]) + fixed.get(g, Use()).total > self.usable[g] for g in self.ids):
+            return None
+        if not self.unified and floor(quick.host) + fixed.get(CPU, Use()).total > self.host_usable:
+            return None
+        t = self.run(s, spec)
+        return t if t.ok else None
+
     # -- layer packing across GPUs -------------------------------------------------------------
 
     def pack(
@@ -255,8 +277,8 @@ class Search:
             for i in sorted(room, key=lambda i: -room[i]):
                 more = [c + (1.0 if j == i else 0.0) for j, c in enumerate(counts)]
                 ngl = s.n_gpu_layers + 1
-                cand = self.run(replace(s, n_gpu_layers=ngl if ngl < n_units else -1, tensor_split=tuple(more)), spec)
-                if cand.ok:
+                cand = self.fits(replace(s, n_gpu_layers=ngl if ngl < n_units else -1, tensor_split=tuple(more)), spec)
+                if cand is not None:
                     nxt = cand
                     break
             if nxt is None:
@@ -280,7 +302,7 @@ class Search:
                 if i != j and counts[j] > 1:
                     moved = [c + (1.0 if x == i else -1.0 if x == j else 0.0) for x, c in enumerate(counts)]
                     cands.append(replace(s, tensor_split=tuple(moved)))
-        return next((c for c in (self.run(x, spec) for x in cands) if c.ok), None)
+        return next((c for c in map(lambda x: self.fits(x, spec), cands) if c is not None), None)
 
     def fewer_experts_on_cpu(
         self, t: Trial, k: int, spec: SpecConfig, extra: tuple[Override, ...] = (), moves: bool = True
@@ -325,8 +347,8 @@ class Search:
                 continue
             for rx in PARTIAL_EXPS_REGEX:
                 moved = (*extra, Override(rf"blk\.{layers[-1]}{rx}", nxt_dev))
-                c = self.run(replace(t.settings, overrides=experts_on_cpu(k, part) + moved), spec)
-                if not c.ok:
+                c = self.fits(replace(t.settings, overrides=experts_on_cpu(k, part) + moved), spec)
+                if c is None:
                     continue
                 t2, k2 = self.fewer_experts_on_cpu(c, k, spec, moved, moves=False)
                 t2, p2 = self.expert_parts(t2, k2, spec, part if k2 == k else 0, moved)
