@@ -61,6 +61,9 @@ def floor(u: Use) -> int:
     return rest + (u.overhead if rest > 0 else 0)
 
 
+ESTIMATES_KEPT = 512  # footprints one search keeps; a search prices about a hundred (GLM-4.5-Air over two cards: 41)
+
+
 class Search:
     def __init__(
         self,
@@ -108,6 +111,7 @@ class Search:
         # what each device does per second, for the choice between placements: measured or prior where the
         # planner's measuring stage had them, else what is assumed of such a device (llamafit.speed.rate_source)
         self.rates = with_assumed(machine, rates)
+        self._priced: dict[tuple[object, ...], tuple[ModelInfo, Footprint]] = {}
 
     def estimate(
         self,
@@ -119,8 +123,13 @@ class Search:
         share_weights: bool = False,
         exact_compute: bool = True,
     ) -> Footprint:
-        """The memory model with this machine's calibration applied (compute scale, runtime overhead)."""
-        return estimate(
+        """The memory model with this machine's calibration applied (compute scale, runtime overhead). The
+        search's stages price some loads more than once (a packing's probe, the drafter beside each trial, the
+        choice's candidates settled again): each is priced once per search (bounded, ``ESTIMATES_KEPT``)."""
+        key = (id(model), s, tuple(ids), context_label, share_weights, exact_compute)
+        if (hit := self._priced.get(key)) is not None and hit[0] is model:
+            return hit[1]
+        fp = estimate(
             model,
             s,
             ids,
@@ -133,6 +142,10 @@ class Search:
             limits=self.limits,
             exact_compute=exact_compute,
         )
+        if len(self._priced) >= ESTIMATES_KEPT:
+            self._priced.clear()
+        self._priced[key] = (model, fp)
+        return fp
 
     def card_total(self, dev: str) -> int:
         return self.total.get(dev, self.host.total)
