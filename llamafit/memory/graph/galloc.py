@@ -317,19 +317,19 @@ class _Blocks:
         if not self.started:  # ggml_dyn_tallocr_new_chunk: one block as large as the buffer may be
             self.started = True
             self.free = [[0, 1 << 62]]
-        best = -1
-        best_size = None
-        for i, (_, bsize) in enumerate(self.free[:-1]):
-            if bsize >= size and (best_size is None or bsize <= best_size):
+        free = self.free
+        best = last = len(free) - 1
+        best_size = -1
+        for i in range(last):  # the best fit among the blocks before the endless last one
+            bsize = free[i][1]
+            if bsize >= size and (best_size < 0 or bsize <= best_size):
                 best, best_size = i, bsize
-        if best < 0:
-            best = len(self.free) - 1
-        block = self.free[best]
+        block = free[best]
         offset = block[0]
         block[0] += size
         block[1] -= size
         if block[1] == 0:
-            del self.free[best]
+            del free[best]
         self.max_size = max(self.max_size, offset + size)
         return offset
 
@@ -446,7 +446,9 @@ def allocate(
         buffer = node_buffers[i] if node_buffers else only
         ss = node_srcs[i]
         for parent in ss:
-            alloc(parent, buffer, no_srcs)
+            # alloc's own early return, inlined: most sources are weights, caches or allocated already
+            if not (parent.external or parent.view_src is not None or state[parent].allocated):
+                alloc(parent, buffer, no_srcs)
         alloc(node, buffer, ss)
         for parent in ss:
             p = state[parent]
