@@ -10,6 +10,7 @@ Modules:
 * ``compat``: an argv made to fit the binary that will run it;
 * ``environment``: what the server inherits besides its argv;
 * ``endpoint``: a running server's HTTP endpoint (http, https, a unix socket, an API prefix);
+* ``unix_http``: HTTP over a unix socket, loaded when an endpoint connects to one;
 * ``supervisor``: the server run under supervision: its log streamed, ready noticed, signals forwarded;
 * ``children``: every process llamafit starts dies with it;
 * ``bounded``: short child processes with a bound on time and output;

