@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from llamafit.cli.app import app
 from llamafit.devices.machine import Host, Machine
-from llamafit.fit import make_plan
+from llamafit.fit import Inputs, make_plan
 from llamafit.fit.plan import Plan, to_json
 from llamafit.fit.request import build_request
 from llamafit.gguf.model import load_model
@@ -67,7 +67,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def plan(model: Path, args: list[str], caps: Capabilities, spec: str = "off", draft: str | None = None) -> Plan:
     a = parse_server_args(args)
     opts = spec_options(a, mode=spec, draft=draft)
-    return make_plan(load_model(model), Machine((), HOST), build_request(a), opts, caps)
+    return make_plan(load_model(model), Machine((), HOST), build_request(a), opts, Inputs(caps))
 
 
 def buffer(p: Plan, context: str, kind: str) -> int:
@@ -298,8 +298,8 @@ def test_a_launch_on_one_build_calibrates_only_that_builds_plans(models: dict[st
 
     def calibrated(build: int) -> Plan:
         a = parse_server_args(args)
-        return make_plan(model, Machine((), HOST), build_request(a), spec_options(a, mode="off"), at(build),
-                         calibrate=lambda s, devs: corrections(model, s, devs))  # fmt: skip
+        inputs = Inputs(at(build), calibrate=lambda s, devs: corrections(model, s, devs))
+        return make_plan(model, Machine((), HOST), build_request(a), spec_options(a, mode="off"), inputs)
 
     old = calibrated(9310)
     measured = {b.buft: 1.5 * b.nbytes / 2**20 for b in old.footprint.buffers if b.kind == "compute"}
@@ -353,7 +353,7 @@ def test_an_old_cuda_builds_log_does_not_lower_a_quantized_caches_compute(models
     machine = Machine((Device("CUDA0", "--gpu", 12 * GiB, 12 * GiB, source="override"),), HOST)
     a = parse_server_args(["-c", "8192", "-ctk", "q8_0", "-ctv", "q8_0"])
     for build, lowered in ((9484, False), (9489, True)):
-        p = make_plan(model, machine, build_request(a), spec_options(a, mode="off"), at(build))
+        p = make_plan(model, machine, build_request(a), spec_options(a, mode="off"), Inputs(at(build)))
         measured = {b.buft: 0.8 * b.nbytes / MiB for b in p.footprint.buffers if b.kind == "compute"}
         assert "CUDA0" in measured
         record(model, p.settings, ("CUDA0",), p.footprint, {"compute": measured}, {}, {"argv": ["llama-server"]})

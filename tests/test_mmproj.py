@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from llamafit.cli.app import app
 from llamafit.devices.machine import Device, Host, Machine
 from llamafit.errors import BadModelFileError, UsageError
-from llamafit.fit import make_plan
+from llamafit.fit import Inputs, make_plan
 from llamafit.fit.plan import to_json
 from llamafit.fit.request import build_request
 from llamafit.gguf.mmproj import Projector, read_projector
@@ -89,7 +89,7 @@ _gpu = factory.gpu
 def _plan(files: dict[str, Path], gpus: list[Device], args: list[str], mm: str = "g3_896"):  # type: ignore[no-untyped-def]
     model = load_model(files["text"])
     req = build_request(parse_server_args(["--mmproj", str(files[mm]), *args]))
-    return make_plan(model, Machine(tuple(gpus), HOST), req, mmproj=read_projector(files[mm]))
+    return make_plan(model, Machine(tuple(gpus), HOST), req, inputs=Inputs(mmproj=read_projector(files[mm])))
 
 
 def test_placement_follows_clip_cpp(files: dict[str, Path]) -> None:
@@ -113,7 +113,7 @@ def test_the_projector_takes_its_room_from_the_context(files: dict[str, Path], t
     machine = Machine((_gpu(0, 8),), HOST)
     without = make_plan(model, machine, build_request(parse_server_args([])))
     req = build_request(parse_server_args(["--mmproj", projector.path]))
-    with_mm = make_plan(model, machine, req, mmproj=projector)
+    with_mm = make_plan(model, machine, req, inputs=Inputs(mmproj=projector))
     assert with_mm.mmproj is not None and with_mm.mmproj.device == "CUDA0"
     assert with_mm.n_ctx < without.n_ctx
     # the projector's bytes come out of the KV cache: the difference is at least its weights and compute

@@ -11,7 +11,7 @@ import pytest
 
 from llamafit.devices.machine import Device, Host, Machine
 from llamafit.errors import UsageError
-from llamafit.fit import make_plan
+from llamafit.fit import Inputs, make_plan
 from llamafit.fit.plan import Plan
 from llamafit.fit.request import build_request
 from llamafit.gguf.model import load_model
@@ -48,7 +48,7 @@ gpu = factory.gpu
 def plan(model: Path, gpus: list[Device], args: list[str] = (), caps=ASSUMED, **kw: str):  # type: ignore[no-untyped-def,assignment]
     a = parse_server_args(list(args))
     opts = spec_options(a, mode=kw.get("spec", "auto"), prefer=kw.get("prefer", "context"), draft=kw.get("draft"))
-    return make_plan(load_model(model), Machine(tuple(gpus), HOST), build_request(a), opts, caps)
+    return make_plan(load_model(model), Machine(tuple(gpus), HOST), build_request(a), opts, Inputs(caps))
 
 
 def argv(p: Plan, args: list[str] = ()) -> list[str]:  # type: ignore[assignment]

@@ -18,7 +18,7 @@ from llamafit.devices.described import described_gpu, described_gpus
 from llamafit.devices.machine import Device, GpuProbeError, Host, Machine, PhysicalGpu, discover
 from llamafit.devices.rates import Rates, nvml_rates, parse_rate
 from llamafit.errors import UsageError
-from llamafit.fit import make_plan
+from llamafit.fit import Inputs, make_plan
 from llamafit.fit.request import build_request
 from llamafit.fit.speed import priced
 from llamafit.gguf.model import ModelInfo, load_model
@@ -44,7 +44,9 @@ GPU_RATES = Rates(read=200e9, matmul=20e12, attention=150e9, attention_batch=5e1
 
 def plan(model: ModelInfo, args: list[str], gpus: tuple[Device, ...] = (factory.gpu(0, 24),)):  # type: ignore[no-untyped-def]
     rates = {CPU: HOST_RATES, **{g.id: GPU_RATES for g in gpus}}
-    return priced(make_plan(model, Machine(gpus, HOST), build_request(parse_server_args(args)), rates=rates), rates)
+    return priced(
+        make_plan(model, Machine(gpus, HOST), build_request(parse_server_args(args)), inputs=Inputs(rates=rates)), rates
+    )
 
 
 def test_more_layers_on_the_host_never_predict_faster_generation(l8b: ModelInfo) -> None:
@@ -98,17 +100,24 @@ def test_a_larger_ubatch_never_predicts_slower_prefill_with_experts_on_the_host(
 def test_unlike_cards_get_the_split_predicted_fastest_and_like_cards_keep_theirs(l8b: ModelInfo) -> None:
     slow, fast = described_gpu("12GiB@rtx-3060", 0), described_gpu("12GiB@rtx-4090", 1)
     rates = {CPU: HOST_RATES, "CUDA0": Rates(read=slow.bandwidth), "CUDA1": Rates(read=fast.bandwidth)}
-    p = make_plan(l8b, Machine((slow, fast), HOST), build_request(parse_server_args(["-c", "65536"])), rates=rates)
+    p = make_plan(
+        l8b, Machine((slow, fast), HOST), build_request(parse_server_args(["-c", "65536"])), inputs=Inputs(rates=rates)
+    )
     d = p.decision("placement.speed")
     assert d is not None and p.fits
     counts = p.settings.tensor_split
     assert counts[1] > counts[0] and "against" in d.message
     assert all(dev.use.total <= dev.usable for dev in p.devices)
     same = {CPU: HOST_RATES, "CUDA0": Rates(read=1e12), "CUDA1": Rates(read=1e12)}
-    p2 = make_plan(l8b, Machine((slow, fast), HOST), build_request(parse_server_args(["-c", "65536"])), rates=same)
+    p2 = make_plan(
+        l8b, Machine((slow, fast), HOST), build_request(parse_server_args(["-c", "65536"])), inputs=Inputs(rates=same)
+    )
     assert p2.decision("placement.speed") is None
     pinned = make_plan(
-        l8b, Machine((slow, fast), HOST), build_request(parse_server_args(["-c", "65536", "-ts", "1,1"])), rates=rates
+        l8b,
+        Machine((slow, fast), HOST),
+        build_request(parse_server_args(["-c", "65536", "-ts", "1,1"])),
+        inputs=Inputs(rates=rates),
     )
     assert pinned.decision("placement.speed") is None
 

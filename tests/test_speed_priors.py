@@ -14,7 +14,7 @@ from llamafit.devices.described import described_gpu, described_gpus
 from llamafit.devices.machine import Host, Machine, discover
 from llamafit.devices.rates import Rates
 from llamafit.errors import UsageError
-from llamafit.fit import make_plan
+from llamafit.fit import Inputs, make_plan
 from llamafit.fit.request import build_request
 from llamafit.fit.speed import priced
 from llamafit.gguf.model import ModelInfo
@@ -35,7 +35,7 @@ def known(machine: Machine, host_bandwidth: float = 80e9) -> dict[str, Rates]:
 def plan_on(model: ModelInfo, specs: list[str], args: list[str]):  # type: ignore[no-untyped-def]
     machine = Machine(tuple(described_gpus(specs)), HOST)
     rates = known(machine)
-    return priced(make_plan(model, machine, build_request(parse_server_args(args)), rates=rates), rates)
+    return priced(make_plan(model, machine, build_request(parse_server_args(args)), inputs=Inputs(rates=rates)), rates)
 
 
 def test_more_cards_never_predict_faster_decode_of_a_model_one_card_holds(l8b: ModelInfo) -> None:

@@ -27,22 +27,21 @@ Modules:
 * ``messages``: every text the fit says;
 * ``argv``: the server's defaults and the flags a plan passes;
 * ``plan``: the plan, its decisions and its JSON (``llamafit.plan/1``);
-* ``request``: what the user asked for, llamafit's options and the server flags joined.
+* ``request``: what the user asked for, llamafit's options and the server flags joined;
+* ``inputs``: what a fit reads besides the model, the machine and the request.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import replace
-from typing import Any
+from dataclasses import dataclass, replace
 
 from llamafit.devices.machine import Machine
-from llamafit.devices.rates import Rates
 from llamafit.errors import DoesNotFitError, UsageError
 from llamafit.fit import messages, tradeoff
 from llamafit.fit.argv import planned_argv, server_defaults
 from llamafit.fit.devices import MAX_SPLIT_DEVICES, select_gpus
 from llamafit.fit.faster import faster_split, user_placed
+from llamafit.fit.inputs import Inputs
 from llamafit.fit.plan import Decision, DevicePlan, HostPlan, Plan, RuntimeHost, SpecReport
 from llamafit.fit.policy import Outcome, Policy
 from llamafit.fit.projector import ProjectorPlacement, place_projector
@@ -54,73 +53,68 @@ from llamafit.gguf.hparams import UNVERIFIED_MEMORY_ARCHS
 from llamafit.gguf.mmproj import Projector
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory import backends, tensor_split
-from llamafit.memory.adapters import Adapters
 from llamafit.memory.build_match import match
 from llamafit.memory.builds import MIRRORED, nextn_weights
 from llamafit.memory.calibration import Corrections
 from llamafit.memory.context import check_cache_types
 from llamafit.memory.footprint import LoadSettings, Use
-from llamafit.memory.mmproj import MmprojUse
 from llamafit.memory.placement import CPU, Override
 from llamafit.server.args import Planned
-from llamafit.server.capabilities import ASSUMED, Capabilities
-from llamafit.speculative import Drafter, DrafterFiles, SpecOptions, choose
+from llamafit.server.capabilities import Capabilities
+from llamafit.speculative import Drafter, SpecOptions, choose
 from llamafit.units import MiB, pad
 
-__all__ = ["CTX_STEP", "make_plan", "select_gpus"]
+__all__ = ["CTX_STEP", "Inputs", "make_plan", "select_gpus"]
 
 
 def make_plan(
-    model: ModelInfo,
-    machine: Machine,
-    req: Request,
-    opts: SpecOptions | None = None,
-    caps: Capabilities | Callable[[], Capabilities] = ASSUMED,
-    calibrate: Callable[[LoadSettings, tuple[str, ...]], Corrections] | None = None,
-    mmproj: Projector | None = None,
-    mmproj_measured: Callable[[MmprojUse], int | None] | None = None,
-    drafter_files: DrafterFiles | None = None,
-    rates: Mapping[str, Rates] | None = None,
-    adapters: Adapters | None = None,
+    model: ModelInfo, machine: Machine, req: Request, opts: SpecOptions | None = None, inputs: Inputs | None = None
 ) -> Plan:
     """Fit ``model`` (and its drafter) onto ``machine`` under ``req``; DoesNotFitError when nothing fits.
-
-    ``caps`` may be a callable: the server binary is then probed only if a decision needs it.
-    ``calibrate`` returns corrections from past launches for the base settings (llamafit.memory.calibration);
-    ``mmproj_measured`` what a past launch measured for the projector's compute buffer; ``rates``: the
-    cards' measured or prior speed (the planner's measuring stage), read where the fit chooses between splits of
-    unlike cards; the plan's own speed is its last stage (``llamafit.fit.speed.priced``).
+    ``inputs``: what the fit reads besides (``llamafit.fit.inputs``).
 
     GPUs too small for even their own buffers (runtime, compute) never make a machine worse than none:
     when no placement on them fits and the user pinned none, the load runs without them (``-dev none``).
     """
-    args = (model, machine, req, opts, caps, calibrate, mmproj, mmproj_measured, drafter_files, rates, adapters)
+    inputs = inputs or Inputs()
+    job = _Job(model, machine, req, opts, inputs)
     try:
-        return _host_context(_make_plan(*args), args)
+        return _host_context(_make_plan(job), job)
     except DoesNotFitError as e:
         pinned = req.devices is not None or req.n_gpu_layers is not None or req.overrides is not None
         if (pinned or req.tensor_split is not None) and req.ctx is not None:
-            return _without_margins(e, args)
+            return _without_margins(e, job)
         if req.cpu_only or pinned or not machine.gpus or machine.blind or req.tensor_split is not None:
             raise
         if model.tensor_bytes > machine.host.available - req.margins.get("host", req.margin):
             raise  # without the GPUs every weight is in host RAM: more than it has, so that cannot fit either
         try:
-            plan = _make_plan(model, machine, replace(req, devices=()), *args[3:])
+            plan = _make_plan(replace(job, req=replace(req, devices=())))
         except DoesNotFitError:
             raise e from None
         usable = [(g.id, g.free - req.margins.get(g.id.upper(), req.margin)) for g in machine.gpus]
-        offloaded = mmproj is not None and req.mmproj_offload and req.mmproj_device is None
+        offloaded = inputs.mmproj is not None and req.mmproj_offload and req.mmproj_device is None
         why = messages.gpus_too_small(model.hparams.n_layer_all, usable, projector=offloaded)
         return replace(plan, decisions=tuple(why if d.code == "placement.cpu" else d for d in plan.decisions))
 
 
-def _host_context(plan: Plan, args: tuple[Any, ...]) -> Plan:
+@dataclass(frozen=True)
+class _Job:
+    """One fit's arguments, as the retries (without the GPUs, without the margins) make them again."""
+
+    model: ModelInfo
+    machine: Machine
+    req: Request
+    opts: SpecOptions | None
+    inputs: Inputs
+
+
+def _host_context(plan: Plan, job: _Job) -> Plan:
     """A GPU that takes no layer still takes its compute buffer and the host its pinned buffers beside it, so the
     host alone (``-dev none``) can hold a larger context than any placement on small cards. Under ``--prefer
     context`` (the largest context the machine holds), or when no layer is on the GPUs anyway (generation as fast
     without them), the load then runs without them, and says so."""
-    model, machine, req, opts = args[0], args[1], args[2], args[3]
+    req, opts = job.req, job.opts
     chosen = (req.n_gpu_layers, req.tensor_split, req.overrides, req.devices, req.ctx)
     if any(x is not None for x in chosen) or not plan.devices:
         return plan
@@ -129,7 +123,7 @@ def _host_context(plan: Plan, args: tuple[Any, ...]) -> Plan:
     if not plan.decision("context.reduced"):
         return plan
     try:
-        alone = _make_plan(model, machine, replace(req, devices=()), *args[3:])
+        alone = _make_plan(replace(job, req=replace(req, devices=())))
     except DoesNotFitError:
         return plan
     if alone.n_ctx <= plan.n_ctx:
@@ -138,14 +132,14 @@ def _host_context(plan: Plan, args: tuple[Any, ...]) -> Plan:
     return replace(alone, decisions=tuple(why if d.code == "placement.cpu" else d for d in alone.decisions))
 
 
-def _without_margins(refused: DoesNotFitError, args: tuple[Any, ...]) -> Plan:
+def _without_margins(refused: DoesNotFitError, job: _Job) -> Plan:
     """A load whose placement and context the user gave: llama-server loads what fits each device's free
     memory, so the margins are not a reason to refuse it. Planned without them when it fits so, with a
     warning of what is left; refused (the refusal with the margins) when it does not fit the memory itself."""
-    req: Request = args[2]
+    req = job.req
     bare = replace(req, margin=0, margins={})
     try:
-        plan = _make_plan(args[0], args[1], bare, *args[3:])
+        plan = _make_plan(replace(job, req=bare))
     except DoesNotFitError:
         raise refused from None
     left = [
@@ -157,19 +151,9 @@ def _without_margins(refused: DoesNotFitError, args: tuple[Any, ...]) -> Plan:
     return replace(plan, warnings=(*plan.warnings, messages.within_margin(short)))
 
 
-def _make_plan(
-    model: ModelInfo,
-    machine: Machine,
-    req: Request,
-    opts: SpecOptions | None,
-    caps: Capabilities | Callable[[], Capabilities],
-    calibrate: Callable[[LoadSettings, tuple[str, ...]], Corrections] | None,
-    mmproj: Projector | None,
-    mmproj_measured: Callable[[MmprojUse], int | None] | None,
-    drafter_files: DrafterFiles | None,
-    rates: Mapping[str, Rates] | None,
-    adapters: Adapters | None,
-) -> Plan:
+def _make_plan(job: _Job) -> Plan:
+    model, machine, req, opts, inputs = job.model, job.machine, job.req, job.opts, job.inputs
+    caps, mmproj, rates = inputs.caps, inputs.mmproj, inputs.rates
     opts = opts or SpecOptions(mode="off")
     if problem := check_cache_types(model.hparams, req.type_k, req.type_v, req.flash_attn):
         raise UsageError(f"llama-server would refuse this: {problem}", hint="adjust -ctk/-ctv/-fa")
@@ -184,11 +168,11 @@ def _make_plan(
     build = match(caps.build, caps.probed, model.arch, caps.ggml, nextn) if isinstance(caps, Capabilities) else None
     built = build.rules if build is not None else MIRRORED
     base = replace(server_defaults(req), build=built, load_nextn=nextn_weights(built, model.arch, False))
-    calib = calibrate(base, tuple(g.id for g in gpus)) if calibrate is not None else Corrections()
-    projector = place_projector(req, machine, [g.id for g in gpus], mmproj, mmproj_measured)
-    search = Search(model, machine, req, gpus, opts, calib, projector.fixed, adapters, rates)
+    calib = inputs.calibrate(base, tuple(g.id for g in gpus)) if inputs.calibrate is not None else Corrections()
+    projector = place_projector(req, machine, [g.id for g in gpus], mmproj, inputs.mmproj_measured)
+    search = Search(model, machine, req, gpus, opts, calib, projector.fixed, inputs.adapters, rates)
     lo, hi = _context_bounds(model, req, base)
-    choice = choose(model, opts, drafter_files, built)
+    choice = choose(model, opts, inputs.drafter_files, built)
     out = Policy(search, base, lo, hi, user_placed(req), choice, opts, caps).decide()
     if out.trial is None or out.placement is None:
         err, closest = search.refusal(base, lo, out.spec)

@@ -10,7 +10,7 @@ from dataclasses import replace
 from llamafit.devices.machine import Machine
 from llamafit.devices.rates import Rates
 from llamafit.errors import DoesNotFitError
-from llamafit.fit import make_plan
+from llamafit.fit import Inputs, make_plan
 from llamafit.fit.plan import Decision, Plan
 from llamafit.hub.resolve import Hub
 from llamafit.memory.calibration import Corrections, corrections, measured_mmproj_compute
@@ -51,11 +51,7 @@ def fit(
             return replace(c, measured_scale=dict(scale)) if scale else c
 
         try:
-            return make_plan(
-                res.model,
-                mach,
-                res.asked.req,
-                res.asked.spec,
+            inputs = Inputs(
                 caps,
                 calib if o.calibrate or scale else None,
                 mmproj=res.projector,
@@ -64,6 +60,7 @@ def fit(
                 rates=rates,
                 adapters=res.adapters,
             )
+            return make_plan(res.model, mach, res.asked.req, res.asked.spec, inputs)
         except DoesNotFitError as e:
             if e.plan is None:
                 raise
