@@ -169,16 +169,17 @@ def components(prep: Prepared, depth: int = 0, prompt: int = 512) -> dict[str, A
     from llamafit.memory.graph.replay import nodes_per_layer
     from llamafit.speed import tiles
     from llamafit.speed.priors import FLOAT_TYPES
-    from llamafit.speed.work import evaluate
+    from llamafit.speed.work import Load, evaluate
 
     plan = prep.plan
     fp = plan.footprint
     devs = {d.device.id: d.device for d in plan.devices}
     npl = nodes_per_layer(plan.model)
 
+    load = Load(plan.model, fp.placement, fp.context, fp.flash_attn, tuple(devs), npl)
+
     def ev(tokens: int, at: int) -> Any:
-        return evaluate(plan.model, fp.placement, fp.context, tokens=tokens, depth=at, flash_attn=fp.flash_attn,
-                        devices=list(devs), nodes_per_layer=npl)  # fmt: skip
+        return evaluate(load, tokens=tokens, depth=at)
 
     out = {"bq": 0.0, "bf": 0.0, "nodes": 0.0, "splits": 0.0, "fq": 0.0, "ff": 0.0, "pp_nodes": 0.0}
     tg = ev(1, depth)

@@ -32,7 +32,7 @@ from llamafit.speed import probe_models as pm
 from llamafit.speed.bench import bench_flags, parse_jsonl
 from llamafit.speed.calibrate import correction
 from llamafit.speed.priors import PRIORS
-from llamafit.speed.work import evaluate, is_expert
+from llamafit.speed.work import Load, evaluate, is_expert
 from llamafit.units import GiB
 from tests import factory
 
@@ -81,7 +81,7 @@ def test_a_ubatch_is_sent_only_the_host_experts_it_routes_to(moe: ModelInfo) -> 
     assert host > 0  # the rest of the host's weights is the input embedding, read by rows, never sent
 
     def sent(tokens: int) -> float:
-        ev = evaluate(moe, fp.placement, fp.context, tokens=tokens, depth=0, flash_attn=True, devices=["CUDA0"])
+        ev = evaluate(Load(moe, fp.placement, fp.context, True, ("CUDA0",)), tokens=tokens, depth=0)
         return ev.devices["CUDA0"].copied_in
 
     assert sent(32) == pytest.approx(host * (1 - (120 / 128) ** 32), rel=1e-9)

@@ -19,6 +19,7 @@ from llamafit.memory.footprint import Footprint, LoadSettings
 from llamafit.memory.graph.replay import nodes_per_layer
 from llamafit.memory.placement import CPU
 from llamafit.speed.prediction import NO_MATMUL, NO_RATE, PROMPT, Speed, predict
+from llamafit.speed.work import Load
 
 SPEED_WORDED = ("speculative.drafter", "speculative.dropped", "speculative.ngram")
 
@@ -89,22 +90,19 @@ def _speed(
     full_context: bool = True,
 ) -> Speed:
     npl = model.memo(("nodes_per_layer",), lambda: nodes_per_layer(model))
-    sp = predict(
+    load = Load(
         model,
         fp.placement,
         fp.context,
-        rates,
-        flash_attn=fp.flash_attn,
-        devices=[g.id for g in gpus],
-        depth=depth,
-        prompt=prompt,
-        nodes_per_layer=npl,
-        op_offload=settings.op_offload,
-        limits={g.id: g.max_tensor for g in gpus if g.max_tensor},
-        full_context=full_context,
-        split_mode=settings.split_mode,
-        tensor_split=settings.tensor_split,
+        fp.flash_attn,
+        tuple(g.id for g in gpus),
+        npl,
+        settings.op_offload,
+        {g.id: g.max_tensor for g in gpus if g.max_tensor},
+        settings.split_mode,
+        tuple(settings.tensor_split),
     )
+    sp = predict(load, rates, depth=depth, prompt=prompt, full_context=full_context)
     return replace(sp, unknown=tuple(_hint(u, gpus) for u in sp.unknown))
 
 

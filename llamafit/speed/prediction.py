@@ -23,11 +23,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from llamafit.devices.rates import Rates
-from llamafit.gguf.model import ModelInfo
-from llamafit.memory.context import ContextParams
 from llamafit.memory.placement import CPU, WeightPlacement
 from llamafit.speed.parallel import spread
-from llamafit.speed.work import DeviceWork, Evaluation, Spread, Walk, evaluate
+from llamafit.speed.work import DeviceWork, Evaluation, Load, Spread, Walk, evaluate
 
 PROMPT = 512  # llama-bench's pp512 and tg128, at depth 0 unless stated
 ASSUMES = "one sequence, greedy decoding (no sampler time), no speculative decoding"
@@ -211,48 +209,22 @@ def _split_shares(
 
 
 def predict(
-    model: ModelInfo,
-    placement: WeightPlacement,
-    cp: ContextParams,
-    rates: Mapping[str, Rates],
-    *,
-    flash_attn: bool,
-    devices: Sequence[str],
-    depth: int = 0,
-    prompt: int = PROMPT,
-    nodes_per_layer: float | None = None,
-    op_offload: bool = True,
-    limits: Mapping[str, int] | None = None,
-    full_context: bool = True,
-    split_mode: str = "layer",
-    tensor_split: Sequence[float] = (),
+    load: Load, rates: Mapping[str, Rates], *, depth: int = 0, prompt: int = PROMPT, full_context: bool = True
 ) -> Speed:
-    """pp and tg of one plan at ``depth`` (and, with ``full_context``, with the context full); ``split_mode``:
-    llama-server's ``-sm`` (tensor and row spread the placement's GPU layers over their cards at once,
-    ``llamafit.speed.parallel``; ``tensor_split``: -ts, each card's share of a tensor split, equal without it)."""
-
+    """pp and tg of one load at ``depth`` (and, with ``full_context``, with the context full); under ``-sm
+    tensor`` and ``row`` the placement's GPU layers are spread over their cards at once
+    (``llamafit.speed.parallel``; ``-ts``: each card's share of a tensor split, equal without it)."""
+    model, placement, cp, devices = load.model, load.placement, load.cp, load.devices
     seen: dict[tuple[int, int], Evaluation] = {}  # decode's evaluation is also the tg phase's
-    walks = _walks(model, placement, cp, devices, op_offload, limits, nodes_per_layer)
-    shares, row_matmuls = _split_shares(placement, devices, split_mode, tensor_split)
+    walks = _walks(load)
+    shares, row_matmuls = _split_shares(placement, devices, load.split_mode, load.tensor_split)
 
     def ev(tokens: int, at: int) -> Evaluation:
         if (tokens, at) not in seen:
-            seen[(tokens, at)] = evaluate(
-                model,
-                placement,
-                cp,
-                tokens=tokens,
-                depth=at,
-                flash_attn=flash_attn,
-                devices=devices,
-                nodes_per_layer=nodes_per_layer,
-                op_offload=op_offload,
-                limits=limits,
-                walks=walks,
-            )
-            if split_mode != "layer":
+            seen[(tokens, at)] = evaluate(load, tokens=tokens, depth=at, walks=walks)
+            if load.split_mode != "layer":
                 seen[(tokens, at)] = spread(
-                    seen[(tokens, at)], split_mode, devices, shares, model.hparams.n_embd, row_matmuls
+                    seen[(tokens, at)], load.split_mode, devices, shares, model.hparams.n_embd, row_matmuls
                 )
         return seen[(tokens, at)]
 
@@ -308,20 +280,14 @@ def predict(
     )
 
 
-def _walks(
-    model: ModelInfo,
-    placement: WeightPlacement,
-    cp: ContextParams,
-    devices: Sequence[str],
-    op_offload: bool,
-    limits: Mapping[str, int] | None,
-    nodes_per_layer: float | None,
-) -> dict[int, Walk]:
+def _walks(load: Load) -> dict[int, Walk]:
     """What the depth does not change, by token count, for every prediction over this placement: a plan's
     speed is predicted for the split the fit made, the faster one it weighs, and then the one it keeps."""
-    key = ("speed_walks", id(placement), cp, tuple(devices), op_offload, tuple(sorted((limits or {}).items())))
+    placement = load.placement
+    limits = tuple(sorted(load.limits.items()))
+    key = ("speed_walks", id(placement), load.cp, load.devices, load.op_offload, limits, load.nodes_per_layer)
     fresh: tuple[WeightPlacement, dict[int, Walk]] = (placement, {})
-    held = model.memo((*key, nodes_per_layer), lambda: fresh)
+    held = load.model.memo(key, lambda: fresh)
     # the placement itself is kept beside its walks: an id is only its own while the object lives
     return held[1] if held[0] is placement else {}
 

@@ -29,7 +29,7 @@ Per device, as llama.cpp's graph runs it (``src/llama-graph.cpp``, ``ggml-backen
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from llamafit.gguf.ggml import row_size
@@ -153,48 +153,46 @@ class Walk:
     splits: tuple[Split, ...]
 
 
-def evaluate(
-    model: ModelInfo,
-    placement: WeightPlacement,
-    cp: ContextParams,
-    *,
-    tokens: int,
-    depth: int,
-    flash_attn: bool,
-    devices: Sequence[str],
-    nodes_per_layer: float | None = None,
-    op_offload: bool = True,
-    limits: Mapping[str, int] | None = None,
-    walks: dict[int, Walk] | None = None,
-) -> Evaluation:
-    """One evaluation of ``tokens`` tokens after ``depth`` cached ones, device by device. ``devices`` are the
-    plan's offload devices in llama.cpp's order (op offload picks the first GPU); ``nodes_per_layer``: the
-    compute nodes of one layer's graph when known (a replayed graph), else estimated from its weights.
-    ``walks``: what the depth does not change, by token count, kept for the next evaluation of the same
-    placement and settings (the same token count at another depth)."""
+@dataclass(frozen=True, eq=False)
+class Load:
+    """One plan's load as the speed model reads it: the model, where each weight is, the context, whether flash
+    attention runs, the devices in llama.cpp's order (op offload picks the first GPU), the compute nodes of one
+    layer's graph when known (a replayed graph; else estimated from its weights), op offload and each device's
+    largest tensor it takes (``limits``), ``-sm`` and ``-ts`` (each card's share of a tensor split)."""
+
+    model: ModelInfo
+    placement: WeightPlacement
+    cp: ContextParams
+    flash_attn: bool
+    devices: tuple[str, ...]
+    nodes_per_layer: float | None = None
+    op_offload: bool = True
+    limits: Mapping[str, int] = field(default_factory=dict)
+    split_mode: str = "layer"
+    tensor_split: tuple[float, ...] = ()
+
+
+def evaluate(load: Load, *, tokens: int, depth: int, walks: dict[int, Walk] | None = None) -> Evaluation:
+    """One evaluation of ``tokens`` tokens after ``depth`` cached ones, device by device. ``walks``: what the
+    depth does not change, by token count, kept for the next evaluation of the same load (the same token count
+    at another depth)."""
     walk = walks.get(tokens) if walks is not None else None
     if walk is None:
-        walk = _walk(model, placement, cp, tokens, devices, op_offload, limits, nodes_per_layer)
+        walk = _walk(load, tokens)
         if walks is not None:
             walks[tokens] = walk
     work = {d: replace(w, weight_bytes=dict(w.weight_bytes), flops=dict(w.flops)) for d, w in walk.work.items()}
-    _attention(model, cp, placement, work, tokens=tokens, depth=depth, flash_attn=flash_attn)
+    model = load.model
+    _attention(model, load.cp, load.placement, work, tokens=tokens, depth=depth, flash_attn=load.flash_attn)
     hp = model.hparams
     return Evaluation(tokens, depth, work, walk.splits, (hp.n_expert, hp.n_expert_used))
 
 
-def _walk(
-    model: ModelInfo,
-    placement: WeightPlacement,
-    cp: ContextParams,
-    tokens: int,
-    devices: Sequence[str],
-    op_offload: bool,
-    limits: Mapping[str, int] | None,
-    nodes_per_layer: float | None,
-) -> Walk:
+def _walk(load: Load, tokens: int) -> Walk:
     """Every placed weight of an evaluation of ``tokens`` tokens on the device that runs it, the recurrent
     state, the graph nodes and the splits."""
+    model, placement, cp, devices = load.model, load.placement, load.cp, load.devices
+    op_offload, limits, nodes_per_layer = load.op_offload, load.limits, load.nodes_per_layer
     hp = model.hparams
     work: dict[str, DeviceWork] = {}
 
