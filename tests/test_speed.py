@@ -303,7 +303,7 @@ def test_the_attention_run_is_sized_to_the_time_a_plan_has_left(tmp_path: Path) 
     prompt = 160
 
     def depth(left: float, tg: float, pp: float) -> int:
-        run = pr._Run("llama-bench", {}, pr.host_target(), 1, (), pr.time.monotonic() + left, [])
+        run = pr._Run(pr.Runner("llama-bench", {}, 1), pr.host_target(), pr.time.monotonic() + left, [])
         return pr._attention_depth(run, attn, twin, tg, pp, prompt)
 
     assert depth(10.0, 0.004, 0.05) == 1024

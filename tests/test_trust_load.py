@@ -79,13 +79,13 @@ def test_a_card_another_process_keeps_busy_is_not_measured_and_nothing_is_cached
     and passes."""
     from llamafit.devices.machine import Device, Host, Machine
     from llamafit.gguf.model import load_model
-    from llamafit.speed.rate_source import RateSource
+    from llamafit.speed.rate_source import RateSource, ServedAs
 
     srv = toolbox(tmp_path, server_bin)
     card = Device("CUDA0", "NVIDIA GeForce RTX 4090", 24 << 30, 23 << 30, nvml_index=0)
     machine = Machine((card,), Host(total=24 << 30, available=20 << 30))
     card_use = BusyCard(95)
-    source = RateSource(machine, load_model(str(demo)), server_path=srv, env=probing(), gpu_use=card_use)
+    source = RateSource(machine, load_model(str(demo)), ServedAs(srv, probing()), gpu_use=card_use)
     measured = source.measured(["CUDA0"])
     assert card_use.asked and any("speed not measured now: CUDA0 is 95 % busy" in n for n in measured.notes)
     assert calls(tmp_path) == 0 and pc.read_cache(Path(os.environ["LLAMAFIT_CACHE"]) / "speed") == {}

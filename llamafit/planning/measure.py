@@ -23,7 +23,7 @@ from llamafit.planning.discover import launch_env
 from llamafit.planning.resolve import Resolved
 from llamafit.server.binary import ServerBinary
 from llamafit.speed.bench import rate_flags
-from llamafit.speed.rate_source import MEASURE_BUDGET, Measured, RateSource
+from llamafit.speed.rate_source import MEASURE_BUDGET, Measured, Measuring, RateSource, ServedAs
 
 
 def rate_source(
@@ -38,21 +38,17 @@ def rate_source(
     attention and cache types; ``budget``: the seconds it may spend measuring (0: cached measurements only)."""
     user = res.asked.user
     bw = parse_rate(o.host_bandwidth, "--host-bandwidth") if o.host_bandwidth else None
-    return RateSource(
-        mach,
-        res.model,
-        server_path=srv.path if srv else None,
-        env=launch_env(srv).env if srv else dict(os.environ),
-        threads=res.asked.req.threads,
-        flags=rate_flags(user),
-        prompt=max(32, min(res.asked.req.n_ubatch, 2048)),  # the ubatch the server runs prompts in
-        host_bandwidth=bw,
-        host_cores=o.host_cores,
-        here=not (o.gpu or o.host_ram),  # described hardware is not measured here
-        progress=progress,
-        calibrate=o.calibrate,
-        measure=budget,
+    served = ServedAs(
+        srv.path if srv else None,
+        launch_env(srv).env if srv else dict(os.environ),
+        res.asked.req.threads,
+        tuple(rate_flags(user)),
+        max(32, min(res.asked.req.n_ubatch, 2048)),  # the ubatch the server runs prompts in
+        bw,
+        o.host_cores,
     )
+    here = not (o.gpu or o.host_ram)  # described hardware is not measured here
+    return RateSource(mach, res.model, served, Measuring(here, budget, o.calibrate), progress=progress)
 
 
 def before_fit(source: RateSource, mach: Machine, res: Resolved) -> Measured:

@@ -173,20 +173,36 @@ def derive(
     )
 
 
+@dataclass(frozen=True)
+class Runner:
+    """llama-bench as the server will run the model: the binary, its environment, the server's threads (``-t``)
+    and the flags that change speed the way the server's do (``llamafit.speed.bench.rate_flags``)."""
+
+    bench: str
+    env: Mapping[str, str]
+    threads: int | None = None
+    flags: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Subject:
+    """What of a model the probe measures: its weight types streamed, the twin of its layers, the twin of its
+    attention, the ubatch its prompts run in; ``directory``: where the twins are written."""
+
+    types: tuple[str, ...]
+    twin: pm.Twin | None
+    attn: pm.Twin | None
+    prompt: int
+    directory: Path
+
+
 def measure(
-    bench: str,
-    env: dict[str, str],
+    runner: Runner,
     target: Target,
+    subject: Subject,
     *,
-    types: Sequence[str],
-    twin: pm.Twin | None,
-    attn: pm.Twin | None,
-    prompt: int,
-    threads: int | None,
-    directory: Path,
     have: Timings | None = None,
     progress: Progress | None = None,
-    extra: Sequence[str] = (),
     deadline: float | None = None,
     spreads: list[float] | None = None,
 ) -> Timings:
@@ -201,8 +217,8 @@ def measure(
         return t
 
     try:
-        run = _Run(bench, env, target, threads, extra, deadline, spreads if spreads is not None else [])
-        return _measure(run, types, twin, attn, prompt, directory, have, progress, step)
+        run = _Run(runner, target, deadline, spreads if spreads is not None else [])
+        return _measure(run, subject, have, progress, step)
     except BenchError as e:
         raise ProbeError(str(e), done[0] if done else have, isinstance(e, _OutOfTime)) from None
 
@@ -225,17 +241,15 @@ class _OutOfTime(BenchError):
 class _Run:
     """llama-bench on one device, each run within ``CALL_TIMEOUT`` and before ``deadline``."""
 
-    bench: str
-    env: dict[str, str]
+    runner: Runner
     target: Target
-    threads: int | None
-    extra: Sequence[str]
     deadline: float | None
     spreads: list[float]  # each result's repetitions' spread, for the caller to judge the runs by
 
     def __call__(self, args: list[str], reps: int = 1) -> list[BenchResult]:
         # one timed repetition after llama-bench's warm-up for the long tests, two for the short ones
-        common = [*self.target.args, *self.extra, *(["-t", str(self.threads)] if self.threads else [])]
+        threads = self.runner.threads
+        common = [*self.target.args, *self.runner.flags, *(["-t", str(threads)] if threads else [])]
         argv = [*args, *common, "-r", str(reps)]
         started = time.monotonic()
         results = self._bench(argv)
@@ -260,7 +274,7 @@ class _Run:
             left = CALL_TIMEOUT  # started, a run over RPC finishes: cut short, it would crash the RPC server
         started = time.monotonic()
         try:
-            return run_bench(self.bench, argv, self.env, left)
+            return run_bench(self.runner.bench, argv, dict(self.runner.env), left)
         except BenchError as e:
             if left < CALL_TIMEOUT and time.monotonic() - started >= left - 0.5:  # stopped at the deadline
                 raise _OutOfTime(str(e)) from None
@@ -276,16 +290,9 @@ def _tests(results: Sequence[BenchResult]) -> set[tuple[str, int, int, int, int]
 
 
 def _measure(
-    run: _Run,
-    types: Sequence[str],
-    twin: pm.Twin | None,
-    attn: pm.Twin | None,
-    prompt: int,
-    directory: Path,
-    have: Timings | None,
-    progress: Progress | None,
-    step: Callable[[Timings], Timings],
+    run: _Run, subject: Subject, have: Timings | None, progress: Progress | None, step: Callable[[Timings], Timings]
 ) -> Timings:
+    types, twin, attn, prompt, directory = subject.types, subject.twin, subject.attn, subject.prompt, subject.directory
     say = progress or (lambda _m: None)
     target = run.target
 

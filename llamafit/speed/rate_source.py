@@ -155,39 +155,57 @@ class Measured:
         return ["the cached speed measurements of these devices were dropped: the next plan measures them again"]
 
 
+@dataclass(frozen=True)
+class ServedAs:
+    """How the server will run the model, as far as it changes a device's speed: its binary (the llama-bench beside
+    it measures), its environment, its threads (``-t``), the llama-bench flags that change speed the way the
+    server's do (``--repack 0``, ``-fa``, cache types), the ubatch its prompts run in (the model's matmuls are timed
+    at it); a described host's bandwidth (bytes/s) and cores."""
+
+    server_path: str | None
+    env: Mapping[str, str]
+    threads: int | None = None
+    flags: tuple[str, ...] = ()
+    prompt: int = 512
+    host_bandwidth: float | None = None
+    host_cores: int | None = None
+
+
+@dataclass(frozen=True)
+class Measuring:
+    """Whether and how a plan measures: ``here``: the devices are this machine's (not described with --gpu), so they
+    may be measured; ``budget``: the seconds the probe may run where nothing is cached (0: only cached measurements
+    are used); ``calibrate``: the launches' speed corrections apply; ``directory``: the cache (default
+    ``$LLAMAFIT_CACHE/speed``)."""
+
+    here: bool = True
+    budget: float = MEASURE_BUDGET
+    calibrate: bool = True
+    directory: Path | None = None
+
+
 class RateSource:
     """The rates of ``machine``'s devices running ``model``, found when first asked for: what the device list
     knows (NVML, a named card, a given rate), replaced by the probe's measurement where llama-bench can reach
     the device (only the devices a plan asks for are measured, and only when it asks to measure; measurements are
-    cached per machine).
-
-    ``here``: the devices are this machine's (not described with --gpu), so they may be measured; ``flags``:
-    llama-bench flags that change speed the way the server's will (``--repack 0``, ``-fa``, cache types);
-    ``prompt``: the ubatch the model's matmuls are timed at; ``measure``: the seconds the probe may run where
-    nothing is cached (0: only cached measurements are used)."""
+    cached per machine). ``gpu_use`` says whether another process keeps a card busy (NVML by default)."""
 
     def __init__(
         self,
         machine: Machine,
         model: ModelInfo,
+        served: ServedAs,
+        measuring: Measuring | None = None,
         *,
-        server_path: str | None,
-        env: dict[str, str],
-        threads: int | None = None,
-        flags: Sequence[str] = (),
-        prompt: int = 512,
-        host_bandwidth: float | None = None,
-        host_cores: int | None = None,
-        here: bool = True,
         progress: pr.Progress | None = None,
-        directory: Path | None = None,
-        calibrate: bool = True,
-        measure: float = MEASURE_BUDGET,
         gpu_use: busy.GpuUse | None = None,
     ) -> None:
-        self.machine, self.model, self.env, self.threads, self.flags = machine, model, env, threads, tuple(flags)
-        self.prompt, self.here, self.progress, self.measure = prompt, here, progress, measure
-        self.directory = directory or cache_dir() / "speed"
+        m = measuring or Measuring()
+        self.machine, self.model, self.progress = machine, model, progress
+        self.env, self.threads, self.flags, self.prompt = dict(served.env), served.threads, served.flags, served.prompt
+        self.here, self.measure = m.here, m.budget
+        self.directory = m.directory or cache_dir() / "speed"
+        threads, here, host_bandwidth, host_cores = served.threads, m.here, served.host_bandwidth, served.host_cores
         self.notes: list[str] = []
         self._rates: dict[str, Rates] = {}
         self._priors: dict[str, Rates] = {}  # what each device gets where it is not measured
@@ -205,12 +223,12 @@ class RateSource:
         self._assumed = with_assumed(machine, None, cores)
         if threads:
             self._assumed[CPU] = priors.assumed_host(cores, min(threads, cores))
-        self._bench = bench_binary(server_path) if server_path else None
-        if self._bench is None and server_path and here:
+        self._bench = bench_binary(served.server_path) if served.server_path else None
+        if self._bench is None and served.server_path and here:
             self.notes.append("speed not measured: no llama-bench beside the server binary")
         self._asked: set[str] = set()
         self._used: set[str] = set()  # the cache entries this plan's rates came from
-        self._correction: SpeedCorrection | None = None if calibrate else SpeedCorrection()
+        self._correction: SpeedCorrection | None = None if m.calibrate else SpeedCorrection()
         # what says whether another process keeps a card busy (NVML: the one boundary, as in devices.machine)
         nvidia = any(g.nvml_index is not None for g in machine.gpus)
         self.gpu_use = gpu_use if gpu_use is not None else (NvmlProbe() if nvidia else None)
@@ -249,35 +267,18 @@ class RateSource:
         rates = self.rates(devices, measure=measure)
         return Measured(rates, self.key, tuple(self.notes), frozenset(self._used), self.directory)
 
-    def _probe(
-        self,
-        one: _One,
-        types: Sequence[str],
-        twin: pm.Twin | None,
-        attn: pm.Twin | None,
-        failed: dict[str, tuple[str, bool]],
-    ) -> pr.Timings | None:
+    def _probe(self, one: _One, subject: pr.Subject, failed: dict[str, tuple[str, bool]]) -> pr.Timings | None:
         """``one`` device measured (what it lacks of the probe): its timings, or None when nothing usable came of it
         (a failure, said and remembered in ``failed``; a doubtful run, said and marked on ``one``)."""
         assert self._bench is not None
         t = one.target
         spreads: list[float] = []
+        if one.light:  # only its overheads: nothing of the model
+            subject = replace(subject, types=(), twin=None, attn=None)
+        runner = pr.Runner(self._bench, self.env, self.threads, self.flags)
         try:
             got = pr.measure(
-                self._bench,
-                self.env,
-                t,
-                types=[] if one.light else types,
-                twin=None if one.light else twin,
-                attn=None if one.light else attn,
-                prompt=self.prompt,
-                threads=self.threads,
-                directory=self.directory,
-                have=one.have,
-                progress=self.progress,
-                extra=self.flags,
-                deadline=one.deadline,
-                spreads=spreads,
+                runner, t, subject, have=one.have, progress=self.progress, deadline=one.deadline, spreads=spreads
             )
         except pr.ProbeError as e:
             if (why := self._stopped(t.device, e, one.have)) is not None:
@@ -369,7 +370,7 @@ class RateSource:
                         measured[t.device] = have
                     continue
                 one = _One(t, mod_key, have, light, started + self.measure)
-                if (got := self._probe(one, types, twin, attn, failed)) is None:
+                if (got := self._probe(one, pr.Subject(tuple(types), twin, attn, self.prompt, d), failed)) is None:
                     if have is not None and one.doubtful:
                         measured[t.device] = have
                     continue
