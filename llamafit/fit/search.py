@@ -26,7 +26,7 @@ from llamafit.memory import backends
 from llamafit.memory.adapters import Adapters
 from llamafit.memory.calibration import Corrections
 from llamafit.memory.context import N_CTX_PAD, per_layer_memory
-from llamafit.memory.footprint import Footprint, LoadSettings, Use, estimate
+from llamafit.memory.footprint import Footprint, LoadSettings, Pricing, Use, estimate
 from llamafit.memory.placement import CPU, PARTIAL_EXPS_REGEX, Override, experts_on_cpu
 from llamafit.memory.tensor_split import not_modelled
 from llamafit.speculative import SpecConfig, SpecOptions, drafter_use
@@ -129,19 +129,15 @@ class Search:
         key = (id(model), s, tuple(ids), context_label, share_weights, exact_compute)
         if (hit := self._priced.get(key)) is not None and hit[0] is model:
             return hit[1]
-        fp = estimate(
-            model,
-            s,
-            ids,
+        pricing = Pricing(
             free=[self.free[i] for i in ids],
-            compute_scale=self.calib.compute_factors(context_label) or None,
-            estimate_scale=self.calib.drafter_scale if context_label != "target" else None,
             overhead=self.calib.overhead,
-            context_label=context_label,
-            share_weights=share_weights,
+            compute_scale=self.calib.compute_factors(context_label),
+            estimate_scale=self.calib.drafter_scale if context_label != "target" else {},
             limits=self.limits,
             exact_compute=exact_compute,
         )
+        fp = estimate(model, s, ids, pricing, context_label=context_label, share_weights=share_weights)
         if len(self._priced) >= ESTIMATES_KEPT:
             self._priced.clear()
         self._priced[key] = (model, fp)

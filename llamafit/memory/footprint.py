@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
 
 from llamafit.gguf.ggml import by_name
 from llamafit.gguf.model import ModelInfo
@@ -225,23 +224,50 @@ def _context(model: ModelInfo, s: LoadSettings, context_label: str, per_slot: bo
     )
 
 
+@dataclass(frozen=True)
+class Pricing:
+    """What a machine and its history add to the memory model. ``free``: each GPU's free memory (llama.cpp's default
+    layer split when ``-ts`` is unset); ``overhead``: the runtime memory measured per GPU; ``profile``: the CPU's
+    repacking; ``compute_scale`` (buffer name -> factor): calibration of the compute buffers; ``estimate_scale``: a
+    factor only for a compute that is the per-phase estimate (a drafter over a graph no replay builds takes the
+    factor its target's no-alloc measurement showed); ``limits``: each device's largest tensor;
+    ``exact_compute=False``: a split graph's compute buffers by the per-phase estimate, not the replay of the
+    scheduler (a quick probe; ``llamafit.memory.compute``)."""
+
+    free: Sequence[int] = ()
+    overhead: Mapping[str, int] = field(default_factory=dict)
+    profile: RepackProfile | None = None
+    compute_scale: Mapping[str, float] = field(default_factory=dict)
+    estimate_scale: Mapping[str, float] = field(default_factory=dict)
+    limits: Mapping[str, int] = field(default_factory=dict)
+    exact_compute: bool = True
+
+
+@dataclass(frozen=True)
+class _Parts:
+    """What the buffers of one context are made of: the weights' placement, the memory module's buffers, the
+    compute buffers, the output buffer's bytes."""
+
+    placement: WeightPlacement
+    mem: Sequence[MemBuffer]
+    comp: ComputeEstimate
+    out_bytes: int
+
+
 def _buffers(
     model: ModelInfo,
     s: LoadSettings,
     cp: ContextParams,
     gpu_ids: list[str],
-    placement: WeightPlacement,
-    mem: Sequence[MemBuffer],
-    comp: ComputeEstimate,
-    out_bytes: int,
+    parts: _Parts,
     context_label: str,
     share_weights: bool,
-    overhead: Mapping[str, int],
-    compute_scale: Mapping[str, float],
-    estimate_scale: Mapping[str, float],
+    pricing: Pricing,
 ) -> tuple[list[PredictedBuffer], dict[str, Use], dict[str, float]]:
     """Every buffer of the context, and each device's use (the host's under ``CPU``): the weights, the memory
     module, the compute buffers (scaled by calibration), the output buffer, each card's runtime overhead."""
+    placement, mem, comp, out_bytes = parts.placement, parts.mem, parts.comp, parts.out_bytes
+    overhead, compute_scale, estimate_scale = pricing.overhead, pricing.compute_scale, pricing.estimate_scale
     hp = model.hparams
     buffers: list[PredictedBuffer] = []
     per: dict[str, Use] = {g: Use() for g in gpu_ids}
@@ -288,41 +314,28 @@ def estimate(
     model: ModelInfo,
     s: LoadSettings,
     gpus: Sequence[str] = (),
+    pricing: Pricing | None = None,
     *,
-    free: Sequence[int] = (),
-    overhead: Mapping[str, int] | None = None,
-    profile: RepackProfile | None = None,
     context_label: str = "target",
     share_weights: bool = False,
-    compute_scale: Mapping[str, float] | None = None,
-    estimate_scale: Mapping[str, float] | None = None,
-    limits: Mapping[str, int] | None = None,
-    exact_compute: bool = True,
 ) -> Footprint:
-    """Predict every buffer of one llama_context over ``model`` with settings ``s`` on ``gpus``.
-
-    ``free`` (bytes per GPU) is only used for llama.cpp's default layer split when ``-ts`` is unset.
-    ``share_weights``: a second context over an already loaded model (an MTP context): no weights.
-    ``overhead`` may be per GPU; ``compute_scale`` (buffer name -> factor) applies calibration;
-    ``estimate_scale`` only to a compute that is the per-phase estimate (a drafter over a graph no replay builds
-    takes the factor its target's no-alloc measurement showed).
-    ``exact_compute=False``: a split graph's compute buffers by the per-phase estimate, not the replay of
-    the scheduler (a quick probe; ``llamafit.memory.compute``).
-    """
+    """Predict every buffer of one llama_context over ``model`` with settings ``s`` on ``gpus``; ``pricing``: what
+    the machine and its history add (``Pricing``). ``share_weights``: a second context over an already loaded model
+    (an MTP context): no weights."""
+    pr = pricing or Pricing()
     if s.split_mode == "tensor" and gpus and tensor_split.not_modelled(model) is None:
         # the Meta device as one card (even over one card its buffers are the Meta device's); its samplers stay on
         # the host (llama_context::set_sampler, llama-context.cpp:1291-1302)
         meta_fa = "on" if s.flash_attn == "auto" else s.flash_attn
         one = replace(s, split_mode="layer", backend_sampling=False, sampled_rows=0, flash_attn=meta_fa)
-        same: dict[str, Any] = dict(overhead=overhead, profile=profile, context_label=context_label, limits=limits)
-        same |= dict(share_weights=share_weights, compute_scale=compute_scale, estimate_scale=estimate_scale)
-        inner = estimate(model, one, gpus[:1], free=free[:1], exact_compute=exact_compute, **same)
-        return _on_cards(model, s, inner, list(gpus), overhead or {}, share_weights)
+        inner_pr = replace(pr, free=pr.free[:1])
+        inner = estimate(model, one, gpus[:1], inner_pr, context_label=context_label, share_weights=share_weights)
+        return _on_cards(model, s, inner, list(gpus), pr.overhead, share_weights)
     hp = model.hparams
     gpu_ids = list(gpus)
     if s.split_mode == "none" and gpu_ids:
         gpu_ids = [gpu_ids[min(s.main_gpu, len(gpu_ids) - 1)]]
-    placement = _placement(model, s, gpu_ids, free, profile, limits)
+    placement = _placement(model, s, gpu_ids, pr.free, pr.profile, pr.limits)
     fa = resolve_flash_attn(
         s.flash_attn, offload_kqv=s.offload_kqv, have_gpu=bool(gpu_ids), quantized_v=by_name(s.type_v).quantized
     )
@@ -340,8 +353,8 @@ def estimate(
         op_offload=s.op_offload,
         pipeline_parallel=pp,
         pooling=pooling_kind(s.pooling, hp.pooling_type) if s.embeddings else None,
-        replay_split=exact_compute,
-        limits=limits or {},
+        replay_split=pr.exact_compute,
+        limits=pr.limits,
     )
     comp = compute_buffers(model, cp, placement, settings)
     out_bytes = output_buffer_bytes(
@@ -349,21 +362,8 @@ def estimate(
     )
     out_bytes += 4 * hp.n_embd * cp.n_batch * s.extract_hidden
 
-    buffers, per, scaled = _buffers(
-        model,
-        s,
-        cp,
-        gpu_ids,
-        placement,
-        mem,
-        comp,
-        out_bytes,
-        context_label,
-        share_weights,
-        overhead or {},
-        compute_scale or {},
-        estimate_scale or {},
-    )
+    parts = _Parts(placement, mem, comp, out_bytes)
+    buffers, per, scaled = _buffers(model, s, cp, gpu_ids, parts, context_label, share_weights, pr)
     host = per.pop(CPU)
     return Footprint(
         context=cp,

@@ -27,7 +27,7 @@ from llamafit.gguf.model import ModelInfo
 from llamafit.memory import backends
 from llamafit.memory.build_match import Bound
 from llamafit.memory.builds import MIRRORED, OLDEST_READ, OUTPUTS_PER_SLOT_SINCE
-from llamafit.memory.footprint import LoadSettings, estimate
+from llamafit.memory.footprint import LoadSettings, Pricing, estimate
 from llamafit.memory.placement import CPU
 from llamafit.paths import cache_dir
 from llamafit.server.args import parse_server_args
@@ -123,13 +123,8 @@ def noalloc_args(model_path: str, server_args: Sequence[str], accepts: Callable[
 def predicted_compute(model: ModelInfo, plan: Plan, s: LoadSettings) -> dict[str, int]:
     """The memory model's compute buffers for ``s`` on the plan's devices (no calibration)."""
     gpus = [d.device for d in plan.devices]
-    fp = estimate(
-        model,
-        s,
-        [g.id for g in gpus],
-        free=[g.free for g in gpus],
-        limits={g.id: g.max_tensor for g in gpus if g.max_tensor},
-    )
+    pricing = Pricing(free=[g.free for g in gpus], limits={g.id: g.max_tensor for g in gpus if g.max_tensor})
+    fp = estimate(model, s, [g.id for g in gpus], pricing)
     return {b.buft: b.nbytes for b in fp.buffers if b.kind == "compute" and b.context == "target"}
 
 
