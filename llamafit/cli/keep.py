@@ -25,6 +25,22 @@ class KeepAlive:
     events: str | None = None  # a file of llamafit.event/1 lines
 
 
+@dataclass(frozen=True)
+class RunOptions:
+    """``run``'s options for serving, as given, built once by the command: what is shown (``--json``,
+    ``--verbose``), the server's raw log (``--log-file``), how long a load may take to be ready (``--ready-timeout``,
+    None: as long as it loads), whether a load that fails is planned again (``--no-retry``: not), ``--exec``, and the
+    server's life after ready (``keep``)."""
+
+    json_out: bool = False
+    verbose: bool = False
+    log_file: Path | None = None
+    ready_timeout: float | None = None
+    retry: bool = True
+    exec_: bool = False
+    keep: KeepAlive = KeepAlive()
+
+
 def check_upkeep(keep: KeepAlive, log_file: Path | None) -> None:
     """What a launch would refuse in ``keep`` and ``--log-file``, refused before anything is planned (a dry
     run and a service's check included): a metrics address that is not one, a file to write in a folder that is

@@ -122,7 +122,7 @@ def run_command(
 
     A Hub model is downloaded (only the files the plan uses) after the plan says it fits."""
     with handled():
-        from llamafit.cli.keep import KeepAlive, check_upkeep
+        from llamafit.cli.keep import KeepAlive, RunOptions, check_upkeep
         from llamafit.errors import UsageError
 
         refs, o = targets(ctx, model)
@@ -137,6 +137,7 @@ def run_command(
             )
         keep = KeepAlive(restart.value, max_restarts, liveness, watch, metrics, events)
         check_upkeep(keep, log_file)
+        run = RunOptions(json_out, verbose, log_file, ready_timeout or None, not no_retry, exec_, keep)
         dry_run = dry_run or for_service
         if len(refs) > 1 or models_preset is not None:
             one_model_options(quant)
@@ -144,35 +145,13 @@ def run_command(
 
             if exec_:
                 raise UsageError("--exec runs one server; several models run under the router that llamafit watches")
-            code = run_several(
-                refs,
-                models_preset,
-                o,
-                dry_run=dry_run,
-                json_out=json_out,
-                verbose=verbose,
-                log_file=log_file,
-                ready_timeout=ready_timeout or None,
-                keep=keep,
-            )
-            raise typer.Exit(code)
+            raise typer.Exit(run_several(refs, models_preset, o, run, dry_run))
         if dry_run:  # planned and printed: nothing that serving needs is loaded
             from llamafit.cli.dry import dry_run_one
 
             raise typer.Exit(dry_run_one(prepare_one(refs[0], o, json_out, quant), json_out))
         from llamafit.cli.supervise import run_one
-        from llamafit.serving.outcome import RETRIES
 
-        code = run_one(
-            prepare_one(refs[0], o, json_out, quant),
-            dry_run=dry_run,
-            exec_=exec_,
-            json_out=json_out,
-            verbose=verbose,
-            log_file=log_file,
-            ready_timeout=ready_timeout or None,
-            replan=lambda: prepare_one(refs[0], o, json_out, quant),
-            retries=0 if no_retry else RETRIES,
-            keep=keep,
+        raise typer.Exit(
+            run_one(prepare_one(refs[0], o, json_out, quant), run, lambda: prepare_one(refs[0], o, json_out, quant))
         )
-        raise typer.Exit(code)

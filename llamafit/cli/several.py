@@ -10,7 +10,7 @@ from pathlib import Path
 
 from llamafit import shellwords
 from llamafit.cli.events import EventLog, tee
-from llamafit.cli.keep import KeepAlive
+from llamafit.cli.keep import RunOptions
 from llamafit.cli.output import (
     note,
     print_json,
@@ -131,19 +131,9 @@ def plan_several(refs: Sequence[str], models_preset: Path | None, o: Options, js
     return 0
 
 
-def run_several(
-    refs: Sequence[str],
-    models_preset: Path | None,
-    o: Options,
-    *,
-    dry_run: bool,
-    json_out: bool,
-    verbose: bool,
-    log_file: Path | None,
-    ready_timeout: float | None,
-    keep: KeepAlive | None = None,
-) -> int:
-    """``run`` with several models: the router, restarted as ``keep`` says (its restart options only)."""
+def run_several(refs: Sequence[str], models_preset: Path | None, o: Options, run: RunOptions, dry_run: bool) -> int:
+    """``run`` with several models: the router, kept as ``run.keep`` says (``--dry-run``: its argv and preset)."""
+    json_out, log_file = run.json_out, run.log_file
     from llamafit.server.args import parse_server_args
     from llamafit.several.router import serve_router
     from llamafit.several.together import write_preset
@@ -168,14 +158,14 @@ def run_several(
         else:
             _show(t, argv, preset_shown=True)
         return 0
-    keep = keep or KeepAlive()
+    keep = run.keep
     kept = kept_with(keep, "router")
     inputs: list[str | Path] = [*t.files(), *([models_preset] if models_preset else [])]
     env = before_launch(ps.server, pending, ps.hub, log_file, inputs, note)
     write_preset(t, preset_path)
     argv = with_buffer_lines(argv, parse_server_args(t.router_args), ps.caps)
     plan_doc = to_json(t, argv, str(preset_path))
-    relay = Relay(View(verbose=verbose, json_out=json_out, models_max=t.models_max, plan_doc=plan_doc))
+    relay = Relay(View(verbose=run.verbose, json_out=json_out, models_max=t.models_max, plan_doc=plan_doc))
     log: EventLog | None = None
     try:
         log = EventLog(Path(keep.events), named_files(argv[1:])) if keep.events else None
@@ -185,7 +175,7 @@ def run_several(
             env,
             tee(relay, log),
             log_file=log_file,
-            ready_timeout=ready_timeout,
+            ready_timeout=run.ready_timeout,
             plan_doc=plan_doc,
             keep=kept,
             front_at=front_at,

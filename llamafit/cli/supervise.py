@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from llamafit import shellwords
-from llamafit.cli.dry import announce, dry_run_one
+from llamafit.cli.dry import announce
 from llamafit.cli.events import EventLog, tee
-from llamafit.cli.keep import KeepAlive
+from llamafit.cli.keep import KeepAlive, RunOptions
 from llamafit.cli.output import (
     err_console,
     error,
@@ -56,76 +56,47 @@ def kept_with(keep: KeepAlive, model: str, metrics: bool = True) -> KeepSettings
     return KeepSettings(RestartPolicy(keep.restart, keep.max_restarts), Liveness(keep.liveness), keep.watch, endpoint)
 
 
-def run_one(
-    prep: Prepared,
-    *,
-    dry_run: bool,
-    exec_: bool,
-    json_out: bool,
-    verbose: bool,
-    log_file: Path | None,
-    ready_timeout: float | None,
-    replan: Callable[[], Prepared],
-    retries: int,
-    keep: KeepAlive | None = None,
-) -> int:
-    """``run`` with one model, once planned: the argv (``--dry-run``), or the downloads and the environment,
-    then the server replacing llamafit (``--exec``) or served and watched."""
-    if dry_run:
-        return dry_run_one(prep, json_out)
+def run_one(prep: Prepared, run: RunOptions, replan: Callable[[], Prepared]) -> int:
+    """``run`` with one model, once planned: the downloads and the environment, then the server replacing llamafit
+    (``--exec``) or served and watched; ``replan`` makes the plan again (after a download, after a failed load)."""
     report = announce(prep)
     pending = prep.downloads()
-    env = before_launch(prep.server, pending, prep.hub, log_file, named_files(prep.argv[1:]), note)
+    env = before_launch(prep.server, pending, prep.hub, run.log_file, named_files(prep.argv[1:]), note)
     if (held := prep.plan.memory_bound) is not None and held.after_download:
         # the files are here now: the plan is made again and held to the binary's own no-alloc measurement
         prep = replan()
         report = prep.report()
     print_report([r for r in report if r[0] != "note"], decisions=True)
-    kept = kept_with(keep or KeepAlive(), prep.plan.model.name, metrics=not exec_)
-    if exec_:
+    kept = kept_with(run.keep, prep.plan.model.name, metrics=not run.exec_)
+    if run.exec_:
         from llamafit.server.supervisor import exec_server
 
         note(shellwords.join(redacted(prep.argv)))
         exec_server(prep.argv, env)
-    return supervise(
-        prep,
-        env,
-        verbose=verbose,
-        log_file=log_file,
-        json_out=json_out,
-        ready_timeout=ready_timeout,
-        replan=replan,
-        retries=retries,
-        keep=kept,
-        events=keep.events if keep is not None else None,
-    )
+    return supervise(prep, env, run, kept, replan)
 
 
 def supervise(
     prep: Prepared,
     env: dict[str, str],
-    *,
-    verbose: bool,
-    log_file: Path | None,
-    json_out: bool,
-    ready_timeout: float | None = None,
-    replan: Callable[[], Prepared] | None = None,
-    retries: int = RETRIES,
+    run: RunOptions,
     keep: KeepSettings = NOTHING_KEPT,
-    events: str | None = None,
+    replan: Callable[[], Prepared] | None = None,
 ) -> int:
-    """Serve one model, render what happens (and write it to ``events``), and return llamafit's exit code."""
+    """Serve one model as ``run`` says, kept as ``keep`` says, render what happens (and write it to ``run``'s
+    events file), and return llamafit's exit code."""
+    events = run.keep.events
     log = EventLog(Path(events), named_files(prep.argv[1:])) if events else None
-    relay = Relay(View(verbose=verbose, json_out=json_out))
+    relay = Relay(View(verbose=run.verbose, json_out=run.json_out))
     try:
         served = serve(
             prep,
             env,
             tee(relay, log),
-            log_file=log_file,
-            ready_timeout=ready_timeout,
+            log_file=run.log_file,
+            ready_timeout=run.ready_timeout,
             replan=replan,
-            retries=retries,
+            retries=RETRIES if run.retry else 0,
             keep=keep,
         )
     finally:
