@@ -135,7 +135,7 @@ def run_several(refs: Sequence[str], models_preset: Path | None, o: Options, run
     """``run`` with several models: the router, kept as ``run.keep`` says (``--dry-run``: its argv and preset)."""
     json_out, log_file = run.json_out, run.log_file
     from llamafit.server.args import parse_server_args
-    from llamafit.several.router import serve_router
+    from llamafit.several.router import Launch, serve_router
     from llamafit.several.together import write_preset
 
     ps = prepare_several(refs, models_preset, o)
@@ -169,17 +169,8 @@ def run_several(refs: Sequence[str], models_preset: Path | None, o: Options, run
     log: EventLog | None = None
     try:
         log = EventLog(Path(keep.events), named_files(argv[1:])) if keep.events else None
-        served = serve_router(
-            t,
-            argv,
-            env,
-            tee(relay, log),
-            log_file=log_file,
-            ready_timeout=run.ready_timeout,
-            plan_doc=plan_doc,
-            keep=kept,
-            front_at=front_at,
-        )
+        launch = Launch(argv, env, plan_doc, front_at)
+        served = serve_router(t, launch, tee(relay, log), log_file=log_file, ready_timeout=run.ready_timeout, keep=kept)
     finally:
         relay.close()
         if log is not None:

@@ -38,28 +38,36 @@ class _Watch:
     done: bool = False
 
 
+@dataclass(frozen=True)
+class Launch:
+    """The router as it is started: its argv and environment, the run's plan document (beside a failure), and
+    with a memory budget the user's address where llamafit's front answers for it (``front_at``)."""
+
+    argv: list[str]
+    env: dict[str, str]
+    plan_doc: dict[str, Any] | None = None
+    front_at: tuple[str, int] | None = None
+
+
 def serve_router(
     t: Together,
-    argv: list[str],
-    env: dict[str, str],
+    launch: Launch,
     on_event: OnEvent,
     *,
     log_file: Path | None = None,
     ready_timeout: float | None = None,
-    plan_doc: dict[str, Any] | None = None,
     keep: KeepSettings | None = None,
-    front_at: tuple[str, int] | None = None,
 ) -> Served:
     """Run the router; as each instance becomes ready, hold its buffers to its plan; when all the resident ones
     are, say so. A resident instance that fails its first load stops the router (exit 5). While it serves, each
     instance is kept as ``keep`` says; a router that dies after all were ready is started again as its restart
-    policy says. ``front_at``: with a memory budget (``t.budget``), the user's address, where llamafit's front
-    answers for the router (``argv`` has it on loopback behind it: ``llamafit.several.front.behind_front``)."""
+    policy says. ``launch.front_at``: with a memory budget (``t.budget``), the user's address, where llamafit's front
+    answers for the router (its argv has it on loopback behind it: ``llamafit.several.front.behind_front``)."""
     keep = keep or KeepSettings()
     restart = keep.restart
     restarts = Restarts(restart)
     while True:
-        attempt = _router_attempt(t, argv, env, on_event, log_file, ready_timeout, plan_doc, keep, front_at)
+        attempt = _router_attempt(t, launch, on_event, log_file, ready_timeout, keep)
         served, all_ready, interrupted = attempt
         if not all_ready or interrupted or not restart.wants(served.code, False):
             if all_ready and served.code != 0 and not interrupted:
@@ -75,18 +83,16 @@ def serve_router(
 
 def _router_attempt(
     t: Together,
-    argv: list[str],
-    env: dict[str, str],
+    launch: Launch,
     on_event: OnEvent,
     log_file: Path | None,
     ready_timeout: float | None,
-    plan_doc: dict[str, Any] | None,
     keep: KeepSettings,
-    front_at: tuple[str, int] | None = None,
 ) -> tuple[Served, bool, bool]:
     """One start of the router, until it exits: how it ended, whether all were ready, whether interrupted."""
+    argv, env = launch.argv, launch.env
     on_event(Note(shellwords.join(redacted(argv))))
-    attempt = _Attempt(t, argv, env, on_event, ready_timeout, keep, front_at)
+    attempt = _Attempt(t, argv, env, on_event, ready_timeout, keep, launch.front_at)
     sup = attempt.sup = Supervisor(
         argv,
         env,
@@ -106,7 +112,7 @@ def _router_attempt(
     w = attempt.w
     if w.done:
         return Served(outcome.returncode), True, outcome.interrupted
-    plan = {"plan": plan_doc}
+    plan = {"plan": launch.plan_doc}
     if outcome.interrupted:  # before a failure: the instances the router stopped on Ctrl-C did not fail
         on_event(Note("interrupted while loading"))
         return Served(int(ExitCode.INTERRUPTED), ("interrupted while loading", None, plan)), False, True
