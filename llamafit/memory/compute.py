@@ -18,6 +18,7 @@ from llamafit.memory import backends
 from llamafit.memory.context import ContextParams
 from llamafit.memory.graph.galloc import Tensor
 from llamafit.memory.graph.replay import flash_attn_stays, graph_bytes, split_graph_bytes
+from llamafit.memory.graph.sched import Backends
 from llamafit.memory.phases import OP_OFFLOAD_MIN_BATCH, PP_COPIES, device_terms, per_phase
 from llamafit.memory.placement import CPU, WeightPlacement
 
@@ -90,7 +91,9 @@ def _split_replay(
     aligns[CPU] = backends.alignment(backends.host_buffer(s.gpus) or CPU, 32)
     offload = _op_offload(s.gpus, s.limits) if s.op_offload else None
     n_copies = PP_COPIES if s.pipeline_parallel else 1
-    return split_graph_bytes(model, cp, s.n_outputs, s.fa, placement, order, aligns, s.pooling, n_copies, offload)
+    return split_graph_bytes(
+        model, cp, s.n_outputs, s.fa, placement, Backends(tuple(order), aligns, n_copies, offload), s.pooling
+    )
 
 
 def _fa_moved(model: ModelInfo, cp: ContextParams, placement: WeightPlacement, s: ComputeSettings) -> bool:

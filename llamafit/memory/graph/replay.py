@@ -11,7 +11,7 @@ estimate of ``llamafit.memory.phases``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import cast
 
@@ -31,7 +31,7 @@ from llamafit.memory.graph.attention import rotation_size
 from llamafit.memory.graph.galloc import Graph, Tensor, Where, buffer_size, placed, retag, tagged
 from llamafit.memory.graph.recipe import Recipe, Reserve
 from llamafit.memory.graph.sampling import Samplers
-from llamafit.memory.graph.sched import VIEW_OPS, attention_stays, split_buffers
+from llamafit.memory.graph.sched import VIEW_OPS, Backends, attention_stays, split_buffers
 from llamafit.memory.graph.shapes import RECURRENT, mamba_shape, model_shape
 from llamafit.memory.placement import CPU, WeightPlacement, output_weight_device, row_padded_size
 
@@ -125,16 +125,14 @@ def split_graph_bytes(
     n_outputs: int,
     fa: bool,
     placement: WeightPlacement,
-    backends: Sequence[str],
-    alignments: Mapping[str, int],
+    sched: Backends,
     pooling: str | None = None,
-    n_copies: int = 1,
-    offload: Callable[[Tensor, str], str | None] | None = None,
 ) -> dict[str, int] | None:
-    """Each backend's compute buffer of the reserve graph over several backends (``backends``, the CPU
-    last; ``n_copies`` > 1 with pipeline parallelism; ``offload``: op offload, ``sched.split_buffers``),
-    replayed through the scheduler (``llamafit.memory.graph.sched``); None where the builders do not make
-    llama.cpp's graph (MTP heads, EAGLE3, quantized caches, rerankers)."""
+    """Each backend's compute buffer of the reserve graph over several backends (``sched``: their order, the CPU
+    last, with pipeline parallelism's copies and op offload, ``sched.split_buffers``), replayed through the
+    scheduler (``llamafit.memory.graph.sched``); None where the builders do not make llama.cpp's graph (MTP heads,
+    EAGLE3, quantized caches, rerankers)."""
+    backends, alignments, n_copies, offload = sched.order, sched.alignments, sched.n_copies, sched.offload
     key = (
         "split_graph_bytes",
         cp,

@@ -41,6 +41,18 @@ class _Split:
     inputs: list[Tensor] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class Backends:
+    """The backends a split graph is scheduled over: their names in the scheduler's order (the CPU last), each one's
+    buffer alignment, the graph copies pipeline parallelism keeps (``n_copies``), and op offload (``offload(node,
+    weight_backend)``: the GPU an op on a host weight goes to, or None)."""
+
+    order: tuple[str, ...]
+    alignments: Mapping[str, int]
+    n_copies: int = 1
+    offload: Callable[[Tensor, str], str | None] | None = None
+
+
 def split_buffers(
     g: Graph,
     backends: Sequence[str],
