@@ -143,7 +143,7 @@ FAILURES = [
 @pytest.mark.parametrize(("kind", "lines", "message"), FAILURES, ids=[f[0] for f in FAILURES])
 def test_each_failure_class_from_a_stand_in(tmp_path: Path, kind: str, lines: list[str], message: str) -> None:
     exe = stand_in(tmp_path, lines)
-    out = Supervisor([str(exe)], dict(os.environ), predicted={"CUDA0": 15 << 30}, usable={"CUDA0": 23 << 30}).run()
+    out = Supervisor([str(exe)], dict(os.environ), planned=({"CUDA0": 15 << 30}, {"CUDA0": 23 << 30})).run()
     assert not out.ready and out.returncode == 1
     assert out.failure is not None and out.failure.kind == kind
     assert message in out.failure.message

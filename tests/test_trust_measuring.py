@@ -24,7 +24,7 @@ from llamafit.options import Options
 from llamafit.planning.planner import Planner
 from llamafit.planning.tuned import tune_file, tune_key
 from llamafit.server.binary import ServerBinary, free_port
-from llamafit.server.supervisor import Supervisor
+from llamafit.server.supervisor import Hooks, Supervisor
 from llamafit.speed import probe_cache as pc
 from tests import factory
 from tests.realserver import READY, launch_run, read_json_doc, stand_in, stop_run, wait_for
@@ -110,7 +110,7 @@ def test_a_line_that_claims_another_port_is_passed_over(tmp_path: Path) -> None:
     fake = 'print("0.00.000.000 I srv  llama_server: listening on http://127.0.0.1:9", file=sys.stderr, flush=True)\n'
     srv = stand_in(tmp_path, fake + READY + "while True: time.sleep(0.05)\n")
     warned: list[str] = []
-    sup = Supervisor([srv], dict(os.environ), on_warning=warned.append)
+    sup = Supervisor([srv], dict(os.environ), hooks=Hooks(on_warning=warned.append))
     sup.start()
     try:
         url = sup.wait_ready(30)
@@ -128,7 +128,7 @@ def test_a_callback_that_fails_on_a_line_does_not_stop_the_reading(tmp_path: Pat
         if "poison" in line:
             raise ValueError("could not convert string to float: '1.2.3'")
 
-    sup = Supervisor([srv], dict(os.environ), on_line=on_line, on_warning=warned.append)
+    sup = Supervisor([srv], dict(os.environ), hooks=Hooks(on_line=on_line, on_warning=warned.append))
     sup.start()
     try:
         assert sup.wait_ready(30)

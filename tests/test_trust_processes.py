@@ -20,7 +20,7 @@ import pytest
 from llamafit.errors import ExitCode
 from llamafit.gguf.demo_model import ensure_demo_model
 from llamafit.server.binary import ServerBinary, free_port
-from llamafit.server.supervisor import STOP_GRACE, Supervisor
+from llamafit.server.supervisor import STOP_GRACE, Hooks, Supervisor
 from tests.realserver import READY, health, stand_in, wait_for
 
 LLAMAFIT = [sys.executable, "-m", "llamafit"]
@@ -214,7 +214,7 @@ def test_the_log_kept_in_memory_is_bounded(tmp_path: Path) -> None:
     )
     srv = stand_in(tmp_path, READY + flood)
     shown: list[str] = []
-    out = Supervisor([srv], dict(os.environ), on_line=shown.append).run()
+    out = Supervisor([srv], dict(os.environ), hooks=Hooks(on_line=shown.append)).run()
     assert out.ready and out.returncode == 0
     assert len(out.lines) <= 1000 and sum(map(len, out.lines)) < 1_000_000
     assert "I line 199999\n" in out.lines[-1]

@@ -119,21 +119,34 @@ class Outcome:
     killed_after: float | None = None  # seconds it was given to stop after an interrupt before SIGKILL
 
 
+@dataclass(frozen=True)
+class Hooks:
+    """What a supervisor tells its caller, on its own threads: each line the server writes, ready (the URL and the
+    load's log), a warning of the supervisor's own (a line it could not read, a log file it could not write)."""
+
+    on_line: Callable[[str], None] | None = None
+    on_ready: Callable[[str, LoadLog], None] | None = None
+    on_warning: Callable[[str], None] | None = None
+
+
 class Supervisor:
+    """One llama-server child: started, its lines read and kept, ready when it answers ``probe``, stopped with it.
+    ``planned``: each device's planned total and usable bytes, for a failure's words (``failures.classify``);
+    ``stop_grace``: the seconds an interrupted server is given to stop before SIGKILL."""
+
     def __init__(
         self,
         argv: Sequence[str],
         env: dict[str, str],
         *,
         log_file: Path | None = None,
-        on_line: Callable[[str], None] | None = None,
-        on_ready: Callable[[str, LoadLog], None] | None = None,
-        predicted: dict[str, int] | None = None,
-        usable: dict[str, int] | None = None,
+        hooks: Hooks = Hooks(),
+        planned: tuple[dict[str, int], dict[str, int]] | None = None,
         probe: str = "/slots",
         stop_grace: float = STOP_GRACE,
-        on_warning: Callable[[str], None] | None = None,
     ) -> None:
+        on_line, on_ready, on_warning = hooks.on_line, hooks.on_ready, hooks.on_warning
+        predicted, usable = planned if planned is not None else (None, None)
         self.argv = list(argv)
         self.probe = probe  # what the task loop answers once ready (the router: /models)
         self.stop_grace = stop_grace

@@ -24,7 +24,7 @@ from llamafit.planning.prepared import Prepared
 from llamafit.server.args import redacted
 from llamafit.server.failures import classify
 from llamafit.server.logparse import OOM_WORDS, LoadLog, error_text, is_error
-from llamafit.server.supervisor import Outcome, Supervisor, is_key_line
+from llamafit.server.supervisor import Hooks, Outcome, Supervisor, is_key_line
 from llamafit.serving.before import with_buffer_lines
 from llamafit.serving.compare import Row
 from llamafit.serving.decay import Decay
@@ -321,17 +321,8 @@ def _attempt(
         if metrics is not None:
             memory_metrics(metrics, rows)
 
-    totals = device_totals(prep)
-    sup = Supervisor(
-        argv,
-        env,
-        log_file=log_file,
-        on_line=on_line,
-        on_ready=on_ready,
-        predicted=totals[0],
-        usable=totals[1],
-        on_warning=warn,
-    )
+    hooks = Hooks(on_line, on_ready, warn)
+    sup = Supervisor(argv, env, log_file=log_file, hooks=hooks, planned=device_totals(prep))
     outcome = sup.run(ready_timeout, stop_when=lambda: bool(wedged), stop_after=WEDGED_STOP)
     for dog in dogs:
         dog.stop()

@@ -19,7 +19,7 @@ from llamafit.server.args import redacted
 from llamafit.server.endpoint import Endpoint, api_key, endpoint_of
 from llamafit.server.failures import Failure, classify
 from llamafit.server.logparse import is_error
-from llamafit.server.supervisor import Supervisor, is_key_line
+from llamafit.server.supervisor import Hooks, Supervisor, is_key_line
 from llamafit.serving.compare import Row
 from llamafit.serving.events import AllReady, InstanceReady, Note, OnEvent, Problem, Served, ServerLine
 from llamafit.serving.outcome import compare_all, exit_reason
@@ -93,15 +93,8 @@ def _router_attempt(
     argv, env = launch.argv, launch.env
     on_event(Note(shellwords.join(redacted(argv))))
     attempt = _Attempt(t, argv, env, on_event, ready_timeout, keep, launch.front_at)
-    sup = attempt.sup = Supervisor(
-        argv,
-        env,
-        log_file=log_file,
-        on_line=attempt.on_line,
-        on_ready=attempt.on_ready,
-        probe="/models",
-        on_warning=lambda text: on_event(Note(text, "warning")),
-    )
+    hooks = Hooks(attempt.on_line, attempt.on_ready, lambda text: on_event(Note(text, "warning")))
+    sup = attempt.sup = Supervisor(argv, env, log_file=log_file, hooks=hooks, probe="/models")
     try:
         outcome = sup.run(ready_timeout, stop_when=attempt.stop_when)
     finally:
