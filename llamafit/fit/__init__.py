@@ -47,7 +47,7 @@ from llamafit.fit.policy import Outcome, Policy
 from llamafit.fit.projector import ProjectorPlacement, place_projector
 from llamafit.fit.request import Request
 from llamafit.fit.runtime import plan_runtime
-from llamafit.fit.search import CTX_STEP, Search, Trial
+from llamafit.fit.search import CTX_STEP, Beside, Search, Trial
 from llamafit.fit.speed import trial_speed
 from llamafit.gguf.hparams import UNVERIFIED_MEMORY_ARCHS
 from llamafit.gguf.mmproj import Projector
@@ -170,7 +170,7 @@ def _make_plan(job: _Job) -> Plan:
     base = replace(server_defaults(req), build=built, load_nextn=nextn_weights(built, model.arch, False))
     calib = inputs.calibrate(base, tuple(g.id for g in gpus)) if inputs.calibrate is not None else Corrections()
     projector = place_projector(req, machine, [g.id for g in gpus], mmproj, inputs.mmproj_measured)
-    search = Search(model, machine, req, gpus, opts, calib, projector.fixed, inputs.adapters, rates)
+    search = Search(model, machine, req, gpus, opts, Beside(calib, projector.fixed, inputs.adapters, rates))
     lo, hi = _context_bounds(model, req, base)
     choice = choose(model, opts, inputs.drafter_files, built)
     out = Policy(search, base, lo, hi, user_placed(req), choice, opts, caps).decide()

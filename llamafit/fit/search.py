@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from llamafit.devices.machine import Device, Machine
 from llamafit.devices.rates import Rates
@@ -64,7 +64,22 @@ def floor(u: Use) -> int:
 ESTIMATES_KEPT = 512  # footprints one search keeps; a search prices about a hundred (GLM-4.5-Air over two cards: 41)
 
 
+@dataclass(frozen=True)
+class Beside:
+    """What a search prices beside the model's own buffers, and reads to choose: the machine's calibration (compute
+    scale, runtime overhead, what failed loads showed a device holds), what does not depend on the fit (the
+    multimodal projector, per device), LoRA adapters and control vectors, the devices' rates."""
+
+    calib: Corrections = field(default_factory=Corrections)
+    fixed: Mapping[str, Use] = field(default_factory=dict)
+    adapters: Adapters | None = None
+    rates: Mapping[str, Rates] | None = None
+
+
 class Search:
+    """Loads priced on ``machine``'s ``gpus`` for ``model`` under ``req``: placed, packed over the cards, fitted to
+    each device's budget (its free memory less the margins)."""
+
     def __init__(
         self,
         model: ModelInfo,
@@ -72,11 +87,9 @@ class Search:
         req: Request,
         gpus: Sequence[Device],
         opts: SpecOptions,
-        calib: Corrections,
-        fixed: Mapping[str, Use],
-        adapters: Adapters | None = None,
-        rates: Mapping[str, Rates] | None = None,
+        beside: Beside,
     ) -> None:
+        calib, fixed, adapters, rates = beside.calib, beside.fixed, beside.adapters, beside.rates
         self.model, self.machine = model, machine
         self.req = req
         self.opts = opts
