@@ -10,7 +10,7 @@ import pytest
 from llamafit.gguf.model import load_model
 from llamafit.memory.context import ContextParams, memory_buffers, resolve_context
 from llamafit.memory.footprint import LoadSettings, estimate
-from llamafit.memory.placement import CPU, Override, layer_devices, place_weights
+from llamafit.memory.placement import CPU, Loading, Override, layer_devices, place_weights
 from llamafit.units import MiB
 from tests import factory
 
@@ -118,7 +118,7 @@ def test_layer_assignment_matches_llama_cpp() -> None:
 
 def test_gpu_placement_tied_embeddings_and_cuda_padding(tmp_path: Path) -> None:
     m = load_model(factory.qwen3_0_6b().write(tmp_path / "q.gguf"))
-    pl = place_weights(m, gpus=["CUDA0"], splits=[1.0], n_gpu_layers=-1)
+    pl = place_weights(m, Loading(-1), gpus=["CUDA0"], splits=[1.0])
     emb = [p for p in pl.tensors if p.tensor.name == "token_embd.weight"]
     # input layer on the host, a duplicate as the output on the GPU (loader.cpp:1370-1386)
     assert {p.buft for p in emb} == {"CPU", "CUDA0"}
@@ -131,7 +131,7 @@ def test_gpu_placement_tied_embeddings_and_cuda_padding(tmp_path: Path) -> None:
 def test_cuda_row_padding_for_quantized_rows(tmp_path: Path) -> None:
     shape = factory.dense(n_embd=768, n_ff=2048, n_head=12, n_head_kv=4, w="q8_0")
     m = load_model(shape.write(tmp_path / "m.gguf"))
-    pl = place_weights(m, gpus=["CUDA0"], splits=[1.0], n_gpu_layers=-1)
+    pl = place_weights(m, Loading(-1), gpus=["CUDA0"], splits=[1.0])
     p = next(p for p in pl.tensors if p.tensor.name == "blk.0.ffn_up.weight")
     # ne0 = 768: 256 more elements per row are allocated once per tensor (ggml-cuda.cu:903-920)
     assert p.alloc == p.tensor.info.nbytes + 256 // 32 * 34
@@ -140,7 +140,7 @@ def test_cuda_row_padding_for_quantized_rows(tmp_path: Path) -> None:
 def test_overrides_first_match_wins_and_cpu_moe(tmp_path: Path) -> None:
     m = load_model(factory.moe(n_layer=4).write(tmp_path / "moe.gguf"))
     ov = (Override(r"blk\.0\.", "CUDA1"), Override(r"\.ffn_(up|down|gate|gate_up)_(ch|)exps", "CPU"))
-    pl = place_weights(m, gpus=["CUDA0", "CUDA1"], splits=[1.0, 1.0], n_gpu_layers=-1, overrides=ov)
+    pl = place_weights(m, Loading(-1, ov), gpus=["CUDA0", "CUDA1"], splits=[1.0, 1.0])
     by = {p.tensor.name: p for p in pl.tensors}
     assert by["blk.0.ffn_up_exps.weight"].buft == "CUDA1"  # the first pattern matched first
     assert by["blk.3.ffn_up_exps.weight"].device == CPU
@@ -149,8 +149,8 @@ def test_overrides_first_match_wins_and_cpu_moe(tmp_path: Path) -> None:
 
 def test_nextn_tensors_load_only_with_mtp(tmp_path: Path) -> None:
     m = load_model(factory.qwen35(n_nextn=1).write(tmp_path / "q.gguf"))
-    off = place_weights(m, gpus=[], splits=[], n_gpu_layers=0)
-    on = place_weights(m, gpus=[], splits=[], n_gpu_layers=0, load_nextn=True)
+    off = place_weights(m, Loading(0), gpus=[], splits=[])
+    on = place_weights(m, Loading(0, load_nextn=True), gpus=[], splits=[])
     skipped = {t.name for t in m.tensors} - {p.tensor.name for p in off.tensors}
     assert skipped and all(n.startswith("blk.8.") for n in skipped)
     assert {p.tensor.name for p in on.tensors} == {t.name for t in m.tensors}

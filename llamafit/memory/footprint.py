@@ -26,6 +26,7 @@ from llamafit.memory.graph.sampling import backend_chain
 from llamafit.memory.placement import (
     CPU,
     CPU_ALIGN,
+    Loading,
     Override,
     RepackProfile,
     WeightPlacement,
@@ -173,14 +174,9 @@ def _placement(
         key,
         lambda: place_weights(
             model,
+            Loading(s.n_gpu_layers, s.overrides, s.use_mmap, s.no_host, s.repack, s.load_nextn),
             gpus=gpu_ids,
             splits=splits,
-            n_gpu_layers=s.n_gpu_layers,
-            overrides=s.overrides,
-            use_mmap=s.use_mmap,
-            no_host=s.no_host,
-            repack=s.repack,
-            load_nextn=s.load_nextn,
             profile=profile,
             limits=limits,
         ),

@@ -135,17 +135,26 @@ def row_padded_size(t: Tensor) -> int:
     return size
 
 
+@dataclass(frozen=True)
+class Loading:
+    """What the server's flags tell llama.cpp's loader about the weights: the layers on the GPUs (``-ngl``, < 0: all),
+    the ``-ot`` overrides (the first matching pattern wins), mmap, ``--no-host``, repacking (``-nr``: off), and
+    whether the NextN/MTP blocks are loaded."""
+
+    n_gpu_layers: int
+    overrides: Sequence[Override] = ()
+    use_mmap: bool = True
+    no_host: bool = False
+    repack: bool = True
+    load_nextn: bool = False
+
+
 def place_weights(
     model: ModelInfo,
+    loading: Loading,
     *,
     gpus: Sequence[str],
     splits: Sequence[float],
-    n_gpu_layers: int,
-    overrides: Sequence[Override] = (),
-    use_mmap: bool = True,
-    no_host: bool = False,
-    repack: bool = True,
-    load_nextn: bool = False,
     profile: RepackProfile | None = None,
     limits: Mapping[str, int] | None = None,
 ) -> WeightPlacement:
@@ -156,6 +165,8 @@ def place_weights(
     the next buffer type of the list, the host's (llama-model-loader.cpp:1067-1078, 1262-1276), as does
     a weight whose op the backend does not run (``weight_ops.refuses``: the state-space kernels).
     """
+    n_gpu_layers, overrides, use_mmap = loading.n_gpu_layers, loading.overrides, loading.use_mmap
+    no_host, repack, load_nextn = loading.no_host, loading.repack, loading.load_nextn
     hp = model.hparams
     prof = profile if profile is not None else host_repack_profile()
     devs = layer_devices(hp.n_layer_all, n_gpu_layers, gpus, splits)
