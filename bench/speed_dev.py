@@ -174,7 +174,7 @@ def components(prep: Prepared, depth: int = 0, prompt: int = 512) -> dict[str, A
     plan = prep.plan
     fp = plan.footprint
     devs = {d.device.id: d.device for d in plan.devices}
-    npl = nodes_per_layer(plan.model)
+    npl = nodes_per_layer(plan.model, fp.flash_attn, fp.context)
 
     load = Load(plan.model, fp.placement, fp.context, fp.flash_attn, tuple(devs), npl)
 

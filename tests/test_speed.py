@@ -427,12 +427,15 @@ def test_drafter_decisions_say_what_they_mean_for_speed(tmp_path: Path) -> None:
     assert f"predicted at {doc['speed']['tg']:.1f} tok/s" in d["message"] and "not known" in d["message"]
 
 
-def test_nodes_per_layer_come_from_the_fits_own_graph(l8b: ModelInfo, moe: ModelInfo) -> None:
-    # the speed model's nodes per layer are counted on the graph the fit replayed (a ubatch's), where it built
-    # one, and equal the one-token graph's a model without a plan gets
+def test_nodes_per_layer_do_not_depend_on_what_was_built_before(l8b: ModelInfo, moe: ModelInfo) -> None:
+    """The speed model's nodes per layer are counted on one stated graph (one token, the plan's flash attention):
+    the same on a fresh model and on one whose plan built other graphs first (``-fa off`` first, then on); without
+    flash attention a layer's attention is more nodes."""
+    machine = Machine(tuple(described_gpus(["rtx-4090", "rtx-4090"])), Host(total=256 * GiB, available=240 * GiB))
     for m in (l8b, moe):
-        alone = replay.nodes_per_layer(load_model(m.path))
-        machine = Machine(tuple(described_gpus(["rtx-4090", "rtx-4090"])), Host(total=256 * GiB, available=240 * GiB))
-        plan = make_plan(load_model(m.path), machine, build_request(parse_server_args(["-c", "4096"])))
-        assert plan.model.known(replay._NODES) is not None
-        assert alone is not None and replay.nodes_per_layer(plan.model) == alone
+        fresh = {fa: replay.nodes_per_layer(load_model(m.path), fa) for fa in (True, False)}
+        assert fresh[True] is not None and fresh[False] is not None and fresh[False] > fresh[True]
+        used = load_model(m.path)
+        for fa in ("off", "on"):
+            make_plan(used, machine, build_request(parse_server_args(["-c", "4096", "-fa", fa])))
+        assert {fa: replay.nodes_per_layer(used, fa) for fa in (True, False)} == fresh

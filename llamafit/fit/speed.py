@@ -89,7 +89,7 @@ def _speed(
     prompt: int = PROMPT,
     full_context: bool = True,
 ) -> Speed:
-    npl = model.memo(("nodes_per_layer",), lambda: nodes_per_layer(model))
+    npl = nodes_per_layer(model, fp.flash_attn, fp.context)
     load = Load(
         model,
         fp.placement,

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import cast
 
 from llamafit.gguf.ggml import by_name
 from llamafit.gguf.model import ModelInfo
@@ -49,7 +48,7 @@ def recurrent_bytes(model: ModelInfo, cp: ContextParams, n_outputs: int) -> int 
     if shape is None or cp.mtp:
         return None
     r = _reserve(model, cp, n_outputs, True)
-    return model.memo(("graph_bytes", r), lambda: buffer_size(_built(model, shape, r)))
+    return model.memo(("graph_bytes", r), lambda: buffer_size(shape.graph(r)))
 
 
 def pooling_kind(requested: str | None, model_type: int) -> str:
@@ -73,8 +72,7 @@ def graph_bytes(
     if rot is None:
         return None
     r = _reserve(model, cp, n_outputs, fa, pooling, rot)
-    trunk = not cp.mtp
-    return model.memo(("graph_bytes", type(shape).__name__, r), lambda: buffer_size(_built(model, shape, r, trunk)))
+    return model.memo(("graph_bytes", type(shape).__name__, r), lambda: buffer_size(shape.graph(r)))
 
 
 def _reserve(
@@ -157,46 +155,34 @@ def split_graph_bytes(
     return model.memo(key, replay)
 
 
-def nodes_per_layer(model: ModelInfo) -> float | None:
-    """Compute nodes (views excluded: they do no work) per layer of the model's graph, for the speed model's
-    per-node overheads; None where no builder makes the model's graph. The graph less its first layer's, over
-    the layers after it (the input and output nodes cancel): the fit's own reserve graph where the fit built
-    one (a ubatch's graph has the one-token graph's nodes), else a one-token graph built for it."""
+def nodes_per_layer(model: ModelInfo, flash_attn: bool = True, cp: ContextParams | None = None) -> float | None:
+    """Compute nodes (views excluded: they do no work) per layer of the graph a generated token runs, for the speed
+    model's per-node overheads; None where no builder makes the model's graph. The graph less its first layer's,
+    over the layers after it (the input and output nodes cancel), at one stated reserve: one token, one output, 256
+    cached cells, ``flash_attn`` as the plan resolved it (without it attention is more nodes) and ``cp``'s cache
+    (a quantized cache's rotations are nodes of their own; None: an F16 cache). Never a graph a plan happened to
+    build first: the count is the same whatever came before."""
     hp = model.hparams
     shape = shape_of(model, False)
     one = shape.first_layer() if shape is not None else None
     if shape is None or one is None or hp.n_layer < 2:
         return None
-    seen = model.known(_NODES)
-    if isinstance(seen, tuple):
-        r, full = cast(tuple[Reserve, int], seen)
-    else:
-        r = Reserve(
-            n_tokens=1,
-            n_seqs=1,
-            n_outputs=1,
-            n_kv=256,
-            n_kv_swa=256 if hp.swa_type != "none" else 0,
-            n_stream=1,
-            flash_attn=True,
-        )
-        full = _compute_nodes(shape.graph(r))
-    return (full - _compute_nodes(one.graph(r))) / (hp.n_layer - 1)
+    swa = 256 if hp.swa_type != "none" else 0
+    stated = Reserve(n_tokens=1, n_seqs=1, n_outputs=1, n_kv=256, n_kv_swa=swa, n_stream=1, flash_attn=flash_attn)
+    if cp is not None:
+        rot = shape.rotations(_rotations(model, cp), _quantized(cp)) or (0, 0)
+        kv = hp.arch not in RECURRENT
+        r = replace(_reserve(model, cp, 1, flash_attn, None, rot), n_tokens=1, n_seqs=1, n_stream=1, samplers=None)
+        stated = replace(r, n_kv=256 if kv else 0, n_kv_swa=swa if kv else 0)
 
+    def count() -> float:
+        return (_compute_nodes(shape.graph(stated)) - _compute_nodes(one.graph(stated))) / (hp.n_layer - 1)
 
-_NODES = ("trunk_graph_nodes",)  # (reserve, compute nodes) of the first trunk graph a plan built
+    return model.memo(("nodes_per_layer", stated), count)
 
 
 def _compute_nodes(g: Graph) -> int:
     return sum(1 for n in g.nodes if n.op not in VIEW_OPS)
-
-
-def _built(model: ModelInfo, shape: Recipe, r: Reserve, trunk: bool = True) -> Graph:
-    """``shape``'s graph at ``r``; the first trunk graph's node count is kept for ``nodes_per_layer``."""
-    g = shape.graph(r)
-    if trunk:
-        model.memo(_NODES, lambda: (r, _compute_nodes(g)))
-    return g
 
 
 def _quantized(cp: ContextParams) -> bool:
@@ -304,7 +290,7 @@ def _placed_graph(
 
     def build() -> tuple[Graph, list[Tensor]]:
         with placed(where):
-            g = _built(model, shape, r, not cp.mtp)
+            g = shape.graph(r)
         return g, tagged(g)
 
     # the nodes depend on the reserve and the shape, not on where the weights are: a search's placements at
