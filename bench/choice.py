@@ -170,7 +170,11 @@ def main() -> None:
     ap.add_argument("--rigs", default="vulkan,rpc")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--keep", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "llamafit-choice-bench")
+    ap.add_argument("--report", action="store_true", help="print the tables of the last run's results, run nothing")
     a = ap.parse_args()
+    if a.report:
+        report(json.loads((HERE / "results" / "choice.json").read_text())["cases"])
+        return
     a.keep.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("LLAMAFIT_CACHE", str(a.keep / "cache"))
     paths = models(a.keep)
@@ -231,6 +235,36 @@ def report(cases: list[dict[str, object]]) -> None:
     if ratios:
         held = sum(1 for x in ratios if x >= 1 - GOAL)  # type: ignore[operator]
         print(f"\nthe choice within {GOAL:.0%} of the fastest measured: {held} of {len(ratios)}")
+    by_class(cases)
+
+
+def placement_class(flags: list[str]) -> str:
+    """Where a timed placement puts the weights, as the speed development set's classes name it."""
+    f = " ".join(flags)
+    if "--n-cpu-moe" in f or "exps" in f:
+        return "MoE expert offload"
+    if "--n-cpu-ffn" in f:
+        return "FFN offload"
+    ngl = flags[flags.index("-ngl") + 1] if "-ngl" in flags else "0"
+    if ngl == "0":
+        return "all on the host"
+    return "all on the device" if ngl in ("all", "99", "999") else "layer offload"
+
+
+def by_class(cases: list[dict[str, object]]) -> None:
+    """The predicted generation against the measured of every timed placement (the chosen one counted once), by
+    where it puts the weights: the speed model's error on this machine's rigs, with its measured rates."""
+    errors: dict[str, list[float]] = {}
+    for c in cases:
+        for name, r in c["rows"].items():  # type: ignore[attr-defined]
+            if name == "chosen" or not r.get("tg") or r.get("tg_predicted") is None:
+                continue
+            errors.setdefault(placement_class(r["flags"]), []).append(r["tg_predicted"] / r["tg"] - 1)
+    print("\n| placement | rows | tg median abs error | signed median | worst |")
+    print("|---|---:|---:|---:|---:|")
+    for k, e in sorted(errors.items()):
+        worst = max(e, key=abs)
+        print(f"| {k} | {len(e)} | {statistics.median(map(abs, e)):.1%} | {statistics.median(e):+.1%} | {worst:+.1%} |")
 
 
 if __name__ == "__main__":
