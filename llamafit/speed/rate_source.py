@@ -224,6 +224,8 @@ class RateSource:
         if threads:
             self._assumed[CPU] = priors.assumed_host(cores, min(threads, cores))
         self._bench = bench_binary(served.server_path) if served.server_path else None
+        # llama-bench as the server will run: one for every device this plan measures
+        self._runner = pr.Runner(self._bench, self.env, self.threads, self.flags) if self._bench else None
         if self._bench is None and served.server_path and here:
             self.notes.append("speed not measured: no llama-bench beside the server binary")
         self._asked: set[str] = set()
@@ -270,15 +272,14 @@ class RateSource:
     def _probe(self, one: _One, subject: pr.Subject, failed: dict[str, tuple[str, bool]]) -> pr.Timings | None:
         """``one`` device measured (what it lacks of the probe): its timings, or None when nothing usable came of it
         (a failure, said and remembered in ``failed``; a doubtful run, said and marked on ``one``)."""
-        assert self._bench is not None
+        assert self._runner is not None
         t = one.target
         spreads: list[float] = []
         if one.light:  # only its overheads: nothing of the model
             subject = replace(subject, types=(), twin=None, attn=None)
-        runner = pr.Runner(self._bench, self.env, self.threads, self.flags)
         try:
             got = pr.measure(
-                runner, t, subject, have=one.have, progress=self.progress, deadline=one.deadline, spreads=spreads
+                self._runner, t, subject, have=one.have, progress=self.progress, deadline=one.deadline, spreads=spreads
             )
         except pr.ProbeError as e:
             if (why := self._stopped(t.device, e, one.have)) is not None:
