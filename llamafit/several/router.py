@@ -24,7 +24,7 @@ from llamafit.serving.compare import Row
 from llamafit.serving.events import AllReady, InstanceReady, Note, OnEvent, Problem, Served, ServerLine
 from llamafit.serving.outcome import compare_all, exit_reason
 from llamafit.serving.restarts import Restarts
-from llamafit.serving.serve import KeepSettings, device_totals, say_killed, wait_restart
+from llamafit.serving.serve import NOTHING_KEPT, KeepSettings, device_totals, say_killed, wait_restart
 from llamafit.several.front import Front
 from llamafit.several.keeper import Keeper
 from llamafit.several.router_log import Instance, RouterLog
@@ -56,14 +56,13 @@ def serve_router(
     *,
     log_file: Path | None = None,
     ready_timeout: float | None = None,
-    keep: KeepSettings | None = None,
+    keep: KeepSettings = NOTHING_KEPT,
 ) -> Served:
     """Run the router; as each instance becomes ready, hold its buffers to its plan; when all the resident ones
     are, say so. A resident instance that fails its first load stops the router (exit 5). While it serves, each
     instance is kept as ``keep`` says; a router that dies after all were ready is started again as its restart
     policy says. ``launch.front_at``: with a memory budget (``t.budget``), the user's address, where llamafit's front
     answers for the router (its argv has it on loopback behind it: ``llamafit.several.front.behind_front``)."""
-    keep = keep or KeepSettings()
     restart = keep.restart
     restarts = Restarts(restart)
     while True:
