@@ -168,12 +168,15 @@ def nodes_per_layer(model: ModelInfo, flash_attn: bool = True, cp: ContextParams
     if shape is None or one is None or hp.n_layer < 2:
         return None
     swa = 256 if hp.swa_type != "none" else 0
-    stated = Reserve(n_tokens=1, n_seqs=1, n_outputs=1, n_kv=256, n_kv_swa=swa, n_stream=1, flash_attn=flash_attn)
-    if cp is not None:
-        rot = shape.rotations(_rotations(model, cp), _quantized(cp)) or (0, 0)
+    if cp is None:
+        stated = Reserve(n_tokens=1, n_seqs=1, n_outputs=1, n_kv=256, n_kv_swa=swa, n_stream=1, flash_attn=flash_attn)
+    else:
         kv = hp.arch not in RECURRENT
-        r = replace(_reserve(model, cp, 1, flash_attn, None, rot), n_tokens=1, n_seqs=1, n_stream=1, samplers=None)
-        stated = replace(r, n_kv=256 if kv else 0, n_kv_swa=swa if kv else 0)
+        rot = shape.rotations(_rotations(model, cp), _quantized(cp)) or (0, 0)
+        r = _reserve(model, cp, 1, flash_attn, None, rot)
+        stated = replace(
+            r, n_tokens=1, n_seqs=1, n_stream=1, samplers=None, n_kv=256 if kv else 0, n_kv_swa=swa if kv else 0
+        )
 
     def count() -> float:
         return (_compute_nodes(shape.graph(stated)) - _compute_nodes(one.graph(stated))) / (hp.n_layer - 1)
