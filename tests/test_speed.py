@@ -26,6 +26,7 @@ from llamafit.memory.graph import replay
 from llamafit.memory.placement import CPU
 from llamafit.server.args import parse_server_args
 from llamafit.serving.timings import TimingReader
+from llamafit.speed import prediction
 from llamafit.speed import probe as pr
 from llamafit.speed import probe_cache as pc
 from llamafit.speed import probe_models as pm
@@ -336,6 +337,22 @@ def test_a_cpus_attention_is_timed_over_the_upper_half_of_a_deep_cache(l8b: Mode
     rate = pm.matmul_flops(twin, 512) / 0.5
     costs = [pr.attention_seconds(attn, rate, 128, d, gpu=False) for d in (256, 512, 1024)]
     assert costs == sorted(costs) and costs[1] > pr.attention_seconds(attn, rate, 128, 512, gpu=True)
+
+
+def test_an_unmeasured_host_reads_the_cache_once_for_each_query_head(l8b: ModelInfo) -> None:
+    """ggml-cpu's decode attention visits a KV head's cells for every query head of its group: unmeasured, the
+    host's attention is priced on those reads (Llama-3.1-8B: 32 query heads over 8 KV heads, 4x the cache); a
+    card's on the cache once, and a measured rate (of the model's own heads) on the cache."""
+    fp = plan(l8b, ["-c", "8192", "-ngl", "0"]).footprint
+    ev = evaluate(Load(l8b, fp.placement, fp.context, True, ()), tokens=1, depth=4096)
+    w = ev.devices[CPU]
+    assert w.kv_head_reads == pytest.approx(4 * w.kv_bytes)
+    unmeasured = Rates(read=20e9)
+    cpu = prediction._attention_time(w, unmeasured, 1, False, cpu=True)
+    card = prediction._attention_time(w, unmeasured, 1, False, cpu=False)
+    assert cpu == pytest.approx(4 * card) and card == pytest.approx(w.kv_bytes / 20e9)
+    measured = prediction._attention_time(w, HOST_RATES, 1, False, cpu=True)
+    assert measured == pytest.approx(w.kv_bytes / (HOST_RATES.attention or 1))
 
 
 def test_llama_bench_gets_the_planned_placement() -> None:

@@ -94,6 +94,7 @@ def _merge(works: Sequence[DeviceWork]) -> DeviceWork:
         out.attn_depth_flops += w.attn_depth_flops
         out.attn_layers += w.attn_layers
         out.kv_bytes += w.kv_bytes
+        out.kv_head_reads += w.kv_head_reads
         out.state_bytes += w.state_bytes
         out.nodes += w.nodes
         out.copied_in += w.copied_in
@@ -111,6 +112,7 @@ def _slice(w: DeviceWork, part: float) -> DeviceWork:
         attn_depth_flops=w.attn_depth_flops * part,
         attn_layers=w.attn_layers,
         kv_bytes=w.kv_bytes * part,
+        kv_head_reads=w.kv_head_reads * part,
         state_bytes=w.state_bytes * part,
         nodes=w.nodes,
         copied_in=w.copied_in * part,

@@ -122,7 +122,7 @@ def evaluation_time(ev: Evaluation, rates: Mapping[str, Rates]) -> _Time:
                 t = max(t, sum(f / (r.matmul_rate(ty) or r.matmul) for ty, f in flops.items()))
         matmuls[dev] = t
         if w.attn_layers:
-            t += _attention_time(w, r, ev.tokens, batched)
+            t += _attention_time(w, r, ev.tokens, batched, cpu=dev == CPU)
         t += w.state_bytes / r.read + w.nodes * r.node
         if w.copied_in:
             if r.link is None:
@@ -164,9 +164,13 @@ def _exchanges(sp: Spread, rates: Mapping[str, Rates]) -> float:
     return sp.reductions * sp.steps * step
 
 
-def _attention_time(w: DeviceWork, r: Rates, tokens: int, batched: bool) -> float:
-    """Generation reads the cache rows; a ubatch computes over every cell it attends to."""
-    kv = w.kv_bytes / (r.attention or r.read_rate("f16"))
+def _attention_time(w: DeviceWork, r: Rates, tokens: int, batched: bool, *, cpu: bool) -> float:
+    """Generation reads the cache rows; a ubatch computes over every cell it attends to. Unmeasured, the host
+    reads them at its streaming rate once for each query head: ggml-cpu's attention visits a KV head's cells for
+    every query head of its group in turn (ggml-cpu/ops.cpp:8975 and 9006; a measured rate is of the model's own
+    heads, as the attention twin has them)."""
+    unmeasured = w.kv_head_reads if cpu else w.kv_bytes
+    kv = w.kv_bytes / r.attention if r.attention else unmeasured / r.read_rate("f16")
     if not batched:
         return kv
     rate = r.attention_batch or r.matmul  # attention's FLOPs where they were not measured apart

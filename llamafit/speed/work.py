@@ -59,6 +59,7 @@ class DeviceWork:
     attn_depth_flops: float = 0.0  # the part over cells cached before the ubatch
     attn_layers: int = 0
     kv_bytes: float = 0.0
+    kv_head_reads: float = 0.0  # ``kv_bytes`` once for each query head of a KV head's group
     state_bytes: float = 0.0
     nodes: float = 0.0
     copied_in: float = 0.0  # bytes of host weights copied to it for offloaded ops
@@ -364,6 +365,7 @@ def _attention(
         w.attn_layers += 1
         kb, vb = kv_row_bytes(hp, il, cp.type_k, cp.type_v, cp.v_trans)
         w.kv_bytes += float((kb + vb) * (before + tokens))
+        w.kv_head_reads += float((kb + vb) * (before + tokens)) * heads / max(1, hp.n_head_kv[il])
 
 
 def _state(model: ModelInfo, cp: ContextParams, placement: WeightPlacement, work: dict[str, DeviceWork]) -> None:
