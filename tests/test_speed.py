@@ -266,7 +266,7 @@ def test_a_model_that_normalises_each_head_is_measured_on_a_twin_that_does(tmp_p
 
 
 def test_a_damaged_probe_cache_is_not_read(tmp_path: Path) -> None:
-    good = pr.Timings(1e-4, 2e-4, {"q8_0": 0.02}, 0.01, 0.5, 512, 0.001, 0.01, 0.1, 0.2, 1024, depth_low=512)
+    good = pr.Timings(1e-4, 2e-4, {"q8_0": 0.02}, 0.01, 0.5, 512, 0.001, 0.01, 0.1, 0.2, 1024)
     pc.write_cache(tmp_path, {"k": good})
     assert pc.timings_from(pc.read_cache(tmp_path)["k"]) == good
     for bad in (
@@ -275,7 +275,6 @@ def test_a_damaged_probe_cache_is_not_read(tmp_path: Path) -> None:
         {"tiny1": 1e-4, "tiny9": 2e-4, "stream": {"q8_0": 0}},
         {"tiny1": 1e-4, "tiny9": 2e-4, "twin_tg": True},
         {"tiny1": 1e-4, "tiny9": 2e-4, "prompt": 1.5},
-        {"tiny1": 1e-4, "tiny9": 2e-4, "depth": 512, "depth_low": 512},  # the attention run's depths in order
     ):
         assert pc.timings_from(bad) is None, bad
     (tmp_path / "rates.json").write_text("[not the cache")
@@ -311,32 +310,6 @@ def test_the_attention_run_is_sized_to_the_time_a_plan_has_left(tmp_path: Path) 
     assert depth(10.0, 0.004, 0.05) == 1024
     assert 0 < depth(10.0, 0.045, 1.8) < 1024
     assert depth(2.0, 0.045, 1.8) == 0
-
-
-def test_a_cpus_attention_is_timed_over_the_upper_half_of_a_deep_cache(l8b: ModelInfo) -> None:
-    """A CPU's cells cost more once the cache outgrows its caches: from 512 cells on, its attention run is timed
-    between half the depth and the depth, and the rate is the difference over those cells alone; a GPU's stays
-    timed from depth 0. A CPU's timed from depth 0 by an older llamafit is timed again; a GPU's stands."""
-    twin, attn = pm.twin_of(l8b), pm.attention_twin(l8b)
-    assert twin is not None and attn is not None
-    assert [pr.shallow_end(d, gpu=False) for d in (256, 512, 1024)] == [0, 256, 512]
-    assert [pr.shallow_end(d, gpu=True) for d in (256, 512, 1024)] == [0, 0, 0]
-    whole = _timings_of(HOST_RATES, None, 19, twin, attn)  # timed from 0 to 1024 at the host's rates
-    kv = (attn.head_k + attn.head_v) * attn.n_head_kv * 2.0 * attn.n_layer
-    flops = 2.0 * attn.n_head * (attn.head_k + attn.head_v) * 512 * attn.n_layer
-    assert whole.attn_tg0 is not None and whole.attn_pp0 is not None
-    low_tg = whole.attn_tg0 + kv * 512 / (HOST_RATES.attention or 1)
-    low_pp = whole.attn_pp0 + flops * 512 / (HOST_RATES.attention_batch or 1)
-    upper = replace(whole, attn_tg0=low_tg, attn_pp0=low_pp, depth_low=512)
-    host = pr.derive(upper, host=None, node_layer=19, twin=twin, attn=attn)
-    assert host.attention == pytest.approx(HOST_RATES.attention, rel=1e-6)
-    assert host.attention_batch == pytest.approx(HOST_RATES.attention_batch, rel=1e-6)
-    assert pr.attention_measured(upper, gpu=False) and not pr.attention_measured(whole, gpu=False)
-    assert pr.attention_measured(whole, gpu=True)
-    # the half below costs its run a fill of its own: a deeper run never costs less
-    rate = pm.matmul_flops(twin, 512) / 0.5
-    costs = [pr.attention_seconds(attn, rate, 128, d, gpu=False) for d in (256, 512, 1024)]
-    assert costs == sorted(costs) and costs[1] > pr.attention_seconds(attn, rate, 128, 512, gpu=True)
 
 
 def test_an_unmeasured_host_reads_the_cache_once_for_each_query_head(l8b: ModelInfo) -> None:

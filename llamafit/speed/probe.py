@@ -10,9 +10,8 @@ device), with the thread count the server will use:
 2. per weight type the model streams, ``stream-<type>`` generating: bytes/s from memory;
 3. the model's twin generating (the cache-resident mat-vec rate: the compute ceiling) and prompting (the
    batched matmul rate at the model's shapes);
-4. the attention twin generating and prompting at two depths (0 and ``depth``, or the upper half of a deep
-   cache: ``depth_low`` and ``depth``): the cache's bytes/s in generation, attention FLOP/s in a ubatch (the
-   difference between the depths is attention alone);
+4. the attention twin generating and prompting at depth 0 and ``depth``: the cache's bytes/s in
+   generation, attention FLOP/s in a ubatch (the difference between the depths is attention alone);
 5. for a GPU, the twin prompting with its FFN weights in host memory (op offload copies them for every
    ubatch): its link to host memory.
 
@@ -32,7 +31,6 @@ import platform
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from functools import partial
 from pathlib import Path
 
 from llamafit.devices.rates import Rates
@@ -101,7 +99,6 @@ class Timings:
     attn_ppd: float | None = None
     depth: int = 0
     offload: float | None = None  # the twin prompting with its FFN in host memory
-    depth_low: int = 0  # the shallower depth of the attention run (``attn_tg0``, ``attn_pp0``)
 
 
 def _overheads(t: Timings, host: Rates | None, node_layer: float) -> tuple[float, float, float]:
@@ -138,19 +135,19 @@ def derive(
         rate = pm.streamed_bytes(twin) / left(t.twin_tg, twin)
         stream.update({ty: rate for _, ty in twin.types})  # the model's own layers, as big as they are
     attention = attention_batch = None
-    if attn is not None and t.attn_tgd is not None and t.attn_tg0 is not None and (cells := t.depth - t.depth_low) > 0:
+    if attn is not None and t.attn_tgd is not None and t.attn_tg0 is not None and t.depth:
         kv = (attn.head_k + attn.head_v) * attn.n_head_kv * 2.0 * attn.n_layer  # f16 K and V rows per cell
         # a difference within the runs' noise (a slow device whose overheads dwarf attention at this depth)
         # measures nothing: the rate stays unknown and the model falls back to bytes and matmul FLOPs
         if (dt := t.attn_tgd - t.attn_tg0) > 0.05 * t.attn_tg0:
-            attention = kv * cells / dt
+            attention = kv * t.depth / dt
         if (
             t.attn_ppd is not None
             and t.attn_pp0 is not None
             and t.prompt
             and (dp := t.attn_ppd - t.attn_pp0) > (0.05 * t.attn_pp0)
         ):
-            flops = 2.0 * attn.n_head * (attn.head_k + attn.head_v) * t.prompt * cells * attn.n_layer
+            flops = 2.0 * attn.n_head * (attn.head_k + attn.head_v) * t.prompt * t.depth * attn.n_layer
             attention_batch = flops / dp
     matmul = None
     if twin is not None and t.twin_pp and t.prompt:
@@ -339,54 +336,27 @@ def _measure(
         stream[ty] = _one(run(["-m", path, "-p", "0", "-n", "8"]), path, gen=True)
         base = step(replace(base, stream=dict(stream)))
     a: tuple[float | None, ...] = (None,) * 4
-    depth, low = (have.depth, have.depth_low) if have else (0, 0)
-    if have is not None:  # an older run's stands until this one is timed
+    depth = have.depth if have else 0
+    if have is not None:
         a = (have.attn_tg0, have.attn_tgd, have.attn_pp0, have.attn_ppd)
-    if (
-        attn is not None
-        and (have is None or not attention_measured(have, target.gpu))
-        and (d := _attention_depth(run, attn, twin, tw_tg, tw_pp, n_prompt))
-    ):
+    if attn is not None and a[0] is None and (depth := _attention_depth(run, attn, twin, tw_tg, tw_pp, n_prompt)):
         say(f"{target.device}: attention")
         path = str(pm.ensure(attn, directory))
-        depth, low = d, shallow_end(d, target.gpu)
-        res = run(["-m", path, "-p", str(n_prompt), "-n", "16", "-d", f"{low},{depth}", "-ub", str(n_prompt)])
+        res = run(["-m", path, "-p", str(n_prompt), "-n", "16", "-d", f"0,{depth}", "-ub", str(n_prompt)])
         got = {(r.n_depth, r.n_gen > 0): r.per_token if r.n_gen else r.seconds for r in res}
-        a = (got.get((low, True)), got.get((depth, True)), got.get((low, False)), got.get((depth, False)))
-        base = step(
-            replace(base, attn_tg0=a[0], attn_tgd=a[1], attn_pp0=a[2], attn_ppd=a[3], depth=depth, depth_low=low)
-        )
+        a = (got.get((0, True)), got.get((depth, True)), got.get((0, False)), got.get((depth, False)))
+        base = step(replace(base, attn_tg0=a[0], attn_tgd=a[1], attn_pp0=a[2], attn_ppd=a[3], depth=depth))
     if target.gpu and twin is not None and off is None and tw_pp:
         say(f"{target.device}: link to host memory")
         path = str(pm.ensure(twin, directory))
         res = run(["-m", path, "-p", str(n_prompt), "-n", "0", "-ub", str(n_prompt), "-ot", r"blk\..*\.ffn_.*=CPU"])
         off = _one(res, path, gen=False)
-    return Timings(t1, t9, stream, tw_tg, tw_pp, n_prompt, a[0], a[1], a[2], a[3], depth, off, low)
+    return Timings(t1, t9, stream, tw_tg, tw_pp, n_prompt, a[0], a[1], a[2], a[3], depth, off)
 
 
 # the cache depths the attention run may be measured at, deepest first: below 256 cached rows the difference
 # from depth 0 is mostly the run's own noise, and the priors extrapolate a long context better
 DEPTHS = (1024, 512, 256)
-# from this depth on, a CPU's attention run is timed over the upper half of the cache, not from depth 0:
-# ggml-cpu's decode attention visits every cell once per query head (ggml-cpu/ops.cpp:8975 and 9006), and a cell
-# costs more once the cache no longer stays in the CPU's caches between those visits (this host at one thread,
-# Qwen3-0.6B's 28 attention layers: 39 us a cell below 256 cells, 55 from 256 to 512, 85 past 512 and still 84
-# from 2048 to 3072), so a slope from depth 0 carries the cheap cells into a long context. A GPU's stays from
-# depth 0: its cache is streamed at every depth, and half the difference would sink into the runs' noise
-HALVED_FROM = 512
-
-
-def shallow_end(depth: int, gpu: bool) -> int:
-    """The shallower depth the attention run is timed at beside ``depth``."""
-    return depth // 2 if depth >= HALVED_FROM and not gpu else 0
-
-
-def attention_measured(t: Timings, gpu: bool) -> bool:
-    """The attention run is in ``t`` as this probe times it (a CPU's timed from depth 0 to a deep cache, as an
-    older llamafit did, is timed again)."""
-    return t.attn_tgd is not None and t.depth_low == shallow_end(t.depth, gpu)
-
-
 ATTENTION_TIME = 0.6  # of what the plan has left, what the attention run may take
 ATTENTION_SHARE = 0.25  # of the twin's matmul rate, what attention is assumed to run at when sizing its run
 
@@ -395,29 +365,25 @@ def _attention_depth(
     run: _Run, attn: pm.Twin, twin: pm.Twin | None, tw_tg: float | None, tw_pp: float | None, prompt: int
 ) -> int:
     """The deepest cache the attention run can be measured at within ``ATTENTION_TIME`` of the time left (0: none
-    this time: a later plan measures it with its own time, or ``tune``)."""
+    this time: a later plan measures it with its own time, or ``tune``). Each depth's run fills the cache,
+    prompts and generates, at depth 0 and at the depth, once to warm up and once timed: its projections at the
+    twin's matmul rate, its attention at a quarter of it (a slow host at one thread would otherwise spend a
+    plan's whole time on a 1024-deep cache and never finish)."""
     depth = 1024 if (tw_tg or 0) < 0.05 else 256  # a device this slow is timed at a shallower cache anyway
     if run.deadline is None or twin is None or not tw_pp:
         return depth
     rate = pm.matmul_flops(twin, prompt) / tw_pp  # the host's matmul FLOP/s at this prompt, as measured
     left = run.deadline - time.monotonic()
-    cost = partial(attention_seconds, attn, rate, prompt, gpu=run.target.gpu)
-    return next((d for d in DEPTHS if d <= depth and cost(d) <= ATTENTION_TIME * left), 0)
-
-
-def attention_seconds(attn: pm.Twin, rate: float, prompt: int, depth: int, *, gpu: bool) -> float:
-    """What the attention run at ``depth`` takes on a device of matmul ``rate`` FLOP/s: each of its two depths
-    filled once (llama-bench keeps a filled cache for the next test at that depth, llama-bench.cpp:2446-2472),
-    its prompts and generations warmed up and timed; projections at ``rate``, attention at ``ATTENTION_SHARE``
-    of it (a slow host at one thread would otherwise spend a plan's whole time on a deep cache and never
-    finish)."""
-    low = shallow_end(depth, gpu)
     per_row = 2.0 * attn.n_head * (attn.head_k + attn.head_v) * attn.n_layer  # FLOPs a query row a cached row
-    fill = (
-        per_row * (depth * depth + low * low) / 2 / (ATTENTION_SHARE * rate) + pm.matmul_flops(attn, depth + low) / rate
-    )
-    runs = per_row * (prompt * (depth + low + prompt) + 16 * (depth + low + 16)) / (ATTENTION_SHARE * rate)
-    return fill + 2 * (runs + pm.matmul_flops(attn, 2 * prompt + 32) / rate)
+
+    def seconds(d: int) -> float:
+        fill = per_row * d * d / 2
+        prompts = per_row * prompt * (d + prompt / 2) + per_row * prompt * prompt / 2
+        gen = per_row * 16 * (2 * d + 16)
+        attention = (fill + prompts + gen) / (ATTENTION_SHARE * rate)
+        return 2 * (attention + pm.matmul_flops(attn, 2 * prompt + d + 32) / rate)
+
+    return next((d for d in DEPTHS if d <= depth and seconds(d) <= ATTENTION_TIME * left), 0)
 
 
 def _one(results: Sequence[BenchResult], model: str, *, gen: bool) -> float:

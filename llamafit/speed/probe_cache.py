@@ -58,7 +58,7 @@ def timings_from(entry: Mapping[str, Any]) -> Timings | None:
         stream = {str(k): _num(v) for k, v in dict(entry.get("stream", {})).items()}
         opt = {k: entry.get(k) for k in ("twin_tg", "twin_pp", "attn_tg0", "attn_tgd", "attn_pp0", "attn_ppd")}
         opt["offload"] = entry.get("offload")
-        ints = {k: entry.get(k, 0) for k in ("prompt", "depth", "depth_low")}
+        ints = {k: entry.get(k, 0) for k in ("prompt", "depth")}
     except (KeyError, TypeError, ValueError):
         return None
     if t1 is None or t9 is None or any(v is None for v in stream.values()):
@@ -66,8 +66,6 @@ def timings_from(entry: Mapping[str, Any]) -> Timings | None:
     nums = {k: _num(v) for k, v in opt.items() if v is not None}
     if any(v is None for v in nums.values()) or not all(isinstance(v, int) and 0 <= v < 1 << 20 for v in ints.values()):
         return None
-    if ints["depth_low"] and ints["depth_low"] >= ints["depth"]:
-        return None  # the attention run's two depths, the shallower first
     got = {k: v for k, v in nums.items() if v is not None}
     return Timings(
         t1,
@@ -81,7 +79,6 @@ def timings_from(entry: Mapping[str, Any]) -> Timings | None:
         attn_pp0=got.get("attn_pp0"),
         attn_ppd=got.get("attn_ppd"),
         depth=int(ints["depth"]),
-        depth_low=int(ints["depth_low"]),
         offload=got.get("offload"),
     )
 

@@ -446,7 +446,7 @@ class _One:
 def _complete(t: pr.Timings, types: Sequence[str], twin: pm.Twin | None, attn: pm.Twin | None, gpu: bool) -> bool:
     if twin is not None and (t.twin_tg is None or t.twin_pp is None or (gpu and t.offload is None)):
         return False
-    if attn is not None and not pr.attention_measured(t, gpu):
+    if attn is not None and t.attn_tgd is None:
         return False
     # a type may be missing because the device was too slow to stream it (the twin's rate stands)
     return all(ty in t.stream for ty in types) or t.twin_tg is not None
