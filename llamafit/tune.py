@@ -31,12 +31,14 @@ from llamafit.planning.prepared import Prepared
 from llamafit.planning.tuned import remember, tune_file
 from llamafit.serving.before import before_launch
 from llamafit.speed.bench import BenchError, bench_binary, bench_flags, run_bench
-from llamafit.speed.rate_source import MEASURE_BUDGET
 
 SCHEMA = "llamafit.tune/1"
 PROMPT, GEN = 512, 64
 UBATCHES = (256, 512, 1024, 2048)
 BENCH_TIMEOUT = 600.0
+# what tune's plan may spend measuring the devices (a plan's own is 10 s): enough for the attention run at the
+# deepest cache a plan cannot afford on a slow host (Qwen3-0.6B's shape at one thread here: 9 s, sized at 15)
+TUNE_MEASURE = 60.0
 
 
 @dataclass(frozen=True)
@@ -125,7 +127,7 @@ def tune(
     say = progress or (lambda _m: None)
     started = time.monotonic()  # the budget bounds every wait of the command, the probe's included
     planner = Planner.for_options(o)  # the machine, the server and the model, once for every candidate
-    base = planner.plan(model, tuned=False, progress=progress, measure=min(MEASURE_BUDGET, budget / 2))
+    base = planner.plan(model, tuned=False, progress=progress, measure=min(TUNE_MEASURE, budget / 2))
     if base.server is None:
         raise ServerNotFoundError("tune measures with llama-bench, and no llama-server was found")
     bench = bench_binary(base.server.path)

@@ -304,8 +304,7 @@ def test_the_attention_run_is_sized_to_the_time_a_plan_has_left(tmp_path: Path) 
     prompt = 160
 
     def depth(left: float, tg: float, pp: float) -> int:
-        run = pr._Run(pr.Runner("llama-bench", {}, 1), pr.host_target(), pr.time.monotonic() + left, [])
-        return pr._attention_depth(run, attn, twin, tg, pp, prompt)
+        return pr.attention_depth(attn, twin, tg, pp, prompt, left)
 
     assert depth(10.0, 0.004, 0.05) == 1024
     assert 0 < depth(10.0, 0.045, 1.8) < 1024
@@ -326,6 +325,19 @@ def test_an_unmeasured_host_reads_the_cache_once_for_each_query_head(l8b: ModelI
     assert cpu == pytest.approx(4 * card) and card == pytest.approx(w.kv_bytes / 20e9)
     measured = prediction._attention_time(w, HOST_RATES, 1, False, cpu=True)
     assert measured == pytest.approx(w.kv_bytes / (HOST_RATES.attention or 1))
+
+
+def test_a_plan_with_more_time_times_attention_at_a_deeper_cache(tmp_path: Path) -> None:
+    """A cache timed at 256 cells (all a plan had time for at one thread) is timed again, deeper, by a plan with
+    the time for it (tune's); one already at the deepest, or a plan without the time, keeps what is cached."""
+    q06 = load_model(str(factory.qwen3_0_6b().write(tmp_path / "q06.gguf")))
+    twin, attn = pm.twin_of(q06), pm.attention_twin(q06)
+    assert twin is not None and attn is not None
+    shallow = pr.Timings(1e-4, 2e-4, {}, 0.045, 1.8, 160, 0.01, 0.02, 0.1, 0.2, 256)
+    assert not pr.deeper_attention(shallow, attn, twin, 10.0)
+    assert pr.deeper_attention(shallow, attn, twin, 60.0)
+    assert not pr.deeper_attention(replace(shallow, depth=pr.DEPTHS[0]), attn, twin, 600.0)
+    assert pr.deeper_attention(replace(shallow, attn_tgd=None, depth=0), attn, twin, 10.0)
 
 
 def test_llama_bench_gets_the_planned_placement() -> None:

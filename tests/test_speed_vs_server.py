@@ -16,8 +16,10 @@ from typer.testing import CliRunner
 from llamafit.cli.app import app
 from llamafit.gguf.demo_model import ensure_demo_model
 from llamafit.gguf.model import load_model
+from llamafit.paths import cache_dir
 from llamafit.server.binary import ServerBinary
 from llamafit.speed import busy
+from llamafit.speed import probe as pr
 from llamafit.speed import probe_models as pm
 from llamafit.speed.bench import bench_binary, run_bench
 from tests import factory
@@ -67,6 +69,18 @@ def test_the_probe_measures_the_host_once_and_the_plan_predicts_from_it(
     rc, out, err = invoke("plan", model, "--cpu-only", "--json", "--server", server_bin.path, "--", "-c", "2048")
     again = json.loads(out)
     assert again["speed"]["tg"] == sp["tg"] and not any("measured this machine" in n for n in again["notes"])
+    # an attention run timed at a shallower cache than this plan has the time for (an earlier plan's, with less
+    # time left) is timed again at the deepest, by the real llama-bench
+    rates = cache_dir() / "speed" / "rates.json"
+    doc = json.loads(rates.read_text())
+    timed = [e for e in doc["entries"].values() if e.get("attn_tgd")]
+    assert len(timed) == 1 and timed[0]["depth"] == pr.DEPTHS[0], timed
+    timed[0]["depth"] = pr.DEPTHS[-1]
+    rates.write_text(json.dumps(doc))
+    rc, out, err = invoke("plan", model, "--cpu-only", "--json", "--server", server_bin.path, "--", "-c", "2048")
+    assert rc == 0 and any("measured this machine" in n for n in json.loads(out)["notes"]), err
+    deep = [e for e in json.loads(rates.read_text())["entries"].values() if e.get("attn_tgd")]
+    assert len(deep) == 1 and deep[0]["depth"] == pr.DEPTHS[0], deep
 
 
 def test_tune_measures_what_fits_and_plan_and_run_start_from_the_winner(

@@ -339,7 +339,11 @@ def _measure(
     depth = have.depth if have else 0
     if have is not None:
         a = (have.attn_tg0, have.attn_tgd, have.attn_pp0, have.attn_ppd)
-    if attn is not None and a[0] is None and (depth := _attention_depth(run, attn, twin, tw_tg, tw_pp, n_prompt)):
+    time_left = None if run.deadline is None else run.deadline - time.monotonic()
+    if attn is not None and (d := attention_depth(attn, twin, tw_tg, tw_pp, n_prompt, time_left)) > (
+        depth if a[1] is not None else 0
+    ):
+        depth = d  # or deeper than an earlier plan could afford: a shallow cache extrapolates either way
         say(f"{target.device}: attention")
         path = str(pm.ensure(attn, directory))
         res = run(["-m", path, "-p", str(n_prompt), "-n", "16", "-d", f"0,{depth}", "-ub", str(n_prompt)])
@@ -361,29 +365,37 @@ ATTENTION_TIME = 0.6  # of what the plan has left, what the attention run may ta
 ATTENTION_SHARE = 0.25  # of the twin's matmul rate, what attention is assumed to run at when sizing its run
 
 
-def _attention_depth(
-    run: _Run, attn: pm.Twin, twin: pm.Twin | None, tw_tg: float | None, tw_pp: float | None, prompt: int
+def attention_depth(
+    attn: pm.Twin, twin: pm.Twin | None, tw_tg: float | None, tw_pp: float | None, prompt: int, left: float | None
 ) -> int:
-    """The deepest cache the attention run can be measured at within ``ATTENTION_TIME`` of the time left (0: none
-    this time: a later plan measures it with its own time, or ``tune``). Each depth's run fills the cache,
-    prompts and generates, at depth 0 and at the depth, once to warm up and once timed: its projections at the
-    twin's matmul rate, its attention at a quarter of it (a slow host at one thread would otherwise spend a
-    plan's whole time on a 1024-deep cache and never finish)."""
+    """The deepest cache the attention run can be measured at within ``ATTENTION_TIME`` of ``left`` seconds (None:
+    no limit; 0: none this time: a later plan measures it with its own time, or ``tune`` with more)."""
     depth = 1024 if (tw_tg or 0) < 0.05 else 256  # a device this slow is timed at a shallower cache anyway
-    if run.deadline is None or twin is None or not tw_pp:
+    if left is None or twin is None or not tw_pp:
         return depth
     rate = pm.matmul_flops(twin, prompt) / tw_pp  # the host's matmul FLOP/s at this prompt, as measured
-    left = run.deadline - time.monotonic()
+    return next(
+        (d for d in DEPTHS if d <= depth and attention_seconds(attn, rate, prompt, d) <= ATTENTION_TIME * left), 0
+    )
+
+
+def deeper_attention(t: Timings, attn: pm.Twin, twin: pm.Twin | None, budget: float) -> bool:
+    """Whether a plan measuring for ``budget`` seconds times the attention run at a deeper cache than ``t`` holds
+    (within nine tenths of it: what it had cached leaves it almost all of its time, and a plan that would find no
+    time for it after all must not be called for nothing)."""
+    return attention_depth(attn, twin, t.twin_tg, t.twin_pp, t.prompt, 0.9 * budget) > (t.depth if t.attn_tgd else 0)
+
+
+def attention_seconds(attn: pm.Twin, rate: float, prompt: int, depth: int) -> float:
+    """What the attention run at ``depth`` takes on a device of matmul ``rate`` FLOP/s: the cache filled once
+    (llama-bench keeps a filled cache for the next test at its depth, llama-bench.cpp:2446-2472), the prompts and
+    generations at depth 0 and at ``depth`` warmed up and timed; projections at ``rate``, attention at
+    ``ATTENTION_SHARE`` of it (a slow host at one thread would otherwise spend a plan's whole time on a deep cache
+    and never finish)."""
     per_row = 2.0 * attn.n_head * (attn.head_k + attn.head_v) * attn.n_layer  # FLOPs a query row a cached row
-
-    def seconds(d: int) -> float:
-        fill = per_row * d * d / 2
-        prompts = per_row * prompt * (d + prompt / 2) + per_row * prompt * prompt / 2
-        gen = per_row * 16 * (2 * d + 16)
-        attention = (fill + prompts + gen) / (ATTENTION_SHARE * rate)
-        return 2 * (attention + pm.matmul_flops(attn, 2 * prompt + d + 32) / rate)
-
-    return next((d for d in DEPTHS if d <= depth and seconds(d) <= ATTENTION_TIME * left), 0)
+    fill = per_row * depth * depth / 2 / (ATTENTION_SHARE * rate) + pm.matmul_flops(attn, depth) / rate
+    runs = per_row * (prompt * (depth + prompt) + 16 * (depth + 16)) / (ATTENTION_SHARE * rate)
+    return fill + 2 * (runs + pm.matmul_flops(attn, 2 * prompt + 32) / rate)
 
 
 def _one(results: Sequence[BenchResult], model: str, *, gen: bool) -> float:

@@ -342,10 +342,13 @@ class RateSource:
                 light = t.device == CPU and CPU not in devices  # only its overheads are needed
                 if have is not None:
                     self._used.update((gen_key, mod_key))
-                if have is not None and (light or _complete(have, types, twin, attn, t.gpu)):
+                subject = pr.Subject(tuple(types), twin, attn, self.prompt, d)
+                if have is not None and (light or _complete(have, subject, t.gpu, self.measure)):
                     measured[t.device] = have
                     continue
-                if not allowed:
+                if not allowed:  # what is cached serves as it is
+                    if have is not None:
+                        measured[t.device] = have
                     continue
                 if (why := pc.failed_before(cache, mod_key, self.measure)) is not None:
                     self.notes.append(
@@ -371,7 +374,7 @@ class RateSource:
                         measured[t.device] = have
                     continue
                 one = _One(t, mod_key, have, light, started + self.measure)
-                if (got := self._probe(one, pr.Subject(tuple(types), twin, attn, self.prompt, d), failed)) is None:
+                if (got := self._probe(one, subject, failed)) is None:
                     if have is not None and one.doubtful:
                         measured[t.device] = have
                     continue
@@ -443,10 +446,12 @@ class _One:
     doubtful: bool = False
 
 
-def _complete(t: pr.Timings, types: Sequence[str], twin: pm.Twin | None, attn: pm.Twin | None, gpu: bool) -> bool:
+def _complete(t: pr.Timings, subject: pr.Subject, gpu: bool, budget: float) -> bool:
+    """Whether ``t`` holds all a plan measuring for ``budget`` seconds would measure of ``subject``."""
+    types, twin, attn = subject.types, subject.twin, subject.attn
     if twin is not None and (t.twin_tg is None or t.twin_pp is None or (gpu and t.offload is None)):
         return False
-    if attn is not None and t.attn_tgd is None:
+    if attn is not None and (t.attn_tgd is None or pr.deeper_attention(t, attn, twin, budget)):
         return False
     # a type may be missing because the device was too slow to stream it (the twin's rate stands)
     return all(ty in t.stream for ty in types) or t.twin_tg is not None
