@@ -340,6 +340,24 @@ def test_a_plan_with_more_time_times_attention_at_a_deeper_cache(tmp_path: Path)
     assert pr.deeper_attention(replace(shallow, attn_tgd=None, depth=0), attn, twin, 10.0)
 
 
+def test_a_context_full_speed_says_when_its_attention_was_not_measured(l8b: ModelInfo) -> None:
+    """A host measured without its attention run (the plan had no time left for it) is priced on its prior at
+    depth, and the plan says so and what measures it; once timed, it does not."""
+    timed = replace(HOST_RATES, source="measured", label="measured")
+    untimed = replace(timed, attention=None, attention_batch=None)
+
+    def unknown(host: Rates) -> list[str]:
+        rates = {CPU: host}
+        request = build_request(parse_server_args(["-c", "8192", "-ngl", "0"]))
+        p = priced(make_plan(l8b, Machine((), HOST), request, inputs=Inputs(rates=rates)), rates)
+        assert p.speed is not None and p.speed.at_context is not None
+        return [u for u in p.speed.unknown if "attention over a filled cache" in u]
+
+    said = unknown(untimed)
+    assert len(said) == 1 and "CPU" in said[0] and "llamafit tune" in said[0]
+    assert unknown(timed) == []
+
+
 def test_llama_bench_gets_the_planned_placement() -> None:
     argv = [
         "-m",

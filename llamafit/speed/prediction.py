@@ -266,6 +266,7 @@ def predict(
     if full_context and full > depth and (tg_rate is not None or pp_rate is not None):
         tg_f, pp_f = phase(full, prompt)
         at_context = (full, None if pp_f.missing else prompt / pp_f.total, None if tg_f.missing else 1 / tg_f.total)
+        unknown += _attention_unmeasured(decode, rates)
     source = "unknown" if tg_rate is None and pp_rate is None else "estimated"
     return Speed(
         pp_rate,
@@ -282,6 +283,21 @@ def predict(
         # the experts a ubatch reaches, and how its expert matmuls are tiled, are priced for uniform routing
         assumes=ASSUMES + (", experts chosen uniformly" if model.hparams.n_expert > 1 else ""),
     )
+
+
+def _attention_unmeasured(decode: Evaluation, rates: Mapping[str, Rates]) -> list[str]:
+    """What the context-full speed assumes of a measured device whose attention over a filled cache was not
+    timed (the plan that measured it had no time left for it): the cost that grows with the context."""
+    out = []
+    for dev, w in decode.devices.items():
+        r = rates.get(dev)
+        if w.attn_layers and r is not None and r.source == "measured" and r.attention is None:
+            read = "read once for each query head" if dev == CPU else "streamed"
+            out.append(
+                f"not measured: {dev}'s attention over a filled cache (the context-full speed assumes the cache {read} "
+                "at its measured rate; a later plan with time left, or llamafit tune, measures it)"
+            )
+    return out
 
 
 def _walks(load: Load) -> dict[int, Walk]:
