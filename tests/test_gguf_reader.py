@@ -146,7 +146,8 @@ def test_tensor_offsets_out_of_order_are_rejected(tmp_path: Path) -> None:
 def test_a_hostile_count_cannot_make_one_network_read_large(tmp_path: Path) -> None:
     """The network reader asks for what the rest of the header needs; a vocabulary that claims 100M
     tokens over a 1 GiB file (zeros: empty strings) is read in bounded requests and refused."""
-    from llamafit.gguf.reader import AHEAD_MAX, read_header
+    from llamafit.gguf.ahead import AHEAD_MAX
+    from llamafit.gguf.reader import read_header
     from llamafit.hub.remote import FIRST_RANGE, MAX_REMOTE_HEADER, RemoteSource
 
     key = b"tokenizer.ggml.tokens"
@@ -167,3 +168,29 @@ def test_a_hostile_count_cannot_make_one_network_read_large(tmp_path: Path) -> N
     with pytest.raises(BadModelFileError, match="runs past"):
         read_header(RemoteSource(fetch, "hostile.gguf", 1 << 30), first_read=FIRST_RANGE)
     assert max(asked) <= AHEAD_MAX and sum(asked) <= MAX_REMOTE_HEADER
+
+
+def test_a_vocabulary_whose_first_strings_are_long_is_not_read_far_past_its_header(tmp_path: Path) -> None:
+    """The strings read first say how long the rest are; where they are longer than the rest (2000 long
+    control tokens ahead of a 100k vocabulary), the reader still ends every request within 1.10 times the
+    least the header can be (the likely size alone read 2.6 times the header in two requests)."""
+    from llamafit.gguf.ahead import OVER_READ
+    from llamafit.gguf.reader import read_header
+    from llamafit.hub.remote import FIRST_RANGE, RemoteSource
+
+    vocab = factory.bpe_vocab(100000, 99744)
+    tokens = list(vocab["tokenizer.ggml.tokens"])
+    vocab["tokenizer.ggml.tokens"] = [f"<|reserved_control_token_{i}|>".ljust(40, "_") for i in range(2000)] + tokens[
+        : 100000 - 2000
+    ]
+    path = factory.with_vocab(factory.qwen3_0_6b(), vocab).write(tmp_path / "long-first.gguf")
+    asked: list[int] = []
+
+    def fetch(offset: int, n: int) -> bytes:
+        asked.append(n)
+        with path.open("rb") as f:
+            f.seek(offset)
+            return f.read(n)
+
+    h = read_header(RemoteSource(fetch, path.name, path.stat().st_size), first_read=FIRST_RANGE)
+    assert h.data_offset <= sum(asked) <= OVER_READ * h.data_offset and len(asked) <= 6, asked

@@ -403,11 +403,12 @@ def test_a_download_killed_midway_is_cleaned_and_never_used(hub: FakeHub, tmp_pa
 @pytest.mark.parametrize(
     "label",
     ["byte-level BPE, more merges than tokens (Llama 3)", "byte-level BPE, 47 layers of MoE tensors (GLM-4.5-Air)",
-     "SentencePiece, 262k tokens (Gemma 3)"],
+     "SentencePiece, 262k tokens (Gemma 3)", "byte-level BPE, a fifth as many merges as tokens"],
 )  # fmt: skip
 def test_a_header_is_read_in_a_few_requests_and_not_far_past_its_end(hub: FakeHub, tmp_path: Path, label: str) -> None:
-    """Every byte before the tensor data is the floor; the reader asks for what the rest of the header
-    needs at least (the vocabulary's count, the arrays beside it, the tensor table's count)."""
+    """Every byte before the tensor data is the floor; the reader asks for what the rest of the header likely
+    needs (the vocabulary's count, the arrays beside it, the tensor table's count), never past 1.10 times the
+    least it can still be."""
     from llamafit.gguf.reader import read_file_header
 
     shape = {
@@ -416,6 +417,9 @@ def test_a_header_is_read_in_a_few_requests_and_not_far_past_its_end(hub: FakeHu
         "byte-level BPE, 47 layers of MoE tensors (GLM-4.5-Air)":
             factory.with_vocab(factory.glm45_air(), factory.bpe_vocab(151552, 151552 - 256, seed=1)),
         "SentencePiece, 262k tokens (Gemma 3)": factory.gemma3(n_vocab=262144),
+        # what the likely size alone read in two requests, 1.22 times the header (the issue's 1.43x)
+        "byte-level BPE, a fifth as many merges as tokens":
+            factory.with_vocab(factory.llama31_8b(), factory.bpe_vocab(100352, 20000)),
     }[label]  # fmt: skip
     path = shape.write(tmp_path / "model-Q4_K_M.gguf")
     floor = read_file_header(path).data_offset

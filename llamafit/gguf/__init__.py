@@ -4,6 +4,7 @@ written for the demo and the tests.
 Modules:
 
 * ``reader``: the bounded, lazy GGUF header reader;
+* ``ahead``: how much of a header a read over the network asks for next;
 * ``model``: a model as llama.cpp sees it: every shard's header, the hparams, the tensor table;
 * ``hparams``: the hyper-parameters the memory model needs, resolved as llama.cpp resolves them;
 * ``tensors``: what a tensor's name says: its layer and its op;

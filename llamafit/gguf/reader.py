@@ -17,11 +17,11 @@ from __future__ import annotations
 import os
 import stat
 import struct
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from llamafit.errors import BadModelFileError, ModelNotFoundError
+from llamafit.gguf.ahead import Ahead
 from llamafit.gguf.ggml import TYPES, GGMLType, nbytes
 
 GGUF_MAGIC = b"GGUF"
@@ -39,13 +39,6 @@ MAX_STRING_LEN = 64 << 20
 MAX_KEPT_ARRAY = 1 << 16
 # Scalar strings longer than this are recorded by length only (chat templates stay readable).
 MAX_KEPT_STRING = 1 << 20
-# A network read asks for what the rest of the header needs at least (_Ahead), within these bounds.
-AHEAD_MIN = 16 << 10
-AHEAD_MAX = 16 << 20
-# Lower bounds of one metadata entry and one tensor-table entry: a short key with a scalar value; a
-# 16-byte name ("blk.0.attn_q.weight" is 19), two dimensions, type and offset (gguf.cpp:640-700).
-KV_ENTRY_MIN = 8 + 16 + 4 + 4
-TENSOR_ENTRY_MIN = 8 + 16 + 4 + 2 * 8 + 4 + 8
 
 
 class ByteSource(Protocol):
@@ -163,9 +156,9 @@ class _Cursor:
         self.buf = b""
         self.buf_start = 0
         self.pos = 0  # absolute offset of the next byte
-        # a network source: how many bytes the rest of the header will need, at least (see _Ahead),
-        # so a refill asks for all of it at once instead of doubling
-        self.ahead: Callable[[], int] | None = None
+        # a network source: what the rest of the header needs (llamafit.gguf.ahead), so a refill asks for
+        # all of it at once instead of doubling, and never far past the header's end
+        self.ahead: Ahead | None = None
         # the string array being read: its key, where its elements start, how many it has and has left;
         # and each string array read so far: its length and its bytes
         self.arr_key = ""
@@ -194,8 +187,7 @@ class _Cursor:
         keep = self.buf[rel:] if 0 <= rel <= len(self.buf) else b""
         start = self.pos + len(keep)
         if self.ahead is not None and self.pos > 0:
-            # bounded: a hostile count cannot make one request larger than the largest real header
-            want = max(need - len(keep), min(self.ahead() - len(keep), AHEAD_MAX), AHEAD_MIN)
+            want = self.ahead.request(start, need - len(keep))
         else:
             want = max(need - len(keep), self.chunk)
         want = min(want, self.src.size - start)
@@ -305,74 +297,7 @@ def _read_array(cur: _Cursor, key: str) -> Any:
     return list(struct.unpack(f"<{n}{fmt}", cur.take(size)))
 
 
-class _Ahead:
-    """How many bytes the rest of a header needs, at least, from what has been parsed so far.
-
-    A network read pays per request and per byte: asking for this much on each refill reads the
-    header in a few requests without reading past it. The terms: the rest of the string array being
-    read (its count is known; the mean length of its strings read so far), the tokenizer arrays that
-    llama.cpp requires beside the vocabulary and converters write after it (one i32 token type per
-    token; one f32 score per token for SentencePiece, ``tokenizer.ggml.model`` "llama"; for byte-level
-    BPE, "gpt2", the merges llama-vocab.cpp refuses to load without), the keys not read yet and the
-    tensor table (its count is in the file's first bytes; its mean entry once entries are read).
-
-    A merge joins two pieces into one token, so a merge string is about a token's length plus the
-    space; a trained BPE vocabulary has about one merge per token past the 256 byte symbols, and only
-    three quarters of that is assumed, so a tokenizer with many added tokens is not over-read.
-    """
-
-    def __init__(self, cur: _Cursor, n_kv: int, n_tensors: int, kv: dict[str, Any]) -> None:
-        self.cur, self.n_kv, self.n_tensors, self.kv = cur, n_kv, n_tensors, kv
-        self.kv_done = 0
-        self.table_start = 0
-        self.tensors_done = 0
-
-    def _mean(self, key: str) -> int:
-        """Bytes per element (length prefix included) of a string array read or being read."""
-        cur = self.cur
-        if key == cur.arr_key and cur.arr_left:
-            done = cur.arr_n - cur.arr_left
-            if done >= 256:
-                return max(8, (cur.pos - cur.arr_start) // done)
-        elif key in cur.arrays:
-            n, nbytes = cur.arrays[key]
-            return max(8, nbytes // max(n, 1))
-        if key == "tokenizer.ggml.merges" and self._n_vocab():
-            return self._mean("tokenizer.ggml.tokens") + 1
-        return 8
-
-    def _n_vocab(self) -> int:
-        """The vocabulary's size, whether it is being read now or was read (0: not reached)."""
-        cur = self.cur
-        if cur.arr_key == "tokenizer.ggml.tokens" and cur.arr_left:
-            return cur.arr_n
-        return cur.arrays.get("tokenizer.ggml.tokens", (0, 0))[0]
-
-    def __call__(self) -> int:
-        cur = self.cur
-        rest = cur.arr_left * self._mean(cur.arr_key) if cur.arr_left else 0
-        n_vocab = self._n_vocab()
-        if self.tensors_done == 0 and n_vocab:
-            pending = {"tokenizer.ggml.token_type": 4 * n_vocab}
-            model = self.kv.get("tokenizer.ggml.model")
-            if model == "llama":
-                pending["tokenizer.ggml.scores"] = 4 * n_vocab
-            elif model == "gpt2":
-                merges = 3 * max(0, n_vocab - 256) // 4
-                pending["tokenizer.ggml.merges"] = merges * self._mean("tokenizer.ggml.merges")
-            for key, nbytes in pending.items():
-                if key not in self.kv and not (key == cur.arr_key and cur.arr_left):
-                    rest += 8 + len(key) + 4 + 4 + 8 + nbytes
-        rest += max(0, self.n_kv - self.kv_done - 1) * KV_ENTRY_MIN
-        left = self.n_tensors - self.tensors_done
-        if self.tensors_done:
-            rest += left * max(TENSOR_ENTRY_MIN, (cur.pos - self.table_start) // self.tensors_done)
-        else:
-            rest += left * TENSOR_ENTRY_MIN
-        return rest
-
-
-def _tensor_table(cur: _Cursor, n_tensors: int, ahead: _Ahead) -> list[tuple[str, tuple[int, ...], GGMLType, int]]:
+def _tensor_table(cur: _Cursor, n_tensors: int, ahead: Ahead) -> list[tuple[str, tuple[int, ...], GGMLType, int]]:
     """The tensor table's entries (name, shape, type, offset in the data), each checked as gguf.cpp checks it."""
     raw: list[tuple[str, tuple[int, ...], GGMLType, int]] = []
     seen: set[str] = set()
@@ -412,7 +337,7 @@ def read_header(src: ByteSource, first_read: int | None = None) -> GGUFHeader:
     """Parse the metadata and tensor table of one GGUF file (one shard).
 
     ``first_read``: a network source pays per request and per byte: read this much first, then what the
-    rest of the header needs (:class:`_Ahead`)."""
+    rest of the header needs (:class:`llamafit.gguf.ahead.Ahead`)."""
     whole = min(1 << 20, max(src.size, 1))
     cur = _Cursor(src, chunk=min(first_read, whole) if first_read else whole)
     if src.size < 24:
@@ -432,7 +357,7 @@ def read_header(src: ByteSource, first_read: int | None = None) -> GGUFHeader:
         raise BadModelFileError(f"{src.name}: absurd counts in the GGUF header ({n_tensors} tensors, {n_kv} keys)")
 
     kv: dict[str, Any] = {}
-    ahead = _Ahead(cur, n_kv, n_tensors, kv)
+    ahead = Ahead(cur, n_kv, n_tensors, kv)
     if first_read:
         cur.ahead = ahead
     for i in range(n_kv):
