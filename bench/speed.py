@@ -111,7 +111,17 @@ def main() -> None:
     glm = d / "GLM-4.5-Air-Q4_K.gguf"
     if not glm.exists():  # a real tokenizer's profile: byte-level BPE, about one merge per token
         factory.with_vocab(factory.glm45_air(), factory.bpe_vocab(151552, 151552 - 256)).write(glm)
-    hub = hub_bytes({**models, "GLM-4.5-Air Q4_K (1 file, 72 GB, BPE vocabulary)": glm}, env)
+    fifth = d / "BPE-100k-fifth-merges-Q4_K.gguf"
+    if not fifth.exists():  # a fifth as many merges as tokens: what the likely size alone over-read
+        factory.with_vocab(factory.llama31_8b(), factory.bpe_vocab(100352, 20000)).write(fifth)
+    hub = hub_bytes(
+        {
+            **models,
+            "GLM-4.5-Air Q4_K (1 file, 72 GB, BPE vocabulary)": glm,
+            "8B, 100k byte-level BPE, a fifth as many merges as tokens": fifth,
+        },
+        env,
+    )
     rpc = rpc_fit(glm, a.runs, env) if fitp else None
     quantize = Path(fitp).with_name("llama-quantize") if fitp else None
     best = quants_best(d, a.runs, env) if quantize and quantize.exists() else None
