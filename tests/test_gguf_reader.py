@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from pathlib import Path
 
 import gguf
@@ -143,6 +144,18 @@ def test_tensor_offsets_out_of_order_are_rejected(tmp_path: Path) -> None:
         read_file_header(p)
 
 
+def _ranged(path: Path, asked: list[int]) -> Callable[[int, int], bytes]:
+    """Range reads of a local file, as the Hub serves them, each one's size heard in ``asked``."""
+
+    def fetch(offset: int, n: int) -> bytes:
+        asked.append(n)
+        with path.open("rb") as f:
+            f.seek(offset)
+            return f.read(n)
+
+    return fetch
+
+
 def test_a_hostile_count_cannot_make_one_network_read_large(tmp_path: Path) -> None:
     """The network reader asks for what the rest of the header needs; a vocabulary that claims 100M
     tokens over a 1 GiB file (zeros: empty strings) is read in bounded requests and refused."""
@@ -158,15 +171,8 @@ def test_a_hostile_count_cannot_make_one_network_read_large(tmp_path: Path) -> N
         f.write(head)
         f.truncate(1 << 30)
     asked: list[int] = []
-
-    def fetch(offset: int, n: int) -> bytes:
-        asked.append(n)
-        with path.open("rb") as f:
-            f.seek(offset)
-            return f.read(n)
-
     with pytest.raises(BadModelFileError, match="runs past"):
-        read_header(RemoteSource(fetch, "hostile.gguf", 1 << 30), first_read=FIRST_RANGE)
+        read_header(RemoteSource(_ranged(path, asked), "hostile.gguf", 1 << 30), first_read=FIRST_RANGE)
     assert max(asked) <= AHEAD_MAX and sum(asked) <= MAX_REMOTE_HEADER
 
 
@@ -185,12 +191,5 @@ def test_a_vocabulary_whose_first_strings_are_long_is_not_read_far_past_its_head
     ]
     path = factory.with_vocab(factory.qwen3_0_6b(), vocab).write(tmp_path / "long-first.gguf")
     asked: list[int] = []
-
-    def fetch(offset: int, n: int) -> bytes:
-        asked.append(n)
-        with path.open("rb") as f:
-            f.seek(offset)
-            return f.read(n)
-
-    h = read_header(RemoteSource(fetch, path.name, path.stat().st_size), first_read=FIRST_RANGE)
+    h = read_header(RemoteSource(_ranged(path, asked), path.name, path.stat().st_size), first_read=FIRST_RANGE)
     assert h.data_offset <= sum(asked) <= OVER_READ * h.data_offset and len(asked) <= 6, asked
