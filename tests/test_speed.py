@@ -329,15 +329,23 @@ def test_an_unmeasured_host_reads_the_cache_once_for_each_query_head(l8b: ModelI
 
 def test_a_plan_with_more_time_times_attention_at_a_deeper_cache(tmp_path: Path) -> None:
     """A cache timed at 256 cells (all a plan had time for at one thread) is timed again, deeper, by a plan with
-    the time for it (tune's); one already at the deepest, or a plan without the time, keeps what is cached."""
+    the time for it (tune's); one already at the deepest, or a plan without the time, keeps what is cached. A
+    plan with too little time for the whole run times the generation alone, and a later one the prompts."""
     q06 = load_model(str(factory.qwen3_0_6b().write(tmp_path / "q06.gguf")))
     twin, attn = pm.twin_of(q06), pm.attention_twin(q06)
     assert twin is not None and attn is not None
     shallow = pr.Timings(1e-4, 2e-4, {}, 0.045, 1.8, 160, 0.01, 0.02, 0.1, 0.2, 256)
-    assert not pr.deeper_attention(shallow, attn, twin, 10.0)
-    assert pr.deeper_attention(shallow, attn, twin, 60.0)
-    assert not pr.deeper_attention(replace(shallow, depth=pr.DEPTHS[0]), attn, twin, 600.0)
-    assert pr.deeper_attention(replace(shallow, attn_tgd=None, depth=0), attn, twin, 10.0)
+    assert not pr.attention_wanted(shallow, attn, twin, 10.0)
+    assert pr.attention_wanted(shallow, attn, twin, 60.0)
+    assert not pr.attention_wanted(replace(shallow, depth=pr.DEPTHS[0]), attn, twin, 600.0)
+    assert pr.attention_wanted(replace(shallow, attn_tgd=None, depth=0), attn, twin, 10.0)
+    # a first plan with 3 s left: no time for the prompts at depth, time for the generation
+    run = pr.attention_run(attn, twin, 0.045, 1.8, 160, 3.0, pr.Had())
+    assert run is not None and run[0] > 0 and not run[1]
+    untimed_prompts = replace(shallow, attn_pp0=None, attn_ppd=None)
+    assert pr.attention_wanted(untimed_prompts, attn, twin, 10.0)  # the whole run at 256 fits a plan
+    assert not pr.attention_wanted(untimed_prompts, attn, twin, 3.0)  # and nothing more a plan without time
+    assert pr.attention_run(attn, twin, 0.045, 1.8, 160, 3.0, pr.Had(256, False)) is None
 
 
 def test_a_context_full_speed_says_when_its_attention_was_not_measured(l8b: ModelInfo) -> None:

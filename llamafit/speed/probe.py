@@ -340,13 +340,13 @@ def _measure(
     if have is not None:
         a = (have.attn_tg0, have.attn_tgd, have.attn_pp0, have.attn_ppd)
     time_left = None if run.deadline is None else run.deadline - time.monotonic()
-    if attn is not None and (d := attention_depth(attn, twin, tw_tg, tw_pp, n_prompt, time_left)) > (
-        depth if a[1] is not None else 0
-    ):
-        depth = d  # or deeper than an earlier plan could afford: a shallow cache extrapolates either way
+    had = Had(depth if a[1] is not None else 0, a[3] is not None)
+    if attn is not None and (todo := attention_run(attn, twin, tw_tg, tw_pp, n_prompt, time_left, had)) is not None:
+        depth, prompted = todo
         say(f"{target.device}: attention")
         path = str(pm.ensure(attn, directory))
-        res = run(["-m", path, "-p", str(n_prompt), "-n", "16", "-d", f"0,{depth}", "-ub", str(n_prompt)])
+        prompts = ["-p", str(n_prompt), "-ub", str(n_prompt)] if prompted else ["-p", "0"]
+        res = run(["-m", path, *prompts, "-n", "16", "-d", f"0,{depth}"])
         got = {(r.n_depth, r.n_gen > 0): r.per_token if r.n_gen else r.seconds for r in res}
         a = (got.get((0, True)), got.get((depth, True)), got.get((0, False)), got.get((depth, False)))
         base = step(replace(base, attn_tg0=a[0], attn_tgd=a[1], attn_pp0=a[2], attn_ppd=a[3], depth=depth))
@@ -365,33 +365,73 @@ ATTENTION_TIME = 0.6  # of what the plan has left, what the attention run may ta
 ATTENTION_SHARE = 0.25  # of the twin's matmul rate, what attention is assumed to run at when sizing its run
 
 
+@dataclass(frozen=True)
+class Had:
+    """The attention run a device has timed: its depth (0: none) and whether with its prompts."""
+
+    depth: int = 0
+    prompted: bool = False
+
+
+def attention_run(
+    attn: pm.Twin,
+    twin: pm.Twin | None,
+    tw_tg: float | None,
+    tw_pp: float | None,
+    prompt: int,
+    left: float | None,
+    had: Had,
+) -> tuple[int, bool] | None:
+    """The attention run to time now within ``left`` seconds, as (depth, with its prompts), or None: the whole
+    run at the deepest cache that fits when deeper than the one ``had`` (a shallow cache extrapolates either
+    way), or at the same depth when that one was timed without its prompts; where none fits and nothing was
+    timed, its generation alone (a plan's first measurement of a slow host has no time for the prompts at depth:
+    its decode attention measured beats a prior, and a later plan times the rest)."""
+    full = attention_depth(attn, twin, tw_tg, tw_pp, prompt, left)
+    if full > had.depth or (full and full == had.depth and not had.prompted):
+        return full, True
+    if not had.depth and (gen := attention_depth(attn, twin, tw_tg, tw_pp, prompt, left, prompted=False)):
+        return gen, False
+    return None
+
+
 def attention_depth(
-    attn: pm.Twin, twin: pm.Twin | None, tw_tg: float | None, tw_pp: float | None, prompt: int, left: float | None
+    attn: pm.Twin,
+    twin: pm.Twin | None,
+    tw_tg: float | None,
+    tw_pp: float | None,
+    prompt: int,
+    left: float | None,
+    prompted: bool = True,
 ) -> int:
-    """The deepest cache the attention run can be measured at within ``ATTENTION_TIME`` of ``left`` seconds (None:
-    no limit; 0: none this time: a later plan measures it with its own time, or ``tune`` with more)."""
+    """The deepest cache the attention run (``prompted``: with its prompts, else its generation alone) can be
+    measured at within ``ATTENTION_TIME`` of ``left`` seconds (None: no limit; 0: none this time: a later plan
+    measures it with its own time, or ``tune`` with more)."""
     depth = 1024 if (tw_tg or 0) < 0.05 else 256  # a device this slow is timed at a shallower cache anyway
     if left is None or twin is None or not tw_pp:
         return depth
     rate = pm.matmul_flops(twin, prompt) / tw_pp  # the host's matmul FLOP/s at this prompt, as measured
+    run_prompt = prompt if prompted else 0
     return next(
-        (d for d in DEPTHS if d <= depth and attention_seconds(attn, rate, prompt, d) <= ATTENTION_TIME * left), 0
+        (d for d in DEPTHS if d <= depth and attention_seconds(attn, rate, run_prompt, d) <= ATTENTION_TIME * left),
+        0,
     )
 
 
-def deeper_attention(t: Timings, attn: pm.Twin, twin: pm.Twin | None, budget: float) -> bool:
-    """Whether a plan measuring for ``budget`` seconds times the attention run at a deeper cache than ``t`` holds
-    (within nine tenths of it: what it had cached leaves it almost all of its time, and a plan that would find no
-    time for it after all must not be called for nothing)."""
-    return attention_depth(attn, twin, t.twin_tg, t.twin_pp, t.prompt, 0.9 * budget) > (t.depth if t.attn_tgd else 0)
+def attention_wanted(t: Timings, attn: pm.Twin, twin: pm.Twin | None, budget: float) -> bool:
+    """Whether a plan measuring for ``budget`` seconds times the attention run again: deeper than ``t`` holds, or
+    with the prompts ``t`` lacks (within nine tenths of it: what it had cached leaves it almost all of its time,
+    and a plan that would find no time for it after all must not be called for nothing)."""
+    had = Had(t.depth if t.attn_tgd else 0, t.attn_ppd is not None)
+    return attention_run(attn, twin, t.twin_tg, t.twin_pp, t.prompt, 0.9 * budget, had) is not None
 
 
 def attention_seconds(attn: pm.Twin, rate: float, prompt: int, depth: int) -> float:
     """What the attention run at ``depth`` takes on a device of matmul ``rate`` FLOP/s: the cache filled once
-    (llama-bench keeps a filled cache for the next test at its depth, llama-bench.cpp:2446-2472), the prompts and
-    generations at depth 0 and at ``depth`` warmed up and timed; projections at ``rate``, attention at
-    ``ATTENTION_SHARE`` of it (a slow host at one thread would otherwise spend a plan's whole time on a deep cache
-    and never finish)."""
+    (llama-bench keeps a filled cache for the next test at its depth, llama-bench.cpp:2446-2472), the prompts
+    (``prompt`` 0: none) and generations at depth 0 and at ``depth`` warmed up and timed; projections at
+    ``rate``, attention at ``ATTENTION_SHARE`` of it (a slow host at one thread would otherwise spend a plan's
+    whole time on a deep cache and never finish)."""
     per_row = 2.0 * attn.n_head * (attn.head_k + attn.head_v) * attn.n_layer  # FLOPs a query row a cached row
     fill = per_row * depth * depth / 2 / (ATTENTION_SHARE * rate) + pm.matmul_flops(attn, depth) / rate
     runs = per_row * (prompt * (depth + prompt) + 16 * (depth + 16)) / (ATTENTION_SHARE * rate)

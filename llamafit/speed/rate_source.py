@@ -451,7 +451,7 @@ def _complete(t: pr.Timings, subject: pr.Subject, gpu: bool, budget: float) -> b
     types, twin, attn = subject.types, subject.twin, subject.attn
     if twin is not None and (t.twin_tg is None or t.twin_pp is None or (gpu and t.offload is None)):
         return False
-    if attn is not None and (t.attn_tgd is None or pr.deeper_attention(t, attn, twin, budget)):
+    if attn is not None and (t.attn_tgd is None or pr.attention_wanted(t, attn, twin, budget)):
         return False
     # a type may be missing because the device was too slow to stream it (the twin's rate stands)
     return all(ty in t.stream for ty in types) or t.twin_tg is not None
