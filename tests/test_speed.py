@@ -362,7 +362,7 @@ def test_a_context_full_speed_says_when_its_attention_was_not_measured(l8b: Mode
         return [u for u in p.speed.unknown if "attention over a filled cache" in u]
 
     said = unknown(untimed)
-    assert len(said) == 1 and "CPU" in said[0] and "llamafit tune" in said[0]
+    assert len(said) == 1 and "host's attention" in said[0] and "llamafit tune" in said[0]
     assert unknown(timed) == []
 
 

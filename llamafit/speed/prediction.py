@@ -286,18 +286,17 @@ def predict(
 
 
 def _attention_unmeasured(decode: Evaluation, rates: Mapping[str, Rates]) -> list[str]:
-    """What the context-full speed assumes of a measured device whose attention over a filled cache was not
-    timed (the plan that measured it had no time left for it): the cost that grows with the context."""
-    out = []
-    for dev, w in decode.devices.items():
-        r = rates.get(dev)
-        if w.attn_layers and r is not None and r.source == "measured" and r.attention is None:
-            read = "read once for each query head" if dev == CPU else "streamed"
-            out.append(
-                f"not measured: {dev}'s attention over a filled cache (the context-full speed assumes the cache {read} "
-                "at its measured rate; a later plan with time left, or llamafit tune, measures it)"
-            )
-    return out
+    """What the context-full speed assumes of a measured host whose attention over a filled cache was not timed
+    (the plan that measured it had no time left for it): the cost that grows with the context, and on a CPU the
+    one its prior is least sure of (a card's attention streams its cache, and on a fast card a cache too small to
+    time beside the run's own overheads leaves the rate unknown for good: no later plan would time it)."""
+    w, r = decode.devices.get(CPU), rates.get(CPU)
+    if w is None or r is None or not w.attn_layers or r.source != "measured" or r.attention is not None:
+        return []
+    return [
+        "not measured: the host's attention over a filled cache (the context-full speed assumes the cache read once "
+        "for each query head at the host's streaming rate; a later plan with time left, or llamafit tune, measures it)"
+    ]
 
 
 def _walks(load: Load) -> dict[int, Walk]:
