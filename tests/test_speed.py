@@ -304,7 +304,7 @@ def test_the_attention_run_is_sized_to_the_time_a_plan_has_left(tmp_path: Path) 
     prompt = 160
 
     def depth(left: float, tg: float, pp: float) -> int:
-        return pr.attention_depth(attn, twin, tg, pp, prompt, left)
+        return pr.attention_depth(pr.Sizing(attn, twin, tg, pp, prompt), left)
 
     assert depth(10.0, 0.004, 0.05) == 1024
     assert 0 < depth(10.0, 0.045, 1.8) < 1024
@@ -340,12 +340,13 @@ def test_a_plan_with_more_time_times_attention_at_a_deeper_cache(tmp_path: Path)
     assert not pr.attention_wanted(replace(shallow, depth=pr.DEPTHS[0]), attn, twin, 600.0)
     assert pr.attention_wanted(replace(shallow, attn_tgd=None, depth=0), attn, twin, 10.0)
     # a first plan with 3 s left: no time for the prompts at depth, time for the generation
-    run = pr.attention_run(attn, twin, 0.045, 1.8, 160, 3.0, pr.Had())
+    sizing = pr.Sizing(attn, twin, 0.045, 1.8, 160)
+    run = pr.attention_run(sizing, 3.0, pr.Had())
     assert run is not None and run[0] > 0 and not run[1]
     untimed_prompts = replace(shallow, attn_pp0=None, attn_ppd=None)
     assert pr.attention_wanted(untimed_prompts, attn, twin, 10.0)  # the whole run at 256 fits a plan
     assert not pr.attention_wanted(untimed_prompts, attn, twin, 3.0)  # and nothing more a plan without time
-    assert pr.attention_run(attn, twin, 0.045, 1.8, 160, 3.0, pr.Had(256, False)) is None
+    assert pr.attention_run(sizing, 3.0, pr.Had(256, False)) is None
 
 
 def test_a_context_full_speed_says_when_its_attention_was_not_measured(l8b: ModelInfo) -> None:

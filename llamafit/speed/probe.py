@@ -340,8 +340,8 @@ def _measure(
     if have is not None:
         a = (have.attn_tg0, have.attn_tgd, have.attn_pp0, have.attn_ppd)
     time_left = None if run.deadline is None else run.deadline - time.monotonic()
-    had = Had(depth if a[1] is not None else 0, a[3] is not None)
-    if attn is not None and (todo := attention_run(attn, twin, tw_tg, tw_pp, n_prompt, time_left, had)) is not None:
+    had = Had.of(have) if have is not None else Had()
+    if attn is not None and (todo := attention_run(Sizing(attn, twin, tw_tg, tw_pp, n_prompt), time_left, had)):
         depth, prompted = todo
         say(f"{target.device}: attention")
         path = str(pm.ensure(attn, directory))
@@ -372,48 +372,48 @@ class Had:
     depth: int = 0
     prompted: bool = False
 
+    @staticmethod
+    def of(t: Timings) -> Had:
+        return Had(t.depth if t.attn_tgd is not None else 0, t.attn_ppd is not None)
 
-def attention_run(
-    attn: pm.Twin,
-    twin: pm.Twin | None,
-    tw_tg: float | None,
-    tw_pp: float | None,
-    prompt: int,
-    left: float | None,
-    had: Had,
-) -> tuple[int, bool] | None:
+
+@dataclass(frozen=True)
+class Sizing:
+    """What sizes the attention run: its twin, the model's twin and its measured time a token and a prompt of
+    ``prompt`` tokens (the device's matmul rate)."""
+
+    attn: pm.Twin
+    twin: pm.Twin | None
+    tw_tg: float | None
+    tw_pp: float | None
+    prompt: int
+
+
+def attention_run(s: Sizing, left: float | None, had: Had) -> tuple[int, bool] | None:
     """The attention run to time now within ``left`` seconds, as (depth, with its prompts), or None: the whole
     run at the deepest cache that fits when deeper than the one ``had`` (a shallow cache extrapolates either
     way), or at the same depth when that one was timed without its prompts; where none fits and nothing was
     timed, its generation alone (a plan's first measurement of a slow host has no time for the prompts at depth:
     its decode attention measured beats a prior, and a later plan times the rest)."""
-    full = attention_depth(attn, twin, tw_tg, tw_pp, prompt, left)
+    full = attention_depth(s, left)
     if full > had.depth or (full and full == had.depth and not had.prompted):
         return full, True
-    if not had.depth and (gen := attention_depth(attn, twin, tw_tg, tw_pp, prompt, left, prompted=False)):
+    if not had.depth and (gen := attention_depth(s, left, prompted=False)):
         return gen, False
     return None
 
 
-def attention_depth(
-    attn: pm.Twin,
-    twin: pm.Twin | None,
-    tw_tg: float | None,
-    tw_pp: float | None,
-    prompt: int,
-    left: float | None,
-    prompted: bool = True,
-) -> int:
+def attention_depth(s: Sizing, left: float | None, prompted: bool = True) -> int:
     """The deepest cache the attention run (``prompted``: with its prompts, else its generation alone) can be
     measured at within ``ATTENTION_TIME`` of ``left`` seconds (None: no limit; 0: none this time: a later plan
     measures it with its own time, or ``tune`` with more)."""
-    depth = 1024 if (tw_tg or 0) < 0.05 else 256  # a device this slow is timed at a shallower cache anyway
-    if left is None or twin is None or not tw_pp:
+    depth = 1024 if (s.tw_tg or 0) < 0.05 else 256  # a device this slow is timed at a shallower cache anyway
+    if left is None or s.twin is None or not s.tw_pp:
         return depth
-    rate = pm.matmul_flops(twin, prompt) / tw_pp  # the host's matmul FLOP/s at this prompt, as measured
-    run_prompt = prompt if prompted else 0
+    rate = pm.matmul_flops(s.twin, s.prompt) / s.tw_pp  # the host's matmul FLOP/s at this prompt, as measured
+    run_prompt = s.prompt if prompted else 0
     return next(
-        (d for d in DEPTHS if d <= depth and attention_seconds(attn, rate, run_prompt, d) <= ATTENTION_TIME * left),
+        (d for d in DEPTHS if d <= depth and attention_seconds(s.attn, rate, run_prompt, d) <= ATTENTION_TIME * left),
         0,
     )
 
@@ -422,8 +422,7 @@ def attention_wanted(t: Timings, attn: pm.Twin, twin: pm.Twin | None, budget: fl
     """Whether a plan measuring for ``budget`` seconds times the attention run again: deeper than ``t`` holds, or
     with the prompts ``t`` lacks (within nine tenths of it: what it had cached leaves it almost all of its time,
     and a plan that would find no time for it after all must not be called for nothing)."""
-    had = Had(t.depth if t.attn_tgd else 0, t.attn_ppd is not None)
-    return attention_run(attn, twin, t.twin_tg, t.twin_pp, t.prompt, 0.9 * budget, had) is not None
+    return attention_run(Sizing(attn, twin, t.twin_tg, t.twin_pp, t.prompt), 0.9 * budget, Had.of(t)) is not None
 
 
 def attention_seconds(attn: pm.Twin, rate: float, prompt: int, depth: int) -> float:

@@ -333,6 +333,7 @@ class RateSource:
         cards = {g.id: g.nvml_index for g in self.machine.gpus if g.id in devices and g.nvml_index is not None}
         if CPU not in devices and CPU not in self._rates and targets:
             targets.insert(0, pr.host_target())  # an offload device's split is what is left after the host's part
+        subject = pr.Subject(tuple(types), twin, attn, self.prompt, d)
         with contextlib.ExitStack() as held:
             lock: list[bool] = []  # the measuring lock, taken when the first device needs measuring
             for t in targets:
@@ -342,7 +343,6 @@ class RateSource:
                 light = t.device == CPU and CPU not in devices  # only its overheads are needed
                 if have is not None:
                     self._used.update((gen_key, mod_key))
-                subject = pr.Subject(tuple(types), twin, attn, self.prompt, d)
                 if have is not None and (light or _complete(have, subject, t.gpu, self.measure)):
                     measured[t.device] = have
                     continue

@@ -364,8 +364,9 @@ def _attention(
         w.attn_depth_flops += per_cell * before * tokens
         w.attn_layers += 1
         kb, vb = kv_row_bytes(hp, il, cp.type_k, cp.type_v, cp.v_trans)
-        w.kv_bytes += float((kb + vb) * (before + tokens))
-        w.kv_head_reads += float((kb + vb) * (before + tokens)) * heads / max(1, hp.n_head_kv[il])
+        kv = float((kb + vb) * (before + tokens))
+        w.kv_bytes += kv
+        w.kv_head_reads += kv * heads / max(1, hp.n_head_kv[il])
 
 
 def _state(model: ModelInfo, cp: ContextParams, placement: WeightPlacement, work: dict[str, DeviceWork]) -> None:
