@@ -170,9 +170,11 @@ class Tensor:
     def nbytes(self) -> int:
         if self.size is not None:
             return self.size
-        if any(n <= 0 for n in self.ne):
+        # ggml_nbytes, spelled out: the allocator asks it of every tensor of every replay
+        (n0, n1, n2, n3), (b0, b1, b2, b3) = self.ne, self.nb
+        if n0 <= 0 or n1 <= 0 or n2 <= 0 or n3 <= 0:
             return 0
-        return self.esize + sum((n - 1) * b for n, b in zip(self.ne, self.nb, strict=True))
+        return self.esize + (n0 - 1) * b0 + (n1 - 1) * b1 + (n2 - 1) * b2 + (n3 - 1) * b3
 
     def same_layout(self, other: Tensor) -> bool:
         return self.esize == other.esize and self.ne == other.ne and self.nb == other.nb
@@ -431,7 +433,8 @@ def allocate(
 
     no_srcs: tuple[Tensor, ...] = ()
     for i, leaf in enumerate(leafs):
-        alloc(leaf, leaf_buffers[i] if leaf_buffers else only, leaf.src)
+        if not (leaf.external or leaf.view_src is not None):  # alloc's early return, inlined (most are weights)
+            alloc(leaf, leaf_buffers[i] if leaf_buffers else only, leaf.src)
     for i, node in enumerate(nodes):
         buffer = node_buffers[i] if node_buffers else only
         if node.view_src is not None and node.op != "none":
@@ -449,7 +452,8 @@ def allocate(
             # alloc's own early return, inlined: most sources are weights, caches or allocated already
             if not (parent.external or parent.view_src is not None or state[parent].allocated):
                 alloc(parent, buffer, no_srcs)
-        alloc(node, buffer, ss)
+        if not (node.external or node.view_src is not None):
+            alloc(node, buffer, ss)
         for parent in ss:
             p = state[parent]
             p.children -= 1

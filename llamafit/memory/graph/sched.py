@@ -81,17 +81,15 @@ def split_buffers(
         if n.op in VIEW_OPS:
             continue
         b = where[n]
-        need_new = (
-            b == split.backend
-            and bool(split.inputs)
-            and any(s.weight and s.view_src is None and where.get(s, b) != b for s in n.src)
-        )
-        if b != split.backend or need_new:
+        src = n.src
+        if b != split.backend or (
+            split.inputs and any(s.weight and s.view_src is None and where.get(s, b) != b for s in src)
+        ):
             split.end = i
             split = _Split(b, i)
             splits.append(split)
-        new = list(n.src)
-        for j, s in enumerate(n.src):
+        new: list[Tensor] | None = None  # the sources, with copies for those on another backend
+        for j, s in enumerate(src):
             if where.get(s, b) == b:
                 continue
             if (s, b) not in copies:
@@ -103,8 +101,10 @@ def split_buffers(
                     Tensor(s.ne, s.nb, s.esize, is_input=kept, is_output=kept, size=size) for _ in range(n_copies)
                 ]
                 split.inputs.append(s)
+            if new is None:
+                new = list(src)
             new[j] = copies[s, b][0]
-        if new != list(n.src):
+        if new is not None:
             srcs[n] = tuple(new)
     split.end = len(g.nodes)
 
