@@ -177,7 +177,8 @@ def place_weights(
         for name in _matching(model, o.pattern):
             target_of.setdefault(name, o.buft)  # the first matching pattern wins (llama-model-loader.cpp:1235-1258)
     host_buft = backends.host_buffer(gpus)
-    tied = not any(t.name == "output.weight" for t in model.tensors)
+    tied = model.memo(("tied",), lambda: not any(t.name == "output.weight" for t in model.tensors))
+    device_buft = {d: backends.weights_buffer(d, use_mmap) for d in {*devs, *target_of.values()}}
 
     def cpu_buft(t: Tensor, matmul: bool) -> str:
         # CPU list: [device host buffer unless --no-host] -> [CPU_REPACK unless -nr] -> CPU
@@ -192,20 +193,20 @@ def place_weights(
     placed: list[PlacedTensor] = []
 
     def place(t: Tensor, layer: int | None, matmul: bool) -> PlacedTensor:
-        dev = CPU if layer is None else devs[layer]
-        buft = None
-        target = target_of.get(t.name)
+        info = t.info
+        target = target_of.get(info.name)
         if target is not None:
-            on_cpu = target.upper() == CPU
-            dev = CPU if on_cpu else target
-            buft = cpu_buft(t, matmul) if on_cpu else target
-        if buft is None and dev != CPU and limits and t.info.nbytes > limits.get(dev, t.info.nbytes):
-            dev = CPU
-        if buft is None and dev != CPU and refuses(dev, t, hp):
-            dev = CPU  # its op does not run there (llamafit.memory.weight_ops)
-        if buft is None:
-            buft = cpu_buft(t, matmul) if dev == CPU else backends.weights_buffer(dev, use_mmap)
-        return PlacedTensor(t, dev, buft, row_padded_size(t) if backends.pads_rows(buft) else t.info.nbytes)
+            dev = buft = target
+            if target.upper() == CPU:
+                dev, buft = CPU, cpu_buft(t, matmul)
+        else:
+            dev = CPU if layer is None else devs[layer]
+            if dev != CPU and limits and info.nbytes > limits.get(dev, info.nbytes):
+                dev = CPU
+            if dev != CPU and refuses(dev, t, hp):
+                dev = CPU  # its op does not run there (llamafit.memory.weight_ops)
+            buft = cpu_buft(t, matmul) if dev == CPU else device_buft[dev]
+        return PlacedTensor(t, dev, buft, row_padded_size(t) if backends.pads_rows(buft) else info.nbytes)
 
     n_layer = hp.n_layer
     for t in model.tensors:

@@ -26,10 +26,12 @@ from llamafit.memory import backends
 
 def refuses(device: str, t: Tensor, hp: Hparams) -> bool:
     """Whether ``device``'s backend refuses the op ``t`` is loaded for (so the weight stays on the host)."""
+    name = t.name.removesuffix(".weight")
+    if not name.endswith((".ssm_a", ".ssm_conv1d", ".shortconv.conv")):
+        return False  # most weights: asked first, as every weight of every placement a fit weighs is asked
     b = backends.backend(device)
     if b is None:
         return False
-    name = t.name.removesuffix(".weight")
     shape = t.info.shape
     if name.endswith(".ssm_a") and len(shape) >= 2:
         mamba2 = shape[0] == 1
