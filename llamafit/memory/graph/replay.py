@@ -258,12 +258,11 @@ def _placed_graph(
     layer_dev = placement.layer_device
     table: dict[tuple[int | None, str], str] = {}
     sizes: dict[tuple[int | None, str], tuple[int, int]] = {}
+    keys = model.memo(_KEYS, lambda: _weight_keys(model))
     for p in placement.tensors:
-        name = p.tensor.name
-        # blk.N.attn_q.weight -> attn_q; biases keep their suffix (ssm_dt.bias beside ssm_dt.weight)
-        base = (name.split(".", 2)[2] if name.startswith("blk.") else name).removesuffix(".weight")
-        table.setdefault((p.tensor.layer, base), p.device)
-        sizes.setdefault((p.tensor.layer, base), (p.tensor.info.nbytes, row_padded_size(p.tensor)))
+        at, nbytes = keys[p.tensor.info.name]
+        table.setdefault(at, p.device)
+        sizes.setdefault(at, nbytes)
     out_dev = layer_dev[hp.n_layer_all]
     output = output_weight_device(placement, out_dev)
 
@@ -310,6 +309,19 @@ def _placed_graph(
 
 
 _PLACED = ("placed_graphs",)  # (mtp, reserve) -> a graph built under ``placed`` and its tagged tensors
+_KEYS = ("replay_weight_keys",)  # a weight's name -> its (layer, name) for ``Where`` and its sizes
+
+
+def _weight_keys(model: ModelInfo) -> dict[str, tuple[tuple[int | None, str], tuple[int, int]]]:
+    """Each weight's (layer, name in the layer) as a builder asks ``Where`` for it, and its bytes in its own type
+    and with rows padded: the same for every placement a search replays."""
+    out: dict[str, tuple[tuple[int | None, str], tuple[int, int]]] = {}
+    for t in model.tensors:
+        name = t.info.name
+        # blk.N.attn_q.weight -> attn_q; biases keep their suffix (ssm_dt.bias beside ssm_dt.weight)
+        base = (name.split(".", 2)[2] if name.startswith("blk.") else name).removesuffix(".weight")
+        out[name] = ((t.layer, base), (t.info.nbytes, row_padded_size(t)))
+    return out
 
 
 def _attention_as_set(shape: Recipe, cp: ContextParams, fa: bool) -> bool:
