@@ -303,12 +303,16 @@ def test_the_attention_run_is_sized_to_the_time_a_plan_has_left(tmp_path: Path) 
     assert twin is not None and attn is not None
     prompt = 160
 
-    def depth(left: float, tg: float, pp: float) -> int:
-        return pr.attention_depth(pr.Sizing(attn, twin, tg, pp, prompt), left)
+    def depth(left: float, tg: float, pp: float, most: int = pr.DEPTH_PLAN) -> int:
+        return pr.attention_depth(pr.Sizing(attn, twin, tg, pp, prompt, most), left)
 
     assert depth(10.0, 0.004, 0.05) == 1024
     assert 0 < depth(10.0, 0.045, 1.8) < 1024
     assert depth(2.0, 0.045, 1.8) == 0
+    # with the time (tune's), as deep as the plan's cache goes: 2048 of a 3000-cell context, 4096 at most
+    assert depth(600.0, 0.004, 0.05, most=3000) == 2048
+    assert depth(600.0, 0.004, 0.05, most=65536) == pr.DEPTHS[0] == 4096
+    assert depth(600.0, 0.08, 3.2, most=65536) == 256  # a slow device: shallow whatever its time
 
 
 def test_an_unmeasured_host_reads_the_cache_once_for_each_query_head(l8b: ModelInfo) -> None:
@@ -337,7 +341,8 @@ def test_a_plan_with_more_time_times_attention_at_a_deeper_cache(tmp_path: Path)
     shallow = pr.Timings(1e-4, 2e-4, {}, 0.045, 1.8, 160, 0.01, 0.02, 0.1, 0.2, 256)
     assert not pr.attention_wanted(shallow, attn, twin, 10.0)
     assert pr.attention_wanted(shallow, attn, twin, 60.0)
-    assert not pr.attention_wanted(replace(shallow, depth=pr.DEPTHS[0]), attn, twin, 600.0)
+    assert not pr.attention_wanted(replace(shallow, depth=pr.DEPTH_PLAN), attn, twin, 600.0)
+    assert pr.attention_wanted(replace(shallow, twin_tg=0.004, twin_pp=0.05, depth=1024), attn, twin, 600.0, 4096)
     assert pr.attention_wanted(replace(shallow, attn_tgd=None, depth=0), attn, twin, 10.0)
     # a first plan with 3 s left: no time for the prompts at depth, time for the generation
     sizing = pr.Sizing(attn, twin, 0.045, 1.8, 160)

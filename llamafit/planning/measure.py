@@ -59,4 +59,4 @@ def before_fit(source: RateSource, mach: Machine, res: Resolved) -> Measured:
 
 def after_fit(source: RateSource, plan: Plan) -> Measured:
     """The rates the plan's speed reads: every device it puts work on."""
-    return source.measured(used_devices(plan))
+    return source.measured(used_devices(plan), depth=plan.footprint.context.n_ctx_seq)

@@ -184,6 +184,17 @@ class Runner:
     flags: tuple[str, ...] = ()
 
 
+# the cache depths the attention run may be measured at, deepest first: below 256 cached rows the difference
+# from depth 0 is mostly the run's own noise, and the priors extrapolate a long context better
+DEPTHS = (4096, 2048, 1024, 512, 256)
+# the deepest a plan's own measuring goes (its 10 s are for a first estimate); a longer budget (tune) goes to the
+# plan's context: a host's cost a cached cell grows once a layer's cache no longer fits its core's cache (this
+# machine, Qwen3-0.6B at two threads: 30.8 us a cell timed from 0 to 1024 cells, 38.5 implied to 2048)
+DEPTH_PLAN = 1024
+ATTENTION_TIME = 0.6  # of what the plan has left, what the attention run may take
+ATTENTION_SHARE = 0.25  # of the twin's matmul rate, what attention is assumed to run at when sizing its run
+
+
 @dataclass(frozen=True)
 class Subject:
     """What of a model the probe measures: its weight types streamed, the twin of its layers, the twin of its
@@ -194,6 +205,9 @@ class Subject:
     attn: pm.Twin | None
     prompt: int
     directory: Path
+    # the deepest cache its attention run may be timed at: a plan's own time goes to DEPTH_PLAN at most; with more
+    # (tune), the plan's context, as a cache's cost a cell changes with its depth on a host (DEPTH_PLAN)
+    depth: int = DEPTH_PLAN
 
 
 def measure(
@@ -341,7 +355,9 @@ def _measure(
         a = (have.attn_tg0, have.attn_tgd, have.attn_pp0, have.attn_ppd)
     time_left = None if run.deadline is None else run.deadline - time.monotonic()
     had = Had.of(have) if have is not None else Had()
-    if attn is not None and (todo := attention_run(Sizing(attn, twin, tw_tg, tw_pp, n_prompt), time_left, had)):
+    if attn is not None and (
+        todo := attention_run(Sizing(attn, twin, tw_tg, tw_pp, n_prompt, subject.depth), time_left, had)
+    ):
         depth, prompted = todo
         say(f"{target.device}: attention")
         path = str(pm.ensure(attn, directory))
@@ -356,13 +372,6 @@ def _measure(
         res = run(["-m", path, "-p", str(n_prompt), "-n", "0", "-ub", str(n_prompt), "-ot", r"blk\..*\.ffn_.*=CPU"])
         off = _one(res, path, gen=False)
     return Timings(t1, t9, stream, tw_tg, tw_pp, n_prompt, a[0], a[1], a[2], a[3], depth, off)
-
-
-# the cache depths the attention run may be measured at, deepest first: below 256 cached rows the difference
-# from depth 0 is mostly the run's own noise, and the priors extrapolate a long context better
-DEPTHS = (1024, 512, 256)
-ATTENTION_TIME = 0.6  # of what the plan has left, what the attention run may take
-ATTENTION_SHARE = 0.25  # of the twin's matmul rate, what attention is assumed to run at when sizing its run
 
 
 @dataclass(frozen=True)
@@ -380,13 +389,14 @@ class Had:
 @dataclass(frozen=True)
 class Sizing:
     """What sizes the attention run: its twin, the model's twin and its measured time a token and a prompt of
-    ``prompt`` tokens (the device's matmul rate)."""
+    ``prompt`` tokens (the device's matmul rate), and the deepest cache wanted (``Subject.depth``)."""
 
     attn: pm.Twin
     twin: pm.Twin | None
     tw_tg: float | None
     tw_pp: float | None
     prompt: int
+    most: int = DEPTH_PLAN
 
 
 def attention_run(s: Sizing, left: float | None, had: Had) -> tuple[int, bool] | None:
@@ -407,7 +417,7 @@ def attention_depth(s: Sizing, left: float | None, prompted: bool = True) -> int
     """The deepest cache the attention run (``prompted``: with its prompts, else its generation alone) can be
     measured at within ``ATTENTION_TIME`` of ``left`` seconds (None: no limit; 0: none this time: a later plan
     measures it with its own time, or ``tune`` with more)."""
-    depth = 1024 if (s.tw_tg or 0) < 0.05 else 256  # a device this slow is timed at a shallower cache anyway
+    depth = max(s.most, DEPTHS[-1]) if (s.tw_tg or 0) < 0.05 else 256  # a slow device: a shallower cache anyway
     if left is None or s.twin is None or not s.tw_pp:
         return depth
     rate = pm.matmul_flops(s.twin, s.prompt) / s.tw_pp  # the host's matmul FLOP/s at this prompt, as measured
@@ -418,11 +428,12 @@ def attention_depth(s: Sizing, left: float | None, prompted: bool = True) -> int
     )
 
 
-def attention_wanted(t: Timings, attn: pm.Twin, twin: pm.Twin | None, budget: float) -> bool:
-    """Whether a plan measuring for ``budget`` seconds times the attention run again: deeper than ``t`` holds, or
-    with the prompts ``t`` lacks (within nine tenths of it: what it had cached leaves it almost all of its time,
-    and a plan that would find no time for it after all must not be called for nothing)."""
-    return attention_run(Sizing(attn, twin, t.twin_tg, t.twin_pp, t.prompt), 0.9 * budget, Had.of(t)) is not None
+def attention_wanted(t: Timings, attn: pm.Twin, twin: pm.Twin | None, budget: float, most: int = DEPTH_PLAN) -> bool:
+    """Whether a plan measuring for ``budget`` seconds times the attention run again: deeper than ``t`` holds (up
+    to ``most`` cells), or with the prompts ``t`` lacks (within nine tenths of it: what it had cached leaves it
+    almost all of its time, and a plan that would find no time for it after all must not be called for nothing)."""
+    sizing = Sizing(attn, twin, t.twin_tg, t.twin_pp, t.prompt, most)
+    return attention_run(sizing, 0.9 * budget, Had.of(t)) is not None
 
 
 def attention_seconds(attn: pm.Twin, rate: float, prompt: int, depth: int) -> float:

@@ -241,15 +241,16 @@ class RateSource:
         threads = ("-t", str(self.threads)) if self.threads else ()
         return speed_key(model_id(self.model), [g.id for g in self.machine.gpus], (*threads, *self.flags))
 
-    def rates(self, devices: Iterable[str], *, measure: bool = True) -> dict[str, Rates]:
+    def rates(self, devices: Iterable[str], *, measure: bool = True, depth: int = pr.DEPTH_PLAN) -> dict[str, Rates]:
         """Rates for ``devices`` (``CPU`` is the host) and every device asked for before, corrected by the
         newest launch of the same model on these devices that measured its speed. Without ``measure`` only
-        what is cached is read: the devices are measured when asked for again."""
+        what is cached is read: the devices are measured when asked for again. ``depth``: the cache the plan
+        fills (its attention is timed that deep where the budget is longer than a plan's, ``pr.DEPTH_PLAN``)."""
         want = [d for d in dict.fromkeys(devices) if d not in self._asked]
         if measure:
             self._asked.update(want)
         if want and self._bench is not None and self.here:
-            self._measure(want, run=measure)
+            self._measure(want, run=measure, depth=depth if self.measure > MEASURE_BUDGET else pr.DEPTH_PLAN)
         c = self.correction
         return {d: r.calibrated(c.tg, c.pp) for d, r in {**self._assumed, **self._rates}.items()}
 
@@ -263,10 +264,10 @@ class RateSource:
                 self.notes.append(f"speed corrected by {c.source}: generation x{1 / c.tg:.2f}, prompts x{1 / c.pp:.2f}")
         return self._correction
 
-    def measured(self, devices: Iterable[str] = (), *, measure: bool = True) -> Measured:
+    def measured(self, devices: Iterable[str] = (), *, measure: bool = True, depth: int = pr.DEPTH_PLAN) -> Measured:
         """The rates of ``devices`` and every device asked for before (measured first where they need it and
-        ``measure``; else as cached), as the planner's stages read them."""
-        rates = self.rates(devices, measure=measure)
+        ``measure``; else as cached), as the planner's stages read them; ``depth`` as ``rates`` takes it."""
+        rates = self.rates(devices, measure=measure, depth=depth)
         return Measured(rates, self.key, tuple(self.notes), frozenset(self._used), self.directory)
 
     def _probe(self, one: _One, subject: pr.Subject, failed: dict[str, tuple[str, bool]]) -> pr.Timings | None:
@@ -315,7 +316,7 @@ class RateSource:
                 out.append(pr.device_target(g.id, g.name, g.total, gpu=gpu, rpc=eps if g.endpoint else ()))
         return out
 
-    def _measure(self, devices: Sequence[str], run: bool = True) -> None:
+    def _measure(self, devices: Sequence[str], run: bool = True, depth: int = pr.DEPTH_PLAN) -> None:
         assert self._bench is not None
         bench, d = self._bench, self.directory
         types = weight_types(self.model)
@@ -333,7 +334,7 @@ class RateSource:
         cards = {g.id: g.nvml_index for g in self.machine.gpus if g.id in devices and g.nvml_index is not None}
         if CPU not in devices and CPU not in self._rates and targets:
             targets.insert(0, pr.host_target())  # an offload device's split is what is left after the host's part
-        subject = pr.Subject(tuple(types), twin, attn, self.prompt, d)
+        subject = pr.Subject(tuple(types), twin, attn, self.prompt, d, depth)
         with contextlib.ExitStack() as held:
             lock: list[bool] = []  # the measuring lock, taken when the first device needs measuring
             for t in targets:
@@ -451,7 +452,7 @@ def _complete(t: pr.Timings, subject: pr.Subject, gpu: bool, budget: float) -> b
     types, twin, attn = subject.types, subject.twin, subject.attn
     if twin is not None and (t.twin_tg is None or t.twin_pp is None or (gpu and t.offload is None)):
         return False
-    if attn is not None and (t.attn_tgd is None or pr.attention_wanted(t, attn, twin, budget)):
+    if attn is not None and (t.attn_tgd is None or pr.attention_wanted(t, attn, twin, budget, subject.depth)):
         return False
     # a type may be missing because the device was too slow to stream it (the twin's rate stands)
     return all(ty in t.stream for ty in types) or t.twin_tg is not None
