@@ -205,8 +205,8 @@ class Subject:
     attn: pm.Twin | None
     prompt: int
     directory: Path
-    # the deepest cache its attention run may be timed at: a plan's own time goes to DEPTH_PLAN at most; with more
-    # (tune), the plan's context, as a cache's cost a cell changes with its depth on a host (DEPTH_PLAN)
+    # the deepest cache its attention run may be timed at: DEPTH_PLAN within a plan's own time; with more (tune),
+    # the plan's context, as a host's cost a cached cell changes with the depth
     depth: int = DEPTH_PLAN
 
 
