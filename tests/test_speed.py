@@ -313,6 +313,10 @@ def test_the_attention_run_is_sized_to_the_time_a_plan_has_left(tmp_path: Path) 
     assert depth(600.0, 0.004, 0.05, most=3000) == 2048
     assert depth(600.0, 0.004, 0.05, most=65536) == pr.DEPTHS[0] == 4096
     assert depth(600.0, 0.08, 3.2, most=65536) == 256  # a slow device: shallow whatever its time
+    # without a deadline, still one of the depths: never a run at the context itself
+    unlimited = pr.Sizing(attn, twin, 0.004, 0.05, prompt, 40960)
+    assert pr.attention_depth(unlimited, None) == pr.DEPTHS[0]
+    assert pr.attention_depth(pr.Sizing(attn, twin, 0.004, 0.05, prompt, 3000), None) == 2048
 
 
 def test_an_unmeasured_host_reads_the_cache_once_for_each_query_head(l8b: ModelInfo) -> None:

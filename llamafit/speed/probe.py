@@ -417,13 +417,13 @@ def attention_depth(s: Sizing, left: float | None, prompted: bool = True) -> int
     """The deepest cache the attention run (``prompted``: with its prompts, else its generation alone) can be
     measured at within ``ATTENTION_TIME`` of ``left`` seconds (None: no limit; 0: none this time: a later plan
     measures it with its own time, or ``tune`` with more)."""
-    depth = max(s.most, DEPTHS[-1]) if (s.tw_tg or 0) < 0.05 else 256  # a slow device: a shallower cache anyway
+    deepest = max(s.most, DEPTHS[-1]) if (s.tw_tg or 0) < 0.05 else 256  # a slow device: a shallower cache anyway
     if left is None or s.twin is None or not s.tw_pp:
-        return depth
+        return next(d for d in DEPTHS if d <= deepest)
     rate = pm.matmul_flops(s.twin, s.prompt) / s.tw_pp  # the host's matmul FLOP/s at this prompt, as measured
     run_prompt = s.prompt if prompted else 0
     return next(
-        (d for d in DEPTHS if d <= depth and attention_seconds(s.attn, rate, run_prompt, d) <= ATTENTION_TIME * left),
+        (d for d in DEPTHS if d <= deepest and attention_seconds(s.attn, rate, run_prompt, d) <= ATTENTION_TIME * left),
         0,
     )
 
