@@ -78,6 +78,23 @@ def test_a_device_with_priors_is_slower_than_its_peak_and_says_its_range(l8b: Mo
     assert vk.devices[0].device == "Vulkan0" and vk.tg != sp.tg and vk.tg_range != sp.tg_range
 
 
+def test_a_range_weighs_each_device_by_its_part_of_the_time(l8b: ModelInfo) -> None:
+    """A card's plan is as sure as the card's priors, whatever the host's (its part is its time per evaluation):
+    the host's unknown bandwidth widens a range only as far as the host's layers take the time."""
+    machine = Machine(tuple(described_gpus(["rtx-4090"])), HOST)
+    unknown_host = {**known(machine), CPU: priors.assumed_host(8)}
+
+    def ratio(args: list[str]) -> float:
+        plan = make_plan(l8b, machine, build_request(parse_server_args(args)), inputs=Inputs(rates=unknown_host))
+        lo, hi = priced(plan, unknown_host).speed.tg_range or (1.0, 0.0)
+        return hi / lo
+
+    card, host = priors.PRIORS["CUDA"].tg_spread, unknown_host[CPU].tg_spread
+    full, half, none = ratio(["-c", "8192"]), ratio(["-c", "8192", "-ngl", "16"]), ratio(["-c", "8192", "-ngl", "0"])
+    assert full == pytest.approx(card[1] / card[0], rel=0.05)  # the widest spread used (the host's) gave 10x here
+    assert full < half < none == pytest.approx(host[1] / host[0], rel=0.05)
+
+
 def test_gpu_specs_carry_the_backend_and_unified_memory() -> None:
     devs = described_gpus(["rtx-4090", "vulkan:rx-7900-xtx", "rtx-3090", "rx-7900-xtx"])
     assert [d.id for d in devs] == ["CUDA0", "Vulkan0", "CUDA1", "ROCm0"]

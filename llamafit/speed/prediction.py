@@ -20,7 +20,7 @@ their matmuls' tiles, ``llamafit.speed.tiles``).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from llamafit.devices.rates import Rates
 from llamafit.memory.placement import CPU, WeightPlacement
@@ -99,6 +99,9 @@ class _Time:
     total: float
     per_device: dict[str, float]
     missing: list[str]
+    # each device's part of ``total`` by whose rates price it: its own work, the splits it syncs or links, and
+    # for the host its time per evaluation (what a range weighs each device's spread by)
+    owned: dict[str, float] = field(default_factory=dict)
 
 
 def evaluation_time(ev: Evaluation, rates: Mapping[str, Rates]) -> _Time:
@@ -131,16 +134,21 @@ def evaluation_time(ev: Evaluation, rates: Mapping[str, Rates]) -> _Time:
                 t += w.copied_in / r.link
         per[dev] = t
     total = sum(per.values()) - _overlap(ev, per, matmuls)
+    owned = dict(per)
     for s in ev.splits:
         r = rates.get(s.device)
         if r is None:
             continue
-        total += (r.split if s.syncs else 0.0) + (s.nbytes / r.link if r.link else 0.0)
+        cost = (r.split if s.syncs else 0.0) + (s.nbytes / r.link if r.link else 0.0)
+        owned[s.device] = owned.get(s.device, 0.0) + cost
+        total += cost
     if ev.spread is not None:
         total += _exchanges(ev.spread, rates)
     host = rates.get(CPU)
-    total += host.token if host is not None else 0.0
-    return _Time(total, per, missing)
+    if host is not None:
+        owned[CPU] = owned.get(CPU, 0.0) + host.token
+        total += host.token
+    return _Time(total, per, missing, owned)
 
 
 def _overlap(ev: Evaluation, per: Mapping[str, float], matmuls: Mapping[str, float]) -> float:
@@ -240,6 +248,8 @@ def predict(
             pp_total.total += t.total * weight
             for d, s in t.per_device.items():
                 pp_total.per_device[d] = pp_total.per_device.get(d, 0.0) + s * weight
+            for d, s in t.owned.items():
+                pp_total.owned[d] = pp_total.owned.get(d, 0.0) + s * weight
             pp_total.missing += [m for m in t.missing if m not in pp_total.missing]
         return tg, pp_total
 
@@ -260,7 +270,6 @@ def predict(
     for label, assumed in priored.items():
         why = "spans what it may be, and how far priors held" if assumed else "is how far these priors held"
         unknown.append(f"not measured: {label} (the range {why} on public measurements)")
-    used = [rates[d] for d in decode.devices if d in rates]
     at_context = None
     full = cp.n_ctx_seq - prompt - 1
     if full_context and full > depth and (tg_rate is not None or pp_rate is not None):
@@ -278,8 +287,8 @@ def predict(
         tuple(unknown),
         len(decode.splits),
         at_context,
-        tg_range=_range(tg_rate, [r.tg_spread for r in used]),
-        pp_range=_range(pp_rate, [r.pp_spread for r in used]),
+        tg_range=_range(tg_rate, {d: rates[d].tg_spread for d in tg.owned if d in rates}, tg.owned),
+        pp_range=_range(pp_rate, {d: rates[d].pp_spread for d in pp.owned if d in rates}, pp.owned),
         # the experts a ubatch reaches, and how its expert matmuls are tiled, are priced for uniform routing
         assumes=ASSUMES + (", experts chosen uniformly" if model.hparams.n_expert > 1 else ""),
     )
@@ -311,9 +320,18 @@ def _walks(load: Load) -> dict[int, Walk]:
     return held[1] if held[0] is placement else {}
 
 
-def _range(rate: float | None, spreads: Sequence[tuple[float, float]]) -> tuple[float, float] | None:
-    """Where a speed is expected to fall: the widest spread of the rates it was made from (a plan on a measured
-    GPU and a device with priors is as uncertain as the priors)."""
-    if rate is None or not spreads:
+def _range(
+    rate: float | None, spreads: Mapping[str, tuple[float, float]], owned: Mapping[str, float]
+) -> tuple[float, float] | None:
+    """Where a speed is expected to fall: each device's time within the spread its rates held (measured /
+    predicted speed, ``Rates.tg_spread``), all at the same end at once, weighed by the part of the time that
+    device's rates price: a card's plan is as sure as the card's rates, whatever the host's (its part is its
+    time per evaluation), and one that streams half its weights from an unmeasured host is half as unsure as
+    the host's priors (a speed is the reciprocal of a sum of times, so the ends combine harmonically)."""
+    weights = {d: t for d, t in owned.items() if d in spreads and t > 0}
+    total = sum(weights.values())
+    if rate is None or total <= 0:
         return None
-    return (rate * min(lo for lo, _ in spreads), rate * max(hi for _, hi in spreads))
+    slow = sum(t / spreads[d][0] for d, t in weights.items()) / total
+    fast = sum(t / spreads[d][1] for d, t in weights.items()) / total
+    return (rate / slow, rate / fast)
