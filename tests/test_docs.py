@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
+
+from llamafit.gguf.model import ModelInfo
 
 ROOT = Path(__file__).resolve().parent.parent
 CITATION = re.compile(r"docs/([a-z-]+\.md) §(\d+(?:\.\d+)*)")
@@ -55,3 +58,21 @@ def test_the_exit_code_table_has_every_code_and_its_json() -> None:
     rows = {int(m.group(1)): m.group(2) for m in re.finditer(r"^\| (\d+) \|(.*)\|$", table, re.M)}
     assert set(rows) == {int(c) for c in ExitCode}
     assert all(row.count("|") >= 1 and row.rsplit("|", 1)[1].strip() for row in rows.values())
+
+
+def test_the_plan_schema_names_every_key_plan_json_prints(l8b: ModelInfo) -> None:
+    """docs/json.md's ``llamafit.plan/1`` block names every top-level key ``plan --json`` prints, and every key of
+    its ``speed`` and of a ``tradeoffs`` row: a key added to the contract is added to its reference."""
+    from typer.testing import CliRunner
+
+    from llamafit.cli.app import app
+
+    text = (ROOT / "docs" / "json.md").read_text(encoding="utf-8")
+    block = text[text.index('"schema": "llamafit.plan/1"') :]
+    block = block[: block.index("```")]
+    r = CliRunner().invoke(app, ["plan", str(l8b.path), "--gpu", "8GiB@rtx-4060", "--host-ram", "32GiB", "--json"])
+    doc = json.loads(r.stdout)
+    assert doc["tradeoffs"], "a card too small for the whole model gives trade-off rows"
+    keys = {*doc, *doc["speed"], *doc["tradeoffs"][0]}
+    missing = sorted(k for k in keys if f'"{k}"' not in block)
+    assert not missing, f"docs/json.md does not name: {missing}"
