@@ -233,6 +233,9 @@ def test_the_probe_derives_the_rates_that_reproduce_it(l8b: ModelInfo) -> None:
     host = pr.derive(_timings_of(HOST_RATES, None, 19, twin, attn), host=None, node_layer=19, twin=twin, attn=attn)
     for field in ("node", "token", "matmul", "attention", "attention_batch"):
         assert getattr(host, field) == pytest.approx(getattr(HOST_RATES, field), rel=0.02), field
+    # the same generation in FLOPs: 32 query heads over 8 KV heads, each a dot product and a multiply-add over a
+    # cached cell's 128-wide f16 K and V rows (4 FLOPs a K or V element and query head, 2 bytes: 4 a byte)
+    assert host.vector == pytest.approx(4 * (HOST_RATES.attention or 0), rel=0.02)
     assert host.read_rate(twin.type_of("ffn_up")) == pytest.approx(HOST_RATES.read, rel=0.02)
     dev = pr.derive(_timings_of(GPU_RATES, HOST_RATES, 19, twin, attn), host=host, node_layer=19, twin=twin, attn=attn)
     assert dev.split == pytest.approx(GPU_RATES.split, rel=0.05) and dev.node == pytest.approx(GPU_RATES.node, rel=0.02)
@@ -333,6 +336,30 @@ def test_an_unmeasured_host_reads_the_cache_once_for_each_query_head(l8b: ModelI
     assert cpu == pytest.approx(4 * card) and card == pytest.approx(w.kv_bytes / 20e9)
     measured = prediction._attention_time(w, HOST_RATES, 1, False, cpu=True)
     assert measured == pytest.approx(w.kv_bytes / (HOST_RATES.attention or 1))
+
+
+def test_a_recurrent_layer_updates_its_state_once_for_each_token(tmp_path: Path) -> None:
+    """A gated delta net's scan spends 7 FLOPs a state element and token (ggml-cpu/ops.cpp:11230-11260), Mamba-2's
+    5 (ggml-cpu/ops.cpp:10122-10131), on the device that holds the layer; priced at the rate the device's attention
+    ran over its cache (the same kind of loop), else its matmul rate: a prompt's updates are sequential."""
+    for shape, per, n_rec in (
+        (factory.qwen35(name="gdn", n_layer=8, interval=4), 7, 6),
+        (factory.mamba2(name="m2", n_layer=4), 5, 4),
+    ):
+        model = load_model(str(shape.write(tmp_path / f"{shape.arch}.gguf")))
+        fp = plan(model, ["-c", "4096", "-ngl", "0"]).footprint
+        load = Load(model, fp.placement, fp.context, True, ())
+        one, many = (evaluate(load, tokens=n, depth=0).devices[CPU] for n in (1, 512))
+        state = model.hparams.n_embd_s()
+        assert one.recurrent_flops == per * state * n_rec and many.recurrent_flops == 512 * one.recurrent_flops
+        ev = evaluate(load, tokens=512, depth=0)
+        slow, fast = replace(HOST_RATES, vector=1e9), replace(HOST_RATES, vector=None)
+        took = prediction.evaluation_time(ev, {CPU: slow}).total - prediction.evaluation_time(ev, {CPU: fast}).total
+        assert took == pytest.approx(many.recurrent_flops * (1 / 1e9 - 1 / (HOST_RATES.matmul or 1)))
+    dense = load_model(str(factory.dense(name="dense").write(tmp_path / "dense.gguf")))
+    fp = plan(dense, ["-c", "4096", "-ngl", "0"]).footprint
+    ev = evaluate(Load(dense, fp.placement, fp.context, True, ()), tokens=512, depth=0)
+    assert ev.devices[CPU].recurrent_flops == 0
 
 
 def test_a_plan_with_more_time_times_attention_at_a_deeper_cache(tmp_path: Path) -> None:

@@ -40,6 +40,7 @@ class Rates:
     matmul_by_type: tuple[tuple[str, float], ...] = ()  # ggml type -> FLOP/s, where it differs from matmul
     attention: float | None = None  # bytes/s of K/V cache rows one token's attention reads (decode)
     attention_batch: float | None = None  # FLOP/s of a ubatch's attention over cells cached before it
+    vector: float | None = None  # FLOP/s of one token's attention over the cache: its vector loops, a row at a time
     node: float = 0.0  # seconds per graph node beyond its bytes and FLOPs (thread barriers, kernel launches)
     split: float = 0.0  # seconds per graph split this device runs (a synchronisation, an RPC round trip)
     reduce: float = 0.0  # seconds per copy step of an exchange between cards (-sm tensor/row); 0: ``split``'s
@@ -72,6 +73,7 @@ class Rates:
             read=self.read / tg,
             read_by_type=tuple((t, r / tg) for t, r in self.read_by_type),
             attention=div(self.attention, tg),
+            vector=div(self.vector, tg),
             node=self.node * tg,
             split=self.split * tg,
             reduce=self.reduce * tg,

@@ -6,7 +6,8 @@ device's time for its part, plus each graph split's synchronisation and the acti
 the host's own time per evaluation (graph build and scheduling). A device's time is, per weight type,
 the larger of its bytes over its streaming rate and (from 32 tokens on, where matmuls are batched) its
 FLOPs over its matmul rate; its attention FLOPs over its attention rate (never faster than reading the
-cache rows); its recurrent state over its streaming rate; its graph nodes times its per-node overhead;
+cache rows); its recurrent state over its streaming rate, and the state's update, token after token, over
+its vector rate; its graph nodes times its per-node overhead;
 host weights copied in for offloaded ops over its link. Token generation is one token at ``depth``;
 prompt processing of ``prompt`` tokens is its ubatches in order, each at the depth it starts from.
 
@@ -127,6 +128,12 @@ def evaluation_time(ev: Evaluation, rates: Mapping[str, Rates]) -> _Time:
         if w.attn_layers:
             t += _attention_time(w, r, ev.tokens, batched, cpu=dev == CPU)
         t += w.state_bytes / r.read + w.nodes * r.node
+        # a state update is a row's dot product and multiply-add, token after token, as one token's attention over
+        # the cache is: at the rate the attention twin's generation measured (``Rates.vector``); not measured, at
+        # the matmul rate, which no sequential loop beats (on this project's 2-core host, a gated delta-net hybrid's
+        # 512-token prompt spent about 1.8 s in its 34 GFLOP of updates: 19 GFLOP/s, where its attention ran at 21)
+        if w.recurrent_flops and (vector := r.vector or r.matmul):
+            t += w.recurrent_flops / vector
         if w.copied_in:
             if r.link is None:
                 missing.append(f"{dev}: its link to host memory is not known (weights copied for offloaded ops)")

@@ -134,13 +134,15 @@ def derive(
     if twin is not None and t.twin_tg:
         rate = pm.streamed_bytes(twin) / left(t.twin_tg, twin)
         stream.update({ty: rate for _, ty in twin.types})  # the model's own layers, as big as they are
-    attention = attention_batch = None
+    attention = attention_batch = vector = None
     if attn is not None and t.attn_tgd is not None and t.attn_tg0 is not None and t.depth:
         kv = (attn.head_k + attn.head_v) * attn.n_head_kv * 2.0 * attn.n_layer  # f16 K and V rows per cell
         # a difference within the runs' noise (a slow device whose overheads dwarf attention at this depth)
         # measures nothing: the rate stays unknown and the model falls back to bytes and matmul FLOPs
         if (dt := t.attn_tgd - t.attn_tg0) > 0.05 * t.attn_tg0:
             attention = kv * t.depth / dt
+            # the same run in FLOPs: each query head's dot product and multiply-add over a cached cell's K and V
+            vector = 2.0 * attn.n_head * (attn.head_k + attn.head_v) * attn.n_layer * t.depth / dt
         if (
             t.attn_ppd is not None
             and t.attn_pp0 is not None
@@ -164,6 +166,7 @@ def derive(
         matmul=matmul,
         attention=attention,
         attention_batch=attention_batch,
+        vector=vector,
         node=node,
         split=split,
         token=token,

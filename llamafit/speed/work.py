@@ -13,7 +13,8 @@ Per device, as llama.cpp's graph runs it (``src/llama-graph.cpp``, ``ggml-backen
   the weighted V; a token attends to ``depth + 1`` cells (a sliding-window layer to at most ``n_swa``),
   a ubatch's tokens to the cells before them (flash attention skips masked cells; without it the padded
   cache is multiplied whole); the cache rows read are its KV bytes;
-* **recurrent state**: each recurrent layer reads and writes its sequence's state once per evaluation;
+* **recurrent state**: each recurrent layer reads and writes its sequence's state once per evaluation, and
+  updates it once for each token (``recurrence_flops`` a state element);
 * **graph nodes** it runs, for the per-node overheads (thread barriers, kernel launches): the model's
   compute nodes per layer, split over devices by the share of a layer's weights each holds;
 * **op offload** (``ggml_backend_sched``, ggml-backend.cpp:1100-1118): from 32 tokens on, an op whose
@@ -33,6 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from llamafit.gguf.ggml import row_size
+from llamafit.gguf.hparams import Hparams
 from llamafit.gguf.model import ModelInfo, Tensor
 from llamafit.memory import backends
 from llamafit.memory.context import ContextParams, attention_layers, kv_row_bytes, recurrent_layers
@@ -61,6 +63,7 @@ class DeviceWork:
     kv_bytes: float = 0.0
     kv_head_reads: float = 0.0  # ``kv_bytes`` once for each query head of a KV head's group
     state_bytes: float = 0.0
+    recurrent_flops: float = 0.0  # the recurrent layers' state updates, token after token
     nodes: float = 0.0
     copied_in: float = 0.0  # bytes of host weights copied to it for offloaded ops
     layers: int = 0  # layers with weights here (for the report)
@@ -255,7 +258,7 @@ def _walk(load: Load, tokens: int) -> Walk:
             on(output_weight_device(placement, out_dev)).add_weight(
                 emb.info.type.name, emb.info.nbytes, 2.0 * _elements(emb) * OUTPUTS
             )
-    _state(model, cp, placement, work)
+    _state(model, cp, placement, work, tokens)
     for by_dev in layer_weights.values():
         n = sum(by_dev.values())
         nodes = nodes_per_layer if nodes_per_layer is not None else NODES_PER_WEIGHT * n
@@ -369,10 +372,31 @@ def _attention(
         w.kv_head_reads += kv * heads / max(1, hp.n_head_kv[il])
 
 
-def _state(model: ModelInfo, cp: ContextParams, placement: WeightPlacement, work: dict[str, DeviceWork]) -> None:
-    """Each recurrent layer reads its sequence's conv and SSM/WKV state and writes it back."""
+def _state(
+    model: ModelInfo, cp: ContextParams, placement: WeightPlacement, work: dict[str, DeviceWork], tokens: int
+) -> None:
+    """Each recurrent layer reads its sequence's conv and SSM/WKV state and writes it back, and updates the state
+    once for each token of the evaluation, in order (a prompt's tokens too: the scan is sequential)."""
     hp = model.hparams
     per_seq = 4.0 * (hp.n_embd_r() + hp.n_embd_s())
+    update = recurrence_flops(hp) * hp.n_embd_s() * tokens
     for il in recurrent_layers(hp, mtp=False):
-        dev = placement.layer_device[il]
-        work.setdefault(dev, DeviceWork()).state_bytes += 2 * per_seq
+        w = work.setdefault(placement.layer_device[il], DeviceWork())
+        w.state_bytes += 2 * per_seq
+        w.recurrent_flops += update
+
+
+# the architectures whose recurrent layers are a gated delta net (the users of src/models/delta-net-base.cpp)
+DELTA_RULE_ARCHS = frozenset(
+    {"qwen3next", "qwen35", "qwen35moe", "qwen4exp", "clef", "bailingmoe3", "kimi-linear", "kimi-k3", "glm5-next"}
+)
+
+
+def recurrence_flops(hp: Hparams) -> int:
+    """FLOPs a token's state update spends on each state element, as ggml-cpu's kernels compute it: the gated
+    delta net decays the state, takes its product with k, adds the rank-one correction and reads it with q (1 + 2 +
+    2 + 2, ggml-cpu/ops.cpp:11230-11260; KDA's decay is per row); RWKV-6's wkv a product and three multiply-adds
+    (ggml-cpu/ops.cpp:10758-10769); Mamba-2's scan two products, a sum and a multiply-add
+    (ggml-cpu/ops.cpp:10122-10131), MiniMax's gated linear attention a product and two multiply-adds
+    (ggml-cpu/ops.cpp:10967-10974)."""
+    return 7 if hp.arch in DELTA_RULE_ARCHS or hp.wkv_head_size else 5
