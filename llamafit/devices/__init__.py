@@ -8,6 +8,7 @@ Modules:
 * ``rpc``: llama.cpp RPC servers as offload devices;
 * ``described``: hardware described with ``--gpu`` and ``--host-ram`` instead of detected;
 * ``types``: the offload devices and the host's RAM as a plan is made for them;
+* ``numa``: the host's NUMA nodes as llama.cpp counts them;
 * ``rates``: what a device does per second, the figures the speed model divides by;
 * ``cards``: cards by name, with their published peaks.
 """

@@ -36,6 +36,7 @@ from llamafit.devices.listed import (
     read_devices,
     remember_device_set,
 )
+from llamafit.devices.numa import numa_nodes
 from llamafit.devices.rates import nvml_rates
 from llamafit.devices.types import Device as Device  # re-exported: the devices package's types
 from llamafit.devices.types import Host as Host
@@ -182,7 +183,7 @@ def host_memory() -> Host:
     import psutil
 
     vm = psutil.virtual_memory()
-    return Host(total=int(vm.total), available=int(vm.available))
+    return Host(total=int(vm.total), available=int(vm.available), numa_nodes=numa_nodes())
 
 
 def discover(

@@ -34,6 +34,7 @@ class Device:
 class Host:
     total: int
     available: int
+    numa_nodes: int = 1  # the NUMA nodes llama.cpp finds on it (llamafit.devices.numa); 1: one, or a described host
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from llamafit.fit.search import CTX_STEP, Search, Trial
 from llamafit.fit.speed import trial_speed
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory.footprint import LoadSettings
-from llamafit.memory.placement import CPU
+from llamafit.memory.placement import CPU, WeightPlacement
 from llamafit.speculative import SpecConfig
 from llamafit.speed.prediction import Speed
 from llamafit.speed.work import expert_share, is_expert
@@ -82,14 +82,14 @@ def faster(a: Candidate, b: Candidate | None) -> bool:
     return (a.speed.pp or 0.0) > (b.speed.pp or 0.0)
 
 
-def host_read(model: ModelInfo, t: Trial) -> float:
+def host_read(model: ModelInfo, placement: WeightPlacement) -> float:
     """The weight bytes the host reads for one generated token (of an expert tensor, the share a token routes to):
     what ranks placements where a device's speed is not known at all (an RPC server nobody measured)."""
     hp = model.hparams
     share = expert_share(hp.n_expert, hp.n_expert_used, 1)
     return sum(
         p.tensor.info.nbytes * (share if is_expert(p.tensor) else 1.0)
-        for p in t.fp.placement.tensors
+        for p in placement.tensors
         if p.device == CPU and p.tensor.matmul
     )
 
@@ -150,7 +150,7 @@ class Chooser:
     def _priced(self, ladder: Ladder, x: int, t: Trial) -> Candidate:
         model = self.search.model
         speed = trial_speed(model, t, self.gpus, self.rates, full_context=False)
-        return Candidate(ladder, x, t, speed, host_read(model, t))
+        return Candidate(ladder, x, t, speed, host_read(model, t.fp.placement))
 
     def best_in(self, ladder: Ladder, ctx: int) -> Candidate | None:
         """The ladder's fastest step that fits at ``ctx`` (quick estimates): the first its GPUs hold, when the
@@ -453,7 +453,7 @@ def finished(search: Search, c: Candidate, spec: SpecConfig) -> Candidate:
     if t is c.trial:
         return c
     speed = trial_speed(search.model, t, search.gpus, search.rates, full_context=False)
-    fuller = Candidate(c.ladder, c.step, t, speed, host_read(search.model, t), c.over)
+    fuller = Candidate(c.ladder, c.step, t, speed, host_read(search.model, t.fp.placement), c.over)
     return fuller if speed.tg is None or c.speed.tg is None or fuller.tg >= c.tg else c
 
 

@@ -17,6 +17,7 @@ Modules:
 * ``fitting``: the fitting stage: the memory fit and its argv;
 * ``bound``: a plan held to the binary's own no-alloc measurement where the memory model is not sure;
 * ``tuned``: what ``llamafit tune`` measured fastest, the last stage;
+* ``numa``: the note a plan carries where ``--numa`` would speed a host of several NUMA nodes;
 * ``planner``: one command's planning context, shared by its plans;
 * ``prepared``: what planning gives a command: the plan, the argv, what to tell the user;
 * ``quants``: which quant of a repo or folder fits.

@@ -18,6 +18,7 @@ from llamafit.planning import measure as measuring
 from llamafit.planning.asked import read
 from llamafit.planning.discover import machine_and_server, machine_for, new_hub, server_and_caps
 from llamafit.planning.fitting import fit
+from llamafit.planning.numa import numa_note
 from llamafit.planning.prepared import Prepared
 from llamafit.planning.resolve import resolve
 from llamafit.planning.tuned import start_from_winner
@@ -86,6 +87,7 @@ class Planner:
             plan = priced(plan, after.rates)
         notes = [*res.asked.notes, *(after.notes if after is not None else ())]
         notes += [*supported(plan.planned, caps)[1], *config_findings(os.environ, parse_server_args(argv[1:]))]
+        notes += [n] if (n := numa_note(plan, res.asked.user, os.environ, o)) else []
         notes += self.hub.notes
         prep = Prepared(plan, argv, res.asked.user, srv, caps, tuple(notes), self.hub, after)
         if not (tuned and speed):

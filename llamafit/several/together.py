@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from llamafit.devices.machine import Host, Machine
+from llamafit.devices.machine import Machine
 from llamafit.errors import DoesNotFitError, UsageError
 from llamafit.fit.plan import Decision
 from llamafit.gguf.naming import split_info
@@ -339,7 +339,7 @@ def _residual(machine: Machine, planned: Sequence[Prepared], k: int) -> Machine:
         return machine
     taken = {dev: _top([_uses(p).get(dev, 0) for p in planned], k) for dev in [*(g.id for g in machine.gpus), HOST]}
     gpus = tuple(replace(g, free=max(0, g.free - taken[g.id])) for g in machine.gpus)
-    host = Host(machine.host.total, max(0, machine.host.available - taken[HOST]))
+    host = replace(machine.host, available=max(0, machine.host.available - taken[HOST]))
     return Machine(gpus, host, machine.notes, machine.blind)
 
 
