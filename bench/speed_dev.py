@@ -405,6 +405,7 @@ def main() -> None:
             "model": row["model"],
             "plan_s": round(time.monotonic() - t0, 2),
             "cuda_graphs": row.get("cuda_graphs"),
+            "backend": backend_of(prep),
             "old_build": _old({**row, "backend": backend_of(prep)}),
             "tg": {"measured": row["tg"], "predicted": sp.tg, "rule": rule_tg(prep, host_bw), "range": sp.tg_range},
             "pp": {"measured": row.get("pp"), "predicted": sp.pp, "range": sp.pp_range},
@@ -420,7 +421,9 @@ def main() -> None:
     summary = summarize(rows)
     for line in summary["lines"]:
         print(line)
-    a.out.write_text(json.dumps({"rows": rows, "summary": summary["table"]}, indent=1) + "\n")
+    a.out.write_text(
+        json.dumps({"rows": rows, "summary": summary["table"], "backends": summary["backends"]}, indent=1) + "\n"
+    )
 
 
 def _f(x: float | None) -> str:
@@ -441,12 +444,35 @@ OLD, NEW = "older builds", "today's builds"
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The error per category, over all rows and by build; then per backend (the plan's first device's: CPU
+    where every layer is on the host), over today's builds and over all."""
     cats = [*sorted({r["category"] for r in rows}), "all", OLD, NEW]
+    out = _table("category", cats, rows, lambda c, r: c in ("all", r["category"], OLD if r.get("old_build") else NEW))
+    backends = sorted({r.get("backend", "") for r in rows})
+    by = _table(
+        "backend (today's builds)",
+        backends,
+        rows,
+        lambda b, r: r.get("backend") == b and not r.get("old_build"),
+    )
+    everyone = _table("backend (all builds)", backends, rows, lambda b, r: r.get("backend") == b)
+    return {
+        "table": out["table"],
+        "backends": {"today": by["table"], "all": everyone["table"]},
+        "lines": [*out["lines"], "", *by["lines"], "", *everyone["lines"]],
+    }
+
+
+def _table(
+    title: str, keys: list[str], rows: list[dict[str, Any]], member: Callable[[str, dict[str, Any]], bool]
+) -> dict[str, Any]:
     table: dict[str, Any] = {}
-    lines = [f"{'category':<24} {'rows':>4} {'tg median':>10} {'tg worst':>9} {'rule':>7} {'pp median':>10} "
+    lines = [f"{title:<24} {'rows':>4} {'tg median':>10} {'tg worst':>9} {'rule':>7} {'pp median':>10} "
              f"{'in range':>9}"]  # fmt: skip
-    for c in cats:
-        sel = [r for r in rows if c in ("all", r["category"], OLD if r.get("old_build") else NEW)]
+    for c in keys:
+        sel = [r for r in rows if member(c, r)]
+        if not sel:
+            continue
         tg = [abs(e) for r in sel if (e := err(r["tg"]["predicted"], r["tg"]["measured"])) is not None]
         rule = [abs(e) for r in sel if (e := err(r["tg"]["rule"], r["tg"]["measured"])) is not None]
         pp = [abs(e) for r in sel if (e := err(r["pp"]["predicted"], r["pp"]["measured"])) is not None]
