@@ -90,6 +90,9 @@ SHAPES["qwen3-next-80b-a3b"] = lambda: factory.qwen3next(name="Qwen3-Next-80B-A3
 SHAPES["mistral-small-24b"] = lambda: factory.dense(arch="llama", name="Mistral-Small-24B", n_layer=40, n_embd=5120,
                                                     n_head=32, n_head_kv=8, head_dim=128, n_ff=32768,
                                                     n_vocab=131072, ctx=8192, w="bf16")  # fmt: skip
+# Qwen/Qwen2.5-14B's config.json (qwen2: q/k/v biases beside, not counted)
+SHAPES["qwen2.5-14b"] = lambda: factory.dense(arch="llama", name="Qwen2.5-14B", n_layer=48, n_embd=5120, n_head=40,
+                                              n_head_kv=8, n_ff=13824, n_vocab=152064, ctx=32768, w="bf16")  # fmt: skip
 # microsoft/phi-4's config.json (phi3: its fused QKV and gate-up hold the weights separate ones would; head_dim 128)
 SHAPES["phi-4"] = lambda: factory.dense(arch="llama", name="phi-4", n_layer=40, n_embd=5120, n_head=40, n_head_kv=10,
                                         n_ff=17920, n_vocab=100352, ctx=16384, w="bf16")  # fmt: skip
