@@ -15,7 +15,11 @@ from llamafit.cli.app import app
 from llamafit.devices.rpc import parse_endpoints, rpc_devices
 from llamafit.errors import UsageError
 from llamafit.options import Options
-from llamafit.planning.planner import prepare
+from llamafit.planning import measure as measuring
+from llamafit.planning.asked import read
+from llamafit.planning.discover import machine_for
+from llamafit.planning.planner import Planner, prepare
+from llamafit.planning.resolve import resolve
 from llamafit.server.binary import ServerBinary, free_port
 from llamafit.serving.compare import compare
 from llamafit.units import MiB
@@ -350,3 +354,26 @@ def test_backend_sampling_falls_back_to_the_host_under_tensor_split(
     log = run_argv(server_bin, prep.argv[1:])
     rows = [r for r in compare(prep.plan.footprint, log, "target", prep.plan.buffer_aliases) if r.kind == "output"]
     assert len(rows) == 1 and rows[0].actual_mib is not None and rows[0].within, rows
+
+
+def test_an_rpc_server_nobody_measured_has_a_speed_with_its_range_but_does_not_choose(
+    rpc_servers: list[str], server_bin: ServerBinary, models: dict[str, Path]
+) -> None:
+    """LLAMAFIT_PROBE=off (the tests' default): the plan's speed is priced with what is assumed of the RPC server
+    (anything from a desktop's host to a card of its memory), wide, said so; the choice did not weigh it."""
+    o = Options(server=server_bin.path, rpc=(rpc_servers[0],), server_args=("-ngl", "10"))
+    prep = prepare(str(models["qwen06"]), o)
+    sp = prep.plan.speed
+    assert sp is not None and sp.tg is not None and sp.pp is not None and sp.tg_range is not None
+    lo, hi = sp.tg_range
+    assert lo < sp.tg < hi and hi / lo > 5  # a remote device of unknown kind: a wide range, not a number alone
+    said = [u for u in sp.unknown if u.startswith("not measured: RPC0: an RPC server not measured")]
+    assert said and "GiB card assumed" in said[0] and "llama-bench beside the server measures it" in said[0]
+    # what the choice weighed: the host and nothing of the RPC server (it ranks the placements by the host's reads)
+    planner = Planner.for_options(o)
+    asked = read(o, planner.caps, planner.hub)
+    mach, asked = machine_for(planner.machine, asked, planner.server, o)
+    res = resolve(str(models["qwen06"]), o, asked, planner.hub, None)
+    source = measuring.rate_source(mach, res, planner.server, o)
+    assert "RPC0" not in measuring.before_fit(source, mach, res).rates
+    assert "RPC0" in source.measured(["RPC0"], measure=False, priced=True).rates

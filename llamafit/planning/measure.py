@@ -58,5 +58,6 @@ def before_fit(source: RateSource, mach: Machine, res: Resolved) -> Measured:
 
 
 def after_fit(source: RateSource, plan: Plan) -> Measured:
-    """The rates the plan's speed reads: every device it puts work on."""
-    return source.measured(used_devices(plan), depth=plan.footprint.context.n_ctx_seq)
+    """The rates the plan's speed reads: every device it puts work on (an RPC server not measured: what is assumed of
+    it, which the choice did not weigh)."""
+    return source.measured(used_devices(plan), depth=plan.footprint.context.n_ctx_seq, priced=True)

@@ -166,6 +166,24 @@ def assumed_card(
     return _widened(r, lo / mid, hi / mid)
 
 
+def assumed_remote(label: str, total: int, bandwidths: tuple[float, float], flops: tuple[float, float]) -> Rates:
+    """An RPC server nobody measured: ggml-rpc names its device by the endpoint and gives its memory
+    (ggml-rpc.cpp:2169-2172), not what computes behind it, a host's cores or a card: the middle (geometric) of a
+    desktop host's and the cards of about its memory (``bandwidths``: peaks; ``flops``: matmul rates reached),
+    each range's ends folded into its spread."""
+    (lo, hi), (flo, fhi) = bandwidths, flops
+    mid, fmid = (lo * hi) ** 0.5, (flo * fhi) ** 0.5
+    said = (
+        f"{label}: an RPC server not measured, anything from a desktop's host to a {total / 2**30:.0f} GiB card "
+        f"assumed ({lo / 1e9:.0f}-{hi / 1e9:.0f} GB/s); the llama-bench beside the server measures it"
+    )
+    r = prior_rates("RPC", mid, fmid / for_backend("RPC").matmul_quant, None, said)
+    (tl, th), (pl, ph) = r.tg_spread, r.pp_spread
+    return replace(
+        r, tg_spread=(tl * lo / mid, th * hi / mid), pp_spread=(pl * flo / fmid, ph * fhi / fmid), assumed=True
+    )
+
+
 def _widened(r: Rates, lo: float, hi: float) -> Rates:
     """``r``'s spreads widened by a bandwidth known only within ``lo``-``hi`` of the value taken."""
     # a prompt's matmuls are bound by arithmetic more than by memory: its speed is taken as half as sensitive

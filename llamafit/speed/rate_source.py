@@ -113,6 +113,20 @@ def assumed_rates(g: Device) -> Rates | None:
 DESCRIBED_CORES = 8  # the cores taken for a host nobody described (a desktop's)
 
 
+def remote_rates(g: Device) -> Rates | None:
+    """What is assumed of an RPC server nobody measured, for a plan's speed only (``RateSource.rates(priced=True)``):
+    anything from a desktop's host (its bandwidth, ``DESCRIBED_CORES`` cores' matmuls) to the fastest card of about
+    its memory (its FP16 at CUDA's share). Too wide to choose a placement by: the choice ranks an unmeasured RPC
+    device by the host's reads (``llamafit.fit.choice.host_read``). None for a device that is not an RPC server."""
+    if g.kind != "rpc":
+        return None
+    like = cards.similar(g.total)
+    lo, flo = priors.DESKTOP_BANDWIDTH[0], DESCRIBED_CORES * priors.HOST_CORE_FLOPS
+    hi = max([lo, *(c.bandwidth for c in like)])
+    fhi = max([flo, *(c.fp16 * priors.for_backend("CUDA").matmul_quant for c in like if c.fp16)])
+    return priors.assumed_remote(g.id, g.total, (lo, hi), (flo, fhi))
+
+
 def with_assumed(machine: Machine, rates: Mapping[str, Rates] | None, cores: int = DESCRIBED_CORES) -> dict[str, Rates]:
     """``rates`` and, for every device they lack, what is known or assumed of it (a desktop host of ``cores``):
     what a choice between placements weighs when nothing was measured."""
@@ -221,6 +235,7 @@ class RateSource:
         # choice between placements something to weigh; never what a measurement is derived from
         cores = host_cores or ((psutil.cpu_count(logical=False) or DESCRIBED_CORES) if here else DESCRIBED_CORES)
         self._assumed = with_assumed(machine, None, cores)
+        self._remote = {g.id: r for g in machine.gpus if (r := remote_rates(g)) is not None}
         if threads:
             self._assumed[CPU] = priors.assumed_host(cores, min(threads, cores))
         self._bench = bench_binary(served.server_path) if served.server_path else None
@@ -241,18 +256,22 @@ class RateSource:
         threads = ("-t", str(self.threads)) if self.threads else ()
         return speed_key(model_id(self.model), [g.id for g in self.machine.gpus], (*threads, *self.flags))
 
-    def rates(self, devices: Iterable[str], *, measure: bool = True, depth: int = pr.DEPTH_PLAN) -> dict[str, Rates]:
+    def rates(
+        self, devices: Iterable[str], *, measure: bool = True, depth: int = pr.DEPTH_PLAN, priced: bool = False
+    ) -> dict[str, Rates]:
         """Rates for ``devices`` (``CPU`` is the host) and every device asked for before, corrected by the
         newest launch of the same model on these devices that measured its speed. Without ``measure`` only
         what is cached is read: the devices are measured when asked for again. ``depth``: the cache the plan
-        fills (its attention is timed that deep where the budget is longer than a plan's, ``pr.DEPTH_PLAN``)."""
+        fills (its attention is timed that deep where the budget is longer than a plan's, ``pr.DEPTH_PLAN``).
+        ``priced``: for a plan's speed, with what is assumed of an RPC server nobody measured (``remote_rates``)."""
         want = [d for d in dict.fromkeys(devices) if d not in self._asked]
         if measure:
             self._asked.update(want)
         if want and self._bench is not None and self.here:
             self._measure(want, run=measure, depth=depth if self.measure > MEASURE_BUDGET else pr.DEPTH_PLAN)
         c = self.correction
-        return {d: r.calibrated(c.tg, c.pp) for d, r in {**self._assumed, **self._rates}.items()}
+        assumed = {**self._remote, **self._assumed} if priced else self._assumed
+        return {d: r.calibrated(c.tg, c.pp) for d, r in {**assumed, **self._rates}.items()}
 
     @property
     def correction(self) -> SpeedCorrection:
@@ -264,10 +283,13 @@ class RateSource:
                 self.notes.append(f"speed corrected by {c.source}: generation x{1 / c.tg:.2f}, prompts x{1 / c.pp:.2f}")
         return self._correction
 
-    def measured(self, devices: Iterable[str] = (), *, measure: bool = True, depth: int = pr.DEPTH_PLAN) -> Measured:
+    def measured(
+        self, devices: Iterable[str] = (), *, measure: bool = True, depth: int = pr.DEPTH_PLAN, priced: bool = False
+    ) -> Measured:
         """The rates of ``devices`` and every device asked for before (measured first where they need it and
-        ``measure``; else as cached), as the planner's stages read them; ``depth`` as ``rates`` takes it."""
-        rates = self.rates(devices, measure=measure, depth=depth)
+        ``measure``; else as cached), as the planner's stages read them; ``depth``, ``priced`` as ``rates`` takes
+        them."""
+        rates = self.rates(devices, measure=measure, depth=depth, priced=priced)
         return Measured(rates, self.key, tuple(self.notes), frozenset(self._used), self.directory)
 
     def _probe(self, one: _One, subject: pr.Subject, failed: dict[str, tuple[str, bool]]) -> pr.Timings | None:
