@@ -163,6 +163,22 @@ def test_a_card_without_a_bandwidth_gets_an_assumed_range_and_how_to_narrow_it(l
     assert any("CUDA priors" in u for u in sp["unknown"])
 
 
+def test_a_card_given_by_its_bandwidth_alone_gets_an_assumed_prefill(l8b: ModelInfo) -> None:
+    """No plan without a speed, prefill included: a card described by its rate alone computes like the table's
+    cards of about its bandwidth, their FP16 range folded into the prefill's range, and the plan says so."""
+    r = CliRunner().invoke(app, ["plan", str(l8b.path), "--gpu", "24GiB@1008GB/s", "--json"])
+    sp = json.loads(r.stdout)["speed"]
+    assert sp["pp"] is not None and sp["tg"] is not None
+    lo, hi = sp["pp_range"]
+    assert lo < sp["pp"] < hi and hi / lo > 3  # nobody said which card computes behind that bandwidth
+    said = [u for u in sp["unknown"] if u.startswith("not measured: CUDA0")]
+    assert said and "FP16 not known" in said[0] and "a card's name narrows it" in said[0]
+    # the named card of that bandwidth: its own FP16, no assumption said, a narrower prefill range
+    named = json.loads(CliRunner().invoke(app, ["plan", str(l8b.path), "--gpu", "24GiB@rtx-4090", "--json"]).stdout)
+    nlo, nhi = named["speed"]["pp_range"]
+    assert not any("FP16 not known" in u for u in named["speed"]["unknown"]) and nhi / nlo < hi / lo
+
+
 def test_gpu_descriptions_carry_bandwidths_and_card_names() -> None:
     d = described_gpu("20GiB@rtx-4090", 0)
     assert (d.free, d.total, d.bandwidth, d.bandwidth_source) == (20 * GiB, 24 * GiB, 1008e9, "table")

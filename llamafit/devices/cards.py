@@ -201,6 +201,20 @@ def names() -> list[str]:
     return [g.name for g in KNOWN]
 
 
+def of_bandwidth(bandwidth: float, backend: str = "") -> list[KnownGpu]:
+    """The table's cards with a known FP16 throughput and a peak bandwidth of about ``bandwidth``, 3/4 to 4/3 of it,
+    or the nearest where none is that close, of ``backend`` where it has any: what computes behind a card described
+    by its bandwidth alone (``--gpu 24GiB@1008GB/s``)."""
+    cards = [g for g in KNOWN if g.fp16 > 0]
+    same = [g for g in cards if g.backend == backend] or cards
+
+    def distance(g: KnownGpu) -> float:
+        return abs(math.log(g.bandwidth / max(bandwidth, 1.0)))
+
+    nearest = min(distance(g) for g in same)
+    return [g for g in same if distance(g) <= max(nearest, math.log(4 / 3)) + 1e-9]
+
+
 def similar(total: int, backend: str = "") -> list[KnownGpu]:
     """The table's discrete cards (memory of their own) of about ``total`` bytes, 3/4 to 4/3 of it, or the nearest
     in size where none is that close, of ``backend`` where it has any: what a card described by its size alone is

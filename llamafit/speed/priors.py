@@ -166,6 +166,23 @@ def assumed_card(
     return _widened(r, lo / mid, hi / mid)
 
 
+def with_assumed_fp16(r: Rates, backend: str, flops: tuple[float, float]) -> Rates:
+    """``r`` (a card whose peak bandwidth is known and FP16 throughput is not) with its prompt matmuls at the middle
+    (geometric) of ``flops``, the FP16 peaks of the cards of about its bandwidth, the range folded into the spread."""
+    lo, hi = flops
+    mid = (lo * hi) ** 0.5
+    p = for_backend(backend)
+    (pl, ph) = r.pp_spread
+    return replace(
+        r,
+        matmul=mid * p.matmul_quant,
+        matmul_by_type=tuple((ty, mid * p.matmul_float) for ty in FLOAT_TYPES),
+        pp_spread=(pl * lo / mid, ph * hi / mid),
+        label=f"{r.label}; FP16 not known, the cards of its bandwidth's assumed ({lo / 1e12:.0f}-{hi / 1e12:.0f} "
+        "TFLOPS): a card's name narrows it",
+    )
+
+
 def assumed_remote(label: str, total: int, bandwidths: tuple[float, float], flops: tuple[float, float]) -> Rates:
     """An RPC server nobody measured: ggml-rpc names its device by the endpoint and gives its memory
     (ggml-rpc.cpp:2169-2172), not what computes behind it, a host's cores or a card: the middle (geometric) of a

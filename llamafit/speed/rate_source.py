@@ -92,7 +92,10 @@ def known_rates(g: Device) -> Rates | None:
     if link is None:  # a described or listed card: the bus today's cards sit on (a unified one reads host memory)
         link = bandwidth if g.uma else priors.PRIOR_LINK
         label += "" if g.uma else ", PCIe 4.0 x16 assumed"
-    return priors.prior_rates(backend, bandwidth, fp16, link, label, tiles.family_for(backend, cards.key(g.name)))
+    r = priors.prior_rates(backend, bandwidth, fp16, link, label, tiles.family_for(backend, cards.key(g.name)))
+    if fp16 <= 0 and (flops := [c.fp16 for c in cards.of_bandwidth(bandwidth, backend)]):
+        r = priors.with_assumed_fp16(r, backend, (min(flops), max(flops)))
+    return r
 
 
 def assumed_rates(g: Device) -> Rates | None:
