@@ -7,9 +7,8 @@ page cache they land on that thread's node and every thread that computes on the
 ``--numa distribute`` spreads the threads over the nodes and maps the model without prefetch
 (src/llama-mmap.cpp:486, 521-526): a page lands on the node of the thread that first touches it, so with the page
 cache dropped first the weights spread with the threads (the flag's help says to drop it:
-common/arg.cpp:2725-2738). llama.cpp issue
-#11744 measured the difference on a dual EPYC 9175F (16 channels of DDR5-6400, Llama-3.1-70B F16): 2.4 tok/s
-without, 4.31 with.
+common/arg.cpp:2725-2738). llama.cpp issue #11744 measured the difference on a dual EPYC 9175F (16 channels of
+DDR5-6400, Llama-3.1-70B F16): 2.4 tok/s without, 4.31 with.
 """
 
 from __future__ import annotations
