@@ -195,14 +195,13 @@ def assumed_remote(label: str, total: int, bandwidths: tuple[float, float], flop
         f"assumed ({lo / 1e9:.0f}-{hi / 1e9:.0f} GB/s); the llama-bench beside the server measures it"
     )
     r = prior_rates("RPC", mid, fmid / for_backend("RPC").matmul_quant, None, said)
-    (tl, th), (pl, ph) = r.tg_spread, r.pp_spread
-    return replace(
-        r, tg_spread=(tl * lo / mid, th * hi / mid), pp_spread=(pl * flo / fmid, ph * fhi / fmid), assumed=True
-    )
+    return _widened(r, lo / mid, hi / mid, (flo / fmid, fhi / fmid))
 
 
-def _widened(r: Rates, lo: float, hi: float) -> Rates:
-    """``r``'s spreads widened by a bandwidth known only within ``lo``-``hi`` of the value taken."""
+def _widened(r: Rates, lo: float, hi: float, pp: tuple[float, float] | None = None) -> Rates:
+    """``r``'s spreads widened by a bandwidth known only within ``lo``-``hi`` of the value taken, and its prompt's by
+    ``pp`` where its matmul rate is known only within that."""
     # a prompt's matmuls are bound by arithmetic more than by memory: its speed is taken as half as sensitive
+    plo, phi = pp if pp is not None else (lo**0.5, hi**0.5)
     (tl, th), (pl, ph) = r.tg_spread, r.pp_spread
-    return replace(r, tg_spread=(tl * lo, th * hi), pp_spread=(pl * lo**0.5, ph * hi**0.5), assumed=True)
+    return replace(r, tg_spread=(tl * lo, th * hi), pp_spread=(pl * plo, ph * phi), assumed=True)
