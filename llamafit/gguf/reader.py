@@ -234,21 +234,27 @@ class _Cursor:
     def skip_strings(self, count: int) -> None:
         """Skip ``count`` length-prefixed strings (the vocabulary) without decoding them.
 
-        The hot loop of a plan: a 150k vocabulary is 150k iterations, so it only reads lengths and
-        checks bounds once per buffer refill (an absurd length runs past the buffer and is caught there).
+        The hot loop of a plan: a 150k vocabulary is 150k iterations, so it only reads lengths, as a ``for``
+        loop (a third faster than counting down in a ``while``), and refills the buffer only where a length
+        runs past it: reading there raises ``struct.error`` (an absurd length runs past it too, and the refill
+        refuses it).
         """
         unpack = _U64_S.unpack_from
-        buf, base = self.buf, self.buf_start
-        rel, blen = self.pos - base, len(buf)
-        while count:
-            if rel + 8 > blen:
-                self.pos = base + rel
-                self.arr_left = count
+        done = 0
+        while done < count:
+            buf, base = self.buf, self.buf_start
+            rel = self.pos - base
+            at = done
+            try:
+                for at in range(done, count):  # noqa: B007 (``at`` says where it stopped)
+                    rel += 8 + unpack(buf, rel)[0]
+                done = count
+            except struct.error:
+                done = at  # this string's length is past the buffer
+            self.pos = base + rel
+            if done < count:
+                self.arr_left = count - done
                 self._fill(8)
-                buf, base, rel, blen = self.buf, self.buf_start, 0, len(self.buf)
-            rel += 8 + unpack(buf, rel)[0]
-            count -= 1
-        self.pos = base + rel
         if self.pos > self.src.size:
             self.pos = self.src.size
             raise self._fail_truncated()
