@@ -191,6 +191,10 @@ def place_weights(
         return "CPU"
 
     placed: list[PlacedTensor] = []
+    # a weight on a device in a buffer type is the same value in every placement a fit weighs: made once
+    made = model.memo(_PLACED, dict[tuple[str, str, str], PlacedTensor])
+    if len(made) > _PLACED_KEPT:
+        made.clear()
 
     def place(t: Tensor, layer: int | None, matmul: bool) -> PlacedTensor:
         info = t.info
@@ -206,7 +210,10 @@ def place_weights(
             if dev != CPU and refuses(dev, t, hp):
                 dev = CPU  # its op does not run there (llamafit.memory.weight_ops)
             buft = cpu_buft(t, matmul) if dev == CPU else device_buft[dev]
-        return PlacedTensor(t, dev, buft, row_padded_size(t) if backends.pads_rows(buft) else info.nbytes)
+        if (p := made.get((info.name, dev, buft))) is None:
+            alloc = row_padded_size(t) if backends.pads_rows(buft) else info.nbytes
+            p = made[info.name, dev, buft] = PlacedTensor(t, dev, buft, alloc)
+        return p
 
     n_layer = hp.n_layer
     for t in model.tensors:
@@ -223,6 +230,10 @@ def place_weights(
                 placed.append(out)
 
     return WeightPlacement(tuple(placed), tuple(devs), tuple(_buffers(model, placed, use_mmap)))
+
+
+_PLACED = ("placed_tensors",)  # (weight, device, buffer type) -> its PlacedTensor
+_PLACED_KEPT = 1 << 16  # a few devices and buffer types for each weight of the largest models
 
 
 def _matching(model: ModelInfo, pattern: str) -> frozenset[str]:
