@@ -91,3 +91,36 @@ def test_nvml_says_nothing_of_a_cards_use_where_it_cannot_read_it() -> None:
     from llamafit.devices.machine import NvmlProbe
 
     assert NvmlProbe().busy(0) is None
+
+
+def test_without_nvidias_library_the_probe_says_so_without_importing_pynvml() -> None:
+    """A machine without NVIDIA's driver library (as here, unless a driver is installed) gets pynvml's own
+    message, and a plan does not pay for importing pynvml to hear it."""
+    import ctypes
+    import subprocess
+    import sys
+
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+        pytest.skip("NVIDIA's driver library is installed here")
+    except OSError:
+        pass
+    code = (
+        "import sys\n"
+        "from llamafit.devices.machine import GpuProbeError, NvmlProbe\n"
+        "try:\n"
+        "    NvmlProbe().gpus()\n"
+        "except GpuProbeError as e:\n"
+        "    print(e)\n"
+        "print('pynvml' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
+    assert out[:2] == ["NVML Shared Library Not Found", "False"]
+
+
+def test_the_missing_library_message_is_pynvmls() -> None:
+    import pynvml
+
+    from llamafit.devices.machine import NO_LIBRARY
+
+    assert str(pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)) == NO_LIBRARY
