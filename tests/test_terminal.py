@@ -186,3 +186,13 @@ def test_bad_arguments_get_a_message_not_a_traceback(tmp_path: Path, args: list[
     assert r.exception is None or isinstance(r.exception, SystemExit), repr(r.exception)
     if r.exit_code not in (0,):
         assert r.output.strip(), "a failure must say something"
+
+
+def test_text_from_the_model_is_not_turned_into_emoji(tmp_path: Path) -> None:
+    """rich replaces ``:name:`` with an emoji by default; a model's name, a path or a flag is shown as written."""
+    path = factory.dense(name="qwen :smile: :thumbs_up:").write(tmp_path / ":fire:.gguf")
+    for args in (["plan", str(path), "--gpu", "8GiB"], ["inspect", str(path)]):
+        r = CliRunner().invoke(app, args)
+        assert r.exit_code == 0, r.output
+        assert ":smile:" in r.output and "\N{SMILING FACE WITH OPEN MOUTH AND SMILING EYES}" not in r.output
+        assert ":fire:" in r.output and "\N{FIRE}" not in r.output

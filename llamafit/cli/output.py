@@ -79,7 +79,8 @@ def _console(**kw: Any) -> Console:
             _drop_closed_streams()
             raise OutputClosed("the output was closed before it was written")
 
-    return Closable(highlight=False, color_system=None if plain else "auto", **kw)
+    # emoji off: rich would turn a model's name, a path or a flag written with ``:name:`` into an emoji
+    return Closable(highlight=False, emoji=False, color_system=None if plain else "auto", **kw)
 
 
 UNWRAPPED = 10_000
