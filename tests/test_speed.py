@@ -300,6 +300,23 @@ def test_a_damaged_probe_cache_is_not_read(tmp_path: Path) -> None:
     assert pc.read_cache(tmp_path) == {}
 
 
+def test_a_damaged_probe_model_or_demo_model_is_written_again(tmp_path: Path) -> None:
+    """The probe's twins and the demo model are files llamafit wrote earlier: one cut short or overwritten is
+    written again (before, a damaged twin failed every measurement: "llama-bench exited 1: failed to load")."""
+    from llamafit.gguf.demo_model import ensure_demo_model
+
+    twin = pm.stream("q8_0")
+    for make in (lambda: pm.ensure(twin, tmp_path), lambda: ensure_demo_model(tmp_path)):
+        path = make()
+        good = path.read_bytes()
+        mtime = path.stat().st_mtime_ns
+        assert make() == path and path.stat().st_mtime_ns == mtime  # intact: kept, not written again
+        for damage in (good[: len(good) // 2], b"", b"{not a gguf", good[:-1]):
+            path.write_bytes(damage)
+            assert make() == path and path.read_bytes() == good, len(damage)
+            assert load_model(str(path)).tensors
+
+
 def test_a_probe_that_ran_out_of_time_rests_an_hour_one_that_failed_a_day(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

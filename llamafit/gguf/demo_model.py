@@ -7,10 +7,9 @@ answers are noise; what it demonstrates is the pipeline: plan, launch, ready, on
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-from llamafit.gguf.writer import TensorSpec, spm_vocab, write_gguf
+from llamafit.gguf.writer import TensorSpec, ensure_gguf, spm_vocab, write_gguf
 from llamafit.paths import cache_dir
 
 DEMO_VERSION = 1
@@ -65,17 +64,11 @@ def demo_metadata() -> dict[str, object]:
 
 
 def ensure_demo_model(directory: Path | None = None) -> Path:
-    """Return the demo GGUF, writing it first if needed (atomically, so a crash leaves nothing half-written)."""
-    d = directory or cache_dir()
-    path = d / f"llamafit-demo-v{DEMO_VERSION}.gguf"
-    if path.is_file():
-        return path
-    d.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    try:
-        write_gguf(tmp, "llama", demo_metadata(), demo_tensors(), fill="random", seed=1234)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    return path
+    """Return the demo GGUF, writing it first if needed or if the file there is damaged (``ensure_gguf``)."""
+    path = (directory or cache_dir()) / f"llamafit-demo-v{DEMO_VERSION}.gguf"
+    tensors = demo_tensors()
+    return ensure_gguf(
+        path,
+        [t.name for t in tensors],
+        lambda tmp: write_gguf(tmp, "llama", demo_metadata(), tensors, fill="random", seed=1234),
+    )

@@ -10,8 +10,9 @@ The ``gguf`` package (and numpy) is imported here only, never on the planning pa
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from llamafit.gguf.ggml import by_name, nbytes
@@ -162,3 +163,31 @@ def _fill_random(path: str | os.PathLike[str], names: set[str], rng: Any) -> Non
             data = rng.standard_normal(n).astype(np.float16 if t.type.name == "f16" else np.float32)
             fh.seek(t.offset)
             fh.write(data.tobytes())
+
+
+def ensure_gguf(path: Path, names: Sequence[str], write: Callable[[Path], object]) -> Path:
+    """``path``, written first by ``write`` (to a temporary file, then moved: a crash leaves nothing half-written)
+    unless a file there already reads as a GGUF of the tensors ``names`` with their data inside it. A file written
+    earlier is input: a damaged one (truncated, overwritten) is written again instead of failing every later use."""
+    if path.is_file() and _lists(path, names):
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return path
+
+
+def _lists(path: Path, names: Sequence[str]) -> bool:
+    from llamafit.errors import LlamafitError
+    from llamafit.gguf.reader import read_file_header
+
+    try:
+        header = read_file_header(path)  # refuses tensor data that runs past the file's end
+    except (LlamafitError, OSError):
+        return False
+    return [t.name for t in header.tensors] == list(names)

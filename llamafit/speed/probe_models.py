@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import hashlib
 import math
-import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from llamafit.gguf.ggml import by_name, nbytes
 from llamafit.gguf.model import ModelInfo
-from llamafit.gguf.writer import TensorSpec, spm_vocab, write_gguf
+from llamafit.gguf.writer import TensorSpec, ensure_gguf, spm_vocab, write_gguf
 from llamafit.memory.context import attention_layers
 from llamafit.speed.work import expert_share
 
@@ -300,16 +299,11 @@ def attention_twin(model: ModelInfo) -> Twin | None:
 
 
 def ensure(twin: Twin, directory: Path) -> Path:
-    """The probe model's file, written first if needed (atomically)."""
-    path = directory / f"probe-v{VERSION}-{twin.name}.gguf"
-    if path.is_file():
-        return path
-    directory.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    try:
-        write_gguf(tmp, twin.arch, twin.metadata(), twin.tensors(), fill="sparse", random=twin.random_tensors())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    return path
+    """The probe model's file, written first if needed or if the file there is damaged (``ensure_gguf``: a
+    damaged twin would fail every measurement)."""
+    tensors = twin.tensors()
+    return ensure_gguf(
+        directory / f"probe-v{VERSION}-{twin.name}.gguf",
+        [t.name for t in tensors],
+        lambda tmp: write_gguf(tmp, twin.arch, twin.metadata(), tensors, fill="sparse", random=twin.random_tensors()),
+    )
