@@ -85,9 +85,14 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def test_endpoints_accumulate_and_are_checked() -> None:
     assert parse_endpoints(["a:1,b:2", "a:1", "10.0.0.2:50052"]) == ["a:1", "b:2", "10.0.0.2:50052"]
-    for bad in ("nohost", "h:0", "h:99999", "h:p", "[::1]:50052"):  # llama.cpp cannot take IPv6 (it aborts)
-        with pytest.raises(UsageError):
+    for bad in ("nohost", "h:0", "h:99999", "h:p", "a:b:c", "[zz]:5"):
+        with pytest.raises(UsageError, match="is not host:port"):
             parse_endpoints([bad])
+    for v6 in ("[::1]:50052", "::1", "fe80::2:50052"):  # llama.cpp cannot take IPv6 (it aborts)
+        with pytest.raises(UsageError, match="cannot take an IPv6 address"):
+            parse_endpoints([v6])
+    with pytest.raises(UsageError, match="is a URL"):
+        parse_endpoints(["http://10.0.0.2:50052"])
     text = (
         "Available devices:\n  RPC0: 10.0.0.2:50052 (24105 MiB, 23000 MiB free)\n"
         "  CUDA0: NVIDIA H200 (143 MiB, 1 MiB free)"

@@ -41,7 +41,12 @@ def parse_endpoints(values: Sequence[str]) -> list[str]:
             if not ep:
                 # llama-server registers every comma-separated entry and fails on an empty one
                 raise UsageError(f"--rpc {v!r} has an empty endpoint", hint="e.g. --rpc 192.168.1.20:50052")
-            if ep.startswith("[") or ep.count(":") > 1:
+            if "://" in ep:
+                raise UsageError(
+                    f"--rpc {ep!r} is a URL: llama.cpp's RPC client takes host:port",
+                    hint="e.g. --rpc 192.168.1.20:50052",
+                )
+            if _ipv6(ep):
                 # ggml-rpc's parse_endpoint splits at the first ':' (ggml-rpc.cpp:293-305): an IPv6 address
                 # gives it no port, and llama-server aborts
                 raise UsageError(
@@ -54,6 +59,23 @@ def parse_endpoints(values: Sequence[str]) -> list[str]:
             if ep not in out:
                 out.append(ep)
     return out
+
+
+def _ipv6(endpoint: str) -> bool:
+    """An IPv6 address, bare (``::1``), with a port (``fe80::2:50052``) or bracketed (``[::1]:50052``)."""
+    import ipaddress
+
+    if endpoint.startswith("[") and "]" in endpoint:
+        hosts = [endpoint[1 : endpoint.index("]")]]
+    else:
+        hosts = [endpoint, endpoint.rpartition(":")[0]]
+    for host in hosts:
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            continue
+        return True
+    return False
 
 
 RESOLVE_TIMEOUT = 3.0
