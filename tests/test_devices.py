@@ -124,3 +124,16 @@ def test_the_missing_library_message_is_pynvmls() -> None:
     from llamafit.devices.machine import NO_LIBRARY
 
     assert str(pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)) == NO_LIBRARY
+
+
+def test_a_gpu_value_may_list_several_cards() -> None:
+    """``--gpu rtx-4090,rtx-3090`` is two cards (it was planned as one RTX 4090: the table took the rest of the
+    value for a longer name of that card)."""
+    from llamafit.devices.described import described_gpus
+
+    devs = described_gpus(["rtx-4090,rtx-3090", "vulkan:8GiB"])
+    assert [(d.id, d.total >> 30) for d in devs] == [("CUDA0", 24), ("CUDA1", 24), ("Vulkan0", 8)]
+    assert "RTX 3090" in devs[1].name
+    for bad in ("rtx-4090,", ",8GiB", "8GiB,,8GiB"):
+        with pytest.raises(UsageError, match="empty entry"):
+            described_gpus([bad])

@@ -164,7 +164,7 @@ GpuOpt = Annotated[
         help="Plan for a GPU you describe instead of the ones found: FREE or FREE/TOTAL (e.g. 22GiB/24GiB), "
         "with its memory bandwidth for the speed estimate (24GiB@1008GB/s), or a card by name (rtx-4090, "
         "20GiB@rtx-4090, 48GiB@m3-max), after the backend it runs with if not the card's (vulkan:rtx-4090, "
-        "rocm:24GiB@960GB/s). Repeat per GPU.",
+        "rocm:24GiB@960GB/s). Repeat per GPU, or list them comma-separated.",
     ),
 ]
 HostBandwidthOpt = Annotated[

@@ -107,10 +107,13 @@ def described_gpu(spec: str, index: int = 0) -> Device:
 
 
 def described_gpus(specs: Sequence[str]) -> list[Device]:
-    """``--gpu`` devices in order, numbered per backend as llama.cpp numbers them (CUDA0, CUDA1, Vulkan0)."""
+    """``--gpu`` devices in order, numbered per backend as llama.cpp numbers them (CUDA0, CUDA1, Vulkan0); a value
+    may list several, comma-separated (``--gpu rtx-4090,rtx-3090``, as llama.cpp's own lists are written)."""
     out: list[Device] = []
     count: dict[str, int] = {}
-    for spec in specs:
+    for spec in (part.strip() for value in specs for part in value.split(",")):
+        if not spec:
+            raise UsageError("--gpu has an empty entry", hint="e.g. --gpu rtx-4090,rtx-3090 or --gpu 24GiB --gpu 24GiB")
         d = described_gpu(spec)
         prefix = d.id.rstrip("0123456789")
         out.append(replace(d, id=f"{prefix}{count.get(prefix, 0)}"))
