@@ -137,3 +137,21 @@ def test_a_gpu_value_may_list_several_cards() -> None:
     for bad in ("rtx-4090,", ",8GiB", "8GiB,,8GiB"):
         with pytest.raises(UsageError, match="empty entry"):
             described_gpus([bad])
+
+
+def test_a_card_name_that_is_not_known_is_said_so() -> None:
+    """A name the table does not have is an unknown card (it was "not a size"), with the table's names it may
+    mean; a bare number that is a card's is offered that card beside the unit."""
+    from llamafit.devices.described import described_gpu
+
+    with pytest.raises(UsageError, match="no card called 'rtx-9999' is known") as e:
+        described_gpu("rtx-9999")
+    assert "did you mean" not in str(e.value)
+    with pytest.raises(UsageError, match=r"no card called '4090' is known \(did you mean RTX 4090\?\)"):
+        described_gpu("24GiB@4090")
+    with pytest.raises(UsageError, match="give a unit") as e:
+        described_gpu("4090")
+    assert "--gpu rtx-4090" in (e.value.hint or "")
+    with pytest.raises(UsageError, match="give a unit") as e:
+        described_gpu("24")
+    assert "card" not in (e.value.hint or "")

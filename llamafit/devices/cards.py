@@ -201,6 +201,13 @@ def names() -> list[str]:
     return [g.name for g in KNOWN]
 
 
+def named_like(text: str) -> list[str]:
+    """The table's card names whose key holds ``text``'s (``4090``: RTX 4090; ``w7900``: Radeon PRO W7900 and
+    W7900), for a hint where a name or a bare number is not a card."""
+    k = key(text)
+    return [g.name for g in KNOWN if k and k in key(g.name)] if len(k) >= 3 else []
+
+
 def of_bandwidth(bandwidth: float, backend: str = "") -> list[KnownGpu]:
     """The table's cards with a known FP16 throughput and a peak bandwidth of about ``bandwidth``, 3/4 to 4/3 of it,
     or the nearest where none is that close, of ``backend`` where it has any: what computes behind a card described

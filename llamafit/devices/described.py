@@ -17,9 +17,13 @@ from llamafit.units import parse_size
 def parse_gpu_spec(spec: str) -> tuple[int, int]:
     """``--gpu FREE[/TOTAL]`` -> (free, total). A bare size is both; each needs a unit (a bare number
     would be MiB, and ``--gpu 24`` almost always meant GiB)."""
+    from llamafit.devices import cards
+
     for part in spec.split("/", 1):
         if re.fullmatch(r"\s*[\d.]+\s*", part):
-            raise UsageError(f"--gpu {spec}: give a unit", hint=f"e.g. --gpu {part.strip()}GiB (or MiB)")
+            like = cards.named_like(part) if "/" not in spec else []
+            card = f", or the card: --gpu {like[0].lower().replace(' ', '-')}" if like else ""
+            raise UsageError(f"--gpu {spec}: give a unit", hint=f"e.g. --gpu {part.strip()}GiB (or MiB){card}")
     if "/" in spec:
         a, b = spec.split("/", 1)
         free, total = parse_size(a), parse_size(b)
@@ -63,6 +67,8 @@ def described_gpu(spec: str, index: int = 0) -> Device:
     card = cards.lookup(mem) if not speed and not re.match(r"\s*[\d.]", mem) else None
     if card is not None:
         mem, speed = "", mem
+    elif not speed and re.match(r"\s*[A-Za-z]", mem) and not re.fullmatch(r"\s*[A-Za-z]+\s*", mem):
+        raise _unknown_card(spec, mem)  # a name, not a size ("rtx-9999"): say so, not "not a size"
     bandwidth, source, name = 0.0, "", f"--gpu {spec}"
     if speed:
         if re.search(r"/s\s*$", speed, re.IGNORECASE):
@@ -70,12 +76,7 @@ def described_gpu(spec: str, index: int = 0) -> Device:
         else:
             card = card or cards.lookup(speed)
             if card is None:
-                raise UsageError(
-                    f"--gpu {spec}: no card called {speed!r} is known",
-                    hint="give its bandwidth instead (e.g. 24GiB@1008GB/s), or one of: "
-                    + ", ".join(cards.names()[:12])
-                    + ", ...",
-                )
+                raise _unknown_card(spec, speed)
             bandwidth, source, name = card.bandwidth, "table", f"{card.name} (--gpu {spec})"
     if mem:
         free, total = parse_gpu_spec(mem)
@@ -103,6 +104,17 @@ def described_gpu(spec: str, index: int = 0) -> Device:
         bandwidth=bandwidth,
         bandwidth_source=source,
         fp16=card.fp16 if card is not None else 0.0,
+    )
+
+
+def _unknown_card(spec: str, name: str) -> UsageError:
+    from llamafit.devices import cards
+
+    like = cards.named_like(name)
+    return UsageError(
+        f"--gpu {spec}: no card called {name.strip()!r} is known"
+        + (f" (did you mean {' or '.join(like[:3])}?)" if like else ""),
+        hint="give its bandwidth instead (e.g. 24GiB@1008GB/s), or one of: " + ", ".join(cards.names()[:12]) + ", ...",
     )
 
 
