@@ -113,3 +113,21 @@ def test_a_drafter_that_is_not_a_file(tmp_path: Path, kind: str) -> None:
     r = CliRunner().invoke(app, ["plan", str(path), "--gpu", "8GiB", "--draft", str(draft)])
     assert r.exit_code == ExitCode.MODEL_NOT_FOUND, r.output
     assert "is not a file" in r.stderr and time.monotonic() - t < 10
+
+
+def test_llama_arg_variables_are_said_where_no_launch_follows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``LLAMA_ARG_*`` variables llama-server would read are dropped at launch (said then); ``plan`` and
+    ``run --dry-run`` say so too, by name and flag, never value (they may hold tokens)."""
+    from llamafit.gguf.demo_model import ensure_demo_model
+
+    model = str(ensure_demo_model(tmp_path))
+    monkeypatch.setenv("LLAMA_ARG_CTX_SIZE", "8192")
+    monkeypatch.setenv("LLAMA_ARG_HF_TOKEN", "hf_secret_value")
+    for args in (["plan", model, "--gpu", "8GiB"], ["run", model, "--gpu", "8GiB", "--dry-run"]):
+        r = CliRunner().invoke(app, args)
+        assert r.exit_code == 0, r.output
+        assert "LLAMA_ARG_CTX_SIZE (-c)" in r.output and "LLAMA_ARG_HF_TOKEN" in r.output, r.output
+        assert "not passed to llama-server" in r.output and "hf_secret_value" not in r.output
+    monkeypatch.delenv("LLAMA_ARG_CTX_SIZE")
+    monkeypatch.delenv("LLAMA_ARG_HF_TOKEN")
+    assert "not passed to llama-server" not in CliRunner().invoke(app, ["plan", model, "--gpu", "8GiB"]).output

@@ -4,11 +4,14 @@ plan)."""
 
 from __future__ import annotations
 
+import os
+
 from llamafit import shellwords
 from llamafit.cli.output import note, print_json, print_line, print_report
 from llamafit.cli.render import next_row
 from llamafit.hub.resolve import downloads_line
 from llamafit.planning.prepared import Prepared
+from llamafit.server.environment import inherited_settings
 
 
 def announce(prep: Prepared) -> tuple[tuple[str, str], ...]:
@@ -24,6 +27,8 @@ def dry_run_one(prep: Prepared, json_out: bool) -> int:
     """The argv, shell-quoted (``--json``: the plan with the argv in it), after the warnings and, of the
     decisions, only a choice left to llamafit (no launch follows)."""
     report = announce(prep)
+    if inherited := inherited_settings(os.environ):
+        note(inherited)
     print_report([r for r in report if r[0] == "warning"], decisions=False)
     if (chosen := prep.plan.decision("quant.best")) is not None:
         note(chosen.message)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import typer
 
 from llamafit.cli.options import (
@@ -33,6 +35,7 @@ from llamafit.cli.options import (
 )
 from llamafit.cli.output import (
     handled,
+    note,
     out_console,
     print_json,
     print_report,
@@ -104,6 +107,10 @@ def plan_command(
         prep = prepare_one(refs[0], o, json_out, quant)
         # the notes; the decisions and warnings are in the view (and in the JSON)
         print_report([r for r in prep.report() if r[0] == "note"], decisions=False)
+        from llamafit.server.environment import inherited_settings
+
+        if inherited := inherited_settings(os.environ):
+            note(inherited)
         if json_out:
             print_json(prep.to_json())
             return

@@ -84,6 +84,21 @@ def child_env(environ: Mapping[str, str], extra: Mapping[str, str] | None = None
     return ChildEnv(env, tuple(removed))
 
 
+def inherited_settings(environ: Mapping[str, str]) -> str | None:
+    """Said where no launch follows (``plan``, ``run --dry-run``; a launch says what it leaves out as it starts):
+    the ``LLAMA_ARG_*`` variables llama-server would read, which a launch drops (``child_env``) and the plan did
+    not read, by name and flag, never value (they may hold tokens)."""
+    names = sorted(k for k in environ if k.startswith("LLAMA_ARG_"))
+    if not names:
+        return None
+    by_env = {o.env: o for o in OPTIONS.values() if o.env}
+    shown = [f"{k} ({by_env[k].aliases[0]})" if k in by_env else k for k in names]
+    return (
+        ", ".join(shown) + " in the environment: not read by the plan and not passed to llama-server (llamafit "
+        "launches it without them); give what you meant after --"
+    )
+
+
 def config_paths(environ: Mapping[str, str]) -> list[Path]:
     """The config files llama.cpp applies, in order (common/arg.cpp:722-766, common.cpp:1010-1024)."""
     xdg = environ.get("XDG_CONFIG_HOME") or os.path.join(environ.get("HOME", str(Path.home())), ".config")
