@@ -134,6 +134,11 @@ def test_the_ladder_on_an_8_gib_card(hub: FakeHub, quant_files: dict[str, Path])
     # smaller files get more context on the same card
     ctx = [q["n_ctx"] for q in doc["quants"] if q["full"]]
     assert ctx == sorted(ctx, reverse=True) and ctx[0] > ctx[-1]
+    # and generate faster: each row's tg is its plan's; a whole quant reads fewer bytes a token the smaller it is
+    for q in doc["quants"]:
+        assert q["tg"] == pytest.approx(q["plan"]["speed"]["tg"], abs=0.01)
+    tg = [q["tg"] for q in doc["quants"] if q["full"]]
+    assert tg == sorted(tg, reverse=True) and tg[0] > tg[-1]
     # by default a plan may trade a few layers for context: which quants can be whole does not change
     balanced = by_tag(quants_json("acme/Qwen3-8B-GGUF", "--gpu", "8GiB"))
     assert {t for t, q in balanced.items() if q["full"]} == {t for t, q in rows.items() if q["full"]}

@@ -373,20 +373,22 @@ def rows_json(rows: list[Row]) -> list[dict[str, Any]]:
 def quants_table(src: QuantSource, rows: Sequence[QuantPlan]) -> Table:
     """One row per quant, highest precision first: its size and bits per weight, and its plan here."""
     t = Table(title=f"Quants of {safe(src.ref)} on this machine", title_justify="left")
-    for col in ("quant", "size", "bpw", "fits", "context", "weights", "drafter", "download"):
-        t.add_column(col, justify="right" if col in ("size", "bpw", "context", "download") else "left")
+    for col in ("quant", "size", "bpw", "fits", "context", "tg", "weights", "drafter", "download"):
+        t.add_column(col, justify="right" if col in ("size", "bpw", "context", "tg", "download") else "left")
     for r in reversed(rows):
         if r.error is not None:
-            t.add_row(safe(r.quant.tag), b(r.quant.size), "", "[red]error", "", safe(r.error.message), "", "")
+            t.add_row(safe(r.quant.tag), b(r.quant.size), "", "[red]error", "", "", safe(r.error.message), "", "")
             continue
         fits = "[green]yes" if r.full else "[yellow]yes" if r.fits else "[red]no"  # yellow: weights on the CPU
         down = r.prepared.downloads() if r.prepared is not None else []
+        tg = r.tg
         t.add_row(
             safe(r.quant.tag),
             b(r.quant.size),
             f"{r.bpw:.2f}" if r.bpw else "",
             fits,
             str(r.plan.n_ctx) if r.fits and r.plan else "",
+            _rate(tg) if tg is not None else "",
             safe(r.placement[1]),
             safe(r.speculative or ""),
             b(sum(f.size for _, f in down)) if down else ("cached" if r.fits and src.hub else ""),

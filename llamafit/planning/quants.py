@@ -86,6 +86,12 @@ class QuantPlan:
         return self.prepared is not None
 
     @property
+    def tg(self) -> float | None:
+        """Generation tokens/s the plan predicts (depth 0) where it fits and has a speed."""
+        sp = self.prepared.plan.speed if self.prepared is not None else None
+        return sp.tg if sp is not None else None
+
+    @property
     def full(self) -> bool:
         """Fits with every layer on the GPUs at ``--min-ctx`` or more: its plan's placement, or the fastest row of
         its trade-off where the plan traded layers for context (on a machine without GPUs, or with the placement
@@ -449,6 +455,7 @@ def row_json(r: QuantPlan) -> dict[str, Any]:
         "fits": r.fits,
         "full": r.full,
         "n_ctx": r.plan.n_ctx if r.fits and r.plan else None,
+        "tg": round(tg, 2) if (tg := r.tg) is not None else None,
         "placement": {"code": code, "summary": words, "cpu_weights": r.cpu_weights} if code else None,
         "speculative": r.speculative,
         "download": sum(f.size for _, f in r.prepared.downloads()) if r.prepared else None,
