@@ -390,3 +390,13 @@ def test_a_router_that_dies_after_ready_is_started_again(server_bin: ServerBinar
         assert all(v == "loaded" for v in router_models(again["url"]).values())
     finally:
         assert stop_run(p) == 0
+
+
+def test_a_bad_value_in_a_preset_section_says_whose(eights: list[Path], tmp_path: Path) -> None:
+    """A value llama-server would refuse, in one model's section, is said with that model's name (it was said
+    without: "--ctx-size expects an integer", of which of the models?)."""
+    preset = tmp_path / "p.ini"
+    preset.write_text(f"[chat]\nmodel = {eights[0]}\n[coder]\nmodel = {eights[1]}\nctx-size = abc\n")
+    r = CliRunner().invoke(app, ["plan", "--models-preset", str(preset), "--gpu", "24GiB"])
+    assert r.exit_code == ExitCode.USAGE, r.output
+    assert "coder: --ctx-size expects an integer, got 'abc'" in r.stderr

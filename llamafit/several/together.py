@@ -228,6 +228,8 @@ def plan_together(entries: Sequence[Entry], o: Options, machine: Machine, plan: 
             raise err.but(
                 message=f"{e.name} does not fit this machine even alone: {err.message}", model=e.name
             ) from err
+        except UsageError as err:  # a flag of this model's (its preset section's): say whose
+            raise err.but(message=f"{e.name}: {err.message}") from err
     pinned = [e.pinned_ctx(model_args) for e in entries]
     alone_ctx = [p.plan.n_ctx for p in alone]
     n = len(entries)
