@@ -266,3 +266,16 @@ def test_an_error_that_learns_more_is_a_new_one() -> None:
     assert isinstance(more, DoesNotFitError) and more.exit_code == e.exit_code
     with pytest.raises(TypeError, match="has no colour"):
         e.but(colour="red")
+
+
+def test_the_help_states_the_balanced_share_the_choice_uses() -> None:
+    """``--prefer balanced`` keeps ``choice.SHARE`` of the fastest placement's speed; the help said 75 % where the
+    choice kept 50 %."""
+    from llamafit.cli.options import PreferOpt
+    from llamafit.fit.choice import SHARE
+
+    help_text = PreferOpt.__metadata__[0].help
+    assert f"keeps {round(SHARE * 100)} % of the fastest" in help_text
+    for command in ("plan", "run", "tune"):
+        out = CliRunner().invoke(app, [command, "--help"], env={"COLUMNS": "400"}).output
+        assert f"keeps {round(SHARE * 100)} % of the fastest" in " ".join(out.split()), command

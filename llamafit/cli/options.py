@@ -238,7 +238,7 @@ PreferOpt = Annotated[
     typer.Option(
         "--prefer",
         help="Where the context and the speed trade: 'balanced' (default) the largest context at which generation "
-        "keeps 75 % of the fastest placement's speed; 'context' the largest context the machine holds (the host "
+        "keeps 50 % of the fastest placement's speed; 'context' the largest context the machine holds (the host "
         "included); 'speed' the fastest placement, then the largest context it holds. At the context chosen, the "
         "fastest placement that fits. Under --spec auto the drafter is given up before that context is cut (under "
         "'speed' the context is cut for it, not below --min-ctx).",
