@@ -131,3 +131,16 @@ def test_llama_arg_variables_are_said_where_no_launch_follows(tmp_path: Path, mo
     monkeypatch.delenv("LLAMA_ARG_CTX_SIZE")
     monkeypatch.delenv("LLAMA_ARG_HF_TOKEN")
     assert "not passed to llama-server" not in CliRunner().invoke(app, ["plan", model, "--gpu", "8GiB"]).output
+
+
+def test_a_margin_for_a_device_the_plan_lacks_is_said(tmp_path: Path) -> None:
+    """``--margin CUDA9=1GiB`` on a one-card plan (a typo, a card of another machine) was silently unused."""
+    from llamafit.gguf.demo_model import ensure_demo_model
+
+    model = str(ensure_demo_model(tmp_path))
+    r = CliRunner().invoke(app, ["plan", model, "--gpu", "8GiB", "--margin", "CUDA9=1GiB,cuda0=2GiB,host=1GiB"])
+    assert r.exit_code == 0, r.output
+    (line,) = [x for x in r.stderr.splitlines() if "no such device" in x]
+    assert line.endswith("--margin CUDA9: no such device in this plan (its devices: CUDA0, host); not used")
+    ok = CliRunner().invoke(app, ["plan", model, "--gpu", "8GiB", "--margin", "CUDA0=2GiB"])
+    assert "no such device" not in ok.stderr

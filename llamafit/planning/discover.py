@@ -62,7 +62,7 @@ def machine_for(mach: Machine, asked: Asked, srv: ServerBinary | None, o: Option
     server under --rpc-optional is left out of the plan and of the server's --rpc."""
     req, user = asked.req, asked.user
     if not req.rpc:
-        return mach, asked
+        return mach, _with_margin_notes(mach, asked)
     once, merged = same_servers(req.rpc)
     notes = list(merged)
     mach, unreachable = machine_with_rpc(mach, once, srv, optional=o.rpc_optional, cpu_only=o.cpu_only)
@@ -72,7 +72,19 @@ def machine_for(mach: Machine, asked: Asked, srv: ServerBinary | None, o: Option
             notes.append(f"RPC server(s) {', '.join(unreachable)} unreachable: planned without them (--rpc-optional)")
         user = parse_server_args([*(["--rpc", ",".join(up)] if up else []), *user.without(["--rpc"]).tokens()])
         req = replace(req, server_args=user, rpc=tuple(up))
-    return mach, replace(asked, user=user, req=req, notes=(*asked.notes, *notes))
+    return mach, _with_margin_notes(mach, replace(asked, user=user, req=req, notes=(*asked.notes, *notes)))
+
+
+def _with_margin_notes(mach: Machine, asked: Asked) -> Asked:
+    """``--margin DEV=SIZE`` for a device the plan does not have (a typo, a card not in this machine) is said,
+    not silently unused."""
+    ids = {g.id.upper(): g.id for g in mach.gpus}
+    unknown = [k for k in asked.req.margins if k != "host" and k not in ids]
+    if not unknown:
+        return asked
+    devices = ", ".join([*ids.values(), "host"])
+    note = f"--margin {', '.join(unknown)}: no such device in this plan (its devices: {devices}); not used"
+    return replace(asked, notes=(*asked.notes, note))
 
 
 def machine_with_rpc(
