@@ -31,6 +31,7 @@ from llamafit.planning.prepared import Prepared
 from llamafit.planning.tuned import remember, tune_file
 from llamafit.serving.before import before_launch
 from llamafit.speed.bench import BenchError, bench_binary, bench_flags, run_bench
+from llamafit.speed.busy import physical_cores
 
 SCHEMA = "llamafit.tune/1"
 PROMPT, GEN = 512, 64
@@ -98,8 +99,10 @@ class TuneResult:
         }
 
 
-def _variations(base: Prepared, cores: int) -> list[tuple[tuple[str, ...], str]]:
-    """What may change speed without changing results, each as flags and why."""
+def _variations(base: Prepared, cores: int, default_threads: int) -> list[tuple[tuple[str, ...], str]]:
+    """What may change speed without changing results, each as flags and why. Thread counts: all ``cores`` (logical),
+    one fewer, half; never the count llama-server takes without ``-t`` (``default_threads``: its physical cores,
+    which is every core where there is no SMT, a Mac's or most VMs'), which "the plan as it is" measures already."""
     user, plan = base.user, base.plan
     s = plan.settings
     out: list[tuple[tuple[str, ...], str]] = [((), "the plan as it is")]
@@ -107,8 +110,8 @@ def _variations(base: Prepared, cores: int) -> list[tuple[tuple[str, ...], str]]
         out += [(("-ub", str(u)), f"-ub {u}") for u in UBATCHES if u != s.n_ubatch and u <= s.n_batch]
     host_layers = sum(1 for d in plan.footprint.layer_device if d == "CPU")
     if not user.has("--threads") and host_layers and cores > 1:
-        for t in sorted({cores, max(1, cores - 1), max(1, cores // 2)}, reverse=True):
-            out.append((("-t", str(t)), f"{t} threads"))
+        for t in sorted({cores, max(1, cores - 1), max(1, cores // 2)} - {default_threads}, reverse=True):
+            out.append((("-t", str(t)), f"{t} thread{'s' if t > 1 else ''}"))
     if not user.has("--flash-attn"):
         fa = "off" if plan.footprint.flash_attn else "on"
         out.append((("-fa", fa), f"flash attention {fa}"))
@@ -151,7 +154,8 @@ def tune(
         sp = p.plan.speed
         return Candidate(flags, p, why, sp.pp if sp else None, sp.tg if sp else None)
 
-    cands = [c for f, why in _variations(base, os.cpu_count() or 1) if (c := planned(f, why)) is not None]
+    variations = _variations(base, os.cpu_count() or 1, physical_cores())
+    cands = [c for f, why in variations if (c := planned(f, why)) is not None]
     refused = [c for c in cands if c.prepared is None]
     order = sorted((c for c in cands if c.prepared is not None), key=lambda c: c.score(goal, measured=False))
     deadline = started + budget

@@ -76,3 +76,19 @@ def test_a_plan_given_rates_reads_them_and_measures_nothing(demo: str) -> None:
     slower = Measured({CPU: host_rates(40e9)}, key="given")
     again = planner(Options(cpu_only=True, server_args=("-c", "4096"))).plan(demo, measured=slower, tuned=False)
     assert again.plan.speed is not None and again.plan.speed.tg and again.plan.speed.tg < prep.plan.speed.tg
+
+
+def test_tune_never_measures_the_servers_own_thread_count_twice(demo: str) -> None:
+    """``tune``'s thread counts leave out the one llama-server takes without ``-t`` (its physical cores): "the plan
+    as it is" measures that already (on a machine without SMT, a Mac's or a VM's, "N threads" was a second run of
+    the same configuration)."""
+    from llamafit.tune import _variations
+
+    base = planner(Options(cpu_only=True, host_bandwidth="40GB/s", host_cores=2)).plan(demo, tuned=False)
+
+    def threads(cores: int, default: int) -> list[tuple[tuple[str, ...], str]]:
+        return [(f, why) for f, why in _variations(base, cores, default) if f[:1] == ("-t",)]
+
+    assert threads(2, 2) == [(("-t", "1"), "1 thread")]
+    assert threads(16, 8) == [(("-t", "16"), "16 threads"), (("-t", "15"), "15 threads")]
+    assert [f for f, _ in threads(8, 8)] == [("-t", "7"), ("-t", "4")]
