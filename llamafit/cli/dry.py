@@ -23,12 +23,18 @@ def announce(prep: Prepared) -> tuple[tuple[str, str], ...]:
     return report
 
 
+def say_inherited_settings() -> None:
+    """Where no launch follows (``plan``, ``run --dry-run``): the ``LLAMA_ARG_*`` variables the plan did not read
+    and a launch drops (a launch says so as it starts)."""
+    if inherited := inherited_settings(os.environ):
+        note(inherited)
+
+
 def dry_run_one(prep: Prepared, json_out: bool) -> int:
     """The argv, shell-quoted (``--json``: the plan with the argv in it), after the warnings and, of the
     decisions, only a choice left to llamafit (no launch follows)."""
     report = announce(prep)
-    if inherited := inherited_settings(os.environ):
-        note(inherited)
+    say_inherited_settings()
     print_report([r for r in report if r[0] == "warning"], decisions=False)
     if (chosen := prep.plan.decision("quant.best")) is not None:
         note(chosen.message)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import typer
 
 from llamafit.cli.options import (
@@ -35,7 +33,6 @@ from llamafit.cli.options import (
 )
 from llamafit.cli.output import (
     handled,
-    note,
     out_console,
     print_json,
     print_report,
@@ -107,10 +104,9 @@ def plan_command(
         prep = prepare_one(refs[0], o, json_out, quant)
         # the notes; the decisions and warnings are in the view (and in the JSON)
         print_report([r for r in prep.report() if r[0] == "note"], decisions=False)
-        from llamafit.server.environment import inherited_settings
+        from llamafit.cli.dry import say_inherited_settings
 
-        if inherited := inherited_settings(os.environ):
-            note(inherited)
+        say_inherited_settings()
         if json_out:
             print_json(prep.to_json())
             return
