@@ -205,7 +205,7 @@ def named_like(text: str) -> list[str]:
     """The table's card names whose key holds ``text``'s (``4090``: RTX 4090; ``w7900``: Radeon PRO W7900 and
     W7900), for a hint where a name or a bare number is not a card."""
     k = key(text)
-    return [g.name for g in KNOWN if k and k in key(g.name)] if len(k) >= 3 else []
+    return [g.name for g in KNOWN if k in key(g.name)] if len(k) >= 3 else []
 
 
 def of_bandwidth(bandwidth: float, backend: str = "") -> list[KnownGpu]:

@@ -20,7 +20,6 @@ cannot size makes the machine ``blind``: the plan then leaves placement to llama
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import functools
 import os
 import re
@@ -82,6 +81,8 @@ def _library_loads() -> bool:
     structures) would cost every plan on a machine without an NVIDIA driver about 12 ms for that."""
     if sys.platform.startswith("win"):
         return True  # pynvml searches System32 and the NVSMI folder: let it
+    import ctypes
+
     try:
         ctypes.CDLL("libnvidia-ml.so.1")
     except OSError:
