@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from llamafit.errors import UsageError
+from llamafit.fit.argv import server_defaults
 from llamafit.fit.request import FFN_EXPS_REGEX, build_request
 from llamafit.server.args import OPTIONS, Planned, compose, lookup, parse_server_args
 
@@ -67,13 +68,22 @@ def test_overrides_accumulate_in_order() -> None:
         (["-ot", "noequals"], "regex"),
         (["-ot", "(=CPU"], "not a valid regex"),
         (["-ts", "a,b"], "proportions"),
-        (["-np", "0"], "at least 1"),
+        (["-np", "0"], "refuse -np 0"),
         (["-lm", "turbo"], "auto, none"),
     ],
 )
 def test_bad_values_are_explained(args: list[str], match: str) -> None:
     with pytest.raises(UsageError, match=match):
         build_request(parse_server_args(args))
+
+
+def test_a_negative_slot_count_is_the_servers_auto() -> None:
+    # llama-server takes any -np below 0 as auto: 4 slots and one unified KV cache, even under --no-kv-unified
+    # (tools/server/server.cpp:168-173)
+    for args in (["-np", "-1"], ["-np", "-3", "--no-kv-unified"], []):
+        s = server_defaults(build_request(parse_server_args(args)))
+        assert (s.n_seq, s.kv_unified) == (4, True), args
+    assert server_defaults(build_request(parse_server_args(["-np", "2"]))).n_seq == 2
 
 
 def test_the_user_wins_by_removal_not_duplication() -> None:

@@ -40,7 +40,7 @@ class Request:
     server_args: ServerArgs = field(default_factory=ServerArgs)
     ctx: int | None = None  # -c N (N > 0), or the training context for -c 0
     ctx_full: bool = False  # -c 0: the training context, never reduced
-    n_seq: int | None = None  # -np
+    n_seq: int | None = None  # -np N (N > 0); None: the server's auto (no -np, or a negative one)
     kv_unified: bool | None = None  # -kvu / -no-kvu
     n_batch: int = 2048
     n_ubatch: int = 512
@@ -126,12 +126,24 @@ def _ctx(args: ServerArgs, kw: dict[str, Any]) -> None:
         kw["ctx_full"] = c == 0
         kw["ctx"] = c or None
     if (o := args.last("--parallel")) is not None:
-        kw["n_seq"] = int_value(o.value, o.tokens[0], 1)
+        kw["n_seq"] = _slots(o.value, o.tokens[0])
     if (o := args.last("--kv-unified-per-slot")) is not None and (per := int_value(o.value, o.tokens[0], 0)):
         # without -c the server sizes the pool to n_parallel x N (tools/server/server.cpp:176-186)
         n_seq = kw.get("n_seq")
         if "ctx" not in kw and not kw.get("ctx_full"):
             kw["ctx"] = (n_seq if isinstance(n_seq, int) else 4) * per
+
+
+def _slots(value: str | None, flag: str) -> int | None:
+    """-np as llama-server reads it: 0 refused (common/arg.cpp:2549-2552), any negative value auto (None: 4 slots
+    sharing one unified KV cache, tools/server/server.cpp:168-173)."""
+    v = int_value(value, flag)
+    if v == 0:
+        raise UsageError(
+            f"llama-server would refuse {flag} 0 (invalid value for n_parallel)",
+            hint=f"{flag} N for N slots, or {flag} -1 (the default) for 4 slots sharing one KV cache",
+        )
+    return v if v > 0 else None
 
 
 def _gpu_layers(value: str | None, flag: str) -> int:
