@@ -64,6 +64,10 @@ def test_overrides_accumulate_in_order() -> None:
         (["-c", "8k"], "integer"),
         (["-fa"], "expects 1 value"),
         (["-fa", "maybe"], "on, off or auto"),
+        (["-fa", "ON"], "on, off or auto"),  # llama-server compares exactly: "ON" would stop it
+        (["--fit", " on"], "on, off"),
+        (["--pooling", "avg"], "none, mean, cls, last or rank"),
+        (["--pooling", "MEAN"], "none, mean, cls, last or rank"),
         (["-ctk", "q3_K"], "unsupported cache type"),
         (["-ot", "noequals"], "regex"),
         (["-ot", "(=CPU"], "not a valid regex"),

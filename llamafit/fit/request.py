@@ -189,7 +189,7 @@ VALUES: tuple[tuple[str, str, Callable[[str | None, str], object]], ...] = (
     ("--device", "devices", _devices),
     ("--split-mode", "split_mode", _one_of("none", "layer", "row", "tensor")),
     ("--main-gpu", "main_gpu", _at_least(0)),
-    ("--pooling", "pooling", lambda v, _f: (v or "").strip().lower()),
+    ("--pooling", "pooling", _one_of("none", "mean", "cls", "last", "rank")),  # common/arg.cpp:2316-2325
     ("--fit", "fit", lambda v, f: parse_bool_value(v, f) == "on"),
     ("--mmproj", "mmproj", lambda v, _f: v),
     ("--mmproj-url", "mmproj_url", lambda v, _f: v),

@@ -57,7 +57,9 @@ def kv_overrides(args: ServerArgs) -> dict[str, object]:
 
 
 def parse_bool_value(value: str | None, flag: str, *, allow_auto: bool = False) -> str:
-    v = (value or "").strip().lower()
+    """on/off (and auto) as llama-server reads them: exactly, in lower case (common_arg_utils::is_truthy, is_falsey
+    and is_autoy, common/arg.cpp:1337-1347): an "ON" or " on" that llamafit took would stop the server."""
+    v = value or ""
     if allow_auto and v in ("auto", "-1"):
         return "auto"
     if v in TRUTHY:
@@ -65,7 +67,8 @@ def parse_bool_value(value: str | None, flag: str, *, allow_auto: bool = False) 
     if v in FALSY:
         return "off"
     choices = "on, off" + (" or auto" if allow_auto else "")
-    raise UsageError(f"{flag} expects {choices}, got {value!r}")
+    hint = "llama-server reads them in lower case" if v.strip().lower() in (*TRUTHY, *FALSY, "auto") else None
+    raise UsageError(f"{flag} expects {choices}, got {value!r}", hint=hint)
 
 
 def kv_type_value(value: str | None, flag: str) -> str:
