@@ -195,6 +195,17 @@ def test_dev_subset_plans_on_the_named_card_only(l8b: ModelInfo, tmp_path: Path)
     assert [d.device.id for d in p.devices] == ["CUDA1"]
 
 
+def test_split_mode_none_plans_on_the_main_gpu_as_llama_cpp_picks_it(l8b: ModelInfo) -> None:
+    # src/llama.cpp:288-300: -mg's device alone; below 0 no device at all; past the last one the load fails
+    two = [gpu(0, 24), gpu(1, 24)]
+    assert [d.device.id for d in plan(l8b, two, ["-sm", "none", "-mg", "1"]).devices] == ["CUDA1"]
+    assert plan(l8b, two, ["-sm", "none", "-mg", "-1"]).devices == ()
+    with pytest.raises(UsageError, match="refuse -mg 2 with -sm none: there are 2 devices"):
+        plan(l8b, two, ["-sm", "none", "-mg", "2"])
+    with pytest.raises(UsageError, match="AUTO"):
+        plan(l8b, two, ["-ngl", "AUTO"])  # llama-server's std::stoi would stop on it
+
+
 def test_margins_per_device(l8b: ModelInfo) -> None:
     from llamafit.fit.request import parse_margins
 

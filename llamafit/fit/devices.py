@@ -26,7 +26,14 @@ def select_gpus(machine: Machine, req: Request) -> list[Device]:
             chosen.append(by_id[name])
         gpus = chosen
     if req.split_mode == "none" and gpus:
-        gpus = [gpus[min(req.main_gpu, len(gpus) - 1)]]
+        # one device, -mg's; below 0 none at all; past the last one the load fails (src/llama.cpp:288-300)
+        if req.main_gpu >= len(gpus):
+            raise UsageError(
+                f"llama-server would refuse -mg {req.main_gpu} with -sm none: there "
+                + (f"are {len(gpus)} devices (-mg 0 to {len(gpus) - 1})" if len(gpus) > 1 else "is one device (-mg 0)"),
+                hint="devices in llama-server's order: " + ", ".join(g.id for g in gpus),
+            )
+        gpus = [gpus[req.main_gpu]] if req.main_gpu >= 0 else []
     if len(gpus) > MAX_SPLIT_DEVICES:
         if req.devices is not None:
             raise UsageError(

@@ -147,8 +147,8 @@ def _slots(value: str | None, flag: str) -> int | None:
 
 
 def _gpu_layers(value: str | None, flag: str) -> int:
-    v = (value or "").strip().lower()
-    return -1 if v == "auto" else -2 if v == "all" else int_value(value, flag, -2)
+    """ "auto", "all" (exactly: an "AUTO" goes to std::stoi and stops the server, common/arg.cpp:2794-2801) or N."""
+    return -1 if value == "auto" else -2 if value == "all" else int_value(value, flag, -2)
 
 
 def _devices(value: str | None, _flag: str) -> tuple[str, ...]:
@@ -188,7 +188,7 @@ VALUES: tuple[tuple[str, str, Callable[[str | None, str], object]], ...] = (
     ("--tensor-split", "tensor_split", split_values),
     ("--device", "devices", _devices),
     ("--split-mode", "split_mode", _one_of("none", "layer", "row", "tensor")),
-    ("--main-gpu", "main_gpu", _at_least(0)),
+    ("--main-gpu", "main_gpu", int_value),  # any integer (common/arg.cpp:2861-2869); below 0 with -sm none: no GPU
     ("--pooling", "pooling", _one_of("none", "mean", "cls", "last", "rank")),  # common/arg.cpp:2316-2325
     ("--fit", "fit", lambda v, f: parse_bool_value(v, f) == "on"),
     ("--mmproj", "mmproj", lambda v, _f: v),
