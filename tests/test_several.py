@@ -79,11 +79,23 @@ c = 512
         ("[a]\nmodel = x.gguf\nmodels-max = 2\n", "router's command line"),
         ("[a]\nnp = 2\n", "no model"),
         ("[*]\nc = 2\n", "no model sections"),
+        # the router reads a switch exactly (common/arg.cpp:1337-1343) and takes any other word as true
+        ("[a]\nmodel = x.gguf\nkv-offload = False\n", "kv-offload = False: llama-server reads only"),
+        ("[a]\nmodel = x.gguf\nno-kv-offload = yes\n", "would take this as true"),
+        ("[a]\nmodel = x.gguf\nload-on-startup = True\n", r"a\]: load-on-startup = True"),
     ],
 )
 def test_a_broken_preset_says_where(text: str, said: str) -> None:
     with pytest.raises(UsageError, match=said):
         entries_from_preset(read_ini(text, "in.ini"), "in.ini")
+
+
+def test_a_negated_switch_is_read_as_the_router_reads_it() -> None:
+    # parse_bool_arg turns a negated key's value into its opposite, to_args puts the flag on unless it is falsey
+    # (common/preset.cpp:53-64, 268-276)
+    for text, on in (("no-kv-offload = true", False), ("no-kv-offload = 0", True), ("kv-offload = off", False)):
+        (entry,) = entries_from_preset(read_ini(f"[a]\nmodel = x.gguf\n{text}\n", "in.ini"), "in.ini")
+        assert parse_server_args(list(entry.args)).flag("--kv-offload") is on, text
 
 
 def test_a_planned_section_starts_the_same_server() -> None:

@@ -20,11 +20,10 @@ from pathlib import Path
 from llamafit.errors import UsageError
 from llamafit.paths import read_regular_file
 from llamafit.server.args import OPTIONS, Option, parse_server_args
-from llamafit.server.values import TRUTHY  # common_arg_utils::is_truthy
+from llamafit.server.values import FALSY, TRUTHY  # common_arg_utils::is_truthy, is_falsey
 
 GLOBAL = "*"
 PRESET_ONLY = ("load-on-startup", "stop-timeout", "dedup-cache-models")
-FALSEY = ("off", "disabled", "false", "0")
 MAX_PRESET_BYTES = 1 << 20
 _IDENT = re.compile(r"[a-zA-Z_][a-zA-Z0-9_.-]*")
 _HEADER = re.compile(r"^[ \t]*\[[ \t]*([^\]]*?)[ \t]*\][ \t]*(?:[;#].*)?$")
@@ -142,9 +141,9 @@ def to_tokens(values: dict[str, str], source: str) -> tuple[list[str], dict[str,
             )
         negated_key = any(a.lstrip("-") == key for a in opt.negated)
         if opt.arity == 0:
-            on = value.strip().lower() not in FALSEY
-            if negated_key:
-                on = not on
+            # a negated key's value turns into its opposite (parse_bool_arg, common/preset.cpp:268-276), then the
+            # flag is on unless that is falsey (to_args, common/preset.cpp:53-64)
+            on = flag_value(key, value, source) != negated_key
             if on:
                 tokens.append(opt.key)
             elif opt.negated:
@@ -154,8 +153,19 @@ def to_tokens(values: dict[str, str], source: str) -> tuple[list[str], dict[str,
     return tokens, only
 
 
-def is_truthy(value: str | None) -> bool:
-    return value is not None and value.strip().lower() in TRUTHY
+def flag_value(key: str, value: str, source: str) -> bool:
+    """An on/off value as the router reads it: exactly (common_arg_utils::is_truthy and is_falsey,
+    common/arg.cpp:1337-1343). Any other word is refused: llama-server would take it as "true", so a
+    ``load-on-startup = True`` never loads and a ``kv-offload = False`` keeps the cache on the GPU."""
+    v = value.strip()
+    if v in TRUTHY or v in FALSY:
+        return v in TRUTHY
+    meant = "false" if v.lower() in FALSY else "true" if v.lower() in TRUTHY else "true or false"
+    raise UsageError(
+        f"{source}: {key} = {value}: llama-server reads only on, off, true, false, enabled, disabled, 1 and 0 (in "
+        "lower case) as a switch, and would take this as true",
+        hint=f"write {key} = {meant}",
+    )
 
 
 def section_text(name: str, argv: Sequence[str], extra: Iterable[tuple[str, str]] = ()) -> str:

@@ -36,7 +36,7 @@ from llamafit.paths import named_files, write_output
 from llamafit.planning.prepared import Prepared
 from llamafit.server.args import ServerArgs, parse_server_args
 from llamafit.several.budget import Budget
-from llamafit.several.preset import GLOBAL, Section, is_truthy, router_name, section_text, to_tokens
+from llamafit.several.preset import GLOBAL, Section, flag_value, router_name, section_text, to_tokens
 from llamafit.units import fmt_bytes
 
 HOST = "host"
@@ -182,7 +182,14 @@ def entries_from_preset(sections: Sequence[Section], source: str) -> list[Entry]
         rest = tuple(args.without(_MODEL_KEYS).tokens())
         on = only.pop("load-on-startup", None)
         name = router_name(s.name)
-        out[name] = Entry(name, ref, rest, hf_file, None if on is None else is_truthy(on), tuple(only.items()))
+        out[name] = Entry(
+            name,
+            ref,
+            rest,
+            hf_file,
+            None if on is None else flag_value("load-on-startup", on, f"{source} [{s.name}]"),
+            tuple(only.items()),
+        )
     if not out:
         raise UsageError(f"{source} has no model sections", hint="[name] then model = FILE")
     return list(out.values())
