@@ -81,8 +81,8 @@ c = 512
         ("[*]\nc = 2\n", "no model sections"),
         # the router reads a switch exactly (common/arg.cpp:1337-1343) and takes any other word as true
         ("[a]\nmodel = x.gguf\nkv-offload = False\n", "kv-offload = False: llama-server reads only"),
-        ("[a]\nmodel = x.gguf\nno-kv-offload = yes\n", "would take this as true"),
-        ("[a]\nmodel = x.gguf\nload-on-startup = True\n", r"a\]: load-on-startup = True"),
+        ("[a]\nmodel = x.gguf\nno-kv-offload = yes\n", "it would pass --kv-offload"),
+        ("[a]\nmodel = x.gguf\nload-on-startup = True\n", r"a\]: load-on-startup = True.*not load the model"),
     ],
 )
 def test_a_broken_preset_says_where(text: str, said: str) -> None:

@@ -147,7 +147,7 @@ def _slots(value: str | None, flag: str) -> int | None:
 
 
 def _gpu_layers(value: str | None, flag: str) -> int:
-    """ "auto", "all" (exactly: an "AUTO" goes to std::stoi and stops the server, common/arg.cpp:2794-2801) or N."""
+    """-ngl auto, all (exactly: an "AUTO" goes to std::stoi and stops the server, common/arg.cpp:2794-2801) or N."""
     return -1 if value == "auto" else -2 if value == "all" else int_value(value, flag, -2)
 
 

@@ -143,7 +143,7 @@ def to_tokens(values: dict[str, str], source: str) -> tuple[list[str], dict[str,
         if opt.arity == 0:
             # a negated key's value turns into its opposite (parse_bool_arg, common/preset.cpp:268-276), then the
             # flag is on unless that is falsey (to_args, common/preset.cpp:53-64)
-            on = flag_value(key, value, source) != negated_key
+            on = flag_value(key, value, source, f"with this it would pass {opt.key}") != negated_key
             if on:
                 tokens.append(opt.key)
             elif opt.negated:
@@ -153,17 +153,18 @@ def to_tokens(values: dict[str, str], source: str) -> tuple[list[str], dict[str,
     return tokens, only
 
 
-def flag_value(key: str, value: str, source: str) -> bool:
+def flag_value(key: str, value: str, source: str, otherwise: str) -> bool:
     """An on/off value as the router reads it: exactly (common_arg_utils::is_truthy and is_falsey,
-    common/arg.cpp:1337-1343). Any other word is refused: llama-server would take it as "true", so a
-    ``load-on-startup = True`` never loads and a ``kv-offload = False`` keeps the cache on the GPU."""
+    common/arg.cpp:1337-1343). Any other word is refused, with ``otherwise``, what llama-server would make of it: a
+    flag is on unless its value is falsey (a ``kv-offload = False`` keeps the cache on the GPU), a model loads on
+    startup only when the value is truthy (a ``load-on-startup = True`` never does)."""
     v = value.strip()
     if v in TRUTHY or v in FALSY:
         return v in TRUTHY
     meant = "false" if v.lower() in FALSY else "true" if v.lower() in TRUTHY else "true or false"
     raise UsageError(
         f"{source}: {key} = {value}: llama-server reads only on, off, true, false, enabled, disabled, 1 and 0 (in "
-        "lower case) as a switch, and would take this as true",
+        f"lower case) as a switch; {otherwise}",
         hint=f"write {key} = {meant}",
     )
 

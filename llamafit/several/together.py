@@ -187,7 +187,11 @@ def entries_from_preset(sections: Sequence[Section], source: str) -> list[Entry]
             ref,
             rest,
             hf_file,
-            None if on is None else flag_value("load-on-startup", on, f"{source} [{s.name}]"),
+            None
+            if on is None
+            else flag_value(
+                "load-on-startup", on, f"{source} [{s.name}]", "with this it would not load the model on startup"
+            ),
             tuple(only.items()),
         )
     if not out:
