@@ -96,6 +96,13 @@ SHAPES["qwen2.5-14b"] = lambda: factory.dense(arch="llama", name="Qwen2.5-14B", 
 # microsoft/phi-4's config.json (phi3: its fused QKV and gate-up hold the weights separate ones would; head_dim 128)
 SHAPES["phi-4"] = lambda: factory.dense(arch="llama", name="phi-4", n_layer=40, n_embd=5120, n_head=40, n_head_kv=10,
                                         n_ff=17920, n_vocab=100352, ctx=16384, w="bf16")  # fmt: skip
+# deepseek-ai/DeepSeek-Coder-V2-Lite-Instruct's config.json (V2-Lite: 27 layers, no q LoRA, MLA kv_lora 512 with rope
+# 64 and nope/v 128, 64 experts of 1408 with 6 used and 2 shared, the first layer dense 10944)
+SHAPES["deepseek-coder-v2-lite"] = lambda: factory.deepseek2(name="DeepSeek-Coder-V2-Lite", n_layer=27, n_embd=2048,
+                                                             n_head=16, kv_lora_rank=512, rope_dim=64, nope_dim=128,
+                                                             v_dim=128, n_dense_lead=1, q_lora_rank=0, n_ff=10944,
+                                                             n_expert=64, n_expert_used=6, n_ff_exp=1408, n_shared=2,
+                                                             n_vocab=102400, ctx=163840, w="bf16")  # fmt: skip
 QUANTS = {"q4_k_m": "Q4_K_M", "q4_0": "Q4_0", "f16": "F16", "q8_0": "Q8_0"}
 # models whose published GGUF is not a llama-quantize mix of one type: written with their own types
 DIRECT: dict[str, Callable[[], factory.Shape]] = {

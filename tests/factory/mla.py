@@ -31,9 +31,12 @@ def deepseek2(
     indexer_heads: int = 4,
     indexer_dim: int = 64,
     indexer_top_k: int = 64,
+    n_shared: int = 1,
 ) -> Shape:
     """DeepSeek-V3 style MLA with q LoRA and split attn_k_b/attn_v_b (src/models/deepseek2.cpp); with
-    ``dsa`` the DeepSeek-V3.2 sparse-attention variant with its lightning indexer (deepseek32.cpp)."""
+    ``dsa`` the DeepSeek-V3.2 sparse-attention variant with its lightning indexer (deepseek32.cpp).
+    ``q_lora_rank=0``: the query straight from the hidden state (``attn_q``, the V2-Lite models); ``n_shared``
+    shared experts, one tensor each of ``n_shared x n_ff_exp`` rows (llama-model.cpp's deepseek2 loader)."""
     arch = "deepseek32" if dsa else "deepseek2"
     kv = _base_kv(arch, name, n_layer, n_embd, ctx, n_vocab)
     k_mla = nope_dim + rope_dim
@@ -42,7 +45,7 @@ def deepseek2(
         f"{arch}.expert_feed_forward_length": n_ff_exp,
         f"{arch}.expert_count": n_expert,
         f"{arch}.expert_used_count": n_expert_used,
-        f"{arch}.expert_shared_count": 1,
+        f"{arch}.expert_shared_count": n_shared,
         f"{arch}.leading_dense_block_count": n_dense_lead,
         f"{arch}.attention.head_count": n_head,
         f"{arch}.attention.head_count_kv": 1,
@@ -51,7 +54,7 @@ def deepseek2(
         f"{arch}.attention.key_length_mla": k_mla,
         f"{arch}.attention.value_length_mla": v_dim,
         f"{arch}.attention.kv_lora_rank": kv_lora_rank,
-        f"{arch}.attention.q_lora_rank": q_lora_rank,
+        **({f"{arch}.attention.q_lora_rank": q_lora_rank} if q_lora_rank else {}),
         f"{arch}.rope.dimension_count": rope_dim,
     })  # fmt: skip
     if dsa:
@@ -71,12 +74,20 @@ def deepseek2(
                 TensorSpec(f"blk.{i}.indexer.attn_k.weight", (n_embd, indexer_dim), w),
                 TensorSpec(f"blk.{i}.indexer.attn_q_b.weight", (q_lora_rank, indexer_heads * indexer_dim), w),
             ]
+        q_a = [TensorSpec(f"blk.{i}.attn_q_a_norm.weight", (q_lora_rank,))] if q_lora_rank else []
+        q = (
+            [
+                TensorSpec(f"blk.{i}.attn_q_a.weight", (n_embd, q_lora_rank), w),
+                TensorSpec(f"blk.{i}.attn_q_b.weight", (q_lora_rank, n_head * k_mla), w),
+            ]
+            if q_lora_rank
+            else [TensorSpec(f"blk.{i}.attn_q.weight", (n_embd, n_head * k_mla), w)]
+        )
         ts += [
             TensorSpec(f"blk.{i}.attn_norm.weight", (n_embd,)),
-            TensorSpec(f"blk.{i}.attn_q_a_norm.weight", (q_lora_rank,)),
+            *q_a,
             TensorSpec(f"blk.{i}.attn_kv_a_norm.weight", (kv_lora_rank,)),
-            TensorSpec(f"blk.{i}.attn_q_a.weight", (n_embd, q_lora_rank), w),
-            TensorSpec(f"blk.{i}.attn_q_b.weight", (q_lora_rank, n_head * k_mla), w),
+            *q,
             TensorSpec(f"blk.{i}.attn_kv_a_mqa.weight", (n_embd, kv_lora_rank + rope_dim), w),
             TensorSpec(f"blk.{i}.attn_k_b.weight", (nope_dim, kv_lora_rank, n_head), w),
             TensorSpec(f"blk.{i}.attn_v_b.weight", (kv_lora_rank, v_dim, n_head), w),
@@ -95,9 +106,9 @@ def deepseek2(
                 TensorSpec(f"blk.{i}.ffn_down_exps.weight", (n_ff_exp, n_embd, n_expert), w),
                 TensorSpec(f"blk.{i}.ffn_gate_exps.weight", (n_embd, n_ff_exp, n_expert), w),
                 TensorSpec(f"blk.{i}.ffn_up_exps.weight", (n_embd, n_ff_exp, n_expert), w),
-                TensorSpec(f"blk.{i}.ffn_gate_shexp.weight", (n_embd, n_ff_exp), w),
-                TensorSpec(f"blk.{i}.ffn_down_shexp.weight", (n_ff_exp, n_embd), w),
-                TensorSpec(f"blk.{i}.ffn_up_shexp.weight", (n_embd, n_ff_exp), w),
+                TensorSpec(f"blk.{i}.ffn_gate_shexp.weight", (n_embd, n_shared * n_ff_exp), w),
+                TensorSpec(f"blk.{i}.ffn_down_shexp.weight", (n_shared * n_ff_exp, n_embd), w),
+                TensorSpec(f"blk.{i}.ffn_up_shexp.weight", (n_embd, n_shared * n_ff_exp), w),
             ]
     return Shape(arch, kv, ts)
 
@@ -170,7 +181,7 @@ def _dsv4_kv(
         f"{arch}.attention.head_count_kv": 1,
         f"{arch}.attention.key_length": head_dim,
         f"{arch}.attention.value_length": head_dim,
-        f"{arch}.attention.q_lora_rank": q_lora_rank,
+        **({f"{arch}.attention.q_lora_rank": q_lora_rank} if q_lora_rank else {}),
         f"{arch}.attention.sliding_window": window,
         f"{arch}.attention.output_group_count": o_groups,
         f"{arch}.attention.output_lora_rank": o_lora_rank,
