@@ -40,6 +40,7 @@ from llamafit.several.preset import GLOBAL, Section, flag_value, router_name, se
 from llamafit.units import fmt_bytes
 
 HOST = "host"
+NOT_LOADED = "with this it would not load the model on startup"  # what the router makes of another word there
 # what stays on the router's own command line: how it listens and logs. Everything else goes into each
 # model's section (the router lays its own flags over every model's, so a -c there would undo the plan)
 ROUTER_KEYS = frozenset(
@@ -180,20 +181,10 @@ def entries_from_preset(sections: Sequence[Section], source: str) -> list[Entry]
         if not ref:
             raise UsageError(f"{source} [{s.name}]: no model (model = FILE, or hf-repo = owner/repo[:QUANT])")
         rest = tuple(args.without(_MODEL_KEYS).tokens())
-        on = only.pop("load-on-startup", None)
+        said = only.pop("load-on-startup", None)
+        startup = None if said is None else flag_value("load-on-startup", said, f"{source} [{s.name}]", NOT_LOADED)
         name = router_name(s.name)
-        out[name] = Entry(
-            name,
-            ref,
-            rest,
-            hf_file,
-            None
-            if on is None
-            else flag_value(
-                "load-on-startup", on, f"{source} [{s.name}]", "with this it would not load the model on startup"
-            ),
-            tuple(only.items()),
-        )
+        out[name] = Entry(name, ref, rest, hf_file, startup, tuple(only.items()))
     if not out:
         raise UsageError(f"{source} has no model sections", hint="[name] then model = FILE")
     return list(out.values())
