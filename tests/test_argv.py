@@ -90,6 +90,15 @@ def test_a_negative_slot_count_is_the_servers_auto() -> None:
     assert server_defaults(build_request(parse_server_args(["-np", "2"]))).n_seq == 2
 
 
+def test_ubatch_zero_is_the_logical_batch() -> None:
+    # llama-context.cpp:250; with --embedding the server sets -b to -ub first
+    # (tools/server/server.cpp:162-166): both 0 fail
+    assert build_request(parse_server_args(["-ub", "0"])).n_ubatch == 2048
+    assert build_request(parse_server_args(["-b", "1024", "-ub", "0"])).n_ubatch == 1024
+    with pytest.raises(UsageError, match="refuse -ub 0 with --embedding"):
+        build_request(parse_server_args(["-ub", "0", "--embedding"]))
+
+
 def test_the_user_wins_by_removal_not_duplication() -> None:
     planned = [
         Planned("model", ("-m", "m.gguf")),

@@ -146,6 +146,20 @@ def _slots(value: str | None, flag: str) -> int | None:
     return v if v > 0 else None
 
 
+def _whole_batch(kw: dict[str, Any]) -> None:
+    """-ub 0: one ubatch as large as the logical batch (llama-context.cpp:250). An embedding server sets -b to -ub
+    before that (tools/server/server.cpp:162-166): both 0, which the load refuses (llama-context.cpp:3809-3812)."""
+    if kw.get("n_ubatch") != 0:
+        return
+    if kw.get("embeddings"):
+        raise UsageError(
+            "llama-server would refuse -ub 0 with --embedding: it sets -b to -ub for embeddings, and a batch of 0 "
+            "does not load",
+            hint="give -ub the batch you want (e.g. -ub 2048 -b 2048)",
+        )
+    kw["n_ubatch"] = kw.get("n_batch", Request.n_batch)
+
+
 def _gpu_layers(value: str | None, flag: str) -> int:
     """-ngl auto, all (exactly: an "AUTO" goes to std::stoi and stops the server, common/arg.cpp:2794-2801) or N."""
     return -1 if value == "auto" else -2 if value == "all" else int_value(value, flag, -2)
@@ -178,7 +192,7 @@ def _at_least(minimum: int) -> Callable[[str | None, str], int]:
 # The flags whose last value sets one field of the request, each read as llama-server reads it (last wins)
 VALUES: tuple[tuple[str, str, Callable[[str | None, str], object]], ...] = (
     ("--batch-size", "n_batch", _at_least(1)),
-    ("--ubatch-size", "n_ubatch", _at_least(1)),
+    ("--ubatch-size", "n_ubatch", _at_least(0)),  # 0: the logical batch (``_whole_batch``)
     ("--ctx-checkpoints", "ctx_checkpoints", _at_least(0)),
     ("--cache-ram", "cache_ram_mib", _at_least(-1)),
     ("--flash-attn", "flash_attn", lambda v, f: parse_bool_value(v, f, allow_auto=True)),
@@ -237,6 +251,7 @@ def build_request(
         kw["embeddings"] = True
     if args.has("--rerank") and not args.has("--pooling"):
         kw["pooling"] = "rank"
+    _whole_batch(kw)
     if (o := args.last("--load-mode")) is not None:
         mode = _one_of("auto", "none", "mmap", "mlock", "mmap+mlock", "dio")(o.value, o.tokens[0])
         kw["use_mmap"] = mode in ("auto", "mmap", "mmap+mlock")
