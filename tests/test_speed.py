@@ -74,6 +74,18 @@ def test_each_visit_to_a_card_costs_one_synchronisation(moe: ModelInfo) -> None:
     assert 1 / slow.tg - 1 / fast.tg == pytest.approx(visits * 1e-3, rel=1e-6)
 
 
+def test_a_cards_first_visit_costs_its_split_and_each_further_one_its_visit(moe: ModelInfo) -> None:
+    """The probe times a token's first visit to a device (its inputs, graph and output crossing: on loopback RPC
+    2.4-2.8 ms) apart from a further one within the same evaluation (0.1-0.4 ms): each is charged as timed."""
+    p = plan(moe, ["-c", "8192", "--n-cpu-moe", "4"])
+    card = replace(GPU_RATES, split=1e-3, visit=1e-4, link=None)
+    free = {CPU: HOST_RATES, "CUDA0": replace(card, split=0.0, visit=0.0)}
+    slow, fast = priced(p, {CPU: HOST_RATES, "CUDA0": card}).speed, priced(p, free).speed
+    assert slow.tg and fast.tg and slow.splits > 4
+    visits = (slow.splits + 1) // 2
+    assert 1 / slow.tg - 1 / fast.tg == pytest.approx(1e-3 + (visits - 1) * 1e-4, rel=1e-6)
+
+
 def test_a_ubatch_is_sent_only_the_host_experts_it_routes_to(moe: ModelInfo) -> None:
     """Op offload copies, of an expert tensor in host memory, the experts the ubatch's tokens use and no others
     (ggml-backend.cpp:1849-1935): 32 tokens of 8 experts each reach 1 - (120/128)^32 of 128."""
@@ -239,7 +251,13 @@ def _timings_of(rates: Rates, host: Rates | None, layer_nodes: float, twin: pm.T
         rates.attention_batch or 1
     )
     off = twin_pp + pm.ffn_copied(twin, 512) / rates.link if host and rates.link else None
-    return pr.Timings(t1, t9, {}, twin_tg, twin_pp, 512, tg0, tg0 + kv / (rates.attention or 1), pp0, ppd, 1024, off)
+    # tiny-9 with VISITS round trips to the host: each a visit to the device and the host's attention output
+    wo = pm.TINY9.n_head * pm.TINY9.head_v * pm.TINY9.n_embd * 2
+    trip = (rates.visit or 0.0) + (host.node + wo / host.read_rate("f16") if host else 0.0)
+    visited = t9 + pr.VISITS * trip if host and rates.visit is not None else None
+    return pr.Timings(
+        t1, t9, {}, twin_tg, twin_pp, 512, tg0, tg0 + kv / (rates.attention or 1), pp0, ppd, 1024, off, t9, visited
+    )
 
 
 def test_the_probe_derives_the_rates_that_reproduce_it(l8b: ModelInfo) -> None:
@@ -256,6 +274,15 @@ def test_the_probe_derives_the_rates_that_reproduce_it(l8b: ModelInfo) -> None:
     dev = pr.derive(_timings_of(GPU_RATES, HOST_RATES, 19, twin, attn), host=host, node_layer=19, twin=twin, attn=attn)
     assert dev.split == pytest.approx(GPU_RATES.split, rel=0.05) and dev.node == pytest.approx(GPU_RATES.node, rel=0.02)
     assert dev.link == pytest.approx(GPU_RATES.link, rel=1e-6)
+    assert dev.visit is None  # not timed: each visit is priced as a split
+    card = replace(GPU_RATES, visit=3e-6)
+    dev = pr.derive(_timings_of(card, HOST_RATES, 19, twin, attn), host=host, node_layer=19, twin=twin, attn=attn)
+    assert dev.visit == pytest.approx(3e-6, rel=0.05) and dev.split == pytest.approx(GPU_RATES.split, rel=0.05)
+    # a plan on offload devices alone measures only the host's overheads: no streaming rate to price its part by
+    bare = replace(host, read=0.0, read_by_type=())
+    timed = _timings_of(card, HOST_RATES, 19, twin, attn)
+    alone = pr.derive(timed, host=bare, node_layer=19, twin=twin, attn=attn)
+    assert alone.visit is not None and alone.visit >= dev.visit
 
 
 def test_a_one_layer_run_slower_than_the_nine_layer_one_does_not_set_the_split() -> None:
@@ -285,7 +312,7 @@ def test_a_model_that_normalises_each_head_is_measured_on_a_twin_that_does(tmp_p
 
 
 def test_a_damaged_probe_cache_is_not_read(tmp_path: Path) -> None:
-    good = pr.Timings(1e-4, 2e-4, {"q8_0": 0.02}, 0.01, 0.5, 512, 0.001, 0.01, 0.1, 0.2, 1024)
+    good = pr.Timings(1e-4, 2e-4, {"q8_0": 0.02}, 0.01, 0.5, 512, 0.001, 0.01, 0.1, 0.2, 1024, None, 2e-4, 3e-4)
     pc.write_cache(tmp_path, {"k": good})
     assert pc.timings_from(pc.read_cache(tmp_path)["k"]) == good
     for bad in (
@@ -294,6 +321,7 @@ def test_a_damaged_probe_cache_is_not_read(tmp_path: Path) -> None:
         {"tiny1": 1e-4, "tiny9": 2e-4, "stream": {"q8_0": 0}},
         {"tiny1": 1e-4, "tiny9": 2e-4, "twin_tg": True},
         {"tiny1": 1e-4, "tiny9": 2e-4, "prompt": 1.5},
+        {"tiny1": 1e-4, "tiny9": 2e-4, "visited": -3e-4},
     ):
         assert pc.timings_from(bad) is None, bad
     (tmp_path / "rates.json").write_text("[not the cache")
@@ -489,6 +517,10 @@ def test_llama_bench_output_is_read_line_by_line() -> None:
     text = "\n".join([json.dumps(ok), "progress...", json.dumps({**ok, "avg_ns": -1}), '{"truncated": '])
     got = parse_jsonl(text)
     assert len(got) == 1 and got[0].seconds == 2.0 and got[0].per_token == 2.0 / 512
+    assert got[0].overrides == "none"  # a run without -ot prints no overrides
+    pattern = r"blk\.[1-8]\.attn_output=CPU"
+    pair = [{**ok, "tensor_buft_overrides": "none"}, {**ok, "tensor_buft_overrides": pattern}]
+    assert [r.overrides for r in parse_jsonl("\n".join(map(json.dumps, pair)))] == ["none", pattern]
 
 
 SERVER_LINES = """\

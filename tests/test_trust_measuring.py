@@ -410,7 +410,9 @@ def test_a_measurement_the_plans_time_cuts_short_goes_on_then_rests(
 
 def test_measuring_an_rpc_device_never_cuts_a_run_short(server_bin: ServerBinary, tmp_path: Path) -> None:
     """A llama-bench killed mid-transfer crashes ggml-rpc-server (the user's): a plan's measuring time stops
-    new runs on an RPC device, never one that started, and every plan after finds the server listing its device."""
+    new runs on an RPC device, never one that started, and every plan after finds the server listing its device.
+    Its visits within a token are timed apart from its first (a second split in the graph costs a fraction of
+    it), and kept with the device's overheads."""
     from llamafit.planning.planner import prepare
     from tests.realserver import rpc_servers
 
@@ -424,6 +426,11 @@ def test_measuring_an_rpc_device_never_cuts_a_run_short(server_bin: ServerBinary
                 assert [d.device.id for d in prep.plan.devices] == ["RPC0"]
     finally:
         os.environ.pop("LLAMAFIT_PROBE")
+    assert prep.measured is not None and prep.measured.directory is not None
+    rpc0 = prep.measured.rates["RPC0"]
+    assert rpc0.source == "measured" and rpc0.visit is not None and rpc0.split > 0, rpc0
+    kept = [e for k, e in pc.read_cache(prep.measured.directory).items() if "RPC0" in k and k.endswith("device")]
+    assert kept and all(e["visited"] > 0 and e["unvisited"] > 0 for e in kept), kept
 
 
 def test_a_plan_that_does_not_fit_measures_nothing(server_bin: ServerBinary, tmp_path: Path) -> None:

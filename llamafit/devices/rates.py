@@ -43,6 +43,8 @@ class Rates:
     vector: float | None = None  # FLOP/s of one token's attention over the cache: its vector loops, a row at a time
     node: float = 0.0  # seconds per graph node beyond its bytes and FLOPs (thread barriers, kernel launches)
     split: float = 0.0  # seconds per graph split this device runs (a synchronisation, an RPC round trip)
+    # seconds per further split it runs within one evaluation, the first having cost ``split``; None: ``split``
+    visit: float | None = None
     reduce: float = 0.0  # seconds per copy step of an exchange between cards (-sm tensor/row); 0: ``split``'s
     token: float = 0.0  # seconds per evaluation on the host: graph build and scheduling (the host's own)
     link: float | None = None  # bytes/s between host memory and this device (PCIe, network); None: not known
@@ -76,6 +78,7 @@ class Rates:
             vector=div(self.vector, tg),
             node=self.node * tg,
             split=self.split * tg,
+            visit=None if self.visit is None else self.visit * tg,
             reduce=self.reduce * tg,
             token=self.token * tg,
             matmul=div(self.matmul, pp),

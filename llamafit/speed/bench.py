@@ -47,6 +47,7 @@ class BenchResult:
     seconds: float  # the median of one test's repetitions: the prompt, or all generated tokens
     tokens_per_s: float
     spread: float = 0.0  # median / fastest repetition - 1: how much the typical one was held up (0 with one)
+    overrides: str = "none"  # its tensor overrides (``-ot``) as llama-bench prints them (llama-bench.cpp:1654-1673)
 
     @property
     def per_token(self) -> float:
@@ -100,7 +101,9 @@ def _result(j: dict[str, Any]) -> BenchResult | None:
     if not (MIN_PROMPT_S if n_prompt else MIN_GEN_S) <= per <= MAX_TOKEN_S:
         return None
     spread = ns / samples[0] - 1 if len(samples) >= 3 and samples[0] > 0 else 0.0
-    return BenchResult(model, n_prompt, n_gen, n_depth, n_ubatch, ns / 1e9, 1 / per, spread)
+    ot = j.get("tensor_buft_overrides")
+    overrides = ot if isinstance(ot, str) and ot else "none"
+    return BenchResult(model, n_prompt, n_gen, n_depth, n_ubatch, ns / 1e9, 1 / per, spread, overrides)
 
 
 def run_bench(bench: str, args: Sequence[str], env: dict[str, str], timeout: float) -> list[BenchResult]:

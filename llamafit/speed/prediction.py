@@ -142,11 +142,16 @@ def evaluation_time(ev: Evaluation, rates: Mapping[str, Rates]) -> _Time:
         per[dev] = t
     total = sum(per.values()) - _overlap(ev, per, matmuls)
     owned = dict(per)
+    visited: set[str] = set()
     for s in ev.splits:
         r = rates.get(s.device)
         if r is None:
             continue
-        cost = (r.split if s.syncs else 0.0) + (s.nbytes / r.link if r.link else 0.0)
+        cost = s.nbytes / r.link if r.link else 0.0
+        if s.syncs:
+            # a device's first split of the evaluation costs it ``split``; each further one ``visit`` where measured
+            cost += r.split if s.device not in visited or r.visit is None else r.visit
+            visited.add(s.device)
         owned[s.device] = owned.get(s.device, 0.0) + cost
         total += cost
     if ev.spread is not None:

@@ -6,7 +6,10 @@ device), with the thread count the server will use:
 
 1. ``tiny-1`` and ``tiny-9`` generating: the per-node overhead (8 layers' difference over their compute
    nodes) and what is left of one evaluation: the host's own time (graph build, scheduling), or for an
-   offload device its graph split's (a synchronisation, an RPC round trip);
+   offload device its graph split's (a synchronisation, an RPC round trip); for an offload device, tiny-9
+   again with 8 of its layers' attention outputs on the host (``VISITS``): what each further visit to the
+   device within an evaluation costs, which is not its first (on loopback RPC 0.1-0.4 ms a visit against
+   2.4-2.8 ms for the first, whose inputs, graph and output cross each time);
 2. per weight type the model streams, ``stream-<type>`` generating: bytes/s from memory;
 3. the model's twin generating (the cache-resident mat-vec rate: the compute ceiling) and prompting (the
    batched matmul rate at the model's shapes);
@@ -43,6 +46,10 @@ from llamafit.speed.busy import MAX_SPREAD
 CALL_TIMEOUT = 180.0  # one llama-bench run
 RUN_BUDGET = 10.0  # seconds a timed test should take at most, for choosing prompt lengths and depths
 FIXED_NODES = 4  # compute nodes outside the layers, as llamafit.speed.work counts them (input rows, output)
+# tiny-9's attention outputs of layers 1-8 on the host: each a split there and one back to the device, as the
+# scheduler cuts a graph at every change of backend (ggml-backend.cpp:1437-1500); ";"-free, as -ot lists take ";"
+VISITS = 8
+VISIT_OVERRIDE = r"blk\.[1-8]\.attn_output=CPU"
 Progress = Callable[[str], None]
 
 
@@ -99,6 +106,8 @@ class Timings:
     attn_ppd: float | None = None
     depth: int = 0
     offload: float | None = None  # the twin prompting with its FFN in host memory
+    unvisited: float | None = None  # tiny-9 per token, in the run that times ``visited``
+    visited: float | None = None  # tiny-9 per token with VISITS round trips to the host inside its graph
 
 
 def _overheads(t: Timings, host: Rates | None, node_layer: float) -> tuple[float, float, float]:
@@ -112,6 +121,17 @@ def _overheads(t: Timings, host: Rates | None, node_layer: float) -> tuple[float
     if host is None:
         return node, rest, 0.0
     return node, host.token, max(0.0, rest - host.token)
+
+
+def _visit(t: Timings, host: Rates | None) -> float | None:
+    """Seconds a further visit to this device costs within an evaluation: tiny-9's extra time a round trip to
+    the host, less the host's own part of it (the attention output's matmul: one node, its f16 bytes; the bytes
+    unpriced where only the host's overheads were measured, as for a plan on offload devices alone)."""
+    if host is None or t.visited is None or t.unvisited is None:
+        return None
+    wo = pm.TINY9.n_head * pm.TINY9.head_v * pm.TINY9.n_embd * 2
+    host_part = host.node + (wo / rate if (rate := host.read_rate("f16")) > 0 else 0.0)
+    return max(0.0, (t.visited - t.unvisited) / VISITS - host_part)
 
 
 def derive(
@@ -169,6 +189,7 @@ def derive(
         vector=vector,
         node=node,
         split=split,
+        visit=_visit(t, host),
         token=token,
         link=link,
         source="measured",
@@ -322,7 +343,15 @@ def _measure(
         t1, t9 = (_one(res, str(p), gen=True) for p in tiny)
     tw_tg, tw_pp, n_prompt, off = (have.twin_tg, have.twin_pp, have.prompt, have.offload) if have else (None,) * 4
     base = have if have is not None else Timings(t1, t9, {})
-    step(replace(base, tiny1=t1, tiny9=t9))
+    base = step(replace(base, tiny1=t1, tiny9=t9))
+    if target.device != "CPU" and base.visited is None:
+        say(f"{target.device}: visits within a token")
+        path = str(pm.ensure(pm.TINY9, directory))
+        # both in one run (an empty -ot group is no override, llama-bench.cpp:958-965): the pair shares its drift
+        res = run(["-m", path, "-p", "0", "-n", "64", "-ot", f",{VISIT_OVERRIDE}"], reps=5)
+        plain = _one([r for r in res if r.overrides == "none"], path, gen=True)
+        visited = _one([r for r in res if r.overrides != "none"], path, gen=True)
+        base = step(replace(base, unvisited=plain, visited=visited))
     if twin is not None and tw_tg is None:
         say(f"{target.device}: the model's layers")
         path = str(pm.ensure(twin, directory))
@@ -339,7 +368,7 @@ def _measure(
             n_prompt = max(32, min(n_prompt, int(left / 2 / (2 * max(tw_tg, 1e-6) / 4)) // 32 * 32))
         tw_pp = _one(run(["-m", path, "-p", str(n_prompt), "-n", "0", "-ub", str(n_prompt)]), path, gen=False)
     n_prompt = n_prompt or prompt
-    base = step(replace(base, tiny1=t1, tiny9=t9, twin_tg=tw_tg, twin_pp=tw_pp, prompt=n_prompt))
+    base = step(replace(base, twin_tg=tw_tg, twin_pp=tw_pp, prompt=n_prompt))
     stream = dict(have.stream) if have else {}
     rate = pm.streamed_bytes(twin) / tw_tg if twin is not None and tw_tg else None
     for ty in types:
@@ -374,7 +403,9 @@ def _measure(
         path = str(pm.ensure(twin, directory))
         res = run(["-m", path, "-p", str(n_prompt), "-n", "0", "-ub", str(n_prompt), "-ot", r"blk\..*\.ffn_.*=CPU"])
         off = _one(res, path, gen=False)
-    return Timings(t1, t9, stream, tw_tg, tw_pp, n_prompt, a[0], a[1], a[2], a[3], depth, off)
+    return Timings(
+        t1, t9, stream, tw_tg, tw_pp, n_prompt, a[0], a[1], a[2], a[3], depth, off, base.unvisited, base.visited
+    )
 
 
 @dataclass(frozen=True)

@@ -57,7 +57,7 @@ def timings_from(entry: Mapping[str, Any]) -> Timings | None:
         t1, t9 = _num(entry["tiny1"]), _num(entry["tiny9"])
         stream = {str(k): _num(v) for k, v in dict(entry.get("stream", {})).items()}
         opt = {k: entry.get(k) for k in ("twin_tg", "twin_pp", "attn_tg0", "attn_tgd", "attn_pp0", "attn_ppd")}
-        opt["offload"] = entry.get("offload")
+        opt.update({k: entry.get(k) for k in ("offload", "unvisited", "visited")})
         ints = {k: entry.get(k, 0) for k in ("prompt", "depth")}
     except (KeyError, TypeError, ValueError):
         return None
@@ -80,6 +80,8 @@ def timings_from(entry: Mapping[str, Any]) -> Timings | None:
         attn_ppd=got.get("attn_ppd"),
         depth=int(ints["depth"]),
         offload=got.get("offload"),
+        unvisited=got.get("unvisited"),
+        visited=got.get("visited"),
     )
 
 

@@ -369,7 +369,7 @@ class RateSource:
                 light = t.device == CPU and CPU not in devices  # only its overheads are needed
                 if have is not None:
                     self._used.update((gen_key, mod_key))
-                if have is not None and (light or _complete(have, subject, t.gpu, self.measure)):
+                if have is not None and (light or _complete(have, subject, t, self.measure)):
                     measured[t.device] = have
                     continue
                 if not allowed:  # what is cached serves as it is
@@ -405,7 +405,9 @@ class RateSource:
                         measured[t.device] = have
                     continue
                 self._used.update((gen_key, mod_key))
-                fresh[gen_key] = pr.Timings(got.tiny1, got.tiny9, got.stream)
+                fresh[gen_key] = pr.Timings(
+                    got.tiny1, got.tiny9, got.stream, unvisited=got.unvisited, visited=got.visited
+                )
                 if not light:
                     fresh[mod_key] = got
                 measured[t.device] = got
@@ -456,7 +458,14 @@ def _combined(device: pr.Timings | None, model: pr.Timings | None) -> pr.Timings
         return device
     if device is None:
         return model
-    return replace(model, tiny1=device.tiny1, tiny9=device.tiny9, stream={**model.stream, **device.stream})
+    return replace(
+        model,
+        tiny1=device.tiny1,
+        tiny9=device.tiny9,
+        stream={**model.stream, **device.stream},
+        unvisited=device.unvisited,
+        visited=device.visited,
+    )
 
 
 @dataclass
@@ -472,10 +481,12 @@ class _One:
     doubtful: bool = False
 
 
-def _complete(t: pr.Timings, subject: pr.Subject, gpu: bool, budget: float) -> bool:
-    """Whether ``t`` holds all a plan measuring for ``budget`` seconds would measure of ``subject``."""
+def _complete(t: pr.Timings, subject: pr.Subject, target: pr.Target, budget: float) -> bool:
+    """Whether ``t`` holds all a plan measuring for ``budget`` seconds would measure of ``subject`` on ``target``."""
     types, twin, attn = subject.types, subject.twin, subject.attn
-    if twin is not None and (t.twin_tg is None or t.twin_pp is None or (gpu and t.offload is None)):
+    if target.device != CPU and t.visited is None:
+        return False
+    if twin is not None and (t.twin_tg is None or t.twin_pp is None or (target.gpu and t.offload is None)):
         return False
     if attn is not None and (t.attn_tgd is None or pr.attention_wanted(t, attn, twin, budget, subject.depth)):
         return False
