@@ -84,6 +84,10 @@ def test_a_cards_first_visit_costs_its_split_and_each_further_one_its_visit(moe:
     assert slow.tg and fast.tg and slow.splits > 4
     visits = (slow.splits + 1) // 2
     assert 1 / slow.tg - 1 / fast.tg == pytest.approx(1e-3 + (visits - 1) * 1e-4, rel=1e-6)
+    # behind RPC each tensor read back is a round trip: the 4 layers' host experts read the router's rows, chosen
+    # experts and weights, two more than a layer split's one
+    remote = priced(p, {CPU: HOST_RATES, "CUDA0": replace(card, readback=1e-4)}).speed
+    assert remote.tg and 1 / remote.tg - 1 / slow.tg == pytest.approx(4 * 2 * 1e-4, rel=1e-6)
 
 
 def test_a_ubatch_is_sent_only_the_host_experts_it_routes_to(moe: ModelInfo) -> None:
@@ -278,6 +282,11 @@ def test_the_probe_derives_the_rates_that_reproduce_it(l8b: ModelInfo) -> None:
     card = replace(GPU_RATES, visit=3e-6)
     dev = pr.derive(_timings_of(card, HOST_RATES, 19, twin, attn), host=host, node_layer=19, twin=twin, attn=attn)
     assert dev.visit == pytest.approx(3e-6, rel=0.05) and dev.split == pytest.approx(GPU_RATES.split, rel=0.05)
+    assert dev.readback == 0.0  # a local device's copies follow the synchronisation
+    rpc = pr.derive(
+        _timings_of(card, HOST_RATES, 19, twin, attn), host=host, node_layer=19, twin=twin, attn=attn, remote=True
+    )
+    assert rpc.readback == dev.visit  # a round trip a tensor, as the visit timed with one
     # a plan on offload devices alone measures only the host's overheads: no streaming rate to price its part by
     bare = replace(host, read=0.0, read_by_type=())
     timed = _timings_of(card, HOST_RATES, 19, twin, attn)

@@ -45,6 +45,9 @@ class Rates:
     split: float = 0.0  # seconds per graph split this device runs (a synchronisation, an RPC round trip)
     # seconds per further split it runs within one evaluation, the first having cost ``split``; None: ``split``
     visit: float | None = None
+    # seconds per further tensor a split reads back from this device: over RPC each is a round trip (``visit`` holds
+    # one), a local device's copies follow the synchronisation already paid (0)
+    readback: float = 0.0
     reduce: float = 0.0  # seconds per copy step of an exchange between cards (-sm tensor/row); 0: ``split``'s
     token: float = 0.0  # seconds per evaluation on the host: graph build and scheduling (the host's own)
     link: float | None = None  # bytes/s between host memory and this device (PCIe, network); None: not known
@@ -79,6 +82,7 @@ class Rates:
             node=self.node * tg,
             split=self.split * tg,
             visit=None if self.visit is None else self.visit * tg,
+            readback=self.readback * tg,
             reduce=self.reduce * tg,
             token=self.token * tg,
             matmul=div(self.matmul, pp),

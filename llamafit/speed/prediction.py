@@ -147,7 +147,7 @@ def evaluation_time(ev: Evaluation, rates: Mapping[str, Rates]) -> _Time:
         r = rates.get(s.device)
         if r is None:
             continue
-        cost = s.nbytes / r.link if r.link else 0.0
+        cost = (s.nbytes / r.link if r.link else 0.0) + (s.tensors - 1) * r.readback
         if s.syncs:
             # a device's first split of the evaluation costs it ``split``; each further one ``visit`` where measured
             cost += r.split if s.device not in visited or r.visit is None else r.visit

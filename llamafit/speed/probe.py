@@ -142,9 +142,13 @@ def derive(
     twin: pm.Twin | None,
     attn: pm.Twin | None,
     cache: int = 0,
+    remote: bool = False,
 ) -> Rates:
-    """Rates of one device from its probe timings; ``host``: the host's (None when this is the host)."""
+    """Rates of one device from its probe timings; ``host``: the host's (None when this is the host); ``remote``:
+    behind ggml-rpc-server, where each tensor read back is a round trip (ggml-rpc.cpp:743-750 waits for the
+    data; a write, 720-741, does not), as the visit timed with one."""
     node, token, split = _overheads(t, host, node_layer)
+    visit = _visit(t, host)
     overhead = token + split
 
     def left(total: float, tw: pm.Twin) -> float:
@@ -189,7 +193,8 @@ def derive(
         vector=vector,
         node=node,
         split=split,
-        visit=_visit(t, host),
+        visit=visit,
+        readback=visit if remote and visit is not None else 0.0,
         token=token,
         link=link,
         source="measured",

@@ -431,9 +431,10 @@ class RateSource:
             host = pr.derive(measured[CPU], host=None, node_layer=layer_nodes, twin=twin, attn=attn)
             if CPU in devices:
                 self._rates[CPU] = host
+        remote = {t.device for t in targets if t.remote}
         for dev, tm in measured.items():
             if dev != CPU:
-                derived = pr.derive(tm, host=host, node_layer=layer_nodes, twin=twin, attn=attn)
+                derived = pr.derive(tm, host=host, node_layer=layer_nodes, twin=twin, attn=attn, remote=dev in remote)
                 self._rates[dev] = priors.fill(derived, self._priors.get(dev))
 
 

@@ -25,7 +25,8 @@ Per device, as llama.cpp's graph runs it (``src/llama-graph.cpp``, ``ggml-backen
 * **splits**: each change of device along the layer order (the input is the host's, each layer's
   attention and FFN parts where their weights are, the output layer's) is a graph split; the
   activations (``tokens x n_embd`` floats) cross there, and each visit to an offload device costs it one
-  synchronisation (``Split.syncs``).
+  synchronisation (``Split.syncs``); a MoE layer's experts on the host read three of the device's tensors,
+  not one (``Split.tensors``).
 """
 
 from __future__ import annotations
@@ -86,11 +87,18 @@ class DeviceWork:
         return out
 
 
+MOE_INPUTS = 3  # what expert matmuls read of the router's device: the rows, the chosen experts, their weights
+
+
 @dataclass(frozen=True)
 class Split:
     src: str  # the device the activations leave
     dst: str  # the device that runs the split
     nbytes: float  # what crosses
+    # the tensors it reads from ``src``, each copied on its own after the synchronisation (ggml-backend.cpp:
+    # 1826-1950): the rows, or for expert matmuls the normalised rows, the chosen experts and their weights, which
+    # the router beside the attention computed (llama-graph.cpp:2158-2174, 2241, 2355, 2372)
+    tensors: int = 1
 
     @property
     def device(self) -> str:
@@ -211,7 +219,7 @@ def _walk(load: Load, tokens: int) -> Walk:
     # layer -> where its parts run, in graph order: the attention's projections, the attention itself
     # (on its cache), then the output projection and the FFN
     pre: dict[int, str] = {}
-    post: dict[int, list[str]] = {}
+    post: dict[int, list[tuple[str, bool]]] = {}  # (device, whether its run starts at expert matmuls)
     embd_seen = False
     facts = _facts(model)
     for p in placement.tensors:
@@ -249,8 +257,8 @@ def _walk(load: Load, tokens: int) -> Walk:
                 pre.setdefault(layer, runs)
             elif f.matmul:
                 seq = post.setdefault(layer, [])
-                if not seq or seq[-1] != runs:
-                    seq.append(runs)
+                if not seq or seq[-1][0] != runs:
+                    seq.append((runs, f.expert))
     out_dev = placement.layer_device[hp.n_layer_all]
     if not any(p.tensor.name == "output.weight" for p in placement.tensors):
         emb = next((p.tensor for p in placement.tensors if p.tensor.name == "token_embd.weight"), None)
@@ -272,12 +280,12 @@ def _walk(load: Load, tokens: int) -> Walk:
     splits: list[Split] = []
     where = CPU  # the input embeddings are the host's (llama-model.cpp: dev_input is the CPU)
     for il in range(hp.n_layer):
-        seq = [pre[il]] if il in pre else []
+        seq = [(pre[il], False)] if il in pre else []
         if il in cache_layers:
-            seq.append(placement.layer_device[il] if cp.offload_kqv else CPU)
-        for dev in [*seq, *post.get(il, [])]:
+            seq.append((placement.layer_device[il] if cp.offload_kqv else CPU, False))
+        for dev, experts in [*seq, *post.get(il, [])]:
             if dev != where:
-                splits.append(Split(where, dev, act))
+                splits.append(Split(where, dev, act, MOE_INPUTS if experts else 1))
                 where = dev
     if out_dev != where:
         splits.append(Split(where, out_dev, act))
