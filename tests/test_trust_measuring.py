@@ -17,6 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from llamafit import store
 from llamafit.errors import ExitCode
 from llamafit.gguf.demo_model import demo_metadata, demo_tensors, ensure_demo_model
 from llamafit.gguf.writer import write_gguf
@@ -418,19 +419,33 @@ def test_measuring_an_rpc_device_never_cuts_a_run_short(server_bin: ServerBinary
 
     model = factory.qwen3_0_6b().write(tmp_path / "q06.gguf")
     os.environ["LLAMAFIT_PROBE"] = "auto"
+
+    def rpc0_entries() -> dict[str, dict[str, object]]:
+        assert prep.measured is not None and prep.measured.directory is not None
+        return {k: e for k, e in pc.read_cache(prep.measured.directory).items() if "RPC0" in k and "failed" not in k}
+
     try:
         with rpc_servers(server_bin, 1) as (rpc,):
+            o = Options(server=server_bin.path, rpc=(rpc,), server_args=("-np", "1", "-c", "4096"))
             for _ in range(3):
-                o = Options(server=server_bin.path, rpc=(rpc,), server_args=("-np", "1", "-c", "4096"))
                 prep = prepare(str(model), o)
                 assert [d.device.id for d in prep.plan.devices] == ["RPC0"]
+            assert prep.measured is not None and prep.measured.directory is not None
+            rpc0 = prep.measured.rates["RPC0"]
+            assert rpc0.source == "measured" and rpc0.visit is not None and rpc0.split > 0, rpc0
+            assert rpc0.readback == rpc0.visit  # behind RPC each tensor read back is a round trip
+            kept = rpc0_entries()  # the device's overheads, and its rates for this model
+            assert len(kept) == 2 and all(e["visited"] and e["unvisited"] for e in kept.values()), kept
+            # a cache written before visits were timed: the next plan times them, and nothing else again
+            older = {k: {f: v for f, v in e.items() if f not in ("visited", "unvisited")} for k, e in kept.items()}
+            store.update_json(
+                prep.measured.directory / "rates.json", lambda d: {**d, "entries": {**d["entries"], **older}}
+            )
+            prep = prepare(str(model), o)
+            again = rpc0_entries()
+            assert all(again[k]["visited"] and again[k]["twin_tg"] == e["twin_tg"] for k, e in kept.items()), again
     finally:
         os.environ.pop("LLAMAFIT_PROBE")
-    assert prep.measured is not None and prep.measured.directory is not None
-    rpc0 = prep.measured.rates["RPC0"]
-    assert rpc0.source == "measured" and rpc0.visit is not None and rpc0.split > 0, rpc0
-    kept = [e for k, e in pc.read_cache(prep.measured.directory).items() if "RPC0" in k and k.endswith("device")]
-    assert kept and all(e["visited"] > 0 and e["unvisited"] > 0 for e in kept), kept
 
 
 def test_a_plan_that_does_not_fit_measures_nothing(server_bin: ServerBinary, tmp_path: Path) -> None:
