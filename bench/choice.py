@@ -133,7 +133,11 @@ def run_case(c: Case, r: Rig, path: Path, rounds: int) -> dict[str, object]:
     margin = f"{c.device}={max(0, int(dev.usable - room)) >> 20}MiB"
     chosen = plan(path, r, margin)
     assert chosen is not None, "nothing fits the room given"
-    placements = {"chosen": chosen, **alternatives(path, r, margin, chosen)}
+    # an alternative that is the chosen placement itself (the same llama-bench flags) is not timed twice: its two
+    # medians would differ by the machine's noise alone and be read as a miss
+    same = bench_flags(chosen.argv[1:])
+    others = {k: p for k, p in alternatives(path, r, margin, chosen).items() if bench_flags(p.argv[1:]) != same}
+    placements = {"chosen": chosen, **others}
     times: dict[str, list[tuple[float | None, float | None]]] = {k: [] for k in placements}
     for _ in range(rounds):  # interleaved: a drift of the machine touches every placement alike
         for k, p in placements.items():
@@ -212,8 +216,12 @@ def main() -> None:
                         os.environ.pop(k, None)
                     else:
                         os.environ[k] = v
-    report(out)
     path = HERE / "results" / "choice.json"
+    # the rigs not run this time keep their cases from the run before
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        ran = set(a.rigs.split(","))
+        out = [c for c in json.loads(path.read_text())["cases"] if c["rig"] not in ran] + out
+    report(out)
     with contextlib.suppress(OSError):
         path.write_text(json.dumps({"context": list(CONTEXT), "goal": GOAL, "cases": out}, indent=1) + "\n")
     print(f"\nwrote {path}")
