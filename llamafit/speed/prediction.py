@@ -147,7 +147,11 @@ def evaluation_time(ev: Evaluation, rates: Mapping[str, Rates]) -> _Time:
         r = rates.get(s.device)
         if r is None:
             continue
-        cost = (s.nbytes / r.link if r.link else 0.0) + (s.tensors - 1) * r.readback
+        cost = s.nbytes / r.link if r.link else 0.0
+        if s.tensors > 1 and (src := rates.get(s.src)) is not None and src.readback:
+            # the further tensors read from the device the split leaves: over RPC a round trip each
+            owned[s.src] = owned.get(s.src, 0.0) + (s.tensors - 1) * src.readback
+            total += (s.tensors - 1) * src.readback
         if s.syncs:
             # a device's first split of the evaluation costs it ``split``; each further one ``visit`` where measured
             cost += r.split if s.device not in visited or r.visit is None else r.visit

@@ -8,8 +8,8 @@ device), with the thread count the server will use:
    nodes) and what is left of one evaluation: the host's own time (graph build, scheduling), or for an
    offload device its graph split's (a synchronisation, an RPC round trip); for an offload device, tiny-9
    again with 8 of its layers' attention outputs on the host (``VISITS``): what each further visit to the
-   device within an evaluation costs, which is not its first (on loopback RPC 0.1-0.4 ms a visit against
-   2.4-2.8 ms for the first, whose inputs, graph and output cross each time);
+   device within an evaluation costs, which is not its first (on loopback RPC 0.13-0.43 ms a visit against
+   1.3-2.8 ms for the first, whose inputs, graph and output cross each time);
 2. per weight type the model streams, ``stream-<type>`` generating: bytes/s from memory;
 3. the model's twin generating (the cache-resident mat-vec rate: the compute ceiling) and prompting (the
    batched matmul rate at the model's shapes);

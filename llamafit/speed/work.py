@@ -108,11 +108,12 @@ class Split:
 
     @property
     def syncs(self) -> bool:
-        """Whether this boundary costs the device its split (``Rates.split``): one a visit, on the way in. A
-        visit is the inputs set and the graph launched, asynchronously, and the host waiting for its output at
-        the way out (ggml-rpc.cpp:1040-1059 sends the graph and the inputs without a reply; the read of the
-        output is the round trip): the probe times one whole visit as the split (``llamafit.speed.probe``), so
-        the way back to the host costs only its bytes."""
+        """Whether this boundary costs the device a visit, on the way in: its first of an evaluation
+        ``Rates.split``, each further one ``Rates.visit``. A visit is the inputs set and the graph launched,
+        asynchronously, and the host waiting for its output at the way out (ggml-rpc.cpp:1040-1059 sends the
+        graph and the inputs without a reply; the read of the output is the round trip): the probe times whole
+        visits (``llamafit.speed.probe``), so the way back to the host costs its bytes and, where it reads more
+        than one tensor, ``Rates.readback`` for each further one."""
         return self.dst != CPU
 
 
