@@ -124,9 +124,8 @@ def _overheads(t: Timings, host: Rates | None, node_layer: float) -> tuple[float
 
 
 def _visit(t: Timings, host: Rates | None) -> float | None:
-    """Seconds a further visit to this device costs within an evaluation: tiny-9's extra time a round trip to
-    the host, less the host's own part of it (the attention output's matmul: one node, its f16 bytes; the bytes
-    unpriced where only the host's overheads were measured, as for a plan on offload devices alone)."""
+    """Seconds a further visit to this device costs within an evaluation: tiny-9's extra time a round trip to the
+    host, less the host's part (the attention output's matmul: a node, its f16 bytes where the host streamed)."""
     if host is None or t.visited is None or t.unvisited is None:
         return None
     wo = pm.TINY9.n_head * pm.TINY9.head_v * pm.TINY9.n_embd * 2
@@ -403,13 +402,11 @@ def _measure(
     out = Timings(
         t1, t9, stream, tw_tg, tw_pp, n_prompt, a[0], a[1], a[2], a[3], depth, off, base.unvisited, base.visited
     )
-    if target.device != "CPU" and out.visited is None:
-        # last: a plan whose time runs out before it prices each visit as a first one, as before it was timed; the
-        # rates a plan cannot do without come first
+    if target.device != "CPU" and out.visited is None:  # last: a plan out of time prices each visit as a first
         step(out)
         say(f"{target.device}: visits within a token")
         path = str(pm.ensure(pm.TINY9, directory))
-        # both in one run (an empty -ot group is no override, llama-bench.cpp:958-965): the pair shares its drift
+        # both in one run (an empty -ot group is no override, llama-bench.cpp:958-965): they share its drift
         res = run(["-m", path, "-p", "0", "-n", "64", "-ot", f",{VISIT_OVERRIDE}"], reps=5)
         plain = _one([r for r in res if r.overrides == "none"], path, gen=True)
         visited = _one([r for r in res if r.overrides != "none"], path, gen=True)
