@@ -11,7 +11,7 @@ import platform
 import re
 import struct
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from llamafit.errors import UsageError
 from llamafit.gguf.model import ModelInfo, Tensor
@@ -149,6 +149,10 @@ class Loading:
     load_nextn: bool = False
 
 
+# the architectures that create a tied output before token_embd (models/gemma3n.cpp:28-34, gemma4.cpp:50-56)
+OUTPUT_FIRST = frozenset({"gemma3n", "gemma4"})
+
+
 def place_weights(
     model: ModelInfo,
     loading: Loading,
@@ -228,6 +232,10 @@ def place_weights(
             out = place(t, hp.n_layer_all, True)
             if out.buft != p.buft:
                 placed.append(out)
+            elif hp.arch in OUTPUT_FIRST and not (out.buft == CPU and use_mmap):
+                # made before token_embd, the copy finds no original to share: a second tensor, which takes
+                # its bytes again where the buffer is not the file's mapping (models/gemma4.cpp:50-56)
+                placed.append(replace(out))
 
     return WeightPlacement(tuple(placed), tuple(devs), tuple(_buffers(model, placed, use_mmap)))
 
@@ -262,13 +270,12 @@ def _buffers(model: ModelInfo, placed: Sequence[PlacedTensor], use_mmap: bool) -
                     out.append(("CPU_Mapped", last - first))
             continue
         align = backends.alignment(buft, CPU_ALIGN)
-        seen: set[str] = set()
+        seen: set[int] = set()
         size = 0
         for p in items:
-            key = p.tensor.name
-            if key in seen:
+            if id(p) in seen:  # a weight placed once, listed twice; a copy of its own counts again
                 continue
-            seen.add(key)
+            seen.add(id(p))
             size += pad(p.alloc, align)
         out.append((buft, size))
     return out

@@ -138,6 +138,67 @@ def gemma3(
     return Shape(arch, kv, ts)
 
 
+def gemma4(
+    *,
+    n_layer: int = 10,
+    n_embd: int = 256,
+    n_head: int = 4,
+    head_dim: int = 64,
+    n_ff: int = 512,
+    n_vocab: int = 512,
+    per_layer: int = 64,
+    shared_kv: int = 5,
+    w: str = "f16",
+    ple: str = "f16",
+) -> Shape:
+    """gemma4 with per-layer embeddings (``per_layer_token_embd``, read lazily: src/models/gemma4.cpp:59), four
+    sliding-window layers to one full one, tied embeddings, and the last ``shared_kv`` layers reusing the caches
+    of earlier ones (llama-model.cpp:2796-2805: the layer before them must be a full one, the one before that a
+    sliding one)."""
+    arch = "gemma4"
+    kv = _base_kv(arch, "gemma4", n_layer, n_embd, 32768, n_vocab)
+    swa = [i % 5 != 4 for i in range(n_layer)]
+    kv.update({
+        f"{arch}.feed_forward_length": n_ff,
+        f"{arch}.attention.head_count": n_head,
+        f"{arch}.attention.head_count_kv": 1,
+        f"{arch}.attention.key_length": head_dim,
+        f"{arch}.attention.value_length": head_dim,
+        f"{arch}.attention.key_length_swa": head_dim,
+        f"{arch}.attention.value_length_swa": head_dim,
+        f"{arch}.attention.sliding_window": 512,
+        f"{arch}.attention.sliding_window_pattern": swa,
+        f"{arch}.attention.shared_kv_layers": shared_kv,
+        f"{arch}.embedding_length_per_layer_input": per_layer,
+        f"{arch}.rope.freq_base_swa": 10000.0,
+        f"{arch}.final_logit_softcapping": 30.0,
+    })  # fmt: skip
+    ts = [
+        *_io(n_embd, n_vocab, w, True),
+        TensorSpec("per_layer_token_embd.weight", (per_layer * n_layer, n_vocab), ple),
+        TensorSpec("per_layer_model_proj.weight", (n_embd, per_layer * n_layer), w),
+        TensorSpec("per_layer_proj_norm.weight", (per_layer,)),
+        TensorSpec("rope_freqs.weight", (head_dim // 2,)),
+    ]
+    for i in range(n_layer):
+        attn = _attn(i, n_embd, n_head * head_dim, head_dim, n_head * head_dim, w)
+        if i >= n_layer - shared_kv:  # no K and V of its own
+            attn = [t for t in attn if ".attn_k." not in t.name and ".attn_v." not in t.name]
+        else:
+            attn.append(TensorSpec(f"blk.{i}.attn_k_norm.weight", (head_dim,)))
+        ts += attn
+        ts += [
+            TensorSpec(f"blk.{i}.attn_q_norm.weight", (head_dim,)),
+            TensorSpec(f"blk.{i}.post_attention_norm.weight", (n_embd,)),
+            *_ffn(i, n_embd, n_ff, w),
+            TensorSpec(f"blk.{i}.post_ffw_norm.weight", (n_embd,)),
+            TensorSpec(f"blk.{i}.inp_gate.weight", (n_embd, per_layer), w),
+            TensorSpec(f"blk.{i}.proj.weight", (per_layer, n_embd), w),
+            TensorSpec(f"blk.{i}.post_norm.weight", (n_embd,)),
+        ]
+    return Shape(arch, kv, ts)
+
+
 def llama31_8b(w: str = "q4_K") -> Shape:
     """meta-llama/Llama-3.1-8B: 32 layers, 4096 embd, 32 heads, 8 KV heads, 14336 FFN, 128256 vocab."""
     return dense(arch="llama", name="Llama-3.1-8B (shape)", n_layer=32, n_embd=4096, n_head=32, n_head_kv=8,
