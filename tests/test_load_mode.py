@@ -1,4 +1,11 @@
-"""How llama.cpp loads the weights: the tied output of the architectures that make it before token_embd."""
+"""How llama.cpp loads the weights: the tensors it reads lazily (``-lzm``), and the tied output of the architectures
+that make it first.
+
+Gemma 4 and Qwen3.8-Flash-Next mark their per-layer embeddings ``TENSOR_READ_LAZY``: under ``-lzm on``, or
+``auto`` above 4 GiB, the table is a context of its own, mapped from the file whatever the load mode, logged as a
+``CPU_Mapped`` buffer of its own. The placement is held to the real server's model buffers, byte for byte (to
+the log's 0.01 MiB), on a small gemma4 and on one whose F32 table is larger than 4 GiB (a sparse file).
+"""
 
 from __future__ import annotations
 
@@ -7,10 +14,11 @@ from pathlib import Path
 import pytest
 
 from llamafit.devices.machine import Host, Machine
+from llamafit.errors import UsageError
 from llamafit.fit import make_plan
 from llamafit.fit.request import build_request
 from llamafit.gguf.model import load_model
-from llamafit.memory.placement import Loading, place_weights
+from llamafit.memory.placement import LAZY_AUTO_MIN, Loading, Override, place_weights
 from llamafit.server.args import parse_server_args
 from llamafit.server.binary import ServerBinary
 from llamafit.serving.compare import compare
@@ -18,10 +26,53 @@ from llamafit.units import GiB, pad
 from tests import factory
 from tests.realserver import load_log
 
+PLE = "per_layer_token_embd.weight"
+
 
 @pytest.fixture(scope="module")
 def small(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return factory.gemma4().write(tmp_path_factory.mktemp("gemma4") / "gemma4.gguf")
+
+
+@pytest.fixture(scope="module")
+def large(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An F32 table of 256 x 10 x 430000 floats (4.4 GB, over the 4 GiB of ``auto``) in a sparse file."""
+    shape = factory.gemma4(per_layer=256, n_vocab=430_000, ple="f32")
+    return shape.write(tmp_path_factory.mktemp("gemma4-large") / "gemma4-large.gguf")
+
+
+def _bytes(model: Path, name: str) -> int:
+    return next(t.info.nbytes for t in load_model(model).tensors if t.name == name)
+
+
+def _placed(model: Path, **loading: object) -> dict[str, tuple[str, str]]:
+    m = load_model(model)
+    pl = place_weights(m, Loading(0, **loading), gpus=[], splits=[])  # type: ignore[arg-type]
+    return {p.tensor.name: (p.device, p.buft) for p in pl.tensors}
+
+
+def test_the_per_layer_table_is_read_lazily_as_llama_cpp_decides(small: Path, large: Path) -> None:
+    assert _placed(small, lazy_mode="on")[PLE] == ("CPU", "CPU_Mapped")
+    assert _placed(small, lazy_mode="on", use_mmap=False)[PLE] == ("CPU", "CPU_Mapped")  # mapped all the same
+    assert _placed(small, lazy_mode="auto", use_mmap=False)[PLE] == ("CPU", "CPU")  # 4 GiB or less: read whole
+    assert _bytes(large, PLE) > LAZY_AUTO_MIN
+    assert _placed(large, lazy_mode="auto", use_mmap=False)[PLE] == ("CPU", "CPU_Mapped")
+    assert _placed(large, lazy_mode="off", use_mmap=False)[PLE] == ("CPU", "CPU")
+    # an -ot override does not move it (llama-model-loader.cpp:1211-1213): the input layer's weights still may
+    m = load_model(small)
+    pl = place_weights(m, Loading(-1, (Override("per_layer|token_embd", "CUDA0"),), lazy_mode="on"), gpus=["CUDA0"],
+                       splits=[1.0])  # fmt: skip
+    where = {p.tensor.name: p.buft for p in pl.tensors}
+    assert where[PLE] == "CPU_Mapped" and where["token_embd.weight"] == "CUDA0"
+
+
+def test_a_lazy_table_is_a_mapped_buffer_of_its_own(small: Path) -> None:
+    m = load_model(small)
+    lazy = place_weights(m, Loading(0, lazy_mode="on"), gpus=[], splits=[]).buffers
+    whole = place_weights(m, Loading(0, lazy_mode="off"), gpus=[], splits=[]).buffers
+    assert [b for b, _ in lazy] == ["CPU_Mapped", "CPU_Mapped"] and [b for b, _ in whole] == ["CPU_Mapped"]
+    # the table lies inside the rest's file span: that span is the same, the table's own is added
+    assert sorted(n for _, n in lazy) == sorted([whole[0][1], _bytes(small, PLE)])
 
 
 def test_gemma4_keeps_its_tied_output_twice_where_the_buffer_is_not_the_file(small: Path) -> None:
@@ -35,13 +86,33 @@ def test_gemma4_keeps_its_tied_output_twice_where_the_buffer_is_not_the_file(sma
     assert len(mapped) == 1 and mapped[0][1] < unmapped["CPU"]
 
 
+def test_a_lazy_mode_llama_server_refuses_is_refused() -> None:
+    with pytest.raises(UsageError, match="-lzm expects on, auto or off"):
+        build_request(parse_server_args(["-lzm", "sometimes"]))
+    assert build_request(parse_server_args(["--lazy-mode", "on"])).lazy_mode == "on"
+    assert build_request(parse_server_args([])).lazy_mode == "auto"
+
+
+CASES = [
+    ("small", ["-lzm", "on"]),
+    ("small", ["-lzm", "on", "-lm", "none"]),
+    ("small", ["-lzm", "off", "-lm", "none"]),
+    ("small", []),
+    ("large", []),
+    ("large", ["-lm", "none"]),
+]
+
+
 @pytest.mark.server
-@pytest.mark.parametrize("args", [["-lm", "none"], []], ids=["no-mmap", "defaults"])
-def test_the_model_buffers_match_the_server(server_bin: ServerBinary, small: Path, args: list[str]) -> None:
+@pytest.mark.parametrize(("which", "args"), CASES, ids=[f"{w}:{' '.join(a) or 'defaults'}" for w, a in CASES])
+def test_the_model_buffers_match_the_server(
+    server_bin: ServerBinary, small: Path, large: Path, which: str, args: list[str]
+) -> None:
+    model = small if which == "small" else large
     argv = ["-c", "4096", *args]
     machine = Machine((), Host(total=64 * GiB, available=64 * GiB))
-    plan = make_plan(load_model(small), machine, build_request(parse_server_args(argv)))
-    rows = [r for r in compare(plan.footprint, load_log(server_bin, small, argv)) if r.kind == "model"]
+    plan = make_plan(load_model(model), machine, build_request(parse_server_args(argv)))
+    rows = [r for r in compare(plan.footprint, load_log(server_bin, model, argv)) if r.kind == "model"]
     assert rows and all(r.actual_mib is not None for r in rows)
     for r in rows:
         assert abs(r.predicted / 2**20 - (r.actual_mib or 0.0)) <= 0.006, (r.buft, r.predicted / 2**20, r.actual_mib)

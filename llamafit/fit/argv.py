@@ -44,6 +44,7 @@ def server_defaults(req: Request) -> LoadSettings:
         backend_sampling=req.backend_sampling,
         sampling_args=req.sampling_args,
         use_mmap=req.use_mmap,
+        lazy_mode=req.lazy_mode,
         no_host=req.no_host,
         repack=req.repack,
         op_offload=req.op_offload,

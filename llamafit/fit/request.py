@@ -62,6 +62,7 @@ class Request:
     embeddings: bool = False  # --embeddings / --reranking: every token of a batch is an output
     pooling: str | None = None  # --pooling TYPE (--reranking: rank)
     use_mmap: bool = True
+    lazy_mode: str = "auto"  # -lzm: which tensors llama.cpp reads row by row (llamafit.memory.placement)
     no_host: bool = False
     repack: bool = True
     op_offload: bool = True
@@ -255,6 +256,8 @@ def build_request(
     if (o := args.last("--load-mode")) is not None:
         mode = _one_of("auto", "none", "mmap", "mlock", "mmap+mlock", "dio")(o.value, o.tokens[0])
         kw["use_mmap"] = mode in ("auto", "mmap", "mmap+mlock")
+    if (o := args.last("--lazy-mode")) is not None:
+        kw["lazy_mode"] = _one_of("on", "auto", "off")(o.value, o.tokens[0])  # arg.cpp:2713-2724
     if rpc_values := [o.value or "" for o in args.items if o.key == "--rpc"]:
         from llamafit.devices.rpc import parse_endpoints
 

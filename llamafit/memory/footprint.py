@@ -81,6 +81,7 @@ class LoadSettings:
     offload_kqv: bool = True
     swa_full: bool = False
     use_mmap: bool = True
+    lazy_mode: str = "auto"  # -lzm
     no_host: bool = False
     repack: bool = True
     op_offload: bool = True
@@ -164,6 +165,7 @@ def _placement(
         s.n_gpu_layers,
         s.overrides,
         s.use_mmap,
+        s.lazy_mode,
         s.no_host,
         s.repack,
         s.load_nextn,
@@ -174,7 +176,7 @@ def _placement(
         key,
         lambda: place_weights(
             model,
-            Loading(s.n_gpu_layers, s.overrides, s.use_mmap, s.no_host, s.repack, s.load_nextn),
+            Loading(s.n_gpu_layers, s.overrides, s.use_mmap, s.no_host, s.repack, s.load_nextn, s.lazy_mode),
             gpus=gpu_ids,
             splits=splits,
             profile=profile,

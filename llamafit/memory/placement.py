@@ -138,8 +138,8 @@ def row_padded_size(t: Tensor) -> int:
 @dataclass(frozen=True)
 class Loading:
     """What the server's flags tell llama.cpp's loader about the weights: the layers on the GPUs (``-ngl``, < 0: all),
-    the ``-ot`` overrides (the first matching pattern wins), mmap, ``--no-host``, repacking (``-nr``: off), and
-    whether the NextN/MTP blocks are loaded."""
+    the ``-ot`` overrides (the first matching pattern wins), mmap, ``--no-host``, repacking (``-nr``: off), whether
+    the NextN/MTP blocks are loaded, and ``-lzm`` (on, auto, off: which tensors are read lazily)."""
 
     n_gpu_layers: int
     overrides: Sequence[Override] = ()
@@ -147,10 +147,25 @@ class Loading:
     no_host: bool = False
     repack: bool = True
     load_nextn: bool = False
+    lazy_mode: str = "auto"
 
 
+# the tensors an architecture creates with TENSOR_READ_LAZY: its per-layer embeddings (models/gemma4.cpp:59,
+# models/qwen4exp.cpp:215); "auto" reads them lazily above 4 GiB (llama-model-loader.cpp:1088-1114)
+LAZY_TENSORS = {"gemma4": "per_layer_token_embd.weight", "qwen4exp": "per_layer_token_embd.weight"}
+LAZY_AUTO_MIN = 4 << 30
 # the architectures that create a tied output before token_embd (models/gemma3n.cpp:28-34, gemma4.cpp:50-56)
 OUTPUT_FIRST = frozenset({"gemma3n", "gemma4"})
+# a lazy tensor's buffer: the CPU's, mapped whatever the load mode (llama-model.cpp:1853-1856)
+LAZY_MAPPED = "CPU_Mapped"
+
+
+def reads_lazily(arch: str, t: Tensor, mode: str) -> bool:
+    """Whether llama.cpp reads ``t`` row by row from the file (``lazy_read::add``): a tensor the architecture marks,
+    under ``-lzm on``, or ``auto`` when it is larger than 4 GiB."""
+    if mode == "off" or LAZY_TENSORS.get(arch) != t.info.name:
+        return False
+    return mode == "on" or t.info.nbytes > LAZY_AUTO_MIN
 
 
 def place_weights(
@@ -203,7 +218,10 @@ def place_weights(
     def place(t: Tensor, layer: int | None, matmul: bool) -> PlacedTensor:
         info = t.info
         target = target_of.get(info.name)
-        if target is not None:
+        if reads_lazily(hp.arch, t, loading.lazy_mode):
+            # the CPU's buffer type whatever -ot or the host buffer says (llama-model-loader.cpp:1211-1213)
+            dev, buft = CPU, LAZY_MAPPED
+        elif target is not None:
             dev = buft = target
             if target.upper() == CPU:
                 dev, buft = CPU, cpu_buft(t, matmul)
@@ -232,7 +250,7 @@ def place_weights(
             out = place(t, hp.n_layer_all, True)
             if out.buft != p.buft:
                 placed.append(out)
-            elif hp.arch in OUTPUT_FIRST and not (out.buft == CPU and use_mmap):
+            elif hp.arch in OUTPUT_FIRST and not (out.buft == LAZY_MAPPED or (out.buft == CPU and use_mmap)):
                 # made before token_embd, the copy finds no original to share: a second tensor, which takes
                 # its bytes again where the buffer is not the file's mapping (models/gemma4.cpp:50-56)
                 placed.append(replace(out))
@@ -261,7 +279,8 @@ def _buffers(model: ModelInfo, placed: Sequence[PlacedTensor], use_mmap: bool) -
         by_buft.setdefault(p.buft, []).append(p)
     out: list[tuple[str, int]] = []
     for buft, items in sorted(by_buft.items()):
-        if buft == CPU and use_mmap:
+        # lazy tensors are a context of their own, mapped as its own span per file (llama-model.cpp:1853-1877)
+        if (buft == CPU and use_mmap) or buft == LAZY_MAPPED:
             for shard in range(len(model.shards)):
                 mine = [p.tensor.info for p in items if p.tensor.shard == shard]
                 if mine:

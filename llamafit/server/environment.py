@@ -43,6 +43,7 @@ MEMORY_KEYS = frozenset(
         "--swa-full",
         "--kv-offload",
         "--load-mode",
+        "--lazy-mode",
         "--repack",
         "--no-host",
         "--op-offload",
