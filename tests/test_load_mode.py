@@ -1,5 +1,5 @@
-"""How llama.cpp loads the weights: the tensors it reads lazily (``-lzm``), and the tied output of the architectures
-that make it first.
+"""How llama.cpp loads the weights: ``-lm`` (auto maps the file unless a device cannot), the tensors it reads lazily
+(``-lzm``), and the tied output of the architectures that make it first.
 
 Gemma 4 and Qwen3.8-Flash-Next mark their per-layer embeddings ``TENSOR_READ_LAZY``: under ``-lzm on``, or
 ``auto`` above 4 GiB, the table is a context of its own, mapped from the file whatever the load mode, logged as a
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from llamafit.devices.machine import Host, Machine
+from llamafit.devices.machine import Device, Host, Machine
 from llamafit.errors import UsageError
 from llamafit.fit import make_plan
 from llamafit.fit.request import build_request
@@ -116,3 +116,34 @@ def test_the_model_buffers_match_the_server(
     assert rows and all(r.actual_mib is not None for r in rows)
     for r in rows:
         assert abs(r.predicted / 2**20 - (r.actual_mib or 0.0)) <= 0.006, (r.buft, r.predicted / 2**20, r.actual_mib)
+
+
+IGPU = Device("Vulkan0", "AMD Radeon(TM) 8060S Graphics (RADV GFX1151)", 96 * GiB, 90 * GiB, backend="Vulkan", uma=True)
+
+
+def test_which_devices_let_llama_cpp_map_the_file() -> None:
+    """mmap_support: false on an integrated GPU of ggml-cuda (Jetson, GB10, an AMD APU through HIP) or Vulkan."""
+    gb10 = Device("CUDA0", "NVIDIA GB10", 120 * GiB, 110 * GiB, uma=True)
+    apu = Device("ROCm0", "AMD Radeon Graphics", 64 * GiB, 60 * GiB, backend="ROCm", uma=True)
+    lavapipe = Device("Vulkan0", "llvmpipe (LLVM 15.0.7, 256 bits)", 2 * GiB, 2 * GiB, backend="Vulkan", uma=True)
+    apple = Device("MTL0", "Apple M2 Max", 48 * GiB, 48 * GiB, backend="Metal", uma=True)
+    card = Device("CUDA0", "NVIDIA GeForce RTX 4090", 24 * GiB, 23 * GiB)
+    assert [d.maps_files for d in (IGPU, gb10, apu)] == [False, False, False]
+    assert [d.maps_files for d in (lavapipe, apple, card)] == [True, True, True]
+
+
+def _model_buffers(model: Path, machine: Machine, args: list[str]) -> set[str]:
+    plan = make_plan(load_model(model), machine, build_request(parse_server_args(["-c", "4096", *args])))
+    return {b.buft for b in plan.footprint.buffers if b.kind == "model"}
+
+
+def test_auto_loads_without_mmap_beside_an_integrated_gpu(small: Path, large: Path) -> None:
+    """llama-model.cpp:1514-1534: the host's weights in the device's pinned host buffer instead of the file's
+    mapping, and no tensor read lazily under ``auto``; an explicit mode is kept."""
+    igpu = Machine((IGPU,), Host(total=128 * GiB, available=120 * GiB))
+    assert _model_buffers(small, igpu, ["-ngl", "5"]) == {"Vulkan0", "Vulkan_Host"}
+    assert _model_buffers(small, igpu, ["-ngl", "5", "-lm", "mmap"]) == {"Vulkan0", "CPU_Mapped"}
+    assert "CPU_Mapped" not in _model_buffers(large, igpu, [])  # 4.4 GB table, not lazy beside it
+    assert "CPU_Mapped" in _model_buffers(large, igpu, ["-lzm", "on"])
+    card = Machine((Device("Vulkan0", "AMD Radeon RX 7600", 8 * GiB, 8 * GiB, backend="Vulkan"),), igpu.host)
+    assert _model_buffers(small, card, ["-ngl", "5"]) == {"Vulkan0", "CPU_Mapped"}

@@ -29,6 +29,16 @@ class Device:
     link: float = 0.0  # bytes/s of its link to host memory (NVML's PCIe generation and width); 0: not known
     fp16: float = 0.0  # FLOP/s of dense FP16 matmuls where the card is known (llamafit.devices.cards); 0: not known
 
+    @property
+    def maps_files(self) -> bool:
+        """Whether llama.cpp may memory-map the model beside it (its ``mmap_support``): not an integrated GPU of
+        ggml-cuda (HIP and MUSA too) or Vulkan (ggml-cuda.cu:5231, ggml-vulkan.cpp:15314), of which lavapipe, a CPU
+        device to Vulkan, is none; Metal, SYCL and RPC devices may."""
+        return not (self.uma and self.backend in _NO_MMAP_WHEN_INTEGRATED and "llvmpipe" not in self.name)
+
+
+_NO_MMAP_WHEN_INTEGRATED = frozenset({"CUDA", "ROCm", "MUSA", "Vulkan"})
+
 
 @dataclass(frozen=True)
 class Host:

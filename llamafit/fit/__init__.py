@@ -167,7 +167,7 @@ def _make_plan(job: _Job) -> Plan:
     nextn = model.hparams.n_nextn > 0
     build = match(caps.build, caps.probed, model.arch, caps.ggml, nextn) if isinstance(caps, Capabilities) else None
     built = build.rules if build is not None else MIRRORED
-    base = replace(server_defaults(req), build=built, load_nextn=nextn_weights(built, model.arch, False))
+    base = replace(server_defaults(req, gpus), build=built, load_nextn=nextn_weights(built, model.arch, False))
     calib = inputs.calibrate(base, tuple(g.id for g in gpus)) if inputs.calibrate is not None else Corrections()
     projector = place_projector(req, machine, [g.id for g in gpus], mmproj, inputs.mmproj_measured)
     search = Search(model, machine, req, gpus, opts, Beside(calib, projector.fixed, inputs.adapters, rates))

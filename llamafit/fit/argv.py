@@ -17,8 +17,8 @@ from llamafit.server.args import Planned
 from llamafit.speculative import SpecConfig, SpecOptions
 
 
-def server_defaults(req: Request) -> LoadSettings:
-    """llama-server's effective parameters before the fit chooses anything (docs/memory-model.md §9)."""
+def server_defaults(req: Request, gpus: Sequence[Device] = ()) -> LoadSettings:
+    """llama-server's effective parameters before the fit chooses anything (docs/memory-model.md §9), on ``gpus``."""
     if req.n_seq is None:
         n_seq, kvu = 4, True  # server auto: 4 slots, unified KV (server.cpp:167-173)
     else:
@@ -43,8 +43,9 @@ def server_defaults(req: Request) -> LoadSettings:
         swa_full=req.swa_full,
         backend_sampling=req.backend_sampling,
         sampling_args=req.sampling_args,
-        use_mmap=req.use_mmap,
-        lazy_mode=req.lazy_mode,
+        use_mmap=maps_model(req.load_mode, gpus),
+        # "auto" reads nothing lazily beside a device that cannot map the file (llama-model.cpp:1525-1534)
+        lazy_mode="off" if req.lazy_mode == "auto" and not all(g.maps_files for g in gpus) else req.lazy_mode,
         no_host=req.no_host,
         repack=req.repack,
         op_offload=req.op_offload,
@@ -54,6 +55,14 @@ def server_defaults(req: Request) -> LoadSettings:
         split_mode=req.split_mode,
         main_gpu=req.main_gpu,
     )
+
+
+def maps_model(load_mode: str, gpus: Sequence[Device]) -> bool:
+    """llama.cpp's ``use_mmap`` for ``-lm`` (llama-model-loader.cpp:559): "auto" maps the file unless one of the
+    model's devices cannot (an integrated GPU: llama-model.cpp:1514-1523)."""
+    if load_mode == "auto":
+        return all(g.maps_files for g in gpus)
+    return load_mode in ("mmap", "mmap+mlock")
 
 
 def planned_argv(

@@ -61,7 +61,7 @@ class Request:
     sampling_args: tuple[tuple[str, str], ...] = ()  # the sampling flags given, in order
     embeddings: bool = False  # --embeddings / --reranking: every token of a batch is an output
     pooling: str | None = None  # --pooling TYPE (--reranking: rank)
-    use_mmap: bool = True
+    load_mode: str = "auto"  # -lm (auto: mmap unless a device cannot map the file, llamafit.fit.argv)
     lazy_mode: str = "auto"  # -lzm: which tensors llama.cpp reads row by row (llamafit.memory.placement)
     no_host: bool = False
     repack: bool = True
@@ -254,8 +254,7 @@ def build_request(
         kw["pooling"] = "rank"
     _whole_batch(kw)
     if (o := args.last("--load-mode")) is not None:
-        mode = _one_of("auto", "none", "mmap", "mlock", "mmap+mlock", "dio")(o.value, o.tokens[0])
-        kw["use_mmap"] = mode in ("auto", "mmap", "mmap+mlock")
+        kw["load_mode"] = _one_of("auto", "none", "mmap", "mlock", "mmap+mlock", "dio")(o.value, o.tokens[0])
     if (o := args.last("--lazy-mode")) is not None:
         kw["lazy_mode"] = _one_of("on", "auto", "off")(o.value, o.tokens[0])  # arg.cpp:2713-2724
     if rpc_values := [o.value or "" for o in args.items if o.key == "--rpc"]:
