@@ -111,6 +111,24 @@ def test_the_plan_matches_the_vulkan_servers_buffers(
         assert -0.02 <= err <= 0.10, f"{r.buft}: {r.predicted / MiB:.2f} vs {r.actual_mib}"
 
 
+@pytest.mark.parametrize("devices", ["0"], indirect=True)
+@pytest.mark.parametrize("args", [["-lzm", "on"], ["-lzm", "on", "-lm", "none"], ["-lm", "none"]])
+def test_a_lazy_table_and_a_load_without_mmap_beside_a_vulkan_device(
+    vulkan: ServerBinary, tmp_path: Path, devices: str, args: list[str]
+) -> None:
+    """gemma4's per-layer table read lazily stays a mapped host buffer beside the device, and without mmap the
+    host's weights (the tied embeddings, twice: gemma4 makes the output first) are in the pinned Vulkan_Host."""
+    model = factory.gemma4().write(tmp_path / "gemma4.gguf")
+    o = Options(server_args=["--no-warmup", *args], server=vulkan.path, calibrate=False)
+    found = server_and_caps(vulkan.path)
+    prep = prepare(str(model), o, machine=discover_for(o, found[0]), server=found)
+    rows = [r for r in compare_all(prep, run_argv(vulkan, prep.argv[1:], timeout=300)) if r.kind == "model"]
+    bufts = {r.buft for r in rows}
+    assert ("CPU_Mapped" in bufts) == ("on" in args) and ("Vulkan_Host" in bufts) == ("none" in args)
+    wrong = [r for r in rows if not r.within]
+    assert not wrong, "\n".join(f"{r.buft}: {r.predicted / MiB:.2f} vs {r.actual_mib}" for r in wrong)
+
+
 @pytest.mark.parametrize("devices", ["0,0"], indirect=True)
 @pytest.mark.parametrize(
     ("shape", "args"),
