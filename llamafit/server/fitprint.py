@@ -65,7 +65,10 @@ def parse_compute(text: str) -> dict[str, int]:
     return out
 
 
-ATTEMPTS = 3  # its log is written by a thread that exit can cut short: a run may lose the last lines
+# its log is written by a thread that its exit cuts short (fit-params.cpp:71-77 flushes it before the compute lines,
+# then returns): a DeepSeek-V4 shape lost them in 17 of 40 runs here, so three tries all lost them one plan in
+# thirteen; eight, one in a thousand (a run takes a fraction of a second)
+ATTEMPTS = 8
 
 
 def measure(binary: str, args: Sequence[str], env: dict[str, str], timeout: float = TIMEOUT) -> NoAlloc:
