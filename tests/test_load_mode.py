@@ -93,6 +93,21 @@ def test_a_lazy_mode_llama_server_refuses_is_refused() -> None:
     assert build_request(parse_server_args([])).lazy_mode == "auto"
 
 
+@pytest.mark.parametrize("args", [[], ["-lm", "none"]])
+def test_a_lazily_read_table_is_not_held_against_the_hosts_ram(large: Path, args: list[str]) -> None:
+    """Its rows are read from the file as tokens need them (llama.h:218-222): the buffers list it as llama.cpp logs
+    it, the host's use leaves it out, the mapping of the other weights spanning it included, and the plan says so."""
+    machine = Machine((), Host(total=64 * GiB, available=64 * GiB))
+    m = load_model(large)
+    plan = make_plan(m, machine, build_request(parse_server_args(["-c", "4096", *args])))
+    logged = sum(b.nbytes for b in plan.footprint.buffers if b.kind == "model")
+    held = sum(t.info.nbytes for t in m.tensors if t.name != PLE)
+    emb = _bytes(large, "token_embd.weight")
+    assert logged - plan.host.use.model >= _bytes(large, PLE)
+    assert plan.host.use.model <= held + (emb if args else 0) + (1 << 20)
+    assert any("read from the model file a row at a time" in n for n in plan.notes)
+
+
 CASES = [
     ("small", ["-lzm", "on"]),
     ("small", ["-lzm", "on", "-lm", "none"]),

@@ -220,6 +220,8 @@ def _make_plan(job: _Job) -> Plan:
     plan = replace(plan, memory_build=build, calibrated_compute=tuple(calib.compute_scale), tradeoffs=rows)
     if (grows := _output_growth(plan)) is not None:
         plan = replace(plan, notes=(*plan.notes, grows))
+    if t.fp.placement.lazy:
+        plan = replace(plan, notes=(*plan.notes, messages.read_lazily(t.fp.placement.lazy)))
     return plan
 
 

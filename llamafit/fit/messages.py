@@ -474,3 +474,11 @@ def split_mode_memory(mode: str, why: str | None) -> str:
         f"-sm {mode}: memory is planned as a layer split over the same cards ({how}); keep a margin "
         f"(--margin) or use -sm layer. The speed is the {mode} split's."
     )
+
+
+def read_lazily(nbytes: int) -> str:
+    """The per-layer table llama.cpp reads from the file as tokens need it (``-lzm``, llamafit.memory.placement)."""
+    return (
+        f"the per-layer embedding table ({fmt_bytes(nbytes)}) is read from the model file a row at a time as tokens "
+        "need it (llama.cpp's -lzm, by default above 4 GiB): mapped, not counted against RAM"
+    )

@@ -277,6 +277,8 @@ def _buffers(
     for name, size in () if share_weights else placement.buffers:
         buffers.append(PredictedBuffer(context_label, "model", name, size))
         add(_buft_device(name), model=size)
+    if not share_weights:  # a lazily read table is logged as a buffer and read from the file a row at a time
+        add(CPU, model=-placement.lazy)
     for b in mem:
         buffers.append(PredictedBuffer(context_label, b.kind, b.buft, b.nbytes))
         if b.kind == "kv":

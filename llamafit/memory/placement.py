@@ -114,6 +114,9 @@ class WeightPlacement:
     tensors: tuple[PlacedTensor, ...]
     layer_device: tuple[str, ...]  # per layer, output layer last
     buffers: tuple[tuple[str, int], ...]  # (buffer name, bytes) as `model buffer size` lines report
+    # of those, the mapped spans of tensors read lazily: rows read from the file as a token needs them, not
+    # kept resident (llama.h:218-222), so not held against the host's RAM
+    lazy: int = 0
 
 
 def _repackable(t: Tensor, profile: RepackProfile) -> bool:
@@ -255,7 +258,8 @@ def place_weights(
                 # its bytes again where the buffer is not the file's mapping (models/gemma4.cpp:50-56)
                 placed.append(replace(out))
 
-    return WeightPlacement(tuple(placed), tuple(devs), tuple(_buffers(model, placed, use_mmap)))
+    buffers = tuple(_buffers(model, placed, use_mmap))
+    return WeightPlacement(tuple(placed), tuple(devs), buffers, _unread(model, placed, use_mmap))
 
 
 _PLACED = ("placed_tensors",)  # (weight, device, buffer type) -> its PlacedTensor
@@ -297,6 +301,22 @@ def _buffers(model: ModelInfo, placed: Sequence[PlacedTensor], use_mmap: bool) -
             seen.add(id(p))
             size += pad(p.alloc, align)
         out.append((buft, size))
+    return out
+
+
+def _unread(model: ModelInfo, placed: Sequence[PlacedTensor], use_mmap: bool) -> int:
+    """Bytes of the mapped buffers that are lazily read tables: their own spans, and the part of the other
+    mapping's span of their file they lie in (it spans the file from its first tensor to its last)."""
+    lazy = [p.tensor for p in placed if p.buft == LAZY_MAPPED]
+    if not lazy:
+        return 0
+    out = sum(n for _, n in _buffers(model, [p for p in placed if p.buft == LAZY_MAPPED], use_mmap))
+    mapped = [p.tensor for p in placed if p.buft == CPU and use_mmap]
+    for t in lazy:
+        mine = [m.info for m in mapped if m.shard == t.shard]
+        if mine:
+            first, last = min(i.offset for i in mine), max(i.offset + i.nbytes for i in mine)
+            out += max(0, min(last, t.info.offset + t.info.nbytes) - max(first, t.info.offset))
     return out
 
 
