@@ -108,6 +108,24 @@ def test_a_lazily_read_table_is_not_held_against_the_hosts_ram(large: Path, args
     assert any("read from the model file a row at a time" in n for n in plan.notes)
 
 
+def test_a_per_layer_table_is_read_a_row_per_token_not_whole(tmp_path: Path) -> None:
+    """GET_ROWS reads a token's row of Gemma's per-layer embeddings as it does of token_embd: doubling the table's
+    bytes (F32 for F16) leaves the generation speed within a row's worth, where reading it whole halved it."""
+    from llamafit.fit import Inputs
+    from llamafit.fit.speed import priced
+    from llamafit.speed.rate_source import host_rates
+
+    rates = {"CPU": host_rates(60e9)}
+    machine = Machine((), Host(total=64 * GiB, available=64 * GiB))
+    tg = []
+    for ple in ("f16", "f32"):
+        shape = factory.gemma4(n_layer=10, n_embd=1024, n_ff=4096, per_layer=256, n_vocab=65536, w="q4_K", ple=ple)
+        m = load_model(shape.write(tmp_path / f"gemma4-{ple}.gguf"))
+        req = build_request(parse_server_args(["-c", "4096"]))
+        tg.append(priced(make_plan(m, machine, req, inputs=Inputs(rates=rates)), rates).speed.tg)
+    assert tg[0] is not None and tg[1] is not None and tg[1] > 0.98 * tg[0], tg
+
+
 CASES = [
     ("small", ["-lzm", "on"]),
     ("small", ["-lzm", "on", "-lm", "none"]),

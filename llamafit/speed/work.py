@@ -6,8 +6,9 @@ Per device, as llama.cpp's graph runs it (``src/llama-graph.cpp``, ``ggml-backen
 * **weights**: every matmul weight it holds, read once per evaluation; expert tensors
   (``*_exps``, 3-D) only for the experts the ubatch routes to: of ``n_expert`` with ``n_expert_used``
   each, a token touches that share, and ``tokens`` tokens touch ``1 - (1 - k/n)^tokens`` of them
-  (independent routing: the expected fraction of distinct experts hit); the input embedding is read
-  one row per token (GGML_OP_GET_ROWS);
+  (independent routing: the expected fraction of distinct experts hit); the input embedding, and every
+  other table GGML_OP_GET_ROWS reads (Gemma's per-layer embeddings, positions, token types), is read one
+  row per token;
 * **FLOPs** of the matmuls: 2 x the weight's elements per token (experts: ``n_expert_used`` of them);
 * **attention** over the cache: per layer and head, 2 x head size FLOPs per cell for Q.K and as many for
   the weighted V; a token attends to ``depth + 1`` cells (a sliding-window layer to at most ``n_swa``),
@@ -37,6 +38,7 @@ from dataclasses import dataclass, field, replace
 from llamafit.gguf.ggml import row_size
 from llamafit.gguf.hparams import Hparams
 from llamafit.gguf.model import ModelInfo, Tensor
+from llamafit.gguf.tensors import GET_ROWS_PREFIXES
 from llamafit.memory import backends
 from llamafit.memory.context import ContextParams, attention_layers, kv_row_bytes, recurrent_layers
 from llamafit.memory.placement import CPU, WeightPlacement, output_weight_device
@@ -233,6 +235,9 @@ def _walk(load: Load, tokens: int) -> Walk:
                 on(dev).add_weight(f.type_name, f.row * tokens, 0.0)
             embd_seen = True
             continue
+        if f.by_row:  # another table read a row per token (Gemma's per-layer embeddings, positions, token types)
+            on(dev).add_weight(f.type_name, f.row * tokens, 0.0)
+            continue
         if f.matmul:
             # the output layer multiplies the rows that are output: one, the ubatch's last token
             rows = OUTPUTS if f.output else tokens
@@ -300,6 +305,7 @@ class _Fact:
     layer: int | None
     drafter: bool  # a NextN/MTP block's weight
     embd: bool  # the input embedding (GET_ROWS: one row per token)
+    by_row: bool  # another table GET_ROWS reads a row per token of (not the whole of it)
     output: bool  # the output layer's (it multiplies only the rows that are output)
     matmul: bool
     expert: bool
@@ -321,6 +327,7 @@ def _fact(model: ModelInfo, t: Tensor) -> _Fact:
         layer=layer,
         drafter=layer is not None and hp.n_layer <= layer < hp.n_layer_all,
         embd=t.name == "token_embd.weight",
+        by_row=t.name != "token_embd.weight" and t.name.startswith(GET_ROWS_PREFIXES),
         output=layer == hp.n_layer_all,
         matmul=t.matmul,
         expert=is_expert(t),
