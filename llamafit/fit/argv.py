@@ -27,6 +27,7 @@ def server_defaults(req: Request, gpus: Sequence[Device] = ()) -> LoadSettings:
     # output; so is any pooled one (server-context.cpp:42-46, llama-context.cpp:252)
     n_batch = min(req.n_batch, req.n_ubatch) if req.embeddings else req.n_batch
     pooled = req.embeddings or req.pooling not in (None, "none")
+    mappable = all(g.maps_files for g in gpus)
     return LoadSettings(
         n_ctx=req.ctx or 0,
         n_seq=n_seq,
@@ -43,9 +44,10 @@ def server_defaults(req: Request, gpus: Sequence[Device] = ()) -> LoadSettings:
         swa_full=req.swa_full,
         backend_sampling=req.backend_sampling,
         sampling_args=req.sampling_args,
-        use_mmap=maps_model(req.load_mode, gpus),
-        # "auto" reads nothing lazily beside a device that cannot map the file (llama-model.cpp:1525-1534)
-        lazy_mode="off" if req.lazy_mode == "auto" and not all(g.maps_files for g in gpus) else req.lazy_mode,
+        # llama.cpp's use_mmap (llama-model-loader.cpp:559): "auto" maps the file unless one of the model's devices
+        # cannot (an integrated GPU), and then reads nothing lazily either (llama-model.cpp:1514-1534)
+        use_mmap=mappable if req.load_mode == "auto" else req.load_mode in ("mmap", "mmap+mlock"),
+        lazy_mode="off" if req.lazy_mode == "auto" and not mappable else req.lazy_mode,
         no_host=req.no_host,
         repack=req.repack,
         op_offload=req.op_offload,
@@ -55,14 +57,6 @@ def server_defaults(req: Request, gpus: Sequence[Device] = ()) -> LoadSettings:
         split_mode=req.split_mode,
         main_gpu=req.main_gpu,
     )
-
-
-def maps_model(load_mode: str, gpus: Sequence[Device]) -> bool:
-    """llama.cpp's ``use_mmap`` for ``-lm`` (llama-model-loader.cpp:559): "auto" maps the file unless one of the
-    model's devices cannot (an integrated GPU: llama-model.cpp:1514-1523)."""
-    if load_mode == "auto":
-        return all(g.maps_files for g in gpus)
-    return load_mode in ("mmap", "mmap+mlock")
 
 
 def planned_argv(

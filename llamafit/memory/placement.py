@@ -307,12 +307,12 @@ def _buffers(model: ModelInfo, placed: Sequence[PlacedTensor], use_mmap: bool) -
 def _unread(model: ModelInfo, placed: Sequence[PlacedTensor], use_mmap: bool) -> int:
     """Bytes of the mapped buffers that are lazily read tables: their own spans, and the part of the other
     mapping's span of their file they lie in (it spans the file from its first tensor to its last)."""
-    lazy = [p.tensor for p in placed if p.buft == LAZY_MAPPED]
+    lazy = [p for p in placed if p.buft == LAZY_MAPPED]
     if not lazy:
         return 0
-    out = sum(n for _, n in _buffers(model, [p for p in placed if p.buft == LAZY_MAPPED], use_mmap))
+    out = sum(n for _, n in _buffers(model, lazy, use_mmap))
     mapped = [p.tensor for p in placed if p.buft == CPU and use_mmap]
-    for t in lazy:
+    for t in (p.tensor for p in lazy):
         mine = [m.info for m in mapped if m.shard == t.shard]
         if mine:
             first, last = min(i.offset for i in mine), max(i.offset + i.nbytes for i in mine)
