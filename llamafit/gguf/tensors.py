@@ -9,6 +9,9 @@ _BLK_RE = re.compile(r"^blk\.(\d+)\.")
 INPUT_PREFIXES = ("token_embd.", "position_embd.", "token_types.", "per_layer_token_embd.", "masked_embd_")
 # Tensors read by row (GGML_OP_GET_ROWS) rather than multiplied; never repacked or op-offloaded.
 GET_ROWS_PREFIXES = ("token_embd.", "position_embd.", "token_types.", "per_layer_token_embd.")
+# LLM_TENSOR_LAYER_REPEATING tensors named without a block, which Gemma 3n and Gemma 4 create in block 0
+# (src/llama-arch.cpp:958-959; models/gemma4.cpp:60-61, gemma3n.cpp:40-41): layer 0's device holds them
+FIRST_BLOCK_PREFIXES = ("per_layer_model_proj.", "per_layer_proj_norm.")
 
 
 def layer_of(name: str, n_layer_all: int) -> int | None:
@@ -18,6 +21,8 @@ def layer_of(name: str, n_layer_all: int) -> int | None:
     """
     if name.startswith(INPUT_PREFIXES):
         return None
+    if name.startswith(FIRST_BLOCK_PREFIXES):
+        return 0
     m = _BLK_RE.match(name)
     if m is None:
         return n_layer_all
