@@ -86,6 +86,16 @@ def test_gemma4_keeps_its_tied_output_twice_where_the_buffer_is_not_the_file(sma
     assert len(mapped) == 1 and mapped[0][1] < unmapped["CPU"]
 
 
+def test_the_per_layer_projection_is_on_the_first_layers_device(small: Path) -> None:
+    """per_layer_model_proj and per_layer_proj_norm are block 0's (models/gemma4.cpp:60-61), not the output
+    layer's: with the last layers and the output offloaded (-ngl 4 of 10), they stay with layer 0 on the host."""
+    m = load_model(small)
+    pl = place_weights(m, Loading(4), gpus=["CUDA0"], splits=[1.0])
+    where = {p.tensor.name: p.device for p in pl.tensors}
+    assert where["output_norm.weight"] == "CUDA0" and where["blk.0.attn_q.weight"] == "CPU"
+    assert where["per_layer_model_proj.weight"] == where["per_layer_proj_norm.weight"] == "CPU"
+
+
 def test_a_lazy_mode_llama_server_refuses_is_refused() -> None:
     with pytest.raises(UsageError, match="-lzm expects on, auto or off"):
         build_request(parse_server_args(["-lzm", "sometimes"]))
