@@ -69,6 +69,10 @@ def shapes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "tied_q4k": factory.dense(n_embd=512, n_ff=1536, w="q4_K", tied=True, name="tied-q4k"),
         "moe": factory.moe(),
         "gemma3": factory.gemma3(),
+        "gemma4": factory.gemma4(n_layer=15, per_layer=32),  # per-layer inputs, layers sharing a cache
+        "gemma4_31b": factory.gemma4(
+            per_layer=0, shared_kv=0, head_full=128, kv_heads=(2, 1), k_as_v=True, out_scale=True
+        ),
         "gpt_oss": factory.gpt_oss(),
         "mla": factory.deepseek2(),
         "dsa": factory.deepseek2(dsa=True, name="dsa"),

@@ -43,6 +43,8 @@ CASES = [
     ("gemma3", ["-c", "4096", "-np", "2"]),
     ("gemma3", ["-c", "4096", "--swa-full"]),
     ("gemma3", ["-c", "16384", "-fa", "off"]),
+    ("gemma4", ["-c", "4096", "-np", "2"]),
+    ("gemma4_31b", ["-c", "8192", "-fa", "off"]),
     ("gpt_oss", ["-c", "8192", "-np", "2"]),
     ("mla", ["-c", "4096"]),
     ("mla", ["-c", "4096", "-fa", "off"]),
@@ -190,6 +192,8 @@ REPLAY_SHAPES = (
     "dense",
     "qwen3",
     "gemma3",
+    "gemma4",
+    "gemma4_31b",
     "gpt_oss",
     "moe",
     "mla",
@@ -214,7 +218,8 @@ REPLAY_CASES = [(s, a) for s in REPLAY_SHAPES for a in REPLAY_ARGS]
 def test_a_dense_transformer_compute_buffer_is_the_allocator_replay(
     server_bin: ServerBinary, shapes: dict[str, Path], shape: str, args: list[str]
 ) -> None:
-    """Llama, Qwen3, Gemma 3 (sliding-window layers, sandwich norms), Qwen3-MoE (routed experts), MLA
+    """Llama, Qwen3, Gemma 3 (sliding-window layers, sandwich norms), Gemma 4 (per-layer inputs, layers reading
+    an earlier layer's cache, wider full layers with V as K's projection), Qwen3-MoE (routed experts), MLA
     (DeepSeek-V3 style: absorbed K, a K-only cache, shared expert), the Qwen3.5 hybrid (gated delta-net
     and gated attention layers), Qwen3.5-MoE (its experts and gated shared expert: the per-phase estimate
     was 9-17 % over on Qwen3.5-35B-A3B's shape) and Qwen3-Next (one ssm_in and ssm_ba projection, q/k

@@ -28,7 +28,10 @@ def _context(path: Path, args: list[str]):  # type: ignore[no-untyped-def]
 
 REPLAYED = [
     (shape, args)
-    for shape in ("dense", "qwen3", "gemma3", "moe", "mla", "dsa", "glm_dsa", "hybrid", "hybrid_moe", "next", "glm4moe")
+    for shape in (
+        *("dense", "qwen3", "gemma3", "gemma4", "gemma4_31b", "moe", "mla", "dsa", "glm_dsa", "hybrid", "hybrid_moe"),
+        *("next", "glm4moe"),
+    )
     for args in (
         ["-c", "4096"],
         ["-c", "4096", "-fa", "off"],
@@ -41,7 +44,7 @@ REPLAYED = [
 
 @pytest.mark.parametrize(("shape", "args"), REPLAYED, ids=[f"{s}:{' '.join(a)}" for s, a in REPLAYED])
 def test_the_replayed_graphs(shapes: dict[str, Path], shape: str, args: list[str]) -> None:
-    """Llama, Qwen3, Gemma 3, Qwen3-MoE, MLA and its DSA variants, the Qwen3.5 hybrids, Qwen3-Next, GLM-4.5."""
+    """Llama, Qwen3, Gemma 3 and 4, Qwen3-MoE, MLA and its DSA variants, the Qwen3.5 hybrids, Qwen3-Next, GLM-4.5."""
     model, cp, fa = _context(shapes[shape], args)
     assert graph_bytes(model, cp, cp.n_outputs_max, fa) is not None
     assert recurrent_bytes(model, cp, cp.n_outputs_max) is None

@@ -65,6 +65,12 @@ def shapes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "mamba": factory.mamba().write(d / "mamba.gguf"),  # Mamba-1
         "hybrid_mtp": factory.qwen35(n_nextn=1, name="hybrid-mtp").write(d / "hybrid-mtp.gguf"),
         "glm4moe_mtp": factory.glm4moe().write(d / "glm4moe-mtp.gguf"),
+        # per-layer embeddings (a lazily read table on the host), layers reading an earlier layer's cache
+        "gemma4": factory.gemma4(n_layer=15, per_layer=32).write(d / "gemma4.gguf"),
+        # Gemma 4 31B's layout: wider full layers without attn_v, layer_output_scale
+        "gemma4_31b": factory.gemma4(
+            per_layer=0, shared_kv=0, head_full=128, kv_heads=(2, 1), k_as_v=True, out_scale=True
+        ).write(d / "gemma4-31b.gguf"),
     }
 
 
@@ -166,6 +172,8 @@ def test_a_tensor_split_over_two_vulkan_devices_is_the_meta_devices(
 @pytest.mark.parametrize(("shape", "args"), [("qwen3-0.6b", []), ("qwen3-0.6b", ["-ngl", "20"]),
                                              ("gemma3", ["-np", "2"]), ("gemma3", ["-ngl", "5"]),
                                              ("moe", []), ("moe", ["-ngl", "3", "-fa", "off"]),
+                                             ("gemma4", []), ("gemma4", ["-ngl", "8"]),
+                                             ("gemma4_31b", ["-ngl", "6", "-fa", "off"]),
                                              ("hybrid", []), ("hybrid", ["-ngl", "5"]),
                                              ("mla", []), ("mla", ["-ngl", "4", "-fa", "off"]),
                                              # -fa auto resolved off: a host layer's attention scheduled on

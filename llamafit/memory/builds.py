@@ -107,6 +107,9 @@ INDEXER_BY_TYPE_SINCE = {"glm-dsa": 10248}
 # from 10773. Older builds keep the per-phase estimate (held to llama-fit-params).
 DSV4_GRAPH_SINCE = 10593
 DSPARK_DSV4_GRAPH_SINCE = 10773
+# Gemma 4's reserve graph as graph.gemma4 builds it, read from b11434's gemma4.cpp only (its per-layer inputs and
+# the embedding path changed since Gemma 4 came): older builds keep the per-phase estimate, held to llama-fit-params
+GEMMA4_GRAPH_SINCE = 11434
 # and the NextN weights: loaded only for MTP (load_mtp) from these builds; qwen35 and qwen35moe loaded their
 # NextN block always before (b9310's Qwen3.5-35B-A3B: 455 MiB more weights without a drafter)
 NEXTN_ALWAYS_LOADED_BEFORE = {"qwen35": 10216, "qwen35moe": 10216}

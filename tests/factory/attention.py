@@ -150,20 +150,27 @@ def gemma4(
     shared_kv: int = 5,
     w: str = "f16",
     ple: str = "f16",
+    head_full: int | None = None,
+    kv_heads: tuple[int, int] = (1, 1),
+    k_as_v: bool = False,
+    out_scale: bool = False,
 ) -> Shape:
     """gemma4 with per-layer embeddings (``per_layer_token_embd``, read lazily: src/models/gemma4.cpp:59), four
     sliding-window layers to one full one, tied embeddings, and the last ``shared_kv`` layers reusing the caches
     of earlier ones (llama-model.cpp:2796-2805: the layer before them must be a full one, the one before that a
-    sliding one)."""
+    sliding one). As Gemma 4 31B's config: the full layers' heads ``head_full`` wide, ``kv_heads`` (sliding,
+    full), ``k_as_v`` full layers without ``attn_v`` (V is K's projection), a ``layer_output_scale`` per layer;
+    ``per_layer`` 0: no per-layer embeddings."""
     arch = "gemma4"
     kv = _base_kv(arch, "gemma4", n_layer, n_embd, 32768, n_vocab)
     swa = [i % 5 != 4 for i in range(n_layer)]
+    full = head_full or head_dim
     kv.update({
         f"{arch}.feed_forward_length": n_ff,
         f"{arch}.attention.head_count": n_head,
-        f"{arch}.attention.head_count_kv": 1,
-        f"{arch}.attention.key_length": head_dim,
-        f"{arch}.attention.value_length": head_dim,
+        f"{arch}.attention.head_count_kv": [kv_heads[0] if s else kv_heads[1] for s in swa],
+        f"{arch}.attention.key_length": full,
+        f"{arch}.attention.value_length": full,
         f"{arch}.attention.key_length_swa": head_dim,
         f"{arch}.attention.value_length_swa": head_dim,
         f"{arch}.attention.sliding_window": 512,
@@ -172,30 +179,40 @@ def gemma4(
         f"{arch}.embedding_length_per_layer_input": per_layer,
         f"{arch}.rope.freq_base_swa": 10000.0,
         f"{arch}.final_logit_softcapping": 30.0,
+        f"{arch}.rope.dimension_count": full,
+        f"{arch}.rope.dimension_count_swa": head_dim,
     })  # fmt: skip
-    ts = [
-        *_io(n_embd, n_vocab, w, True),
-        TensorSpec("per_layer_token_embd.weight", (per_layer * n_layer, n_vocab), ple),
-        TensorSpec("per_layer_model_proj.weight", (n_embd, per_layer * n_layer), w),
-        TensorSpec("per_layer_proj_norm.weight", (per_layer,)),
-        TensorSpec("rope_freqs.weight", (head_dim // 2,)),
-    ]
+    ts = [*_io(n_embd, n_vocab, w, True), TensorSpec("rope_freqs.weight", (full // 2,))]
+    if per_layer:
+        ts += [
+            TensorSpec("per_layer_token_embd.weight", (per_layer * n_layer, n_vocab), ple),
+            TensorSpec("per_layer_model_proj.weight", (n_embd, per_layer * n_layer), w),
+            TensorSpec("per_layer_proj_norm.weight", (per_layer,)),
+        ]
     for i in range(n_layer):
-        attn = _attn(i, n_embd, n_head * head_dim, head_dim, n_head * head_dim, w)
+        hd, n_kv = (head_dim, kv_heads[0]) if swa[i] else (full, kv_heads[1])
+        attn = _attn(i, n_embd, n_head * hd, n_kv * hd, n_head * hd, w)
         if i >= n_layer - shared_kv:  # no K and V of its own
             attn = [t for t in attn if ".attn_k." not in t.name and ".attn_v." not in t.name]
         else:
-            attn.append(TensorSpec(f"blk.{i}.attn_k_norm.weight", (head_dim,)))
+            attn.append(TensorSpec(f"blk.{i}.attn_k_norm.weight", (hd,)))
+            if k_as_v and not swa[i]:
+                attn = [t for t in attn if ".attn_v." not in t.name]
         ts += attn
         ts += [
-            TensorSpec(f"blk.{i}.attn_q_norm.weight", (head_dim,)),
+            TensorSpec(f"blk.{i}.attn_q_norm.weight", (hd,)),
             TensorSpec(f"blk.{i}.post_attention_norm.weight", (n_embd,)),
             *_ffn(i, n_embd, n_ff, w),
             TensorSpec(f"blk.{i}.post_ffw_norm.weight", (n_embd,)),
-            TensorSpec(f"blk.{i}.inp_gate.weight", (n_embd, per_layer), w),
-            TensorSpec(f"blk.{i}.proj.weight", (per_layer, n_embd), w),
-            TensorSpec(f"blk.{i}.post_norm.weight", (n_embd,)),
         ]
+        if per_layer:
+            ts += [
+                TensorSpec(f"blk.{i}.inp_gate.weight", (n_embd, per_layer), w),
+                TensorSpec(f"blk.{i}.proj.weight", (per_layer, n_embd), w),
+                TensorSpec(f"blk.{i}.post_norm.weight", (n_embd,)),
+            ]
+        if out_scale:
+            ts.append(TensorSpec(f"blk.{i}.layer_output_scale.weight", (1,)))
     return Shape(arch, kv, ts)
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
-from llamafit.memory.graph.galloc import F32, I32, I64, Graph, Tensor, in_layer
+from llamafit.memory.graph.galloc import F32, I32, I64, Graph, Tensor, in_layer, of_layer
 from llamafit.memory.graph.recipe import Recipe, Reserve
 from llamafit.memory.graph.trunk import Experts, gated_ffn, input_embeddings, output_head, rms_norm, routed_and_shared
 
@@ -66,19 +66,19 @@ def kq_mask(shape: tuple[int, int, int, int], fa: bool, f16: bool = True) -> Ten
     return Graph.op("cpy", shape, Graph.input(shape, F32), esize=2)
 
 
-class Builder:
-    """One reserve graph of a transformer; ``attend`` is shared with the MTP head's graph."""
+class Attending:
+    """What every graph attending over a KV cache shares: the reserve's tokens and streams, the caches' index and
+    mask inputs (``v_width``: the widest layer's V row, n_embd_v_gqa_max, which sizes a transposed V's indices:
+    llama-kv-cache.cpp:1450-1465), the positions (``n_pos`` per token) and ``attend``."""
 
-    def __init__(self, sh: TransformerShape, r: Reserve) -> None:
-        self.sh, self.r = sh, r
+    def __init__(self, r: Reserve, v_width: int, n_pos: int) -> None:
+        self.r = r
         self.g = Graph()
         n_seqs = max(1, r.n_seqs)
         self.T = -(-r.n_tokens // n_seqs) * n_seqs  # graph_reserve: a multiple of n_seqs
         self.ns = max(1, r.n_stream)
-        self.gemma = sh.arch == "gemma3"
-        self.iswa = any(sh.is_swa)  # two caches: Q, K, V expanded in that order (llama-graph.cpp:3222-3230)
         self.v_trans = not r.flash_attn and r.v_trans
-        v_rows = self.T * max(sh.n_head_kv) * sh.head_v if self.v_trans else self.T
+        v_rows = self.T * v_width if self.v_trans else self.T
         self.inputs = {
             kind: {
                 "k_idxs": Graph.input((self.T,), I64),
@@ -89,17 +89,111 @@ class Builder:
             }
             for kind, n_kv in (("full", r.n_kv), ("swa", r.n_kv_swa))
         }
-        self.pos = Graph.input((self.T * sh.n_pos,), I32)
+        self.pos = Graph.input((self.T * n_pos,), I32)
+
+    def scaled_rows(self, rows: Tensor) -> Tensor:
+        """build_inp_embd's token rows scaled by tok_scale (Gemma's sqrt(n_embd)): a per-row scale input after
+        the select (llama-graph.cpp:2512-2527); before the mixed path, ggml_scale of the selected rows
+        (gemma3.cpp:88-91 of 11393)."""
+        if not self.r.mixed_batch:
+            return Graph.like("scale", rows)
+        scaled = Graph.like("mul", rows, Graph.input((1, self.T)))
+        self.g.expand(scaled)
+        return scaled
+
+    def attend(
+        self,
+        q: Tensor,
+        k: Tensor | None,
+        v: Tensor | None,
+        kind: str,
+        *,
+        two_caches: bool = False,
+        sinks: Tensor | None = None,
+        shared: tuple[int, int] | None = None,
+    ) -> Tensor:
+        """build_attn from the expansions of Q, K and V to the attention output (before ``wo``): the
+        stores into the cache, then build_attn_mha over the cache's views (``sinks``: one more source of the
+        softmax or flash attention, no node of its own: ggml_soft_max_add_sinks). ``shared``: no K and V, the
+        cache of an earlier layer read (its index, its KV heads; heads as wide as Q's: Gemma 3n and 4,
+        llama-graph.cpp:3220-3258)."""
+        r, g, T = self.r, self.g, self.T
+        if k is None or v is None:
+            assert shared is not None
+            g.expand(q)
+            with in_layer(shared[0]):  # the caches are that layer's, on its device
+                k_cache, v_cache = self.caches(q.ne[0], q.ne[0], shared[1], kind)
+            return self.mha(q, k_cache, v_cache, kind, sinks)
+        hk, n_kv_h, hv = k.ne[0], k.ne[1], v.ne[0]
+        inp = self.inputs[kind]
+        if r.rot_k:
+            q, k = hadamard(q, inp["k_rot"]), hadamard(k, inp["k_rot"])
+        if r.rot_v:
+            v = hadamard(v, inp["v_rot"])
+        for t in (q, k, v) if two_caches else (q, v, k):
+            g.expand(t)
+        k_cache, v_cache = self.caches(hk, hv, n_kv_h, kind)
+        k2 = Graph.view(k, (hk * n_kv_h, T), (k.nb[2],))
+        g.expand(Graph.set_rows(k_cache, k2, inp["k_idxs"]))
+        if not self.v_trans:
+            v2 = Graph.view(v, (hv * n_kv_h, T), (v.nb[2],))
+            g.expand(Graph.set_rows(v_cache, v2, inp["v_idxs"]))
+        else:  # the transposed V: one row per element (llama-kv-cache.cpp:1410-1436)
+            v2 = Graph.reshape(Graph.reshape(v, (hv * n_kv_h, T)), (1, hv * n_kv_h * T))
+            v_view = Graph.reshape(v_cache, (1, v_cache.ne[0] * v_cache.ne[1]))
+            g.expand(Graph.set_rows(v_view, v2, inp["v_idxs"]))
+        return self.mha(q, k_cache, v_cache, kind, sinks)
+
+    def caches(self, hk: int, hv: int, n_kv_h: int, kind: str) -> tuple[Tensor, Tensor]:
+        """A layer's K and V caches (``kind``: the full or the sliding-window one), whole streams."""
+        r = self.r
+        n_kv = r.n_kv_swa if kind == "swa" else r.n_kv
+        k_cache = Graph.cache((hk * n_kv_h, n_kv * self.ns), r.cache_esize)
+        v_cache = Graph.cache((hv * n_kv_h, n_kv * self.ns), r.cache_esize_v)
+        return k_cache, v_cache
+
+    def mha(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, kind: str, sinks: Tensor | None) -> Tensor:
+        """build_attn_mha over the caches' views: the query split into streams and permuted, the cache views
+        permuted (views all)."""
+        r, g, T, ns = self.r, self.g, self.T, self.ns
+        inp = self.inputs[kind]
+        n_kv = r.n_kv_swa if kind == "swa" else r.n_kv
+        hk, nh = q.ne[0], q.ne[1]
+        n_kv_h = k_cache.ne[0] // hk
+        hv = v_cache.ne[0] // n_kv_h
+        qs = Graph.view(q, (hk, T // ns, nh, ns))
+        kp = Graph.view(k_cache, (hk, n_kv, n_kv_h, ns))
+        vp = Graph.view(v_cache, (n_kv, hv, n_kv_h, ns) if self.v_trans else (hv, n_kv, n_kv_h, ns))
+        mask = inp["mask"]
+        extra = (sinks,) if sinks is not None else ()
+        if r.flash_attn:
+            out = of_layer(Graph.op("flash_attn_ext", (hv, nh, T // ns, ns), qs, kp, vp, mask, *extra))
+            cur = Graph.reshape(out, (hv * nh, T))
+        else:
+            kq = Graph.op("mul_mat", (n_kv, T // ns, nh, ns), kp, qs)
+            kq = Graph.like("soft_max", kq, mask, *extra)
+            if not self.v_trans:  # llama-graph.cpp:2801-2805
+                vp = Graph.op("cont", (n_kv, hv, n_kv_h, ns), Graph.transpose(vp), esize=vp.esize)
+            kqv = Graph.op("mul_mat", (hv, T // ns, nh, ns), vp, kq)
+            perm = Graph.view(kqv, (hv, nh, T // ns, ns), (kqv.nb[2], kqv.nb[1], kqv.nb[3]))
+            cur = Graph.op("cont", (hv * nh, T), perm)
+        g.expand(cur)
+        return hadamard(cur, inp["v_rot"]) if r.rot_v else cur
+
+
+class Builder(Attending):
+    """One reserve graph of a transformer; ``attend`` is shared with the MTP head's graph."""
+
+    def __init__(self, sh: TransformerShape, r: Reserve) -> None:
+        super().__init__(r, max(sh.n_head_kv) * sh.head_v, sh.n_pos)
+        self.sh = sh
+        self.gemma = sh.arch == "gemma3"
+        self.iswa = any(sh.is_swa)  # two caches: Q, K, V expanded in that order (llama-graph.cpp:3222-3230)
 
     def graph(self) -> Graph:
         sh, g, T = self.sh, self.g, self.T
         rows = input_embeddings(g, sh.n_embd, sh.n_vocab, T, mixed=self.r.mixed_batch)
-        inp_l = rows
-        if self.gemma and self.r.mixed_batch:  # tok_scale sqrt(n_embd): a per-row scale input after the select
-            inp_l = Graph.like("mul", rows, Graph.input((1, T)))
-            g.expand(inp_l)
-        elif self.gemma:  # before the mixed path: ggml_scale of the selected rows (gemma3.cpp:88-91 of 11393)
-            inp_l = Graph.like("scale", rows)
+        inp_l = self.scaled_rows(rows) if self.gemma else rows
         out_ids = Graph.input((max(1, min(self.r.n_outputs, T)),), I32)
         for il in range(sh.n_layer):
             with in_layer(il):
@@ -154,53 +248,6 @@ class Builder:
     def bias(self, t: Tensor, name: str) -> Tensor:
         """A projection's bias added (llama-graph.cpp:1746-1780, 3274-3276), where the model has them."""
         return Graph.like("add", t, Graph.weight((t.ne[0],), f"{name}.bias")) if self.sh.biases else t
-
-    def attend(
-        self, q: Tensor, k: Tensor, v: Tensor, kind: str, *, two_caches: bool = False, sinks: Tensor | None = None
-    ) -> Tensor:
-        """build_attn from the expansions of Q, K and V to the attention output (before ``wo``): the
-        stores into the cache, then build_attn_mha over the cache's views (``sinks``: one more source of the
-        softmax or flash attention, no node of its own: ggml_soft_max_add_sinks)."""
-        r, g, T, ns = self.r, self.g, self.T, self.ns
-        hk, n_kv_h, hv, nh = k.ne[0], k.ne[1], v.ne[0], q.ne[1]
-        inp = self.inputs[kind]
-        n_kv = r.n_kv_swa if kind == "swa" else r.n_kv
-        if r.rot_k:
-            q, k = hadamard(q, inp["k_rot"]), hadamard(k, inp["k_rot"])
-        if r.rot_v:
-            v = hadamard(v, inp["v_rot"])
-        for t in (q, k, v) if two_caches else (q, v, k):
-            g.expand(t)
-        k_cache = Graph.cache((hk * n_kv_h, n_kv * ns), r.cache_esize)
-        v_cache = Graph.cache((hv * n_kv_h, n_kv * ns), r.cache_esize_v)
-        k2 = Graph.view(k, (hk * n_kv_h, T), (k.nb[2],))
-        g.expand(Graph.set_rows(k_cache, k2, inp["k_idxs"]))
-        if not self.v_trans:
-            v2 = Graph.view(v, (hv * n_kv_h, T), (v.nb[2],))
-            g.expand(Graph.set_rows(v_cache, v2, inp["v_idxs"]))
-        else:  # the transposed V: one row per element (llama-kv-cache.cpp:1410-1436)
-            v2 = Graph.reshape(Graph.reshape(v, (hv * n_kv_h, T)), (1, hv * n_kv_h * T))
-            v_view = Graph.reshape(v_cache, (1, v_cache.ne[0] * v_cache.ne[1]))
-            g.expand(Graph.set_rows(v_view, v2, inp["v_idxs"]))
-        # build_attn_mha: the query split into streams and permuted, the cache views permuted (views all)
-        qs = Graph.view(q, (hk, T // ns, nh, ns))
-        kp = Graph.view(k_cache, (hk, n_kv, n_kv_h, ns))
-        vp = Graph.view(v_cache, (n_kv, hv, n_kv_h, ns) if self.v_trans else (hv, n_kv, n_kv_h, ns))
-        mask = inp["mask"]
-        extra = (sinks,) if sinks is not None else ()
-        if r.flash_attn:
-            out = Graph.op("flash_attn_ext", (hv, nh, T // ns, ns), qs, kp, vp, mask, *extra)
-            cur = Graph.reshape(out, (hv * nh, T))
-        else:
-            kq = Graph.op("mul_mat", (n_kv, T // ns, nh, ns), kp, qs)
-            kq = Graph.like("soft_max", kq, mask, *extra)
-            if not self.v_trans:  # llama-graph.cpp:2801-2805
-                vp = Graph.op("cont", (n_kv, hv, n_kv_h, ns), Graph.transpose(vp), esize=vp.esize)
-            kqv = Graph.op("mul_mat", (hv, T // ns, nh, ns), vp, kq)
-            perm = Graph.view(kqv, (hv, nh, T // ns, ns), (kqv.nb[2], kqv.nb[1], kqv.nb[3]))
-            cur = Graph.op("cont", (hv * nh, T), perm)
-        g.expand(cur)
-        return hadamard(cur, inp["v_rot"]) if r.rot_v else cur
 
 
 def rotation_size(head: int) -> int:

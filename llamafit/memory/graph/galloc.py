@@ -108,6 +108,13 @@ def _placed_as(t: Tensor, name: str) -> None:
         t.backend = where.device(*t.tag)
 
 
+def of_layer(t: Tensor) -> Tensor:
+    """``t`` (a node) marked with its layer's device, where the layer's own cache is (offload_kqv): for the probe
+    that compares a fused node's device with its layer's (resolve_fused_ops); the scheduler does not read it."""
+    _placed_as(t, "cache")
+    return t
+
+
 def pin_norm(t: Tensor) -> Tensor:
     """A layer's norm (build_norm's ``norm-il``) on the layer's device where llama.cpp pins it."""
     where = _WHERE.get()

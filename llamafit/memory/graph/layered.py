@@ -237,7 +237,15 @@ class _Granite(_Layers):
                 ffn_inp = Graph.like("add", Graph.like("scale", cur) if res_scale else cur, sa)
                 out = self.ffn(rms_norm(ffn_inp), il)
                 inp_l = Graph.like("add", Graph.like("scale", out) if res_scale else out, ffn_inp)
-        output_head(g, inp_l, sh.n_vocab, self.r.pooling, self.n_seqs, self.r.samplers, logit_scale=logit_scale)
+        output_head(
+            g,
+            inp_l,
+            sh.n_vocab,
+            self.r.pooling,
+            self.n_seqs,
+            self.r.samplers,
+            logits="scaled" if logit_scale else "plain",
+        )
         return g
 
 

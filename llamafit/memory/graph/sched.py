@@ -213,13 +213,15 @@ def attention_stays(
 ) -> bool:
     """resolve_fused_ops' flash-attention probe (llama-context.cpp:509-562) on its one-token-per-sequence
     graph ``g``: flash attention stays on when the scheduler puts every layer's attention on the layer's
-    device (the device of the cache it reads). A layer on the host whose attention is followed in the graph
-    by a node of a device (Nemotron-H's or LFM2's next recurrent layer gathering its states there) has its
+    device (``galloc.of_layer``'s mark; unmarked, the device of the cache it reads: a layer reading an earlier
+    layer's cache on another device keeps it, Gemma 4). A layer on the host whose attention is followed in the
+    graph by a node of a device (Nemotron-H's or LFM2's next recurrent layer gathering its states there) has its
     attention expanded up onto that device: "auto" is then resolved off."""
     where = assign(g, backends, offload)
     for n in g.nodes:
         if n.op == "flash_attn_ext":
             cache = n.src[1].view_src or n.src[1]
-            if cache.backend is not None and where.get(n) != cache.backend:
+            layer = n.backend if n.tag is not None else cache.backend
+            if layer is not None and where.get(n) != layer:
                 return False
     return True

@@ -12,9 +12,11 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from llamafit.gguf.model import ModelInfo
+from llamafit.memory.builds import GEMMA4_GRAPH_SINCE
 from llamafit.memory.graph.attention import TransformerShape, rotation_size
 from llamafit.memory.graph.dflash import DflashShape, Markov
 from llamafit.memory.graph.dsv4 import dsv4_mtp_shape, dsv4_shape
+from llamafit.memory.graph.gemma4 import Gemma4Shape
 from llamafit.memory.graph.hybrid import HybridShape
 from llamafit.memory.graph.layered import LAYERED, layered_shape
 from llamafit.memory.graph.mamba import MambaShape
@@ -396,6 +398,36 @@ def _indexer(model: ModelInfo, shapes: dict[str, tuple[int, ...]]) -> Indexer | 
     return Indexer(n_head=proj[1], head_dim=hd, top_k=hp.indexer_top_k, rot=rot, full=tuple(full))
 
 
+def _gemma4_shape(model: ModelInfo) -> Gemma4Shape | None:
+    """Dense Gemma 4 (gemma4.cpp load_arch_tensors); None for the 26B-A4B's experts (a shared MLP beside routed
+    experts with a router of its own) and a fused QKV."""
+    hp = model.hparams
+    names = {t.name for t in model.tensors}
+    n = hp.n_layer
+    if hp.n_expert or hp.n_nextn or any(f"blk.{il}.attn_qkv.weight" in names for il in range(n)):
+        return None
+    if hp.n_layer_kv_from_start < 2:
+        return None  # llama.cpp asserts two layers with caches before the shared ones (llama-model.cpp:2798)
+    cap = "gemma4.final_logit_softcapping" not in model.kv or model.number("final_logit_softcapping") != 0
+    per_layer = int(model.number("embedding_length_per_layer_input")) if "per_layer_token_embd.weight" in names else 0
+    return Gemma4Shape(
+        n_layer=n,
+        n_embd=hp.n_embd,
+        n_vocab=hp.n_vocab,
+        n_head=tuple(hp.n_head[:n]),
+        n_head_kv=tuple(hp.n_head_kv[:n]),
+        head=tuple(hp.head_k_swa if hp.is_swa[il] else hp.head_k for il in range(n)),
+        n_ff=tuple(hp.n_ff[:n]),
+        is_swa=tuple(hp.is_swa[:n]),
+        n_kv_from_start=hp.n_layer_kv_from_start,
+        per_layer=per_layer,
+        v_proj=tuple(f"blk.{il}.attn_v.weight" in names for il in range(n)),
+        out_scale=tuple(f"blk.{il}.layer_output_scale.weight" in names for il in range(n)),
+        softcap=cap,
+        since_build=GEMMA4_GRAPH_SINCE,
+    )
+
+
 Reader = Callable[[ModelInfo], Recipe | None]
 # architecture -> the reader of its builder's shape; one not here is read as a plain transformer
 # (``_transformer_shape``: the architectures of ``TRANSFORMER``, None for any other)
@@ -407,6 +439,7 @@ READERS: dict[str, Reader] = {
     "eagle3": _eagle3_shape,
     "dflash": _dflash_shape,
     "deepseek4": dsv4_shape,
+    "gemma4": _gemma4_shape,
 }
 # architecture -> the reader of its MTP head's shape (the drafter's context over the NextN block)
 DRAFT_READERS: dict[str, Reader] = {

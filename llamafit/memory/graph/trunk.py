@@ -46,22 +46,25 @@ def output_head(
     samplers: Samplers | None = None,
     *,
     rows: Tensor | None = None,
-    logit_scale: bool = False,
+    logits: str = "plain",
 ) -> None:
     """The output norm and the logits, expanded last and marked as outputs (never freed or reused), then
     the pooling of an embedding context or the backend samplers (-bs). ``rows``: the output rows' ids are
-    taken after the norm, which stays an output too (``t_h_nextn``: Qwen3.5, Nemotron-H); ``logit_scale``:
-    Granite's scaled logits are the output (granite-hybrid.cpp:190-197)."""
+    taken after the norm, which stays an output too (``t_h_nextn``: Qwen3.5, Nemotron-H); ``logits``:
+    "scaled", Granite's scaled logits are the output (granite-hybrid.cpp:190-197); "softcapped", the logits
+    soft-capped (scale, tanh, scale: gemma4.cpp:425-429), the last of them the output."""
     normed = rms_norm(hidden, "output_norm")
     embd = normed if rows is None else Graph.get_rows(normed, rows)
-    logits = Graph.mul_mat(Graph.weight((hidden.ne[0], n_vocab), "output"), embd)
-    if logit_scale:
-        logits = Graph.like("scale", logits)
-    g.expand(logits)
-    normed.is_output = embd.is_output = logits.is_output = True  # llama-graph.cpp:1396-1408
+    out = Graph.mul_mat(Graph.weight((hidden.ne[0], n_vocab), "output"), embd)
+    if logits == "scaled":
+        out = Graph.like("scale", out)
+    elif logits == "softcapped":
+        out = Graph.like("scale", Graph.like("unary", Graph.like("scale", out)))
+    g.expand(out)
+    normed.is_output = embd.is_output = out.is_output = True  # llama-graph.cpp:1396-1408
     pool(g, embd, pooling, n_seqs)
     if samplers is not None:
-        backend_samplers(g, logits, n_seqs, samplers)
+        backend_samplers(g, out, n_seqs, samplers)
 
 
 def pool(g: Graph, embd: Tensor, pooling: str | None, n_seqs: int) -> None:

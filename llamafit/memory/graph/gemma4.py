@@ -1,0 +1,125 @@
+"""Gemma 4's reserve graph (dense: E2B, E4B, 31B), node by node, for ``llamafit.memory.graph.galloc``.
+
+Mirrors ``src/models/gemma4.cpp:155-433`` over ``attention.Attending``: the token rows scaled by sqrt(n_embd),
+the per-layer embeddings (``build_inp_per_layer``, 469-506: the rows of the lazily read table, scaled and
+expanded at once; ``project_per_layer_inputs``, 508-528: the projection of the scaled rows, expanded where
+the first layer reads its slice), then per layer Q with its norm and RoPE (a full layer's with ``rope_freqs``),
+K and V with theirs (V normed without a weight, or K's projection where the layer has no ``attn_v``) or the
+cache of an earlier layer (the last ``shared_kv_layers``: llama-model.cpp:2796-2805), the sandwich norms (the
+FFN's post-norm is not a layer's: built with layer -1, never pinned), the per-layer input's gate and
+projection, ``layer_output_scale``; the output rows taken after the output norm (``t_h_nextn``, an output) and
+the soft-capped logits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import ClassVar
+
+from llamafit.memory.graph.attention import Attending
+from llamafit.memory.graph.galloc import I32, Graph, Tensor, in_layer
+from llamafit.memory.graph.recipe import Recipe, Reserve
+from llamafit.memory.graph.trunk import gated_ffn, input_embeddings, output_head, rms_norm
+
+
+@dataclass(frozen=True)
+class Gemma4Shape(Recipe):
+    n_layer: int
+    n_embd: int
+    n_vocab: int
+    n_head: tuple[int, ...]
+    n_head_kv: tuple[int, ...]
+    head: tuple[int, ...]  # each layer's head size, K's and V's (the loader refuses them unequal: gemma4.cpp:43-48)
+    n_ff: tuple[int, ...]
+    is_swa: tuple[bool, ...]
+    n_kv_from_start: int  # the layers from here on read an earlier layer's cache
+    per_layer: int  # n_embd_per_layer: the per-layer inputs' width (0: none)
+    v_proj: tuple[bool, ...]  # the layer has attn_v (else V is K's projection, normed apart)
+    out_scale: tuple[bool, ...]  # the layer has layer_output_scale
+    softcap: bool  # final_logit_softcapping (30 unless the header says 0)
+    since_build: int
+
+    any_v_layout: ClassVar[bool] = True
+
+    def graph(self, r: Reserve) -> Graph:
+        return _Builder(self, r).graph()
+
+    def since(self) -> int:
+        return self.since_build
+
+    def first_layer(self) -> Recipe | None:
+        return replace(self, n_layer=1)
+
+    def reused(self, il: int) -> int | None:
+        """The layer whose cache ``il`` reads, None where it has its own (llama-model.cpp:2796-2805)."""
+        if il < self.n_kv_from_start:
+            return None
+        return self.n_kv_from_start - (2 if self.is_swa[il] else 1)
+
+
+class _Builder(Attending):
+    def __init__(self, sh: Gemma4Shape, r: Reserve) -> None:
+        super().__init__(r, max(h * kv for h, kv in zip(sh.head, sh.n_head_kv, strict=True)), 1)
+        self.sh = sh
+
+    def graph(self) -> Graph:
+        sh, g, r = self.sh, self.g, self.r
+        inp_l = self.scaled_rows(input_embeddings(g, sh.n_embd, sh.n_vocab, self.T, mixed=r.mixed_batch))
+        out_ids = Graph.input((max(1, min(r.n_outputs, self.T)),), I32)
+        per_layer = self.per_layer_inputs(inp_l) if sh.per_layer else None
+        for il in range(sh.n_layer):
+            with in_layer(il):
+                inp_l = self.layer(il, inp_l, per_layer)
+        head = "softcapped" if sh.softcap else "plain"
+        output_head(g, inp_l, sh.n_vocab, r.pooling, max(1, r.n_seqs), r.samplers, rows=out_ids, logits=head)
+        return g
+
+    def per_layer_inputs(self, inp_l: Tensor) -> Tensor:
+        """``[n_embd_per_layer, n_tokens, n_layer]``: the table's rows for the tokens (expanded here) plus the
+        projection of the scaled token rows (made here, expanded by its first reader)."""
+        sh, T = self.sh, self.T
+        n_pl, n = sh.per_layer, sh.n_layer
+        rows = Graph.get_rows(Graph.weight((n_pl * n, sh.n_vocab), "per_layer_token_embd"), Graph.input((T,), I32))
+        rows = Graph.like("scale", Graph.reshape(rows, (n_pl, n, T)))
+        self.g.expand(rows)
+        with in_layer(0):  # block 0's weights (gemma4.cpp:60-61); the norm is built with layer -1: not pinned
+            proj_w = Graph.weight((sh.n_embd, n_pl * n), "per_layer_model_proj")
+            norm_w = Graph.weight((n_pl,), "per_layer_proj_norm")
+        proj = Graph.reshape(Graph.like("scale", Graph.mul_mat(proj_w, inp_l)), (n_pl, n, T))
+        proj = Graph.like("mul", Graph.like("rms_norm", proj), norm_w)
+        summed = Graph.like("scale", Graph.like("add", proj, rows))
+        perm = Graph.view(summed, (n_pl, T, n), (summed.nb[2], summed.nb[1], summed.nb[3]), op="permute")
+        return Graph.op("cont", (n_pl, T, n), perm)
+
+    def layer(self, il: int, inp_l: Tensor, per_layer: Tensor | None) -> Tensor:
+        sh, T = self.sh, self.T
+        W = Graph.weight
+        nh, hd, n_kv_h = sh.n_head[il], sh.head[il], sh.n_head_kv[il]
+        kind = "swa" if sh.is_swa[il] else "full"
+        freqs = () if sh.is_swa[il] else (W((hd // 2,), "rope_freqs"),)  # the full layers' proportional RoPE
+        cur = rms_norm(inp_l, "attn_norm")
+        q = Graph.reshape(Graph.mul_mat(W((sh.n_embd, hd * nh), "attn_q"), cur), (hd, nh, T))
+        q = Graph.like("rope", rms_norm(q, "attn_q_norm"), self.pos, *freqs)
+        reused = sh.reused(il)
+        if reused is None:
+            k_lin = Graph.mul_mat(W((sh.n_embd, hd * n_kv_h), "attn_k"), cur)
+            v_lin = Graph.mul_mat(W((sh.n_embd, hd * n_kv_h), "attn_v"), cur) if sh.v_proj[il] else k_lin
+            k = rms_norm(Graph.reshape(k_lin, (hd, n_kv_h, T)), "attn_k_norm")
+            v = Graph.like("rms_norm", Graph.reshape(v_lin, (hd, n_kv_h, T)))
+            k = Graph.like("rope", k, self.pos, *freqs)
+            out = self.attend(q, k, v, kind, two_caches=True)
+        else:
+            out = self.attend(q, None, None, kind, two_caches=True, shared=(reused, sh.n_head_kv[reused]))
+        cur = rms_norm(Graph.mul_mat(W((hd * nh, sh.n_embd), "attn_output"), out), "post_attention_norm")
+        attn_out = Graph.like("add", cur, inp_l)
+        cur = gated_ffn(rms_norm(attn_out, "ffn_norm"), sh.n_ff[il])
+        cur = Graph.like("mul", Graph.like("rms_norm", cur), W((sh.n_embd,), "post_ffw_norm"))
+        cur = Graph.like("add", cur, attn_out)
+        if per_layer is not None:
+            gate = Graph.like("unary", Graph.mul_mat(W((sh.n_embd, sh.per_layer), "inp_gate"), cur))
+            x = Graph.like("mul", gate, Graph.view(per_layer, (sh.per_layer, T)))
+            x = rms_norm(Graph.mul_mat(W((sh.per_layer, sh.n_embd), "proj"), x), "post_norm")
+            cur = Graph.like("add", cur, x)
+        if sh.out_scale[il]:
+            cur = Graph.like("mul", cur, W((1,), "layer_output_scale"))
+        return cur
