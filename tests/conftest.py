@@ -73,6 +73,10 @@ def shapes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "gemma4_31b": factory.gemma4(
             per_layer=0, shared_kv=0, head_full=128, kv_heads=(2, 1), k_as_v=True, out_scale=True
         ),
+        # Gemma 4 26B-A4B's layers: a shared MLP beside routed experts (fused gate and up, a scale per expert)
+        "gemma4_moe": factory.gemma4(
+            n_layer=6, n_embd=512, per_layer=0, shared_kv=0, n_expert=16, n_expert_used=4, n_ff_exp=1024
+        ),
         "gpt_oss": factory.gpt_oss(),
         "mla": factory.deepseek2(),
         "dsa": factory.deepseek2(dsa=True, name="dsa"),

@@ -194,6 +194,7 @@ REPLAY_SHAPES = (
     "gemma3",
     "gemma4",
     "gemma4_31b",
+    "gemma4_moe",
     "gpt_oss",
     "moe",
     "mla",
@@ -219,7 +220,8 @@ def test_a_dense_transformer_compute_buffer_is_the_allocator_replay(
     server_bin: ServerBinary, shapes: dict[str, Path], shape: str, args: list[str]
 ) -> None:
     """Llama, Qwen3, Gemma 3 (sliding-window layers, sandwich norms), Gemma 4 (per-layer inputs, layers reading
-    an earlier layer's cache, wider full layers with V as K's projection), Qwen3-MoE (routed experts), MLA
+    an earlier layer's cache, wider full layers with V as K's projection, a shared MLP beside routed experts),
+    Qwen3-MoE (routed experts), MLA
     (DeepSeek-V3 style: absorbed K, a K-only cache, shared expert), the Qwen3.5 hybrid (gated delta-net
     and gated attention layers), Qwen3.5-MoE (its experts and gated shared expert: the per-phase estimate
     was 9-17 % over on Qwen3.5-35B-A3B's shape) and Qwen3-Next (one ssm_in and ssm_ba projection, q/k

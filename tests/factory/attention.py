@@ -154,13 +154,19 @@ def gemma4(
     kv_heads: tuple[int, int] = (1, 1),
     k_as_v: bool = False,
     out_scale: bool = False,
+    n_expert: int = 0,
+    n_expert_used: int = 2,
+    n_ff_exp: int = 128,
+    fused_gate_up: bool = True,
 ) -> Shape:
     """gemma4 with per-layer embeddings (``per_layer_token_embd``, read lazily: src/models/gemma4.cpp:59), four
     sliding-window layers to one full one, tied embeddings, and the last ``shared_kv`` layers reusing the caches
     of earlier ones (llama-model.cpp:2796-2805: the layer before them must be a full one, the one before that a
     sliding one). As Gemma 4 31B's config: the full layers' heads ``head_full`` wide, ``kv_heads`` (sliding,
     full), ``k_as_v`` full layers without ``attn_v`` (V is K's projection), a ``layer_output_scale`` per layer;
-    ``per_layer`` 0: no per-layer embeddings."""
+    ``per_layer`` 0: no per-layer embeddings. ``n_expert``: Gemma 4 26B-A4B's layers, the dense FFN as a shared
+    MLP beside routed experts (their gate and up fused unless ``fused_gate_up`` is off, a scale per expert on
+    the down projection) with a router of its own (gemma4.cpp:112-133)."""
     arch = "gemma4"
     kv = _base_kv(arch, "gemma4", n_layer, n_embd, 32768, n_vocab)
     swa = [i % 5 != 4 for i in range(n_layer)]
@@ -182,6 +188,9 @@ def gemma4(
         f"{arch}.rope.dimension_count": full,
         f"{arch}.rope.dimension_count_swa": head_dim,
     })  # fmt: skip
+    if n_expert:
+        kv.update({f"{arch}.expert_count": n_expert, f"{arch}.expert_used_count": n_expert_used,
+                   f"{arch}.expert_feed_forward_length": n_ff_exp})  # fmt: skip
     ts = [*_io(n_embd, n_vocab, w, True), TensorSpec("rope_freqs.weight", (full // 2,))]
     if per_layer:
         ts += [
@@ -205,6 +214,25 @@ def gemma4(
             *_ffn(i, n_embd, n_ff, w),
             TensorSpec(f"blk.{i}.post_ffw_norm.weight", (n_embd,)),
         ]
+        if n_expert:
+            e = (n_embd, n_ff_exp, n_expert)
+            ts += [
+                TensorSpec(f"blk.{i}.ffn_gate_inp.weight", (n_embd, n_expert), w),
+                TensorSpec(f"blk.{i}.ffn_gate_inp.scale", (n_embd,)),
+                TensorSpec(f"blk.{i}.pre_ffw_norm_2.weight", (n_embd,)),
+                TensorSpec(f"blk.{i}.post_ffw_norm_1.weight", (n_embd,)),
+                TensorSpec(f"blk.{i}.post_ffw_norm_2.weight", (n_embd,)),
+                *(
+                    [TensorSpec(f"blk.{i}.ffn_gate_up_exps.weight", (n_embd, 2 * n_ff_exp, n_expert), w)]
+                    if fused_gate_up
+                    else [
+                        TensorSpec(f"blk.{i}.ffn_gate_exps.weight", e, w),
+                        TensorSpec(f"blk.{i}.ffn_up_exps.weight", e, w),
+                    ]
+                ),
+                TensorSpec(f"blk.{i}.ffn_down_exps.weight", (n_ff_exp, n_embd, n_expert), w),
+                TensorSpec(f"blk.{i}.ffn_down_exps.scale", (n_expert,)),
+            ]
         if per_layer:
             ts += [
                 TensorSpec(f"blk.{i}.inp_gate.weight", (n_embd, per_layer), w),

@@ -1,4 +1,4 @@
-"""Gemma 4's reserve graph (dense: E2B, E4B, 31B), node by node, for ``llamafit.memory.graph.galloc``.
+"""Gemma 4's reserve graph (E2B, E4B, 31B, 26B-A4B), node by node, for ``llamafit.memory.graph.galloc``.
 
 Mirrors ``src/models/gemma4.cpp:155-433`` over ``attention.Attending``: the token rows scaled by sqrt(n_embd),
 the per-layer embeddings (``build_inp_per_layer``, 469-506: the rows of the lazily read table, scaled and
@@ -6,7 +6,8 @@ expanded at once; ``project_per_layer_inputs``, 508-528: the projection of the s
 the first layer reads its slice), then per layer Q with its norm and RoPE (a full layer's with ``rope_freqs``),
 K and V with theirs (V normed without a weight, or K's projection where the layer has no ``attn_v``) or the
 cache of an earlier layer (the last ``shared_kv_layers``: llama-model.cpp:2796-2805), the sandwich norms (the
-FFN's post-norm is not a layer's: built with layer -1, never pinned), the per-layer input's gate and
+FFN's post-norm is not a layer's: built with layer -1, never pinned), a router's layers' shared MLP beside the
+routed experts (``trunk.moe_ffn``, on logits of Gemma's own router), the per-layer input's gate and
 projection, ``layer_output_scale``; the output rows taken after the output norm (``t_h_nextn``, an output) and
 the soft-capped logits.
 """
@@ -19,7 +20,7 @@ from typing import ClassVar
 from llamafit.memory.graph.attention import Attending
 from llamafit.memory.graph.galloc import I32, Graph, Tensor, in_layer
 from llamafit.memory.graph.recipe import Recipe, Reserve
-from llamafit.memory.graph.trunk import gated_ffn, input_embeddings, output_head, rms_norm
+from llamafit.memory.graph.trunk import Experts, gated_ffn, input_embeddings, moe_ffn, output_head, rms_norm
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,8 @@ class Gemma4Shape(Recipe):
     out_scale: tuple[bool, ...]  # the layer has layer_output_scale
     softcap: bool  # final_logit_softcapping (30 unless the header says 0)
     since_build: int
+    experts: Experts | None = None  # the layers with a router (``moe``): a shared MLP beside routed experts
+    moe: tuple[bool, ...] = ()
 
     any_v_layout: ClassVar[bool] = True
 
@@ -112,7 +115,10 @@ class _Builder(Attending):
             out = self.attend(q, None, None, kind, two_caches=True, shared=(reused, sh.n_head_kv[reused]))
         cur = rms_norm(Graph.mul_mat(W((hd * nh, sh.n_embd), "attn_output"), out), "post_attention_norm")
         attn_out = Graph.like("add", cur, inp_l)
-        cur = gated_ffn(rms_norm(attn_out, "ffn_norm"), sh.n_ff[il])
+        if sh.experts is not None and sh.moe[il]:
+            cur = self.moe(attn_out, il, sh.experts)
+        else:
+            cur = gated_ffn(rms_norm(attn_out, "ffn_norm"), sh.n_ff[il])
         cur = Graph.like("mul", Graph.like("rms_norm", cur), W((sh.n_embd,), "post_ffw_norm"))
         cur = Graph.like("add", cur, attn_out)
         if per_layer is not None:
@@ -123,3 +129,16 @@ class _Builder(Attending):
         if sh.out_scale[il]:
             cur = Graph.like("mul", cur, W((1,), "layer_output_scale"))
         return cur
+
+    def moe(self, attn_out: Tensor, il: int, ex: Experts) -> Tensor:
+        """A router's layer (gemma4.cpp:296-346): the dense FFN as a shared MLP, beside the routed experts on
+        their own norm, routed by the unweighted norm of the layer's input, scaled, times ``ffn_gate_inp.scale``."""
+        sh, W = self.sh, Graph.weight
+        mlp = rms_norm(gated_ffn(rms_norm(attn_out, "ffn_norm"), sh.n_ff[il]), "post_ffw_norm_1")
+        moe_in = rms_norm(attn_out, "pre_ffw_norm_2")
+        router = Graph.like(
+            "mul", Graph.like("scale", Graph.like("rms_norm", attn_out)), W((sh.n_embd,), "ffn_gate_inp.scale")
+        )
+        logits = Graph.mul_mat(W((sh.n_embd, ex.n_expert), "ffn_gate_inp"), router)
+        routed = rms_norm(moe_ffn(self.g, moe_in, ex, logits=logits), "post_ffw_norm_2")
+        return Graph.like("add", mlp, routed)

@@ -399,13 +399,29 @@ def _indexer(model: ModelInfo, shapes: dict[str, tuple[int, ...]]) -> Indexer | 
 
 
 def _gemma4_shape(model: ModelInfo) -> Gemma4Shape | None:
-    """Dense Gemma 4 (gemma4.cpp load_arch_tensors); None for the 26B-A4B's experts (a shared MLP beside routed
-    experts with a router of its own) and a fused QKV."""
+    """Gemma 4 (gemma4.cpp load_arch_tensors), the 26B-A4B's routed experts with their fused or separate gate and
+    up; None for a fused QKV."""
     hp = model.hparams
-    names = {t.name for t in model.tensors}
+    shapes = {t.name: t.info.shape for t in model.tensors}
+    names = set(shapes)
     n = hp.n_layer
-    if hp.n_expert or hp.n_nextn or any(f"blk.{il}.attn_qkv.weight" in names for il in range(n)):
+    if hp.n_nextn or any(f"blk.{il}.attn_qkv.weight" in names for il in range(n)):
         return None
+    moe = tuple(f"blk.{il}.ffn_gate_inp.weight" in names for il in range(n))
+    experts = None
+    if any(moe):
+        il = moe.index(True)
+        down = shapes.get(f"blk.{il}.ffn_down_exps.weight")
+        if down is None or len(down) != 3 or not hp.n_expert_used:
+            return None
+        experts = Experts(
+            n_expert=down[2],
+            n_used=hp.n_expert_used,
+            n_ff=down[0],
+            norm_w=True,  # build_moe_ffn's arguments: softmax of the router's logits, normalized, unscaled
+            gate_up=f"blk.{il}.ffn_gate_up_exps.weight" in names,
+            down_scale=f"blk.{il}.ffn_down_exps.scale" in names,
+        )
     if hp.n_layer_kv_from_start < 2:
         return None  # llama.cpp asserts two layers with caches before the shared ones (llama-model.cpp:2798)
     cap = "gemma4.final_logit_softcapping" not in model.kv or model.number("final_logit_softcapping") != 0
@@ -425,6 +441,8 @@ def _gemma4_shape(model: ModelInfo) -> Gemma4Shape | None:
         out_scale=tuple(f"blk.{il}.layer_output_scale.weight" in names for il in range(n)),
         softcap=cap,
         since_build=GEMMA4_GRAPH_SINCE,
+        experts=experts,
+        moe=moe,
     )
 
 

@@ -106,6 +106,8 @@ class Experts:
     relu_sqr: bool = False  # up-only experts with a squared ReLU (LLM_FFN_RELU_SQR, no gate: Nemotron-H)
     softmax_weight: bool = False  # gating SOFTMAX_WEIGHT: top-k on the logits, a softmax of the k (gpt-oss)
     biased: bool = False  # the router's and each expert's up, gate and down biases (gpt-oss)
+    gate_up: bool = False  # gate and up fused in one tensor (ffn_gate_up_exps): one product, viewed in two halves
+    down_scale: bool = False  # a scale per expert on the down projection (ffn_down_exps.scale: Gemma 4)
 
 
 def moe_ffn(g: Graph, cur: Tensor, ex: Experts, logits: Tensor | None = None, selected: Tensor | None = None) -> Tensor:
@@ -146,15 +148,25 @@ def moe_ffn(g: Graph, cur: Tensor, ex: Experts, logits: Tensor | None = None, se
     def biased(t: Tensor, name: str) -> Tensor:  # ggml_add_id of the selected experts' biases
         return Graph.like("add_id", t, W((t.ne[0], ex.n_expert), f"{name}.bias"), selected) if ex.biased else t
 
-    up = Graph.op("mul_mat_id", shape, W((n_embd, ex.n_ff, ex.n_expert), "ffn_up_exps"), x, selected)
-    up = biased(up, "ffn_up_exps")
-    if ex.relu_sqr:  # llama-graph.cpp:2342-2350
-        glu = Graph.like("sqr", Graph.like("unary", up))
+    if ex.gate_up:  # llama-graph.cpp:2220-2238: the gate's half and the up's half are views of one product
+        fused = W((n_embd, 2 * ex.n_ff, ex.n_expert), "ffn_gate_up_exps")
+        gate_up = Graph.op("mul_mat_id", (2 * ex.n_ff, ex.n_used, n_tokens), fused, x, selected)
+        halves = [Graph.view(gate_up, shape, (gate_up.nb[1], gate_up.nb[2])) for _ in range(2)]
+        glu = Graph.op("glu", shape, *halves)
     else:
-        gate = Graph.op("mul_mat_id", shape, W((n_embd, ex.n_ff, ex.n_expert), "ffn_gate_exps"), x, selected)
-        glu = Graph.op("glu", shape, biased(gate, "ffn_gate_exps"), up)  # swiglu / geglu / swiglu_oai
+        up = Graph.op("mul_mat_id", shape, W((n_embd, ex.n_ff, ex.n_expert), "ffn_up_exps"), x, selected)
+        up = biased(up, "ffn_up_exps")
+        if ex.relu_sqr:  # llama-graph.cpp:2342-2350
+            glu = Graph.like("sqr", Graph.like("unary", up))
+        else:
+            gate = Graph.op("mul_mat_id", shape, W((n_embd, ex.n_ff, ex.n_expert), "ffn_gate_exps"), x, selected)
+            glu = Graph.op("glu", shape, biased(gate, "ffn_gate_exps"), up)  # swiglu / geglu / swiglu_oai
     down_w = W((ex.n_ff, n_embd, ex.n_expert), "ffn_down_exps")
-    down = biased(Graph.op("mul_mat_id", (n_embd, ex.n_used, n_tokens), down_w, glu, selected), "ffn_down_exps")
+    down = Graph.op("mul_mat_id", (n_embd, ex.n_used, n_tokens), down_w, glu, selected)
+    if ex.down_scale:  # build_lora_mm_id's w_s (llama-graph.cpp:1603-1610): the selected experts' scales
+        scales = Graph.reshape(W((ex.n_expert,), "ffn_down_exps.scale"), (1, ex.n_expert, 1))
+        down = Graph.like("mul", down, Graph.get_rows(scales, selected))
+    down = biased(down, "ffn_down_exps")
     experts = Graph.like("mul", down, weights)
     g.expand(experts)
     views = [Graph.view(experts, (n_embd, n_tokens), (experts.nb[2],)) for _ in range(ex.n_used)]
