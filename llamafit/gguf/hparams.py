@@ -354,12 +354,13 @@ def resolve_hparams(kv: dict[str, Any], src: str) -> Hparams:
 
 
 def _sliding_window(kv: dict[str, Any], arch: str, n_swa: int, n_all: int, n_nextn: int) -> tuple[str, int, list[bool]]:
-    """(swa_type, n_swa, is_swa) by each architecture's rule (``_SWA_RULES``; gemma4 and lfm2 by their own)."""
+    """(swa_type, n_swa, is_swa) by each architecture's rule (``_SWA_RULES``; gemma4, its assistant and lfm2 by their
+    own: gemma4.cpp:5-6, gemma4-assistant.cpp:6-7)."""
     swa_type = "none"
     is_swa = [False] * n_all
     rule = _SWA_RULES.get(arch)
     pattern_kv = kv.get(f"{arch}.attention.sliding_window_pattern")
-    if arch == "gemma4":
+    if arch in ("gemma4", "gemma4-assistant"):
         swa_type = "standard"
         if isinstance(pattern_kv, list):
             is_swa = _flags(pattern_kv, n_all)

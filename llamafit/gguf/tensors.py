@@ -9,9 +9,10 @@ _BLK_RE = re.compile(r"^blk\.(\d+)\.")
 INPUT_PREFIXES = ("token_embd.", "position_embd.", "token_types.", "per_layer_token_embd.", "masked_embd_")
 # Tensors read by row (GGML_OP_GET_ROWS) rather than multiplied; never repacked or op-offloaded.
 GET_ROWS_PREFIXES = ("token_embd.", "position_embd.", "token_types.", "per_layer_token_embd.")
-# LLM_TENSOR_LAYER_REPEATING tensors named without a block, which Gemma 3n and Gemma 4 create in block 0
-# (src/llama-arch.cpp:958-959; models/gemma4.cpp:60-61, gemma3n.cpp:40-41): layer 0's device holds them
-FIRST_BLOCK_PREFIXES = ("per_layer_model_proj.", "per_layer_proj_norm.")
+# LLM_TENSOR_LAYER_REPEATING tensors named without a block, which Gemma 3n, Gemma 4 and its assistant create in
+# block 0 (src/llama-arch.cpp:958-959, 1013; models/gemma4.cpp:60-61, gemma3n.cpp:40-41, gemma4-assistant.cpp:55):
+# layer 0's device holds them
+FIRST_BLOCK_PREFIXES = ("per_layer_model_proj.", "per_layer_proj_norm.", "nextn.pre_projection.")
 
 
 def layer_of(name: str, n_layer_all: int) -> int | None:
