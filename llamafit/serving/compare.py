@@ -38,11 +38,16 @@ class Row:
 
 
 def compare(
-    fp: Footprint, log: LoadLog, context: str = "target", aliases: Mapping[str, str] | None = None
+    fp: Footprint,
+    log: LoadLog,
+    context: str = "target",
+    aliases: Mapping[str, str] | None = None,
+    logged: str | None = None,
 ) -> list[Row]:
-    """``aliases``: logged buffer names that differ from the plan's device ids (RPC: ``RPC0[host:port]``)."""
-    ctx = log.context(context)
-    model = log.model(context)
+    """``aliases``: logged buffer names that differ from the plan's device ids (RPC: ``RPC0[host:port]``);
+    ``logged``: the context's label in the log where it is not the plan's (an MTP assistant loaded as a draft model)."""
+    ctx = log.context(logged or context)
+    model = log.model(logged or context)
     observed: dict[tuple[str, str], float] = {}
     counts: dict[tuple[str, str], int] = {}
     names = aliases or {}

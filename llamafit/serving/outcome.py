@@ -202,7 +202,9 @@ def compare_all(prep: Prepared, log: LoadLog) -> list[Row]:
     spec = prep.plan.speculative
     if prep.plan.draft_footprint is not None and spec is not None and spec.drafter is not None:
         label = "mtp" if spec.drafter.kind == "draft-mtp" else "draft"
-        rows += compare(prep.plan.draft_footprint, log, label, aliases)
+        # the log names a drafter loaded from a file of its own "draft", an MTP assistant's too (logparse)
+        logged = label if spec.drafter.embedded else "draft"
+        rows += compare(prep.plan.draft_footprint, log, label, aliases, logged)
     if prep.plan.mmproj is not None:
         rows += compare_mmproj(prep.plan.mmproj, log, aliases)
     return rows
