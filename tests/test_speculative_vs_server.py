@@ -32,10 +32,10 @@ def plan_and_load(server: ServerBinary, model: Path, args: list[str], **kw: str)
     return p, run_argv(server, argv[1:]), argv
 
 
-def assert_matches(p: Plan, log, context: str) -> list:  # type: ignore[no-untyped-def]
+def assert_matches(p: Plan, log, context: str, logged: str | None = None) -> list:  # type: ignore[no-untyped-def]
     fp = p.footprint if context == "target" else p.draft_footprint
     assert fp is not None
-    rows = compare(fp, log, context)
+    rows = compare(fp, log, context, logged=logged)
     assert rows, f"no {context} buffers"
     for r in rows:
         assert r.actual_mib is not None, f"{context}: predicted {r.kind} on {r.buft} that the server did not allocate"
@@ -54,6 +54,20 @@ def test_draft_simple_pair_of_real_shapes(server_bin: ServerBinary, tmp_path: Pa
     kv = next(r for r in rows if r.kind == "kv")
     # 28 layers x 8 KV heads x 128 x (K + V) x f16 x 8192 cells: the target's n_ctx, f16 (-ctkd default)
     assert kv.actual_mib == pytest.approx(28 * 8 * 128 * 2 * 2 * 8192 / MiB)
+
+
+@pytest.mark.parametrize("args", [["-c", "4096"], ["-c", "8192", "-np", "2", "-fa", "off"]])
+def test_a_gemma4_assistant_reads_its_targets_cache(server_bin: ServerBinary, tmp_path: Path, args: list[str]) -> None:
+    """Gemma 4's assistant, an MTP drafter of its own file (-md), attends over its target's caches: it has none
+    (llama-model.cpp:2825-2836), and its compute is the replay of its graph (gemma4-assistant.cpp), which reads
+    the target's token rows and hidden states."""
+    target = factory.gemma4(n_layer=15, per_layer=32).write(tmp_path / "gemma4.gguf")
+    draft = factory.gemma4_assistant().write(tmp_path / "gemma4-assistant.gguf")
+    p, log, argv = plan_and_load(server_bin, target, [*args, "--spec-type", "draft-mtp"], draft=str(draft))
+    assert argv[argv.index("-md") + 1] == str(draft)
+    assert_matches(p, log, "target")
+    rows = assert_matches(p, log, "mtp", logged="draft")  # the log names a drafter of its own file "draft"
+    assert {r.kind for r in rows} == {"model", "compute", "output"}
 
 
 def test_embedded_mtp_with_rollback_rows(server_bin: ServerBinary, shapes: dict[str, Path]) -> None:

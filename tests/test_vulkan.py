@@ -234,6 +234,27 @@ def test_an_mtp_heads_context_on_vulkan_devices_is_the_scheduler_replay(
         assert r.actual_mib is not None and abs(r.predicted / MiB - r.actual_mib) <= 0.006, r
 
 
+@pytest.mark.parametrize("devices", ["0", "0,0"], indirect=True)
+@pytest.mark.parametrize("args", [[], ["-ngl", "8"], ["-ngl", "5", "-fa", "off"]])
+def test_a_gemma4_assistant_reads_its_targets_caches_where_they_are(
+    vulkan: ServerBinary, shapes: dict[str, Path], args: list[str], devices: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Gemma 4's assistant (-md, draft-mtp) attends over the caches of its target's last layers, or of the earlier
+    layers those reuse: where they are on another card than the assistant's layer, the scheduler copies their
+    views in (llamafit.speculative.cost.target_caches); every buffer as logged (reordering off)."""
+    monkeypatch.setenv("GGML_VK_DISABLE_GRAPH_OPTIMIZE", "1")
+    assistant = factory.gemma4_assistant().write(shapes["gemma4"].parent / "gemma4-assistant.gguf")
+    server_args = ["--no-warmup", "-c", "4096", "-md", str(assistant), "--spec-type", "draft-mtp", *args]
+    o = Options(server_args=server_args, server=vulkan.path, calibrate=False)
+    found = server_and_caps(vulkan.path)
+    prep = prepare(str(shapes["gemma4"]), o, machine=discover_for(o, found[0]), server=found)
+    rows = compare_all(prep, run_argv(vulkan, prep.argv[1:], timeout=300))
+    assert {r.context for r in rows if r.kind == "compute"} == {"target", "mtp"}
+    assert not [r for r in rows if r.kind == "kv" and r.context == "mtp"]  # none of its own
+    for r in rows:
+        assert r.within and (r.kind != "compute" or abs(r.predicted / MiB - r.actual_mib) <= 0.006), r
+
+
 @pytest.mark.parametrize("devices", ["0,0"], indirect=True)
 def test_run_loads_over_two_vulkan_devices(vulkan: ServerBinary, shapes: dict[str, Path], devices: str) -> None:
     port = free_port()

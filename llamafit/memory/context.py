@@ -43,6 +43,9 @@ class ContextParams:
     n_outputs_max: int = 0
     mtp: bool = False  # an MTP draft context over the NextN layers
     build: int = MIRRORED  # the llama.cpp build whose graph rules apply (llamafit.memory.builds)
+    # a drafter that reads its target's caches (Gemma 4's assistant): the devices of the target's layers it reads,
+    # its sliding-window layers' and its full layers' (llama-model.cpp:2825-2836); () where it reads none
+    kv_devices: tuple[str, ...] = ()
 
     @property
     def n_stream(self) -> int:
@@ -179,8 +182,8 @@ class _Alloc:
 def memory_class(hp: Hparams, mtp: bool) -> str:
     """Which memory module create_memory builds (src/llama-model.cpp:2358-2900)."""
     a = hp.arch
-    if not hp.has_memory:
-        return "none"
+    if not hp.has_memory or a == "gemma4-assistant":
+        return "none"  # the assistant's every layer shares its target's cache (llama-model.cpp:2825-2836)
     if a == "minimax-m3":
         return "msa"
     if a in ("glm-dsa", "deepseek32"):

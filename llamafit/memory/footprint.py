@@ -102,6 +102,7 @@ class LoadSettings:
     pooling: str | None = None  # --pooling (--reranking: rank); None: the model's own pooling type
     extract_hidden: int = 0  # target layer inputs a drafter reads (n_embd x n_batch floats each, output buffer)
     build: int = MIRRORED  # the server's llama.cpp build, whose rules price it (llamafit.memory.builds; 0: unknown)
+    kv_devices: tuple[str, ...] = ()  # a drafter reading its target's caches: where they are (ContextParams)
 
 
 @dataclass(frozen=True)
@@ -219,6 +220,7 @@ def _context(model: ModelInfo, s: LoadSettings, context_label: str, per_slot: bo
         # an MTP context on a build without the architecture's MTP graph is a second target (llamafit.memory.builds)
         mtp=context_label == "mtp" and mtp_graph(s.build, hp.arch),
         build=s.build,
+        kv_devices=s.kv_devices,
     )
 
 

@@ -186,8 +186,24 @@ def drafter_use(
             sampled_rows=per_seq if sampled else 0,
             backend_sampling=False,
             sampler_chain=DRAFT_CHAIN,
+            kv_devices=target_caches(model, fp) if d.model.arch == "gemma4-assistant" else (),
         )
         dfp = estimate(d.model, ds, devs, context_label="mtp" if d.kind == "draft-mtp" else "draft")
     for dev in [*dfp.gpus, CPU]:
         use[dev] = use.get(dev, Use()) + _as_draft_use(dfp, dev)
     return dfp, use
+
+
+def target_caches(model: ModelInfo, fp: Footprint) -> tuple[str, str]:
+    """Where the target's caches that a Gemma 4 assistant reads are: its last sliding-window layer's and its last
+    layer's (llama-model.cpp:2825-2836), or the earlier layers' those reuse where they share one (2796-2805), each
+    with its layer (offload_kqv)."""
+    hp, dev = model.hparams, fp.placement.layer_device
+    n, first_shared = hp.n_layer, hp.n_layer_kv_from_start
+
+    def owner(il: int) -> int:
+        if 0 <= first_shared <= il:
+            return first_shared - (2 if hp.is_swa[il] else 1)
+        return il
+
+    return dev[owner(max(0, n - 2))], dev[owner(max(0, n - 1))]

@@ -32,7 +32,7 @@ from tests.factory.base import (
     with_vocab,
     write_split,
 )
-from tests.factory.drafters import dflash, dspark_qwen3_4b, eagle3
+from tests.factory.drafters import dflash, dspark_qwen3_4b, eagle3, gemma4_assistant
 from tests.factory.hybrid import qwen3next, qwen35, qwen35_mtp_2b
 from tests.factory.layered import (
     granite_4_h_micro,
@@ -64,6 +64,7 @@ __all__ = [
     "gemma3_4b",
     "gemma3_siglip_896",
     "gemma4",
+    "gemma4_assistant",
     "glm4moe",
     "glm45_air",
     "glm_dsa",

@@ -126,3 +126,55 @@ def dspark_qwen3_4b(**kw: Any) -> Shape:
     args: dict[str, Any] = dict(n_embd=2560, n_ff=9728, block_size=7, target_layers=(1, 9, 17, 25, 33),
                                 markov_rank=256, own_head=False)  # fmt: skip
     return dflash(**{**args, **kw})
+
+
+def gemma4_assistant(
+    *,
+    n_layer: int = 4,
+    n_embd: int = 128,
+    n_embd_target: int = 256,
+    n_head: int = 4,
+    head_dim: int = 64,
+    n_ff: int = 256,
+    n_vocab: int = 512,
+    w: str = "f16",
+) -> Shape:
+    """A Gemma 4 assistant (the MTP drafter that reads its target's KV cache: src/models/gemma4-assistant.cpp), for
+    ``gemma4()``'s target of ``n_embd_target`` with its defaults: three sliding-window layers to one full one, the
+    sliding ones sharing the target's last sliding layer, the full one its last layer (llama-model.cpp:2825-2836)."""
+    arch = "gemma4-assistant"
+    kv = _base_kv(arch, "gemma4-assistant", n_layer, n_embd, 32768, n_vocab)
+    swa = [i % 4 != 3 for i in range(n_layer)]
+    kv.update({
+        f"{arch}.nextn_predict_layers": n_layer,
+        f"{arch}.embedding_length_out": n_embd_target,
+        f"{arch}.feed_forward_length": n_ff,
+        f"{arch}.attention.head_count": n_head,
+        f"{arch}.attention.head_count_kv": 1,
+        f"{arch}.attention.key_length": head_dim,
+        f"{arch}.attention.value_length": head_dim,
+        f"{arch}.attention.key_length_swa": head_dim,
+        f"{arch}.attention.value_length_swa": head_dim,
+        f"{arch}.attention.sliding_window": 512,
+        f"{arch}.attention.sliding_window_pattern": swa,
+        f"{arch}.rope.freq_base_swa": 10000.0,
+    })  # fmt: skip
+    ts = [
+        TensorSpec("token_embd.weight", (n_embd, n_vocab), w),
+        TensorSpec("output_norm.weight", (n_embd,)),
+        TensorSpec("nextn.pre_projection.weight", (2 * n_embd_target, n_embd), w),
+        TensorSpec("nextn.post_projection.weight", (n_embd, n_embd_target), w),
+        TensorSpec("rope_freqs.weight", (head_dim // 2,)),
+    ]
+    for i in range(n_layer):
+        ts += [
+            TensorSpec(f"blk.{i}.attn_norm.weight", (n_embd,)),
+            TensorSpec(f"blk.{i}.attn_q.weight", (n_embd, n_head * head_dim), w),
+            TensorSpec(f"blk.{i}.attn_output.weight", (n_head * head_dim, n_embd), w),
+            TensorSpec(f"blk.{i}.attn_q_norm.weight", (head_dim,)),
+            TensorSpec(f"blk.{i}.post_attention_norm.weight", (n_embd,)),
+            TensorSpec(f"blk.{i}.layer_output_scale.weight", (1,)),
+            *_ffn(i, n_embd, n_ff, w),
+            TensorSpec(f"blk.{i}.post_ffw_norm.weight", (n_embd,)),
+        ]
+    return Shape(arch, kv, ts)

@@ -144,12 +144,13 @@ class Attending:
             g.expand(Graph.set_rows(v_view, v2, inp["v_idxs"]))
         return self.mha(q, k_cache, v_cache, kind, sinks)
 
-    def caches(self, hk: int, hv: int, n_kv_h: int, kind: str) -> tuple[Tensor, Tensor]:
-        """A layer's K and V caches (``kind``: the full or the sliding-window one), whole streams."""
+    def caches(self, hk: int, hv: int, n_kv_h: int, kind: str, name: str = "cache") -> tuple[Tensor, Tensor]:
+        """A layer's K and V caches (``kind``: the full or the sliding-window one), whole streams; ``name``: as
+        ``Graph.cache`` places them."""
         r = self.r
         n_kv = r.n_kv_swa if kind == "swa" else r.n_kv
-        k_cache = Graph.cache((hk * n_kv_h, n_kv * self.ns), r.cache_esize)
-        v_cache = Graph.cache((hv * n_kv_h, n_kv * self.ns), r.cache_esize_v)
+        k_cache = Graph.cache((hk * n_kv_h, n_kv * self.ns), r.cache_esize, name)
+        v_cache = Graph.cache((hv * n_kv_h, n_kv * self.ns), r.cache_esize_v, name)
         return k_cache, v_cache
 
     def mha(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, kind: str, sinks: Tensor | None) -> Tensor:

@@ -234,11 +234,11 @@ class Graph:
         return t
 
     @staticmethod
-    def cache(shape: Sequence[int], esize: int = F32) -> Tensor:
-        """A layer's K or V cache (sized elsewhere)."""
+    def cache(shape: Sequence[int], esize: int = F32, name: str = "cache") -> Tensor:
+        """A layer's K or V cache (sized elsewhere; ``name``: where ``Where`` finds it, a layer's own "cache")."""
         t = Graph.new(shape, esize)
         t.external = True
-        _placed_as(t, "cache")
+        _placed_as(t, name)
         return t
 
     @staticmethod

@@ -15,43 +15,71 @@ the soft-capped logits.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import ClassVar
+from typing import Any, ClassVar
 
+from llamafit.gguf.hparams import Hparams
+from llamafit.memory.builds import GEMMA4_GRAPH_SINCE
 from llamafit.memory.graph.attention import Attending
 from llamafit.memory.graph.galloc import I32, Graph, Tensor, in_layer
 from llamafit.memory.graph.recipe import Recipe, Reserve
+from llamafit.memory.graph.sampling import backend_samplers
 from llamafit.memory.graph.trunk import Experts, gated_ffn, input_embeddings, moe_ffn, output_head, rms_norm
 
 
 @dataclass(frozen=True)
-class Gemma4Shape(Recipe):
+class GemmaLayers(Recipe):
+    """What the shapes of Gemma 4 and of its assistant share: each layer's heads, FFN and window."""
+
     n_layer: int
     n_embd: int
     n_vocab: int
     n_head: tuple[int, ...]
     n_head_kv: tuple[int, ...]
-    head: tuple[int, ...]  # each layer's head size, K's and V's (the loader refuses them unequal: gemma4.cpp:43-48)
+    head: tuple[int, ...]  # each layer's head size, K's and V's (the loaders refuse them unequal: gemma4.cpp:43-48)
     n_ff: tuple[int, ...]
     is_swa: tuple[bool, ...]
-    n_kv_from_start: int  # the layers from here on read an earlier layer's cache
-    per_layer: int  # n_embd_per_layer: the per-layer inputs' width (0: none)
-    v_proj: tuple[bool, ...]  # the layer has attn_v (else V is K's projection, normed apart)
-    out_scale: tuple[bool, ...]  # the layer has layer_output_scale
-    softcap: bool  # final_logit_softcapping (30 unless the header says 0)
     since_build: int
-    experts: Experts | None = None  # the layers with a router (``moe``): a shared MLP beside routed experts
-    moe: tuple[bool, ...] = ()
 
     any_v_layout: ClassVar[bool] = True
-
-    def graph(self, r: Reserve) -> Graph:
-        return _Builder(self, r).graph()
 
     def since(self) -> int:
         return self.since_build
 
     def first_layer(self) -> Recipe | None:
         return replace(self, n_layer=1)
+
+    def v_width(self) -> int:
+        """The widest layer's V row (n_embd_v_gqa_max)."""
+        return max(h * kv for h, kv in zip(self.head, self.n_head_kv, strict=True))
+
+
+def read_layers(hp: Hparams, n: int) -> dict[str, Any]:
+    """``GemmaLayers``' fields for the first ``n`` layers of a Gemma 4 or assistant header."""
+    return {
+        "n_layer": n,
+        "n_embd": hp.n_embd,
+        "n_vocab": hp.n_vocab,
+        "n_head": tuple(hp.n_head[:n]),
+        "n_head_kv": tuple(hp.n_head_kv[:n]),
+        "head": tuple(hp.head_k_swa if hp.is_swa[il] else hp.head_k for il in range(n)),
+        "n_ff": tuple(hp.n_ff[:n]),
+        "is_swa": tuple(hp.is_swa[:n]),
+        "since_build": GEMMA4_GRAPH_SINCE,
+    }
+
+
+@dataclass(frozen=True)
+class Gemma4Shape(GemmaLayers):
+    n_kv_from_start: int  # the layers from here on read an earlier layer's cache
+    per_layer: int  # n_embd_per_layer: the per-layer inputs' width (0: none)
+    v_proj: tuple[bool, ...]  # the layer has attn_v (else V is K's projection, normed apart)
+    out_scale: tuple[bool, ...]  # the layer has layer_output_scale
+    softcap: bool  # final_logit_softcapping (30 unless the header says 0)
+    experts: Experts | None = None  # the layers with a router (``moe``): a shared MLP beside routed experts
+    moe: tuple[bool, ...] = ()
+
+    def graph(self, r: Reserve) -> Graph:
+        return _Builder(self, r).graph()
 
     def reused(self, il: int) -> int | None:
         """The layer whose cache ``il`` reads, None where it has its own (llama-model.cpp:2796-2805)."""
@@ -62,7 +90,7 @@ class Gemma4Shape(Recipe):
 
 class _Builder(Attending):
     def __init__(self, sh: Gemma4Shape, r: Reserve) -> None:
-        super().__init__(r, max(h * kv for h, kv in zip(sh.head, sh.n_head_kv, strict=True)), 1)
+        super().__init__(r, sh.v_width(), 1)
         self.sh = sh
 
     def graph(self) -> Graph:
@@ -142,3 +170,68 @@ class _Builder(Attending):
         logits = Graph.mul_mat(W((sh.n_embd, ex.n_expert), "ffn_gate_inp"), router)
         routed = rms_norm(moe_ffn(self.g, moe_in, ex, logits=logits), "post_ffw_norm_2")
         return Graph.like("add", mlp, routed)
+
+
+@dataclass(frozen=True)
+class AssistantShape(GemmaLayers):
+    """A Gemma 4 assistant (src/models/gemma4-assistant.cpp:84-200): the MTP drafter whose layers read its
+    target's caches and the target's token rows (``n_backbone``: the target's width)."""
+
+    n_backbone: int
+
+    poolings: ClassVar[tuple[str | None, ...]] = (None,)
+
+    def graph(self, r: Reserve) -> Graph:
+        return _AssistantBuilder(self, r).graph()
+
+
+class _AssistantBuilder(Attending):
+    def __init__(self, sh: AssistantShape, r: Reserve) -> None:
+        super().__init__(r, sh.v_width(), 1)
+        self.sh = sh
+
+    def graph(self) -> Graph:
+        """The target's token rows, scaled, beside the target's hidden states (an input), projected; each layer's
+        attention over the target's cache (no K or V of its own), the output rows taken in the last layer; the
+        logits and the next hidden state (``t_h_nextn``), both outputs."""
+        sh, g, r, T, W = self.sh, self.g, self.r, self.T, Graph.weight
+        tokens, hidden = Graph.input((T,), I32), Graph.input((sh.n_backbone, T))
+        # the target's token_embd: an input-layer weight of the other model (the host's, unless -ot moves it)
+        rows = Graph.like("scale", Graph.get_rows(W((sh.n_backbone, sh.n_vocab), "target.token_embd"), tokens))
+        both = Graph.op("concat", (2 * sh.n_backbone, T), rows, hidden)
+        with in_layer(0):  # block 0's weight (gemma4-assistant.cpp:55)
+            cur = Graph.mul_mat(W((2 * sh.n_backbone, sh.n_embd), "nextn.pre_projection"), both)
+        out_ids = Graph.input((max(1, min(r.n_outputs, T)),), I32)
+        for il in range(sh.n_layer):
+            with in_layer(il):
+                cur = self.layer(il, cur, out_ids)
+        normed = rms_norm(cur, "output_norm")  # layer -1: not pinned
+        logits = Graph.mul_mat(W((sh.n_embd, sh.n_vocab), "output"), normed)
+        h_next = Graph.mul_mat(W((sh.n_embd, sh.n_backbone), "nextn.post_projection"), normed)
+        g.expand(logits)
+        g.expand(h_next)
+        logits.is_output = h_next.is_output = True  # t_logits, t_h_nextn (llama-graph.cpp:1396-1408)
+        if r.samplers is not None:
+            backend_samplers(g, logits, max(1, r.n_seqs), r.samplers)
+        return g
+
+    def layer(self, il: int, inp_l: Tensor, out_ids: Tensor) -> Tensor:
+        sh, T, W = self.sh, self.T, Graph.weight
+        nh, hd = sh.n_head[il], sh.head[il]
+        freqs = () if sh.is_swa[il] else (W((hd // 2,), "rope_freqs"),)
+        x = rms_norm(inp_l, "attn_norm")
+        q = Graph.reshape(Graph.mul_mat(W((sh.n_embd, hd * nh), "attn_q"), x), (hd, nh, T))
+        q = Graph.like("rope", rms_norm(q, "attn_q_norm"), self.pos, *freqs)
+        kind = "swa" if sh.is_swa[il] else "full"
+        self.g.expand(q)
+        with in_layer(None):  # the target's caches, where its layers are (replay: ContextParams.kv_devices)
+            k_cache, v_cache = self.caches(hd, hd, sh.n_head_kv[il], kind, f"target.cache_{kind}")
+        out = self.mha(q, k_cache, v_cache, kind, None)
+        cur = Graph.mul_mat(W((hd * nh, sh.n_embd), "attn_output"), out)
+        if il == sh.n_layer - 1:
+            cur, inp_l = Graph.get_rows(cur, out_ids), Graph.get_rows(inp_l, out_ids)
+        attn_out = Graph.like("add", rms_norm(cur, "post_attention_norm"), inp_l)
+        cur = gated_ffn(rms_norm(attn_out, "ffn_norm"), sh.n_ff[il])
+        cur = Graph.like("mul", Graph.like("rms_norm", cur), W((sh.n_embd,), "post_ffw_norm"))  # layer -1
+        cur = Graph.like("add", cur, attn_out)
+        return Graph.like("mul", cur, W((1,), "layer_output_scale"))

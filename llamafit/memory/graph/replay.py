@@ -269,6 +269,8 @@ def _placed_graph(
     def device(layer: int | None, name: str) -> str:
         if name == "output":
             return output
+        if name.startswith("target.cache_"):  # a drafter reading its target's caches (sliding, full)
+            return cp.kv_devices[name.endswith("full")] if cp.kv_devices else layer_dev[0]
         if name == "output_norm":
             return table.get((hp.n_layer_all, name), out_dev)
         if layer is None:  # the input layer's, else the output layer's (DSpark's heads, d2t)

@@ -12,11 +12,10 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from llamafit.gguf.model import ModelInfo
-from llamafit.memory.builds import GEMMA4_GRAPH_SINCE
 from llamafit.memory.graph.attention import TransformerShape, rotation_size
 from llamafit.memory.graph.dflash import DflashShape, Markov
 from llamafit.memory.graph.dsv4 import dsv4_mtp_shape, dsv4_shape
-from llamafit.memory.graph.gemma4 import Gemma4Shape
+from llamafit.memory.graph.gemma4 import AssistantShape, Gemma4Shape, read_layers
 from llamafit.memory.graph.hybrid import HybridShape
 from llamafit.memory.graph.layered import LAYERED, layered_shape
 from llamafit.memory.graph.mamba import MambaShape
@@ -427,23 +426,25 @@ def _gemma4_shape(model: ModelInfo) -> Gemma4Shape | None:
     cap = "gemma4.final_logit_softcapping" not in model.kv or model.number("final_logit_softcapping") != 0
     per_layer = int(model.number("embedding_length_per_layer_input")) if "per_layer_token_embd.weight" in names else 0
     return Gemma4Shape(
-        n_layer=n,
-        n_embd=hp.n_embd,
-        n_vocab=hp.n_vocab,
-        n_head=tuple(hp.n_head[:n]),
-        n_head_kv=tuple(hp.n_head_kv[:n]),
-        head=tuple(hp.head_k_swa if hp.is_swa[il] else hp.head_k for il in range(n)),
-        n_ff=tuple(hp.n_ff[:n]),
-        is_swa=tuple(hp.is_swa[:n]),
+        **read_layers(hp, n),
         n_kv_from_start=hp.n_layer_kv_from_start,
         per_layer=per_layer,
         v_proj=tuple(f"blk.{il}.attn_v.weight" in names for il in range(n)),
         out_scale=tuple(f"blk.{il}.layer_output_scale.weight" in names for il in range(n)),
         softcap=cap,
-        since_build=GEMMA4_GRAPH_SINCE,
         experts=experts,
         moe=moe,
     )
+
+
+def _assistant_shape(model: ModelInfo) -> AssistantShape | None:
+    """A Gemma 4 assistant's layers (gemma4-assistant.cpp load_arch_tensors: its NextN layers, Q only)."""
+    hp = model.hparams
+    n = hp.n_nextn
+    backbone = int(model.number("embedding_length_out"))
+    if not n or not backbone or backbone == hp.n_embd:
+        return None  # the loader refuses it (gemma4-assistant.cpp:30-32)
+    return AssistantShape(**read_layers(hp, n), n_backbone=backbone)
 
 
 Reader = Callable[[ModelInfo], Recipe | None]
@@ -464,4 +465,5 @@ DRAFT_READERS: dict[str, Reader] = {
     **dict.fromkeys(QWEN35, _mtp_shape),
     "glm4moe": _nextn_shape,
     "deepseek4": dsv4_mtp_shape,
+    "gemma4-assistant": _assistant_shape,
 }
