@@ -103,6 +103,12 @@ SHAPES["deepseek-coder-v2-lite"] = lambda: factory.deepseek2(name="DeepSeek-Code
                                                              v_dim=128, n_dense_lead=1, q_lora_rank=0, n_ff=10944,
                                                              n_expert=64, n_expert_used=6, n_ff_exp=1408, n_shared=2,
                                                              n_vocab=102400, ctx=163840, w="bf16")  # fmt: skip
+# Qwen/Qwen3.5-35B-A3B's config.json, as bench/shapes.py's (its MTP layer included, as the published GGUFs carry it)
+SHAPES["qwen3.5-35b-a3b"] = lambda: factory.qwen35(name="Qwen3.5-35B-A3B", n_layer=40, n_nextn=1, n_embd=2048,
+                                                   n_head=16, n_head_kv=2, head_dim=256, d_state=128, n_group=16,
+                                                   dt_rank=32, n_expert=256, n_expert_used=8, n_ff_exp=512,
+                                                   n_ff_shexp=512, n_vocab=248320, ctx=262144,
+                                                   w="bf16")  # fmt: skip
 QUANTS = {"q4_k_m": "Q4_K_M", "q4_0": "Q4_0", "f16": "F16", "q8_0": "Q8_0"}
 # models whose published GGUF is not a llama-quantize mix of one type: written with their own types
 DIRECT: dict[str, Callable[[], factory.Shape]] = {
