@@ -408,6 +408,20 @@ def test_an_unmeasured_host_reads_the_cache_once_for_each_query_head(l8b: ModelI
     assert measured == pytest.approx(w.kv_bytes / (HOST_RATES.attention or 1))
 
 
+def test_a_layer_that_reads_an_earlier_layers_cache_attends_over_it(tmp_path: Path) -> None:
+    """Gemma 4's last layers have no cache of their own and attend over an earlier layer's
+    (llama-model.cpp:2796-2805): at depth their attention costs what it would over a cache of their own."""
+    evals = []
+    for shared in (0, 5):
+        shape = factory.gemma4(per_layer=0, shared_kv=shared)
+        model = load_model(str(shape.write(tmp_path / f"gemma4-{shared}.gguf")))
+        fp = plan(model, ["-c", "8192", "-ngl", "0"]).footprint
+        evals.append(evaluate(Load(model, fp.placement, fp.context, True, ()), tokens=1, depth=4096).devices[CPU])
+    own, reused = evals
+    assert reused.attn_layers == own.attn_layers == 10
+    assert reused.kv_bytes == pytest.approx(own.kv_bytes) and reused.attn_flops == pytest.approx(own.attn_flops)
+
+
 def test_a_recurrent_layer_updates_its_state_once_for_each_token(tmp_path: Path) -> None:
     """A gated delta net's scan spends 7 FLOPs a state element and token (ggml-cpu/ops.cpp:11230-11260), Mamba-2's
     5 (ggml-cpu/ops.cpp:10122-10131), on the device that holds the layer; priced at the rate the device's attention

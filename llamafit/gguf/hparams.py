@@ -192,6 +192,13 @@ class Hparams:
     def has_kv(self, il: int) -> bool:
         return self.n_layer_kv_from_start < 0 or il < self.n_layer_kv_from_start
 
+    def kv_layer(self, il: int) -> int:
+        """The layer whose cache ``il`` attends over: its own, or where it has none (Gemma 3n's and Gemma 4's last
+        layers) the last of its kind before them (llama-model.cpp:2796-2805)."""
+        if self.has_kv(il):
+            return il
+        return self.n_layer_kv_from_start - (2 if self.is_swa[il] else 1)
+
     def n_embd_r(self) -> int:
         """Conv/shift state width (src/llama-hparams.cpp:208-232)."""
         if self.wkv_head_size:

@@ -282,7 +282,7 @@ def _walk(load: Load, tokens: int) -> Walk:
     on(out_dev).nodes += 3  # the output norm, its scale and the output matmul
     on(CPU).nodes += 1  # the input rows
     act = 4.0 * hp.n_embd * tokens
-    cache_layers = {il for il in attention_layers(hp, mtp=False) if il < hp.n_layer and hp.has_kv(il)}
+    cache_layers = {il for il in attention_layers(hp, mtp=False) if il < hp.n_layer}
     splits: list[Split] = []
     where = CPU  # the input embeddings are the host's (llama-model.cpp: dev_input is the CPU)
     for il in range(hp.n_layer):
@@ -358,10 +358,11 @@ def _attention(
     depth: int,
     flash_attn: bool,
 ) -> None:
-    """Each attention layer's FLOPs and cache bytes, on the cache's device (the layer's with offload_kqv)."""
+    """Each attention layer's FLOPs and cache bytes, on the cache's device (the layer's with offload_kqv); a layer
+    without a cache of its own attends over an earlier layer's (``Hparams.kv_layer``), on its own device."""
     hp = model.hparams
     for il in attention_layers(hp, mtp=False):
-        if il >= hp.n_layer or not hp.has_kv(il):
+        if il >= hp.n_layer:
             continue
         dev = placement.layer_device[il] if cp.offload_kqv else CPU
         swa = hp.n_swa if hp.is_swa[il] and hp.n_swa > 0 else 0
@@ -382,10 +383,10 @@ def _attention(
         w.attn_flops += per_cell * (own + before * tokens)
         w.attn_depth_flops += per_cell * before * tokens
         w.attn_layers += 1
-        kb, vb = kv_row_bytes(hp, il, cp.type_k, cp.type_v, cp.v_trans)
+        kb, vb = kv_row_bytes(hp, hp.kv_layer(il), cp.type_k, cp.type_v, cp.v_trans)
         kv = float((kb + vb) * (before + tokens))
         w.kv_bytes += kv
-        w.kv_head_reads += kv * heads / max(1, hp.n_head_kv[il])
+        w.kv_head_reads += kv * heads / max(1, hp.n_head_kv[hp.kv_layer(il)])
 
 
 def _state(
