@@ -70,6 +70,21 @@ def test_a_gemma4_assistant_reads_its_targets_cache(server_bin: ServerBinary, tm
     assert {r.kind for r in rows} == {"model", "compute", "output"}
 
 
+@pytest.mark.parametrize(("given", "kind"), [([], "draft-mtp"), (["--spec-type", "draft-simple"], "draft-simple")])
+def test_a_gemma4_assistant_is_an_mtp_drafter_unless_told_otherwise(
+    server_bin: ServerBinary, tmp_path: Path, given: list[str], kind: str
+) -> None:
+    """An assistant given with -md alone drafts by MTP (it reads its target's hidden states; llama.cpp infers the
+    type only from an mtp- sidecar's name); a type given is kept, and the assistant loads the same either way:
+    every layer (all its layers are NextN layers, never skipped) and its graph."""
+    target = factory.gemma4(n_layer=15, per_layer=32).write(tmp_path / "gemma4.gguf")
+    draft = factory.gemma4_assistant().write(tmp_path / "gemma4-assistant.gguf")
+    p, log, argv = plan_and_load(server_bin, target, ["-c", "4096", *given], draft=str(draft))
+    assert argv[argv.index("--spec-type") + 1] == kind
+    rows = assert_matches(p, log, "mtp" if kind == "draft-mtp" else "draft", logged="draft")
+    assert {r.kind for r in rows} == {"model", "compute", "output"}
+
+
 def test_embedded_mtp_with_rollback_rows(server_bin: ServerBinary, shapes: dict[str, Path]) -> None:
     args = ["-c", "4096", "-np", "2", "--spec-draft-n-max", "5"]
     p, log, _ = plan_and_load(server_bin, shapes["hybrid_mtp"], args, spec="draft-mtp")

@@ -241,10 +241,13 @@ def place_weights(
         return p
 
     n_layer = hp.n_layer
+    # NextN/MTP tensors are skipped unless draft-mtp is on (TENSOR_SKIP); a Gemma 4 assistant's layers are all
+    # NextN layers, made whatever the type (gemma4-assistant.cpp:47-78)
+    skip_nextn = not load_nextn and hp.n_nextn > 0 and hp.arch != "gemma4-assistant"
     for t in model.tensors:
         layer = t.layer
-        if not load_nextn and hp.n_nextn > 0 and layer is not None and n_layer <= layer < hp.n_layer_all:
-            continue  # NextN/MTP tensors are skipped unless draft-mtp is on (TENSOR_SKIP)
+        if skip_nextn and layer is not None and n_layer <= layer < hp.n_layer_all:
+            continue
         p = place(t, layer, t.matmul)
         placed.append(p)
         if tied and t.name == "token_embd.weight":

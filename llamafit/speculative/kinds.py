@@ -34,7 +34,11 @@ def ngram_host_bytes(spec_type: str, n_parallel: int) -> int:
 
 
 def detect_kind(model: ModelInfo) -> str | None:
-    """The type llama.cpp infers from a draft GGUF; None for a plain model (needs draft-simple)."""
+    """The type llama.cpp infers from a draft GGUF; None for a plain model (needs draft-simple). A Gemma 4
+    assistant drafts only from its target's hidden states (gemma4-assistant.cpp:84-120): llama.cpp infers MTP
+    from an ``mtp-`` sidecar's name alone, and llamafit says it for an assistant given with -md."""
+    if model.arch == "gemma4-assistant":
+        return "draft-mtp"
     if model.arch == "dflash":
         return "draft-dspark" if model.has_tensor("markov_w1.weight") else "draft-dflash"
     if model.arch == "eagle3":

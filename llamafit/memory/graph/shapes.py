@@ -459,6 +459,7 @@ READERS: dict[str, Reader] = {
     "dflash": _dflash_shape,
     "deepseek4": dsv4_shape,
     "gemma4": _gemma4_shape,
+    "gemma4-assistant": _assistant_shape,  # its graph whatever the speculative type (draft-simple loads it too)
 }
 # architecture -> the reader of its MTP head's shape (the drafter's context over the NextN block)
 DRAFT_READERS: dict[str, Reader] = {
