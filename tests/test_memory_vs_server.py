@@ -213,6 +213,8 @@ REPLAY_SHAPES = (
     "granite_h_moe",
 )
 REPLAY_CASES = [(s, a) for s in REPLAY_SHAPES for a in REPLAY_ARGS]
+# quantized caches over layers that read an earlier layer's: Q rotated, the shared cache's views
+REPLAY_CASES += [("gemma4", ["-c", "4096", "-ctk", "q8_0", "-ctv", "q8_0"]), ("gemma4", ["-c", "4096", "-ctk", "q4_0"])]
 
 
 @pytest.mark.parametrize(("shape", "args"), REPLAY_CASES, ids=[f"{s}:{' '.join(a)}" for s, a in REPLAY_CASES])

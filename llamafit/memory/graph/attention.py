@@ -120,6 +120,8 @@ class Attending:
         r, g, T = self.r, self.g, self.T
         if k is None or v is None:
             assert shared is not None
+            if r.rot_k:  # Q is rotated for a quantized K cache, whoever's cache it reads (llama-graph.cpp:3205-3213)
+                q = hadamard(q, self.inputs[kind]["k_rot"])
             g.expand(q)
             with in_layer(shared[0]):  # the caches are that layer's, on its device
                 k_cache, v_cache = self.caches(q.ne[0], q.ne[0], shared[1], kind)
