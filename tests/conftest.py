@@ -77,6 +77,8 @@ def shapes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "gemma4_moe": factory.gemma4(
             n_layer=6, n_embd=512, per_layer=0, shared_kv=0, n_expert=16, n_expert_used=4, n_ff_exp=1024
         ),
+        # AltUp's four streams, LAuReL, per-layer inputs; layers from the 20th on read earlier layers' caches
+        "gemma3n": factory.gemma3n(),
         "gpt_oss": factory.gpt_oss(),
         "mla": factory.deepseek2(),
         "dsa": factory.deepseek2(dsa=True, name="dsa"),

@@ -45,6 +45,7 @@ CASES = [
     ("gemma3", ["-c", "16384", "-fa", "off"]),
     ("gemma4", ["-c", "4096", "-np", "2"]),
     ("gemma4_31b", ["-c", "8192", "-fa", "off"]),
+    ("gemma3n", ["-c", "4096", "-np", "2"]),
     ("gpt_oss", ["-c", "8192", "-np", "2"]),
     ("mla", ["-c", "4096"]),
     ("mla", ["-c", "4096", "-fa", "off"]),
@@ -195,6 +196,7 @@ REPLAY_SHAPES = (
     "gemma4",
     "gemma4_31b",
     "gemma4_moe",
+    "gemma3n",
     "gpt_oss",
     "moe",
     "mla",
@@ -215,6 +217,7 @@ REPLAY_SHAPES = (
 REPLAY_CASES = [(s, a) for s in REPLAY_SHAPES for a in REPLAY_ARGS]
 # quantized caches over layers that read an earlier layer's: Q rotated, the shared cache's views
 REPLAY_CASES += [("gemma4", ["-c", "4096", "-ctk", "q8_0", "-ctv", "q8_0"]), ("gemma4", ["-c", "4096", "-ctk", "q4_0"])]
+REPLAY_CASES += [("gemma3n", ["-c", "4096", "-ctk", "q8_0", "-ctv", "q8_0"])]
 
 
 @pytest.mark.parametrize(("shape", "args"), REPLAY_CASES, ids=[f"{s}:{' '.join(a)}" for s, a in REPLAY_CASES])
@@ -222,7 +225,8 @@ def test_a_dense_transformer_compute_buffer_is_the_allocator_replay(
     server_bin: ServerBinary, shapes: dict[str, Path], shape: str, args: list[str]
 ) -> None:
     """Llama, Qwen3, Gemma 3 (sliding-window layers, sandwich norms), Gemma 4 (per-layer inputs, layers reading
-    an earlier layer's cache, wider full layers with V as K's projection, a shared MLP beside routed experts),
+    an earlier layer's cache, wider full layers with V as K's projection, a shared MLP beside routed experts), Gemma
+    3n (AltUp's four streams, LAuReL, the activation-sparse FFN gate; the per-phase estimate was 80 % under),
     Qwen3-MoE (routed experts), MLA
     (DeepSeek-V3 style: absorbed K, a K-only cache, shared expert), the Qwen3.5 hybrid (gated delta-net
     and gated attention layers), Qwen3.5-MoE (its experts and gated shared expert: the per-phase estimate

@@ -74,6 +74,8 @@ def shapes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "gemma4_moe": factory.gemma4(  # Gemma 4 26B-A4B's layers
             n_layer=6, n_embd=512, per_layer=0, shared_kv=0, n_expert=16, n_expert_used=4, n_ff_exp=1024
         ).write(d / "gemma4-moe.gguf"),
+        # AltUp's four streams, LAuReL, per-layer inputs, layers from the 20th on reading earlier layers' caches
+        "gemma3n": factory.gemma3n().write(d / "gemma3n.gguf"),
     }
 
 
@@ -178,6 +180,8 @@ def test_a_tensor_split_over_two_vulkan_devices_is_the_meta_devices(
                                              ("gemma4", []), ("gemma4", ["-ngl", "8"]),
                                              ("gemma4_31b", ["-ngl", "6", "-fa", "off"]),
                                              ("gemma4_moe", ["-ncmoe", "3"]), ("gemma4_moe", ["-ngl", "4"]),
+                                             ("gemma3n", []), ("gemma3n", ["-ngl", "22"]),
+                                             ("gemma3n", ["-ngl", "12", "-fa", "off"]),
                                              ("hybrid", []), ("hybrid", ["-ngl", "5"]),
                                              ("mla", []), ("mla", ["-ngl", "4", "-fa", "off"]),
                                              # -fa auto resolved off: a host layer's attention scheduled on

@@ -110,6 +110,9 @@ DSPARK_DSV4_GRAPH_SINCE = 10773
 # Gemma 4's reserve graph as graph.gemma4 builds it, read from b11434's gemma4.cpp only (its per-layer inputs and
 # the embedding path changed since Gemma 4 came): older builds keep the per-phase estimate, held to llama-fit-params
 GEMMA4_GRAPH_SINCE = 11434
+# Gemma 3n's as graph.gemma3n builds it, read from b11434's gemma3n.cpp only (the same embedding path and per-layer
+# inputs as Gemma 4's): older builds keep the per-phase estimate
+GEMMA3N_GRAPH_SINCE = 11434
 # and the NextN weights: loaded only for MTP (load_mtp) from these builds; qwen35 and qwen35moe loaded their
 # NextN block always before (b9310's Qwen3.5-35B-A3B: 455 MiB more weights without a drafter)
 NEXTN_ALWAYS_LOADED_BEFORE = {"qwen35": 10216, "qwen35moe": 10216}

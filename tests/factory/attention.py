@@ -244,6 +244,65 @@ def gemma4(
     return Shape(arch, kv, ts)
 
 
+def gemma3n(
+    *,
+    n_layer: int = 25,
+    n_embd: int = 256,
+    n_head: int = 4,
+    head_dim: int = 64,
+    n_ff: int = 512,
+    n_vocab: int = 512,
+    w: str = "f16",
+) -> Shape:
+    """gemma3n (src/models/gemma3n.cpp load_arch_tensors): four AltUp streams, LAuReL, per-layer embeddings, four
+    sliding-window layers to one full one, tied embeddings; the layers from the 20th on read the caches of the
+    last ones before it (llama-model.cpp:2796-2805). AltUp's and LAuReL's sizes are llama.cpp's defaults, read
+    from no key (llama-hparams.h:264-268: 4 streams, rank 64, 256 per-layer inputs)."""
+    arch, n_altup, rank, n_pl = "gemma3n", 4, 64, 256
+    kv = _base_kv(arch, "gemma3n", n_layer, n_embd, 32768, n_vocab)
+    kv.update({
+        f"{arch}.feed_forward_length": n_ff,
+        f"{arch}.attention.head_count": n_head,
+        f"{arch}.attention.head_count_kv": 1,
+        f"{arch}.attention.key_length": head_dim,
+        f"{arch}.attention.value_length": head_dim,
+        f"{arch}.attention.sliding_window": 512,
+        f"{arch}.rope.freq_base_swa": 10000.0,
+        f"{arch}.final_logit_softcapping": 30.0,
+        f"{arch}.embedding_length_per_layer_input": n_pl,
+    })  # fmt: skip
+    ts = [
+        *_io(n_embd, n_vocab, w, True),
+        TensorSpec("altup_proj.weight", (n_embd, n_embd, n_altup - 1), w),
+        TensorSpec("altup_unembd_proj.weight", (n_embd, n_embd, n_altup - 1), w),
+        TensorSpec("per_layer_token_embd.weight", (n_pl * n_layer, n_vocab), w),
+        TensorSpec("per_layer_model_proj.weight", (n_embd, n_pl * n_layer), w),
+        TensorSpec("per_layer_proj_norm.weight", (n_pl,)),
+    ]
+    for i in range(n_layer):
+        # every layer has K and V, though a layer that reuses a cache reads only its Q (gemma3n.cpp:50, 172-192)
+        ts += _attn(i, n_embd, n_head * head_dim, head_dim, n_head * head_dim, w)
+        ts += [
+            TensorSpec(f"blk.{i}.attn_q_norm.weight", (head_dim,)),
+            TensorSpec(f"blk.{i}.attn_k_norm.weight", (head_dim,)),
+            TensorSpec(f"blk.{i}.post_attention_norm.weight", (n_embd,)),
+            *_ffn(i, n_embd, n_ff, w),
+            TensorSpec(f"blk.{i}.post_ffw_norm.weight", (n_embd,)),
+            TensorSpec(f"blk.{i}.inp_gate.weight", (n_embd, n_pl), w),
+            TensorSpec(f"blk.{i}.proj.weight", (n_pl, n_embd), w),
+            TensorSpec(f"blk.{i}.post_norm.weight", (n_embd,)),
+            TensorSpec(f"blk.{i}.altup_correct_coef.weight", (n_altup, n_altup)),
+            TensorSpec(f"blk.{i}.altup_correct_scale.weight", (n_embd,)),
+            TensorSpec(f"blk.{i}.altup_predict_coef.weight", (n_altup, n_altup * n_altup)),
+            TensorSpec(f"blk.{i}.altup_router.weight", (n_embd, n_altup), w),
+            TensorSpec(f"blk.{i}.altup_router_norm.weight", (n_embd,)),
+            TensorSpec(f"blk.{i}.laurel_l.weight", (n_embd, rank), w),
+            TensorSpec(f"blk.{i}.laurel_r.weight", (rank, n_embd), w),
+            TensorSpec(f"blk.{i}.laurel_post_norm.weight", (n_embd,)),
+        ]
+    return Shape(arch, kv, ts)
+
+
 def llama31_8b(w: str = "q4_K") -> Shape:
     """meta-llama/Llama-3.1-8B: 32 layers, 4096 embd, 32 heads, 8 KV heads, 14336 FFN, 128256 vocab."""
     return dense(arch="llama", name="Llama-3.1-8B (shape)", n_layer=32, n_embd=4096, n_head=32, n_head_kv=8,

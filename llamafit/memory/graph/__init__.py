@@ -12,6 +12,7 @@ Modules:
 * ``trunk``: what llama.cpp's text graphs share: their start and end, feed-forward blocks, recurrent states;
 * ``attention``: a transformer with a KV cache;
 * ``gemma4``: Gemma 4 (per-layer inputs, layers reading an earlier layer's cache) and its assistant;
+* ``gemma3n``: Gemma 3n (AltUp's streams, LAuReL, per-layer inputs);
 * ``mla``: DeepSeek-V2/V3-style MLA;
 * ``dsv4``: DeepSeek-V4;
 * ``hybrid``: Qwen3.5-style hybrids (gated delta-net and gated attention);

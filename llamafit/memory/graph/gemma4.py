@@ -53,8 +53,8 @@ class GemmaLayers(Recipe):
         return max(h * kv for h, kv in zip(self.head, self.n_head_kv, strict=True))
 
 
-def read_layers(hp: Hparams, n: int) -> dict[str, Any]:
-    """``GemmaLayers``' fields for the first ``n`` layers of a Gemma 4 or assistant header."""
+def read_layers(hp: Hparams, n: int, since: int = GEMMA4_GRAPH_SINCE) -> dict[str, Any]:
+    """``GemmaLayers``' fields for the first ``n`` layers of a Gemma 3n, Gemma 4 or assistant header."""
     return {
         "n_layer": n,
         "n_embd": hp.n_embd,
@@ -64,8 +64,16 @@ def read_layers(hp: Hparams, n: int) -> dict[str, Any]:
         "head": tuple(hp.head_k_swa if hp.is_swa[il] else hp.head_k for il in range(n)),
         "n_ff": tuple(hp.n_ff[:n]),
         "is_swa": tuple(hp.is_swa[:n]),
-        "since_build": GEMMA4_GRAPH_SINCE,
+        "since_build": since,
     }
+
+
+def reused_cache(n_kv_from_start: int, is_swa: tuple[bool, ...], il: int) -> int | None:
+    """The layer whose cache layer ``il`` of Gemma 3n or 4 reads, None where it has its own: the last sliding or
+    full layer before the shared ones (llama-model.cpp:2796-2805)."""
+    if il < n_kv_from_start:
+        return None
+    return n_kv_from_start - (2 if is_swa[il] else 1)
 
 
 @dataclass(frozen=True)
@@ -80,12 +88,6 @@ class Gemma4Shape(GemmaLayers):
 
     def graph(self, r: Reserve) -> Graph:
         return _Builder(self, r).graph()
-
-    def reused(self, il: int) -> int | None:
-        """The layer whose cache ``il`` reads, None where it has its own (llama-model.cpp:2796-2805)."""
-        if il < self.n_kv_from_start:
-            return None
-        return self.n_kv_from_start - (2 if self.is_swa[il] else 1)
 
 
 class _Builder(Attending):
@@ -131,7 +133,7 @@ class _Builder(Attending):
         cur = rms_norm(inp_l, "attn_norm")
         q = Graph.reshape(Graph.mul_mat(W((sh.n_embd, hd * nh), "attn_q"), cur), (hd, nh, T))
         q = Graph.like("rope", rms_norm(q, "attn_q_norm"), self.pos, *freqs)
-        reused = sh.reused(il)
+        reused = reused_cache(sh.n_kv_from_start, sh.is_swa, il)
         if reused is None:
             k_lin = Graph.mul_mat(W((sh.n_embd, hd * n_kv_h), "attn_k"), cur)
             v_lin = Graph.mul_mat(W((sh.n_embd, hd * n_kv_h), "attn_v"), cur) if sh.v_proj[il] else k_lin

@@ -15,6 +15,7 @@ from llamafit.gguf.model import ModelInfo
 from llamafit.memory.graph.attention import TransformerShape, rotation_size
 from llamafit.memory.graph.dflash import DflashShape, Markov
 from llamafit.memory.graph.dsv4 import dsv4_mtp_shape, dsv4_shape
+from llamafit.memory.graph.gemma3n import gemma3n_shape
 from llamafit.memory.graph.gemma4 import AssistantShape, Gemma4Shape, read_layers
 from llamafit.memory.graph.hybrid import HybridShape
 from llamafit.memory.graph.layered import LAYERED, layered_shape
@@ -458,6 +459,7 @@ READERS: dict[str, Reader] = {
     "eagle3": _eagle3_shape,
     "dflash": _dflash_shape,
     "deepseek4": dsv4_shape,
+    "gemma3n": gemma3n_shape,
     "gemma4": _gemma4_shape,
     "gemma4-assistant": _assistant_shape,  # its graph whatever the speculative type (draft-simple loads it too)
 }
