@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from llamafit.cli.app import app
 from llamafit.errors import DoesNotFitError
+from llamafit.fit import choice, policy
 from llamafit.fit.plan import to_json
 from llamafit.options import Options
 from llamafit.planning.planner import prepare
@@ -155,3 +156,45 @@ def test_a_card_slower_than_the_host_is_left_the_layers_it_would_slow(models: di
     assert pinned["fits"] and pinned["speed"]["tg"] < slow["speed"]["tg"]
     said = next(d["message"] for d in slow["decisions"] if d["code"] == "placement.partial")
     assert f"Predicted faster than the most CUDA0 holds here ({held} of 37 layers on the GPUs" in said
+
+
+def test_a_step_far_from_the_fit_settles_where_the_next_step_no_longer_fits_or_gains(
+    models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``settle`` takes a candidate the quick estimate put far from the exact fit (here every layer on the host, 37
+    steps from the card) as far toward the card as the exact estimate holds and speeds up: a step, then twice as
+    many, then halving. It took at most four single steps before: a quick estimate three times over, as Gemma 3n's
+    per-phase one was on a card, left about twenty layers' room."""
+    seen: dict[str, Any] = {}
+    real = choice.placed
+
+    def spy(*args: Any) -> choice.Fitted:
+        seen["args"] = args
+        return real(*args)
+
+    monkeypatch.setattr(policy, "placed", spy)
+    doc = plan(models["qwen3-8b"], CASES["qwen3-8b"][0])
+    search, base, _lo, _hi, _pinned, spec, _prefer = seen["args"]
+    ch = choice.Chooser(search, base, spec, search.rates, search.gpus)
+    layers, ctx = ch.ladders[0], doc["context"]["n_ctx"]
+    far = ch.trial(layers, layers.last, ctx, exact=True)
+    assert far is not None and far.ok
+    got = ch.settle(ch._priced(layers, layers.last, far))
+    assert got is not None and layers.last - got.step > 8, got.step
+    nearer = ch.trial(layers, got.step - 1, ctx, exact=True)
+    assert nearer is None or not nearer.ok or not choice.faster(ch._priced(layers, got.step - 1, nearer), got)
+
+
+def test_a_placement_settles_as_far_toward_the_card_as_the_exact_estimate_allows(tmp_path: Path) -> None:
+    """Gemma 3n's per-phase compute estimate is about three times its replay on a card (AltUp's four streams and
+    a 262k vocabulary): the quick search stops with about twenty layers' room left. The exact estimate then walks
+    that room, a step, then twice as many after each that fits: one more layer than chosen does not fit the card
+    (it stopped at 4 of 31 layers, 15.8 tok/s predicted, where 30 fit: 75)."""
+    model = factory.gemma3n(n_layer=30, n_embd=2048, n_head=8, head_dim=256, n_ff=8192, n_vocab=262144, w="q8_0").write(
+        tmp_path / "gemma3n-e2b.gguf"
+    )
+    doc = plan(model, "4GiB")
+    ngl = doc["placement"]["n_gpu_layers"]
+    assert doc["fits"] and 20 < ngl < 31, ngl
+    more = plan(model, "4GiB", ["-ngl", str(ngl + 1), "-c", str(doc["context"]["n_ctx"])])
+    assert not within_margin(more), more.get("placement", {}).get("n_gpu_layers")

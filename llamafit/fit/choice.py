@@ -38,7 +38,8 @@ SHARE = 0.5  # balanced: the largest context whose generation keeps this share o
 TIE = 0.01  # generation speeds within this share are a tie: prompt processing decides
 NEAR = 0.1  # a ladder this close to the winner at either end of a bracket is weighed between them
 MAX_ROWS = 6  # contexts a plan shows
-SETTLE_STEPS = 4  # exact estimates a candidate may take to settle its step
+SETTLE_STEPS = 4  # exact estimates a candidate may take to reach a step that fits
+SETTLE_TRIALS = 12  # and then to move as far toward the GPUs as fits (a gallop, then halving)
 
 
 @dataclass(frozen=True)
@@ -223,13 +224,22 @@ class Chooser:
         if t is None or not t.ok:
             return None
         got = self._priced(c.ladder, x, t)
-        for _ in range(SETTLE_STEPS):  # more on the GPUs where it fits and is faster (it is not at the host's end)
-            if x <= c.ladder.first or not self._may_fit(c.ladder, x, ctx, t):
+        # more on the GPUs where it fits and is faster (it is not at the host's end): a step, then twice as many
+        # after each that holds, then halving the span between the last that held and the first that did not
+        # (where the quick estimate is far from the exact one, a graph the per-phase estimate misprices, the room
+        # it left is many steps wide)
+        if x <= c.ladder.first or not self._may_fit(c.ladder, x, ctx, t):
+            return replace(got, over=c.over)
+        step, bad = 1, None  # bad: the nearest step toward the GPUs found not to fit, or not faster
+        for _ in range(SETTLE_TRIALS):
+            nxt = max(x - step, c.ladder.first) if bad is None else (x + bad) // 2
+            if nxt >= x or (bad is not None and nxt <= bad):
                 break
-            fewer = self.trial(c.ladder, x - 1, ctx, exact=True)
-            if fewer is None or not fewer.ok or not faster(more := self._priced(c.ladder, x - 1, fewer), got):
-                break
-            x, t, got = x - 1, fewer, more
+            fewer = self.trial(c.ladder, nxt, ctx, exact=True)
+            if fewer is not None and fewer.ok and faster(more := self._priced(c.ladder, nxt, fewer), got):
+                x, t, got, step = nxt, fewer, more, step * 2
+            else:
+                bad = nxt
         return replace(got, over=c.over)
 
     def _may_fit(self, ladder: Ladder, x: int, ctx: int, exact: Trial) -> bool:
