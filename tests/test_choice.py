@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -185,16 +186,30 @@ def test_a_step_far_from_the_fit_settles_where_the_next_step_no_longer_fits_or_g
     assert nearer is None or not nearer.ok or not choice.faster(ch._priced(layers, got.step - 1, nearer), got)
 
 
-def test_a_placement_settles_as_far_toward_the_card_as_the_exact_estimate_allows(tmp_path: Path) -> None:
-    """Gemma 3n's per-phase compute estimate is about three times its replay on a card (AltUp's four streams and
-    a 262k vocabulary): the quick search stops with about twenty layers' room left. The exact estimate then walks
-    that room, a step, then twice as many after each that fits: one more layer than chosen does not fit the card
-    (it stopped at 4 of 31 layers, 15.8 tok/s predicted, where 30 fit: 75)."""
+def test_a_gemma3n_fills_the_card_its_per_layer_table_is_not_priced_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An E2B-sized Gemma 3n on a 4 GiB card: one more layer than chosen does not fit it. Its per-phase compute
+    estimate, which the quick search packs by, priced op offload's copy of its 2 GB per-layer table (read by rows,
+    never offloaded) on the card, three times the replay: 4 of 31 layers were chosen (15.8 tok/s predicted) where
+    30 fit (75)."""
     model = factory.gemma3n(n_layer=30, n_embd=2048, n_head=8, head_dim=256, n_ff=8192, n_vocab=262144, w="q8_0").write(
         tmp_path / "gemma3n-e2b.gguf"
     )
+    seen: dict[str, Any] = {}
+    real = choice.placed
+
+    def spy(*args: Any) -> choice.Fitted:
+        seen["args"] = args
+        return real(*args)
+
+    monkeypatch.setattr(policy, "placed", spy)
     doc = plan(model, "4GiB")
     ngl = doc["placement"]["n_gpu_layers"]
     assert doc["fits"] and 20 < ngl < 31, ngl
     more = plan(model, "4GiB", ["-ngl", str(ngl + 1), "-c", str(doc["context"]["n_ctx"])])
     assert not within_margin(more), more.get("placement", {}).get("n_gpu_layers")
+    search, base, *_ = seen["args"]
+    quick = search.run(replace(base, n_ctx=doc["context"]["n_ctx"], n_gpu_layers=ngl), seen["args"][5], exact=False)
+    table = next(t.info.nbytes for t in search.model.tensors if t.name == "per_layer_token_embd.weight")
+    assert quick.fp.gpus["CUDA0"].compute < table / 4

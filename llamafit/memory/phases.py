@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from llamafit.gguf.ggml import by_name
 from llamafit.gguf.hparams import Hparams
 from llamafit.gguf.model import ModelInfo
+from llamafit.gguf.tensors import GET_ROWS_PREFIXES
 from llamafit.memory import backends
 from llamafit.memory.builds import kq_mask_f16
 from llamafit.memory.context import ContextParams, attention_layers, per_layer_memory, recurrent_layers, swa_cells
@@ -338,11 +339,13 @@ def device_terms(
 
 def _staged_copies(hp: Hparams, cp: ContextParams, placement: WeightPlacement, cpu_layers: Sequence[int]) -> int:
     """Under op offload one split at a time holds the copies it reads: a host weight, or a CPU layer's
-    whole K/V cache (its attention runs on the GPU too); splits on one backend never overlap."""
+    whole K/V cache (its attention runs on the GPU too); splits on one backend never overlap. A table read by
+    rows (the token embeddings, Gemma 3n's and 4's per-layer ones) is never offloaded: ggml_backend_offload_op
+    leaves GET_ROWS where its weight is (_op_offload in memory.compute)."""
     staged = [
         p.tensor.info.nbytes
         for p in placement.tensors
-        if p.device == CPU and len(p.tensor.info.shape) >= 2 and not p.tensor.name.startswith("token_embd")
+        if p.device == CPU and len(p.tensor.info.shape) >= 2 and not p.tensor.name.startswith(GET_ROWS_PREFIXES)
     ]
     cache = per_layer_memory(hp, cp)
     return max([*staged, *(cache[il] for il in cpu_layers)], default=0)
