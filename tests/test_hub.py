@@ -38,7 +38,10 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "gemma": factory.gemma3().write(d / "gemma3-Q8_0.gguf"),
         "mmproj": factory.siglip_mmproj(text_embd=256).write(d / "mmproj-gemma3-F16.gguf"),
         "demo": ensure_demo_model(d),
-        "qwen2": factory.dense(arch="qwen2", name="qwen2").write(d / "qwen2-Q8_0.gguf"),
+        # the logits' bias: a node no builder makes, so its compute is estimated
+        "qwen2": factory.dense(arch="qwen2", name="qwen2", qkv_bias=True, output_bias=True).write(
+            d / "qwen2-Q8_0.gguf"
+        ),
         "readme": d / "README.md",
         "broken": d / "broken-Q8_0.gguf",
     }
@@ -270,8 +273,9 @@ def test_run_downloads_the_planned_files_then_launches_them(
 
 @pytest.mark.server
 def test_a_hub_plan_is_held_to_the_binarys_measurement_once_downloaded(hub: FakeHub, server_bin: ServerBinary) -> None:
-    """Qwen2's compute is estimated (no builder replays its graph): its plan waits for the file to be measured
-    by llama-fit-params; run downloads it, makes the plan again, and launches the plan the measurement held."""
+    """A Qwen2 with a bias on its logits has its compute estimated (no builder replays that graph): its plan waits for
+    the file to be measured by llama-fit-params; run downloads it, makes the plan again, and launches the plan
+    the measurement held."""
     doc = plan_json("acme/qwen2:Q8_0", "--cpu-only", "--", "-c", "4096")
     assert doc["memory_model"]["bound"]["by"] is None and "not downloaded yet" in doc["memory_model"]["bound"]["note"]
     port = free_port()

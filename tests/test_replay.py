@@ -29,8 +29,8 @@ def _context(path: Path, args: list[str]):  # type: ignore[no-untyped-def]
 REPLAYED = [
     (shape, args)
     for shape in (
-        *("dense", "qwen3", "gemma3", "gemma4", "gemma4_31b", "moe", "mla", "dsa", "glm_dsa", "hybrid", "hybrid_moe"),
-        *("next", "glm4moe", "gemma4_moe", "gemma3n"),
+        *("dense", "qwen2", "qwen3", "gemma3", "gemma4", "gemma4_31b", "moe", "mla", "dsa", "glm_dsa", "hybrid"),
+        *("hybrid_moe", "next", "glm4moe", "gemma4_moe", "gemma3n"),
     )
     for args in (
         ["-c", "4096"],
@@ -51,9 +51,13 @@ def test_the_replayed_graphs(shapes: dict[str, Path], shape: str, args: list[str
 
 
 def test_other_graphs_keep_the_estimate(tmp_path: Path) -> None:
-    """An architecture without a builder (Qwen2's biases), and DeepSeek-V4 (and DSpark on its backbone) on a
+    """An architecture without a builder (OLMo: llama.cpp's olmo.cpp clamps Q, K and V), a Qwen2 whose logits have a
+    bias, and DeepSeek-V4 (and DSpark on its backbone) on a
     build older than the graph its builder makes."""
-    qwen2 = factory.dense(arch="qwen2", name="qwen2").write(tmp_path / "qwen2.gguf")
+    olmo = factory.dense(arch="olmo", name="olmo").write(tmp_path / "olmo.gguf")
+    model, cp, fa = _context(olmo, ["-c", "4096"])
+    assert graph_bytes(model, cp, cp.n_outputs_max, fa) is None
+    qwen2 = factory.dense(arch="qwen2", name="qwen2", qkv_bias=True, output_bias=True).write(tmp_path / "qwen2.gguf")
     model, cp, fa = _context(qwen2, ["-c", "4096"])
     assert graph_bytes(model, cp, cp.n_outputs_max, fa) is None
     for shape, since in ((factory.deepseek4(), DSV4_GRAPH_SINCE), (factory.dspark_dsv4(), DSPARK_DSV4_GRAPH_SINCE)):

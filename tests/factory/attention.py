@@ -22,8 +22,12 @@ def dense(
     ctx: int = 8192,
     w: str = "f16",
     tied: bool = False,
+    qkv_bias: bool = False,
+    output_bias: bool = False,
 ) -> Shape:
-    """llama / qwen3 / qwen2-style dense GQA transformer (llama.cpp, qwen3.cpp load_arch_tensors)."""
+    """llama / qwen3 / qwen2-style dense GQA transformer (llama.cpp, qwen3.cpp load_arch_tensors); ``qkv_bias``: Q, K
+    and V with biases (Qwen2 and 2.5: create_tensor_qkv's, llama-model.cpp:3413-3440); ``output_bias``: the logits'
+    (qwen2.cpp's optional output_b)."""
     hd = head_dim or n_embd // n_head
     kv = _base_kv(arch, name, n_layer, n_embd, ctx, n_vocab)
     kv.update({
@@ -36,8 +40,13 @@ def dense(
         f"{arch}.rope.freq_base": 500000.0,
     })  # fmt: skip
     ts = _io(n_embd, n_vocab, w, tied)
+    if output_bias:
+        ts.append(TensorSpec("output.bias", (n_vocab,)))
     for i in range(n_layer):
         ts += _attn(i, n_embd, n_head * hd, n_head_kv * hd, n_head * hd, w)
+        if qkv_bias:
+            ts += [TensorSpec(f"blk.{i}.attn_{p}.bias", (n,)) for p, n in (("q", n_head * hd), ("k", n_head_kv * hd),
+                                                                           ("v", n_head_kv * hd))]  # fmt: skip
         if arch == "qwen3":
             ts += [
                 TensorSpec(f"blk.{i}.attn_k_norm.weight", (hd,)),

@@ -1,6 +1,7 @@
 """The reserve graph of a transformer with a KV cache, node by node, for ``llamafit.memory.graph.galloc``.
 
-Mirrors ``src/models/llama.cpp:99-247`` (Llama, dense or with experts), ``src/models/qwen3.cpp`` and
+Mirrors ``src/models/llama.cpp:99-247`` (Llama, dense or with experts), ``src/models/qwen2.cpp`` (Llama's
+graph with biased Q, K and V: build_qkv adds each bias the file has), ``src/models/qwen3.cpp`` and
 ``qwen3moe.cpp`` (Q/K norms before RoPE), ``src/models/gemma3.cpp:81-217`` (Gemma 3: the scaled
 embedding rows, Q/K norms, the scaled Q, the sandwich norms, sliding-window layers) and
 ``src/models/openai-moe.cpp:59-168`` (gpt-oss: biased projections, attention sinks, every other layer on the
@@ -28,7 +29,7 @@ from llamafit.memory.graph.trunk import Experts, gated_ffn, input_embeddings, ou
 
 @dataclass(frozen=True)
 class TransformerShape(Recipe):
-    arch: str  # "llama" | "qwen3" | "qwen3moe" | "glm4moe" | "gemma3"
+    arch: str  # "llama" | "qwen2" | "qwen3" | "qwen3moe" | "glm4moe" | "gemma3" | "gpt-oss"
     n_layer: int
     n_embd: int
     n_vocab: int
@@ -43,7 +44,7 @@ class TransformerShape(Recipe):
     qk_norm: bool = False  # RMS norms on Q and K before RoPE (Qwen3, Gemma 3, GLM-4.5)
     n_dense_lead: int = 0  # leading layers with a dense FFN (GLM-4.5)
     n_ff_shexp: int = 0  # the shared expert's FFN beside the routed ones (GLM-4.5)
-    biases: bool = False  # Q, K, V and output projections with biases (gpt-oss)
+    biases: tuple[str, ...] = ()  # the projections with a bias (gpt-oss: Q, K, V and output; Qwen2: Q, K, V)
     sinks: bool = False  # attention sinks: one more source of the softmax or flash attention (gpt-oss)
     rows_at_end: bool = False  # the output rows taken after the last layer, whose output stays (t_h_nextn)
 
@@ -250,7 +251,7 @@ class Builder(Attending):
 
     def bias(self, t: Tensor, name: str) -> Tensor:
         """A projection's bias added (llama-graph.cpp:1746-1780, 3274-3276), where the model has them."""
-        return Graph.like("add", t, Graph.weight((t.ne[0],), f"{name}.bias")) if self.sh.biases else t
+        return Graph.like("add", t, Graph.weight((t.ne[0],), f"{name}.bias")) if name in self.sh.biases else t
 
 
 def rotation_size(head: int) -> int:

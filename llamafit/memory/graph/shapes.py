@@ -32,12 +32,14 @@ MLA = ("deepseek2", "deepseek32", "glm-dsa")  # the MLA trunks graph.mla builds 
 QWEN35 = ("qwen35", "qwen35moe", "qwen3next")  # the hybrids whose graphs graph.hybrid builds
 TRANSFORMER = {
     "llama": "none",
+    "qwen2": "none",
     "qwen3": "none",
     "qwen3moe": "none",
     "glm4moe": "none",
     "gemma3": "standard",
     "gpt-oss": "standard",
 }
+_PROJECTIONS = ("attn_q", "attn_k", "attn_v", "attn_output")
 _GPT_OSS_LAYER = ("attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias", "attn_sinks.weight")
 _GPT_OSS_EXPERTS = ("ffn_gate_inp.bias", "ffn_up_exps.bias", "ffn_gate_exps.bias", "ffn_down_exps.bias")
 
@@ -310,6 +312,12 @@ def _transformer_shape(model: ModelInfo) -> TransformerShape | None:
             return None  # fused QKV or a non-gated FFN: other nodes
     if hp.arch == "gemma3" and (hp.head_k_swa != hp.head_k or hp.head_v_swa != hp.head_v):
         return None
+    if "output.bias" in names:
+        return None  # the logits' bias (qwen2.cpp's output_b): a node the builder does not make
+    # the projections' biases build_qkv and build_attn add where the file has them (llama-graph.cpp:1746-1780)
+    biases = tuple(p for p in _PROJECTIONS if all(f"blk.{il}.{p}.bias" in names for il in range(hp.n_layer)))
+    if any(f"blk.{il}.{p}.bias" in names for p in _PROJECTIONS if p not in biases for il in range(hp.n_layer)):
+        return None  # biases in some layers only
     sections = model.kv.get(f"{hp.arch}.rope.dimension_sections")
     mrope = isinstance(sections, list) and any(isinstance(x, int) and x for x in sections)
     return TransformerShape(
@@ -328,7 +336,7 @@ def _transformer_shape(model: ModelInfo) -> TransformerShape | None:
         qk_norm="blk.0.attn_q_norm.weight" in names and "blk.0.attn_k_norm.weight" in names,
         n_dense_lead=lead,
         n_ff_shexp=shexp[1] if shexp is not None and hp.arch == "glm4moe" else 0,
-        biases=hp.arch == "gpt-oss",
+        biases=biases,
         sinks=hp.arch == "gpt-oss",
         rows_at_end=hp.arch == "gpt-oss",
     )
