@@ -66,6 +66,8 @@ def shapes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     built = {
         "dense": factory.dense(name="dense"),
         "qwen2": factory.dense(arch="qwen2", name="qwen2", qkv_bias=True),  # Q, K and V with biases
+        # Qwen2.5-VL's text model: M-RoPE, four positions a token
+        "qwen2vl": factory.dense(arch="qwen2vl", name="qwen2vl", qkv_bias=True, rope_sections=(4, 6, 6, 0)),
         "qwen3": factory.dense(arch="qwen3", name="qwen3", n_head=8, n_head_kv=4, head_dim=64),
         "tied_q4k": factory.dense(n_embd=512, n_ff=1536, w="q4_K", tied=True, name="tied-q4k"),
         "moe": factory.moe(),

@@ -1,9 +1,9 @@
 """The reserve graph of a transformer with a KV cache, node by node, for ``llamafit.memory.graph.galloc``.
 
-Mirrors ``src/models/llama.cpp:99-247`` (Llama, dense or with experts), ``src/models/qwen2.cpp`` (Llama's
-graph with biased Q, K and V: build_qkv adds each bias the file has), ``src/models/qwen3.cpp`` and
-``qwen3moe.cpp`` (Q/K norms before RoPE), ``src/models/gemma3.cpp:81-217`` (Gemma 3: the scaled
-embedding rows, Q/K norms, the scaled Q, the sandwich norms, sliding-window layers) and
+Mirrors ``src/models/llama.cpp:99-247`` (Llama, dense or with experts), ``src/models/qwen2.cpp`` and
+``qwen2vl.cpp`` (Llama's graph with biased Q, K and V: build_qkv adds each bias the file has; M-RoPE),
+``src/models/qwen3.cpp`` and ``qwen3moe.cpp`` (Q/K norms before RoPE), ``src/models/gemma3.cpp:81-217``
+(Gemma 3: the scaled embedding rows, Q/K norms, the scaled Q, the sandwich norms, sliding-window layers) and
 ``src/models/openai-moe.cpp:59-168`` (gpt-oss: biased projections, attention sinks, every other layer on the
 sliding-window cache, biased experts weighted by a softmax of the selected, the output rows after the last
 layer, whose output stays), over

@@ -33,6 +33,7 @@ QWEN35 = ("qwen35", "qwen35moe", "qwen3next")  # the hybrids whose graphs graph.
 TRANSFORMER = {
     "llama": "none",
     "qwen2": "none",
+    "qwen2vl": "none",
     "qwen3": "none",
     "qwen3moe": "none",
     "glm4moe": "none",
