@@ -30,7 +30,7 @@ REPLAYED = [
     (shape, args)
     for shape in (
         *("dense", "qwen2", "qwen3", "gemma3", "gemma4", "gemma4_31b", "moe", "mla", "dsa", "glm_dsa", "hybrid"),
-        *("hybrid_moe", "next", "glm4moe", "gemma4_moe", "gemma3n"),
+        *("hybrid_moe", "next", "glm4moe", "gemma4_moe", "gemma3n", "gemma2"),
     )
     for args in (
         ["-c", "4096"],

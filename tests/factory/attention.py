@@ -125,9 +125,10 @@ def gemma3(
     ctx: int = 32768,
     sliding_window: int = 512,
     w: str = "f16",
+    arch: str = "gemma3",
 ) -> Shape:
-    """gemma3 with interleaved sliding-window attention (5 SWA : 1 global, src/models/gemma3.cpp)."""
-    arch = "gemma3"
+    """gemma3 with interleaved sliding-window attention (5 SWA : 1 global, src/models/gemma3.cpp); ``arch``
+    "gemma2": Gemma 2's layers (no Q/K norms, every other layer on the window: gemma2.cpp)."""
     kv = _base_kv(arch, name, n_layer, n_embd, ctx, n_vocab)
     kv.update({
         f"{arch}.feed_forward_length": n_ff,
@@ -141,11 +142,12 @@ def gemma3(
     ts = _io(n_embd, n_vocab, w, True)
     for i in range(n_layer):
         ts += _attn(i, n_embd, n_head * head_dim, n_head_kv * head_dim, n_head * head_dim, w)
-        ts += [
-            TensorSpec(f"blk.{i}.post_attention_norm.weight", (n_embd,)),
-            TensorSpec(f"blk.{i}.attn_k_norm.weight", (head_dim,)),
-            TensorSpec(f"blk.{i}.attn_q_norm.weight", (head_dim,)),
-        ]
+        ts.append(TensorSpec(f"blk.{i}.post_attention_norm.weight", (n_embd,)))
+        if arch == "gemma3":
+            ts += [
+                TensorSpec(f"blk.{i}.attn_k_norm.weight", (head_dim,)),
+                TensorSpec(f"blk.{i}.attn_q_norm.weight", (head_dim,)),
+            ]
         ts += _ffn(i, n_embd, n_ff, w)
         ts.append(TensorSpec(f"blk.{i}.post_ffw_norm.weight", (n_embd,)))
     return Shape(arch, kv, ts)

@@ -3,7 +3,8 @@
 Mirrors ``src/models/llama.cpp:99-247`` (Llama, dense or with experts), ``src/models/qwen2.cpp`` and
 ``qwen2vl.cpp`` (Llama's graph with biased Q, K and V: build_qkv adds each bias the file has; M-RoPE),
 ``src/models/qwen3.cpp`` and ``qwen3moe.cpp`` (Q/K norms before RoPE), ``src/models/gemma3.cpp:81-217``
-(Gemma 3: the scaled embedding rows, Q/K norms, the scaled Q, the sandwich norms, sliding-window layers) and
+(Gemma 3: the scaled embedding rows, Q/K norms, the scaled Q, the sandwich norms, sliding-window layers),
+``src/models/gemma2.cpp`` (Gemma 2: the same without Q/K norms, its scores and logits soft-capped) and
 ``src/models/openai-moe.cpp:59-168`` (gpt-oss: biased projections, attention sinks, every other layer on the
 sliding-window cache, biased experts weighted by a softmax of the selected, the output rows after the last
 layer, whose output stays), over
@@ -29,7 +30,7 @@ from llamafit.memory.graph.trunk import Experts, gated_ffn, input_embeddings, ou
 
 @dataclass(frozen=True)
 class TransformerShape(Recipe):
-    arch: str  # "llama" | "qwen2" | "qwen3" | "qwen3moe" | "glm4moe" | "gemma3" | "gpt-oss"
+    arch: str  # "llama" | "qwen2" | "qwen2vl" | "qwen3" | "qwen3moe" | "glm4moe" | "gemma2" | "gemma3" | "gpt-oss"
     n_layer: int
     n_embd: int
     n_vocab: int
@@ -72,8 +73,9 @@ class Attending:
     mask inputs (``v_width``: the widest layer's V row, n_embd_v_gqa_max, which sizes a transposed V's indices:
     llama-kv-cache.cpp:1450-1465), the positions (``n_pos`` per token) and ``attend``."""
 
-    def __init__(self, r: Reserve, v_width: int, n_pos: int) -> None:
+    def __init__(self, r: Reserve, v_width: int, n_pos: int, softcap: bool = False) -> None:
         self.r = r
+        self.softcap = softcap  # the scores soft-capped before the softmax (attn_soft_cap: Gemma 2)
         self.g = Graph()
         n_seqs = max(1, r.n_seqs)
         self.T = -(-r.n_tokens // n_seqs) * n_seqs  # graph_reserve: a multiple of n_seqs
@@ -175,6 +177,8 @@ class Attending:
             cur = Graph.reshape(out, (hv * nh, T))
         else:
             kq = Graph.op("mul_mat", (n_kv, T // ns, nh, ns), kp, qs)
+            if self.softcap:  # scale, tanh, scale (llama-graph.cpp:2783-2790); flash attention takes it as a value
+                kq = Graph.like("scale", Graph.like("unary", Graph.like("scale", kq)))
             kq = Graph.like("soft_max", kq, mask, *extra)
             if not self.v_trans:  # llama-graph.cpp:2801-2805
                 vp = Graph.op("cont", (n_kv, hv, n_kv_h, ns), Graph.transpose(vp), esize=vp.esize)
@@ -189,15 +193,19 @@ class Builder(Attending):
     """One reserve graph of a transformer; ``attend`` is shared with the MTP head's graph."""
 
     def __init__(self, sh: TransformerShape, r: Reserve) -> None:
-        super().__init__(r, max(sh.n_head_kv) * sh.head_v, sh.n_pos)
+        super().__init__(r, max(sh.n_head_kv) * sh.head_v, sh.n_pos, softcap=sh.arch == "gemma2")
         self.sh = sh
-        self.gemma = sh.arch == "gemma3"
+        self.gemma = sh.arch in ("gemma2", "gemma3")
         self.iswa = any(sh.is_swa)  # two caches: Q, K, V expanded in that order (llama-graph.cpp:3222-3230)
 
     def graph(self) -> Graph:
         sh, g, T = self.sh, self.g, self.T
         rows = input_embeddings(g, sh.n_embd, sh.n_vocab, T, mixed=self.r.mixed_batch)
-        inp_l = self.scaled_rows(rows) if self.gemma else rows
+        inp_l = rows
+        if sh.arch == "gemma2":  # the rows scaled by a node of its own after build_inp_embd (gemma2.cpp:66-69)
+            inp_l = Graph.like("scale", rows)
+        elif self.gemma:
+            inp_l = self.scaled_rows(rows)
         out_ids = Graph.input((max(1, min(self.r.n_outputs, T)),), I32)
         for il in range(sh.n_layer):
             with in_layer(il):
@@ -215,7 +223,8 @@ class Builder(Attending):
         if sh.rows_at_end:  # openai-moe.cpp:148-152: t_h_nextn, every token's, then the rows
             inp_l.is_output = True
             inp_l = Graph.get_rows(inp_l, out_ids)
-        output_head(g, inp_l, sh.n_vocab, self.r.pooling, max(1, self.r.n_seqs), self.r.samplers)
+        logits = "softcapped" if sh.arch == "gemma2" else "plain"  # gemma2.cpp:166-169, where Gemma 3 has none
+        output_head(g, inp_l, sh.n_vocab, self.r.pooling, max(1, self.r.n_seqs), self.r.samplers, logits=logits)
         return g
 
     def ffn(self, cur: Tensor, il: int) -> Tensor:

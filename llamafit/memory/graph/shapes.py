@@ -37,6 +37,7 @@ TRANSFORMER = {
     "qwen3": "none",
     "qwen3moe": "none",
     "glm4moe": "none",
+    "gemma2": "standard",
     "gemma3": "standard",
     "gpt-oss": "standard",
 }
@@ -311,7 +312,7 @@ def _transformer_shape(model: ModelInfo) -> TransformerShape | None:
             need |= {f"blk.{il}.{t}" for t in (*_GPT_OSS_LAYER, *_GPT_OSS_EXPERTS)}
         if not need <= names or f"blk.{il}.attn_qkv.weight" in names:
             return None  # fused QKV or a non-gated FFN: other nodes
-    if hp.arch == "gemma3" and (hp.head_k_swa != hp.head_k or hp.head_v_swa != hp.head_v):
+    if hp.arch in ("gemma2", "gemma3") and (hp.head_k_swa != hp.head_k or hp.head_v_swa != hp.head_v):
         return None
     if "output.bias" in names:
         return None  # the logits' bias (qwen2.cpp's output_b): a node the builder does not make
