@@ -25,11 +25,12 @@ def dense(
     qkv_bias: bool = False,
     output_bias: bool = False,
     rope_sections: tuple[int, int, int, int] | None = None,
+    attn_temp: float = 0.0,
 ) -> Shape:
     """llama / qwen3 / qwen2-style dense GQA transformer (llama.cpp, qwen3.cpp load_arch_tensors); ``qkv_bias``: Q, K
     and V with biases (Qwen2 and 2.5: create_tensor_qkv's, llama-model.cpp:3413-3440); ``output_bias``: the logits'
     (qwen2.cpp's optional output_b); ``rope_sections``: M-RoPE's (Qwen2-VL and 2.5-VL, ``qwen2vl``: four positions a
-    token, qwen2vl.cpp)."""
+    token, qwen2vl.cpp); ``attn_temp``: Llama 4's attention temperature (``mistral3``: Ministral 3, mistral3.cpp)."""
     hd = head_dim or n_embd // n_head
     kv = _base_kv(arch, name, n_layer, n_embd, ctx, n_vocab)
     kv.update({
@@ -43,6 +44,8 @@ def dense(
     })  # fmt: skip
     if rope_sections is not None:
         kv[f"{arch}.rope.dimension_sections"] = list(rope_sections)
+    if attn_temp:
+        kv[f"{arch}.attention.temperature_scale"] = attn_temp
     ts = _io(n_embd, n_vocab, w, tied)
     if output_bias:
         ts.append(TensorSpec("output.bias", (n_vocab,)))

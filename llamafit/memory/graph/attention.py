@@ -4,7 +4,8 @@ Mirrors ``src/models/llama.cpp:99-247`` (Llama, dense or with experts), ``src/mo
 ``qwen2vl.cpp`` (Llama's graph with biased Q, K and V: build_qkv adds each bias the file has; M-RoPE),
 ``src/models/qwen3.cpp`` and ``qwen3moe.cpp`` (Q/K norms before RoPE), ``src/models/gemma3.cpp:81-217``
 (Gemma 3: the scaled embedding rows, Q/K norms, the scaled Q, the sandwich norms, sliding-window layers),
-``src/models/gemma2.cpp`` (Gemma 2: the same without Q/K norms, its scores and logits soft-capped) and
+``src/models/gemma2.cpp`` (Gemma 2: the same without Q/K norms, its scores and logits soft-capped),
+``src/models/mistral3.cpp`` (Llama's with the attention temperature of Llama 4's scaling) and
 ``src/models/openai-moe.cpp:59-168`` (gpt-oss: biased projections, attention sinks, every other layer on the
 sliding-window cache, biased experts weighted by a softmax of the selected, the output rows after the last
 layer, whose output stays), over
@@ -48,6 +49,7 @@ class TransformerShape(Recipe):
     biases: tuple[str, ...] = ()  # the projections with a bias (gpt-oss: Q, K, V and output; Qwen2: Q, K, V)
     sinks: bool = False  # attention sinks: one more source of the softmax or flash attention (gpt-oss)
     rows_at_end: bool = False  # the output rows taken after the last layer, whose output stays (t_h_nextn)
+    attn_temp: bool = False  # Q times a per-token temperature input (Llama 4's scaling: Ministral 3, mistral3.cpp)
 
     any_v_layout: ClassVar[bool] = True
 
@@ -197,6 +199,8 @@ class Builder(Attending):
         self.sh = sh
         self.gemma = sh.arch in ("gemma2", "gemma3")
         self.iswa = any(sh.is_swa)  # two caches: Q, K, V expanded in that order (llama-graph.cpp:3222-3230)
+        # build_inp_attn_scale: one value a token, 1 x 1 x n_tokens (llama-graph.cpp:2554-2567)
+        self.attn_scale = Graph.input((1, 1, self.T)) if sh.attn_temp else None
 
     def graph(self) -> Graph:
         sh, g, T = self.sh, self.g, self.T
@@ -253,6 +257,8 @@ class Builder(Attending):
         k = Graph.like("rope", k, self.pos)
         if self.gemma:
             q = Graph.like("scale", q)
+        if self.attn_scale is not None:  # after RoPE (mistral3.cpp:153-157)
+            q = Graph.like("mul", q, self.attn_scale)
         # one cache: Q, V, K (llama-graph.cpp:2971-2975); two caches: Q, K, V (llama-graph.cpp:3222-3230)
         sinks = W((nh,), "attn_sinks") if sh.sinks else None
         out = self.attend(q, k, v, "swa" if sh.is_swa[il] else "full", two_caches=self.iswa, sinks=sinks)

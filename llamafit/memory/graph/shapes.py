@@ -34,6 +34,7 @@ TRANSFORMER = {
     "llama": "none",
     "qwen2": "none",
     "qwen2vl": "none",
+    "mistral3": "none",
     "qwen3": "none",
     "qwen3moe": "none",
     "glm4moe": "none",
@@ -314,8 +315,8 @@ def _transformer_shape(model: ModelInfo) -> TransformerShape | None:
             return None  # fused QKV or a non-gated FFN: other nodes
     if hp.arch in ("gemma2", "gemma3") and (hp.head_k_swa != hp.head_k or hp.head_v_swa != hp.head_v):
         return None
-    if "output.bias" in names:
-        return None  # the logits' bias (qwen2.cpp's output_b): a node the builder does not make
+    if "output.bias" in names or any(f"blk.0.ffn_{p}.bias" in names for p in ("up", "gate", "down")):
+        return None  # the logits' bias (qwen2.cpp's output_b), the FFN's (mistral3.cpp's): nodes it does not make
     # the projections' biases build_qkv and build_attn add where the file has them (llama-graph.cpp:1746-1780)
     biases = tuple(p for p in _PROJECTIONS if all(f"blk.{il}.{p}.bias" in names for il in range(hp.n_layer)))
     if any(f"blk.{il}.{p}.bias" in names for p in _PROJECTIONS if p not in biases for il in range(hp.n_layer)):
@@ -341,6 +342,7 @@ def _transformer_shape(model: ModelInfo) -> TransformerShape | None:
         biases=biases,
         sinks=hp.arch == "gpt-oss",
         rows_at_end=hp.arch == "gpt-oss",
+        attn_temp=hp.arch == "mistral3" and bool(model.kv.get("mistral3.attention.temperature_scale")),
     )
 
 
