@@ -71,6 +71,8 @@ def shapes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "qwen3": factory.dense(arch="qwen3", name="qwen3", n_head=8, n_head_kv=4, head_dim=64),
         "tied_q4k": factory.dense(n_embd=512, n_ff=1536, w="q4_K", tied=True, name="tied-q4k"),
         "moe": factory.moe(),
+        "qwen3vl": factory.qwen3vl(),  # M-RoPE, deepstack slices of a wider input added in the first layers
+        "qwen3vl_moe": factory.qwen3vl(moe_ffn=True),
         "mistral3": factory.dense(arch="mistral3", name="mistral3", attn_temp=0.1),  # Q times a temperature input
         "gemma2": factory.gemma3(arch="gemma2", name="gemma2"),  # soft-capped scores and logits
         "gemma3": factory.gemma3(),

@@ -193,6 +193,8 @@ REPLAY_SHAPES = (
     "dense",
     "qwen2",
     "qwen2vl",
+    "qwen3vl",
+    "qwen3vl_moe",
     "mistral3",
     "qwen3",
     "gemma2",
@@ -228,21 +230,22 @@ REPLAY_CASES += [("gemma3n", ["-c", "4096", "-ctk", "q8_0", "-ctv", "q8_0"])]
 def test_a_dense_transformer_compute_buffer_is_the_allocator_replay(
     server_bin: ServerBinary, shapes: dict[str, Path], shape: str, args: list[str]
 ) -> None:
-    """Llama, Qwen2 (biases on Q, K and V) and Qwen2-VL (M-RoPE), Ministral 3 (Llama 4's attention temperature), Qwen3,
-    Gemma 2 (sliding-window layers, sandwich norms, soft-capped scores and logits), Gemma 3 (the same with Q/K
-    norms), Gemma 4 (per-layer inputs, layers reading an earlier layer's cache, wider full layers with V as K's
-    projection, a shared MLP beside routed experts), Gemma 3n (AltUp's four streams, LAuReL, the
-    activation-sparse FFN gate; the per-phase estimate was 80 % under), Qwen3-MoE (routed experts), MLA
-    (DeepSeek-V3 style: absorbed K, a K-only cache, shared expert), the Qwen3.5 hybrid (gated delta-net and
-    gated attention layers), Qwen3.5-MoE (its experts and gated shared expert: the per-phase estimate was 9-17 %
-    over on Qwen3.5-35B-A3B's shape) and Qwen3-Next (one ssm_in and ssm_ba projection, q/k repeated to the value
-    heads), DeepSeek-V3.2 and GLM-5's sparse attention (the lightning indexer, its top-k opening the mask; the
-    per-phase estimate was 6-7 % under) with flash attention on and off, one and several streams, and the
-    hybrids of one-kind layers (LFM2's short convolutions beside attention over one cache or a sliding window,
-    Nemotron-H's Mamba-2, attention and squared-ReLU MLP layers; the per-phase estimate was 23 % over and 10 %
-    under on them): the replayed reserve graph gives the compute buffer to the log's 0.01 MiB. With the
-    per-phase estimate Gemma 3 without flash attention was 5 % under (a second transposed-V index input) and MLA
-    up to 6 % under (V made contiguous, n_kv x kv_lora_rank in the cache's type)."""
+    """Llama, Qwen2 (biases on Q, K and V) and Qwen2-VL (M-RoPE), Qwen3-VL and its MoE (deepstack), Ministral 3 (Llama
+    4's attention temperature), Qwen3, Gemma 2 (sliding-window layers, sandwich norms, soft-capped scores and
+    logits), Gemma 3 (the same with Q/K norms), Gemma 4 (per-layer inputs, layers reading an earlier layer's
+    cache, wider full layers with V as K's projection, a shared MLP beside routed experts), Gemma 3n (AltUp's
+    four streams, LAuReL, the activation-sparse FFN gate; the per-phase estimate was 80 % under), Qwen3-MoE
+    (routed experts), MLA (DeepSeek-V3 style: absorbed K, a K-only cache, shared expert), the Qwen3.5 hybrid
+    (gated delta-net and gated attention layers), Qwen3.5-MoE (its experts and gated shared expert: the
+    per-phase estimate was 9-17 % over on Qwen3.5-35B-A3B's shape) and Qwen3-Next (one ssm_in and ssm_ba
+    projection, q/k repeated to the value heads), DeepSeek-V3.2 and GLM-5's sparse attention (the lightning
+    indexer, its top-k opening the mask; the per-phase estimate was 6-7 % under) with flash attention on and
+    off, one and several streams, and the hybrids of one-kind layers (LFM2's short convolutions beside attention
+    over one cache or a sliding window, Nemotron-H's Mamba-2, attention and squared-ReLU MLP layers; the
+    per-phase estimate was 23 % over and 10 % under on them): the replayed reserve graph gives the compute
+    buffer to the log's 0.01 MiB. With the per-phase estimate Gemma 3 without flash attention was 5 % under (a
+    second transposed-V index input) and MLA up to 6 % under (V made contiguous, n_kv x kv_lora_rank in the
+    cache's type)."""
     model = shapes[shape]
     plan = _plan_for(model, args)
     rows = [r for r in compare(plan.footprint, load_log(server_bin, model, args)) if r.kind == "compute"]

@@ -51,14 +51,18 @@ def test_the_replayed_graphs(shapes: dict[str, Path], shape: str, args: list[str
 
 
 def test_other_graphs_keep_the_estimate(tmp_path: Path) -> None:
-    """An architecture without a builder (OLMo: llama.cpp's olmo.cpp clamps Q, K and V), a Qwen2 whose logits have a
-    bias, and DeepSeek-V4 (and DSpark on its backbone) on a
-    build older than the graph its builder makes."""
+    """An architecture without a builder (OLMo: layer norms without weights, Q, K and V clamped), a Qwen2 whose logits
+    have a bias, a Qwen3-VL header with more deepstack slices than layers, and DeepSeek-V4 (and DSpark on its
+    backbone) on a build older than the graph its builder makes."""
     olmo = factory.dense(arch="olmo", name="olmo").write(tmp_path / "olmo.gguf")
     model, cp, fa = _context(olmo, ["-c", "4096"])
     assert graph_bytes(model, cp, cp.n_outputs_max, fa) is None
     qwen2 = factory.dense(arch="qwen2", name="qwen2", qkv_bias=True, output_bias=True).write(tmp_path / "qwen2.gguf")
     model, cp, fa = _context(qwen2, ["-c", "4096"])
+    assert graph_bytes(model, cp, cp.n_outputs_max, fa) is None
+    wide = factory.qwen3vl()
+    wide.kv["qwen3vl.n_deepstack_layers"] = 10**9  # a header asking for more slices than layers
+    model, cp, fa = _context(wide.write(tmp_path / "qwen3vl.gguf"), ["-c", "4096"])
     assert graph_bytes(model, cp, cp.n_outputs_max, fa) is None
     for shape, since in ((factory.deepseek4(), DSV4_GRAPH_SINCE), (factory.dspark_dsv4(), DSPARK_DSV4_GRAPH_SINCE)):
         model, cp, fa = _context(shape.write(tmp_path / f"{shape.kv['general.name']}.gguf"), ["-c", "4096"])

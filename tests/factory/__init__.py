@@ -25,6 +25,7 @@ from tests.factory.attention import (
     qwen3_0_6b,
     qwen3_4b,
     qwen3_8b,
+    qwen3vl,
 )
 from tests.factory.base import (
     Shape,
@@ -92,6 +93,7 @@ __all__ = [
     "qwen3_4b",
     "qwen3_8b",
     "qwen3next",
+    "qwen3vl",
     "qwen35",
     "qwen35_mtp_2b",
     "siglip_mmproj",

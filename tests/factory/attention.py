@@ -54,7 +54,7 @@ def dense(
         if qkv_bias:
             ts += [TensorSpec(f"blk.{i}.attn_{p}.bias", (n,)) for p, n in (("q", n_head * hd), ("k", n_head_kv * hd),
                                                                            ("v", n_head_kv * hd))]  # fmt: skip
-        if arch == "qwen3":
+        if arch in ("qwen3", "qwen3vl"):
             ts += [
                 TensorSpec(f"blk.{i}.attn_k_norm.weight", (hd,)),
                 TensorSpec(f"blk.{i}.attn_q_norm.weight", (hd,)),
@@ -93,9 +93,9 @@ def moe(
     n_vocab: int = 512,
     ctx: int = 8192,
     w: str = "f16",
+    arch: str = "qwen3moe",
 ) -> Shape:
-    """qwen3moe (src/models/qwen3moe.cpp)."""
-    arch = "qwen3moe"
+    """qwen3moe (src/models/qwen3moe.cpp); ``arch`` "qwen3vlmoe": Qwen3-VL-MoE's text layers (see ``qwen3vl``)."""
     kv = _base_kv(arch, name, n_layer, n_embd, ctx, n_vocab)
     kv.update(_experts_kv(arch, n_ff_exp * n_expert_used, n_ff_exp, n_expert, n_expert_used, n_head, n_head_kv,
                           head_dim))  # fmt: skip
@@ -113,6 +113,18 @@ def moe(
             TensorSpec(f"blk.{i}.ffn_up_exps.weight", (n_embd, n_ff_exp, n_expert), w),
         ]
     return Shape(arch, kv, ts)
+
+
+def qwen3vl(*, moe_ffn: bool = False, deepstack: int = 3) -> Shape:
+    """Qwen3-VL's text model (src/models/qwen3vl.cpp, qwen3vlmoe.cpp): Qwen3's (or Qwen3-MoE's) layers with M-RoPE,
+    the first ``deepstack`` layers each adding a slice of an input ``1 + deepstack`` times as wide as the rows."""
+    if moe_ffn:
+        shape = moe(arch="qwen3vlmoe", name="qwen3vlmoe")
+    else:
+        shape = dense(arch="qwen3vl", name="qwen3vl", n_head=4, head_dim=64)
+    shape.kv[f"{shape.arch}.rope.dimension_sections"] = [8, 12, 12, 0]
+    shape.kv[f"{shape.arch}.n_deepstack_layers"] = deepstack
+    return shape
 
 
 def gemma3(

@@ -2,7 +2,8 @@
 
 Mirrors ``src/models/llama.cpp:99-247`` (Llama, dense or with experts), ``src/models/qwen2.cpp`` and
 ``qwen2vl.cpp`` (Llama's graph with biased Q, K and V: build_qkv adds each bias the file has; M-RoPE),
-``src/models/qwen3.cpp`` and ``qwen3moe.cpp`` (Q/K norms before RoPE), ``src/models/gemma3.cpp:81-217``
+``src/models/qwen3.cpp`` and ``qwen3moe.cpp`` (Q/K norms before RoPE; ``qwen3vl.cpp`` and ``qwen3vlmoe.cpp``
+with M-RoPE and the deepstack slices added after the first layers), ``src/models/gemma3.cpp:81-217``
 (Gemma 3: the scaled embedding rows, Q/K norms, the scaled Q, the sandwich norms, sliding-window layers),
 ``src/models/gemma2.cpp`` (Gemma 2: the same without Q/K norms, its scores and logits soft-capped),
 ``src/models/mistral3.cpp`` (Llama's with the attention temperature of Llama 4's scaling) and
@@ -31,7 +32,7 @@ from llamafit.memory.graph.trunk import Experts, gated_ffn, input_embeddings, ou
 
 @dataclass(frozen=True)
 class TransformerShape(Recipe):
-    arch: str  # "llama" | "qwen2" | "qwen2vl" | "qwen3" | "qwen3moe" | "glm4moe" | "gemma2" | "gemma3" | "gpt-oss"
+    arch: str  # "llama", "qwen2", "qwen3", "gemma3", ... (shapes.TRANSFORMER)
     n_layer: int
     n_embd: int
     n_vocab: int
@@ -50,6 +51,7 @@ class TransformerShape(Recipe):
     sinks: bool = False  # attention sinks: one more source of the softmax or flash attention (gpt-oss)
     rows_at_end: bool = False  # the output rows taken after the last layer, whose output stays (t_h_nextn)
     attn_temp: bool = False  # Q times a per-token temperature input (Llama 4's scaling: Ministral 3, mistral3.cpp)
+    n_deepstack: int = 0  # Qwen3-VL: the first layers each add a slice of a wider input (qwen3vl.cpp)
 
     any_v_layout: ClassVar[bool] = True
 
@@ -204,7 +206,8 @@ class Builder(Attending):
 
     def graph(self) -> Graph:
         sh, g, T = self.sh, self.g, self.T
-        rows = input_embeddings(g, sh.n_embd, sh.n_vocab, T, mixed=self.r.mixed_batch)
+        n_inp = sh.n_embd * (1 + sh.n_deepstack)  # n_embd_inp (llama-hparams.cpp:118-130)
+        rows = input_embeddings(g, sh.n_embd, sh.n_vocab, T, mixed=self.r.mixed_batch, n_embd_inp=n_inp)
         inp_l = rows
         if sh.arch == "gemma2":  # the rows scaled by a node of its own after build_inp_embd (gemma2.cpp:66-69)
             inp_l = Graph.like("scale", rows)
@@ -224,6 +227,8 @@ class Builder(Attending):
                 if self.gemma:
                     cur = rms_norm(cur)
                 inp_l = Graph.like("add", cur, ffn_inp)
+                if il < sh.n_deepstack:  # the layer's slice of t_inp_embd, a view (qwen3vl.cpp deepstack_out)
+                    inp_l = Graph.like("add", inp_l, Graph.view(rows, rows.ne, (rows.nb[1],)))
         if sh.rows_at_end:  # openai-moe.cpp:148-152: t_h_nextn, every token's, then the rows
             inp_l.is_output = True
             inp_l = Graph.get_rows(inp_l, out_ids)

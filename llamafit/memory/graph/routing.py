@@ -20,7 +20,7 @@ def read_experts(model: ModelInfo, shapes: dict[str, tuple[int, ...]], il: int) 
         return Experts(
             n_expert=up[2], n_used=hp.n_expert_used, n_ff=up[1], scale=scale, softmax_weight=True, biased=True
         )
-    if hp.arch in ("llama", "qwen3moe", "qwen35moe", "qwen3next"):
+    if hp.arch in ("llama", "qwen3moe", "qwen3vlmoe", "qwen35moe", "qwen3next"):
         return Experts(n_expert=up[2], n_used=hp.n_expert_used, n_ff=up[1], norm_w=True, scale=scale)
     gating = int(model.number("expert_gating_func"))
     if gating == 0:  # GGUFs without the key: glm4-moe.cpp:16-18, deepseek2.cpp:23-31

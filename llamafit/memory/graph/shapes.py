@@ -37,6 +37,8 @@ TRANSFORMER = {
     "mistral3": "none",
     "qwen3": "none",
     "qwen3moe": "none",
+    "qwen3vl": "none",
+    "qwen3vlmoe": "none",
     "glm4moe": "none",
     "gemma2": "standard",
     "gemma3": "standard",
@@ -291,7 +293,7 @@ def _transformer_shape(model: ModelInfo) -> TransformerShape | None:
         return None
     if hp.n_nextn and hp.arch != "glm4moe":
         return None  # glm4-moe.cpp leaves its NextN blocks to the MTP graph; other trunks are not known here
-    if bool(hp.n_expert) != (hp.arch in ("qwen3moe", "glm4moe", "gpt-oss")) and hp.arch != "llama":
+    if bool(hp.n_expert) != (hp.arch in ("qwen3moe", "qwen3vlmoe", "glm4moe", "gpt-oss")) and hp.arch != "llama":
         return None  # experts only where the builder routes them
     if isinstance(model.kv.get(f"{hp.arch}.expert_used_count"), list):
         return None  # a per-layer expert count
@@ -307,7 +309,7 @@ def _transformer_shape(model: ModelInfo) -> TransformerShape | None:
     for il in range(hp.n_layer):
         ffn = f"blk.{il}.ffn_up_exps.weight" if experts and il >= lead else f"blk.{il}.ffn_gate.weight"
         need = {f"blk.{il}.attn_q.weight", f"blk.{il}.attn_k.weight", ffn}
-        if hp.arch in ("qwen3", "qwen3moe", "gemma3"):
+        if hp.arch in ("qwen3", "qwen3moe", "qwen3vl", "qwen3vlmoe", "gemma3"):
             need |= {f"blk.{il}.attn_q_norm.weight", f"blk.{il}.attn_k_norm.weight"}
         if hp.arch == "gpt-oss":  # every bias and the sinks: the graph adds each (openai-moe.cpp:38-50)
             need |= {f"blk.{il}.{t}" for t in (*_GPT_OSS_LAYER, *_GPT_OSS_EXPERTS)}
@@ -315,6 +317,9 @@ def _transformer_shape(model: ModelInfo) -> TransformerShape | None:
             return None  # fused QKV or a non-gated FFN: other nodes
     if hp.arch in ("gemma2", "gemma3") and (hp.head_k_swa != hp.head_k or hp.head_v_swa != hp.head_v):
         return None
+    deepstack = int(model.number("n_deepstack_layers")) if hp.arch in ("qwen3vl", "qwen3vlmoe") else 0
+    if not 0 <= deepstack <= hp.n_layer:
+        return None  # more deepstack slices than layers: not a header llama.cpp's graph reads
     if "output.bias" in names or any(f"blk.0.ffn_{p}.bias" in names for p in ("up", "gate", "down")):
         return None  # the logits' bias (qwen2.cpp's output_b), the FFN's (mistral3.cpp's): nodes it does not make
     # the projections' biases build_qkv and build_attn add where the file has them (llama-graph.cpp:1746-1780)
@@ -343,6 +348,7 @@ def _transformer_shape(model: ModelInfo) -> TransformerShape | None:
         sinks=hp.arch == "gpt-oss",
         rows_at_end=hp.arch == "gpt-oss",
         attn_temp=hp.arch == "mistral3" and bool(model.kv.get("mistral3.attention.temperature_scale")),
+        n_deepstack=deepstack,
     )
 
 

@@ -22,18 +22,30 @@ def rms_norm(x: Tensor, name: str = "") -> Tensor:
     return Graph.like("mul", pin_norm(Graph.like("rms_norm", x)), Graph.weight((x.ne[0],), name))
 
 
-def input_embeddings(g: Graph, n_embd: int, n_vocab: int, n_tokens: int, *, mixed: bool = True) -> Tensor:
+def input_embeddings(
+    g: Graph, n_embd: int, n_vocab: int, n_tokens: int, *, mixed: bool = True, n_embd_inp: int = 0
+) -> Tensor:
     """The token rows (the selected input) after every input of build_inp_embd is expanded; ``mixed``: the
-    mixed token/embedding path is one of them (a build before MIXED_BATCH_SINCE selects of two)."""
+    mixed token/embedding path is one of them (a build before MIXED_BATCH_SINCE selects of two). ``n_embd_inp``:
+    an input wider than the rows (Qwen3-VL's deepstack features beside them): the token rows padded to it and
+    the first ``n_embd`` of each viewed, expanded at once (llama-graph.cpp:2451-2454, 2498-2500, 2531-2533)."""
+    width = max(n_embd_inp, n_embd)
     tok_embd = Graph.weight((n_embd, n_vocab), "token_embd")
-    rows = Graph.get_rows(tok_embd, Graph.input((n_tokens,), I32))
-    inputs = [rows, Graph.input((n_embd, n_tokens))]
+
+    def tok(ids: Tensor) -> Tensor:
+        rows = Graph.get_rows(tok_embd, ids)
+        return Graph.op("pad", (width, n_tokens), rows) if width > n_embd else rows
+
+    rows = tok(Graph.input((n_tokens,), I32))
+    inputs = [rows, Graph.input((width, n_tokens))]
     if mixed:
-        dup = Graph.like("dup", Graph.input((n_embd, n_tokens)))
-        mixed_rows = Graph.get_rows(tok_embd, Graph.input((n_tokens,), I32))
-        inputs.append(Graph.set_rows(dup, mixed_rows, Graph.input((n_tokens,), I64)))
+        dup = Graph.like("dup", Graph.input((width, n_tokens)))
+        inputs.append(Graph.set_rows(dup, tok(Graph.input((n_tokens,), I32)), Graph.input((n_tokens,), I64)))
     for t in inputs:
         g.expand(t)
+    if width > n_embd:
+        rows = Graph.view(rows, (n_embd, n_tokens), (rows.nb[1],))
+        g.expand(rows)
     return rows
 
 
