@@ -5,16 +5,14 @@ Each builder returns the metadata and tensor list that the matching ``src/models
 from their published configs (config.json on the Hub).
 
 The builders live by family in this package's modules, named as the graph builders of
-``llamafit.memory.graph`` that replay them (attention, mla, hybrid, layered, mamba; drafters; projectors); every one
-is importable from here."""
+``llamafit.memory.graph`` that replay them (attention, gemma, mla, hybrid, layered, mamba; drafters; projectors);
+every one is importable from here."""
 
 from llamafit.gguf.writer import TensorSpec
 from tests.factory.attention import (
     dense,
     gemma3,
     gemma3_4b,
-    gemma3n,
-    gemma4,
     glm4moe,
     glm45_air,
     gpt_oss,
@@ -35,6 +33,7 @@ from tests.factory.base import (
     write_split,
 )
 from tests.factory.drafters import dflash, dspark_qwen3_4b, eagle3, gemma4_assistant
+from tests.factory.gemma import gemma3n, gemma4
 from tests.factory.hybrid import qwen3next, qwen35, qwen35_mtp_2b
 from tests.factory.layered import (
     granite_4_h_micro,
