@@ -196,6 +196,7 @@ REPLAY_SHAPES = (
     "qwen3vl",
     "qwen3vl_moe",
     "mistral3",
+    "phi3",
     "qwen3",
     "gemma2",
     "gemma3",

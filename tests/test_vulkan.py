@@ -56,6 +56,7 @@ def shapes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "gemma2": factory.gemma3(arch="gemma2", name="gemma2").write(d / "gemma2.gguf"),  # soft-capped scores
         "mistral3": factory.dense(arch="mistral3", name="mistral3", attn_temp=0.1).write(d / "mistral3.gguf"),
         "qwen3vl": factory.qwen3vl().write(d / "qwen3vl.gguf"),  # deepstack slices of a wider input
+        "phi3": factory.phi3().write(d / "phi3.gguf"),  # a fused QKV
         "qwen3vl_moe": factory.qwen3vl(moe_ffn=True).write(d / "qwen3vl-moe.gguf"),
         "qwen2": factory.dense(arch="qwen2", name="qwen2", qkv_bias=True).write(d / "qwen2.gguf"),  # Q, K, V biases
         "moe": factory.moe().write(d / "moe.gguf"),
@@ -190,6 +191,7 @@ def test_a_tensor_split_over_two_vulkan_devices_is_the_meta_devices(
                                              ("gemma2", []), ("gemma2", ["-ngl", "4", "-fa", "off"]),
                                              ("mistral3", ["-ngl", "3"]),
                                              ("qwen3vl", ["-ngl", "3"]), ("qwen3vl_moe", ["-ncmoe", "2"]),
+                                             ("phi3", []), ("phi3", ["-ngl", "3", "-fa", "off"]),
                                              ("gemma3n", ["-ngl", "12", "-fa", "off"]),
                                              ("hybrid", []), ("hybrid", ["-ngl", "5"]),
                                              ("mla", []), ("mla", ["-ngl", "4", "-fa", "off"]),

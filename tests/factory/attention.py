@@ -127,6 +127,31 @@ def qwen3vl(*, moe_ffn: bool = False, deepstack: int = 3) -> Shape:
     return shape
 
 
+def phi3(*, n_layer: int = 4, n_embd: int = 256, n_head: int = 8, n_head_kv: int = 2, n_ff: int = 512) -> Shape:
+    """phi3 (src/models/phi3.cpp; Phi-3, Phi-3.5 and Phi-4): a fused QKV and one up projection twice the FFN's width
+    (its SwiGLU splits it). Named so that llama.cpp's vocabulary does not take it for a Phi-3 tokenizer, which
+    looks for tokens the test vocabulary has not."""
+    arch, hd = "phi3", n_embd // n_head
+    kv = _base_kv(arch, "small-p", n_layer, n_embd, 8192, 512)
+    kv.update({
+        f"{arch}.feed_forward_length": n_ff,
+        f"{arch}.attention.head_count": n_head,
+        f"{arch}.attention.head_count_kv": n_head_kv,
+        f"{arch}.rope.dimension_count": hd,
+    })  # fmt: skip
+    ts = _io(n_embd, 512, "f16", False)
+    for i in range(n_layer):
+        ts += [
+            TensorSpec(f"blk.{i}.attn_norm.weight", (n_embd,)),
+            TensorSpec(f"blk.{i}.attn_qkv.weight", (n_embd, n_embd + 2 * hd * n_head_kv), "f16"),
+            TensorSpec(f"blk.{i}.attn_output.weight", (n_embd, n_embd), "f16"),
+            TensorSpec(f"blk.{i}.ffn_norm.weight", (n_embd,)),
+            TensorSpec(f"blk.{i}.ffn_up.weight", (n_embd, 2 * n_ff), "f16"),
+            TensorSpec(f"blk.{i}.ffn_down.weight", (n_ff, n_embd), "f16"),
+        ]
+    return Shape(arch, kv, ts)
+
+
 def gemma3(
     *,
     name: str = "gemma3",

@@ -6,7 +6,9 @@ Mirrors ``src/models/llama.cpp:99-247`` (Llama, dense or with experts), ``src/mo
 with M-RoPE and the deepstack slices added after the first layers), ``src/models/gemma3.cpp:81-217``
 (Gemma 3: the scaled embedding rows, Q/K norms, the scaled Q, the sandwich norms, sliding-window layers),
 ``src/models/gemma2.cpp`` (Gemma 2: the same without Q/K norms, its scores and logits soft-capped),
-``src/models/mistral3.cpp`` (Llama's with the attention temperature of Llama 4's scaling) and
+``src/models/mistral3.cpp`` (Llama's with the attention temperature of Llama 4's scaling),
+``src/models/phi3.cpp`` (Phi-3 and Phi-4: Q, K and V views of a fused product, one up projection split by its
+SwiGLU) and
 ``src/models/openai-moe.cpp:59-168`` (gpt-oss: biased projections, attention sinks, every other layer on the
 sliding-window cache, biased experts weighted by a softmax of the selected, the output rows after the last
 layer, whose output stays), over
@@ -147,8 +149,11 @@ class Attending:
         if not self.v_trans:
             v2 = Graph.view(v, (hv * n_kv_h, T), (v.nb[2],))
             g.expand(Graph.set_rows(v_cache, v2, inp["v_idxs"]))
-        else:  # the transposed V: one row per element (llama-kv-cache.cpp:1410-1436)
-            v2 = Graph.reshape(Graph.reshape(v, (hv * n_kv_h, T)), (1, hv * n_kv_h * T))
+        else:  # the transposed V: one row per element (llama-kv-cache.cpp:1418-1436), a copy where its rows are
+            # views of a wider tensor (a fused QKV's): their dims do not merge
+            rows = hv * n_kv_h
+            v2 = Graph.reshape(v, (rows, T)) if v.nb[2] == v.esize * rows else Graph.op("cont", (rows, T), v)
+            v2 = Graph.reshape(v2, (1, rows * T))
             v_view = Graph.reshape(v_cache, (1, v_cache.ne[0] * v_cache.ne[1]))
             g.expand(Graph.set_rows(v_view, v2, inp["v_idxs"]))
         return self.mha(q, k_cache, v_cache, kind, sinks)
@@ -200,6 +205,7 @@ class Builder(Attending):
         super().__init__(r, max(sh.n_head_kv) * sh.head_v, sh.n_pos, softcap=sh.arch == "gemma2")
         self.sh = sh
         self.gemma = sh.arch in ("gemma2", "gemma3")
+        self.phi3 = sh.arch == "phi3"  # a fused QKV, a sequential SwiGLU, the residual added first (phi3.cpp:166)
         self.iswa = any(sh.is_swa)  # two caches: Q, K, V expanded in that order (llama-graph.cpp:3222-3230)
         # build_inp_attn_scale: one value a token, 1 x 1 x n_tokens (llama-graph.cpp:2554-2567)
         self.attn_scale = Graph.input((1, 1, self.T)) if sh.attn_temp else None
@@ -226,7 +232,7 @@ class Builder(Attending):
                 cur = self.ffn(rms_norm(ffn_inp), il)
                 if self.gemma:
                     cur = rms_norm(cur)
-                inp_l = Graph.like("add", cur, ffn_inp)
+                inp_l = Graph.like("add", ffn_inp, cur) if self.phi3 else Graph.like("add", cur, ffn_inp)
                 if il < sh.n_deepstack:  # the layer's slice of t_inp_embd, a view (qwen3vl.cpp deepstack_out)
                     inp_l = Graph.like("add", inp_l, Graph.view(rows, rows.ne, (rows.nb[1],)))
         if sh.rows_at_end:  # openai-moe.cpp:148-152: t_h_nextn, every token's, then the rows
@@ -239,6 +245,10 @@ class Builder(Attending):
     def ffn(self, cur: Tensor, il: int) -> Tensor:
         """A dense gated FFN, or the routed experts plus the shared expert (glm4-moe.cpp, deepseek2.cpp)."""
         sh = self.sh
+        if self.phi3:  # build_ffn's SWIGLU of one up projection twice as wide (phi3.cpp:144-149)
+            up = Graph.mul_mat(Graph.weight((sh.n_embd, 2 * sh.n_ff[il]), "ffn_up"), cur)
+            glu = Graph.op("glu", (sh.n_ff[il], *up.ne[1:]), up)
+            return Graph.mul_mat(Graph.weight((sh.n_ff[il], sh.n_embd), "ffn_down"), glu)
         if sh.experts is None or il < sh.n_dense_lead:
             return gated_ffn(cur, sh.n_ff[il])
         return routed_and_shared(self.g, cur, sh.experts, sh.n_ff_shexp, gated=False)
@@ -253,14 +263,21 @@ class Builder(Attending):
             t = Graph.mul_mat(W((sh.n_embd, rows), name), cur)
             return Graph.reshape(self.bias(t, name), dims)
 
-        q = proj("attn_q", hk * nh, (hk, nh, T))
-        k = proj("attn_k", hk * n_kv_h, (hk, n_kv_h, T))
-        v = proj("attn_v", hv * n_kv_h, (hv, n_kv_h, T))
+        if self.phi3:  # build_qkv's fused path: Q, K and V views of one product (llama-graph.cpp:1700-1725)
+            qkv = Graph.mul_mat(W((sh.n_embd, hk * nh + (hk + hv) * n_kv_h), "attn_qkv"), cur)
+            q, k, v = (
+                Graph.view(qkv, (h, n, T), (h * qkv.esize, qkv.nb[1]))
+                for h, n in ((hk, nh), (hk, n_kv_h), (hv, n_kv_h))
+            )
+        else:
+            q = proj("attn_q", hk * nh, (hk, nh, T))
+            k = proj("attn_k", hk * n_kv_h, (hk, n_kv_h, T))
+            v = proj("attn_v", hv * n_kv_h, (hv, n_kv_h, T))
         if sh.qk_norm:
             q, k = rms_norm(q), rms_norm(k)
         q = Graph.like("rope", q, self.pos)
         k = Graph.like("rope", k, self.pos)
-        if self.gemma:
+        if self.gemma or self.phi3:
             q = Graph.like("scale", q)
         if self.attn_scale is not None:  # after RoPE (mistral3.cpp:153-157)
             q = Graph.like("mul", q, self.attn_scale)

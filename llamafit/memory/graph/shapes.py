@@ -35,6 +35,7 @@ TRANSFORMER = {
     "qwen2": "none",
     "qwen2vl": "none",
     "mistral3": "none",
+    "phi3": "none",
     "qwen3": "none",
     "qwen3moe": "none",
     "qwen3vl": "none",
@@ -309,11 +310,18 @@ def _transformer_shape(model: ModelInfo) -> TransformerShape | None:
     for il in range(hp.n_layer):
         ffn = f"blk.{il}.ffn_up_exps.weight" if experts and il >= lead else f"blk.{il}.ffn_gate.weight"
         need = {f"blk.{il}.attn_q.weight", f"blk.{il}.attn_k.weight", ffn}
+        if hp.arch == "phi3":  # a fused QKV and one up projection, twice the FFN's width (phi3.cpp:46-52)
+            if (
+                f"blk.{il}.ffn_gate.weight" in names
+                or shapes.get(f"blk.{il}.ffn_up.weight", (0, 0))[1] != 2 * hp.n_ff[il]
+            ):
+                return None
+            need = {f"blk.{il}.attn_qkv.weight", f"blk.{il}.ffn_up.weight"}
         if hp.arch in ("qwen3", "qwen3moe", "qwen3vl", "qwen3vlmoe", "gemma3"):
             need |= {f"blk.{il}.attn_q_norm.weight", f"blk.{il}.attn_k_norm.weight"}
         if hp.arch == "gpt-oss":  # every bias and the sinks: the graph adds each (openai-moe.cpp:38-50)
             need |= {f"blk.{il}.{t}" for t in (*_GPT_OSS_LAYER, *_GPT_OSS_EXPERTS)}
-        if not need <= names or f"blk.{il}.attn_qkv.weight" in names:
+        if not need <= names or (f"blk.{il}.attn_qkv.weight" in names and hp.arch != "phi3"):
             return None  # fused QKV or a non-gated FFN: other nodes
     if hp.arch in ("gemma2", "gemma3") and (hp.head_k_swa != hp.head_k or hp.head_v_swa != hp.head_v):
         return None
