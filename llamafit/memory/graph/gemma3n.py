@@ -22,7 +22,7 @@ from llamafit.gguf.model import ModelInfo
 from llamafit.memory.builds import GEMMA3N_GRAPH_SINCE
 from llamafit.memory.graph.attention import Attending
 from llamafit.memory.graph.galloc import I32, Graph, Tensor, in_layer, pin_norm
-from llamafit.memory.graph.gemma4 import GemmaLayers, read_layers, reused_cache
+from llamafit.memory.graph.gemma4 import GemmaLayers, per_layer_inputs, read_layers, reused_cache
 from llamafit.memory.graph.recipe import Reserve
 from llamafit.memory.graph.trunk import input_embeddings, output_head, rms_norm
 
@@ -84,7 +84,7 @@ class _Builder(Attending):
         sh, g, r, T = self.sh, self.g, self.r, self.T
         inp_l = self.scaled_rows(input_embeddings(g, sh.n_embd, sh.n_vocab, T, mixed=r.mixed_batch))
         out_ids = Graph.input((max(1, min(r.n_outputs, T)),), I32)
-        per_layer = self.per_layer_inputs(inp_l)
+        per_layer = per_layer_inputs(g, inp_l, sh, sh.per_layer, T)
         cur = self.rescaled(inp_l, Graph.op("repeat", (sh.n_embd, T, sh.n_altup - 1), inp_l), "altup_proj")
         cur = Graph.op("concat", (sh.n_embd, T, sh.n_altup), inp_l, cur)
         for il in range(sh.n_layer):
@@ -105,23 +105,6 @@ class _Builder(Attending):
         target = magnitude(like)
         proj = Graph.mul_mat(Graph.weight((sh.n_embd, sh.n_embd, sh.n_altup - 1), name), x)
         return Graph.like("div", Graph.like("mul", proj, target), magnitude(proj))
-
-    def per_layer_inputs(self, inp_l: Tensor) -> Tensor:
-        """``[per_layer, n_tokens, n_layer]``: the table's rows for the tokens (expanded here) plus the
-        projection of the scaled token rows (gemma3n.cpp:322-375)."""
-        sh, T = self.sh, self.T
-        n_pl, n = sh.per_layer, sh.n_layer
-        rows = Graph.get_rows(Graph.weight((n_pl * n, sh.n_vocab), "per_layer_token_embd"), Graph.input((T,), I32))
-        rows = Graph.like("scale", Graph.reshape(rows, (n_pl, n, T)))
-        self.g.expand(rows)
-        with in_layer(0):  # block 0's weights (gemma3n.cpp:40-41); the norm is built with layer -1: not pinned
-            proj_w = Graph.weight((sh.n_embd, n_pl * n), "per_layer_model_proj")
-            norm_w = Graph.weight((n_pl,), "per_layer_proj_norm")
-        proj = Graph.reshape(Graph.like("scale", Graph.mul_mat(proj_w, inp_l)), (n_pl, n, T))
-        proj = Graph.like("mul", Graph.like("rms_norm", proj), norm_w)
-        summed = Graph.like("scale", Graph.like("add", proj, rows))
-        perm = Graph.view(summed, (n_pl, T, n), (summed.nb[2], summed.nb[1], summed.nb[3]), op="permute")
-        return Graph.op("cont", (n_pl, T, n), perm)
 
     def modalities(self, x: Tensor, router: tuple[Tensor, Tensor]) -> Tensor:
         """altup_compute_router_modalities (gemma3n.cpp:406-415): ``[n_altup, n_tokens]``. ``router``: the layer's

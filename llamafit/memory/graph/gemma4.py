@@ -76,6 +76,25 @@ def reused_cache(n_kv_from_start: int, is_swa: tuple[bool, ...], il: int) -> int
     return n_kv_from_start - (2 if is_swa[il] else 1)
 
 
+def per_layer_inputs(g: Graph, inp_l: Tensor, sh: GemmaLayers, n_pl: int, T: int) -> Tensor:
+    """Gemma 3n's and 4's per-layer inputs, ``[n_pl, n_tokens, n_layer]``: the table's rows for the tokens (expanded
+    here) plus the projection of the scaled token rows ``inp_l`` (made here, expanded by its first reader):
+    build_inp_per_layer and project_per_layer_inputs (gemma4.cpp:469-528, gemma3n.cpp:322-375)."""
+    n = sh.n_layer
+    rows = Graph.get_rows(Graph.weight((n_pl * n, sh.n_vocab), "per_layer_token_embd"), Graph.input((T,), I32))
+    rows = Graph.like("scale", Graph.reshape(rows, (n_pl, n, T)))
+    g.expand(rows)
+    # block 0's weights (gemma4.cpp:60-61, gemma3n.cpp:40-41); the norm is built with layer -1: not pinned
+    with in_layer(0):
+        proj_w = Graph.weight((sh.n_embd, n_pl * n), "per_layer_model_proj")
+        norm_w = Graph.weight((n_pl,), "per_layer_proj_norm")
+    proj = Graph.reshape(Graph.like("scale", Graph.mul_mat(proj_w, inp_l)), (n_pl, n, T))
+    proj = Graph.like("mul", Graph.like("rms_norm", proj), norm_w)
+    summed = Graph.like("scale", Graph.like("add", proj, rows))
+    perm = Graph.view(summed, (n_pl, T, n), (summed.nb[2], summed.nb[1], summed.nb[3]), op="permute")
+    return Graph.op("cont", (n_pl, T, n), perm)
+
+
 @dataclass(frozen=True)
 class Gemma4Shape(GemmaLayers):
     n_kv_from_start: int  # the layers from here on read an earlier layer's cache
@@ -99,30 +118,13 @@ class _Builder(Attending):
         sh, g, r = self.sh, self.g, self.r
         inp_l = self.scaled_rows(input_embeddings(g, sh.n_embd, sh.n_vocab, self.T, mixed=r.mixed_batch))
         out_ids = Graph.input((max(1, min(r.n_outputs, self.T)),), I32)
-        per_layer = self.per_layer_inputs(inp_l) if sh.per_layer else None
+        per_layer = per_layer_inputs(g, inp_l, sh, sh.per_layer, self.T) if sh.per_layer else None
         for il in range(sh.n_layer):
             with in_layer(il):
                 inp_l = self.layer(il, inp_l, per_layer)
         head = "softcapped" if sh.softcap else "plain"
         output_head(g, inp_l, sh.n_vocab, r.pooling, max(1, r.n_seqs), r.samplers, rows=out_ids, logits=head)
         return g
-
-    def per_layer_inputs(self, inp_l: Tensor) -> Tensor:
-        """``[n_embd_per_layer, n_tokens, n_layer]``: the table's rows for the tokens (expanded here) plus the
-        projection of the scaled token rows (made here, expanded by its first reader)."""
-        sh, T = self.sh, self.T
-        n_pl, n = sh.per_layer, sh.n_layer
-        rows = Graph.get_rows(Graph.weight((n_pl * n, sh.n_vocab), "per_layer_token_embd"), Graph.input((T,), I32))
-        rows = Graph.like("scale", Graph.reshape(rows, (n_pl, n, T)))
-        self.g.expand(rows)
-        with in_layer(0):  # block 0's weights (gemma4.cpp:60-61); the norm is built with layer -1: not pinned
-            proj_w = Graph.weight((sh.n_embd, n_pl * n), "per_layer_model_proj")
-            norm_w = Graph.weight((n_pl,), "per_layer_proj_norm")
-        proj = Graph.reshape(Graph.like("scale", Graph.mul_mat(proj_w, inp_l)), (n_pl, n, T))
-        proj = Graph.like("mul", Graph.like("rms_norm", proj), norm_w)
-        summed = Graph.like("scale", Graph.like("add", proj, rows))
-        perm = Graph.view(summed, (n_pl, T, n), (summed.nb[2], summed.nb[1], summed.nb[3]), op="permute")
-        return Graph.op("cont", (n_pl, T, n), perm)
 
     def layer(self, il: int, inp_l: Tensor, per_layer: Tensor | None) -> Tensor:
         sh, T = self.sh, self.T
