@@ -159,13 +159,9 @@ def test_a_card_slower_than_the_host_is_left_the_layers_it_would_slow(models: di
     assert f"Predicted faster than the most CUDA0 holds here ({held} of 37 layers on the GPUs" in said
 
 
-def test_a_step_far_from_the_fit_settles_where_the_next_step_no_longer_fits_or_gains(
-    models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """``settle`` takes a candidate the quick estimate put far from the exact fit (here every layer on the host, 37
-    steps from the card) as far toward the card as the exact estimate holds and speeds up: a step, then twice as
-    many, then halving. It took at most four single steps before: a quick estimate three times over, as Gemma 3n's
-    per-phase one was on a card, left about twenty layers' room."""
+@pytest.fixture
+def placed_args(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """What the fit's choice is called with (``args``: search, base, lo, hi, pinned, spec, prefer), once a plan runs."""
     seen: dict[str, Any] = {}
     real = choice.placed
 
@@ -174,8 +170,18 @@ def test_a_step_far_from_the_fit_settles_where_the_next_step_no_longer_fits_or_g
         return real(*args)
 
     monkeypatch.setattr(policy, "placed", spy)
+    return seen
+
+
+def test_a_step_far_from_the_fit_settles_where_the_next_step_no_longer_fits_or_gains(
+    models: dict[str, Path], placed_args: dict[str, Any]
+) -> None:
+    """``settle`` takes a candidate the quick estimate put far from the exact fit (here every layer on the host, 37
+    steps from the card) as far toward the card as the exact estimate holds and speeds up: a step, then twice as
+    many, then halving. It took at most four single steps before: a quick estimate three times over, as Gemma 3n's
+    per-phase one was on a card, left about twenty layers' room."""
     doc = plan(models["qwen3-8b"], CASES["qwen3-8b"][0])
-    search, base, _lo, _hi, _pinned, spec, _prefer = seen["args"]
+    search, base, _lo, _hi, _pinned, spec, _prefer = placed_args["args"]
     ch = choice.Chooser(search, base, spec, search.rates, search.gpus)
     layers, ctx = ch.ladders[0], doc["context"]["n_ctx"]
     far = ch.trial(layers, layers.last, ctx, exact=True)
@@ -187,7 +193,7 @@ def test_a_step_far_from_the_fit_settles_where_the_next_step_no_longer_fits_or_g
 
 
 def test_a_gemma3n_fills_the_card_its_per_layer_table_is_not_priced_on(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, placed_args: dict[str, Any]
 ) -> None:
     """An E2B-sized Gemma 3n on a 4 GiB card: one more layer than chosen does not fit it. Its per-phase compute
     estimate, which the quick search packs by, priced op offload's copy of its 2 GB per-layer table (read by rows,
@@ -196,20 +202,12 @@ def test_a_gemma3n_fills_the_card_its_per_layer_table_is_not_priced_on(
     model = factory.gemma3n(n_layer=30, n_embd=2048, n_head=8, head_dim=256, n_ff=8192, n_vocab=262144, w="q8_0").write(
         tmp_path / "gemma3n-e2b.gguf"
     )
-    seen: dict[str, Any] = {}
-    real = choice.placed
-
-    def spy(*args: Any) -> choice.Fitted:
-        seen["args"] = args
-        return real(*args)
-
-    monkeypatch.setattr(policy, "placed", spy)
     doc = plan(model, "4GiB")
     ngl = doc["placement"]["n_gpu_layers"]
     assert doc["fits"] and 20 < ngl < 31, ngl
     more = plan(model, "4GiB", ["-ngl", str(ngl + 1), "-c", str(doc["context"]["n_ctx"])])
     assert not within_margin(more), more.get("placement", {}).get("n_gpu_layers")
-    search, base, *_ = seen["args"]
-    quick = search.run(replace(base, n_ctx=doc["context"]["n_ctx"], n_gpu_layers=ngl), seen["args"][5], exact=False)
+    search, base, _lo, _hi, _pinned, spec, _prefer = placed_args["args"]
+    quick = search.run(replace(base, n_ctx=doc["context"]["n_ctx"], n_gpu_layers=ngl), spec, exact=False)
     table = next(t.info.nbytes for t in search.model.tensors if t.name == "per_layer_token_embd.weight")
     assert quick.fp.gpus["CUDA0"].compute < table / 4
