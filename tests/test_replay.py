@@ -97,7 +97,8 @@ def test_every_architecture_the_registry_names_is_one_llama_cpp_knows() -> None:
     """One registry from architecture to the reader of its shape: a name llama.cpp does not use would never be
     read (its models fall to the plain transformer's reader, which reads none of them)."""
     from llamafit.gguf.archs import ARCHS
-    from llamafit.memory.graph.shapes import DRAFT_READERS, READERS, TRANSFORMER
+    from llamafit.memory.graph.attention import TRANSFORMER
+    from llamafit.memory.graph.shapes import DRAFT_READERS, READERS
 
     named = {*READERS, *DRAFT_READERS, *TRANSFORMER}
     assert named <= ARCHS, sorted(named - ARCHS)

@@ -27,14 +27,18 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
+from llamafit.gguf.model import ModelInfo
 from llamafit.memory.graph.galloc import F32, I32, I64, Graph, Tensor, in_layer, of_layer
 from llamafit.memory.graph.recipe import Recipe, Reserve
+from llamafit.memory.graph.routing import read_experts
 from llamafit.memory.graph.trunk import Experts, gated_ffn, input_embeddings, output_head, rms_norm, routed_and_shared
+
+MROPE_SECTIONS = 4  # M-RoPE (and qwen35's IMROPE): four positions per token (llama-hparams.cpp:285-288)
 
 
 @dataclass(frozen=True)
 class TransformerShape(Recipe):
-    arch: str  # "llama", "qwen2", "qwen3", "gemma3", ... (shapes.TRANSFORMER)
+    arch: str  # "llama", "qwen2", "qwen3", "gemma3", ... (TRANSFORMER)
     n_layer: int
     n_embd: int
     n_vocab: int
@@ -306,3 +310,98 @@ def hadamard(x: Tensor, rot: Tensor) -> Tensor:
     n = rot.ne[0]
     total = x.ne[0] * x.ne[1] * x.ne[2] * x.ne[3]
     return Graph.reshape(Graph.mul_mat(rot, Graph.reshape(x, (n, total // n))), x.ne)
+
+
+# arch -> the sliding-window type its builder knows
+TRANSFORMER = {
+    "llama": "none",
+    "qwen2": "none",
+    "qwen2vl": "none",
+    "mistral3": "none",
+    "phi3": "none",
+    "qwen3": "none",
+    "qwen3moe": "none",
+    "qwen3vl": "none",
+    "qwen3vlmoe": "none",
+    "glm4moe": "none",
+    "gemma2": "standard",
+    "gemma3": "standard",
+    "gpt-oss": "standard",
+}
+_PROJECTIONS = ("attn_q", "attn_k", "attn_v", "attn_output")
+_GPT_OSS_LAYER = ("attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias", "attn_sinks.weight")
+_GPT_OSS_EXPERTS = ("ffn_gate_inp.bias", "ffn_up_exps.bias", "ffn_gate_exps.bias", "ffn_down_exps.bias")
+
+
+def transformer_shape(model: ModelInfo) -> TransformerShape | None:
+    """The shape of a plain transformer (an architecture of ``TRANSFORMER``) read from its tensors and header; None
+    where the file has what its builder does not make (fused QKV outside Phi-3, biases in some layers only, ...)."""
+    hp = model.hparams
+    if TRANSFORMER.get(hp.arch) != hp.swa_type or hp.n_layer_kv_from_start >= 0:
+        return None
+    if hp.n_nextn and hp.arch != "glm4moe":
+        return None  # glm4-moe.cpp leaves its NextN blocks to the MTP graph; other trunks are not known here
+    if bool(hp.n_expert) != (hp.arch in ("qwen3moe", "qwen3vlmoe", "glm4moe", "gpt-oss")) and hp.arch != "llama":
+        return None  # experts only where the builder routes them
+    if isinstance(model.kv.get(f"{hp.arch}.expert_used_count"), list):
+        return None  # a per-layer expert count
+    if not hp.causal or len(set(hp.n_head)) != 1 or not hp.n_head[0]:
+        return None
+    shapes = {t.name: t.info.shape for t in model.tensors}
+    names = set(shapes)
+    lead = hp.n_layer_dense_lead if hp.arch == "glm4moe" else 0
+    experts = read_experts(model, shapes, hp.n_layer - 1) if hp.n_expert else None
+    if hp.n_expert and experts is None:
+        return None
+    shexp = shapes.get(f"blk.{hp.n_layer - 1}.ffn_up_shexp.weight")
+    for il in range(hp.n_layer):
+        ffn = f"blk.{il}.ffn_up_exps.weight" if experts and il >= lead else f"blk.{il}.ffn_gate.weight"
+        need = {f"blk.{il}.attn_q.weight", f"blk.{il}.attn_k.weight", ffn}
+        if hp.arch == "phi3":  # a fused QKV and one up projection, twice the FFN's width (phi3.cpp:46-52)
+            if (
+                f"blk.{il}.ffn_gate.weight" in names
+                or shapes.get(f"blk.{il}.ffn_up.weight", (0, 0))[1] != 2 * hp.n_ff[il]
+            ):
+                return None
+            need = {f"blk.{il}.attn_qkv.weight", f"blk.{il}.ffn_up.weight"}
+        if hp.arch in ("qwen3", "qwen3moe", "qwen3vl", "qwen3vlmoe", "gemma3"):
+            need |= {f"blk.{il}.attn_q_norm.weight", f"blk.{il}.attn_k_norm.weight"}
+        if hp.arch == "gpt-oss":  # every bias and the sinks: the graph adds each (openai-moe.cpp:38-50)
+            need |= {f"blk.{il}.{t}" for t in (*_GPT_OSS_LAYER, *_GPT_OSS_EXPERTS)}
+        if not need <= names or (f"blk.{il}.attn_qkv.weight" in names and hp.arch != "phi3"):
+            return None  # fused QKV or a non-gated FFN: other nodes
+    if hp.arch in ("gemma2", "gemma3") and (hp.head_k_swa != hp.head_k or hp.head_v_swa != hp.head_v):
+        return None
+    deepstack = int(model.number("n_deepstack_layers")) if hp.arch in ("qwen3vl", "qwen3vlmoe") else 0
+    if not 0 <= deepstack <= hp.n_layer:
+        return None  # more deepstack slices than layers: not a header llama.cpp's graph reads
+    if "output.bias" in names or any(f"blk.0.ffn_{p}.bias" in names for p in ("up", "gate", "down")):
+        return None  # the logits' bias (qwen2.cpp's output_b), the FFN's (mistral3.cpp's): nodes it does not make
+    # the projections' biases build_qkv and build_attn add where the file has them (llama-graph.cpp:1746-1780)
+    biases = tuple(p for p in _PROJECTIONS if all(f"blk.{il}.{p}.bias" in names for il in range(hp.n_layer)))
+    if any(f"blk.{il}.{p}.bias" in names for p in _PROJECTIONS if p not in biases for il in range(hp.n_layer)):
+        return None  # biases in some layers only
+    sections = model.kv.get(f"{hp.arch}.rope.dimension_sections")
+    mrope = isinstance(sections, list) and any(isinstance(x, int) and x for x in sections)
+    return TransformerShape(
+        arch=hp.arch,
+        n_layer=hp.n_layer,
+        n_embd=hp.n_embd,
+        n_vocab=hp.n_vocab,
+        n_head=hp.n_head[0],
+        n_head_kv=tuple(hp.n_head_kv[: hp.n_layer]),
+        head_k=hp.head_k,
+        head_v=hp.head_v,
+        n_ff=tuple(hp.n_ff[: hp.n_layer]),
+        is_swa=tuple(hp.is_swa[: hp.n_layer]),
+        experts=experts,
+        n_pos=MROPE_SECTIONS if mrope else 1,
+        qk_norm="blk.0.attn_q_norm.weight" in names and "blk.0.attn_k_norm.weight" in names,
+        n_dense_lead=lead,
+        n_ff_shexp=shexp[1] if shexp is not None and hp.arch == "glm4moe" else 0,
+        biases=biases,
+        sinks=hp.arch == "gpt-oss",
+        rows_at_end=hp.arch == "gpt-oss",
+        attn_temp=hp.arch == "mistral3" and bool(model.kv.get("mistral3.attention.temperature_scale")),
+        n_deepstack=deepstack,
+    )

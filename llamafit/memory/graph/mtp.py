@@ -14,13 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
-from llamafit.memory.graph.attention import Builder, TransformerShape
+from llamafit.memory.graph.attention import MROPE_SECTIONS, Builder, TransformerShape
 from llamafit.memory.graph.galloc import F32, I32, Graph, Tensor, in_layer
 from llamafit.memory.graph.recipe import Recipe, Reserve
 from llamafit.memory.graph.sampling import backend_samplers
 from llamafit.memory.graph.trunk import Experts, gated_ffn, rms_norm, routed_and_shared
-
-MROPE_SECTIONS = 4  # qwen35 uses IMROPE: four positions per token (llama-hparams.cpp:285-288)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from llamafit.gguf.model import ModelInfo
-from llamafit.memory.graph.attention import TransformerShape, rotation_size
+from llamafit.memory.graph.attention import MROPE_SECTIONS, TransformerShape, rotation_size, transformer_shape
 from llamafit.memory.graph.dflash import DflashShape, Markov
 from llamafit.memory.graph.dsv4 import dsv4_mtp_shape, dsv4_shape
 from llamafit.memory.graph.gemma3n import gemma3n_shape
@@ -21,33 +21,14 @@ from llamafit.memory.graph.hybrid import HybridShape
 from llamafit.memory.graph.layered import LAYERED, layered_shape
 from llamafit.memory.graph.mamba import MambaShape
 from llamafit.memory.graph.mla import Indexer, MlaShape
-from llamafit.memory.graph.mtp import MROPE_SECTIONS, Eagle3Shape, MtpShape, NextnIo, NextnShape
+from llamafit.memory.graph.mtp import Eagle3Shape, MtpShape, NextnIo, NextnShape
 from llamafit.memory.graph.recipe import Recipe
 from llamafit.memory.graph.routing import read_experts
 from llamafit.memory.graph.trunk import Experts
 
 RECURRENT = ("mamba", "mamba2")
 MLA = ("deepseek2", "deepseek32", "glm-dsa")  # the MLA trunks graph.mla builds (with DSA's indexer: the last two)
-# arch -> the sliding-window type its builder knows
 QWEN35 = ("qwen35", "qwen35moe", "qwen3next")  # the hybrids whose graphs graph.hybrid builds
-TRANSFORMER = {
-    "llama": "none",
-    "qwen2": "none",
-    "qwen2vl": "none",
-    "mistral3": "none",
-    "phi3": "none",
-    "qwen3": "none",
-    "qwen3moe": "none",
-    "qwen3vl": "none",
-    "qwen3vlmoe": "none",
-    "glm4moe": "none",
-    "gemma2": "standard",
-    "gemma3": "standard",
-    "gpt-oss": "standard",
-}
-_PROJECTIONS = ("attn_q", "attn_k", "attn_v", "attn_output")
-_GPT_OSS_LAYER = ("attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias", "attn_sinks.weight")
-_GPT_OSS_EXPERTS = ("ffn_gate_inp.bias", "ffn_up_exps.bias", "ffn_gate_exps.bias", "ffn_down_exps.bias")
 
 
 def mamba_shape(model: ModelInfo) -> MambaShape | None:
@@ -71,7 +52,7 @@ def mamba_shape(model: ModelInfo) -> MambaShape | None:
 def model_shape(model: ModelInfo, mtp: bool) -> Recipe | None:
     """The shape of the model's graph (``mtp``: of its MTP head's context), None where no builder makes it."""
     readers = DRAFT_READERS if mtp else READERS
-    reader = readers.get(model.hparams.arch, None if mtp else _transformer_shape)
+    reader = readers.get(model.hparams.arch, None if mtp else transformer_shape)
     return reader(model) if reader is not None else None
 
 
@@ -161,7 +142,7 @@ def _eagle3_shape(model: ModelInfo) -> Eagle3Shape | None:
 def _nextn_shape(model: ModelInfo) -> NextnShape | None:
     """GLM-4.5's one NextN block: the trunk's layer shape at the NextN layer's index."""
     hp = model.hparams
-    trunk = _transformer_shape(model)
+    trunk = transformer_shape(model)
     if trunk is None or hp.n_nextn != 1:
         return None
     shapes = {t.name: t.info.shape for t in model.tensors}
@@ -288,78 +269,6 @@ def _nextn_io(shapes: dict[str, tuple[int, ...]], il: int) -> NextnIo:
     )
 
 
-def _transformer_shape(model: ModelInfo) -> TransformerShape | None:
-    hp = model.hparams
-    if TRANSFORMER.get(hp.arch) != hp.swa_type or hp.n_layer_kv_from_start >= 0:
-        return None
-    if hp.n_nextn and hp.arch != "glm4moe":
-        return None  # glm4-moe.cpp leaves its NextN blocks to the MTP graph; other trunks are not known here
-    if bool(hp.n_expert) != (hp.arch in ("qwen3moe", "qwen3vlmoe", "glm4moe", "gpt-oss")) and hp.arch != "llama":
-        return None  # experts only where the builder routes them
-    if isinstance(model.kv.get(f"{hp.arch}.expert_used_count"), list):
-        return None  # a per-layer expert count
-    if not hp.causal or len(set(hp.n_head)) != 1 or not hp.n_head[0]:
-        return None
-    shapes = {t.name: t.info.shape for t in model.tensors}
-    names = set(shapes)
-    lead = hp.n_layer_dense_lead if hp.arch == "glm4moe" else 0
-    experts = read_experts(model, shapes, hp.n_layer - 1) if hp.n_expert else None
-    if hp.n_expert and experts is None:
-        return None
-    shexp = shapes.get(f"blk.{hp.n_layer - 1}.ffn_up_shexp.weight")
-    for il in range(hp.n_layer):
-        ffn = f"blk.{il}.ffn_up_exps.weight" if experts and il >= lead else f"blk.{il}.ffn_gate.weight"
-        need = {f"blk.{il}.attn_q.weight", f"blk.{il}.attn_k.weight", ffn}
-        if hp.arch == "phi3":  # a fused QKV and one up projection, twice the FFN's width (phi3.cpp:46-52)
-            if (
-                f"blk.{il}.ffn_gate.weight" in names
-                or shapes.get(f"blk.{il}.ffn_up.weight", (0, 0))[1] != 2 * hp.n_ff[il]
-            ):
-                return None
-            need = {f"blk.{il}.attn_qkv.weight", f"blk.{il}.ffn_up.weight"}
-        if hp.arch in ("qwen3", "qwen3moe", "qwen3vl", "qwen3vlmoe", "gemma3"):
-            need |= {f"blk.{il}.attn_q_norm.weight", f"blk.{il}.attn_k_norm.weight"}
-        if hp.arch == "gpt-oss":  # every bias and the sinks: the graph adds each (openai-moe.cpp:38-50)
-            need |= {f"blk.{il}.{t}" for t in (*_GPT_OSS_LAYER, *_GPT_OSS_EXPERTS)}
-        if not need <= names or (f"blk.{il}.attn_qkv.weight" in names and hp.arch != "phi3"):
-            return None  # fused QKV or a non-gated FFN: other nodes
-    if hp.arch in ("gemma2", "gemma3") and (hp.head_k_swa != hp.head_k or hp.head_v_swa != hp.head_v):
-        return None
-    deepstack = int(model.number("n_deepstack_layers")) if hp.arch in ("qwen3vl", "qwen3vlmoe") else 0
-    if not 0 <= deepstack <= hp.n_layer:
-        return None  # more deepstack slices than layers: not a header llama.cpp's graph reads
-    if "output.bias" in names or any(f"blk.0.ffn_{p}.bias" in names for p in ("up", "gate", "down")):
-        return None  # the logits' bias (qwen2.cpp's output_b), the FFN's (mistral3.cpp's): nodes it does not make
-    # the projections' biases build_qkv and build_attn add where the file has them (llama-graph.cpp:1746-1780)
-    biases = tuple(p for p in _PROJECTIONS if all(f"blk.{il}.{p}.bias" in names for il in range(hp.n_layer)))
-    if any(f"blk.{il}.{p}.bias" in names for p in _PROJECTIONS if p not in biases for il in range(hp.n_layer)):
-        return None  # biases in some layers only
-    sections = model.kv.get(f"{hp.arch}.rope.dimension_sections")
-    mrope = isinstance(sections, list) and any(isinstance(x, int) and x for x in sections)
-    return TransformerShape(
-        arch=hp.arch,
-        n_layer=hp.n_layer,
-        n_embd=hp.n_embd,
-        n_vocab=hp.n_vocab,
-        n_head=hp.n_head[0],
-        n_head_kv=tuple(hp.n_head_kv[: hp.n_layer]),
-        head_k=hp.head_k,
-        head_v=hp.head_v,
-        n_ff=tuple(hp.n_ff[: hp.n_layer]),
-        is_swa=tuple(hp.is_swa[: hp.n_layer]),
-        experts=experts,
-        n_pos=MROPE_SECTIONS if mrope else 1,
-        qk_norm="blk.0.attn_q_norm.weight" in names and "blk.0.attn_k_norm.weight" in names,
-        n_dense_lead=lead,
-        n_ff_shexp=shexp[1] if shexp is not None and hp.arch == "glm4moe" else 0,
-        biases=biases,
-        sinks=hp.arch == "gpt-oss",
-        rows_at_end=hp.arch == "gpt-oss",
-        attn_temp=hp.arch == "mistral3" and bool(model.kv.get("mistral3.attention.temperature_scale")),
-        n_deepstack=deepstack,
-    )
-
-
 def _mla_shape(model: ModelInfo) -> MlaShape | None:
     """DeepSeek-V2/V3 MLA (absorbed K) with a q LoRA or without, dense lead layers, experts with a shared
     expert; sizes read off the tensor table (deepseek2.cpp load_arch_tensors)."""
@@ -476,7 +385,7 @@ def _assistant_shape(model: ModelInfo) -> AssistantShape | None:
 
 Reader = Callable[[ModelInfo], Recipe | None]
 # architecture -> the reader of its builder's shape; one not here is read as a plain transformer
-# (``_transformer_shape``: the architectures of ``TRANSFORMER``, None for any other)
+# (``attention.transformer_shape``: the architectures of ``attention.TRANSFORMER``, None for any other)
 READERS: dict[str, Reader] = {
     **dict.fromkeys(RECURRENT, mamba_shape),
     **dict.fromkeys(QWEN35, _hybrid_shape),
