@@ -71,6 +71,8 @@ def shapes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "qwen3": factory.dense(arch="qwen3", name="qwen3", n_head=8, n_head_kv=4, head_dim=64),
         "tied_q4k": factory.dense(n_embd=512, n_ff=1536, w="q4_K", tied=True, name="tied-q4k"),
         "moe": factory.moe(),
+        # Q and K normed over their whole width, sigmoid routing with a selection bias
+        "minimax_m2": factory.moe(arch="minimax-m2", name="minimax-m2"),
         "qwen3vl": factory.qwen3vl(),  # M-RoPE, deepstack slices of a wider input added in the first layers
         "qwen3vl_moe": factory.qwen3vl(moe_ffn=True),
         "phi3": factory.phi3(),  # a fused QKV (views, V copied for its transposed cache), one wide up projection

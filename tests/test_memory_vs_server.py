@@ -206,6 +206,7 @@ REPLAY_SHAPES = (
     "gemma3n",
     "gpt_oss",
     "moe",
+    "minimax_m2",
     "mla",
     "dsa",
     "glm_dsa",

@@ -30,7 +30,7 @@ REPLAYED = [
     (shape, args)
     for shape in (
         *("dense", "qwen2", "qwen3", "gemma3", "gemma4", "gemma4_31b", "moe", "mla", "dsa", "glm_dsa", "hybrid"),
-        *("hybrid_moe", "next", "glm4moe", "gemma4_moe", "gemma3n", "gemma2"),
+        *("hybrid_moe", "next", "glm4moe", "gemma4_moe", "gemma3n", "gemma2", "minimax_m2"),
     )
     for args in (
         ["-c", "4096"],
@@ -44,7 +44,8 @@ REPLAYED = [
 
 @pytest.mark.parametrize(("shape", "args"), REPLAYED, ids=[f"{s}:{' '.join(a)}" for s, a in REPLAYED])
 def test_the_replayed_graphs(shapes: dict[str, Path], shape: str, args: list[str]) -> None:
-    """Llama, Qwen3, Gemma 3 and 4, Qwen3-MoE, MLA and its DSA variants, the Qwen3.5 hybrids, Qwen3-Next, GLM-4.5."""
+    """Llama, Qwen3, Gemma 3 and 4, Qwen3-MoE, MiniMax-M2, MLA and its DSA variants, the Qwen3.5 hybrids, Qwen3-Next,
+    GLM-4.5."""
     model, cp, fa = _context(shapes[shape], args)
     assert graph_bytes(model, cp, cp.n_outputs_max, fa) is not None
     assert recurrent_bytes(model, cp, cp.n_outputs_max) is None
@@ -52,8 +53,9 @@ def test_the_replayed_graphs(shapes: dict[str, Path], shape: str, args: list[str
 
 def test_other_graphs_keep_the_estimate(tmp_path: Path) -> None:
     """An architecture without a builder (OLMo: layer norms without weights, Q, K and V clamped), a Qwen2 whose logits
-    have a bias, a Qwen3-VL header with more deepstack slices than layers, and DeepSeek-V4 (and DSpark on its
-    backbone) on a build older than the graph its builder makes."""
+    have a bias, a Qwen3-VL header with more deepstack slices than layers, a MiniMax-M2 header without its gating
+    function (llama.cpp aborts on the graph), and DeepSeek-V4 (and DSpark on its backbone) on a build older than the
+    graph its builder makes."""
     olmo = factory.dense(arch="olmo", name="olmo").write(tmp_path / "olmo.gguf")
     model, cp, fa = _context(olmo, ["-c", "4096"])
     assert graph_bytes(model, cp, cp.n_outputs_max, fa) is None
@@ -63,6 +65,10 @@ def test_other_graphs_keep_the_estimate(tmp_path: Path) -> None:
     wide = factory.qwen3vl()
     wide.kv["qwen3vl.n_deepstack_layers"] = 10**9  # a header asking for more slices than layers
     model, cp, fa = _context(wide.write(tmp_path / "qwen3vl.gguf"), ["-c", "4096"])
+    assert graph_bytes(model, cp, cp.n_outputs_max, fa) is None
+    ungated = factory.moe(arch="minimax-m2", name="minimax-m2")
+    del ungated.kv["minimax-m2.expert_gating_func"]
+    model, cp, fa = _context(ungated.write(tmp_path / "minimax-m2.gguf"), ["-c", "4096"])
     assert graph_bytes(model, cp, cp.n_outputs_max, fa) is None
     for shape, since in ((factory.deepseek4(), DSV4_GRAPH_SINCE), (factory.dspark_dsv4(), DSPARK_DSV4_GRAPH_SINCE)):
         model, cp, fa = _context(shape.write(tmp_path / f"{shape.kv['general.name']}.gguf"), ["-c", "4096"])

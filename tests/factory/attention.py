@@ -95,17 +95,26 @@ def moe(
     w: str = "f16",
     arch: str = "qwen3moe",
 ) -> Shape:
-    """qwen3moe (src/models/qwen3moe.cpp); ``arch`` "qwen3vlmoe": Qwen3-VL-MoE's text layers (see ``qwen3vl``)."""
+    """qwen3moe (src/models/qwen3moe.cpp); ``arch`` "qwen3vlmoe": Qwen3-VL-MoE's text layers (see ``qwen3vl``);
+    "minimax-m2": MiniMax-M2's (minimax-m2.cpp): Q and K normed over their whole width, sigmoid routing with a
+    selection bias, RoPE over half of each head."""
+    minimax = arch == "minimax-m2"
     kv = _base_kv(arch, name, n_layer, n_embd, ctx, n_vocab)
     kv.update(_experts_kv(arch, n_ff_exp * n_expert_used, n_ff_exp, n_expert, n_expert_used, n_head, n_head_kv,
                           head_dim))  # fmt: skip
     kv[f"{arch}.rope.freq_base"] = 1000000.0
+    if minimax:
+        kv[f"{arch}.expert_gating_func"] = 2  # sigmoid (LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID)
+        kv[f"{arch}.rope.dimension_count"] = head_dim // 2
+        kv[f"{arch}.feed_forward_length"] = n_ff_exp  # the experts' width (minimax-m2.cpp:36-38)
     ts = _io(n_embd, n_vocab, w, False)
     for i in range(n_layer):
         ts += _attn(i, n_embd, n_head * head_dim, n_head_kv * head_dim, n_head * head_dim, w)
+        if minimax:
+            ts.append(TensorSpec(f"blk.{i}.exp_probs_b.bias", (n_expert,)))
         ts += [
-            TensorSpec(f"blk.{i}.attn_k_norm.weight", (head_dim,)),
-            TensorSpec(f"blk.{i}.attn_q_norm.weight", (head_dim,)),
+            TensorSpec(f"blk.{i}.attn_k_norm.weight", (n_head_kv * head_dim if minimax else head_dim,)),
+            TensorSpec(f"blk.{i}.attn_q_norm.weight", (n_head * head_dim if minimax else head_dim,)),
             TensorSpec(f"blk.{i}.ffn_norm.weight", (n_embd,)),
             TensorSpec(f"blk.{i}.ffn_gate_inp.weight", (n_embd, n_expert), "f32"),
             TensorSpec(f"blk.{i}.ffn_gate_exps.weight", (n_embd, n_ff_exp, n_expert), w),

@@ -8,7 +8,8 @@ with M-RoPE and the deepstack slices added after the first layers), ``src/models
 ``src/models/gemma2.cpp`` (Gemma 2: the same without Q/K norms, its scores and logits soft-capped),
 ``src/models/mistral3.cpp`` (Llama's with the attention temperature of Llama 4's scaling),
 ``src/models/phi3.cpp`` (Phi-3 and Phi-4: Q, K and V views of a fused product, one up projection split by its
-SwiGLU) and
+SwiGLU), ``src/models/minimax-m2.cpp`` (MiniMax-M2: Q and K normed over their whole width before the heads are
+split, sigmoid routing with a selection bias) and
 ``src/models/openai-moe.cpp:59-168`` (gpt-oss: biased projections, attention sinks, every other layer on the
 sliding-window cache, biased experts weighted by a softmax of the selected, the output rows after the last
 layer, whose output stays), over
@@ -51,6 +52,8 @@ class TransformerShape(Recipe):
     experts: Experts | None = None  # the FFN of the layers from n_dense_lead on is a mixture of experts
     n_pos: int = 1  # positions per token (4 with M-RoPE)
     qk_norm: bool = False  # RMS norms on Q and K before RoPE (Qwen3, Gemma 3, GLM-4.5)
+    # the norms over Q's and K's whole width, before the heads are split (MiniMax-M2: minimax-m2.cpp:83-93)
+    qk_norm_flat: bool = False
     n_dense_lead: int = 0  # leading layers with a dense FFN (GLM-4.5)
     n_ff_shexp: int = 0  # the shared expert's FFN beside the routed ones (GLM-4.5)
     biases: tuple[str, ...] = ()  # the projections with a bias (gpt-oss: Q, K, V and output; Qwen2: Q, K, V)
@@ -263,9 +266,9 @@ class Builder(Attending):
         n_kv_h = sh.n_head_kv[il]
         hk, hv, nh = sh.head_k, sh.head_v, sh.n_head
 
-        def proj(name: str, rows: int, dims: tuple[int, int, int]) -> Tensor:  # build_qkv's separate path
-            t = Graph.mul_mat(W((sh.n_embd, rows), name), cur)
-            return Graph.reshape(self.bias(t, name), dims)
+        def proj(name: str, rows: int, dims: tuple[int, int, int], flat_norm: bool = False) -> Tensor:
+            t = self.bias(Graph.mul_mat(W((sh.n_embd, rows), name), cur), name)  # build_qkv's separate path
+            return Graph.reshape(rms_norm(t) if flat_norm else t, dims)
 
         if self.phi3:  # build_qkv's fused path: Q, K and V views of one product (llama-graph.cpp:1700-1725)
             qkv = Graph.mul_mat(W((sh.n_embd, hk * nh + (hk + hv) * n_kv_h), "attn_qkv"), cur)
@@ -274,8 +277,8 @@ class Builder(Attending):
                 for h, n in ((hk, nh), (hk, n_kv_h), (hv, n_kv_h))
             )
         else:
-            q = proj("attn_q", hk * nh, (hk, nh, T))
-            k = proj("attn_k", hk * n_kv_h, (hk, n_kv_h, T))
+            q = proj("attn_q", hk * nh, (hk, nh, T), sh.qk_norm_flat)
+            k = proj("attn_k", hk * n_kv_h, (hk, n_kv_h, T), sh.qk_norm_flat)
             v = proj("attn_v", hv * n_kv_h, (hv, n_kv_h, T))
         if sh.qk_norm:
             q, k = rms_norm(q), rms_norm(k)
@@ -324,10 +327,12 @@ TRANSFORMER = {
     "qwen3vl": "none",
     "qwen3vlmoe": "none",
     "glm4moe": "none",
+    "minimax-m2": "none",
     "gemma2": "standard",
     "gemma3": "standard",
     "gpt-oss": "standard",
 }
+_ROUTED = ("qwen3moe", "qwen3vlmoe", "glm4moe", "gpt-oss", "minimax-m2")  # their FFN is routed experts (Llama's may be)
 _PROJECTIONS = ("attn_q", "attn_k", "attn_v", "attn_output")
 _GPT_OSS_LAYER = ("attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias", "attn_sinks.weight")
 _GPT_OSS_EXPERTS = ("ffn_gate_inp.bias", "ffn_up_exps.bias", "ffn_gate_exps.bias", "ffn_down_exps.bias")
@@ -341,7 +346,7 @@ def transformer_shape(model: ModelInfo) -> TransformerShape | None:
         return None
     if hp.n_nextn and hp.arch != "glm4moe":
         return None  # glm4-moe.cpp leaves its NextN blocks to the MTP graph; other trunks are not known here
-    if bool(hp.n_expert) != (hp.arch in ("qwen3moe", "qwen3vlmoe", "glm4moe", "gpt-oss")) and hp.arch != "llama":
+    if bool(hp.n_expert) != (hp.arch in _ROUTED) and hp.arch != "llama":
         return None  # experts only where the builder routes them
     if isinstance(model.kv.get(f"{hp.arch}.expert_used_count"), list):
         return None  # a per-layer expert count
@@ -381,6 +386,8 @@ def transformer_shape(model: ModelInfo) -> TransformerShape | None:
     biases = tuple(p for p in _PROJECTIONS if all(f"blk.{il}.{p}.bias" in names for il in range(hp.n_layer)))
     if any(f"blk.{il}.{p}.bias" in names for p in _PROJECTIONS if p not in biases for il in range(hp.n_layer)):
         return None  # biases in some layers only
+    qk_norm = "blk.0.attn_q_norm.weight" in names and "blk.0.attn_k_norm.weight" in names
+    flat = qk_norm and shapes["blk.0.attn_q_norm.weight"][0] != hp.head_k  # one weight over all the heads
     sections = model.kv.get(f"{hp.arch}.rope.dimension_sections")
     mrope = isinstance(sections, list) and any(isinstance(x, int) and x for x in sections)
     return TransformerShape(
@@ -396,7 +403,8 @@ def transformer_shape(model: ModelInfo) -> TransformerShape | None:
         is_swa=tuple(hp.is_swa[: hp.n_layer]),
         experts=experts,
         n_pos=MROPE_SECTIONS if mrope else 1,
-        qk_norm="blk.0.attn_q_norm.weight" in names and "blk.0.attn_k_norm.weight" in names,
+        qk_norm=qk_norm and not flat,
+        qk_norm_flat=qk_norm and flat,
         n_dense_lead=lead,
         n_ff_shexp=shexp[1] if shexp is not None and hp.arch == "glm4moe" else 0,
         biases=biases,

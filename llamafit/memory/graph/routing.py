@@ -23,6 +23,12 @@ def read_experts(model: ModelInfo, shapes: dict[str, tuple[int, ...]], il: int) 
     if hp.arch in ("llama", "qwen3moe", "qwen3vlmoe", "qwen35moe", "qwen3next"):
         return Experts(n_expert=up[2], n_used=hp.n_expert_used, n_ff=up[1], norm_w=True, scale=scale)
     gating = int(model.number("expert_gating_func"))
+    if hp.arch == "minimax-m2":  # the header's gating (none aborts), normalized weights, no scale read
+        if gating not in (1, 2) or f"blk.{il}.exp_probs_b.bias" not in shapes:  # (minimax-m2.cpp:6, 130-140)
+            return None
+        return Experts(
+            n_expert=up[2], n_used=hp.n_expert_used, n_ff=up[1], sigmoid=gating == 2, probs_bias=True, norm_w=True
+        )
     if gating == 0:  # GGUFs without the key: glm4-moe.cpp:16-18, deepseek2.cpp:23-31
         old_glm_lite = hp.n_layer in (47, 48) and hp.n_vocab == 154880
         gating = 2 if hp.arch in ("glm4moe", "glm-dsa") or old_glm_lite else 1  # glm-dsa.cpp:53-57
