@@ -76,6 +76,8 @@ def shapes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "qwen3vl": factory.qwen3vl(),  # M-RoPE, deepstack slices of a wider input added in the first layers
         "qwen3vl_moe": factory.qwen3vl(moe_ffn=True),
         "phi3": factory.phi3(),  # a fused QKV (views, V copied for its transposed cache), one wide up projection
+        "seed_oss": factory.dense(arch="seed_oss", name="seed-oss", qkv_bias=True),  # the FFN norm named otherwise
+        "smollm3": factory.dense(arch="smollm3", name="smollm3", n_layer=8),  # every fourth layer without RoPE
         "mistral3": factory.dense(arch="mistral3", name="mistral3", attn_temp=0.1),  # Q times a temperature input
         "gemma2": factory.gemma3(arch="gemma2", name="gemma2"),  # soft-capped scores and logits
         "gemma3": factory.gemma3(),

@@ -196,6 +196,8 @@ REPLAY_SHAPES = (
     "qwen3vl",
     "qwen3vl_moe",
     "mistral3",
+    "seed_oss",
+    "smollm3",
     "phi3",
     "qwen3",
     "gemma2",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from llamafit.gguf.writer import TensorSpec
@@ -30,7 +31,9 @@ def dense(
     """llama / qwen3 / qwen2-style dense GQA transformer (llama.cpp, qwen3.cpp load_arch_tensors); ``qkv_bias``: Q, K
     and V with biases (Qwen2 and 2.5: create_tensor_qkv's, llama-model.cpp:3413-3440); ``output_bias``: the logits'
     (qwen2.cpp's optional output_b); ``rope_sections``: M-RoPE's (Qwen2-VL and 2.5-VL, ``qwen2vl``: four positions a
-    token, qwen2vl.cpp); ``attn_temp``: Llama 4's attention temperature (``mistral3``: Ministral 3, mistral3.cpp)."""
+    token, qwen2vl.cpp); ``attn_temp``: Llama 4's attention temperature (``mistral3``: Ministral 3, mistral3.cpp).
+    ``arch`` "seed_oss" (Seed-OSS: Llama's layers, its FFN norm named the post-attention norm; with ``qkv_bias`` as
+    published) and "smollm3" (SmolLM3: every fourth layer without RoPE) are Llama's tensors too."""
     hd = head_dim or n_embd // n_head
     kv = _base_kv(arch, name, n_layer, n_embd, ctx, n_vocab)
     kv.update({
@@ -60,6 +63,8 @@ def dense(
                 TensorSpec(f"blk.{i}.attn_q_norm.weight", (hd,)),
             ]
         ts += _ffn(i, n_embd, n_ff, w)
+    if arch == "seed_oss":  # the FFN's norm is named the post-attention norm (seed-oss.cpp:37)
+        ts = [replace(t, name=t.name.replace("ffn_norm", "post_attention_norm")) for t in ts]
     return Shape(arch, kv, ts)
 
 

@@ -6,7 +6,8 @@ Mirrors ``src/models/llama.cpp:99-247`` (Llama, dense or with experts), ``src/mo
 with M-RoPE and the deepstack slices added after the first layers), ``src/models/gemma3.cpp:81-217``
 (Gemma 3: the scaled embedding rows, Q/K norms, the scaled Q, the sandwich norms, sliding-window layers),
 ``src/models/gemma2.cpp`` (Gemma 2: the same without Q/K norms, its scores and logits soft-capped),
-``src/models/mistral3.cpp`` (Llama's with the attention temperature of Llama 4's scaling),
+``src/models/mistral3.cpp`` (Llama's with the attention temperature of Llama 4's scaling), ``seed-oss.cpp``
+(Llama's with biased Q, K and V), ``smollm3.cpp`` (Llama's with every fourth layer without RoPE),
 ``src/models/phi3.cpp`` (Phi-3 and Phi-4: Q, K and V views of a fused product, one up projection split by its
 SwiGLU), ``src/models/minimax-m2.cpp`` (MiniMax-M2: Q and K normed over their whole width before the heads are
 split, sigmoid routing with a selection bias) and
@@ -54,6 +55,7 @@ class TransformerShape(Recipe):
     qk_norm: bool = False  # RMS norms on Q and K before RoPE (Qwen3, Gemma 3, GLM-4.5)
     # the norms over Q's and K's whole width, before the heads are split (MiniMax-M2: minimax-m2.cpp:83-93)
     qk_norm_flat: bool = False
+    nope_step: int = 0  # every n-th layer without RoPE (SmolLM3's 4: llama-hparams.h:259, smollm3.cpp:69, 83-95)
     n_dense_lead: int = 0  # leading layers with a dense FFN (GLM-4.5)
     n_ff_shexp: int = 0  # the shared expert's FFN beside the routed ones (GLM-4.5)
     biases: tuple[str, ...] = ()  # the projections with a bias (gpt-oss: Q, K, V and output; Qwen2: Q, K, V)
@@ -282,8 +284,9 @@ class Builder(Attending):
             v = proj("attn_v", hv * n_kv_h, (hv, n_kv_h, T))
         if sh.qk_norm:
             q, k = rms_norm(q), rms_norm(k)
-        q = Graph.like("rope", q, self.pos)
-        k = Graph.like("rope", k, self.pos)
+        if not sh.nope_step or (il + 1) % sh.nope_step:
+            q = Graph.like("rope", q, self.pos)
+            k = Graph.like("rope", k, self.pos)
         if self.gemma or self.phi3:
             q = Graph.like("scale", q)
         if self.attn_scale is not None:  # after RoPE (mistral3.cpp:153-157)
@@ -328,6 +331,8 @@ TRANSFORMER = {
     "qwen3vlmoe": "none",
     "glm4moe": "none",
     "minimax-m2": "none",
+    "seed_oss": "none",
+    "smollm3": "none",
     "gemma2": "standard",
     "gemma3": "standard",
     "gpt-oss": "standard",
@@ -412,4 +417,5 @@ def transformer_shape(model: ModelInfo) -> TransformerShape | None:
         rows_at_end=hp.arch == "gpt-oss",
         attn_temp=hp.arch == "mistral3" and bool(model.kv.get("mistral3.attention.temperature_scale")),
         n_deepstack=deepstack,
+        nope_step=4 if hp.arch == "smollm3" else 0,  # set by the loader, read from no key (smollm3.cpp:5)
     )
