@@ -94,6 +94,7 @@ def shapes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "gpt_oss": factory.gpt_oss(),
         "mla": factory.deepseek2(),
         "dsa": factory.deepseek2(dsa=True, name="dsa"),
+        "glm4": factory.glm4(),  # sandwich norms, biased Q, K and V, one wide up projection
         "glm4moe": factory.glm4moe(),
         "glm_dsa": factory.glm_dsa(name="glm-dsa"),
         "glm_dsa_mtp": factory.glm_dsa(n_nextn=1, indexer_types=(1, 0, 1, 0, 0), name="glm-dsa-mtp"),

@@ -199,6 +199,7 @@ REPLAY_SHAPES = (
     "seed_oss",
     "smollm3",
     "phi3",
+    "glm4",
     "qwen3",
     "gemma2",
     "gemma3",

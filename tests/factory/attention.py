@@ -237,6 +237,42 @@ def qwen3_0_6b(w: str = "q8_0") -> Shape:
                  head_dim=128, n_ff=3072, n_vocab=151936, ctx=40960, w=w, tied=True)  # fmt: skip
 
 
+def glm4(
+    *,
+    name: str = "glm4",
+    n_layer: int = 4,
+    n_embd: int = 256,
+    n_head: int = 8,
+    n_head_kv: int = 2,
+    n_ff: int = 512,
+    n_vocab: int = 512,
+    w: str = "f16",
+) -> Shape:
+    """glm4 (src/models/glm4.cpp; GLM-4-0414 9B and 32B, GLM-Z1): biased Q, K and V, the attention's and the FFN's
+    outputs normed (sandwich norms), one up projection twice the FFN's width split by its SwiGLU."""
+    arch, hd = "glm4", n_embd // n_head
+    kv = _base_kv(arch, name, n_layer, n_embd, 32768, n_vocab)
+    kv.update({
+        f"{arch}.feed_forward_length": n_ff,
+        f"{arch}.attention.head_count": n_head,
+        f"{arch}.attention.head_count_kv": n_head_kv,
+        f"{arch}.rope.dimension_count": hd // 2,
+    })  # fmt: skip
+    ts = _io(n_embd, n_vocab, w, False)
+    for i in range(n_layer):
+        ts += _attn(i, n_embd, n_head * hd, n_head_kv * hd, n_head * hd, w)
+        ts += [TensorSpec(f"blk.{i}.attn_{p}.bias", (n,)) for p, n in (("q", n_head * hd), ("k", n_head_kv * hd),
+                                                                       ("v", n_head_kv * hd))]  # fmt: skip
+        ts += [
+            TensorSpec(f"blk.{i}.post_attention_norm.weight", (n_embd,)),
+            TensorSpec(f"blk.{i}.ffn_norm.weight", (n_embd,)),
+            TensorSpec(f"blk.{i}.ffn_up.weight", (n_embd, 2 * n_ff), w),
+            TensorSpec(f"blk.{i}.ffn_down.weight", (n_ff, n_embd), w),
+            TensorSpec(f"blk.{i}.post_ffw_norm.weight", (n_embd,)),
+        ]
+    return Shape(arch, kv, ts)
+
+
 def glm4moe(
     *,
     name: str = "glm4moe",

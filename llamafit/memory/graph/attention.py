@@ -7,7 +7,8 @@ with M-RoPE and the deepstack slices added after the first layers), ``src/models
 (Gemma 3: the scaled embedding rows, Q/K norms, the scaled Q, the sandwich norms, sliding-window layers),
 ``src/models/gemma2.cpp`` (Gemma 2: the same without Q/K norms, its scores and logits soft-capped),
 ``src/models/mistral3.cpp`` (Llama's with the attention temperature of Llama 4's scaling), ``seed-oss.cpp``
-(Llama's with biased Q, K and V), ``smollm3.cpp`` (Llama's with every fourth layer without RoPE),
+(Llama's with biased Q, K and V), ``smollm3.cpp`` (Llama's with every fourth layer without RoPE), ``glm4.cpp``
+(GLM-4: biased Q, K and V, sandwich norms, one up projection split by its SwiGLU),
 ``src/models/phi3.cpp`` (Phi-3 and Phi-4: Q, K and V views of a fused product, one up projection split by its
 SwiGLU), ``src/models/minimax-m2.cpp`` (MiniMax-M2: Q and K normed over their whole width before the heads are
 split, sigmoid routing with a selection bias) and
@@ -215,6 +216,8 @@ class Builder(Attending):
         self.sh = sh
         self.gemma = sh.arch in ("gemma2", "gemma3")
         self.phi3 = sh.arch == "phi3"  # a fused QKV, a sequential SwiGLU, the residual added first (phi3.cpp:166)
+        self.fused_up = sh.arch in _FUSED_UP
+        self.sandwich = self.gemma or sh.arch == "glm4"  # the attention's and the FFN's outputs normed too
         self.iswa = any(sh.is_swa)  # two caches: Q, K, V expanded in that order (llama-graph.cpp:3222-3230)
         # build_inp_attn_scale: one value a token, 1 x 1 x n_tokens (llama-graph.cpp:2554-2567)
         self.attn_scale = Graph.input((1, 1, self.T)) if sh.attn_temp else None
@@ -235,11 +238,11 @@ class Builder(Attending):
                 if il == sh.n_layer - 1 and not sh.rows_at_end:
                     cur = Graph.get_rows(cur, out_ids)
                     inp_l = Graph.get_rows(inp_l, out_ids)
-                if self.gemma:
+                if self.sandwich:
                     cur = rms_norm(cur)
                 ffn_inp = Graph.like("add", cur, inp_l)
                 cur = self.ffn(rms_norm(ffn_inp), il)
-                if self.gemma:
+                if self.sandwich:
                     cur = rms_norm(cur)
                 inp_l = Graph.like("add", ffn_inp, cur) if self.phi3 else Graph.like("add", cur, ffn_inp)
                 if il < sh.n_deepstack:  # the layer's slice of t_inp_embd, a view (qwen3vl.cpp deepstack_out)
@@ -254,7 +257,7 @@ class Builder(Attending):
     def ffn(self, cur: Tensor, il: int) -> Tensor:
         """A dense gated FFN, or the routed experts plus the shared expert (glm4-moe.cpp, deepseek2.cpp)."""
         sh = self.sh
-        if self.phi3:  # build_ffn's SWIGLU of one up projection twice as wide (phi3.cpp:144-149)
+        if self.fused_up:  # build_ffn's SWIGLU of one up projection twice as wide (phi3.cpp:144-149)
             up = Graph.mul_mat(Graph.weight((sh.n_embd, 2 * sh.n_ff[il]), "ffn_up"), cur)
             glu = Graph.op("glu", (sh.n_ff[il], *up.ne[1:]), up)
             return Graph.mul_mat(Graph.weight((sh.n_ff[il], sh.n_embd), "ffn_down"), glu)
@@ -331,12 +334,14 @@ TRANSFORMER = {
     "qwen3vlmoe": "none",
     "glm4moe": "none",
     "minimax-m2": "none",
+    "glm4": "none",
     "seed_oss": "none",
     "smollm3": "none",
     "gemma2": "standard",
     "gemma3": "standard",
     "gpt-oss": "standard",
 }
+_FUSED_UP = ("phi3", "glm4")  # one up projection twice the FFN's width, no gate (phi3.cpp:46-52, glm4.cpp:46-48)
 _ROUTED = ("qwen3moe", "qwen3vlmoe", "glm4moe", "gpt-oss", "minimax-m2")  # their FFN is routed experts (Llama's may be)
 _PROJECTIONS = ("attn_q", "attn_k", "attn_v", "attn_output")
 _GPT_OSS_LAYER = ("attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias", "attn_sinks.weight")
@@ -367,13 +372,15 @@ def transformer_shape(model: ModelInfo) -> TransformerShape | None:
     for il in range(hp.n_layer):
         ffn = f"blk.{il}.ffn_up_exps.weight" if experts and il >= lead else f"blk.{il}.ffn_gate.weight"
         need = {f"blk.{il}.attn_q.weight", f"blk.{il}.attn_k.weight", ffn}
-        if hp.arch == "phi3":  # a fused QKV and one up projection, twice the FFN's width (phi3.cpp:46-52)
+        if hp.arch in _FUSED_UP:
             if (
                 f"blk.{il}.ffn_gate.weight" in names
                 or shapes.get(f"blk.{il}.ffn_up.weight", (0, 0))[1] != 2 * hp.n_ff[il]
             ):
                 return None
-            need = {f"blk.{il}.attn_qkv.weight", f"blk.{il}.ffn_up.weight"}
+            need = {f"blk.{il}.ffn_up.weight"}
+            qkv = ("attn_qkv",) if hp.arch == "phi3" else ("attn_q", "attn_k")
+            need |= {f"blk.{il}.{p}.weight" for p in qkv}
         if hp.arch in ("qwen3", "qwen3moe", "qwen3vl", "qwen3vlmoe", "gemma3"):
             need |= {f"blk.{il}.attn_q_norm.weight", f"blk.{il}.attn_k_norm.weight"}
         if hp.arch == "gpt-oss":  # every bias and the sinks: the graph adds each (openai-moe.cpp:38-50)
