@@ -94,6 +94,9 @@ def shapes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "gpt_oss": factory.gpt_oss(),
         "mla": factory.deepseek2(),
         "dsa": factory.deepseek2(dsa=True, name="dsa"),
+        "ernie45": factory.dense(arch="ernie4_5", name="ernie45"),  # Llama's graph
+        # dense lead layers, softmax-routed experts with a selection bias, a shared expert beside them
+        "ernie45_moe": factory.ernie45_moe(),
         "glm4": factory.glm4(),  # sandwich norms, biased Q, K and V, one wide up projection
         "glm4moe": factory.glm4moe(),
         "glm_dsa": factory.glm_dsa(name="glm-dsa"),

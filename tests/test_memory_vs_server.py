@@ -200,6 +200,8 @@ REPLAY_SHAPES = (
     "smollm3",
     "phi3",
     "glm4",
+    "ernie45",
+    "ernie45_moe",
     "qwen3",
     "gemma2",
     "gemma3",

@@ -11,6 +11,7 @@ every one is importable from here."""
 from llamafit.gguf.writer import TensorSpec
 from tests.factory.attention import (
     dense,
+    ernie45_moe,
     gemma3,
     gemma3_4b,
     glm4,
@@ -63,6 +64,7 @@ __all__ = [
     "dspark_dsv4",
     "dspark_qwen3_4b",
     "eagle3",
+    "ernie45_moe",
     "gemma3",
     "gemma3_4b",
     "gemma3_siglip_896",

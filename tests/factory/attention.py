@@ -129,6 +129,49 @@ def moe(
     return Shape(arch, kv, ts)
 
 
+def ernie45_moe(
+    *,
+    name: str = "ernie45-moe",
+    n_layer: int = 4,
+    n_embd: int = 256,
+    n_head: int = 8,
+    n_head_kv: int = 2,
+    n_ff: int = 512,
+    n_dense_lead: int = 1,
+    n_expert: int = 8,
+    n_expert_used: int = 2,
+    n_ff_exp: int = 128,
+    n_ff_shexp: int = 256,
+    n_vocab: int = 512,
+    w: str = "f16",
+) -> Shape:
+    """ernie4_5-moe (src/models/ernie4-5.cpp load_arch_tensors, ernie4-5-moe.cpp; ERNIE-4.5-21B-A3B and 300B-A47B):
+    Llama's attention, dense lead layers, then softmax-routed experts with a selection bias and a shared expert
+    added beside them, every layer (``interleave_moe_layer_step`` 1)."""
+    arch, hd = "ernie4_5-moe", n_embd // n_head
+    kv = _base_kv(arch, name, n_layer, n_embd, 32768, n_vocab)
+    kv.update(_experts_kv(arch, n_ff, n_ff_exp, n_expert, n_expert_used, n_head, n_head_kv, hd))
+    kv.update({
+        f"{arch}.leading_dense_block_count": n_dense_lead,
+        f"{arch}.interleave_moe_layer_step": 1,
+        f"{arch}.expert_shared_feed_forward_length": n_ff_shexp,
+    })  # fmt: skip
+    ts = _io(n_embd, n_vocab, w, False)
+    for i in range(n_layer):
+        ts += _attn(i, n_embd, n_head * hd, n_head_kv * hd, n_head * hd, w)
+        if i < n_dense_lead:
+            ts += _ffn(i, n_embd, n_ff, w)
+            continue
+        ts += [
+            TensorSpec(f"blk.{i}.ffn_norm.weight", (n_embd,)),
+            TensorSpec(f"blk.{i}.ffn_gate_inp.weight", (n_embd, n_expert), "f32"),
+            TensorSpec(f"blk.{i}.exp_probs_b.bias", (n_expert,)),
+        ]
+        ts += _gate_down_up(i, "ffn_{}_exps", n_embd, n_ff_exp, w, n_expert)
+        ts += _gate_down_up(i, "ffn_{}_shexp", n_embd, n_ff_shexp, w)
+    return Shape(arch, kv, ts)
+
+
 def qwen3vl(*, moe_ffn: bool = False, deepstack: int = 3) -> Shape:
     """Qwen3-VL's text model (src/models/qwen3vl.cpp, qwen3vlmoe.cpp): Qwen3's (or Qwen3-MoE's) layers with M-RoPE,
     the first ``deepstack`` layers each adding a slice of an input ``1 + deepstack`` times as wide as the rows."""

@@ -8,7 +8,8 @@ with M-RoPE and the deepstack slices added after the first layers), ``src/models
 ``src/models/gemma2.cpp`` (Gemma 2: the same without Q/K norms, its scores and logits soft-capped),
 ``src/models/mistral3.cpp`` (Llama's with the attention temperature of Llama 4's scaling), ``seed-oss.cpp``
 (Llama's with biased Q, K and V), ``smollm3.cpp`` (Llama's with every fourth layer without RoPE), ``glm4.cpp``
-(GLM-4: biased Q, K and V, sandwich norms, one up projection split by its SwiGLU),
+(GLM-4: biased Q, K and V, sandwich norms, one up projection split by its SwiGLU), ``ernie4-5.cpp`` and
+``ernie4-5-moe.cpp`` (ERNIE 4.5: Llama's attention, dense lead layers, softmax routing beside a shared expert),
 ``src/models/phi3.cpp`` (Phi-3 and Phi-4: Q, K and V views of a fused product, one up projection split by its
 SwiGLU), ``src/models/minimax-m2.cpp`` (MiniMax-M2: Q and K normed over their whole width before the heads are
 split, sigmoid routing with a selection bias) and
@@ -335,6 +336,8 @@ TRANSFORMER = {
     "glm4moe": "none",
     "minimax-m2": "none",
     "glm4": "none",
+    "ernie4_5": "none",
+    "ernie4_5-moe": "none",
     "seed_oss": "none",
     "smollm3": "none",
     "gemma2": "standard",
@@ -342,7 +345,9 @@ TRANSFORMER = {
     "gpt-oss": "standard",
 }
 _FUSED_UP = ("phi3", "glm4")  # one up projection twice the FFN's width, no gate (phi3.cpp:46-52, glm4.cpp:46-48)
-_ROUTED = ("qwen3moe", "qwen3vlmoe", "glm4moe", "gpt-oss", "minimax-m2")  # their FFN is routed experts (Llama's may be)
+# their FFN is routed experts (Llama's may be)
+_ROUTED = ("qwen3moe", "qwen3vlmoe", "glm4moe", "gpt-oss", "minimax-m2", "ernie4_5-moe")
+_DENSE_LEAD = ("glm4moe", "ernie4_5-moe")  # dense leading layers, then experts with a shared expert beside them
 _PROJECTIONS = ("attn_q", "attn_k", "attn_v", "attn_output")
 _GPT_OSS_LAYER = ("attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias", "attn_sinks.weight")
 _GPT_OSS_EXPERTS = ("ffn_gate_inp.bias", "ffn_up_exps.bias", "ffn_gate_exps.bias", "ffn_down_exps.bias")
@@ -364,7 +369,9 @@ def transformer_shape(model: ModelInfo) -> TransformerShape | None:
         return None
     shapes = {t.name: t.info.shape for t in model.tensors}
     names = set(shapes)
-    lead = hp.n_layer_dense_lead if hp.arch == "glm4moe" else 0
+    lead = hp.n_layer_dense_lead if hp.arch in _DENSE_LEAD else 0
+    if hp.arch == "ernie4_5-moe" and model.number("interleave_moe_layer_step") != 1:
+        return None  # dense layers between the MoE ones (ernie4-5-moe.cpp:63-64)
     experts = read_experts(model, shapes, hp.n_layer - 1) if hp.n_expert else None
     if hp.n_expert and experts is None:
         return None
@@ -395,8 +402,10 @@ def transformer_shape(model: ModelInfo) -> TransformerShape | None:
     if "output.bias" in names or any(f"blk.0.ffn_{p}.bias" in names for p in ("up", "gate", "down")):
         return None  # the logits' bias (qwen2.cpp's output_b), the FFN's (mistral3.cpp's): nodes it does not make
     # the projections' biases build_qkv and build_attn add where the file has them (llama-graph.cpp:1746-1780)
-    biases = tuple(p for p in _PROJECTIONS if all(f"blk.{il}.{p}.bias" in names for il in range(hp.n_layer)))
-    if any(f"blk.{il}.{p}.bias" in names for p in _PROJECTIONS if p not in biases for il in range(hp.n_layer)):
+    # (ERNIE 4.5 loads an output bias and adds none: ernie4-5.cpp:45, 118-120)
+    added = _PROJECTIONS[:3] if hp.arch.startswith("ernie4_5") else _PROJECTIONS
+    biases = tuple(p for p in added if all(f"blk.{il}.{p}.bias" in names for il in range(hp.n_layer)))
+    if any(f"blk.{il}.{p}.bias" in names for p in added if p not in biases for il in range(hp.n_layer)):
         return None  # biases in some layers only
     qk_norm = "blk.0.attn_q_norm.weight" in names and "blk.0.attn_k_norm.weight" in names
     flat = qk_norm and shapes["blk.0.attn_q_norm.weight"][0] != hp.head_k  # one weight over all the heads
@@ -418,7 +427,7 @@ def transformer_shape(model: ModelInfo) -> TransformerShape | None:
         qk_norm=qk_norm and not flat,
         qk_norm_flat=qk_norm and flat,
         n_dense_lead=lead,
-        n_ff_shexp=shexp[1] if shexp is not None and hp.arch == "glm4moe" else 0,
+        n_ff_shexp=shexp[1] if shexp is not None and hp.arch in _DENSE_LEAD else 0,
         biases=biases,
         sinks=hp.arch == "gpt-oss",
         rows_at_end=hp.arch == "gpt-oss",

@@ -22,6 +22,11 @@ def read_experts(model: ModelInfo, shapes: dict[str, tuple[int, ...]], il: int) 
         )
     if hp.arch in ("llama", "qwen3moe", "qwen3vlmoe", "qwen35moe", "qwen3next"):
         return Experts(n_expert=up[2], n_used=hp.n_expert_used, n_ff=up[1], norm_w=True, scale=scale)
+    if hp.arch == "ernie4_5-moe":  # softmax, normalized weights, the optional selection bias (ernie4-5-moe.cpp:81-92)
+        if f"blk.{il}.ffn_gate_exps.weight" not in shapes:
+            return None  # up-only experts
+        bias = f"blk.{il}.exp_probs_b.bias" in shapes
+        return Experts(n_expert=up[2], n_used=hp.n_expert_used, n_ff=up[1], probs_bias=bias, norm_w=True)
     gating = int(model.number("expert_gating_func"))
     if hp.arch == "minimax-m2":  # the header's gating (none aborts), normalized weights, no scale read
         if gating not in (1, 2) or f"blk.{il}.exp_probs_b.bias" not in shapes:  # (minimax-m2.cpp:6, 130-140)
