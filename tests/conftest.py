@@ -97,6 +97,8 @@ def shapes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "ernie45": factory.dense(arch="ernie4_5", name="ernie45"),  # Llama's graph
         # dense lead layers, softmax-routed experts with a selection bias, a shared expert beside them
         "ernie45_moe": factory.ernie45_moe(),
+        "exaone4": factory.exaone4(),  # no pre-norms, the outputs normed
+        "exaone4_swa": factory.exaone4(n_layer=64),  # the 32B's sliding window, its full layers without RoPE
         "glm4": factory.glm4(),  # sandwich norms, biased Q, K and V, one wide up projection
         "glm4moe": factory.glm4moe(),
         "glm_dsa": factory.glm_dsa(name="glm-dsa"),

@@ -200,6 +200,8 @@ REPLAY_SHAPES = (
     "smollm3",
     "phi3",
     "glm4",
+    "exaone4",
+    "exaone4_swa",
     "ernie45",
     "ernie45_moe",
     "qwen3",

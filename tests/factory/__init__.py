@@ -12,6 +12,7 @@ from llamafit.gguf.writer import TensorSpec
 from tests.factory.attention import (
     dense,
     ernie45_moe,
+    exaone4,
     gemma3,
     gemma3_4b,
     glm4,
@@ -65,6 +66,7 @@ __all__ = [
     "dspark_qwen3_4b",
     "eagle3",
     "ernie45_moe",
+    "exaone4",
     "gemma3",
     "gemma3_4b",
     "gemma3_siglip_896",

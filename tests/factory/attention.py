@@ -316,6 +316,34 @@ def glm4(
     return Shape(arch, kv, ts)
 
 
+def exaone4(*, n_layer: int = 30, n_embd: int = 256, n_head: int = 8, n_head_kv: int = 2, n_ff: int = 512) -> Shape:
+    """exaone4 (src/models/exaone4.cpp; EXAONE 4.0 1.2B and 32B): no norm before the attention or the FFN, their
+    outputs normed, per-head Q/K norms; 64 layers make the 32B's sliding window (three of four layers), whose
+    full-attention layers have no RoPE."""
+    arch, hd = "exaone4", n_embd // n_head
+    kv = _base_kv(arch, "exaone4", n_layer, n_embd, 32768, 512)
+    kv.update({
+        f"{arch}.feed_forward_length": n_ff,
+        f"{arch}.attention.head_count": n_head,
+        f"{arch}.attention.head_count_kv": n_head_kv,
+        f"{arch}.rope.dimension_count": hd,
+        f"{arch}.attention.sliding_window": 512,
+    })  # fmt: skip
+    ts = _io(n_embd, 512, "f16", False)
+    for i in range(n_layer):
+        ts += [
+            t for t in _attn(i, n_embd, n_head * hd, n_head_kv * hd, n_head * hd, "f16") if "attn_norm" not in t.name
+        ]
+        ts += [t for t in _ffn(i, n_embd, n_ff, "f16") if "ffn_norm" not in t.name]
+        ts += [
+            TensorSpec(f"blk.{i}.attn_q_norm.weight", (hd,)),
+            TensorSpec(f"blk.{i}.attn_k_norm.weight", (hd,)),
+            TensorSpec(f"blk.{i}.post_attention_norm.weight", (n_embd,)),
+            TensorSpec(f"blk.{i}.post_ffw_norm.weight", (n_embd,)),
+        ]
+    return Shape(arch, kv, ts)
+
+
 def glm4moe(
     *,
     name: str = "glm4moe",

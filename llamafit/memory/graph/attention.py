@@ -10,6 +10,8 @@ with M-RoPE and the deepstack slices added after the first layers), ``src/models
 (Llama's with biased Q, K and V), ``smollm3.cpp`` (Llama's with every fourth layer without RoPE), ``glm4.cpp``
 (GLM-4: biased Q, K and V, sandwich norms, one up projection split by its SwiGLU), ``ernie4-5.cpp`` and
 ``ernie4-5-moe.cpp`` (ERNIE 4.5: Llama's attention, dense lead layers, softmax routing beside a shared expert),
+``exaone4.cpp`` (EXAONE 4: only the attention's and the FFN's outputs normed, no RoPE on the full layers of the
+sliding-window model),
 ``src/models/phi3.cpp`` (Phi-3 and Phi-4: Q, K and V views of a fused product, one up projection split by its
 SwiGLU), ``src/models/minimax-m2.cpp`` (MiniMax-M2: Q and K normed over their whole width before the heads are
 split, sigmoid routing with a selection bias) and
@@ -28,6 +30,7 @@ are views. Quantized caches (their Hadamard rotation inputs) are not replayed.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
@@ -57,7 +60,7 @@ class TransformerShape(Recipe):
     qk_norm: bool = False  # RMS norms on Q and K before RoPE (Qwen3, Gemma 3, GLM-4.5)
     # the norms over Q's and K's whole width, before the heads are split (MiniMax-M2: minimax-m2.cpp:83-93)
     qk_norm_flat: bool = False
-    nope_step: int = 0  # every n-th layer without RoPE (SmolLM3's 4: llama-hparams.h:259, smollm3.cpp:69, 83-95)
+    no_rope: tuple[bool, ...] = ()  # the layers without RoPE (SmolLM3's every fourth, EXAONE 4's full layers)
     n_dense_lead: int = 0  # leading layers with a dense FFN (GLM-4.5)
     n_ff_shexp: int = 0  # the shared expert's FFN beside the routed ones (GLM-4.5)
     biases: tuple[str, ...] = ()  # the projections with a bias (gpt-oss: Q, K, V and output; Qwen2: Q, K, V)
@@ -218,7 +221,10 @@ class Builder(Attending):
         self.gemma = sh.arch in ("gemma2", "gemma3")
         self.phi3 = sh.arch == "phi3"  # a fused QKV, a sequential SwiGLU, the residual added first (phi3.cpp:166)
         self.fused_up = sh.arch in _FUSED_UP
-        self.sandwich = self.gemma or sh.arch == "glm4"  # the attention's and the FFN's outputs normed too
+        self.pre_norms = sh.arch != "exaone4"  # EXAONE 4 norms only the outputs (exaone4.cpp:113, 147-161)
+        self.post_norms = self.gemma or sh.arch in ("glm4", "exaone4")  # the attention's and the FFN's outputs normed
+        # the FFN's output norm is built as no layer's (il -1: gemma2.cpp:141-143, exaone4.cpp:161) but GLM-4's
+        self.pin_ffn_post = sh.arch == "glm4"
         self.iswa = any(sh.is_swa)  # two caches: Q, K, V expanded in that order (llama-graph.cpp:3222-3230)
         # build_inp_attn_scale: one value a token, 1 x 1 x n_tokens (llama-graph.cpp:2554-2567)
         self.attn_scale = Graph.input((1, 1, self.T)) if sh.attn_temp else None
@@ -235,16 +241,16 @@ class Builder(Attending):
         out_ids = Graph.input((max(1, min(self.r.n_outputs, T)),), I32)
         for il in range(sh.n_layer):
             with in_layer(il):
-                cur = self.attention(rms_norm(inp_l), il)
+                cur = self.attention(rms_norm(inp_l) if self.pre_norms else inp_l, il)
                 if il == sh.n_layer - 1 and not sh.rows_at_end:
                     cur = Graph.get_rows(cur, out_ids)
                     inp_l = Graph.get_rows(inp_l, out_ids)
-                if self.sandwich:
+                if self.post_norms:
                     cur = rms_norm(cur)
                 ffn_inp = Graph.like("add", cur, inp_l)
-                cur = self.ffn(rms_norm(ffn_inp), il)
-                if self.sandwich:
-                    cur = rms_norm(cur)
+                cur = self.ffn(rms_norm(ffn_inp) if self.pre_norms else ffn_inp, il)
+                if self.post_norms:
+                    cur = rms_norm(cur, pin=self.pin_ffn_post)
                 inp_l = Graph.like("add", ffn_inp, cur) if self.phi3 else Graph.like("add", cur, ffn_inp)
                 if il < sh.n_deepstack:  # the layer's slice of t_inp_embd, a view (qwen3vl.cpp deepstack_out)
                     inp_l = Graph.like("add", inp_l, Graph.view(rows, rows.ne, (rows.nb[1],)))
@@ -288,7 +294,7 @@ class Builder(Attending):
             v = proj("attn_v", hv * n_kv_h, (hv, n_kv_h, T))
         if sh.qk_norm:
             q, k = rms_norm(q), rms_norm(k)
-        if not sh.nope_step or (il + 1) % sh.nope_step:
+        if not (sh.no_rope and sh.no_rope[il]):
             q = Graph.like("rope", q, self.pos)
             k = Graph.like("rope", k, self.pos)
         if self.gemma or self.phi3:
@@ -322,27 +328,28 @@ def hadamard(x: Tensor, rot: Tensor) -> Tensor:
     return Graph.reshape(Graph.mul_mat(rot, Graph.reshape(x, (n, total // n))), x.ne)
 
 
-# arch -> the sliding-window type its builder knows
-TRANSFORMER = {
-    "llama": "none",
-    "qwen2": "none",
-    "qwen2vl": "none",
-    "mistral3": "none",
-    "phi3": "none",
-    "qwen3": "none",
-    "qwen3moe": "none",
-    "qwen3vl": "none",
-    "qwen3vlmoe": "none",
-    "glm4moe": "none",
-    "minimax-m2": "none",
-    "glm4": "none",
-    "ernie4_5": "none",
-    "ernie4_5-moe": "none",
-    "seed_oss": "none",
-    "smollm3": "none",
-    "gemma2": "standard",
-    "gemma3": "standard",
-    "gpt-oss": "standard",
+# arch -> the sliding-window types its builder knows
+TRANSFORMER: dict[str, tuple[str, ...]] = {
+    "llama": ("none",),
+    "qwen2": ("none",),
+    "qwen2vl": ("none",),
+    "mistral3": ("none",),
+    "phi3": ("none",),
+    "qwen3": ("none",),
+    "qwen3moe": ("none",),
+    "qwen3vl": ("none",),
+    "qwen3vlmoe": ("none",),
+    "glm4moe": ("none",),
+    "minimax-m2": ("none",),
+    "glm4": ("none",),
+    "ernie4_5": ("none",),
+    "ernie4_5-moe": ("none",),
+    "exaone4": ("none", "standard"),  # the 32B's sliding window (exaone4.cpp:3-9)
+    "seed_oss": ("none",),
+    "smollm3": ("none",),
+    "gemma2": ("standard",),
+    "gemma3": ("standard",),
+    "gpt-oss": ("standard",),
 }
 _FUSED_UP = ("phi3", "glm4")  # one up projection twice the FFN's width, no gate (phi3.cpp:46-52, glm4.cpp:46-48)
 # their FFN is routed experts (Llama's may be)
@@ -357,7 +364,7 @@ def transformer_shape(model: ModelInfo) -> TransformerShape | None:
     """The shape of a plain transformer (an architecture of ``TRANSFORMER``) read from its tensors and header; None
     where the file has what its builder does not make (fused QKV outside Phi-3, biases in some layers only, ...)."""
     hp = model.hparams
-    if TRANSFORMER.get(hp.arch) != hp.swa_type or hp.n_layer_kv_from_start >= 0:
+    if hp.swa_type not in TRANSFORMER.get(hp.arch, ()) or hp.n_layer_kv_from_start >= 0:
         return None
     if hp.n_nextn and hp.arch != "glm4moe":
         return None  # glm4-moe.cpp leaves its NextN blocks to the MTP graph; other trunks are not known here
@@ -433,5 +440,16 @@ def transformer_shape(model: ModelInfo) -> TransformerShape | None:
         rows_at_end=hp.arch == "gpt-oss",
         attn_temp=hp.arch == "mistral3" and bool(model.kv.get("mistral3.attention.temperature_scale")),
         n_deepstack=deepstack,
-        nope_step=4 if hp.arch == "smollm3" else 0,  # set by the loader, read from no key (smollm3.cpp:5)
+        no_rope=_no_rope(hp.arch, hp.is_swa[: hp.n_layer]),
     )
+
+
+def _no_rope(arch: str, is_swa: Sequence[bool]) -> tuple[bool, ...]:
+    """The layers built without RoPE: SmolLM3's every fourth (n_no_rope_layer_step, set by the loader and read from
+    no key: llama-hparams.h:259, smollm3.cpp:5, 69, 83-95), EXAONE 4's full-attention layers where it has sliding
+    ones (exaone4.cpp:111)."""
+    if arch == "smollm3":
+        return tuple((il + 1) % 4 == 0 for il in range(len(is_swa)))
+    if arch == "exaone4" and any(is_swa):
+        return tuple(not s for s in is_swa)
+    return ()

@@ -16,10 +16,11 @@ from llamafit.memory.graph.galloc import I32, I64, Graph, Tensor, pin_norm
 from llamafit.memory.graph.sampling import Samplers, backend_samplers
 
 
-def rms_norm(x: Tensor, name: str = "") -> Tensor:
-    """build_norm(x, w, NULL, LLM_NORM_RMS): the norm (a layer's is pinned where llama.cpp pins it), then
-    the weight (in place)."""
-    return Graph.like("mul", pin_norm(Graph.like("rms_norm", x)), Graph.weight((x.ne[0],), name))
+def rms_norm(x: Tensor, name: str = "", pin: bool = True) -> Tensor:
+    """build_norm(x, w, NULL, LLM_NORM_RMS): the norm (a layer's is pinned where llama.cpp pins it; ``pin`` False:
+    a norm built as no layer's, ``il`` -1), then the weight (in place)."""
+    norm = Graph.like("rms_norm", x)
+    return Graph.like("mul", pin_norm(norm) if pin else norm, Graph.weight((x.ne[0],), name))
 
 
 def input_embeddings(
