@@ -99,6 +99,8 @@ def shapes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "ernie45_moe": factory.ernie45_moe(),
         "exaone4": factory.exaone4(),  # no pre-norms, the outputs normed
         "exaone4_swa": factory.exaone4(n_layer=64),  # the 32B's sliding window, its full layers without RoPE
+        "olmo2": factory.exaone4(arch="olmo2", n_layer=4, n_swa=0),  # the outputs normed, flat Q/K norms
+        "olmo3": factory.exaone4(arch="olmo2", n_layer=8),  # and a sliding window
         "glm4": factory.glm4(),  # sandwich norms, biased Q, K and V, one wide up projection
         "glm4moe": factory.glm4moe(),
         "glm_dsa": factory.glm_dsa(name="glm-dsa"),

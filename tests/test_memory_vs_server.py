@@ -202,6 +202,8 @@ REPLAY_SHAPES = (
     "glm4",
     "exaone4",
     "exaone4_swa",
+    "olmo2",
+    "olmo3",
     "ernie45",
     "ernie45_moe",
     "qwen3",

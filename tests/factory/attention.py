@@ -316,28 +316,36 @@ def glm4(
     return Shape(arch, kv, ts)
 
 
-def exaone4(*, n_layer: int = 30, n_embd: int = 256, n_head: int = 8, n_head_kv: int = 2, n_ff: int = 512) -> Shape:
+def exaone4(
+    *,
+    arch: str = "exaone4",
+    n_layer: int = 30,
+    n_embd: int = 256,
+    n_head: int = 8,
+    n_head_kv: int = 2,
+    n_swa: int = 512,
+) -> Shape:
     """exaone4 (src/models/exaone4.cpp; EXAONE 4.0 1.2B and 32B): no norm before the attention or the FFN, their
     outputs normed, per-head Q/K norms; 64 layers make the 32B's sliding window (three of four layers), whose
-    full-attention layers have no RoPE."""
-    arch, hd = "exaone4", n_embd // n_head
-    kv = _base_kv(arch, "exaone4", n_layer, n_embd, 32768, 512)
+    full-attention layers have no RoPE. ``arch`` "olmo2" (olmo2.cpp: OLMo 2, and OLMo 3 with ``n_swa``): the same
+    norms, Q and K normed over their whole width."""
+    hd, olmo = n_embd // n_head, arch == "olmo2"
+    kv = _base_kv(arch, arch, n_layer, n_embd, 32768, 512)
     kv.update({
-        f"{arch}.feed_forward_length": n_ff,
+        f"{arch}.feed_forward_length": 512,
         f"{arch}.attention.head_count": n_head,
         f"{arch}.attention.head_count_kv": n_head_kv,
         f"{arch}.rope.dimension_count": hd,
-        f"{arch}.attention.sliding_window": 512,
     })  # fmt: skip
+    if n_swa:
+        kv[f"{arch}.attention.sliding_window"] = n_swa
     ts = _io(n_embd, 512, "f16", False)
     for i in range(n_layer):
+        ts += [t for t in _attn(i, n_embd, n_head * hd, n_head_kv * hd, n_head * hd, "f16") if "_norm" not in t.name]
+        ts += [t for t in _ffn(i, n_embd, 512, "f16") if "_norm" not in t.name]
         ts += [
-            t for t in _attn(i, n_embd, n_head * hd, n_head_kv * hd, n_head * hd, "f16") if "attn_norm" not in t.name
-        ]
-        ts += [t for t in _ffn(i, n_embd, n_ff, "f16") if "ffn_norm" not in t.name]
-        ts += [
-            TensorSpec(f"blk.{i}.attn_q_norm.weight", (hd,)),
-            TensorSpec(f"blk.{i}.attn_k_norm.weight", (hd,)),
+            TensorSpec(f"blk.{i}.attn_q_norm.weight", (n_head * hd if olmo else hd,)),
+            TensorSpec(f"blk.{i}.attn_k_norm.weight", (n_head_kv * hd if olmo else hd,)),
             TensorSpec(f"blk.{i}.post_attention_norm.weight", (n_embd,)),
             TensorSpec(f"blk.{i}.post_ffw_norm.weight", (n_embd,)),
         ]

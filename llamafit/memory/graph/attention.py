@@ -11,7 +11,7 @@ with M-RoPE and the deepstack slices added after the first layers), ``src/models
 (GLM-4: biased Q, K and V, sandwich norms, one up projection split by its SwiGLU), ``ernie4-5.cpp`` and
 ``ernie4-5-moe.cpp`` (ERNIE 4.5: Llama's attention, dense lead layers, softmax routing beside a shared expert),
 ``exaone4.cpp`` (EXAONE 4: only the attention's and the FFN's outputs normed, no RoPE on the full layers of the
-sliding-window model),
+sliding-window model), ``olmo2.cpp`` (OLMo 2 and 3: EXAONE 4's norms, Q and K normed over their whole width),
 ``src/models/phi3.cpp`` (Phi-3 and Phi-4: Q, K and V views of a fused product, one up projection split by its
 SwiGLU), ``src/models/minimax-m2.cpp`` (MiniMax-M2: Q and K normed over their whole width before the heads are
 split, sigmoid routing with a selection bias) and
@@ -221,9 +221,11 @@ class Builder(Attending):
         self.gemma = sh.arch in ("gemma2", "gemma3")
         self.phi3 = sh.arch == "phi3"  # a fused QKV, a sequential SwiGLU, the residual added first (phi3.cpp:166)
         self.fused_up = sh.arch in _FUSED_UP
-        self.pre_norms = sh.arch != "exaone4"  # EXAONE 4 norms only the outputs (exaone4.cpp:113, 147-161)
-        self.post_norms = self.gemma or sh.arch in ("glm4", "exaone4")  # the attention's and the FFN's outputs normed
-        # the FFN's output norm is built as no layer's (il -1: gemma2.cpp:141-143, exaone4.cpp:161) but GLM-4's
+        # EXAONE 4 and OLMo 2 norm only the outputs (exaone4.cpp:113, 147-161; olmo2.cpp:90, 157-176)
+        self.pre_norms = sh.arch not in _OUTPUT_NORMS
+        self.post_norms = self.gemma or sh.arch in ("glm4", *_OUTPUT_NORMS)  # the attention's and FFN's outputs normed
+        # the FFN's output norm is built as no layer's (il -1: gemma2.cpp:141-143, exaone4.cpp:161,
+        # olmo2.cpp:174-176) but GLM-4's
         self.pin_ffn_post = sh.arch == "glm4"
         self.iswa = any(sh.is_swa)  # two caches: Q, K, V expanded in that order (llama-graph.cpp:3222-3230)
         # build_inp_attn_scale: one value a token, 1 x 1 x n_tokens (llama-graph.cpp:2554-2567)
@@ -345,12 +347,14 @@ TRANSFORMER: dict[str, tuple[str, ...]] = {
     "ernie4_5": ("none",),
     "ernie4_5-moe": ("none",),
     "exaone4": ("none", "standard"),  # the 32B's sliding window (exaone4.cpp:3-9)
+    "olmo2": ("none", "standard"),  # OLMo 3's sliding window (olmo2.cpp:6-16)
     "seed_oss": ("none",),
     "smollm3": ("none",),
     "gemma2": ("standard",),
     "gemma3": ("standard",),
     "gpt-oss": ("standard",),
 }
+_OUTPUT_NORMS = ("exaone4", "olmo2")  # no norm before the attention or the FFN, their outputs normed
 _FUSED_UP = ("phi3", "glm4")  # one up projection twice the FFN's width, no gate (phi3.cpp:46-52, glm4.cpp:46-48)
 # their FFN is routed experts (Llama's may be)
 _ROUTED = ("qwen3moe", "qwen3vlmoe", "glm4moe", "gpt-oss", "minimax-m2", "ernie4_5-moe")
