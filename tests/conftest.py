@@ -101,6 +101,10 @@ def shapes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "exaone4_swa": factory.exaone4(n_layer=64),  # the 32B's sliding window, its full layers without RoPE
         "olmo2": factory.exaone4(arch="olmo2", n_layer=4, n_swa=0),  # the outputs normed, flat Q/K norms
         "olmo3": factory.exaone4(arch="olmo2", n_layer=8),  # and a sliding window
+        "granite": factory.granite(),  # the embedding, residual and logit scales
+        "granite_nope": factory.granite(rope=False),
+        # softmax-routed experts and a shared expert beside them
+        "granitemoe": factory.granite(arch="granitemoe", n_ff=128, n_expert=8, n_ff_shexp=256),
         "glm4": factory.glm4(),  # sandwich norms, biased Q, K and V, one wide up projection
         "glm4moe": factory.glm4moe(),
         "glm_dsa": factory.glm_dsa(name="glm-dsa"),

@@ -32,7 +32,7 @@ REPLAYED = [
         *("dense", "qwen2", "qwen3", "gemma3", "gemma4", "gemma4_31b", "moe", "mla", "dsa", "glm_dsa", "hybrid"),
         *("hybrid_moe", "next", "glm4moe", "gemma4_moe", "gemma3n", "gemma2", "minimax_m2"),
         *("seed_oss", "smollm3", "glm4", "ernie45", "ernie45_moe", "exaone4", "exaone4_swa"),
-        *("olmo2", "olmo3"),
+        *("olmo2", "olmo3", "granite", "granite_nope", "granitemoe"),
     )
     for args in (
         ["-c", "4096"],
@@ -46,8 +46,8 @@ REPLAYED = [
 
 @pytest.mark.parametrize(("shape", "args"), REPLAYED, ids=[f"{s}:{' '.join(a)}" for s, a in REPLAYED])
 def test_the_replayed_graphs(shapes: dict[str, Path], shape: str, args: list[str]) -> None:
-    """Llama, Seed-OSS, SmolLM3, GLM-4, ERNIE 4.5 (dense and MoE), EXAONE 4, OLMo 2 and 3, Qwen3, Gemma 3 and 4,
-    Qwen3-MoE, MiniMax-M2, MLA and its DSA variants, the Qwen3.5 hybrids, Qwen3-Next, GLM-4.5."""
+    """Every builder: the plain transformers (``attention.TRANSFORMER``'s families), Gemma 3n and 4, MLA and its
+    DSA variants, the Qwen3.5 hybrids, Qwen3-Next."""
     model, cp, fa = _context(shapes[shape], args)
     assert graph_bytes(model, cp, cp.n_outputs_max, fa) is not None
     assert recurrent_bytes(model, cp, cp.n_outputs_max) is None

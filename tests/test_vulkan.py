@@ -64,6 +64,9 @@ def shapes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "ernie45_moe": factory.ernie45_moe().write(d / "ernie45-moe.gguf"),  # a dense lead layer, a shared expert
         "exaone4_swa": factory.exaone4(n_layer=64).write(d / "exaone4-swa.gguf"),  # no pre-norms, NoPE full layers
         "olmo3": factory.exaone4(arch="olmo2", n_layer=8).write(d / "olmo3.gguf"),  # flat Q/K norms, sliding window
+        "granitemoe": factory.granite(arch="granitemoe", n_ff=128, n_expert=8, n_ff_shexp=256).write(
+            d / "granitemoe.gguf"
+        ),  # Granite's scales, experts and a shared expert
         "smollm3": factory.dense(arch="smollm3", name="smollm3", n_layer=8).write(d / "smollm3.gguf"),  # NoPE layers
         "minimax_m2": factory.moe(arch="minimax-m2", name="minimax-m2").write(d / "minimax-m2.gguf"),  # flat Q/K norms
         "hybrid": factory.qwen35().write(d / "hybrid.gguf"),  # recurrent + attention
@@ -203,7 +206,8 @@ def test_a_tensor_split_over_two_vulkan_devices_is_the_meta_devices(
                                              ("glm4", []), ("glm4", ["-ngl", "3", "-fa", "off"]),
                                              ("ernie45_moe", ["-ncmoe", "2"]), ("ernie45_moe", ["-ngl", "3"]),
                                              ("exaone4_swa", []), ("exaone4_swa", ["-ngl", "40", "-fa", "off"]),
-                                             ("olmo3", ["-ngl", "5"]),
+                                             ("olmo3", ["-ngl", "5"]), ("granitemoe", ["-ncmoe", "2"]),
+                                             ("granitemoe", ["-ngl", "3", "-fa", "off"]),
                                              ("minimax_m2", ["-ngl", "3", "-fa", "off"]),
                                              ("gemma3n", ["-ngl", "12", "-fa", "off"]),
                                              ("hybrid", []), ("hybrid", ["-ngl", "5"]),

@@ -352,6 +352,57 @@ def exaone4(
     return Shape(arch, kv, ts)
 
 
+def granite(
+    *,
+    arch: str = "granite",
+    n_layer: int = 4,
+    n_embd: int = 256,
+    n_head: int = 8,
+    n_head_kv: int = 2,
+    n_ff: int = 512,
+    n_expert: int = 0,
+    n_expert_used: int = 2,
+    n_ff_shexp: int = 0,
+    rope: bool = True,
+) -> Shape:
+    """granite (src/models/granite.cpp: Granite 3.x dense) and, with ``n_expert`` and ``arch`` "granitemoe"
+    (granite-moe.cpp: Granite 3.x MoE, with a shared expert of ``n_ff_shexp``), softmax-routed experts of ``n_ff``:
+    Llama's layers with Granite's embedding, residual, attention and logit scales; RoPE unless ``rope`` is False
+    (``rope.scaling.finetuned``, granite.cpp:33-36)."""
+    hd = n_embd // n_head
+    kv = _base_kv(arch, arch, n_layer, n_embd, 32768, 512)
+    kv.update({
+        f"{arch}.feed_forward_length": n_ff,
+        f"{arch}.attention.head_count": n_head,
+        f"{arch}.attention.head_count_kv": n_head_kv,
+        f"{arch}.rope.dimension_count": hd,
+        f"{arch}.embedding_scale": 12.0,
+        f"{arch}.residual_scale": 0.22,
+        f"{arch}.logit_scale": 6.0,
+        f"{arch}.attention.scale": 0.0078125,
+    })  # fmt: skip
+    if not rope:
+        kv[f"{arch}.rope.scaling.finetuned"] = False
+    if n_expert:
+        kv.update({f"{arch}.expert_count": n_expert, f"{arch}.expert_used_count": n_expert_used})
+    if n_ff_shexp:
+        kv[f"{arch}.expert_shared_feed_forward_length"] = n_ff_shexp
+    ts = _io(n_embd, 512, "f16", False)
+    for i in range(n_layer):
+        ts += _attn(i, n_embd, n_head * hd, n_head_kv * hd, n_head * hd, "f16")
+        if not n_expert:
+            ts += _ffn(i, n_embd, n_ff, "f16")
+            continue
+        ts += [
+            TensorSpec(f"blk.{i}.ffn_norm.weight", (n_embd,)),
+            TensorSpec(f"blk.{i}.ffn_gate_inp.weight", (n_embd, n_expert), "f32"),
+        ]
+        ts += _gate_down_up(i, "ffn_{}_exps", n_embd, n_ff, "f16", n_expert)
+        if n_ff_shexp:
+            ts += _gate_down_up(i, "ffn_{}_shexp", n_embd, n_ff_shexp, "f16")
+    return Shape(arch, kv, ts)
+
+
 def glm4moe(
     *,
     name: str = "glm4moe",

@@ -12,6 +12,7 @@ with M-RoPE and the deepstack slices added after the first layers), ``src/models
 ``ernie4-5-moe.cpp`` (ERNIE 4.5: Llama's attention, dense lead layers, softmax routing beside a shared expert),
 ``exaone4.cpp`` (EXAONE 4: only the attention's and the FFN's outputs normed, no RoPE on the full layers of the
 sliding-window model), ``olmo2.cpp`` (OLMo 2 and 3: EXAONE 4's norms, Q and K normed over their whole width),
+``granite.cpp`` (Granite 3, dense and MoE: the embedding, residual and logit scales),
 ``src/models/phi3.cpp`` (Phi-3 and Phi-4: Q, K and V views of a fused product, one up projection split by its
 SwiGLU), ``src/models/minimax-m2.cpp`` (MiniMax-M2: Q and K normed over their whole width before the heads are
 split, sigmoid routing with a selection bias) and
@@ -61,6 +62,7 @@ class TransformerShape(Recipe):
     # the norms over Q's and K's whole width, before the heads are split (MiniMax-M2: minimax-m2.cpp:83-93)
     qk_norm_flat: bool = False
     no_rope: tuple[bool, ...] = ()  # the layers without RoPE (SmolLM3's every fourth, EXAONE 4's full layers)
+    scales: tuple[bool, bool, bool] = (False, False, False)  # Granite's embedding, residual and logit scales
     n_dense_lead: int = 0  # leading layers with a dense FFN (GLM-4.5)
     n_ff_shexp: int = 0  # the shared expert's FFN beside the routed ones (GLM-4.5)
     biases: tuple[str, ...] = ()  # the projections with a bias (gpt-oss: Q, K, V and output; Qwen2: Q, K, V)
@@ -236,7 +238,11 @@ class Builder(Attending):
         n_inp = sh.n_embd * (1 + sh.n_deepstack)  # n_embd_inp (llama-hparams.cpp:118-130)
         rows = input_embeddings(g, sh.n_embd, sh.n_vocab, T, mixed=self.r.mixed_batch, n_embd_inp=n_inp)
         inp_l = rows
-        if sh.arch == "gemma2":  # the rows scaled by a node of its own after build_inp_embd (gemma2.cpp:66-69)
+        emb_scale, res_scale, logit_scale = sh.scales
+        if emb_scale:  # build_inp_embd scales the selected rows (llama-graph.cpp:2508-2514)
+            inp_l = Graph.like("scale", rows)
+            g.expand(inp_l)
+        elif sh.arch == "gemma2":  # the rows scaled by a node of its own after build_inp_embd (gemma2.cpp:66-69)
             inp_l = Graph.like("scale", rows)
         elif self.gemma:
             inp_l = self.scaled_rows(rows)
@@ -249,17 +255,21 @@ class Builder(Attending):
                     inp_l = Graph.get_rows(inp_l, out_ids)
                 if self.post_norms:
                     cur = rms_norm(cur)
-                ffn_inp = Graph.like("add", cur, inp_l)
+                # Granite's residual branches scaled before each is added (granite.cpp:250-251, 310-311)
+                ffn_inp = Graph.like("add", Graph.like("scale", cur) if res_scale else cur, inp_l)
                 cur = self.ffn(rms_norm(ffn_inp) if self.pre_norms else ffn_inp, il)
                 if self.post_norms:
                     cur = rms_norm(cur, pin=self.pin_ffn_post)
+                if res_scale:
+                    cur = Graph.like("scale", cur)
                 inp_l = Graph.like("add", ffn_inp, cur) if self.phi3 else Graph.like("add", cur, ffn_inp)
                 if il < sh.n_deepstack:  # the layer's slice of t_inp_embd, a view (qwen3vl.cpp deepstack_out)
                     inp_l = Graph.like("add", inp_l, Graph.view(rows, rows.ne, (rows.nb[1],)))
         if sh.rows_at_end:  # openai-moe.cpp:148-152: t_h_nextn, every token's, then the rows
             inp_l.is_output = True
             inp_l = Graph.get_rows(inp_l, out_ids)
-        logits = "softcapped" if sh.arch == "gemma2" else "plain"  # gemma2.cpp:166-169, where Gemma 3 has none
+        # gemma2.cpp:166-169, where Gemma 3 has none; Granite's scaled (granite.cpp:198)
+        logits = "softcapped" if sh.arch == "gemma2" else "scaled" if logit_scale else "plain"
         output_head(g, inp_l, sh.n_vocab, self.r.pooling, max(1, self.r.n_seqs), self.r.samplers, logits=logits)
         return g
 
@@ -348,6 +358,8 @@ TRANSFORMER: dict[str, tuple[str, ...]] = {
     "ernie4_5-moe": ("none",),
     "exaone4": ("none", "standard"),  # the 32B's sliding window (exaone4.cpp:3-9)
     "olmo2": ("none", "standard"),  # OLMo 3's sliding window (olmo2.cpp:6-16)
+    "granite": ("none",),
+    "granitemoe": ("none",),
     "seed_oss": ("none",),
     "smollm3": ("none",),
     "gemma2": ("standard",),
@@ -357,8 +369,10 @@ TRANSFORMER: dict[str, tuple[str, ...]] = {
 _OUTPUT_NORMS = ("exaone4", "olmo2")  # no norm before the attention or the FFN, their outputs normed
 _FUSED_UP = ("phi3", "glm4")  # one up projection twice the FFN's width, no gate (phi3.cpp:46-52, glm4.cpp:46-48)
 # their FFN is routed experts (Llama's may be)
-_ROUTED = ("qwen3moe", "qwen3vlmoe", "glm4moe", "gpt-oss", "minimax-m2", "ernie4_5-moe")
+_ROUTED = ("qwen3moe", "qwen3vlmoe", "glm4moe", "gpt-oss", "minimax-m2", "ernie4_5-moe", "granitemoe")
 _DENSE_LEAD = ("glm4moe", "ernie4_5-moe")  # dense leading layers, then experts with a shared expert beside them
+_SHARED_EXPERT = (*_DENSE_LEAD, "granitemoe")  # a shared expert added beside the routed ones where the file has one
+_GRANITE = ("granite", "granitemoe")  # Granite's scales (granite.cpp)
 _PROJECTIONS = ("attn_q", "attn_k", "attn_v", "attn_output")
 _GPT_OSS_LAYER = ("attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias", "attn_sinks.weight")
 _GPT_OSS_EXPERTS = ("ffn_gate_inp.bias", "ffn_up_exps.bias", "ffn_gate_exps.bias", "ffn_down_exps.bias")
@@ -407,6 +421,8 @@ def transformer_shape(model: ModelInfo) -> TransformerShape | None:
             return None  # fused QKV or a non-gated FFN: other nodes
     if hp.arch in ("gemma2", "gemma3") and (hp.head_k_swa != hp.head_k or hp.head_v_swa != hp.head_v):
         return None
+    if hp.arch in _GRANITE and f"{hp.arch}.deepstack_mapping" in model.kv:
+        return None  # Granite Vision's deepstack streams (granite.cpp:12-31, 152-160)
     deepstack = int(model.number("n_deepstack_layers")) if hp.arch in ("qwen3vl", "qwen3vlmoe") else 0
     if not 0 <= deepstack <= hp.n_layer:
         return None  # more deepstack slices than layers: not a header llama.cpp's graph reads
@@ -438,22 +454,35 @@ def transformer_shape(model: ModelInfo) -> TransformerShape | None:
         qk_norm=qk_norm and not flat,
         qk_norm_flat=qk_norm and flat,
         n_dense_lead=lead,
-        n_ff_shexp=shexp[1] if shexp is not None and hp.arch in _DENSE_LEAD else 0,
+        n_ff_shexp=shexp[1] if shexp is not None and hp.arch in _SHARED_EXPERT else 0,
         biases=biases,
         sinks=hp.arch == "gpt-oss",
         rows_at_end=hp.arch == "gpt-oss",
         attn_temp=hp.arch == "mistral3" and bool(model.kv.get("mistral3.attention.temperature_scale")),
         n_deepstack=deepstack,
-        no_rope=_no_rope(hp.arch, hp.is_swa[: hp.n_layer]),
+        no_rope=_no_rope(model, hp.is_swa[: hp.n_layer]),
+        scales=_granite_scales(model),
     )
 
 
-def _no_rope(arch: str, is_swa: Sequence[bool]) -> tuple[bool, ...]:
+def _no_rope(model: ModelInfo, is_swa: Sequence[bool]) -> tuple[bool, ...]:
     """The layers built without RoPE: SmolLM3's every fourth (n_no_rope_layer_step, set by the loader and read from
     no key: llama-hparams.h:259, smollm3.cpp:5, 69, 83-95), EXAONE 4's full-attention layers where it has sliding
-    ones (exaone4.cpp:111)."""
+    ones (exaone4.cpp:111), every layer of a Granite whose ``rope.scaling.finetuned`` is false (granite.cpp:33-37,
+    its has_rope)."""
+    arch = model.hparams.arch
     if arch == "smollm3":
         return tuple((il + 1) % 4 == 0 for il in range(len(is_swa)))
     if arch == "exaone4" and any(is_swa):
         return tuple(not s for s in is_swa)
+    if arch == "granite" and model.kv.get(f"{arch}.rope.scaling.finetuned", True) is False:
+        return (True,) * len(is_swa)
     return ()
+
+
+def _granite_scales(model: ModelInfo) -> tuple[bool, bool, bool]:
+    """Granite's embedding and residual scales where the file sets them, its logits always scaled (the key is
+    required: granite.cpp:7-9, 198)."""
+    if model.hparams.arch not in _GRANITE:
+        return (False, False, False)
+    return (model.number("embedding_scale") != 0.0, model.number("residual_scale") != 0.0, True)
