@@ -46,7 +46,7 @@ REPLAYED = [
 
 @pytest.mark.parametrize(("shape", "args"), REPLAYED, ids=[f"{s}:{' '.join(a)}" for s, a in REPLAYED])
 def test_the_replayed_graphs(shapes: dict[str, Path], shape: str, args: list[str]) -> None:
-    """Every builder: the plain transformers (``attention.TRANSFORMER``'s families), Gemma 3n and 4, MLA and its
+    """Every builder: the plain transformers (``transformers.TRANSFORMER``'s families), Gemma 3n and 4, MLA and its
     DSA variants, the Qwen3.5 hybrids, Qwen3-Next."""
     model, cp, fa = _context(shapes[shape], args)
     assert graph_bytes(model, cp, cp.n_outputs_max, fa) is not None
@@ -105,8 +105,8 @@ def test_every_architecture_the_registry_names_is_one_llama_cpp_knows() -> None:
     """One registry from architecture to the reader of its shape: a name llama.cpp does not use would never be
     read (its models fall to the plain transformer's reader, which reads none of them)."""
     from llamafit.gguf.archs import ARCHS
-    from llamafit.memory.graph.attention import TRANSFORMER
     from llamafit.memory.graph.shapes import DRAFT_READERS, READERS
+    from llamafit.memory.graph.transformers import TRANSFORMER
 
     named = {*READERS, *DRAFT_READERS, *TRANSFORMER}
     assert named <= ARCHS, sorted(named - ARCHS)

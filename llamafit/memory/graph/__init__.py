@@ -10,7 +10,8 @@ Modules:
 * ``shapes``: the shape each builder takes, read from a model;
 * ``routing``: how a MoE layer routes its tokens, as each builder passes it;
 * ``trunk``: what llama.cpp's text graphs share: their start and end, feed-forward blocks, recurrent states;
-* ``attention``: a transformer with a KV cache, and its shape read from a model;
+* ``attention``: a transformer with a KV cache;
+* ``transformers``: the plain transformer families ``attention`` builds, each read from a model;
 * ``gemma4``: Gemma 4 (per-layer inputs, layers reading an earlier layer's cache) and its assistant;
 * ``gemma3n``: Gemma 3n (AltUp's streams, LAuReL, per-layer inputs);
 * ``mla``: DeepSeek-V2/V3-style MLA;

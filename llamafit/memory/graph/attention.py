@@ -1,24 +1,10 @@
 """The reserve graph of a transformer with a KV cache, node by node, for ``llamafit.memory.graph.galloc``.
 
-Mirrors ``src/models/llama.cpp:99-247`` (Llama, dense or with experts), ``src/models/qwen2.cpp`` and
-``qwen2vl.cpp`` (Llama's graph with biased Q, K and V: build_qkv adds each bias the file has; M-RoPE),
-``src/models/qwen3.cpp`` and ``qwen3moe.cpp`` (Q/K norms before RoPE; ``qwen3vl.cpp`` and ``qwen3vlmoe.cpp``
-with M-RoPE and the deepstack slices added after the first layers), ``src/models/gemma3.cpp:81-217``
-(Gemma 3: the scaled embedding rows, Q/K norms, the scaled Q, the sandwich norms, sliding-window layers),
-``src/models/gemma2.cpp`` (Gemma 2: the same without Q/K norms, its scores and logits soft-capped),
-``src/models/mistral3.cpp`` (Llama's with the attention temperature of Llama 4's scaling), ``seed-oss.cpp``
-(Llama's with biased Q, K and V), ``smollm3.cpp`` (Llama's with every fourth layer without RoPE), ``glm4.cpp``
-(GLM-4: biased Q, K and V, sandwich norms, one up projection split by its SwiGLU), ``ernie4-5.cpp`` and
-``ernie4-5-moe.cpp`` (ERNIE 4.5: Llama's attention, dense lead layers, softmax routing beside a shared expert),
-``exaone4.cpp`` (EXAONE 4: only the attention's and the FFN's outputs normed, no RoPE on the full layers of the
-sliding-window model), ``olmo2.cpp`` (OLMo 2 and 3: EXAONE 4's norms, Q and K normed over their whole width),
-``granite.cpp`` (Granite 3, dense and MoE: the embedding, residual and logit scales),
-``src/models/phi3.cpp`` (Phi-3 and Phi-4: Q, K and V views of a fused product, one up projection split by its
-SwiGLU), ``src/models/minimax-m2.cpp`` (MiniMax-M2: Q and K normed over their whole width before the heads are
-split, sigmoid routing with a selection bias) and
-``src/models/openai-moe.cpp:59-168`` (gpt-oss: biased projections, attention sinks, every other layer on the
-sliding-window cache, biased experts weighted by a softmax of the selected, the output rows after the last
-layer, whose output stays), over
+One builder for every family ``llamafit.memory.graph.transformers`` reads (Llama's graph, ``src/models/llama.cpp``,
+and each family's differences as a field of ``TransformerShape``: biased projections, Q/K norms per head or over
+the whole width, fused QKV views, sandwich or output-only norms, one up projection split by its SwiGLU, layers
+without RoPE, sliding-window layers, soft-capped scores and logits, attention sinks, Llama 4's attention
+temperature, M-RoPE and deepstack slices, Granite's scales, routed experts with a shared expert beside them), over
 ``src/llama-graph.cpp``: build_inp_embd (2413-2533), build_attn for one cache (2943-3054: Q, V, K
 expanded in that order) or two (3190-3283: Q, K, V), build_attn_mha (2691-2830), build_ffn (1799-1930),
 build_moe_ffn (``graph_trunk``) and the caches' views and stores (``src/llama-kv-cache.cpp:1296-1465``;
@@ -31,17 +17,16 @@ are views. Quantized caches (their Hadamard rotation inputs) are not replayed.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
-from llamafit.gguf.model import ModelInfo
 from llamafit.memory.graph.galloc import F32, I32, I64, Graph, Tensor, in_layer, of_layer
 from llamafit.memory.graph.recipe import Recipe, Reserve
-from llamafit.memory.graph.routing import read_experts
 from llamafit.memory.graph.trunk import Experts, gated_ffn, input_embeddings, output_head, rms_norm, routed_and_shared
 
 MROPE_SECTIONS = 4  # M-RoPE (and qwen35's IMROPE): four positions per token (llama-hparams.cpp:285-288)
+OUTPUT_NORMS = ("exaone4", "olmo2")  # no norm before the attention or the FFN, their outputs normed
+FUSED_UP = ("phi3", "glm4")  # one up projection twice the FFN's width, no gate (phi3.cpp:46-52, glm4.cpp:46-48)
 
 
 @dataclass(frozen=True)
@@ -222,10 +207,10 @@ class Builder(Attending):
         self.sh = sh
         self.gemma = sh.arch in ("gemma2", "gemma3")
         self.phi3 = sh.arch == "phi3"  # a fused QKV, a sequential SwiGLU, the residual added first (phi3.cpp:166)
-        self.fused_up = sh.arch in _FUSED_UP
+        self.fused_up = sh.arch in FUSED_UP
         # EXAONE 4 and OLMo 2 norm only the outputs (exaone4.cpp:113, 147-161; olmo2.cpp:90, 157-176)
-        self.pre_norms = sh.arch not in _OUTPUT_NORMS
-        self.post_norms = self.gemma or sh.arch in ("glm4", *_OUTPUT_NORMS)  # the attention's and FFN's outputs normed
+        self.pre_norms = sh.arch not in OUTPUT_NORMS
+        self.post_norms = self.gemma or sh.arch in ("glm4", *OUTPUT_NORMS)  # the attention's and FFN's outputs normed
         # the FFN's output norm is built as no layer's (il -1: gemma2.cpp:141-143, exaone4.cpp:161,
         # olmo2.cpp:174-176) but GLM-4's
         self.pin_ffn_post = sh.arch == "glm4"
@@ -338,151 +323,3 @@ def hadamard(x: Tensor, rot: Tensor) -> Tensor:
     n = rot.ne[0]
     total = x.ne[0] * x.ne[1] * x.ne[2] * x.ne[3]
     return Graph.reshape(Graph.mul_mat(rot, Graph.reshape(x, (n, total // n))), x.ne)
-
-
-# arch -> the sliding-window types its builder knows
-TRANSFORMER: dict[str, tuple[str, ...]] = {
-    "llama": ("none",),
-    "qwen2": ("none",),
-    "qwen2vl": ("none",),
-    "mistral3": ("none",),
-    "phi3": ("none",),
-    "qwen3": ("none",),
-    "qwen3moe": ("none",),
-    "qwen3vl": ("none",),
-    "qwen3vlmoe": ("none",),
-    "glm4moe": ("none",),
-    "minimax-m2": ("none",),
-    "glm4": ("none",),
-    "ernie4_5": ("none",),
-    "ernie4_5-moe": ("none",),
-    "exaone4": ("none", "standard"),  # the 32B's sliding window (exaone4.cpp:3-9)
-    "olmo2": ("none", "standard"),  # OLMo 3's sliding window (olmo2.cpp:6-16)
-    "granite": ("none",),
-    "granitemoe": ("none",),
-    "seed_oss": ("none",),
-    "smollm3": ("none",),
-    "gemma2": ("standard",),
-    "gemma3": ("standard",),
-    "gpt-oss": ("standard",),
-}
-_OUTPUT_NORMS = ("exaone4", "olmo2")  # no norm before the attention or the FFN, their outputs normed
-_FUSED_UP = ("phi3", "glm4")  # one up projection twice the FFN's width, no gate (phi3.cpp:46-52, glm4.cpp:46-48)
-# their FFN is routed experts (Llama's may be)
-_ROUTED = ("qwen3moe", "qwen3vlmoe", "glm4moe", "gpt-oss", "minimax-m2", "ernie4_5-moe", "granitemoe")
-_DENSE_LEAD = ("glm4moe", "ernie4_5-moe")  # dense leading layers, then experts with a shared expert beside them
-_SHARED_EXPERT = (*_DENSE_LEAD, "granitemoe")  # a shared expert added beside the routed ones where the file has one
-_GRANITE = ("granite", "granitemoe")  # Granite's scales (granite.cpp)
-_PROJECTIONS = ("attn_q", "attn_k", "attn_v", "attn_output")
-_GPT_OSS_LAYER = ("attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias", "attn_sinks.weight")
-_GPT_OSS_EXPERTS = ("ffn_gate_inp.bias", "ffn_up_exps.bias", "ffn_gate_exps.bias", "ffn_down_exps.bias")
-
-
-def transformer_shape(model: ModelInfo) -> TransformerShape | None:
-    """The shape of a plain transformer (an architecture of ``TRANSFORMER``) read from its tensors and header; None
-    where the file has what its builder does not make (fused QKV outside Phi-3, biases in some layers only, ...)."""
-    hp = model.hparams
-    if hp.swa_type not in TRANSFORMER.get(hp.arch, ()) or hp.n_layer_kv_from_start >= 0:
-        return None
-    if hp.n_nextn and hp.arch != "glm4moe":
-        return None  # glm4-moe.cpp leaves its NextN blocks to the MTP graph; other trunks are not known here
-    if bool(hp.n_expert) != (hp.arch in _ROUTED) and hp.arch != "llama":
-        return None  # experts only where the builder routes them
-    if isinstance(model.kv.get(f"{hp.arch}.expert_used_count"), list):
-        return None  # a per-layer expert count
-    if not hp.causal or len(set(hp.n_head)) != 1 or not hp.n_head[0]:
-        return None
-    shapes = {t.name: t.info.shape for t in model.tensors}
-    names = set(shapes)
-    lead = hp.n_layer_dense_lead if hp.arch in _DENSE_LEAD else 0
-    if hp.arch == "ernie4_5-moe" and model.number("interleave_moe_layer_step") != 1:
-        return None  # dense layers between the MoE ones (ernie4-5-moe.cpp:63-64)
-    experts = read_experts(model, shapes, hp.n_layer - 1) if hp.n_expert else None
-    if hp.n_expert and experts is None:
-        return None
-    shexp = shapes.get(f"blk.{hp.n_layer - 1}.ffn_up_shexp.weight")
-    for il in range(hp.n_layer):
-        ffn = f"blk.{il}.ffn_up_exps.weight" if experts and il >= lead else f"blk.{il}.ffn_gate.weight"
-        need = {f"blk.{il}.attn_q.weight", f"blk.{il}.attn_k.weight", ffn}
-        if hp.arch in _FUSED_UP:
-            if (
-                f"blk.{il}.ffn_gate.weight" in names
-                or shapes.get(f"blk.{il}.ffn_up.weight", (0, 0))[1] != 2 * hp.n_ff[il]
-            ):
-                return None
-            need = {f"blk.{il}.ffn_up.weight"}
-            qkv = ("attn_qkv",) if hp.arch == "phi3" else ("attn_q", "attn_k")
-            need |= {f"blk.{il}.{p}.weight" for p in qkv}
-        if hp.arch in ("qwen3", "qwen3moe", "qwen3vl", "qwen3vlmoe", "gemma3"):
-            need |= {f"blk.{il}.attn_q_norm.weight", f"blk.{il}.attn_k_norm.weight"}
-        if hp.arch == "gpt-oss":  # every bias and the sinks: the graph adds each (openai-moe.cpp:38-50)
-            need |= {f"blk.{il}.{t}" for t in (*_GPT_OSS_LAYER, *_GPT_OSS_EXPERTS)}
-        if not need <= names or (f"blk.{il}.attn_qkv.weight" in names and hp.arch != "phi3"):
-            return None  # fused QKV or a non-gated FFN: other nodes
-    if hp.arch in ("gemma2", "gemma3") and (hp.head_k_swa != hp.head_k or hp.head_v_swa != hp.head_v):
-        return None
-    if hp.arch in _GRANITE and f"{hp.arch}.deepstack_mapping" in model.kv:
-        return None  # Granite Vision's deepstack streams (granite.cpp:12-31, 152-160)
-    deepstack = int(model.number("n_deepstack_layers")) if hp.arch in ("qwen3vl", "qwen3vlmoe") else 0
-    if not 0 <= deepstack <= hp.n_layer:
-        return None  # more deepstack slices than layers: not a header llama.cpp's graph reads
-    if "output.bias" in names or any(f"blk.0.ffn_{p}.bias" in names for p in ("up", "gate", "down")):
-        return None  # the logits' bias (qwen2.cpp's output_b), the FFN's (mistral3.cpp's): nodes it does not make
-    # the projections' biases build_qkv and build_attn add where the file has them (llama-graph.cpp:1746-1780)
-    # (ERNIE 4.5 loads an output bias and adds none: ernie4-5.cpp:45, 118-120)
-    added = _PROJECTIONS[:3] if hp.arch.startswith("ernie4_5") else _PROJECTIONS
-    biases = tuple(p for p in added if all(f"blk.{il}.{p}.bias" in names for il in range(hp.n_layer)))
-    if any(f"blk.{il}.{p}.bias" in names for p in added if p not in biases for il in range(hp.n_layer)):
-        return None  # biases in some layers only
-    qk_norm = "blk.0.attn_q_norm.weight" in names and "blk.0.attn_k_norm.weight" in names
-    flat = qk_norm and shapes["blk.0.attn_q_norm.weight"][0] != hp.head_k  # one weight over all the heads
-    sections = model.kv.get(f"{hp.arch}.rope.dimension_sections")
-    mrope = isinstance(sections, list) and any(isinstance(x, int) and x for x in sections)
-    return TransformerShape(
-        arch=hp.arch,
-        n_layer=hp.n_layer,
-        n_embd=hp.n_embd,
-        n_vocab=hp.n_vocab,
-        n_head=hp.n_head[0],
-        n_head_kv=tuple(hp.n_head_kv[: hp.n_layer]),
-        head_k=hp.head_k,
-        head_v=hp.head_v,
-        n_ff=tuple(hp.n_ff[: hp.n_layer]),
-        is_swa=tuple(hp.is_swa[: hp.n_layer]),
-        experts=experts,
-        n_pos=MROPE_SECTIONS if mrope else 1,
-        qk_norm=qk_norm and not flat,
-        qk_norm_flat=qk_norm and flat,
-        n_dense_lead=lead,
-        n_ff_shexp=shexp[1] if shexp is not None and hp.arch in _SHARED_EXPERT else 0,
-        biases=biases,
-        sinks=hp.arch == "gpt-oss",
-        rows_at_end=hp.arch == "gpt-oss",
-        attn_temp=hp.arch == "mistral3" and bool(model.kv.get("mistral3.attention.temperature_scale")),
-        n_deepstack=deepstack,
-        no_rope=_no_rope(model, hp.is_swa[: hp.n_layer]),
-        scales=_granite_scales(model),
-    )
-
-
-def _no_rope(model: ModelInfo, is_swa: Sequence[bool]) -> tuple[bool, ...]:
-    """The layers built without RoPE: SmolLM3's every fourth (n_no_rope_layer_step, set by the loader and read from
-    no key: llama-hparams.h:259, smollm3.cpp:5, 69, 83-95), EXAONE 4's full-attention layers where it has sliding
-    ones (exaone4.cpp:111), every layer of a Granite whose ``rope.scaling.finetuned`` is false (granite.cpp:33-37,
-    its has_rope)."""
-    arch = model.hparams.arch
-    if arch == "smollm3":
-        return tuple((il + 1) % 4 == 0 for il in range(len(is_swa)))
-    if arch == "exaone4" and any(is_swa):
-        return tuple(not s for s in is_swa)
-    if arch == "granite" and model.kv.get(f"{arch}.rope.scaling.finetuned", True) is False:
-        return (True,) * len(is_swa)
-    return ()
-
-
-def _granite_scales(model: ModelInfo) -> tuple[bool, bool, bool]:
-    """Granite's embedding and residual scales where the file sets them, its logits always scaled (the key is
-    required: granite.cpp:7-9, 198)."""
-    if model.hparams.arch not in _GRANITE:
-        return (False, False, False)
-    return (model.number("embedding_scale") != 0.0, model.number("residual_scale") != 0.0, True)

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from llamafit.gguf.model import ModelInfo
-from llamafit.memory.graph.attention import MROPE_SECTIONS, TransformerShape, rotation_size, transformer_shape
+from llamafit.memory.graph.attention import MROPE_SECTIONS, TransformerShape, rotation_size
 from llamafit.memory.graph.dflash import DflashShape, Markov
 from llamafit.memory.graph.dsv4 import dsv4_mtp_shape, dsv4_shape
 from llamafit.memory.graph.gemma3n import gemma3n_shape
@@ -24,6 +24,7 @@ from llamafit.memory.graph.mla import Indexer, MlaShape
 from llamafit.memory.graph.mtp import Eagle3Shape, MtpShape, NextnIo, NextnShape
 from llamafit.memory.graph.recipe import Recipe
 from llamafit.memory.graph.routing import read_experts
+from llamafit.memory.graph.transformers import transformer_shape
 from llamafit.memory.graph.trunk import Experts
 
 RECURRENT = ("mamba", "mamba2")
@@ -385,7 +386,7 @@ def _assistant_shape(model: ModelInfo) -> AssistantShape | None:
 
 Reader = Callable[[ModelInfo], Recipe | None]
 # architecture -> the reader of its builder's shape; one not here is read as a plain transformer
-# (``attention.transformer_shape``: the architectures of ``attention.TRANSFORMER``, None for any other)
+# (``transformers.transformer_shape``: the architectures of ``transformers.TRANSFORMER``, None for any other)
 READERS: dict[str, Reader] = {
     **dict.fromkeys(RECURRENT, mamba_shape),
     **dict.fromkeys(QWEN35, _hybrid_shape),
