@@ -32,7 +32,7 @@ REPLAYED = [
         *("dense", "qwen2", "qwen3", "gemma3", "gemma4", "gemma4_31b", "moe", "mla", "dsa", "glm_dsa", "hybrid"),
         *("hybrid_moe", "next", "glm4moe", "gemma4_moe", "gemma3n", "gemma2", "minimax_m2"),
         *("seed_oss", "smollm3", "glm4", "ernie45", "ernie45_moe", "exaone4", "exaone4_swa"),
-        *("olmo2", "olmo3", "granite", "granite_nope", "granitemoe"),
+        *("olmo2", "olmo3", "granite", "granite_nope", "granitemoe", "cohere2", "command_r", "command_r_plus"),
     )
     for args in (
         ["-c", "4096"],

@@ -10,6 +10,7 @@ every one is importable from here."""
 
 from llamafit.gguf.writer import TensorSpec
 from tests.factory.attention import (
+    cohere,
     dense,
     ernie45_moe,
     exaone4,
@@ -59,6 +60,7 @@ __all__ = [
     "Shape",
     "TensorSpec",
     "bpe_vocab",
+    "cohere",
     "deepseek2",
     "deepseek4",
     "dense",

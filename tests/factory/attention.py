@@ -403,6 +403,47 @@ def granite(
     return Shape(arch, kv, ts)
 
 
+def cohere(
+    *,
+    arch: str = "cohere2",
+    n_layer: int = 8,
+    n_embd: int = 256,
+    n_head: int = 8,
+    n_head_kv: int = 2,
+    qk_norm: bool = False,
+    n_ff: int = 512,
+    n_vocab: int = 512,
+    n_swa: int = 512,
+    w: str = "f16",
+) -> Shape:
+    """cohere2 (src/models/cohere2.cpp: Command R7B, Command A: three sliding-window layers of four, RoPE on those
+    only) and command-r (command-r.cpp: Command R and R+, with per-head Q/K layer norms where ``qk_norm``): one layer
+    norm before the attention and the FFN side by side, the logits scaled, the output tied to the token rows. Command
+    R's Q/K norms load with 64 layers or more (command-r.cpp:28-31)."""
+    hd = n_embd // n_head
+    kv = _base_kv(arch, arch, n_layer, n_embd, 32768, n_vocab)
+    kv.update({
+        f"{arch}.feed_forward_length": n_ff,
+        f"{arch}.attention.head_count": n_head,
+        f"{arch}.attention.head_count_kv": n_head_kv,
+        f"{arch}.attention.layer_norm_epsilon": 1e-5,
+        f"{arch}.rope.dimension_count": hd,
+        f"{arch}.logit_scale": 0.25,
+    })  # fmt: skip
+    if arch == "cohere2":
+        kv[f"{arch}.attention.sliding_window"] = n_swa
+    ts = _io(n_embd, n_vocab, w, True)
+    for i in range(n_layer):
+        ts += _attn(i, n_embd, n_head * hd, n_head_kv * hd, n_head * hd, w)
+        ts += [t for t in _ffn(i, n_embd, n_ff, w) if "_norm" not in t.name]
+        if qk_norm:
+            ts += [
+                TensorSpec(f"blk.{i}.attn_q_norm.weight", (hd, n_head)),
+                TensorSpec(f"blk.{i}.attn_k_norm.weight", (hd, n_head_kv)),
+            ]
+    return Shape(arch, kv, ts)
+
+
 def glm4moe(
     *,
     name: str = "glm4moe",

@@ -22,10 +22,19 @@ from typing import ClassVar
 
 from llamafit.memory.graph.galloc import F32, I32, I64, Graph, Tensor, in_layer, of_layer
 from llamafit.memory.graph.recipe import Recipe, Reserve
-from llamafit.memory.graph.trunk import Experts, gated_ffn, input_embeddings, output_head, rms_norm, routed_and_shared
+from llamafit.memory.graph.trunk import (
+    Experts,
+    Logits,
+    gated_ffn,
+    input_embeddings,
+    output_head,
+    rms_norm,
+    routed_and_shared,
+)
 
 MROPE_SECTIONS = 4  # M-RoPE (and qwen35's IMROPE): four positions per token (llama-hparams.cpp:285-288)
 OUTPUT_NORMS = ("exaone4", "olmo2")  # no norm before the attention or the FFN, their outputs normed
+COHERE = ("command-r", "cohere2")  # the attention and the FFN in parallel over layer norms
 FUSED_UP = ("phi3", "glm4")  # one up projection twice the FFN's width, no gate (phi3.cpp:46-52, glm4.cpp:46-48)
 
 
@@ -214,6 +223,8 @@ class Builder(Attending):
         # the FFN's output norm is built as no layer's (il -1: gemma2.cpp:141-143, exaone4.cpp:161,
         # olmo2.cpp:174-176) but GLM-4's
         self.pin_ffn_post = sh.arch == "glm4"
+        self.cohere = sh.arch in COHERE  # one norm before the attention and the FFN side by side
+        self.op = "norm" if self.cohere else "rms_norm"  # Cohere's are layer norms (LLM_NORM)
         self.iswa = any(sh.is_swa)  # two caches: Q, K, V expanded in that order (llama-graph.cpp:3222-3230)
         # build_inp_attn_scale: one value a token, 1 x 1 x n_tokens (llama-graph.cpp:2554-2567)
         self.attn_scale = Graph.input((1, 1, self.T)) if sh.attn_temp else None
@@ -223,7 +234,7 @@ class Builder(Attending):
         n_inp = sh.n_embd * (1 + sh.n_deepstack)  # n_embd_inp (llama-hparams.cpp:118-130)
         rows = input_embeddings(g, sh.n_embd, sh.n_vocab, T, mixed=self.r.mixed_batch, n_embd_inp=n_inp)
         inp_l = rows
-        emb_scale, res_scale, logit_scale = sh.scales
+        emb_scale, _, logit_scale = sh.scales
         if emb_scale:  # build_inp_embd scales the selected rows (llama-graph.cpp:2508-2514)
             inp_l = Graph.like("scale", rows)
             g.expand(inp_l)
@@ -234,29 +245,47 @@ class Builder(Attending):
         out_ids = Graph.input((max(1, min(self.r.n_outputs, T)),), I32)
         for il in range(sh.n_layer):
             with in_layer(il):
-                cur = self.attention(rms_norm(inp_l) if self.pre_norms else inp_l, il)
-                if il == sh.n_layer - 1 and not sh.rows_at_end:
-                    cur = Graph.get_rows(cur, out_ids)
-                    inp_l = Graph.get_rows(inp_l, out_ids)
-                if self.post_norms:
-                    cur = rms_norm(cur)
-                # Granite's residual branches scaled before each is added (granite.cpp:250-251, 310-311)
-                ffn_inp = Graph.like("add", Graph.like("scale", cur) if res_scale else cur, inp_l)
-                cur = self.ffn(rms_norm(ffn_inp) if self.pre_norms else ffn_inp, il)
-                if self.post_norms:
-                    cur = rms_norm(cur, pin=self.pin_ffn_post)
-                if res_scale:
-                    cur = Graph.like("scale", cur)
-                inp_l = Graph.like("add", ffn_inp, cur) if self.phi3 else Graph.like("add", cur, ffn_inp)
+                rows_of = out_ids if il == sh.n_layer - 1 and not sh.rows_at_end else None
+                inp_l = self.parallel(inp_l, il, rows_of) if self.cohere else self.layer(inp_l, il, rows_of)
                 if il < sh.n_deepstack:  # the layer's slice of t_inp_embd, a view (qwen3vl.cpp deepstack_out)
                     inp_l = Graph.like("add", inp_l, Graph.view(rows, rows.ne, (rows.nb[1],)))
         if sh.rows_at_end:  # openai-moe.cpp:148-152: t_h_nextn, every token's, then the rows
             inp_l.is_output = True
             inp_l = Graph.get_rows(inp_l, out_ids)
         # gemma2.cpp:166-169, where Gemma 3 has none; Granite's scaled (granite.cpp:198)
-        logits = "softcapped" if sh.arch == "gemma2" else "scaled" if logit_scale else "plain"
+        logits = Logits("softcapped" if sh.arch == "gemma2" else "scaled" if logit_scale else "plain", self.op)
         output_head(g, inp_l, sh.n_vocab, self.r.pooling, max(1, self.r.n_seqs), self.r.samplers, logits=logits)
         return g
+
+    def layer(self, inp_l: Tensor, il: int, out_ids: Tensor | None) -> Tensor:
+        """One layer: the attention, then the FFN, each added to its input (``out_ids``: the last layer's rows)."""
+        res_scale = self.sh.scales[1]
+        cur = self.attention(self.norm(inp_l) if self.pre_norms else inp_l, il)
+        if out_ids is not None:
+            cur = Graph.get_rows(cur, out_ids)
+            inp_l = Graph.get_rows(inp_l, out_ids)
+        if self.post_norms:
+            cur = self.norm(cur)
+        # Granite's residual branches scaled before each is added (granite.cpp:250-251, 310-311)
+        ffn_inp = Graph.like("add", Graph.like("scale", cur) if res_scale else cur, inp_l)
+        cur = self.ffn(self.norm(ffn_inp) if self.pre_norms else ffn_inp, il)
+        if self.post_norms:
+            cur = self.norm(cur, pin=self.pin_ffn_post)
+        if res_scale:
+            cur = Graph.like("scale", cur)
+        return Graph.like("add", ffn_inp, cur) if self.phi3 else Graph.like("add", cur, ffn_inp)
+
+    def parallel(self, inp_l: Tensor, il: int, out_ids: Tensor | None) -> Tensor:
+        """Cohere's layer: the attention and the FFN both on the one normed input, both added to the layer's input
+        (command-r.cpp:66-125, cohere2.cpp:69-138)."""
+        ffn_inp = self.norm(inp_l)
+        cur = self.attention(ffn_inp, il)
+        if out_ids is not None:
+            cur, inp_l, ffn_inp = (Graph.get_rows(t, out_ids) for t in (cur, inp_l, ffn_inp))
+        return Graph.like("add", Graph.like("add", self.ffn(ffn_inp, il), inp_l), cur)
+
+    def norm(self, x: Tensor, pin: bool = True) -> Tensor:
+        return rms_norm(x, pin=pin, op=self.op)
 
     def ffn(self, cur: Tensor, il: int) -> Tensor:
         """A dense gated FFN, or the routed experts plus the shared expert (glm4-moe.cpp, deepseek2.cpp)."""
@@ -290,7 +319,7 @@ class Builder(Attending):
             k = proj("attn_k", hk * n_kv_h, (hk, n_kv_h, T), sh.qk_norm_flat)
             v = proj("attn_v", hv * n_kv_h, (hv, n_kv_h, T))
         if sh.qk_norm:
-            q, k = rms_norm(q), rms_norm(k)
+            q, k = self.norm(q), self.norm(k)
         if not (sh.no_rope and sh.no_rope[il]):
             q = Graph.like("rope", q, self.pos)
             k = Graph.like("rope", k, self.pos)

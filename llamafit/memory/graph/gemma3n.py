@@ -24,7 +24,7 @@ from llamafit.memory.graph.attention import Attending
 from llamafit.memory.graph.galloc import I32, Graph, Tensor, in_layer, pin_norm
 from llamafit.memory.graph.gemma4 import GemmaLayers, per_layer_inputs, read_layers, reused_cache
 from llamafit.memory.graph.recipe import Reserve
-from llamafit.memory.graph.trunk import input_embeddings, output_head, rms_norm
+from llamafit.memory.graph.trunk import Logits, input_embeddings, output_head, rms_norm
 
 SPARSE_LAYERS = 10  # n_layer_sparsity: the layers whose FFN gate keeps its top 5 % (models.h:849)
 
@@ -95,7 +95,7 @@ class _Builder(Attending):
         for i in range(sh.n_altup - 1):
             out = Graph.like("add", out, stream(unembd, i))
         out = Graph.get_rows(Graph.like("scale", out), out_ids)
-        output_head(g, out, sh.n_vocab, r.pooling, max(1, r.n_seqs), r.samplers, logits="softcapped")
+        output_head(g, out, sh.n_vocab, r.pooling, max(1, r.n_seqs), r.samplers, logits=Logits("softcapped"))
         return g
 
     def rescaled(self, like: Tensor, x: Tensor, name: str) -> Tensor:

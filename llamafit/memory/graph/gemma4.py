@@ -23,7 +23,7 @@ from llamafit.memory.graph.attention import Attending
 from llamafit.memory.graph.galloc import I32, Graph, Tensor, in_layer
 from llamafit.memory.graph.recipe import Recipe, Reserve
 from llamafit.memory.graph.sampling import backend_samplers
-from llamafit.memory.graph.trunk import Experts, gated_ffn, input_embeddings, moe_ffn, output_head, rms_norm
+from llamafit.memory.graph.trunk import Experts, Logits, gated_ffn, input_embeddings, moe_ffn, output_head, rms_norm
 
 
 @dataclass(frozen=True)
@@ -122,7 +122,7 @@ class _Builder(Attending):
         for il in range(sh.n_layer):
             with in_layer(il):
                 inp_l = self.layer(il, inp_l, per_layer)
-        head = "softcapped" if sh.softcap else "plain"
+        head = Logits("softcapped" if sh.softcap else "plain")
         output_head(g, inp_l, sh.n_vocab, r.pooling, max(1, r.n_seqs), r.samplers, rows=out_ids, logits=head)
         return g
 

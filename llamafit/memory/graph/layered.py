@@ -24,6 +24,7 @@ from llamafit.memory.graph.mamba import MambaLayers, MambaShape
 from llamafit.memory.graph.recipe import Recipe, Reserve
 from llamafit.memory.graph.trunk import (
     Experts,
+    Logits,
     RecurrentStates,
     gated_ffn,
     input_embeddings,
@@ -244,7 +245,7 @@ class _Granite(_Layers):
             self.r.pooling,
             self.n_seqs,
             self.r.samplers,
-            logits="scaled" if logit_scale else "plain",
+            logits=Logits("scaled" if logit_scale else "plain"),
         )
         return g
 

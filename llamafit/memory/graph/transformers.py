@@ -13,7 +13,9 @@ product, one up projection split by its SwiGLU), ``glm4.cpp`` (GLM-4: biased Q, 
 up projection), ``ernie4-5.cpp`` and ``ernie4-5-moe.cpp`` (ERNIE 4.5: dense lead layers, softmax routing beside a
 shared expert), ``exaone4.cpp`` (EXAONE 4: only the attention's and the FFN's outputs normed, no RoPE on the full
 layers of the sliding-window model), ``olmo2.cpp`` (OLMo 2 and 3: EXAONE 4's norms, Q and K normed over their whole
-width), ``granite.cpp`` (Granite 3, dense and MoE: the embedding, residual and logit scales), ``minimax-m2.cpp``
+width), ``granite.cpp`` (Granite 3, dense and MoE: the embedding, residual and logit scales), ``command-r.cpp`` and
+``cohere2.cpp`` (Command R, R+, R7B and A: one layer norm before the attention and the FFN side by side, per-head
+Q/K layer norms with 64 layers or more, the sliding-window layers alone with RoPE, scaled logits), ``minimax-m2.cpp``
 (MiniMax-M2: OLMo 2's Q/K norms, sigmoid routing with a selection bias), ``glm4-moe.cpp`` (GLM-4.5: dense lead
 layers, sigmoid routing beside a shared expert) and ``openai-moe.cpp:59-168`` (gpt-oss: biased projections,
 attention sinks, every other layer on the sliding-window cache, biased experts weighted by a softmax of the
@@ -25,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from llamafit.gguf.model import ModelInfo
-from llamafit.memory.graph.attention import FUSED_UP, MROPE_SECTIONS, TransformerShape
+from llamafit.memory.graph.attention import COHERE, FUSED_UP, MROPE_SECTIONS, TransformerShape
 from llamafit.memory.graph.routing import read_experts
 
 # arch -> the sliding-window types its builder knows
@@ -48,6 +50,8 @@ TRANSFORMER: dict[str, tuple[str, ...]] = {
     "olmo2": ("none", "standard"),  # OLMo 3's sliding window (olmo2.cpp:6-16)
     "granite": ("none",),
     "granitemoe": ("none",),
+    "command-r": ("none",),
+    "cohere2": ("standard",),
     "seed_oss": ("none",),
     "smollm3": ("none",),
     "gemma2": ("standard",),
@@ -147,28 +151,30 @@ def transformer_shape(model: ModelInfo) -> TransformerShape | None:
         attn_temp=hp.arch == "mistral3" and bool(model.kv.get("mistral3.attention.temperature_scale")),
         n_deepstack=deepstack,
         no_rope=_no_rope(model, hp.is_swa[: hp.n_layer]),
-        scales=_granite_scales(model),
+        scales=_scales(model),
     )
 
 
 def _no_rope(model: ModelInfo, is_swa: Sequence[bool]) -> tuple[bool, ...]:
     """The layers built without RoPE: SmolLM3's every fourth (n_no_rope_layer_step, set by the loader and read from
     no key: llama-hparams.h:259, smollm3.cpp:5, 69, 83-95), EXAONE 4's full-attention layers where it has sliding
-    ones (exaone4.cpp:111), every layer of a Granite whose ``rope.scaling.finetuned`` is false (granite.cpp:33-37,
-    its has_rope)."""
+    ones (exaone4.cpp:111) and Command R7B's and Command A's (cohere2.cpp:89-100), every layer of a Granite whose
+    ``rope.scaling.finetuned`` is false (granite.cpp:33-37, its has_rope)."""
     arch = model.hparams.arch
     if arch == "smollm3":
         return tuple((il + 1) % 4 == 0 for il in range(len(is_swa)))
-    if arch == "exaone4" and any(is_swa):
+    if arch in ("exaone4", "cohere2") and any(is_swa):
         return tuple(not s for s in is_swa)
     if arch == "granite" and model.kv.get(f"{arch}.rope.scaling.finetuned", True) is False:
         return (True,) * len(is_swa)
     return ()
 
 
-def _granite_scales(model: ModelInfo) -> tuple[bool, bool, bool]:
-    """Granite's embedding and residual scales where the file sets them, its logits always scaled (the key is
-    required: granite.cpp:7-9, 198)."""
-    if model.hparams.arch not in _GRANITE:
-        return (False, False, False)
-    return (model.number("embedding_scale") != 0.0, model.number("residual_scale") != 0.0, True)
+def _scales(model: ModelInfo) -> tuple[bool, bool, bool]:
+    """The embedding, residual and logit scales: Granite's embedding and residual scales where the file sets them,
+    its logits always scaled (the key is required: granite.cpp:7-9, 198); Cohere's logits where the file's scale
+    is not 0 (command-r.cpp:137-139, cohere2.cpp:151-153)."""
+    arch = model.hparams.arch
+    if arch in _GRANITE:
+        return (model.number("embedding_scale") != 0.0, model.number("residual_scale") != 0.0, True)
+    return (False, False, arch in COHERE and model.number("logit_scale") != 0.0)

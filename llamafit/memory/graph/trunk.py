@@ -16,10 +16,11 @@ from llamafit.memory.graph.galloc import I32, I64, Graph, Tensor, pin_norm
 from llamafit.memory.graph.sampling import Samplers, backend_samplers
 
 
-def rms_norm(x: Tensor, name: str = "", pin: bool = True) -> Tensor:
+def rms_norm(x: Tensor, name: str = "", pin: bool = True, op: str = "rms_norm") -> Tensor:
     """build_norm(x, w, NULL, LLM_NORM_RMS): the norm (a layer's is pinned where llama.cpp pins it; ``pin`` False:
-    a norm built as no layer's, ``il`` -1), then the weight (in place)."""
-    norm = Graph.like("rms_norm", x)
+    a norm built as no layer's, ``il`` -1), then the weight (in place). ``op`` "norm": LLM_NORM's layer norm,
+    which ggml-alloc never computes in place (ggml-alloc.c ggml_op_can_inplace)."""
+    norm = Graph.like(op, x)
     return Graph.like("mul", pin_norm(norm) if pin else norm, Graph.weight((x.ne[0],), name))
 
 
@@ -50,6 +51,19 @@ def input_embeddings(
     return rows
 
 
+@dataclass(frozen=True)
+class Logits:
+    """How the output head ends: ``kind`` "plain"; "scaled", the scaled logits are the output (Granite's, Cohere's:
+    granite-hybrid.cpp:190-197); "softcapped", soft-capped (scale, tanh, scale: gemma4.cpp:425-429), the last of them
+    the output. ``norm``: the output norm's op ("norm": Cohere's layer norm)."""
+
+    kind: str = "plain"
+    norm: str = "rms_norm"
+
+
+PLAIN = Logits()
+
+
 def output_head(
     g: Graph,
     hidden: Tensor,
@@ -59,19 +73,17 @@ def output_head(
     samplers: Samplers | None = None,
     *,
     rows: Tensor | None = None,
-    logits: str = "plain",
+    logits: Logits = PLAIN,
 ) -> None:
-    """The output norm and the logits, expanded last and marked as outputs (never freed or reused), then
-    the pooling of an embedding context or the backend samplers (-bs). ``rows``: the output rows' ids are
-    taken after the norm, which stays an output too (``t_h_nextn``: Qwen3.5, Nemotron-H); ``logits``:
-    "scaled", Granite's scaled logits are the output (granite-hybrid.cpp:190-197); "softcapped", the logits
-    soft-capped (scale, tanh, scale: gemma4.cpp:425-429), the last of them the output."""
-    normed = rms_norm(hidden, "output_norm")
+    """The output norm and the logits (as ``logits`` says), expanded last and marked as outputs (never freed or
+    reused), then the pooling of an embedding context or the backend samplers (-bs). ``rows``: the output rows' ids
+    are taken after the norm, which stays an output too (``t_h_nextn``: Qwen3.5, Nemotron-H)."""
+    normed = rms_norm(hidden, "output_norm", op=logits.norm)
     embd = normed if rows is None else Graph.get_rows(normed, rows)
     out = Graph.mul_mat(Graph.weight((hidden.ne[0], n_vocab), "output"), embd)
-    if logits == "scaled":
+    if logits.kind == "scaled":
         out = Graph.like("scale", out)
-    elif logits == "softcapped":
+    elif logits.kind == "softcapped":
         out = Graph.like("scale", Graph.like("unary", Graph.like("scale", out)))
     g.expand(out)
     normed.is_output = embd.is_output = out.is_output = True  # llama-graph.cpp:1396-1408
