@@ -108,6 +108,7 @@ def shapes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "cohere2": factory.cohere(),  # the attention and the FFN side by side over layer norms, NoPE full layers
         "command_r": factory.cohere(arch="command-r", n_layer=4),
         "command_r_plus": factory.cohere(arch="command-r", n_layer=64, qk_norm=True),  # per-head Q/K layer norms
+        "qwen2moe": factory.qwen2moe(),  # a shared expert behind a silu(x) / x gate
         "glm4": factory.glm4(),  # sandwich norms, biased Q, K and V, one wide up projection
         "glm4moe": factory.glm4moe(),
         "glm_dsa": factory.glm_dsa(name="glm-dsa"),

@@ -210,6 +210,7 @@ REPLAY_SHAPES = (
     "cohere2",
     "command_r",
     "command_r_plus",
+    "qwen2moe",
     "ernie45",
     "ernie45_moe",
     "qwen3",

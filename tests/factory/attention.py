@@ -172,6 +172,30 @@ def ernie45_moe(
     return Shape(arch, kv, ts)
 
 
+def qwen2moe(
+    *, n_layer: int = 4, n_embd: int = 256, n_head: int = 8, n_head_kv: int = 2, n_ff_shexp: int = 256
+) -> Shape:
+    """qwen2moe (src/models/qwen2moe.cpp: Qwen1.5-MoE, Qwen2-57B-A14B): biased Q, K and V, softmax-routed experts and
+    a shared expert behind a gate of one value per token."""
+    arch, hd, n_head_kv, n_expert, n_ff_exp = "qwen2moe", n_embd // n_head, 2, 8, 128
+    kv = _base_kv(arch, arch, n_layer, n_embd, 32768, 512)
+    kv.update(_experts_kv(arch, n_ff_exp, n_ff_exp, n_expert, 2, n_head, n_head_kv, hd))
+    kv[f"{arch}.expert_shared_feed_forward_length"] = n_ff_shexp
+    ts = _io(n_embd, 512, "f16", False)
+    for i in range(n_layer):
+        ts += _attn(i, n_embd, n_head * hd, n_head_kv * hd, n_head * hd, "f16")
+        ts += [TensorSpec(f"blk.{i}.attn_{p}.bias", (n,)) for p, n in (("q", n_head * hd), ("k", n_head_kv * hd),
+                                                                       ("v", n_head_kv * hd))]  # fmt: skip
+        ts += [
+            TensorSpec(f"blk.{i}.ffn_norm.weight", (n_embd,)),
+            TensorSpec(f"blk.{i}.ffn_gate_inp.weight", (n_embd, n_expert), "f32"),
+            TensorSpec(f"blk.{i}.ffn_gate_inp_shexp.weight", (n_embd,), "f32"),
+        ]
+        ts += _gate_down_up(i, "ffn_{}_exps", n_embd, n_ff_exp, "f16", n_expert)
+        ts += _gate_down_up(i, "ffn_{}_shexp", n_embd, n_ff_shexp, "f16")
+    return Shape(arch, kv, ts)
+
+
 def qwen3vl(*, moe_ffn: bool = False, deepstack: int = 3) -> Shape:
     """Qwen3-VL's text model (src/models/qwen3vl.cpp, qwen3vlmoe.cpp): Qwen3's (or Qwen3-MoE's) layers with M-RoPE,
     the first ``deepstack`` layers each adding a slice of an input ``1 + deepstack`` times as wide as the rows."""

@@ -57,6 +57,7 @@ class TransformerShape(Recipe):
     qk_norm_flat: bool = False
     no_rope: tuple[bool, ...] = ()  # the layers without RoPE (SmolLM3's every fourth, EXAONE 4's full layers)
     scales: tuple[bool, bool, bool] = (False, False, False)  # Granite's embedding, residual and logit scales
+    shexp_gate: str = ""  # the shared expert's gate (``trunk.routed_and_shared``): Qwen2-MoE's "silu_div"
     n_dense_lead: int = 0  # leading layers with a dense FFN (GLM-4.5)
     n_ff_shexp: int = 0  # the shared expert's FFN beside the routed ones (GLM-4.5)
     biases: tuple[str, ...] = ()  # the projections with a bias (gpt-oss: Q, K, V and output; Qwen2: Q, K, V)
@@ -296,7 +297,7 @@ class Builder(Attending):
             return Graph.mul_mat(Graph.weight((sh.n_ff[il], sh.n_embd), "ffn_down"), glu)
         if sh.experts is None or il < sh.n_dense_lead:
             return gated_ffn(cur, sh.n_ff[il])
-        return routed_and_shared(self.g, cur, sh.experts, sh.n_ff_shexp, gated=False)
+        return routed_and_shared(self.g, cur, sh.experts, sh.n_ff_shexp, sh.shexp_gate)
 
     def attention(self, cur: Tensor, il: int) -> Tensor:
         sh, T = self.sh, self.T

@@ -58,7 +58,7 @@ def block_ffn(g: Graph, sh: MtpShape, cur: Tensor) -> Tensor:
     expert behind its sigmoid gate (qwen35moe.cpp build_layer_ffn; its MTP block, qwen35moe.cpp:678-716)."""
     if sh.experts is None:
         return gated_ffn(cur, sh.n_ff)
-    return routed_and_shared(g, cur, sh.experts, sh.n_ff_shexp, gated=True)
+    return routed_and_shared(g, cur, sh.experts, sh.n_ff_shexp, gate="sigmoid")
 
 
 def gated_attention(b: Builder, cur: Tensor, nh: int, nkv: int, hd: int) -> Tensor:

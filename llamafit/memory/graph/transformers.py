@@ -2,24 +2,25 @@
 header (``transformer_shape``): a family is one entry of ``TRANSFORMER`` and, where it differs from Llama's graph,
 a field of ``TransformerShape`` this reader sets from the file.
 
-The families and what each adds to ``src/models/llama.cpp:99-247`` (Llama, dense or with experts):
-``qwen2.cpp``, ``qwen2vl.cpp`` and ``seed-oss.cpp`` (biased Q, K and V: build_qkv adds each bias the file has;
-M-RoPE), ``qwen3.cpp`` and ``qwen3moe.cpp`` (Q/K norms before RoPE; ``qwen3vl.cpp`` and ``qwen3vlmoe.cpp`` with
-M-RoPE and the deepstack slices added after the first layers), ``gemma3.cpp:81-217`` (Gemma 3: the scaled
-embedding rows, Q/K norms, the scaled Q, the sandwich norms, sliding-window layers), ``gemma2.cpp`` (the same
-without Q/K norms, its scores and logits soft-capped), ``mistral3.cpp`` (Llama 4's attention temperature),
-``smollm3.cpp`` (every fourth layer without RoPE), ``phi3.cpp`` (Phi-3 and Phi-4: Q, K and V views of a fused
-product, one up projection split by its SwiGLU), ``glm4.cpp`` (GLM-4: biased Q, K and V, sandwich norms, Phi-3's
-up projection), ``ernie4-5.cpp`` and ``ernie4-5-moe.cpp`` (ERNIE 4.5: dense lead layers, softmax routing beside a
-shared expert), ``exaone4.cpp`` (EXAONE 4: only the attention's and the FFN's outputs normed, no RoPE on the full
-layers of the sliding-window model), ``olmo2.cpp`` (OLMo 2 and 3: EXAONE 4's norms, Q and K normed over their whole
-width), ``granite.cpp`` (Granite 3, dense and MoE: the embedding, residual and logit scales), ``command-r.cpp`` and
-``cohere2.cpp`` (Command R, R+, R7B and A: one layer norm before the attention and the FFN side by side, per-head
-Q/K layer norms with 64 layers or more, the sliding-window layers alone with RoPE, scaled logits), ``minimax-m2.cpp``
-(MiniMax-M2: OLMo 2's Q/K norms, sigmoid routing with a selection bias), ``glm4-moe.cpp`` (GLM-4.5: dense lead
-layers, sigmoid routing beside a shared expert) and ``openai-moe.cpp:59-168`` (gpt-oss: biased projections,
-attention sinks, every other layer on the sliding-window cache, biased experts weighted by a softmax of the
-selected, the output rows after the last layer, whose output stays).
+The families and what each adds to ``src/models/llama.cpp:99-247`` (Llama, dense or with experts): ``qwen2.cpp``,
+``qwen2vl.cpp`` and ``seed-oss.cpp`` (biased Q, K and V: build_qkv adds each bias the file has; M-RoPE),
+``qwen2moe.cpp`` (Qwen2's attention, softmax routing beside a shared expert behind a silu(x) / x gate),
+``qwen3.cpp`` and ``qwen3moe.cpp`` (Q/K norms before RoPE; ``qwen3vl.cpp`` and ``qwen3vlmoe.cpp`` with M-RoPE and
+the deepstack slices added after the first layers), ``gemma3.cpp:81-217`` (Gemma 3: the scaled embedding rows, Q/K
+norms, the scaled Q, the sandwich norms, sliding-window layers), ``gemma2.cpp`` (the same without Q/K norms, its
+scores and logits soft-capped), ``mistral3.cpp`` (Llama 4's attention temperature), ``smollm3.cpp`` (every fourth
+layer without RoPE), ``phi3.cpp`` (Phi-3 and Phi-4: Q, K and V views of a fused product, one up projection split by
+its SwiGLU), ``glm4.cpp`` (GLM-4: biased Q, K and V, sandwich norms, Phi-3's up projection), ``ernie4-5.cpp`` and
+``ernie4-5-moe.cpp`` (ERNIE 4.5: dense lead layers, softmax routing beside a shared expert), ``exaone4.cpp`` (EXAONE
+4: only the attention's and the FFN's outputs normed, no RoPE on the full layers of the sliding-window model),
+``olmo2.cpp`` (OLMo 2 and 3: EXAONE 4's norms, Q and K normed over their whole width), ``granite.cpp`` (Granite 3,
+dense and MoE: the embedding, residual and logit scales), ``command-r.cpp`` and ``cohere2.cpp`` (Command R, R+, R7B
+and A: one layer norm before the attention and the FFN side by side, per-head Q/K layer norms with 64 layers or
+more, the sliding-window layers alone with RoPE, scaled logits), ``minimax-m2.cpp`` (MiniMax-M2: OLMo 2's Q/K norms,
+sigmoid routing with a selection bias), ``glm4-moe.cpp`` (GLM-4.5: dense lead layers, sigmoid routing beside a
+shared expert) and ``openai-moe.cpp:59-168`` (gpt-oss: biased projections, attention sinks, every other layer on the
+sliding-window cache, biased experts weighted by a softmax of the selected, the output rows after the last layer,
+whose output stays).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ TRANSFORMER: dict[str, tuple[str, ...]] = {
     "olmo2": ("none", "standard"),  # OLMo 3's sliding window (olmo2.cpp:6-16)
     "granite": ("none",),
     "granitemoe": ("none",),
+    "qwen2moe": ("none",),
     "command-r": ("none",),
     "cohere2": ("standard",),
     "seed_oss": ("none",),
@@ -59,9 +61,10 @@ TRANSFORMER: dict[str, tuple[str, ...]] = {
     "gpt-oss": ("standard",),
 }
 # their FFN is routed experts (Llama's may be)
-_ROUTED = ("qwen3moe", "qwen3vlmoe", "glm4moe", "gpt-oss", "minimax-m2", "ernie4_5-moe", "granitemoe")
+_ROUTED = ("qwen3moe", "qwen3vlmoe", "glm4moe", "gpt-oss", "minimax-m2", "ernie4_5-moe", "granitemoe", "qwen2moe")
 _DENSE_LEAD = ("glm4moe", "ernie4_5-moe")  # dense leading layers, then experts with a shared expert beside them
-_SHARED_EXPERT = (*_DENSE_LEAD, "granitemoe")  # a shared expert added beside the routed ones where the file has one
+# a shared expert added beside the routed ones where the file has one
+_SHARED_EXPERT = (*_DENSE_LEAD, "granitemoe", "qwen2moe")
 _GRANITE = ("granite", "granitemoe")  # Granite's scales (granite.cpp)
 _PROJECTIONS = ("attn_q", "attn_k", "attn_v", "attn_output")
 _GPT_OSS_LAYER = ("attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias", "attn_sinks.weight")
@@ -152,6 +155,7 @@ def transformer_shape(model: ModelInfo) -> TransformerShape | None:
         n_deepstack=deepstack,
         no_rope=_no_rope(model, hp.is_swa[: hp.n_layer]),
         scales=_scales(model),
+        shexp_gate="silu_div" if hp.arch == "qwen2moe" else "",
     )
 
 

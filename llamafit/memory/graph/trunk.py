@@ -204,17 +204,21 @@ def moe_ffn(g: Graph, cur: Tensor, ex: Experts, logits: Tensor | None = None, se
     return Graph.like("cont", out) if ex.n_used == 1 else out
 
 
-def routed_and_shared(g: Graph, cur: Tensor, ex: Experts, n_ff_shexp: int, gated: bool) -> Tensor:
+def routed_and_shared(g: Graph, cur: Tensor, ex: Experts, n_ff_shexp: int, gate: str = "") -> Tensor:
     """The routed experts, then the shared expert beside them (``n_ff_shexp``; 0: none) added: plain
-    (glm4-moe.cpp, deepseek2.cpp) or scaled by a sigmoid gate of one value per token (``gated``:
-    ffn_gate_inp_shexp, qwen35moe.cpp:494-545, qwen3next.cpp:565-625)."""
+    (glm4-moe.cpp, deepseek2.cpp) or scaled by a gate of one value per token (ffn_gate_inp_shexp): ``gate``
+    "sigmoid" (qwen35moe.cpp:494-545, qwen3next.cpp:565-625) or "silu_div", a sigmoid as silu(x) / x
+    (qwen2moe.cpp:147-151)."""
     routed = moe_ffn(g, cur, ex)
     if not n_ff_shexp:
         return routed
     shared = gated_ffn(cur, n_ff_shexp, "_shexp")
-    if gated:
-        gate = Graph.mul_mat(Graph.weight((cur.ne[0],), "ffn_gate_inp_shexp"), cur)
-        shared = Graph.like("mul", shared, Graph.like("unary", gate))
+    if gate:
+        logit = Graph.mul_mat(Graph.weight((cur.ne[0],), "ffn_gate_inp_shexp"), cur)
+        sig = Graph.like("unary", logit)
+        if gate == "silu_div":
+            sig = Graph.like("div", sig, logit)
+        shared = Graph.like("mul", shared, sig)
     return Graph.like("add", routed, shared)
 
 
