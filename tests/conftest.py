@@ -109,6 +109,8 @@ def shapes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "command_r": factory.cohere(arch="command-r", n_layer=4),
         "command_r_plus": factory.cohere(arch="command-r", n_layer=64, qk_norm=True),  # per-head Q/K layer norms
         "qwen2moe": factory.qwen2moe(),  # a shared expert behind a silu(x) / x gate
+        "llama4": factory.llama4(),  # Scout's: chunked attention, NoPE layers, L2-normed Q and K, top-1 experts
+        "llama4_maverick": factory.llama4(n_expert=128, moe_step=2),  # dense and MoE layers in turn, no Q/K norms
         "glm4": factory.glm4(),  # sandwich norms, biased Q, K and V, one wide up projection
         "glm4moe": factory.glm4moe(),
         "glm_dsa": factory.glm_dsa(name="glm-dsa"),

@@ -211,6 +211,8 @@ REPLAY_SHAPES = (
     "command_r",
     "command_r_plus",
     "qwen2moe",
+    "llama4",
+    "llama4_maverick",
     "ernie45",
     "ernie45_moe",
     "qwen3",

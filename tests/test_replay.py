@@ -33,7 +33,7 @@ REPLAYED = [
         *("hybrid_moe", "next", "glm4moe", "gemma4_moe", "gemma3n", "gemma2", "minimax_m2"),
         *("seed_oss", "smollm3", "glm4", "ernie45", "ernie45_moe", "exaone4", "exaone4_swa"),
         *("olmo2", "olmo3", "granite", "granite_nope", "granitemoe", "cohere2", "command_r", "command_r_plus"),
-        *("qwen2moe",),
+        *("qwen2moe", "llama4", "llama4_maverick"),
     )
     for args in (
         ["-c", "4096"],
@@ -57,7 +57,8 @@ def test_the_replayed_graphs(shapes: dict[str, Path], shape: str, args: list[str
 def test_other_graphs_keep_the_estimate(tmp_path: Path) -> None:
     """An architecture without a builder (OLMo: layer norms without weights, Q, K and V clamped), a Qwen2 whose logits
     have a bias, a Qwen3-VL header with more deepstack slices than layers, a MiniMax-M2 header without its gating
-    function (llama.cpp aborts on the graph), and DeepSeek-V4 (and DSpark on its backbone) on a build older than the
+    function (llama.cpp aborts on the graph), a Llama 4 without chunked attention (b11434 aborts on its first batch),
+    and DeepSeek-V4 (and DSpark on its backbone) on a build older than the
     graph its builder makes."""
     olmo = factory.dense(arch="olmo", name="olmo").write(tmp_path / "olmo.gguf")
     model, cp, fa = _context(olmo, ["-c", "4096"])
@@ -68,6 +69,9 @@ def test_other_graphs_keep_the_estimate(tmp_path: Path) -> None:
     wide = factory.qwen3vl()
     wide.kv["qwen3vl.n_deepstack_layers"] = 10**9  # a header asking for more slices than layers
     model, cp, fa = _context(wide.write(tmp_path / "qwen3vl.gguf"), ["-c", "4096"])
+    assert graph_bytes(model, cp, cp.n_outputs_max, fa) is None
+    full = factory.llama4(chunked=False)  # its last layer's temperature input aborts b11434's server
+    model, cp, fa = _context(full.write(tmp_path / "llama4.gguf"), ["-c", "4096"])
     assert graph_bytes(model, cp, cp.n_outputs_max, fa) is None
     ungated = factory.moe(arch="minimax-m2", name="minimax-m2")
     del ungated.kv["minimax-m2.expert_gating_func"]

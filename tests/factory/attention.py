@@ -196,6 +196,36 @@ def qwen2moe(
     return Shape(arch, kv, ts)
 
 
+def llama4(
+    *, n_layer: int = 8, n_embd: int = 256, n_expert: int = 16, moe_step: int = 1, chunked: bool = True
+) -> Shape:
+    """llama4 (src/models/llama4.cpp: Llama 4 Scout with 16 experts, Maverick with 128 and ``moe_step`` 2): every
+    ``moe_step``-th layer a sigmoid-routed top-1 expert beside a shared expert (else a dense FFN), every fourth layer
+    without RoPE and its Q times the temperature input, L2-normed Q and K on the others (not with 128 experts),
+    three chunked-attention layers of four (``chunked`` False: a ``sliding_window`` of 0, every layer full and RoPE on
+    all but the last)."""
+    arch, n_head, n_head_kv, n_ff, n_ff_exp = "llama4", 8, 2, 512, 128
+    hd = n_embd // n_head
+    kv = _base_kv(arch, arch, n_layer, n_embd, 32768, 512)
+    kv.update(_experts_kv(arch, n_ff, n_ff_exp, n_expert, 1, n_head, n_head_kv, hd))
+    kv.update({f"{arch}.interleave_moe_layer_step": moe_step, f"{arch}.rope.dimension_count": hd})
+    if not chunked:
+        kv[f"{arch}.attention.sliding_window"] = 0
+    ts = _io(n_embd, 512, "f16", False)
+    for i in range(n_layer):
+        ts += _attn(i, n_embd, n_head * hd, n_head_kv * hd, n_head * hd, "f16")
+        if (i + 1) % moe_step:
+            ts += _ffn(i, n_embd, n_ff, "f16")
+            continue
+        ts += [
+            TensorSpec(f"blk.{i}.ffn_norm.weight", (n_embd,)),
+            TensorSpec(f"blk.{i}.ffn_gate_inp.weight", (n_embd, n_expert), "f32"),
+        ]
+        ts += _gate_down_up(i, "ffn_{}_exps", n_embd, n_ff_exp, "f16", n_expert)
+        ts += _gate_down_up(i, "ffn_{}_shexp", n_embd, n_ff_exp, "f16")
+    return Shape(arch, kv, ts)
+
+
 def qwen3vl(*, moe_ffn: bool = False, deepstack: int = 3) -> Shape:
     """Qwen3-VL's text model (src/models/qwen3vl.cpp, qwen3vlmoe.cpp): Qwen3's (or Qwen3-MoE's) layers with M-RoPE,
     the first ``deepstack`` layers each adding a slice of an input ``1 + deepstack`` times as wide as the rows."""

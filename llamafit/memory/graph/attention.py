@@ -64,6 +64,11 @@ class TransformerShape(Recipe):
     sinks: bool = False  # attention sinks: one more source of the softmax or flash attention (gpt-oss)
     rows_at_end: bool = False  # the output rows taken after the last layer, whose output stays (t_h_nextn)
     attn_temp: bool = False  # Q times a per-token temperature input (Llama 4's scaling: Ministral 3, mistral3.cpp)
+    # Llama 4 (llama4.cpp:143-185): Q times that input in place of RoPE on the layers without it, Q and K L2-normed
+    # (an RMS norm without weight) after RoPE on the others
+    temp_nope: bool = False
+    l2_qk: bool = False
+    moe_layers: tuple[bool, ...] = ()  # the layers whose FFN is the experts (Llama 4's interleave); (): every layer
     n_deepstack: int = 0  # Qwen3-VL: the first layers each add a slice of a wider input (qwen3vl.cpp)
 
     any_v_layout: ClassVar[bool] = True
@@ -228,7 +233,7 @@ class Builder(Attending):
         self.op = "norm" if self.cohere else "rms_norm"  # Cohere's are layer norms (LLM_NORM)
         self.iswa = any(sh.is_swa)  # two caches: Q, K, V expanded in that order (llama-graph.cpp:3222-3230)
         # build_inp_attn_scale: one value a token, 1 x 1 x n_tokens (llama-graph.cpp:2554-2567)
-        self.attn_scale = Graph.input((1, 1, self.T)) if sh.attn_temp else None
+        self.attn_scale = Graph.input((1, 1, self.T)) if sh.attn_temp or sh.temp_nope else None
 
     def graph(self) -> Graph:
         sh, g, T = self.sh, self.g, self.T
@@ -295,7 +300,7 @@ class Builder(Attending):
             up = Graph.mul_mat(Graph.weight((sh.n_embd, 2 * sh.n_ff[il]), "ffn_up"), cur)
             glu = Graph.op("glu", (sh.n_ff[il], *up.ne[1:]), up)
             return Graph.mul_mat(Graph.weight((sh.n_ff[il], sh.n_embd), "ffn_down"), glu)
-        if sh.experts is None or il < sh.n_dense_lead:
+        if sh.experts is None or il < sh.n_dense_lead or (sh.moe_layers and not sh.moe_layers[il]):
             return gated_ffn(cur, sh.n_ff[il])
         return routed_and_shared(self.g, cur, sh.experts, sh.n_ff_shexp, sh.shexp_gate)
 
@@ -324,9 +329,13 @@ class Builder(Attending):
         if not (sh.no_rope and sh.no_rope[il]):
             q = Graph.like("rope", q, self.pos)
             k = Graph.like("rope", k, self.pos)
+            if sh.l2_qk:
+                q, k = Graph.like("rms_norm", q), Graph.like("rms_norm", k)
+        elif self.attn_scale is not None and sh.temp_nope:
+            q = Graph.like("mul", q, self.attn_scale)
         if self.gemma or self.phi3:
             q = Graph.like("scale", q)
-        if self.attn_scale is not None:  # after RoPE (mistral3.cpp:153-157)
+        if self.attn_scale is not None and sh.attn_temp:  # after RoPE (mistral3.cpp:153-157)
             q = Graph.like("mul", q, self.attn_scale)
         # one cache: Q, V, K (llama-graph.cpp:2971-2975); two caches: Q, K, V (llama-graph.cpp:3222-3230)
         sinks = W((nh,), "attn_sinks") if sh.sinks else None

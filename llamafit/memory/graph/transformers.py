@@ -8,19 +8,21 @@ The families and what each adds to ``src/models/llama.cpp:99-247`` (Llama, dense
 ``qwen3.cpp`` and ``qwen3moe.cpp`` (Q/K norms before RoPE; ``qwen3vl.cpp`` and ``qwen3vlmoe.cpp`` with M-RoPE and
 the deepstack slices added after the first layers), ``gemma3.cpp:81-217`` (Gemma 3: the scaled embedding rows, Q/K
 norms, the scaled Q, the sandwich norms, sliding-window layers), ``gemma2.cpp`` (the same without Q/K norms, its
-scores and logits soft-capped), ``mistral3.cpp`` (Llama 4's attention temperature), ``smollm3.cpp`` (every fourth
-layer without RoPE), ``phi3.cpp`` (Phi-3 and Phi-4: Q, K and V views of a fused product, one up projection split by
-its SwiGLU), ``glm4.cpp`` (GLM-4: biased Q, K and V, sandwich norms, Phi-3's up projection), ``ernie4-5.cpp`` and
-``ernie4-5-moe.cpp`` (ERNIE 4.5: dense lead layers, softmax routing beside a shared expert), ``exaone4.cpp`` (EXAONE
-4: only the attention's and the FFN's outputs normed, no RoPE on the full layers of the sliding-window model),
-``olmo2.cpp`` (OLMo 2 and 3: EXAONE 4's norms, Q and K normed over their whole width), ``granite.cpp`` (Granite 3,
-dense and MoE: the embedding, residual and logit scales), ``command-r.cpp`` and ``cohere2.cpp`` (Command R, R+, R7B
-and A: one layer norm before the attention and the FFN side by side, per-head Q/K layer norms with 64 layers or
-more, the sliding-window layers alone with RoPE, scaled logits), ``minimax-m2.cpp`` (MiniMax-M2: OLMo 2's Q/K norms,
-sigmoid routing with a selection bias), ``glm4-moe.cpp`` (GLM-4.5: dense lead layers, sigmoid routing beside a
-shared expert) and ``openai-moe.cpp:59-168`` (gpt-oss: biased projections, attention sinks, every other layer on the
-sliding-window cache, biased experts weighted by a softmax of the selected, the output rows after the last layer,
-whose output stays).
+scores and logits soft-capped), ``mistral3.cpp`` (Llama 4's attention temperature), ``llama4.cpp`` (Llama 4: chunked
+attention, every fourth layer without RoPE and its Q times the temperature input, L2-normed Q and K on the others,
+top-1 sigmoid routing that weights the input before the experts, beside a shared expert, on every layer or every
+other), ``smollm3.cpp`` (every fourth layer without RoPE), ``phi3.cpp`` (Phi-3 and Phi-4: Q, K and V views of a
+fused product, one up projection split by its SwiGLU), ``glm4.cpp`` (GLM-4: biased Q, K and V, sandwich norms,
+Phi-3's up projection), ``ernie4-5.cpp`` and ``ernie4-5-moe.cpp`` (ERNIE 4.5: dense lead layers, softmax routing
+beside a shared expert), ``exaone4.cpp`` (EXAONE 4: only the attention's and the FFN's outputs normed, no RoPE on
+the full layers of the sliding-window model), ``olmo2.cpp`` (OLMo 2 and 3: EXAONE 4's norms, Q and K normed over
+their whole width), ``granite.cpp`` (Granite 3, dense and MoE: the embedding, residual and logit scales),
+``command-r.cpp`` and ``cohere2.cpp`` (Command R, R+, R7B and A: one layer norm before the attention and the FFN
+side by side, per-head Q/K layer norms with 64 layers or more, the sliding-window layers alone with RoPE, scaled
+logits), ``minimax-m2.cpp`` (MiniMax-M2: OLMo 2's Q/K norms, sigmoid routing with a selection bias),
+``glm4-moe.cpp`` (GLM-4.5: dense lead layers, sigmoid routing beside a shared expert) and ``openai-moe.cpp:59-168``
+(gpt-oss: biased projections, attention sinks, every other layer on the sliding-window cache, biased experts
+weighted by a softmax of the selected, the output rows after the last layer, whose output stays).
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ TRANSFORMER: dict[str, tuple[str, ...]] = {
     "granite": ("none",),
     "granitemoe": ("none",),
     "qwen2moe": ("none",),
+    "llama4": ("none", "chunked"),
     "command-r": ("none",),
     "cohere2": ("standard",),
     "seed_oss": ("none",),
@@ -61,10 +64,20 @@ TRANSFORMER: dict[str, tuple[str, ...]] = {
     "gpt-oss": ("standard",),
 }
 # their FFN is routed experts (Llama's may be)
-_ROUTED = ("qwen3moe", "qwen3vlmoe", "glm4moe", "gpt-oss", "minimax-m2", "ernie4_5-moe", "granitemoe", "qwen2moe")
+_ROUTED = (
+    "qwen3moe",
+    "qwen3vlmoe",
+    "glm4moe",
+    "gpt-oss",
+    "minimax-m2",
+    "ernie4_5-moe",
+    "granitemoe",
+    "qwen2moe",
+    "llama4",
+)
 _DENSE_LEAD = ("glm4moe", "ernie4_5-moe")  # dense leading layers, then experts with a shared expert beside them
 # a shared expert added beside the routed ones where the file has one
-_SHARED_EXPERT = (*_DENSE_LEAD, "granitemoe", "qwen2moe")
+_SHARED_EXPERT = (*_DENSE_LEAD, "granitemoe", "qwen2moe", "llama4")
 _GRANITE = ("granite", "granitemoe")  # Granite's scales (granite.cpp)
 _PROJECTIONS = ("attn_q", "attn_k", "attn_v", "attn_output")
 _GPT_OSS_LAYER = ("attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias", "attn_sinks.weight")
@@ -90,12 +103,19 @@ def transformer_shape(model: ModelInfo) -> TransformerShape | None:
     lead = hp.n_layer_dense_lead if hp.arch in _DENSE_LEAD else 0
     if hp.arch == "ernie4_5-moe" and model.number("interleave_moe_layer_step") != 1:
         return None  # dense layers between the MoE ones (ernie4-5-moe.cpp:63-64)
-    experts = read_experts(model, shapes, hp.n_layer - 1) if hp.n_expert else None
+    llama4 = hp.arch == "llama4"
+    if llama4 and model.kv.get(f"{hp.arch}.attention.sliding_window") == 0:
+        return None  # its last layer's temperature input, never given a scale, aborts the server (llama-graph.cpp:194)
+    # Llama 4's layers are the experts' where the file has them (its interleave step: llama4.cpp:62)
+    moe_layers = tuple(f"blk.{il}.ffn_gate_inp.weight" in names for il in range(hp.n_layer)) if llama4 else ()
+    last_moe = max((il for il, m in enumerate(moe_layers) if m), default=hp.n_layer - 1)
+    experts = read_experts(model, shapes, last_moe) if hp.n_expert else None
     if hp.n_expert and experts is None:
         return None
-    shexp = shapes.get(f"blk.{hp.n_layer - 1}.ffn_up_shexp.weight")
+    shexp = shapes.get(f"blk.{last_moe}.ffn_up_shexp.weight")
     for il in range(hp.n_layer):
-        ffn = f"blk.{il}.ffn_up_exps.weight" if experts and il >= lead else f"blk.{il}.ffn_gate.weight"
+        moe = experts and il >= lead and (not moe_layers or moe_layers[il])
+        ffn = f"blk.{il}.ffn_up_exps.weight" if moe else f"blk.{il}.ffn_gate.weight"
         need = {f"blk.{il}.attn_q.weight", f"blk.{il}.attn_k.weight", ffn}
         if hp.arch in FUSED_UP:
             if (
@@ -156,6 +176,9 @@ def transformer_shape(model: ModelInfo) -> TransformerShape | None:
         no_rope=_no_rope(model, hp.is_swa[: hp.n_layer]),
         scales=_scales(model),
         shexp_gate="silu_div" if hp.arch == "qwen2moe" else "",
+        temp_nope=hp.arch == "llama4",
+        l2_qk=hp.arch == "llama4" and hp.n_expert != 128,  # use_kq_norm: not Maverick's (llama4.cpp:41)
+        moe_layers=moe_layers,
     )
 
 
@@ -163,14 +186,15 @@ def _no_rope(model: ModelInfo, is_swa: Sequence[bool]) -> tuple[bool, ...]:
     """The layers built without RoPE: SmolLM3's every fourth (n_no_rope_layer_step, set by the loader and read from
     no key: llama-hparams.h:259, smollm3.cpp:5, 69, 83-95), EXAONE 4's full-attention layers where it has sliding
     ones (exaone4.cpp:111) and Command R7B's and Command A's (cohere2.cpp:89-100), every layer of a Granite whose
-    ``rope.scaling.finetuned`` is false (granite.cpp:33-37, its has_rope)."""
-    arch = model.hparams.arch
-    if arch == "smollm3":
-        return tuple((il + 1) % 4 == 0 for il in range(len(is_swa)))
+    ``rope.scaling.finetuned`` is false (granite.cpp:33-37, its has_rope), Llama 4's every fourth (llama4.cpp:143-144;
+    a file whose ``sliding_window`` of 0 leaves only its last layer without RoPE is not replayed)."""
+    arch, n = model.hparams.arch, len(is_swa)
+    if arch in ("smollm3", "llama4"):
+        return tuple((il + 1) % 4 == 0 for il in range(n))
     if arch in ("exaone4", "cohere2") and any(is_swa):
         return tuple(not s for s in is_swa)
     if arch == "granite" and model.kv.get(f"{arch}.rope.scaling.finetuned", True) is False:
-        return (True,) * len(is_swa)
+        return (True,) * n
     return ()
 
 

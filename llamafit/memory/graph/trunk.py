@@ -133,6 +133,9 @@ class Experts:
     biased: bool = False  # the router's and each expert's up, gate and down biases (gpt-oss)
     gate_up: bool = False  # gate and up fused in one tensor (ffn_gate_up_exps): one product, viewed in two halves
     down_scale: bool = False  # a scale per expert on the down projection (ffn_down_exps.scale: Gemma 4)
+    # Llama 4's: the top-k of the logits, the weights applied to the input before the experts (llama-graph.cpp:2071,
+    # 2121-2125, 2208-2215, 2371-2374)
+    weight_before: bool = False
 
 
 def moe_ffn(g: Graph, cur: Tensor, ex: Experts, logits: Tensor | None = None, selected: Tensor | None = None) -> Tensor:
@@ -154,6 +157,8 @@ def moe_ffn(g: Graph, cur: Tensor, ex: Experts, logits: Tensor | None = None, se
         probs = logits if ex.softmax_weight else Graph.like("unary" if ex.sigmoid else "soft_max", logits)
     if selected is None:
         selection = Graph.like("add", probs, W((ex.n_expert,), "exp_probs_b.bias")) if ex.probs_bias else probs
+        if ex.weight_before:
+            selection = logits
         order = Graph.op("argsort", (ex.n_expert, n_tokens), selection, esize=I32)
         selected = Graph.view(order, (ex.n_used, n_tokens), (order.nb[1],))  # ggml_argsort_top_k
     weights = Graph.get_rows(Graph.reshape(probs, (1, ex.n_expert, n_tokens)), selected)
@@ -168,6 +173,8 @@ def moe_ffn(g: Graph, cur: Tensor, ex: Experts, logits: Tensor | None = None, se
         weights = Graph.like("scale", weights)
     g.expand(weights)
     x = Graph.reshape(cur, (n_embd, 1, n_tokens))
+    if ex.weight_before:  # ggml_repeat_4d to every selected expert, then weighted
+        x = Graph.like("mul", Graph.op("repeat", (n_embd, ex.n_used, n_tokens), x), weights)
     shape = (ex.n_ff, ex.n_used, n_tokens)
 
     def biased(t: Tensor, name: str) -> Tensor:  # ggml_add_id of the selected experts' biases
@@ -192,7 +199,7 @@ def moe_ffn(g: Graph, cur: Tensor, ex: Experts, logits: Tensor | None = None, se
         scales = Graph.reshape(W((ex.n_expert,), "ffn_down_exps.scale"), (1, ex.n_expert, 1))
         down = Graph.like("mul", down, Graph.get_rows(scales, selected))
     down = biased(down, "ffn_down_exps")
-    experts = Graph.like("mul", down, weights)
+    experts = down if ex.weight_before else Graph.like("mul", down, weights)
     g.expand(experts)
     views = [Graph.view(experts, (n_embd, n_tokens), (experts.nb[2],)) for _ in range(ex.n_used)]
     for v in views:
