@@ -93,6 +93,7 @@ def shapes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "gemma3n": factory.gemma3n(),
         "gpt_oss": factory.gpt_oss(),
         "mla": factory.deepseek2(),
+        "mistral4": factory.deepseek2(arch="mistral4", name="mistral4"),  # DeepSeek-V3's graph under its own name
         "dsa": factory.deepseek2(dsa=True, name="dsa"),
         "ernie45": factory.dense(arch="ernie4_5", name="ernie45"),  # Llama's graph
         # dense lead layers, softmax-routed experts with a selection bias, a shared expert beside them

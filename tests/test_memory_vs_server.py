@@ -226,6 +226,7 @@ REPLAY_SHAPES = (
     "moe",
     "minimax_m2",
     "mla",
+    "mistral4",
     "dsa",
     "glm_dsa",
     "hybrid",

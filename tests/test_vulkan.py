@@ -218,6 +218,7 @@ def test_a_tensor_split_over_two_vulkan_devices_is_the_meta_devices(
                                              ("gemma3n", ["-ngl", "12", "-fa", "off"]),
                                              ("hybrid", []), ("hybrid", ["-ngl", "5"]),
                                              ("mla", []), ("mla", ["-ngl", "4", "-fa", "off"]),
+                                             ("mla", ["-ncmoe", "3"]),
                                              # -fa auto resolved off: a host layer's attention scheduled on
                                              # the device
                                              ("lfm2", ["-ngl", "4"]), ("nemotron_h", ["-ngl", "4"]),

@@ -32,12 +32,14 @@ def deepseek2(
     indexer_dim: int = 64,
     indexer_top_k: int = 64,
     n_shared: int = 1,
+    arch: str = "deepseek2",
 ) -> Shape:
     """DeepSeek-V3 style MLA with q LoRA and split attn_k_b/attn_v_b (src/models/deepseek2.cpp); with
     ``dsa`` the DeepSeek-V3.2 sparse-attention variant with its lightning indexer (deepseek32.cpp).
     ``q_lora_rank=0``: the query straight from the hidden state (``attn_q``, the V2-Lite models); ``n_shared``
-    shared experts, one tensor each of ``n_shared x n_ff_exp`` rows (llama-model.cpp's deepseek2 loader)."""
-    arch = "deepseek32" if dsa else "deepseek2"
+    shared experts, one tensor each of ``n_shared x n_ff_exp`` rows (llama-model.cpp's deepseek2 loader); ``arch``
+    "mistral4": Mistral 4's, DeepSeek-V3's graph and loader under its own name (models.h llama_model_mistral4)."""
+    arch = "deepseek32" if dsa else arch
     kv = _base_kv(arch, name, n_layer, n_embd, ctx, n_vocab)
     k_mla = nope_dim + rope_dim
     kv.update({

@@ -14,6 +14,7 @@ unmask the attention's mask (``build_attn`` for the DSA input, llama-graph.cpp:3
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 from llamafit.memory.graph.attention import kq_mask
 from llamafit.memory.graph.galloc import F32, I32, I64, Graph, Tensor, in_layer
@@ -62,6 +63,16 @@ class MlaShape(Recipe):
         # the K-only cache's build_attn rotates nothing (llama-graph.cpp:3056-3112), and a quantized cache
         # needs flash attention there (K and V one type): the cache's type changes no node of the graph
         return 0, 0
+
+
+@dataclass(frozen=True)
+class HostDownMlaShape(MlaShape):
+    """Mistral 4's MLA (DeepSeek-V3's graph): its experts' down projections carry F32 precision on their input
+    (llama-graph.cpp:2356-2359), which the GPU backends refuse (ggml-cuda.cu:5329-5331, ggml-vulkan.cpp:15410-15412),
+    so the scheduler runs them on the host and copies their weights there each batch, which the replica does not
+    model: replayed on one backend only."""
+
+    placeable: ClassVar[bool] = False
 
 
 class _Builder:

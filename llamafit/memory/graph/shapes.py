@@ -20,7 +20,7 @@ from llamafit.memory.graph.gemma4 import AssistantShape, Gemma4Shape, read_layer
 from llamafit.memory.graph.hybrid import HybridShape
 from llamafit.memory.graph.layered import LAYERED, layered_shape
 from llamafit.memory.graph.mamba import MambaShape
-from llamafit.memory.graph.mla import Indexer, MlaShape
+from llamafit.memory.graph.mla import HostDownMlaShape, Indexer, MlaShape
 from llamafit.memory.graph.mtp import Eagle3Shape, MtpShape, NextnIo, NextnShape
 from llamafit.memory.graph.recipe import Recipe
 from llamafit.memory.graph.routing import read_experts
@@ -28,7 +28,10 @@ from llamafit.memory.graph.transformers import transformer_shape
 from llamafit.memory.graph.trunk import Experts
 
 RECURRENT = ("mamba", "mamba2")
-MLA = ("deepseek2", "deepseek32", "glm-dsa")  # the MLA trunks graph.mla builds (with DSA's indexer: the last two)
+# the MLA trunks graph.mla builds: DeepSeek-V2/V3's graph (Mistral 4's is it: models.h llama_model_mistral4), and
+# with DSA's indexer
+MLA_PLAIN = ("deepseek2", "mistral4")
+MLA = (*MLA_PLAIN, "deepseek32", "glm-dsa")
 QWEN35 = ("qwen35", "qwen35moe", "qwen3next")  # the hybrids whose graphs graph.hybrid builds
 
 
@@ -276,7 +279,7 @@ def _mla_shape(model: ModelInfo) -> MlaShape | None:
     hp = model.hparams
     if not hp.mla or hp.n_layer_kv_from_start >= 0 or not hp.causal:
         return None
-    if hp.n_nextn and hp.arch == "deepseek2":
+    if hp.n_nextn and hp.arch in MLA_PLAIN:
         return None  # DeepSeek-V3's NextN layers: not held to a load here
     if model.number("expert_group_count") > 1 or model.number("attention.temperature_scale"):
         return None  # grouped routing, temperature-scaled queries: other nodes
@@ -295,10 +298,10 @@ def _mla_shape(model: ModelInfo) -> MlaShape | None:
     dense_up = shapes.get("blk.0.ffn_up.weight") if lead else None
     shexp = shapes.get(f"blk.{il}.ffn_up_shexp.weight")
     rank = k_b[1]
-    indexer = _indexer(model, shapes) if hp.arch != "deepseek2" else None
-    if hp.arch != "deepseek2" and (indexer is None or q_a is None):
+    indexer = _indexer(model, shapes) if hp.arch not in MLA_PLAIN else None
+    if hp.arch not in MLA_PLAIN and (indexer is None or q_a is None):
         return None
-    return MlaShape(
+    return (HostDownMlaShape if hp.arch == "mistral4" else MlaShape)(
         n_layer=hp.n_layer,
         n_embd=hp.n_embd,
         n_vocab=hp.n_vocab,
