@@ -6,7 +6,7 @@ from dataclasses import replace
 from typing import Any
 
 from llamafit.gguf.writer import TensorSpec
-from tests.factory.base import Shape, _attn, _base_kv, _ffn, _gate_down_up, _io
+from tests.factory.base import Shape, _attn, _base_kv, _ffn, _gate_down_up, _heads_kv, _io
 
 
 def dense(
@@ -244,12 +244,7 @@ def phi3(*, n_layer: int = 4, n_embd: int = 256, n_head: int = 8, n_head_kv: int
     looks for tokens the test vocabulary has not."""
     arch, hd = "phi3", n_embd // n_head
     kv = _base_kv(arch, "small-p", n_layer, n_embd, 8192, 512)
-    kv.update({
-        f"{arch}.feed_forward_length": n_ff,
-        f"{arch}.attention.head_count": n_head,
-        f"{arch}.attention.head_count_kv": n_head_kv,
-        f"{arch}.rope.dimension_count": hd,
-    })  # fmt: skip
+    kv.update(_heads_kv(arch, n_ff, n_head, n_head_kv, hd))
     ts = _io(n_embd, 512, "f16", False)
     for i in range(n_layer):
         ts += [
@@ -349,12 +344,7 @@ def glm4(
     outputs normed (sandwich norms), one up projection twice the FFN's width split by its SwiGLU."""
     arch, hd = "glm4", n_embd // n_head
     kv = _base_kv(arch, name, n_layer, n_embd, 32768, n_vocab)
-    kv.update({
-        f"{arch}.feed_forward_length": n_ff,
-        f"{arch}.attention.head_count": n_head,
-        f"{arch}.attention.head_count_kv": n_head_kv,
-        f"{arch}.rope.dimension_count": hd // 2,
-    })  # fmt: skip
+    kv.update(_heads_kv(arch, n_ff, n_head, n_head_kv, hd // 2))
     ts = _io(n_embd, n_vocab, w, False)
     for i in range(n_layer):
         ts += _attn(i, n_embd, n_head * hd, n_head_kv * hd, n_head * hd, w)
@@ -385,12 +375,7 @@ def exaone4(
     norms, Q and K normed over their whole width."""
     hd, olmo = n_embd // n_head, arch == "olmo2"
     kv = _base_kv(arch, arch, n_layer, n_embd, 32768, 512)
-    kv.update({
-        f"{arch}.feed_forward_length": 512,
-        f"{arch}.attention.head_count": n_head,
-        f"{arch}.attention.head_count_kv": n_head_kv,
-        f"{arch}.rope.dimension_count": hd,
-    })  # fmt: skip
+    kv.update(_heads_kv(arch, 512, n_head, n_head_kv, hd))
     if n_swa:
         kv[f"{arch}.attention.sliding_window"] = n_swa
     ts = _io(n_embd, 512, "f16", False)
@@ -425,11 +410,8 @@ def granite(
     (``rope.scaling.finetuned``, granite.cpp:33-36)."""
     hd = n_embd // n_head
     kv = _base_kv(arch, arch, n_layer, n_embd, 32768, 512)
+    kv.update(_heads_kv(arch, n_ff, n_head, n_head_kv, hd))
     kv.update({
-        f"{arch}.feed_forward_length": n_ff,
-        f"{arch}.attention.head_count": n_head,
-        f"{arch}.attention.head_count_kv": n_head_kv,
-        f"{arch}.rope.dimension_count": hd,
         f"{arch}.embedding_scale": 12.0,
         f"{arch}.residual_scale": 0.22,
         f"{arch}.logit_scale": 6.0,

@@ -113,6 +113,16 @@ def _base_kv(arch: str, name: str, n_layer: int, n_embd: int, ctx: int, n_vocab:
     return kv
 
 
+def _heads_kv(arch: str, n_ff: int, n_head: int, n_head_kv: int, rope_dim: int) -> dict[str, Any]:
+    """A transformer's FFN width, head counts and RoPE width."""
+    return {
+        f"{arch}.feed_forward_length": n_ff,
+        f"{arch}.attention.head_count": n_head,
+        f"{arch}.attention.head_count_kv": n_head_kv,
+        f"{arch}.rope.dimension_count": rope_dim,
+    }
+
+
 def _attn(i: int, n_embd: int, n_q: int, n_kv: int, out_in: int, w: str) -> list[TensorSpec]:
     return [
         TensorSpec(f"blk.{i}.attn_norm.weight", (n_embd,)),

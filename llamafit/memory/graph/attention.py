@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
+from llamafit.gguf.hparams import Hparams
 from llamafit.memory.graph.galloc import F32, I32, I64, Graph, Tensor, in_layer, of_layer
 from llamafit.memory.graph.recipe import Recipe, Reserve
 from llamafit.memory.graph.trunk import (
@@ -78,6 +79,24 @@ class TransformerShape(Recipe):
 
     def first_layer(self) -> Recipe | None:
         return replace(self, n_layer=1)
+
+    @classmethod
+    def of(cls, hp: Hparams, arch: str, is_swa: tuple[bool, ...] | None = None) -> TransformerShape:
+        """The widths of the header's layers (the NextN layers past them left out); the family's differences are
+        set on it with ``dataclasses.replace``."""
+        n = hp.n_layer
+        return cls(
+            arch=arch,
+            n_layer=n,
+            n_embd=hp.n_embd,
+            n_vocab=hp.n_vocab,
+            n_head=hp.n_head[0],
+            n_head_kv=tuple(hp.n_head_kv[:n]),
+            head_k=hp.head_k,
+            head_v=hp.head_v,
+            n_ff=tuple(hp.n_ff[:n]),
+            is_swa=tuple(hp.is_swa[:n]) if is_swa is None else is_swa,
+        )
 
 
 def kq_mask(shape: tuple[int, int, int, int], fa: bool, f16: bool = True) -> Tensor:

@@ -84,19 +84,7 @@ def _dflash_shape(model: ModelInfo) -> DflashShape | None:
     d2t = shapes.get("d2t")
     head = shapes.get("output.weight")
     markov = _markov(model, shapes)
-    trunk = TransformerShape(
-        arch="qwen3",
-        n_layer=hp.n_layer,
-        n_embd=hp.n_embd,
-        n_vocab=hp.n_vocab,
-        n_head=hp.n_head[0],
-        n_head_kv=tuple(hp.n_head_kv[: hp.n_layer]),
-        head_k=hp.head_k,
-        head_v=hp.head_v,
-        n_ff=tuple(hp.n_ff[: hp.n_layer]),
-        is_swa=(False,) * hp.n_layer,
-        qk_norm=True,
-    )
+    trunk = replace(TransformerShape.of(hp, "qwen3", (False,) * hp.n_layer), qk_norm=True)
     return DflashShape(
         trunk,
         n_vocab_draft=head[1] if head is not None and len(head) > 1 else hp.n_vocab,

@@ -28,6 +28,7 @@ weighted by a softmax of the selected, the output rows after the last layer, who
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory.graph.attention import COHERE, FUSED_UP, MROPE_SECTIONS, TransformerShape
@@ -151,17 +152,8 @@ def transformer_shape(model: ModelInfo) -> TransformerShape | None:
     flat = qk_norm and shapes["blk.0.attn_q_norm.weight"][0] != hp.head_k  # one weight over all the heads
     sections = model.kv.get(f"{hp.arch}.rope.dimension_sections")
     mrope = isinstance(sections, list) and any(isinstance(x, int) and x for x in sections)
-    return TransformerShape(
-        arch=hp.arch,
-        n_layer=hp.n_layer,
-        n_embd=hp.n_embd,
-        n_vocab=hp.n_vocab,
-        n_head=hp.n_head[0],
-        n_head_kv=tuple(hp.n_head_kv[: hp.n_layer]),
-        head_k=hp.head_k,
-        head_v=hp.head_v,
-        n_ff=tuple(hp.n_ff[: hp.n_layer]),
-        is_swa=tuple(hp.is_swa[: hp.n_layer]),
+    return replace(
+        TransformerShape.of(hp, hp.arch),
         experts=experts,
         n_pos=MROPE_SECTIONS if mrope else 1,
         qk_norm=qk_norm and not flat,
