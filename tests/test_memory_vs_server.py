@@ -213,6 +213,7 @@ REPLAY_SHAPES = (
     "qwen2moe",
     "llama4",
     "llama4_maverick",
+    "hunyuan_moe",
     "ernie45",
     "ernie45_moe",
     "qwen3",

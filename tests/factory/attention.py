@@ -101,9 +101,10 @@ def moe(
     arch: str = "qwen3moe",
 ) -> Shape:
     """qwen3moe (src/models/qwen3moe.cpp); ``arch`` "qwen3vlmoe": Qwen3-VL-MoE's text layers (see ``qwen3vl``);
+    "hunyuan-moe": Hunyuan-A13B's (hunyuan-moe.cpp: Q/K norms after RoPE, a shared expert beside the routed ones);
     "minimax-m2": MiniMax-M2's (minimax-m2.cpp): Q and K normed over their whole width, sigmoid routing with a
     selection bias, RoPE over half of each head."""
-    minimax = arch == "minimax-m2"
+    minimax, hunyuan = arch == "minimax-m2", arch == "hunyuan-moe"
     kv = _base_kv(arch, name, n_layer, n_embd, ctx, n_vocab)
     kv.update(_experts_kv(arch, n_ff_exp * n_expert_used, n_ff_exp, n_expert, n_expert_used, n_head, n_head_kv,
                           head_dim))  # fmt: skip
@@ -111,7 +112,8 @@ def moe(
     if minimax:
         kv[f"{arch}.expert_gating_func"] = 2  # sigmoid (LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID)
         kv[f"{arch}.rope.dimension_count"] = head_dim // 2
-        kv[f"{arch}.feed_forward_length"] = n_ff_exp  # the experts' width (minimax-m2.cpp:36-38)
+    if minimax or hunyuan:  # the experts' width (minimax-m2.cpp:36-38, hunyuan-moe.cpp:42-44)
+        kv[f"{arch}.feed_forward_length"] = n_ff_exp
     ts = _io(n_embd, n_vocab, w, False)
     for i in range(n_layer):
         ts += _attn(i, n_embd, n_head * head_dim, n_head_kv * head_dim, n_head * head_dim, w)
@@ -126,6 +128,10 @@ def moe(
             TensorSpec(f"blk.{i}.ffn_down_exps.weight", (n_ff_exp, n_embd, n_expert), w),
             TensorSpec(f"blk.{i}.ffn_up_exps.weight", (n_embd, n_ff_exp, n_expert), w),
         ]
+        if hunyuan:
+            ts += _gate_down_up(i, "ffn_{}_shexp", n_embd, 2 * n_ff_exp, w)
+    if hunyuan:
+        kv[f"{arch}.expert_shared_feed_forward_length"] = 2 * n_ff_exp
     return Shape(arch, kv, ts)
 
 

@@ -56,6 +56,7 @@ class TransformerShape(Recipe):
     qk_norm: bool = False  # RMS norms on Q and K before RoPE (Qwen3, Gemma 3, GLM-4.5)
     # the norms over Q's and K's whole width, before the heads are split (MiniMax-M2: minimax-m2.cpp:83-93)
     qk_norm_flat: bool = False
+    qk_norm_late: bool = False  # the Q/K norms after RoPE (Hunyuan-A13B: hunyuan-moe.cpp:100-118)
     no_rope: tuple[bool, ...] = ()  # the layers without RoPE (SmolLM3's every fourth, EXAONE 4's full layers)
     scales: tuple[bool, bool, bool] = (False, False, False)  # Granite's embedding, residual and logit scales
     shexp_gate: str = ""  # the shared expert's gate (``trunk.routed_and_shared``): Qwen2-MoE's "silu_div"
@@ -343,11 +344,13 @@ class Builder(Attending):
             q = proj("attn_q", hk * nh, (hk, nh, T), sh.qk_norm_flat)
             k = proj("attn_k", hk * n_kv_h, (hk, n_kv_h, T), sh.qk_norm_flat)
             v = proj("attn_v", hv * n_kv_h, (hv, n_kv_h, T))
-        if sh.qk_norm:
+        if sh.qk_norm and not sh.qk_norm_late:
             q, k = self.norm(q), self.norm(k)
         if not (sh.no_rope and sh.no_rope[il]):
             q = Graph.like("rope", q, self.pos)
             k = Graph.like("rope", k, self.pos)
+        if sh.qk_norm and sh.qk_norm_late:
+            q, k = self.norm(q), self.norm(k)
             if sh.l2_qk:
                 q, k = Graph.like("rms_norm", q), Graph.like("rms_norm", k)
         elif self.attn_scale is not None and sh.temp_nope:

@@ -22,6 +22,8 @@ def read_experts(model: ModelInfo, shapes: dict[str, tuple[int, ...]], il: int) 
         )
     if hp.arch in ("llama", "qwen3moe", "qwen3vlmoe", "qwen35moe", "qwen3next"):
         return Experts(n_expert=up[2], n_used=hp.n_expert_used, n_ff=up[1], norm_w=True, scale=scale)
+    if hp.arch == "hunyuan-moe":  # softmax, normalized weights, no scale read (hunyuan-moe.cpp:3-8, 147-158)
+        return Experts(n_expert=up[2], n_used=hp.n_expert_used, n_ff=up[1], norm_w=True)
     if hp.arch == "llama4":  # sigmoid, weights as they are, no scale read (llama4.cpp:219-230)
         return Experts(n_expert=up[2], n_used=hp.n_expert_used, n_ff=up[1], sigmoid=True, weight_before=True)
     if hp.arch == "qwen2moe":  # softmax, weights as they are, no scale read (qwen2moe.cpp:3-7, 132-143)

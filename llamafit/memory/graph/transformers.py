@@ -19,10 +19,11 @@ the full layers of the sliding-window model), ``olmo2.cpp`` (OLMo 2 and 3: EXAON
 their whole width), ``granite.cpp`` (Granite 3, dense and MoE: the embedding, residual and logit scales),
 ``command-r.cpp`` and ``cohere2.cpp`` (Command R, R+, R7B and A: one layer norm before the attention and the FFN
 side by side, per-head Q/K layer norms with 64 layers or more, the sliding-window layers alone with RoPE, scaled
-logits), ``minimax-m2.cpp`` (MiniMax-M2: OLMo 2's Q/K norms, sigmoid routing with a selection bias),
-``glm4-moe.cpp`` (GLM-4.5: dense lead layers, sigmoid routing beside a shared expert) and ``openai-moe.cpp:59-168``
-(gpt-oss: biased projections, attention sinks, every other layer on the sliding-window cache, biased experts
-weighted by a softmax of the selected, the output rows after the last layer, whose output stays).
+logits), ``hunyuan-moe.cpp`` (Hunyuan-A13B: Q/K norms after RoPE, softmax routing beside a shared expert),
+``minimax-m2.cpp`` (MiniMax-M2: OLMo 2's Q/K norms, sigmoid routing with a selection bias), ``glm4-moe.cpp``
+(GLM-4.5: dense lead layers, sigmoid routing beside a shared expert) and ``openai-moe.cpp:59-168`` (gpt-oss: biased
+projections, attention sinks, every other layer on the sliding-window cache, biased experts weighted by a softmax of
+the selected, the output rows after the last layer, whose output stays).
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ TRANSFORMER: dict[str, tuple[str, ...]] = {
     "granitemoe": ("none",),
     "qwen2moe": ("none",),
     "llama4": ("none", "chunked"),
+    "hunyuan-moe": ("none",),
     "command-r": ("none",),
     "cohere2": ("standard",),
     "seed_oss": ("none",),
@@ -75,10 +77,11 @@ _ROUTED = (
     "granitemoe",
     "qwen2moe",
     "llama4",
+    "hunyuan-moe",
 )
 _DENSE_LEAD = ("glm4moe", "ernie4_5-moe")  # dense leading layers, then experts with a shared expert beside them
 # a shared expert added beside the routed ones where the file has one
-_SHARED_EXPERT = (*_DENSE_LEAD, "granitemoe", "qwen2moe", "llama4")
+_SHARED_EXPERT = (*_DENSE_LEAD, "granitemoe", "qwen2moe", "llama4", "hunyuan-moe")
 _GRANITE = ("granite", "granitemoe")  # Granite's scales (granite.cpp)
 _PROJECTIONS = ("attn_q", "attn_k", "attn_v", "attn_output")
 _GPT_OSS_LAYER = ("attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias", "attn_sinks.weight")
@@ -158,6 +161,7 @@ def transformer_shape(model: ModelInfo) -> TransformerShape | None:
         n_pos=MROPE_SECTIONS if mrope else 1,
         qk_norm=qk_norm and not flat,
         qk_norm_flat=qk_norm and flat,
+        qk_norm_late=hp.arch == "hunyuan-moe",
         n_dense_lead=lead,
         n_ff_shexp=shexp[1] if shexp is not None and hp.arch in _SHARED_EXPERT else 0,
         biases=biases,
