@@ -113,6 +113,7 @@ def shapes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "llama4": factory.llama4(),  # Scout's: chunked attention, NoPE layers, L2-normed Q and K, top-1 experts
         "llama4_maverick": factory.llama4(n_expert=128, moe_step=2),  # dense and MoE layers in turn, no Q/K norms
         "hunyuan_moe": factory.moe(arch="hunyuan-moe", name="hunyuan-moe"),  # Q/K norms after RoPE, a shared expert
+        "arcee": factory.dense(arch="arcee", name="arcee"),  # AFM: a squared ReLU of one up projection
         "glm4": factory.glm4(),  # sandwich norms, biased Q, K and V, one wide up projection
         "glm4moe": factory.glm4moe(),
         "glm_dsa": factory.glm_dsa(name="glm-dsa"),

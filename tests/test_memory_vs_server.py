@@ -214,6 +214,7 @@ REPLAY_SHAPES = (
     "llama4",
     "llama4_maverick",
     "hunyuan_moe",
+    "arcee",
     "ernie45",
     "ernie45_moe",
     "qwen3",

@@ -33,7 +33,8 @@ def dense(
     (qwen2.cpp's optional output_b); ``rope_sections``: M-RoPE's (Qwen2-VL and 2.5-VL, ``qwen2vl``: four positions a
     token, qwen2vl.cpp); ``attn_temp``: Llama 4's attention temperature (``mistral3``: Ministral 3, mistral3.cpp).
     ``arch`` "seed_oss" (Seed-OSS: Llama's layers, its FFN norm named the post-attention norm; with ``qkv_bias`` as
-    published) and "smollm3" (SmolLM3: every fourth layer without RoPE) are Llama's tensors too."""
+    published), "smollm3" (SmolLM3: every fourth layer without RoPE) and "arcee" (AFM: no FFN gate) are Llama's tensors
+    too."""
     hd = head_dim or n_embd // n_head
     kv = _base_kv(arch, name, n_layer, n_embd, ctx, n_vocab)
     kv.update({
@@ -63,6 +64,8 @@ def dense(
                 TensorSpec(f"blk.{i}.attn_q_norm.weight", (hd,)),
             ]
         ts += _ffn(i, n_embd, n_ff, w)
+    if arch == "arcee":  # one up projection, no gate (arcee.cpp:39-40)
+        ts = [t for t in ts if "ffn_gate" not in t.name]
     if arch == "seed_oss":  # the FFN's norm is named the post-attention norm (seed-oss.cpp:37)
         ts = [replace(t, name=t.name.replace("ffn_norm", "post_attention_norm")) for t in ts]
     return Shape(arch, kv, ts)

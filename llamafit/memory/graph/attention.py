@@ -320,6 +320,10 @@ class Builder(Attending):
             up = Graph.mul_mat(Graph.weight((sh.n_embd, 2 * sh.n_ff[il]), "ffn_up"), cur)
             glu = Graph.op("glu", (sh.n_ff[il], *up.ne[1:]), up)
             return Graph.mul_mat(Graph.weight((sh.n_ff[il], sh.n_embd), "ffn_down"), glu)
+        if sh.arch == "arcee":  # build_ffn's RELU_SQR of one up projection (arcee.cpp:123-128)
+            up = Graph.mul_mat(Graph.weight((sh.n_embd, sh.n_ff[il]), "ffn_up"), cur)
+            act = Graph.like("sqr", Graph.like("unary", up))
+            return Graph.mul_mat(Graph.weight((sh.n_ff[il], sh.n_embd), "ffn_down"), act)
         if sh.experts is None or il < sh.n_dense_lead or (sh.moe_layers and not sh.moe_layers[il]):
             return gated_ffn(cur, sh.n_ff[il])
         return routed_and_shared(self.g, cur, sh.experts, sh.n_ff_shexp, sh.shexp_gate)

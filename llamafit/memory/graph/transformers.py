@@ -11,19 +11,20 @@ norms, the scaled Q, the sandwich norms, sliding-window layers), ``gemma2.cpp`` 
 scores and logits soft-capped), ``mistral3.cpp`` (Llama 4's attention temperature), ``llama4.cpp`` (Llama 4: chunked
 attention, every fourth layer without RoPE and its Q times the temperature input, L2-normed Q and K on the others,
 top-1 sigmoid routing that weights the input before the experts, beside a shared expert, on every layer or every
-other), ``smollm3.cpp`` (every fourth layer without RoPE), ``phi3.cpp`` (Phi-3 and Phi-4: Q, K and V views of a
-fused product, one up projection split by its SwiGLU), ``glm4.cpp`` (GLM-4: biased Q, K and V, sandwich norms,
-Phi-3's up projection), ``ernie4-5.cpp`` and ``ernie4-5-moe.cpp`` (ERNIE 4.5: dense lead layers, softmax routing
-beside a shared expert), ``exaone4.cpp`` (EXAONE 4: only the attention's and the FFN's outputs normed, no RoPE on
-the full layers of the sliding-window model), ``olmo2.cpp`` (OLMo 2 and 3: EXAONE 4's norms, Q and K normed over
-their whole width), ``granite.cpp`` (Granite 3, dense and MoE: the embedding, residual and logit scales),
-``command-r.cpp`` and ``cohere2.cpp`` (Command R, R+, R7B and A: one layer norm before the attention and the FFN
-side by side, per-head Q/K layer norms with 64 layers or more, the sliding-window layers alone with RoPE, scaled
-logits), ``hunyuan-moe.cpp`` (Hunyuan-A13B: Q/K norms after RoPE, softmax routing beside a shared expert),
-``minimax-m2.cpp`` (MiniMax-M2: OLMo 2's Q/K norms, sigmoid routing with a selection bias), ``glm4-moe.cpp``
-(GLM-4.5: dense lead layers, sigmoid routing beside a shared expert) and ``openai-moe.cpp:59-168`` (gpt-oss: biased
-projections, attention sinks, every other layer on the sliding-window cache, biased experts weighted by a softmax of
-the selected, the output rows after the last layer, whose output stays).
+other), ``arcee.cpp`` (AFM: a squared ReLU of one up projection), ``smollm3.cpp`` (every fourth layer without RoPE),
+``phi3.cpp`` (Phi-3 and Phi-4: Q, K and V views of a fused product, one up projection split by its SwiGLU),
+``glm4.cpp`` (GLM-4: biased Q, K and V, sandwich norms, Phi-3's up projection), ``ernie4-5.cpp`` and
+``ernie4-5-moe.cpp`` (ERNIE 4.5: dense lead layers, softmax routing beside a shared expert), ``exaone4.cpp`` (EXAONE
+4: only the attention's and the FFN's outputs normed, no RoPE on the full layers of the sliding-window model),
+``olmo2.cpp`` (OLMo 2 and 3: EXAONE 4's norms, Q and K normed over their whole width), ``granite.cpp`` (Granite 3,
+dense and MoE: the embedding, residual and logit scales), ``command-r.cpp`` and ``cohere2.cpp`` (Command R, R+, R7B
+and A: one layer norm before the attention and the FFN side by side, per-head Q/K layer norms with 64 layers or
+more, the sliding-window layers alone with RoPE, scaled logits), ``hunyuan-moe.cpp`` (Hunyuan-A13B: Q/K norms after
+RoPE, softmax routing beside a shared expert), ``minimax-m2.cpp`` (MiniMax-M2: OLMo 2's Q/K norms, sigmoid routing
+with a selection bias), ``glm4-moe.cpp`` (GLM-4.5: dense lead layers, sigmoid routing beside a shared expert) and
+``openai-moe.cpp:59-168`` (gpt-oss: biased projections, attention sinks, every other layer on the sliding-window
+cache, biased experts weighted by a softmax of the selected, the output rows after the last layer, whose output
+stays).
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ TRANSFORMER: dict[str, tuple[str, ...]] = {
     "qwen2moe": ("none",),
     "llama4": ("none", "chunked"),
     "hunyuan-moe": ("none",),
+    "arcee": ("none",),
     "command-r": ("none",),
     "cohere2": ("standard",),
     "seed_oss": ("none",),
@@ -120,6 +122,10 @@ def transformer_shape(model: ModelInfo) -> TransformerShape | None:
     for il in range(hp.n_layer):
         moe = experts and il >= lead and (not moe_layers or moe_layers[il])
         ffn = f"blk.{il}.ffn_up_exps.weight" if moe else f"blk.{il}.ffn_gate.weight"
+        if hp.arch == "arcee":  # one up projection, no gate (arcee.cpp:39-40)
+            if f"blk.{il}.ffn_gate.weight" in names:
+                return None
+            ffn = f"blk.{il}.ffn_up.weight"
         need = {f"blk.{il}.attn_q.weight", f"blk.{il}.attn_k.weight", ffn}
         if hp.arch in FUSED_UP:
             if (
