@@ -114,6 +114,8 @@ def shapes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "llama4_maverick": factory.llama4(n_expert=128, moe_step=2),  # dense and MoE layers in turn, no Q/K norms
         "hunyuan_moe": factory.moe(arch="hunyuan-moe", name="hunyuan-moe"),  # Q/K norms after RoPE, a shared expert
         "arcee": factory.dense(arch="arcee", name="arcee"),  # AFM: a squared ReLU of one up projection
+        # Llama's graph under other names: EXAONE 3 and 3.5, XVERSE, Nanbeige, InternLM2 and 2.5
+        **{a: factory.dense(arch=a, name=a) for a in ("exaone", "xverse", "nanbeige", "internlm2")},
         "glm4": factory.glm4(),  # sandwich norms, biased Q, K and V, one wide up projection
         "glm4moe": factory.glm4moe(),
         "glm_dsa": factory.glm_dsa(name="glm-dsa"),

@@ -34,6 +34,7 @@ REPLAYED = [
         *("seed_oss", "smollm3", "glm4", "ernie45", "ernie45_moe", "exaone4", "exaone4_swa"),
         *("olmo2", "olmo3", "granite", "granite_nope", "granitemoe", "cohere2", "command_r", "command_r_plus"),
         *("qwen2moe", "llama4", "llama4_maverick", "mistral4", "hunyuan_moe", "arcee"),
+        *("exaone", "xverse", "nanbeige", "internlm2"),
     )
     for args in (
         ["-c", "4096"],

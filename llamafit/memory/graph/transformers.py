@@ -60,6 +60,11 @@ TRANSFORMER: dict[str, tuple[str, ...]] = {
     "llama4": ("none", "chunked"),
     "hunyuan-moe": ("none",),
     "arcee": ("none",),
+    # Llama's graph under their own names (exaone.cpp, xverse.cpp, nanbeige.cpp, internlm2.cpp)
+    "exaone": ("none",),
+    "xverse": ("none",),
+    "nanbeige": ("none",),
+    "internlm2": ("none",),
     "command-r": ("none",),
     "cohere2": ("standard",),
     "seed_oss": ("none",),
