@@ -98,6 +98,7 @@ def shapes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "ernie45": factory.dense(arch="ernie4_5", name="ernie45"),  # Llama's graph
         # dense lead layers, softmax-routed experts with a selection bias, a shared expert beside them
         "ernie45_moe": factory.ernie45_moe(),
+        "dots1": factory.dots1(),  # the same layout with Q/K norms and sigmoid routing read from the header
         "exaone4": factory.exaone4(),  # no pre-norms, the outputs normed
         "exaone4_swa": factory.exaone4(n_layer=64),  # the 32B's sliding window, its full layers without RoPE
         "olmo2": factory.exaone4(arch="olmo2", n_layer=4, n_swa=0),  # the outputs normed, flat Q/K norms

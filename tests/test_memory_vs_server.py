@@ -221,6 +221,7 @@ REPLAY_SHAPES = (
     "internlm2",
     "ernie45",
     "ernie45_moe",
+    "dots1",
     "qwen3",
     "gemma2",
     "gemma3",

@@ -34,7 +34,7 @@ REPLAYED = [
         *("seed_oss", "smollm3", "glm4", "ernie45", "ernie45_moe", "exaone4", "exaone4_swa"),
         *("olmo2", "olmo3", "granite", "granite_nope", "granitemoe", "cohere2", "command_r", "command_r_plus"),
         *("qwen2moe", "llama4", "llama4_maverick", "mistral4", "hunyuan_moe", "arcee"),
-        *("exaone", "xverse", "nanbeige", "internlm2"),
+        *("exaone", "xverse", "nanbeige", "internlm2", "dots1"),
     )
     for args in (
         ["-c", "4096"],
@@ -58,10 +58,9 @@ def test_the_replayed_graphs(shapes: dict[str, Path], shape: str, args: list[str
 
 def test_other_graphs_keep_the_estimate(tmp_path: Path) -> None:
     """An architecture without a builder (OLMo: layer norms without weights, Q, K and V clamped), a Qwen2 whose logits
-    have a bias, a Qwen3-VL header with more deepstack slices than layers, a MiniMax-M2 header without its gating
-    function (llama.cpp aborts on the graph), a Llama 4 without chunked attention (b11434 aborts on its first batch),
-    and DeepSeek-V4 (and DSpark on its backbone) on a build older than the
-    graph its builder makes."""
+    have a bias, a Qwen3-VL header with more deepstack slices than layers, MiniMax-M2 and dots.llm1 headers without
+    their gating function (llama.cpp aborts on the graph), a Llama 4 without chunked attention (b11434 aborts on its
+    first batch), and DeepSeek-V4 (and DSpark on its backbone) on a build older than the graph its builder makes."""
     olmo = factory.dense(arch="olmo", name="olmo").write(tmp_path / "olmo.gguf")
     model, cp, fa = _context(olmo, ["-c", "4096"])
     assert graph_bytes(model, cp, cp.n_outputs_max, fa) is None
@@ -75,10 +74,10 @@ def test_other_graphs_keep_the_estimate(tmp_path: Path) -> None:
     full = factory.llama4(chunked=False)  # its last layer's temperature input aborts b11434's server
     model, cp, fa = _context(full.write(tmp_path / "llama4.gguf"), ["-c", "4096"])
     assert graph_bytes(model, cp, cp.n_outputs_max, fa) is None
-    ungated = factory.moe(arch="minimax-m2", name="minimax-m2")
-    del ungated.kv["minimax-m2.expert_gating_func"]
-    model, cp, fa = _context(ungated.write(tmp_path / "minimax-m2.gguf"), ["-c", "4096"])
-    assert graph_bytes(model, cp, cp.n_outputs_max, fa) is None
+    for ungated, key in ((factory.moe(arch="minimax-m2", name="minimax-m2"), "minimax-m2"), (factory.dots1(), "dots1")):
+        del ungated.kv[f"{key}.expert_gating_func"]
+        model, cp, fa = _context(ungated.write(tmp_path / f"{key}.gguf"), ["-c", "4096"])
+        assert graph_bytes(model, cp, cp.n_outputs_max, fa) is None
     for shape, since in ((factory.deepseek4(), DSV4_GRAPH_SINCE), (factory.dspark_dsv4(), DSPARK_DSV4_GRAPH_SINCE)):
         model, cp, fa = _context(shape.write(tmp_path / f"{shape.kv['general.name']}.gguf"), ["-c", "4096"])
         assert graph_bytes(model, cp, cp.n_outputs_max, fa) is not None

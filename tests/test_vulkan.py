@@ -72,6 +72,7 @@ def shapes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "llama4": factory.llama4().write(d / "llama4.gguf"),  # chunked attention, NoPE layers, top-1 experts
         "hunyuan_moe": factory.moe(arch="hunyuan-moe", name="hunyuan-moe").write(d / "hunyuan-moe.gguf"),
         "arcee": factory.dense(arch="arcee", name="arcee").write(d / "arcee.gguf"),  # a squared ReLU, no gate
+        "dots1": factory.dots1().write(d / "dots1.gguf"),  # a dense lead layer, a shared expert, Q/K norms
         "smollm3": factory.dense(arch="smollm3", name="smollm3", n_layer=8).write(d / "smollm3.gguf"),  # NoPE layers
         "minimax_m2": factory.moe(arch="minimax-m2", name="minimax-m2").write(d / "minimax-m2.gguf"),  # flat Q/K norms
         "hybrid": factory.qwen35().write(d / "hybrid.gguf"),  # recurrent + attention
@@ -216,7 +217,7 @@ def test_a_tensor_split_over_two_vulkan_devices_is_the_meta_devices(
                                              ("cohere2", []), ("cohere2", ["-ngl", "5", "-fa", "off"]),
                                              ("qwen2moe", ["-ncmoe", "2"]), ("llama4", ["-ncmoe", "3"]),
                                              ("llama4", ["-ngl", "5", "-fa", "off"]), ("hunyuan_moe", ["-ncmoe", "2"]),
-                                             ("arcee", ["-ngl", "3"]),
+                                             ("arcee", ["-ngl", "3"]), ("dots1", ["-ncmoe", "2"]),
                                              ("minimax_m2", ["-ngl", "3", "-fa", "off"]),
                                              ("gemma3n", ["-ngl", "12", "-fa", "off"]),
                                              ("hybrid", []), ("hybrid", ["-ngl", "5"]),

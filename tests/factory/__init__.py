@@ -12,6 +12,7 @@ from llamafit.gguf.writer import TensorSpec
 from tests.factory.attention import (
     cohere,
     dense,
+    dots1,
     ernie45_moe,
     exaone4,
     gemma3,
@@ -67,6 +68,7 @@ __all__ = [
     "deepseek4",
     "dense",
     "dflash",
+    "dots1",
     "dspark_dsv4",
     "dspark_qwen3_4b",
     "eagle3",

@@ -235,6 +235,22 @@ def llama4(
     return Shape(arch, kv, ts)
 
 
+def dots1(*, n_layer: int = 4, n_embd: int = 256, n_head: int = 8) -> Shape:
+    """dots1 (src/models/dots1.cpp: dots.llm1): ERNIE 4.5 MoE's layout (a dense lead layer, then experts with a
+    selection bias beside a shared expert) with as many K/V heads as Q heads (dots1.cpp:34), per-head Q/K norms and the
+    routing read from the header (sigmoid,
+    normalized and scaled weights)."""
+    ernie = ernie45_moe(name="dots1", n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head, n_ff_shexp=128)
+    kv = {k.replace("ernie4_5-moe.", "dots1."): v for k, v in ernie.kv.items() if "interleave" not in k}
+    kv.update({"dots1.expert_shared_count": 1, "dots1.expert_gating_func": 2, "dots1.expert_weights_norm": True,
+               "dots1.expert_weights_scale": 2.5})  # fmt: skip
+    hd = n_embd // n_head
+    ts = list(ernie.tensors)
+    for i in range(n_layer):
+        ts += [TensorSpec(f"blk.{i}.attn_q_norm.weight", (hd,)), TensorSpec(f"blk.{i}.attn_k_norm.weight", (hd,))]
+    return Shape("dots1", kv, ts)
+
+
 def qwen3vl(*, moe_ffn: bool = False, deepstack: int = 3) -> Shape:
     """Qwen3-VL's text model (src/models/qwen3vl.cpp, qwen3vlmoe.cpp): Qwen3's (or Qwen3-MoE's) layers with M-RoPE,
     the first ``deepstack`` layers each adding a slice of an input ``1 + deepstack`` times as wide as the rows."""

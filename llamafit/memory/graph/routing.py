@@ -38,6 +38,8 @@ def read_experts(model: ModelInfo, shapes: dict[str, tuple[int, ...]], il: int) 
         bias = f"blk.{il}.exp_probs_b.bias" in shapes
         return Experts(n_expert=up[2], n_used=hp.n_expert_used, n_ff=up[1], probs_bias=bias, norm_w=True)
     gating = int(model.number("expert_gating_func"))
+    if gating == 0 and hp.arch == "dots1":
+        return None  # no gating function in the header: the graph aborts (dots1.cpp:10, 145-155)
     if hp.arch == "minimax-m2":  # the header's gating (none aborts), normalized weights, no scale read
         if gating not in (1, 2) or f"blk.{il}.exp_probs_b.bias" not in shapes:  # (minimax-m2.cpp:6, 130-140)
             return None

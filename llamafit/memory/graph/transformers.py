@@ -19,12 +19,12 @@ other), ``arcee.cpp`` (AFM: a squared ReLU of one up projection), ``smollm3.cpp`
 ``olmo2.cpp`` (OLMo 2 and 3: EXAONE 4's norms, Q and K normed over their whole width), ``granite.cpp`` (Granite 3,
 dense and MoE: the embedding, residual and logit scales), ``command-r.cpp`` and ``cohere2.cpp`` (Command R, R+, R7B
 and A: one layer norm before the attention and the FFN side by side, per-head Q/K layer norms with 64 layers or
-more, the sliding-window layers alone with RoPE, scaled logits), ``hunyuan-moe.cpp`` (Hunyuan-A13B: Q/K norms after
-RoPE, softmax routing beside a shared expert), ``minimax-m2.cpp`` (MiniMax-M2: OLMo 2's Q/K norms, sigmoid routing
-with a selection bias), ``glm4-moe.cpp`` (GLM-4.5: dense lead layers, sigmoid routing beside a shared expert) and
-``openai-moe.cpp:59-168`` (gpt-oss: biased projections, attention sinks, every other layer on the sliding-window
-cache, biased experts weighted by a softmax of the selected, the output rows after the last layer, whose output
-stays).
+more, the sliding-window layers alone with RoPE, scaled logits), ``dots1.cpp`` (dots.llm1: ERNIE 4.5 MoE's layout
+with Q/K norms and the header's routing), ``hunyuan-moe.cpp`` (Hunyuan-A13B: Q/K norms after RoPE, softmax routing
+beside a shared expert), ``minimax-m2.cpp`` (MiniMax-M2: OLMo 2's Q/K norms, sigmoid routing with a selection bias),
+``glm4-moe.cpp`` (GLM-4.5: dense lead layers, sigmoid routing beside a shared expert) and ``openai-moe.cpp:59-168``
+(gpt-oss: biased projections, attention sinks, every other layer on the sliding-window cache, biased experts
+weighted by a softmax of the selected, the output rows after the last layer, whose output stays).
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ TRANSFORMER: dict[str, tuple[str, ...]] = {
     "qwen2moe": ("none",),
     "llama4": ("none", "chunked"),
     "hunyuan-moe": ("none",),
+    "dots1": ("none",),
     "arcee": ("none",),
     # Llama's graph under their own names (exaone.cpp, xverse.cpp, nanbeige.cpp, internlm2.cpp)
     "exaone": ("none",),
@@ -85,8 +86,10 @@ _ROUTED = (
     "qwen2moe",
     "llama4",
     "hunyuan-moe",
+    "dots1",
 )
-_DENSE_LEAD = ("glm4moe", "ernie4_5-moe")  # dense leading layers, then experts with a shared expert beside them
+# dense leading layers, then experts with a shared expert beside them
+_DENSE_LEAD = ("glm4moe", "ernie4_5-moe", "dots1")
 # a shared expert added beside the routed ones where the file has one
 _SHARED_EXPERT = (*_DENSE_LEAD, "granitemoe", "qwen2moe", "llama4", "hunyuan-moe")
 _GRANITE = ("granite", "granitemoe")  # Granite's scales (granite.cpp)
