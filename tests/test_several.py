@@ -412,3 +412,34 @@ def test_a_bad_value_in_a_preset_section_says_whose(eights: list[Path], tmp_path
     r = CliRunner().invoke(app, ["plan", "--models-preset", str(preset), "--gpu", "24GiB"])
     assert r.exit_code == ExitCode.USAGE, r.output
     assert "coder: --ctx-size expects an integer, got 'abc'" in r.stderr
+
+
+def test_the_router_is_ready_only_after_its_instances_are_said(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The router's readiness (the announcer's thread) can come while the log's reader is between an instance's
+    ready line and its InstanceReady: AllReady then waits for it, so a ``--json`` run-set names every model (it once
+    came first and named none). The other thread's arrival is forced at that point: inside the keeper's ``ready``."""
+    import threading
+    from types import SimpleNamespace
+
+    from llamafit.serving.events import AllReady, InstanceReady
+    from llamafit.several import router
+
+    monkeypatch.setattr(router, "compare_all", lambda prep, log: ())
+    events: list[object] = []
+    att = object.__new__(router._Attempt)
+    att.plans = {"demo": SimpleNamespace(prep=None)}
+    att.resident = frozenset({"demo"})
+    att.reported, att.failures, att.front = set(), {}, None
+    att.finishing = threading.Lock()
+    att.w = router._Watch()
+    att.on_event = events.append
+    att.sup = SimpleNamespace(pid=1)
+
+    def ready(*_: object) -> None:  # the router answers now, on the announcer's thread
+        att.w.url = "http://127.0.0.1:1"
+        att.finish_if_all_ready()
+
+    att.keeper = SimpleNamespace(router_pid=None, ready=ready)
+    att.instance_ready(SimpleNamespace(name="demo", port=2, log=lambda: None))
+    kinds = [type(e) for e in events]
+    assert kinds == [InstanceReady, AllReady], kinds

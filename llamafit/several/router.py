@@ -7,6 +7,7 @@ Reported as ``llamafit.serving.serve``'s events; nothing here prints.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -141,7 +142,10 @@ class _Attempt:
         self.resident = frozenset(m.entry.name for m in t.members if m.resident)
         self.rl = RouterLog()
         self.w = _Watch()
+        # the instances whose InstanceReady has been said; AllReady follows the last of them, once: the log's
+        # reader (an instance ready) and the announcer (the router listening) each may finish, so under a lock
         self.reported: set[str] = set()
+        self.finishing = threading.Lock()
         self.failures: dict[str, str] = {}  # why a model's last load failed, as its log says (for a waiting request)
         self.keeper = Keeper(
             {n: m.prep for n, m in self.plans.items()}, self.resident, keep, on_event, api_key(argv, env)
@@ -157,15 +161,15 @@ class _Attempt:
 
     def finish_if_all_ready(self) -> None:
         w = self.w
-        if w.done or w.url is None or not self.resident <= self.reported:
-            return
-        w.done = True
+        with self.finishing:
+            if w.done or w.url is None or not self.resident <= self.reported:
+                return
+            w.done = True
         self.on_event(AllReady(w.url, tuple(sorted(self.resident))))
 
     def instance_ready(self, inst: Instance) -> None:
         log = inst.log()
         rows: tuple[Row, ...] = tuple(compare_all(self.plans[inst.name].prep, log))
-        self.reported.add(inst.name)
         self.failures.pop(inst.name, None)
         if self.front is not None:
             self.front.loaded(inst.name)
@@ -174,6 +178,8 @@ class _Attempt:
         # finds the instance's metrics saying what the event does
         self.keeper.ready(inst, log, rows)
         self.on_event(InstanceReady(inst.name, inst.port, rows))
+        with self.finishing:  # reported only once said: the router's readiness must not finish before it
+            self.reported.add(inst.name)
         self.finish_if_all_ready()
 
     def on_line(self, line: str) -> None:
