@@ -160,6 +160,20 @@ def test_the_fallback_never_costs_context_or_layers(models: dict[str, Path], gib
     assert p.host.use.ngram == 0
 
 
+def test_the_fallback_prices_ngram_mod_beside_the_split_the_target_was_grown_to(models: dict[str, Path]) -> None:
+    """Over two cards the target's split is grown past what a packing gives (``Search.grow``, ``finer_experts``):
+    ngram-mod is priced beside that split, not beside a packing of it again, whose budgets are conservative and
+    refused it at every card size (GLM-4.5-Air over two 24 GiB cards: 6.5 MiB more on the devices)."""
+    cards = [gpu(0, 24), gpu(1, 24)]
+    alone = plan(models["glm"], cards, ["-c", "8192"], spec="off")
+    p = plan(models["glm"], cards, ["-c", "8192"])
+    s = p.speculative
+    assert s is not None and s.fallback_reason == "drafter_no_vram" and s.chosen == "ngram-mod", s.message
+    assert placement(p) == placement(alone) and "-ot" in argv(alone)  # a split grown by parts of layers
+    assert all(d.fits for d in p.devices)
+    assert "at the same placement" in s.message
+
+
 def test_a_free_fallback_states_its_real_cost(models: dict[str, Path]) -> None:
     alone = plan(models["q35mtp"], [gpu(0, 2.7)], spec="off")
     p = plan(models["q35mtp"], [gpu(0, 2.7)])

@@ -207,6 +207,12 @@ class Policy:
                 return search.run(replace(s2, n_gpu_layers=0), spec)
             if self.pinned:
                 return search.run(s2, spec)
-            return search.place(s2, ngl, spec)
+            t = search.place(s2, ngl, spec)
+            if t is not None and t.ok:
+                return t
+            # a packing's budgets are conservative (``Search.pack``): where it refuses, the split the target was
+            # grown to (``Search.grow``, ``finer_experts``) may still hold the drafter beside it
+            same = search.run(replace(target_settings(self.model, s_a, spec, self.opts), n_ctx=ctx), spec)
+            return same if same.ok or t is None else t
 
         return search.max_ctx(lo, hi, attempt)
