@@ -27,12 +27,11 @@ from llamafit.fit.ladders import Ladder, ladders
 from llamafit.fit.plan import Decision
 from llamafit.fit.search import CTX_STEP, Search, Trial
 from llamafit.fit.speed import trial_speed
-from llamafit.gguf.model import ModelInfo
 from llamafit.memory.footprint import LoadSettings
-from llamafit.memory.placement import CPU, WeightPlacement
+from llamafit.memory.placement import CPU
 from llamafit.speculative import SpecConfig
 from llamafit.speed.prediction import Speed
-from llamafit.speed.work import expert_share, is_expert
+from llamafit.speed.work import host_read
 
 SHARE = 0.5  # balanced: the largest context whose generation keeps this share of the fastest (docs/decisions.md)
 TIE = 0.01  # generation speeds within this share are a tie: prompt processing decides
@@ -81,18 +80,6 @@ def faster(a: Candidate, b: Candidate | None) -> bool:
     if abs(a.tg - b.tg) > TIE * max(a.tg, b.tg):
         return a.tg > b.tg
     return (a.speed.pp or 0.0) > (b.speed.pp or 0.0)
-
-
-def host_read(model: ModelInfo, placement: WeightPlacement) -> float:
-    """The weight bytes the host reads for one generated token (of an expert tensor, the share a token routes to):
-    what ranks placements where a device's speed is not known at all (an RPC server nobody measured)."""
-    hp = model.hparams
-    share = expert_share(hp.n_expert, hp.n_expert_used, 1)
-    return sum(
-        p.tensor.info.nbytes * (share if is_expert(p.tensor) else 1.0)
-        for p in placement.tensors
-        if p.device == CPU and p.tensor.matmul
-    )
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from llamafit.fit.choice import host_read
 from llamafit.fit.plan import Plan
 from llamafit.options import Options
 from llamafit.server.args import ServerArgs
+from llamafit.speed.work import host_read
 from llamafit.units import fmt_bytes
 
 

@@ -120,7 +120,7 @@ def remote_rates(g: Device) -> Rates | None:
     """What is assumed of an RPC server nobody measured, for a plan's speed only (``RateSource.rates(priced=True)``):
     anything from a desktop's host (its bandwidth, ``DESCRIBED_CORES`` cores' matmuls) to the fastest card of about
     its memory (its FP16 at CUDA's share). Too wide to choose a placement by: the choice ranks an unmeasured RPC
-    device by the host's reads (``llamafit.fit.choice.host_read``). None for a device that is not an RPC server."""
+    device by the host's reads (``llamafit.speed.work.host_read``). None for a device that is not an RPC server."""
     if g.kind != "rpc":
         return None
     like = cards.similar(g.total)

@@ -152,6 +152,18 @@ def expert_share(n_expert: int, n_used: int, tokens: int) -> float:
     return 1.0 - miss**tokens
 
 
+def host_read(model: ModelInfo, placement: WeightPlacement) -> float:
+    """The weight bytes the host reads for one generated token (of an expert tensor, the share a token routes to):
+    what ranks placements where a device's speed is not known at all (an RPC server nobody measured)."""
+    hp = model.hparams
+    share = expert_share(hp.n_expert, hp.n_expert_used, 1)
+    return sum(
+        p.tensor.info.nbytes * (share if is_expert(p.tensor) else 1.0)
+        for p in placement.tensors
+        if p.device == CPU and p.tensor.matmul
+    )
+
+
 def _elements(t: Tensor) -> int:
     n = 1
     for d in t.info.shape[:2]:
