@@ -306,14 +306,11 @@ def test_a_trial_refused_by_its_quick_price_does_not_fit_exactly(
     layers over 10 + 4 GiB cards, whose expert search weighs trials on both sides of the budget)."""
     from llamafit.fit.search import Search, floor
 
-    shape = factory.glm4moe(name="GLM-4.5-Air layers, 8 deep (shape)", n_layer=8, n_nextn=1, n_embd=4096, n_head=96,
-                            n_head_kv=8, head_dim=128, n_ff=10944, n_dense_lead=1, n_expert=128, n_expert_used=8,
-                            n_ff_exp=1408, n_vocab=151552, ctx=131072, w="q4_K")  # fmt: skip
-    air = load_model(shape.write(tmp_path / "air.gguf"))
+    air = _air_layers(tmp_path)
     fits, seen = Search.fits, []
 
-    def checked(self: Search, s, spec):  # type: ignore[no-untyped-def]
-        got = fits(self, s, spec)
+    def checked(self: Search, s, spec, like=None):  # type: ignore[no-untyped-def]
+        got = fits(self, s, spec, like)
         exact = self.run(s, spec)
         quick = self.estimate(self.model, s, self.ids, exact_compute=False)
         for dev in self.ids:  # the floor is a floor on every device, whatever the compute's replay gives
@@ -327,6 +324,88 @@ def test_a_trial_refused_by_its_quick_price_does_not_fit_exactly(
     assert p.fits and seen
     assert all(quick == exact for quick, exact in seen), seen
     assert any(not quick for quick, _ in seen) and any(quick for quick, _ in seen)
+
+
+def _air_layers(tmp_path: Path) -> ModelInfo:
+    shape = factory.glm4moe(name="GLM-4.5-Air layers, 8 deep (shape)", n_layer=8, n_nextn=1, n_embd=4096, n_head=96,
+                            n_head_kv=8, head_dim=128, n_ff=10944, n_dense_lead=1, n_expert=128, n_expert_used=8,
+                            n_ff_exp=1408, n_vocab=151552, ctx=131072, w="q4_K")  # fmt: skip
+    return load_model(shape.write(tmp_path / "air.gguf"))
+
+
+def _replays(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A counter of the split graphs replayed through the scheduler (each once per model and placement)."""
+    from llamafit.memory.graph import replay
+
+    split, n = replay.split_buffers, [0]
+
+    def counted(*a, **kw):  # type: ignore[no-untyped-def]
+        n[0] += 1
+        return split(*a, **kw)
+
+    monkeypatch.setattr(replay, "split_buffers", counted)
+    return n
+
+
+@pytest.mark.parametrize(
+    ("name", "cards", "args"),
+    [
+        ("air", (10, 4), ["-c", "8192", "-np", "1"]),
+        ("air", (8, 8), ["-c", "8192"]),
+        ("qwen3-8b", (4, 2), ["-c", "8192"]),
+    ],
+)
+def test_a_walk_priced_by_its_gap_places_what_the_exact_walk_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, cards: tuple[int, int], args: list[str]
+) -> None:
+    """The walks that make a chosen placement fuller (experts back to the cards one layer, then one projection, at a
+    time; one more layer on a card) price their steps quickly plus the gap the exact price showed at their start,
+    and confirm the end: the placement the exact walk makes, with fewer split-graph replays where it walks."""
+    from llamafit.fit.search import Search
+
+    model = _air_layers(tmp_path) if name == "air" else load_model(factory.qwen3_8b().write(tmp_path / "q.gguf"))
+    gpus = [gpu(0, cards[0]), gpu(1, cards[1])]
+    n = _replays(monkeypatch)
+    by_gap = compose("s", plan(model, gpus, args).planned, parse_server_args(args))
+    replays = n[0]
+    monkeypatch.setattr(Search, "with_gap", lambda self, t, spec: t)  # no gap: every step priced exactly
+    model, n[0] = load_model(model.path), 0  # a model keeps its replays: a new one
+    exact = compose("s", plan(model, gpus, args).planned, parse_server_args(args))
+    assert by_gap == exact
+    if "-ot" in exact:  # the walk went to parts of layers: each step of it was a replay
+        assert replays < n[0], (replays, n[0])
+    assert replays <= n[0], (replays, n[0])
+
+
+def test_a_walk_whose_end_the_exact_price_refuses_is_walked_again_exactly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A gap that promises room the exact price does not give: the walk's end is refused when confirmed, and the
+    walk is made again on exact prices (the plan fits, and is the exact walk's)."""
+    from llamafit.fit.search import Search
+
+    air = _air_layers(tmp_path)
+    gpus, args = [gpu(0, 10), gpu(1, 4)], ["-c", "8192", "-np", "1"]
+    exact_gap = Search.with_gap
+    monkeypatch.setattr(Search, "with_gap", lambda self, t, spec: t)
+    exact = plan(air, gpus, args)
+
+    def promising(self: Search, t, spec):  # type: ignore[no-untyped-def]
+        got = exact_gap(self, t, spec)
+        return replace(got, gap={d: v - 4 * GiB for d, v in (got.gap or {}).items()})
+
+    monkeypatch.setattr(Search, "with_gap", promising)
+    confirmed, refused = Search.confirmed, []
+
+    def seen(self: Search, t, spec):  # type: ignore[no-untyped-def]
+        got = confirmed(self, t, spec)
+        refused.append(got is None)
+        return got
+
+    monkeypatch.setattr(Search, "confirmed", seen)
+    p = plan(air, gpus, args)
+    assert any(refused) and p.fits and all(d.fits for d in p.devices)
+    assert compose("s", p.planned, parse_server_args(args)) == compose("s", exact.planned, parse_server_args(args))
 
 
 def _as_flags(overrides: tuple[Override, ...]) -> list[str]:

@@ -441,13 +441,17 @@ def finished(search: Search, c: Candidate, spec: SpecConfig) -> Candidate:
     """The chosen candidate made as full as the exact estimate allows at its context: more layers on several
     cards one at a time (``grow``); experts back to the GPUs one layer, then one projection, at a time, and across
     cards (``fewer_experts_on_cpu``, ``finer_experts``)."""
-    t = c.trial
-    if c.ladder.name == "layers":
-        t = search.grow(t, spec)
-    elif c.ladder.name == "experts":
-        t, k = search.fewer_experts_on_cpu(t, c.step, spec)
-        t = search.finer_experts(t, k, spec)
-    if t is c.trial:
+
+    def walk(t: Trial) -> Trial:
+        if c.ladder.name == "layers":
+            return search.grow(t, spec)
+        if c.ladder.name == "experts":
+            return search.finer_experts(*search.fewer_experts_on_cpu(t, c.step, spec), spec)
+        return t
+
+    # its steps priced quickly plus the gap at its start and its end confirmed, else the walk on exact prices
+    t = search.confirmed(walk(search.with_gap(c.trial, spec)), spec) or walk(c.trial)
+    if t.settings == c.trial.settings:
         return c
     speed = trial_speed(search.model, t, search.gpus, search.rates, full_context=False)
     fuller = Candidate(c.ladder, c.step, t, speed, host_read(search.model, t.fp.placement), c.over)

@@ -47,10 +47,15 @@ class Trial:
     ok: bool
     worst: str  # device that overflows most ("" when ok)
     over: int  # bytes over budget on the tightest device (negative: the smallest slack left)
+    # per device (and "CPU"), what the exact price of the trial a walk started from adds to its quick one: the walk's
+    # steps are priced quickly plus this (``Search.fits``) until the last is confirmed (``Search.confirmed``)
+    gap: Mapping[str, int] | None = None
+    exact: bool = True  # False: the quick price plus ``gap``
 
     def total(self, dev: str) -> int:
         base = self.fp.host if dev == CPU else self.fp.gpus[dev]
-        return base.total + self.extra.get(dev, Use()).total
+        shift = 0 if self.exact or self.gap is None else self.gap.get(dev, 0)
+        return base.total + self.extra.get(dev, Use()).total + shift
 
 
 def floor(u: Use) -> int:
@@ -177,27 +182,51 @@ class Search:
         if self.adapters is not None:  # on the devices of the weights they change
             for dev, b in self.adapters.per_device(fp.placement, self.model.hparams.n_layer).items():
                 extra[dev] = extra.get(dev, Use()) + Use(adapters=b)
-        unified = self.unified_use(fp, extra)
-        worst, over = CPU, fp.host.total + extra.get(CPU, Use()).total + unified - self.host_usable
+        return self._judged(Trial(s, fp, dfp, extra, True, "", 0))
+
+    def _judged(self, t: Trial) -> Trial:
+        """``t`` with its verdict: the device that overflows most and by how much (unified memory counted on the
+        host too)."""
+        worst, over = CPU, t.total(CPU) + sum(t.total(g) for g in self.unified) - self.host_usable
         for g in self.ids:
-            o = fp.gpus[g].total + extra.get(g, Use()).total - self.usable[g]
+            o = t.total(g) - self.usable[g]
             if o > over:
                 worst, over = g, o
-        return Trial(s, fp, dfp, extra, over <= 0, worst if over > 0 else "", over)
+        return replace(t, ok=over <= 0, worst=worst if over > 0 else "", over=over)
 
-    def fits(self, s: LoadSettings, spec: SpecConfig) -> Trial | None:
+    def fits(self, s: LoadSettings, spec: SpecConfig, like: Trial | None = None) -> Trial | None:
         """``s`` priced exactly where it may fit, else None: a quick price first (the compute by its per-phase
         estimate), whose buffers other than the compute and the runtime overhead are the exact price's (only the
         compute depends on the replay), so a device they alone overflow overflows exactly too, without the split
-        graph's replay. For the searches that keep only a trial that fits (``first_fit``, ``grow``)."""
+        graph's replay. For the searches that keep only a trial that fits (``first_fit``, ``grow``), a step from
+        ``like``: where ``like`` carries a gap (``with_gap``), a step that fits on the quick price plus the gap is
+        kept so priced (one at a time along a walk, the exact price moves with the quick one: the compute buffers
+        of a context's placements differ little), to be confirmed at the walk's end; one that does not is priced
+        exactly."""
         quick = self.estimate(self.model, s, self.ids, exact_compute=False)
         fixed = self.fixed
         if any(floor(quick.gpus[g]) + fixed.get(g, Use()).total > self.usable[g] for g in self.ids):
             return None
         if not self.unified and floor(quick.host) + fixed.get(CPU, Use()).total > self.host_usable:
             return None
+        if like is not None and like.gap is not None:
+            near = self._judged(replace(self.run(s, spec, exact=False), gap=like.gap, exact=False))
+            if near.ok:
+                return near
         t = self.run(s, spec)
-        return t if t.ok else None
+        return replace(t, gap=like.gap if like is not None else None) if t.ok else None
+
+    def with_gap(self, t: Trial, spec: SpecConfig) -> Trial:
+        """``t`` priced exactly, carrying what that adds to its quick price on each device, for the walks that start
+        from it (``grow``, ``fewer_experts_on_cpu``, ``finer_experts``: ``fits``)."""
+        e = self.run(t.settings, spec)
+        q = self.run(t.settings, spec, exact=False)
+        return replace(e, gap={d: e.total(d) - q.total(d) for d in (*self.ids, CPU)})
+
+    def confirmed(self, t: Trial, spec: SpecConfig) -> Trial | None:
+        """The end of a walk priced exactly, without its gap; None where it does not fit."""
+        e = self.run(t.settings, spec) if not t.exact else replace(t, gap=None)
+        return e if e.ok else None
 
     # -- layer packing across GPUs -------------------------------------------------------------
 
@@ -299,7 +328,9 @@ class Search:
             for i in sorted(room, key=lambda i: -room[i]):
                 more = [c + (1.0 if j == i else 0.0) for j, c in enumerate(counts)]
                 ngl = s.n_gpu_layers + 1
-                cand = self.fits(replace(s, n_gpu_layers=ngl if ngl < n_units else -1, tensor_split=tuple(more)), spec)
+                cand = self.fits(
+                    replace(s, n_gpu_layers=ngl if ngl < n_units else -1, tensor_split=tuple(more)), spec, t
+                )
                 if cand is not None:
                     nxt = cand
                     break
@@ -324,7 +355,7 @@ class Search:
                 if i != j and counts[j] > 1:
                     moved = [c + (1.0 if x == i else -1.0 if x == j else 0.0) for x, c in enumerate(counts)]
                     cands.append(replace(s, tensor_split=tuple(moved)))
-        return next((c for c in map(lambda x: self.fits(x, spec), cands) if c is not None), None)
+        return next((c for c in map(lambda x: self.fits(x, spec, t), cands) if c is not None), None)
 
     def fewer_experts_on_cpu(
         self, t: Trial, k: int, spec: SpecConfig, extra: tuple[Override, ...] = (), moves: bool = True
@@ -369,7 +400,7 @@ class Search:
                 continue
             for rx in PARTIAL_EXPS_REGEX:
                 moved = (*extra, Override(rf"blk\.{layers[-1]}{rx}", nxt_dev))
-                c = self.fits(replace(t.settings, overrides=experts_on_cpu(k, part) + moved), spec)
+                c = self.fits(replace(t.settings, overrides=experts_on_cpu(k, part) + moved), spec, t)
                 if c is None:
                     continue
                 t2, k2 = self.fewer_experts_on_cpu(c, k, spec, moved, moves=False)
