@@ -137,6 +137,33 @@ def test_a_dry_run_loads_nothing_it_does_not_use(l8b: Path) -> None:
     assert loaded == "['llamafit.serving', 'llamafit.serving.restarts']", r.stderr
 
 
+def test_the_executable_tunes_the_collector_and_the_library_does_not(l8b: Path) -> None:
+    """The ``llamafit`` executable runs the cyclic collector rarely (a plan's objects hold no cycles, plan time);
+    importing and planning as a library leaves the process's collector as its owner set it."""
+    import subprocess
+    import sys
+
+    from llamafit.cli.entry import GC_THRESHOLDS
+
+    run = f"sys.argv = ['llamafit', 'run', {str(l8b)!r}, '--dry-run', '--server', '/bin/true', '--gpu', '24GiB']\n"
+    run += "try:\n    main()\nexcept SystemExit:\n    pass\n"
+    for code, want in (
+        ("from llamafit.cli.entry import main\n" + run, GC_THRESHOLDS),
+        ("from llamafit.fit import make_plan\nimport llamafit.cli.app\n", gc_default()),
+    ):
+        r = subprocess.run([sys.executable, "-c", f"import gc, sys\n{code}print(gc.get_threshold(), file=sys.stderr)"],
+                           capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert r.returncode == 0 and r.stderr.strip().splitlines()[-1] == str(want), r.stderr
+
+
+def gc_default() -> tuple[int, int, int]:
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", "import gc; print(gc.get_threshold())"], capture_output=True, text=True)
+    return tuple(int(x) for x in r.stdout.strip("()\n").split(","))  # type: ignore[return-value]
+
+
 def test_dry_run_user_context_wins(l8b: Path) -> None:
     r = invoke("run", str(l8b), "--dry-run", "--gpu", "24GiB", "--", "--ctx_size", "8192")
     argv = shlex.split(r.stdout)
