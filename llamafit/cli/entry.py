@@ -11,9 +11,9 @@ import gc
 import sys
 
 # The cyclic collector's first generation runs every 700 allocations; a plan allocates hundreds of thousands of
-# small objects (graphs of tensors, footprints) that reference counting frees, so it ran thousands of times over
-# them for little: about a tenth of a dry run's CPU time. Still run, 300 times less often; mypy tunes its process
-# the same way for the same reason (mypy/build.py, ``gc.set_threshold``). The library leaves its caller's alone.
+# small objects (graphs of tensors, footprints) that reference counting frees, so it ran over them for little:
+# 232 collections, 55 ms of a dry run over two RPC devices (8 %). Still run, 300 times less often; mypy tunes its
+# process the same way for the same reason (mypy/build.py, ``gc.set_threshold``). The library leaves its caller's.
 GC_THRESHOLDS = (200_000, 30, 30)
 
 
