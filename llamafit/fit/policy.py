@@ -162,9 +162,7 @@ class Policy:
                 return self.outcome(r, alone_dec, spec, "speculative.drafter", msg)
         # the numbers for the message: the drafter beside the target, following its placement
         tried_spec = SpecConfig(d, None, options[0])
-        tried = search.run(
-            replace(target_settings(self.model, alone.settings, tried_spec, opts), n_ctx=ctx_alone), tried_spec
-        )
+        tried = self.at_split(alone, tried_spec, ctx_alone)
         need = (tried.worst, tried.total(tried.worst), search.budget(tried.worst)) if tried.worst else None
         return self.fallback(
             alone, alone_dec, lambda ngram, cost: messages.spec_auto_dropped(d, ctx_alone, need, ngram, cost)
@@ -186,7 +184,7 @@ class Policy:
         if r is not None and r.settings.n_gpu_layers == alone.settings.n_gpu_layers:
             msg = dropped(ngram, ngram_cost(self.search, self.opts, r))
             return self.outcome(r, alone_dec, spec, "speculative.dropped", msg, "drafter_no_vram")
-        priced = self.search.run(target_settings(self.model, alone.settings, spec, self.opts), spec)
+        priced = self.at_split(alone, spec, alone.settings.n_ctx)
         msg = (
             dropped(None, None)
             + " "
@@ -212,7 +210,12 @@ class Policy:
                 return t
             # a packing's budgets are conservative (``Search.pack``): where it refuses, the split the target was
             # grown to (``Search.grow``, ``finer_experts``) may still hold the drafter beside it
-            same = search.run(replace(target_settings(self.model, s_a, spec, self.opts), n_ctx=ctx), spec)
+            same = self.at_split(alone, spec, ctx)
             return same if same.ok or t is None else t
 
         return search.max_ctx(lo, hi, attempt)
+
+    def at_split(self, alone: Trial, spec: SpecConfig, n_ctx: int) -> Trial:
+        """The target at ``n_ctx`` with ``spec`` beside it, on exactly the split, layers and experts ``alone`` has."""
+        s = replace(target_settings(self.model, alone.settings, spec, self.opts), n_ctx=n_ctx)
+        return self.search.run(s, spec)
