@@ -160,7 +160,9 @@ def gc_default() -> tuple[int, int, int]:
     import subprocess
     import sys
 
-    r = subprocess.run([sys.executable, "-c", "import gc; print(gc.get_threshold())"], capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-c", "import gc; print(gc.get_threshold())"], capture_output=True, text=True, timeout=60
+    )
     return tuple(int(x) for x in r.stdout.strip("()\n").split(","))  # type: ignore[return-value]
 
 
