@@ -5,6 +5,7 @@ Modules:
 
 * ``reader``: the bounded, lazy GGUF header reader;
 * ``ahead``: how much of a header a read over the network asks for next;
+* ``extents``: where a local file's vocabulary ends, remembered so a later read jumps over it;
 * ``model``: a model as llama.cpp sees it: every shard's header, the hparams, the tensor table;
 * ``hparams``: the hyper-parameters the memory model needs, resolved as llama.cpp resolves them;
 * ``tensors``: what a tensor's name says: its layer and its op;

@@ -16,8 +16,9 @@ from typing import Any, TypeVar, cast
 
 from llamafit.errors import BadModelFileError, ModelNotFoundError
 from llamafit.gguf.checks import check_arch
+from llamafit.gguf.extents import read_remembered
 from llamafit.gguf.hparams import Hparams, resolve_hparams
-from llamafit.gguf.reader import GGUFHeader, TensorInfo, read_file_header
+from llamafit.gguf.reader import GGUFHeader, TensorInfo
 from llamafit.gguf.tensors import is_matmul_weight, layer_of
 
 T = TypeVar("T")
@@ -229,8 +230,9 @@ def model_from_headers(headers: Sequence[GGUFHeader], names: Sequence[str]) -> M
     )
 
 
-def load_model(path: str | os.PathLike[str], reader: Callable[[str], GGUFHeader] = read_file_header) -> ModelInfo:
-    """Read a local GGUF model (any shard of a split set) without touching tensor data."""
+def load_model(path: str | os.PathLike[str], reader: Callable[[str], GGUFHeader] = read_remembered) -> ModelInfo:
+    """Read a local GGUF model (any shard of a split set) without touching tensor data (by default jumping over the
+    vocabulary where an earlier read of the same file found its end: ``llamafit.gguf.extents``)."""
     p = os.fspath(path)
     if not os.path.exists(p):
         raise ModelNotFoundError(

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import stat
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -75,6 +76,8 @@ class FileSource:
         except OSError as e:
             raise ModelNotFoundError(f"cannot open {self.name}: {e.strerror}") from None
         self.size = st.st_size
+        # the file as it is now: what a remembered extent of it is filed under (``llamafit.gguf.extents``)
+        self.identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
     def read(self, offset: int, n: int) -> bytes:
         return os.pread(self._fd, n, offset)
@@ -107,6 +110,20 @@ class TensorInfo:
 
 
 @dataclass(frozen=True)
+class Extent:
+    """Where one long string array's elements (a vocabulary, its merges) start and end in a file, with the bytes
+    just before the end: what lets a later read of the same file jump over them (``read_header``'s ``known``)."""
+
+    start: int
+    count: int
+    end: int
+    tail: bytes  # the ``TAIL`` bytes before ``end``
+
+
+TAIL = 32  # bytes before an extent's end a jump checks: a stale extent of a changed file is not trusted
+
+
+@dataclass(frozen=True)
 class GGUFHeader:
     source_name: str
     file_size: int
@@ -116,6 +133,8 @@ class GGUFHeader:
     header_bytes: int  # bytes of the file the reader had to look at
     kv: dict[str, Any] = field(repr=False)
     tensors: tuple[TensorInfo, ...] = field(repr=False)
+    # the long string arrays' extents, where the read was asked to find them (``read_header``'s ``known``)
+    extents: tuple[Extent, ...] = field(default=(), repr=False, compare=False)
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.kv.get(key, default)
@@ -166,6 +185,9 @@ class _Cursor:
         self.arr_n = 0
         self.arr_left = 0
         self.arrays: dict[str, tuple[int, int]] = {}
+        # a local source read with extents known from an earlier read (by start), and those this read found
+        self.known: dict[int, Extent] | None = None
+        self.found: list[Extent] = []
 
     def _fail_truncated(self) -> BadModelFileError:
         return BadModelFileError(
@@ -231,6 +253,24 @@ class _Cursor:
         raw = self.take(n)
         return raw.decode("utf-8", errors="replace")
 
+    def jump(self, count: int) -> Extent | None:
+        """Past ``count`` strings starting here at once, where an earlier read of this file found where they end
+        and the bytes before that end are still the same: that extent; None (nothing moved) otherwise."""
+        e = self.known.get(self.pos) if self.known else None
+        if e is None or e.count != count or not self.pos + 8 * count <= e.end <= min(self.src.size, MAX_HEADER_BYTES):
+            return None
+        if len(e.tail) != TAIL or e.end - TAIL < self.pos or self.src.read(e.end - TAIL, TAIL) != e.tail:
+            return None
+        self.pos = e.end
+        return e
+
+    def tail(self) -> bytes:
+        """The ``TAIL`` bytes before ``pos`` (from the buffer when it holds them)."""
+        rel = self.pos - self.buf_start
+        if TAIL <= rel <= len(self.buf):
+            return self.buf[rel - TAIL : rel]
+        return self.src.read(self.pos - TAIL, TAIL)
+
     def skip_strings(self, count: int) -> None:
         """Skip ``count`` length-prefixed strings (the vocabulary) without decoding them.
 
@@ -282,7 +322,12 @@ def _read_array(cur: _Cursor, key: str) -> Any:
         if n > MAX_KEPT_ARRAY:
             if n > cur.src.size:  # every string costs at least 8 bytes
                 raise cur._fail_truncated()
-            cur.skip_strings(n)
+            start = cur.pos
+            jumped = cur.jump(n)
+            if jumped is None:
+                cur.skip_strings(n)
+            if cur.known is not None:
+                cur.found.append(jumped or Extent(start, n, cur.pos, cur.tail()))
             result: Any = ArrayInfo(_STR, n)
         else:
             out: list[Any] = []
@@ -339,11 +384,15 @@ def _tensor_table(cur: _Cursor, n_tensors: int, ahead: Ahead) -> list[tuple[str,
     return raw
 
 
-def read_header(src: ByteSource, first_read: int | None = None) -> GGUFHeader:
+def read_header(src: ByteSource, first_read: int | None = None, known: Sequence[Extent] | None = None) -> GGUFHeader:
     """Parse the metadata and tensor table of one GGUF file (one shard).
 
     ``first_read``: a network source pays per request and per byte: read this much first, then what the
-    rest of the header needs (:class:`llamafit.gguf.ahead.Ahead`)."""
+    rest of the header needs (:class:`llamafit.gguf.ahead.Ahead`). ``known``: of a local source, the long string
+    arrays' extents an earlier read of the same file found (``GGUFHeader.extents``, which this read fills): each
+    one whose end still holds the same bytes is jumped over instead of walked string by string. That check is of
+    the bytes before the end only: a caller that passes ``known`` reads again without it when the header does not
+    parse (``llamafit.gguf.extents`` does), so a file changed in place under the same size and time is read whole."""
     whole = min(1 << 20, max(src.size, 1))
     cur = _Cursor(src, chunk=min(first_read, whole) if first_read else whole)
     if src.size < 24:
@@ -362,6 +411,8 @@ def read_header(src: ByteSource, first_read: int | None = None) -> GGUFHeader:
     if n_tensors > MAX_TENSORS or n_kv > MAX_KV:
         raise BadModelFileError(f"{src.name}: absurd counts in the GGUF header ({n_tensors} tensors, {n_kv} keys)")
 
+    if known is not None:
+        cur.known = {e.start: e for e in known}
     kv: dict[str, Any] = {}
     ahead = Ahead(cur, n_kv, n_tensors, kv)
     if first_read:
@@ -410,6 +461,7 @@ def read_header(src: ByteSource, first_read: int | None = None) -> GGUFHeader:
         header_bytes=header_end,
         kv=kv,
         tensors=tuple(tensors),
+        extents=tuple(cur.found),
     )
 
 

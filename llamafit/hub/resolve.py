@@ -16,10 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from llamafit.errors import AccessError, LlamafitError, ModelNotFoundError, NetworkError
+from llamafit.gguf.extents import read_remembered
 from llamafit.gguf.mmproj import Projector, projector_from_header
 from llamafit.gguf.model import ModelInfo, load_model, model_from_headers
 from llamafit.gguf.naming import SIDECARS
-from llamafit.gguf.reader import GGUFHeader, read_file_header
+from llamafit.gguf.reader import GGUFHeader
 from llamafit.hub.cache import COMMIT_ID, cached_commit, cached_files, hub_cache_dir, is_cached, snapshot_path
 from llamafit.hub.remote import HubClient, write_ref
 from llamafit.hub.select import (
@@ -134,7 +135,7 @@ class Hub:
         if st.from_cache or is_cached(self.hub_dir, st.repo, st.commit, f):
             path = snapshot_path(self.hub_dir, st.repo, st.commit, f.path)
             if path.exists():
-                return read_file_header(path)
+                return read_remembered(path)
             raise ModelNotFoundError(
                 f"{st.repo}/{f.path} is listed in the cache but its file is missing (a broken link)",
                 hint="download it again, online",
