@@ -215,6 +215,12 @@ def evaluate(load: Load, *, tokens: int, depth: int, walks: dict[int, Walk] | No
     return Evaluation(tokens, depth, work, walk.splits, (hp.n_expert, hp.n_expert_used))
 
 
+def _new(work: dict[str, DeviceWork], dev: str) -> DeviceWork:
+    """``dev``'s work, made (once: ``setdefault`` would build a throwaway for every weight of every walk)."""
+    w = work[dev] = DeviceWork()
+    return w
+
+
 def _walk(load: Load, tokens: int) -> Walk:
     """Every placed weight of an evaluation of ``tokens`` tokens on the device that runs it, the recurrent
     state, the graph nodes and the splits."""
@@ -224,7 +230,7 @@ def _walk(load: Load, tokens: int) -> Walk:
     work: dict[str, DeviceWork] = {}
 
     def on(dev: str) -> DeviceWork:
-        return work.setdefault(dev, DeviceWork())
+        return work.get(dev) or _new(work, dev)
 
     offload_to = next((d for d in devices if backends.kind(d) == "gpu"), None) if op_offload else None
     offload_to = offload_to if tokens >= OP_OFFLOAD_MIN_BATCH else None
@@ -391,7 +397,7 @@ def _attention(
         if hp.mla:  # absorbed MLA: every head reads the compressed latent (K) and its rope part
             head_v = head_k
         per_cell = 2.0 * heads * (head_k + head_v)
-        w = work.setdefault(dev, DeviceWork())
+        w = work.get(dev) or _new(work, dev)
         w.attn_flops += per_cell * (own + before * tokens)
         w.attn_depth_flops += per_cell * before * tokens
         w.attn_layers += 1
@@ -410,7 +416,8 @@ def _state(
     per_seq = 4.0 * (hp.n_embd_r() + hp.n_embd_s())
     update = recurrence_flops(hp) * hp.n_embd_s() * tokens
     for il in recurrent_layers(hp, mtp=False):
-        w = work.setdefault(placement.layer_device[il], DeviceWork())
+        dev = placement.layer_device[il]
+        w = work.get(dev) or _new(work, dev)
         w.state_bytes += 2 * per_seq
         w.recurrent_flops += update
 
