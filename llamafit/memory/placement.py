@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from llamafit.errors import UsageError
 from llamafit.gguf.model import ModelInfo, Tensor
 from llamafit.memory import backends
-from llamafit.memory.weight_ops import refuses
+from llamafit.memory.weight_ops import refuses, refuses_somewhere
 from llamafit.units import pad
 
 CPU = backends.CPU
@@ -218,10 +218,16 @@ def place_weights(
     if len(made) > _PLACED_KEPT:
         made.clear()
 
+    # the only weights whose placement needs more than their layer's device (asked of every weight of every
+    # placement a fit weighs: the rest of them skip the questions)
+    lazy = LAZY_TENSORS.get(hp.arch) if loading.lazy_mode != "off" else None
+    state_ops = model.memo(_STATE_OPS, lambda: frozenset(t.name for t in model.tensors if refuses_somewhere(t)))
+
     def place(t: Tensor, layer: int | None, matmul: bool) -> PlacedTensor:
         info = t.info
-        target = target_of.get(info.name)
-        if reads_lazily(hp.arch, t, loading.lazy_mode):
+        name = info.name
+        target = target_of.get(name)
+        if name == lazy and reads_lazily(hp.arch, t, loading.lazy_mode):
             # the CPU's buffer type whatever -ot or the host buffer says (llama-model-loader.cpp:1211-1213)
             dev, buft = CPU, LAZY_MAPPED
         elif target is not None:
@@ -232,12 +238,12 @@ def place_weights(
             dev = CPU if layer is None else devs[layer]
             if dev != CPU and limits and info.nbytes > limits.get(dev, info.nbytes):
                 dev = CPU
-            if dev != CPU and refuses(dev, t, hp):
+            elif dev != CPU and name in state_ops and refuses(dev, t, hp):
                 dev = CPU  # its op does not run there (llamafit.memory.weight_ops)
             buft = cpu_buft(t, matmul) if dev == CPU else device_buft[dev]
-        if (p := made.get((info.name, dev, buft))) is None:
+        if (p := made.get((name, dev, buft))) is None:
             alloc = row_padded_size(t) if backends.pads_rows(buft) else info.nbytes
-            p = made[info.name, dev, buft] = PlacedTensor(t, dev, buft, alloc)
+            p = made[name, dev, buft] = PlacedTensor(t, dev, buft, alloc)
         return p
 
     n_layer = hp.n_layer
@@ -266,6 +272,7 @@ def place_weights(
 
 
 _PLACED = ("placed_tensors",)  # (weight, device, buffer type) -> its PlacedTensor
+_STATE_OPS = ("state_op_weights",)  # the weights some backend may refuse (``weight_ops.refuses_somewhere``)
 _PLACED_KEPT = 1 << 16  # a few devices and buffer types for each weight of the largest models
 
 

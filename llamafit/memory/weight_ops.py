@@ -23,12 +23,19 @@ from llamafit.gguf.hparams import Hparams
 from llamafit.gguf.model import Tensor
 from llamafit.memory import backends
 
+STATE_OPS = (".ssm_a", ".ssm_conv1d", ".shortconv.conv")  # the weights of the ops some backend refuses
+
+
+def refuses_somewhere(t: Tensor) -> bool:
+    """Whether some backend may refuse ``t``'s op: only these weights need ``refuses``."""
+    return t.name.removesuffix(".weight").endswith(STATE_OPS)
+
 
 def refuses(device: str, t: Tensor, hp: Hparams) -> bool:
     """Whether ``device``'s backend refuses the op ``t`` is loaded for (so the weight stays on the host)."""
     name = t.name.removesuffix(".weight")
-    if not name.endswith((".ssm_a", ".ssm_conv1d", ".shortconv.conv")):
-        return False  # most weights: asked first, as every weight of every placement a fit weighs is asked
+    if not name.endswith(STATE_OPS):
+        return False
     b = backends.backend(device)
     if b is None:
         return False
