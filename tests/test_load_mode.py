@@ -123,7 +123,7 @@ def test_a_per_layer_table_is_read_a_row_per_token_not_whole(tmp_path: Path) -> 
     bytes (F32 for F16) leaves the generation speed within a row's worth, where reading it whole halved it."""
     from llamafit.fit import Inputs
     from llamafit.fit.speed import priced
-    from llamafit.speed.rate_source import host_rates
+    from llamafit.speed.known import host_rates
 
     rates = {"CPU": host_rates(60e9)}
     machine = Machine((), Host(total=64 * GiB, available=64 * GiB))

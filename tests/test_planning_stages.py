@@ -20,7 +20,8 @@ from llamafit.planning.measure import after_fit, before_fit, rate_source
 from llamafit.planning.planner import Planner
 from llamafit.planning.resolve import resolve
 from llamafit.server.capabilities import ASSUMED
-from llamafit.speed.rate_source import Measured, host_rates
+from llamafit.speed.known import host_rates
+from llamafit.speed.rate_source import Measured
 
 
 @pytest.fixture

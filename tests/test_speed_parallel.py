@@ -18,9 +18,9 @@ from llamafit.gguf.model import ModelInfo
 from llamafit.memory.placement import CPU
 from llamafit.server.args import parse_server_args
 from llamafit.speed import priors
+from llamafit.speed.known import host_rates, known_rates
 from llamafit.speed.parallel import reduce_steps
 from llamafit.speed.prediction import Speed
-from llamafit.speed.rate_source import host_rates, known_rates
 from llamafit.units import GiB
 
 

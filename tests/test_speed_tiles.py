@@ -17,7 +17,7 @@ from llamafit.gguf.model import ModelInfo
 from llamafit.memory.placement import CPU
 from llamafit.server.args import parse_server_args
 from llamafit.speed import tiles
-from llamafit.speed.rate_source import host_rates, known_rates
+from llamafit.speed.known import host_rates, known_rates
 from llamafit.units import GiB
 
 

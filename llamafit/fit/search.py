@@ -30,7 +30,7 @@ from llamafit.memory.footprint import Footprint, LoadSettings, Pricing, Use, est
 from llamafit.memory.placement import CPU, PARTIAL_EXPS_REGEX, Override, experts_on_cpu
 from llamafit.memory.tensor_split import not_modelled
 from llamafit.speculative import SpecConfig, SpecOptions, drafter_use
-from llamafit.speed.rate_source import with_assumed
+from llamafit.speed.known import with_assumed
 from llamafit.units import GiB
 
 CTX_STEP = N_CTX_PAD  # the server pads n_ctx to this: the only contexts that differ

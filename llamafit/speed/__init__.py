@@ -8,6 +8,7 @@ Modules:
 * ``parallel``: how ``-sm tensor`` and ``-sm row`` spread one evaluation over cards at once;
 * ``tiles``: how ggml-cuda's MMQ tiles an MoE ubatch's expert matmuls;
 * ``priors``: what a device does per second where nothing was measured, per backend;
+* ``known``: a device's rates without measuring it: a card's peak with its backend's priors, what is assumed;
 * ``rate_source``: each device's rates for one plan, measured by the probe or from priors (``RateSource``);
 * ``probe``: the bounded llama-bench measurement of each device;
 * ``probe_cache``: the probe's cache of timings and failures, and the measuring lock;
