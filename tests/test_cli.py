@@ -116,10 +116,19 @@ def test_dry_run_prints_exactly_the_argv(l8b: Path) -> None:
 def test_a_dry_run_loads_nothing_it_does_not_use(l8b: Path) -> None:
     """A dry run plans and prints: the serving life, the Hub client, an HTTP client, package metadata and numpy
     stay unimported (plan time; a probe of a binary reads the metadata, the cached capabilities do not). The
-    restart policy is read as every run option is, before the plan (``cli.keep``): its module and package only."""
+    restart policy is read as every run option is, before the plan (``cli.keep``): its module and package only.
+    Nor do the speed probe (nothing is measured of described cards), the no-alloc measurement and the server's
+    log (a plan not held to one), the GGUF writer, or the graph builders of other architectures than Llama's."""
     import subprocess
     import sys
 
+    builders = ("dflash", "dsv4", "gemma3n", "gemma4", "hybrid", "layered", "mamba", "mla", "mtp")
+    unused = [
+        *(f"llamafit.speed.{m}" for m in ("probe", "probe_cache", "probe_models")),
+        *(f"llamafit.server.{m}" for m in ("fitprint", "logparse")),
+        "llamafit.gguf.writer",
+        *(f"llamafit.memory.graph.{m}" for m in builders),
+    ]
     code = (
         "import sys\n"
         "from llamafit.cli.entry import main\n"
@@ -130,11 +139,13 @@ def test_a_dry_run_loads_nothing_it_does_not_use(l8b: Path) -> None:
         "    assert not e.code, e.code\n"
         "print([m for m in sys.modules if m.split('.')[0] in ('numpy', 'huggingface_hub')"
         " or m in ('http.client', 'importlib.metadata') or m.startswith('llamafit.serving')], file=sys.stderr)\n"
+        f"print([m for m in {unused!r} if m in sys.modules], file=sys.stderr)\n"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "-ngl" in r.stdout, r.stderr
-    loaded = r.stderr.strip().splitlines()[-1]
+    loaded, others = r.stderr.strip().splitlines()[-2:]
     assert loaded == "['llamafit.serving', 'llamafit.serving.restarts']", r.stderr
+    assert others == "[]", r.stderr
 
 
 def test_the_executable_tunes_the_collector_and_the_library_does_not(l8b: Path) -> None:

@@ -34,7 +34,6 @@ from llamafit.server.args import parse_server_args
 from llamafit.server.binary import ServerBinary
 from llamafit.server.capabilities import probe
 from llamafit.server.environment import child_env
-from llamafit.server.fitprint import NAME, NoAllocFailed, beside, measure
 from llamafit.units import MiB
 
 ROUNDS = 3  # measure, re-plan, measure again: the scale settles in one or two
@@ -137,6 +136,9 @@ def bounded(
 ) -> tuple[Plan, list[str], Bound]:
     """Hold ``plan`` (made with no scale, composed as ``argv``) to the measurement of the llama-fit-params
     beside ``srv``. ``replan(scale)`` makes the plan again with its compute buffers scaled."""
+    # imported here: most plans are not held to a measurement (``reasons``), and a plan's time counts its imports
+    from llamafit.server.fitprint import NAME, NoAllocFailed, beside, measure
+
     if not os.path.isfile(plan.model.path):
         note = "the model is not downloaded yet (run measures it once it is)"
         return plan, list(argv), Bound(why, note=note, after_download=True)

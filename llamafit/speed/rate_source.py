@@ -26,6 +26,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
 
@@ -37,12 +38,14 @@ from llamafit.memory.calibration import model_id, read_history
 from llamafit.memory.placement import CPU
 from llamafit.paths import cache_dir
 from llamafit.speed import busy, priors
-from llamafit.speed import probe as pr
-from llamafit.speed import probe_cache as pc
-from llamafit.speed import probe_models as pm
 from llamafit.speed.bench import bench_binary
 from llamafit.speed.calibrate import SpeedCorrection, correction, speed_key
 from llamafit.speed.known import DESCRIBED_CORES, host_rates, known_rates, remote_rates, with_assumed
+
+# The probe (llama-bench runs, their cache, the twin models) is imported where a plan measures or reads what was
+# measured: a plan of described devices, or with nothing to measure, does neither, and a plan's time counts imports.
+if TYPE_CHECKING:
+    from llamafit.speed import probe as pr
 
 PROBE_ENV = "LLAMAFIT_PROBE"
 MAX_TYPES = 3  # weight types probed per device: those that hold 90 % of the bytes, at most this many
@@ -61,13 +64,15 @@ def weight_types(model: ModelInfo) -> list[str]:
     for t in model.tensors:
         if t.matmul:
             by_type[t.info.type.name] = by_type.get(t.info.type.name, 0) + t.info.nbytes
+    from llamafit.speed.probe_models import writable
+
     total = sum(by_type.values()) or 1
     out: list[str] = []
     covered = 0
     for ty, n in sorted(by_type.items(), key=lambda kv: -kv[1]):
         if covered >= 0.9 * total or len(out) >= MAX_TYPES:
             break
-        if pm.writable(ty):
+        if writable(ty):
             out.append(ty)
         covered += n
     return out or ["f16"]
@@ -91,6 +96,8 @@ class Measured:
         again. What was dropped, in words."""
         if not self.entries or self.directory is None:
             return []
+        from llamafit.speed import probe_cache as pc
+
         if not pc.forget(self.directory, set(self.entries)):
             return ["the cached speed measurements could not be dropped (another llamafit holds them)"]
         return ["the cached speed measurements of these devices were dropped: the next plan measures them again"]
@@ -166,8 +173,7 @@ class RateSource:
         if threads:
             self._assumed[CPU] = priors.assumed_host(cores, min(threads, cores))
         self._bench = bench_binary(served.server_path) if served.server_path else None
-        # llama-bench as the server will run: one for every device this plan measures
-        self._runner = pr.Runner(self._bench, self.env, self.threads, self.flags) if self._bench else None
+        self._runner: pr.Runner | None = None  # llama-bench as the server will run, made when a device is measured
         if self._bench is None and served.server_path and here:
             self.notes.append("speed not measured: no llama-bench beside the server binary")
         self._asked: set[str] = set()
@@ -184,18 +190,19 @@ class RateSource:
         return speed_key(model_id(self.model), [g.id for g in self.machine.gpus], (*threads, *self.flags))
 
     def rates(
-        self, devices: Iterable[str], *, measure: bool = True, depth: int = pr.DEPTH_PLAN, priced: bool = False
+        self, devices: Iterable[str], *, measure: bool = True, depth: int | None = None, priced: bool = False
     ) -> dict[str, Rates]:
         """Rates for ``devices`` (``CPU`` is the host) and every device asked for before, corrected by the
         newest launch of the same model on these devices that measured its speed. Without ``measure`` only
         what is cached is read: the devices are measured when asked for again. ``depth``: the cache the plan
-        fills (its attention is timed that deep where the budget is longer than a plan's, ``pr.DEPTH_PLAN``).
+        fills (its attention is timed that deep where the budget is longer than a plan's; else, and by default,
+        ``probe.DEPTH_PLAN``).
         ``priced``: for a plan's speed, with what is assumed of an RPC server nobody measured (``remote_rates``)."""
         want = [d for d in dict.fromkeys(devices) if d not in self._asked]
         if measure:
             self._asked.update(want)
         if want and self._bench is not None and self.here:
-            self._measure(want, run=measure, depth=depth if self.measure > MEASURE_BUDGET else pr.DEPTH_PLAN)
+            self._measure(want, run=measure, depth=depth if self.measure > MEASURE_BUDGET else None)
         c = self.correction
         assumed = {**self._remote, **self._assumed} if priced else self._assumed
         return {d: r.calibrated(c.tg, c.pp) for d, r in {**assumed, **self._rates}.items()}
@@ -211,7 +218,7 @@ class RateSource:
         return self._correction
 
     def measured(
-        self, devices: Iterable[str] = (), *, measure: bool = True, depth: int = pr.DEPTH_PLAN, priced: bool = False
+        self, devices: Iterable[str] = (), *, measure: bool = True, depth: int | None = None, priced: bool = False
     ) -> Measured:
         """The rates of ``devices`` and every device asked for before (measured first where they need it and
         ``measure``; else as cached), as the planner's stages read them; ``depth``, ``priced`` as ``rates`` takes
@@ -222,7 +229,10 @@ class RateSource:
     def _probe(self, one: _One, subject: pr.Subject, failed: dict[str, tuple[str, bool]]) -> pr.Timings | None:
         """``one`` device measured (what it lacks of the probe): its timings, or None when nothing usable came of it
         (a failure, said and remembered in ``failed``; a doubtful run, said and marked on ``one``)."""
-        assert self._runner is not None
+        from llamafit.speed import probe as pr
+
+        assert self._bench is not None
+        self._runner = self._runner or pr.Runner(self._bench, self.env, self.threads, self.flags)
         t = one.target
         spreads: list[float] = []
         if one.light:  # only its overheads: nothing of the model
@@ -257,6 +267,8 @@ class RateSource:
         return str(e)
 
     def _targets(self, devices: Sequence[str]) -> list[pr.Target]:
+        from llamafit.speed import probe as pr
+
         eps = list(dict.fromkeys(g.endpoint for g in self.machine.gpus if g.endpoint))
         out = [pr.host_target()] if CPU in devices and not self._given_host else []
         for g in self.machine.gpus:
@@ -265,8 +277,13 @@ class RateSource:
                 out.append(pr.device_target(g.id, g.name, g.total, gpu=gpu, rpc=eps if g.endpoint else ()))
         return out
 
-    def _measure(self, devices: Sequence[str], run: bool = True, depth: int = pr.DEPTH_PLAN) -> None:
+    def _measure(self, devices: Sequence[str], run: bool = True, depth: int | None = None) -> None:
+        from llamafit.speed import probe as pr
+        from llamafit.speed import probe_cache as pc
+        from llamafit.speed import probe_models as pm
+
         assert self._bench is not None
+        depth = pr.DEPTH_PLAN if depth is None else depth
         bench, d = self._bench, self.directory
         types = weight_types(self.model)
         twin, attn = pm.twin_of(self.model), pm.attention_twin(self.model)
@@ -408,12 +425,14 @@ class _One:
 
 def _complete(t: pr.Timings, subject: pr.Subject, target: pr.Target, budget: float) -> bool:
     """Whether ``t`` holds all a plan measuring for ``budget`` seconds would measure of ``subject`` on ``target``."""
+    from llamafit.speed.probe import attention_wanted
+
     types, twin, attn = subject.types, subject.twin, subject.attn
     if target.device != CPU and t.visited is None:
         return False
     if twin is not None and (t.twin_tg is None or t.twin_pp is None or (target.gpu and t.offload is None)):
         return False
-    if attn is not None and (t.attn_tgd is None or pr.attention_wanted(t, attn, twin, budget, subject.depth)):
+    if attn is not None and (t.attn_tgd is None or attention_wanted(t, attn, twin, budget, subject.depth)):
         return False
     # a type may be missing because the device was too slow to stream it (the twin's rate stands)
     return all(ty in t.stream for ty in types) or t.twin_tg is not None

@@ -34,7 +34,6 @@ from llamafit.memory.graph.trunk import (
 )
 
 CONV, MAMBA2, ATTN, MLP, MOE = "conv", "mamba2", "attn", "mlp", "moe"
-LAYERED = ("lfm2", "lfm2moe", "nemotron_h", "nemotron_h_moe", "granitehybrid")  # what this module builds
 
 
 @dataclass(frozen=True)

@@ -10,22 +10,24 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory.graph.attention import MROPE_SECTIONS, TransformerShape, rotation_size
-from llamafit.memory.graph.dflash import DflashShape, Markov
-from llamafit.memory.graph.dsv4 import dsv4_mtp_shape, dsv4_shape
-from llamafit.memory.graph.gemma3n import gemma3n_shape
-from llamafit.memory.graph.gemma4 import AssistantShape, Gemma4Shape, read_layers
-from llamafit.memory.graph.hybrid import HybridShape
-from llamafit.memory.graph.layered import LAYERED, layered_shape
-from llamafit.memory.graph.mamba import MambaShape
-from llamafit.memory.graph.mla import HostDownMlaShape, Indexer, MlaShape
-from llamafit.memory.graph.mtp import Eagle3Shape, MtpShape, NextnIo, NextnShape
 from llamafit.memory.graph.recipe import Recipe
 from llamafit.memory.graph.routing import read_experts
 from llamafit.memory.graph.transformers import transformer_shape
 from llamafit.memory.graph.trunk import Experts
+
+# Each architecture's own builder module is imported by its reader, when a model of it is read: a plan reads one
+# model, and a plan's time counts its imports (the builders of the other families are a few milliseconds).
+if TYPE_CHECKING:
+    from llamafit.memory.graph.dflash import DflashShape, Markov
+    from llamafit.memory.graph.gemma4 import AssistantShape, Gemma4Shape
+    from llamafit.memory.graph.hybrid import HybridShape
+    from llamafit.memory.graph.mamba import MambaShape
+    from llamafit.memory.graph.mla import Indexer, MlaShape
+    from llamafit.memory.graph.mtp import Eagle3Shape, MtpShape, NextnIo, NextnShape
 
 RECURRENT = ("mamba", "mamba2")
 # the MLA trunks graph.mla builds: DeepSeek-V2/V3's graph (Mistral 4's is it: models.h llama_model_mistral4), and
@@ -33,12 +35,15 @@ RECURRENT = ("mamba", "mamba2")
 MLA_PLAIN = ("deepseek2", "mistral4")
 MLA = (*MLA_PLAIN, "deepseek32", "glm-dsa")
 QWEN35 = ("qwen35", "qwen35moe", "qwen3next")  # the hybrids whose graphs graph.hybrid builds
+LAYERED = ("lfm2", "lfm2moe", "nemotron_h", "nemotron_h_moe", "granitehybrid")  # what graph.layered builds
 
 
 def mamba_shape(model: ModelInfo) -> MambaShape | None:
     hp = model.hparams
     if hp.arch not in RECURRENT or not hp.ssm_dt_rank:
         return None
+    from llamafit.memory.graph.mamba import MambaShape
+
     return MambaShape(
         version=2 if hp.arch == "mamba2" else 1,
         n_layer=hp.n_layer,
@@ -64,6 +69,9 @@ def _dflash_shape(model: ModelInfo) -> DflashShape | None:
     """The drafter's Qwen3 blocks (src/models/dflash.cpp load_arch_tensors), its head's rows and d2t map,
     DSpark's trained block; None for the variants with other nodes (DFlash2's convolutions and selector,
     attention sinks or post-norms, per-layer sliding windows, shared K/V, the DeepSeek-V4 backbone)."""
+    from llamafit.memory.graph.dflash import DflashShape
+    from llamafit.memory.graph.dsv4 import dsv4_shape
+
     hp = model.hparams
     shapes = {t.name: t.info.shape for t in model.tensors}
     if model.number("hyper_connection.count"):  # DSpark on the DeepSeek-V4 backbone (dflash.cpp:862-1033)
@@ -95,6 +103,8 @@ def _dflash_shape(model: ModelInfo) -> DflashShape | None:
 
 def _markov(model: ModelInfo, shapes: dict[str, tuple[int, ...]]) -> Markov | None:
     """DSpark's Markov head and its trained block (dflash.cpp:124-137), None for a DFlash drafter."""
+    from llamafit.memory.graph.dflash import Markov
+
     block = model.kv.get("dflash.block_size")
     w1 = shapes.get("markov_w1.weight")
     if w1 is None or not isinstance(block, int):
@@ -112,6 +122,8 @@ def _markov(model: ModelInfo, shapes: dict[str, tuple[int, ...]]) -> Markov | No
 def _eagle3_shape(model: ModelInfo) -> Eagle3Shape | None:
     """An EAGLE3 drafter's one block (separate Q/K/V over the doubled input, a gated FFN), without the
     draft-to-target vocabulary map (d2t: a filled logits tensor and a set_rows, not replayed)."""
+    from llamafit.memory.graph.mtp import Eagle3Shape
+
     hp = model.hparams
     names = {t.name for t in model.tensors}
     need = {"blk.0.attn_q.weight", "blk.0.attn_k.weight", "blk.0.attn_v.weight", "blk.0.ffn_gate.weight"}
@@ -133,6 +145,8 @@ def _eagle3_shape(model: ModelInfo) -> Eagle3Shape | None:
 
 def _nextn_shape(model: ModelInfo) -> NextnShape | None:
     """GLM-4.5's one NextN block: the trunk's layer shape at the NextN layer's index."""
+    from llamafit.memory.graph.mtp import NextnShape
+
     hp = model.hparams
     trunk = transformer_shape(model)
     if trunk is None or hp.n_nextn != 1:
@@ -162,6 +176,9 @@ def _nextn_shape(model: ModelInfo) -> NextnShape | None:
 def _hybrid_shape(model: ModelInfo) -> HybridShape | None:
     """Qwen3.5 (dense or MoE) and Qwen3-Next: fused qkv and an output gate (or Qwen3-Next's one ssm_in) on
     the delta-net layers, separate Q (with its gate), K and V on the attention layers."""
+    from llamafit.memory.graph.hybrid import HybridShape
+    from llamafit.memory.graph.mtp import MtpShape
+
     hp = model.hparams
     shapes = {t.name: t.info.shape for t in model.tensors}
     n = hp.n_layer
@@ -224,6 +241,8 @@ def _block_ffn(model: ModelInfo, shapes: dict[str, tuple[int, ...]], il: int) ->
 
 def _mtp_shape(model: ModelInfo) -> MtpShape | None:
     """Qwen3.5's one NextN block with separate Q (query and gate), K and V and the trunk's kind of FFN."""
+    from llamafit.memory.graph.mtp import MtpShape
+
     hp = model.hparams
     if hp.n_nextn != 1:
         return None
@@ -252,6 +271,7 @@ def _mtp_shape(model: ModelInfo) -> MtpShape | None:
 
 def _nextn_io(shapes: dict[str, tuple[int, ...]], il: int) -> NextnIo:
     """The NextN layer's own token rows, head norm and head where the file has them (else the model's)."""
+    from llamafit.memory.graph.mtp import NextnIo
 
     def own(name: str, default: str) -> str:
         return f"nextn.{name}" if f"blk.{il}.nextn.{name}.weight" in shapes else default
@@ -264,6 +284,8 @@ def _nextn_io(shapes: dict[str, tuple[int, ...]], il: int) -> NextnIo:
 def _mla_shape(model: ModelInfo) -> MlaShape | None:
     """DeepSeek-V2/V3 MLA (absorbed K) with a q LoRA or without, dense lead layers, experts with a shared
     expert; sizes read off the tensor table (deepseek2.cpp load_arch_tensors)."""
+    from llamafit.memory.graph.mla import HostDownMlaShape, MlaShape
+
     hp = model.hparams
     if not hp.mla or hp.n_layer_kv_from_start >= 0 or not hp.causal:
         return None
@@ -311,6 +333,8 @@ def _indexer(model: ModelInfo, shapes: dict[str, tuple[int, ...]]) -> Indexer | 
     """DSA's lightning indexer (deepseek32.cpp:109-115): its heads from its projection, its cache's
     rotation (llama-kv-cache.cpp:321-351: the largest power-of-two multiple of 64 dividing its head size,
     which the rotation's matmul needs it to equal); GLM-5's shared layers from the header."""
+    from llamafit.memory.graph.mla import Indexer
+
     hp = model.hparams
     proj = shapes.get("blk.0.indexer.proj.weight")
     hd = hp.indexer_head_size
@@ -328,6 +352,8 @@ def _indexer(model: ModelInfo, shapes: dict[str, tuple[int, ...]]) -> Indexer | 
 def _gemma4_shape(model: ModelInfo) -> Gemma4Shape | None:
     """Gemma 4 (gemma4.cpp load_arch_tensors), the 26B-A4B's routed experts with their fused or separate gate and
     up; None for a fused QKV."""
+    from llamafit.memory.graph.gemma4 import Gemma4Shape, read_layers
+
     hp = model.hparams
     shapes = {t.name: t.info.shape for t in model.tensors}
     names = set(shapes)
@@ -367,6 +393,8 @@ def _gemma4_shape(model: ModelInfo) -> Gemma4Shape | None:
 
 def _assistant_shape(model: ModelInfo) -> AssistantShape | None:
     """A Gemma 4 assistant's layers (gemma4-assistant.cpp load_arch_tensors: its NextN layers, Q only)."""
+    from llamafit.memory.graph.gemma4 import AssistantShape, read_layers
+
     hp = model.hparams
     n = hp.n_nextn
     backbone = int(model.number("embedding_length_out"))
@@ -376,17 +404,43 @@ def _assistant_shape(model: ModelInfo) -> AssistantShape | None:
 
 
 Reader = Callable[[ModelInfo], Recipe | None]
+
+
+def _layered_shape(model: ModelInfo) -> Recipe | None:
+    from llamafit.memory.graph.layered import layered_shape
+
+    return layered_shape(model)
+
+
+def _dsv4_shape(model: ModelInfo) -> Recipe | None:
+    from llamafit.memory.graph.dsv4 import dsv4_shape
+
+    return dsv4_shape(model)
+
+
+def _dsv4_mtp_shape(model: ModelInfo) -> Recipe | None:
+    from llamafit.memory.graph.dsv4 import dsv4_mtp_shape
+
+    return dsv4_mtp_shape(model)
+
+
+def _gemma3n_shape(model: ModelInfo) -> Recipe | None:
+    from llamafit.memory.graph.gemma3n import gemma3n_shape
+
+    return gemma3n_shape(model)
+
+
 # architecture -> the reader of its builder's shape; one not here is read as a plain transformer
 # (``transformers.transformer_shape``: the architectures of ``transformers.TRANSFORMER``, None for any other)
 READERS: dict[str, Reader] = {
     **dict.fromkeys(RECURRENT, mamba_shape),
     **dict.fromkeys(QWEN35, _hybrid_shape),
-    **dict.fromkeys(LAYERED, layered_shape),
+    **dict.fromkeys(LAYERED, _layered_shape),
     **dict.fromkeys(MLA, _mla_shape),
     "eagle3": _eagle3_shape,
     "dflash": _dflash_shape,
-    "deepseek4": dsv4_shape,
-    "gemma3n": gemma3n_shape,
+    "deepseek4": _dsv4_shape,
+    "gemma3n": _gemma3n_shape,
     "gemma4": _gemma4_shape,
     "gemma4-assistant": _assistant_shape,  # its graph whatever the speculative type (draft-simple loads it too)
 }
@@ -394,6 +448,6 @@ READERS: dict[str, Reader] = {
 DRAFT_READERS: dict[str, Reader] = {
     **dict.fromkeys(QWEN35, _mtp_shape),
     "glm4moe": _nextn_shape,
-    "deepseek4": dsv4_mtp_shape,
+    "deepseek4": _dsv4_mtp_shape,
     "gemma4-assistant": _assistant_shape,
 }
