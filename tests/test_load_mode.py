@@ -9,6 +9,7 @@ the log's 0.01 MiB), on a small gemma4 and on one whose F32 table is larger than
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,12 +19,13 @@ from llamafit.errors import UsageError
 from llamafit.fit import make_plan
 from llamafit.fit.request import build_request
 from llamafit.gguf.model import load_model
-from llamafit.memory.placement import LAZY_AUTO_MIN, Loading, Override, place_weights
+from llamafit.memory.placement import LAZY_AUTO_MIN, Loading, Override, _layer_runs, place_weights
 from llamafit.server.args import parse_server_args
 from llamafit.server.binary import ServerBinary
 from llamafit.serving.compare import compare
 from llamafit.units import GiB, pad
 from tests import factory
+from tests.factory import Shape
 from tests.realserver import load_log
 
 PLE = "per_layer_token_embd.weight"
@@ -190,3 +192,33 @@ def test_auto_loads_without_mmap_beside_an_integrated_gpu(small: Path, large: Pa
     assert "CPU_Mapped" in _model_buffers(large, igpu, ["-lzm", "on"])
     card = Machine((Device("Vulkan0", "AMD Radeon RX 7600", 8 * GiB, 8 * GiB, backend="Vulkan"),), igpu.host)
     assert _model_buffers(small, card, ["-ngl", "5"]) == {"Vulkan0", "CPU_Mapped"}
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [factory.glm45_air, factory.gemma4, factory.mamba2, factory.nemotron_h],
+    ids=["glm45-air-nextn", "gemma4-tied-lazy", "mamba2-state-ops", "nemotron-h"],
+)
+def test_a_layer_placed_whole_is_what_placing_each_weight_gives(tmp_path: Path, shape: Callable[[], Shape]) -> None:
+    """A layer's weights on one device are placed once and reused by every placement that puts the layer there
+    (``placement._layer_runs``); a placement with device limits (which no weight here reaches) places each weight on
+    its own: the two agree, weight for weight and buffer for buffer, whatever the layers, overrides and load mode."""
+    m = load_model(shape().write(tmp_path / "m.gguf"))
+    gpus, big = ["CUDA0", "Vulkan0"], {"CUDA0": 1 << 60, "Vulkan0": 1 << 60}
+    n = m.hparams.n_layer_all
+    loadings = [
+        Loading(-1),
+        Loading(n // 2),
+        Loading(-1, (Override(r"blk\.(1|2)\.ffn_.*", "CPU"),), use_mmap=False),
+        Loading(-1, (Override(r"blk\.1\..*", "Vulkan0"),), no_host=True, repack=False),
+        Loading(n - 1, load_nextn=True, lazy_mode="on"),
+    ]
+    for loading in loadings:
+        for splits in ([1.0, 0.0], [0.5, 0.5], [0.2, 0.8]):
+            for _ in range(2):  # the second time from what the first kept
+                whole = place_weights(m, loading, gpus=gpus, splits=splits)
+                each = place_weights(m, loading, gpus=gpus, splits=splits, limits=big)
+                assert whole.tensors == each.tensors, (loading, splits)
+                assert (whole.buffers, whole.layer_device) == (each.buffers, each.layer_device)
+    plain = any(p for _, _, p in _layer_runs(m))  # a Mamba-2 layer's every run holds a state-space weight
+    assert bool(m.known(("run_placed",))) == plain  # where layers may be placed whole, they were

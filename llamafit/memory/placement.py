@@ -17,7 +17,6 @@ from llamafit.errors import UsageError
 from llamafit.gguf.model import ModelInfo, Tensor
 from llamafit.memory import backends
 from llamafit.memory.weight_ops import refuses, refuses_somewhere
-from llamafit.units import pad
 
 CPU = backends.CPU
 # the expert and dense FFN tensors as llama.cpp names them for --cpu-moe and its fit (common/common.h:1224-1230)
@@ -195,6 +194,7 @@ def place_weights(
     # which tensors each pattern matches, once per model: the fit tries many override sets made of
     # the same per-layer patterns
     target_of: dict[str, str] = {}
+    layer_of = model.memo(_LAYER_OF, lambda: {t.name: t.layer for t in model.tensors})
     for o in overrides:
         for name in _matching(model, o.pattern):
             target_of.setdefault(name, o.buft)  # the first matching pattern wins (llama-model-loader.cpp:1235-1258)
@@ -250,22 +250,34 @@ def place_weights(
     # NextN/MTP tensors are skipped unless draft-mtp is on (TENSOR_SKIP); a Gemma 4 assistant's layers are all
     # NextN layers, made whatever the type (gemma4-assistant.cpp:47-78)
     skip_nextn = not load_nextn and hp.n_nextn > 0 and hp.arch != "gemma4-assistant"
-    for t in model.tensors:
-        layer = t.layer
+    # a run of one layer's weights that nothing singles out, on a device: the same placed weights in every
+    # placement that puts the layer there (most of a search's placements differ in a few layers)
+    targeted = {layer_of[n] for n in target_of} if target_of else set()
+    same = model.memo(_RUN_PLACED, dict[tuple[int, str, str], tuple[PlacedTensor, ...]])
+    if len(same) > _PLACED_KEPT:
+        same.clear()
+    for i, (layer, run, plain) in enumerate(model.memo(_RUNS, lambda: _layer_runs(model))):
         if skip_nextn and layer is not None and n_layer <= layer < hp.n_layer_all:
             continue
-        p = place(t, layer, t.matmul)
-        placed.append(p)
-        if tied and t.name == "token_embd.weight":
-            # Tied embeddings: the output layer re-creates token_embd as a matmul weight in its own
-            # buffer type, sharing the tensor only when that is the input's (llama-model-loader.cpp:1370-1386).
-            out = place(t, hp.n_layer_all, True)
-            if out.buft != p.buft:
-                placed.append(out)
-            elif hp.arch in OUTPUT_FIRST and not (out.buft == LAZY_MAPPED or (out.buft == CPU and use_mmap)):
-                # made before token_embd, the copy finds no original to share: a second tensor, which takes
-                # its bytes again where the buffer is not the file's mapping (models/gemma4.cpp:50-56)
-                placed.append(replace(out))
+        if plain and layer is not None and not limits and layer not in targeted and (dev := devs[layer]) != CPU:
+            buft = device_buft[dev]
+            if (kept := same.get((i, dev, buft))) is None:
+                kept = same[i, dev, buft] = tuple(place(t, layer, t.matmul) for t in run)
+            placed += kept
+            continue
+        for t in run:
+            p = place(t, layer, t.matmul)
+            placed.append(p)
+            if tied and t.name == "token_embd.weight":
+                # Tied embeddings: the output layer re-creates token_embd as a matmul weight in its own
+                # buffer type, sharing the tensor only when that is the input's (llama-model-loader.cpp:1370-1386).
+                out = place(t, hp.n_layer_all, True)
+                if out.buft != p.buft:
+                    placed.append(out)
+                elif hp.arch in OUTPUT_FIRST and not (out.buft == LAZY_MAPPED or (out.buft == CPU and use_mmap)):
+                    # made before token_embd, the copy finds no original to share: a second tensor, which takes
+                    # its bytes again where the buffer is not the file's mapping (models/gemma4.cpp:50-56)
+                    placed.append(replace(out))
 
     buffers = tuple(_buffers(model, placed, use_mmap))
     return WeightPlacement(tuple(placed), tuple(devs), buffers, _unread(model, placed, use_mmap))
@@ -273,6 +285,35 @@ def place_weights(
 
 _PLACED = ("placed_tensors",)  # (weight, device, buffer type) -> its PlacedTensor
 _STATE_OPS = ("state_op_weights",)  # the weights some backend may refuse (``weight_ops.refuses_somewhere``)
+_RUNS = ("layer_runs",)  # the tensors in file order, cut where the layer changes (``_layer_runs``)
+_RUN_PLACED = ("run_placed",)  # (run, device, buffer type) -> its weights placed there
+_LAYER_OF = ("layer_of",)  # a weight's name -> its layer
+
+
+def _layer_runs(model: ModelInfo) -> list[tuple[int | None, tuple[Tensor, ...], bool]]:
+    """``model``'s tensors in file order (the order a placement lists them in), cut into runs of one layer each;
+    whether a run is plain: a repeating layer's, with no weight placed by more than its layer's device (a lazily
+    read table, a state-space weight a backend may refuse)."""
+    hp = model.hparams
+    lazy = LAZY_TENSORS.get(hp.arch)
+    runs: list[tuple[int | None, list[Tensor]]] = []
+    for t in model.tensors:
+        if runs and runs[-1][0] == t.layer:
+            runs[-1][1].append(t)
+        else:
+            runs.append((t.layer, [t]))
+    return [
+        (
+            layer,
+            tuple(ts),
+            layer is not None
+            and layer < hp.n_layer_all
+            and not any(t.name == lazy or refuses_somewhere(t) for t in ts),
+        )
+        for layer, ts in runs
+    ]
+
+
 _PLACED_KEPT = 1 << 16  # a few devices and buffer types for each weight of the largest models
 
 
@@ -303,14 +344,8 @@ def _buffers(model: ModelInfo, placed: Sequence[PlacedTensor], use_mmap: bool) -
                     out.append(("CPU_Mapped", last - first))
             continue
         align = backends.alignment(buft, CPU_ALIGN)
-        seen: set[int] = set()
-        size = 0
-        for p in items:
-            if id(p) in seen:  # a weight placed once, listed twice; a copy of its own counts again
-                continue
-            seen.add(id(p))
-            size += pad(p.alloc, align)
-        out.append((buft, size))
+        allocs = {id(p): p.alloc for p in items}.values()  # a weight placed once, listed twice; a copy counts again
+        out.append((buft, align * sum(-(-n // align) for n in allocs)))  # each padded to the alignment
     return out
 
 
