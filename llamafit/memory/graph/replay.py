@@ -72,7 +72,8 @@ def graph_bytes(
     if rot is None:
         return None
     r = _reserve(model, cp, n_outputs, fa, pooling, rot)
-    return model.memo(("graph_bytes", type(shape).__name__, r), lambda: buffer_size(shape.graph(r)))
+    # the graph the scheduler's replays of this reserve place (one backend's allocation ignores where weights are)
+    return model.memo(("graph_bytes", type(shape).__name__, r), lambda: buffer_size(_built(model, shape, cp.mtp, r)[0]))
 
 
 def _reserve(
@@ -257,12 +258,9 @@ def _placed_graph(
         return None
     layer_dev = placement.layer_device
     table: dict[tuple[int | None, str], str] = {}
-    sizes: dict[tuple[int | None, str], tuple[int, int]] = {}
     keys = model.memo(_KEYS, lambda: _weight_keys(model))
     for p in placement.tensors:
-        at, nbytes = keys[p.tensor.info.name]
-        table.setdefault(at, p.device)
-        sizes.setdefault(at, nbytes)
+        table.setdefault(keys[p.tensor.info.name][0], p.device)
     out_dev = layer_dev[hp.n_layer_all]
     output = output_weight_device(placement, out_dev)
 
@@ -279,6 +277,26 @@ def _placed_graph(
             return layer_dev[layer]  # the caches are the layer's with offload_kqv (llama-kv-cache.cpp:118-141)
         return table.get((layer, name), layer_dev[layer])
 
+    r = reserve(_reserve(model, cp, n_outputs, fa, pooling))
+    # llama.cpp pins each layer's norms to the layer's device on a full offload or a small batch
+    # (llama-context.cpp:2646-2661)
+    pin = all(d != CPU for d in layer_dev) or r.n_tokens < 32
+    g, tensors = _built(model, shape, cp.mtp, r)
+    retag(tensors, Where(device, pin))
+    return g
+
+
+def _built(model: ModelInfo, shape: Recipe, mtp: bool, r: Reserve) -> tuple[Graph, list[Tensor]]:
+    """The graph of ``r`` built under ``placed`` (its weights, caches and norms tagged, each weight with its bytes)
+    and its tagged tensors. The nodes depend on the reserve and the shape, not on where the weights are: a search's
+    placements at one context share one build, each placing its tensors (``retag``) before the scheduler reads them
+    (a replay is done before the next placement's begins), and one backend's allocation of it is ``graph_bytes``."""
+    shared = model.memo(_PLACED, dict[tuple[bool, Reserve], tuple[Graph, list[Tensor]]])
+    if (key := (mtp, r)) in shared:
+        return shared[key]
+    hp = model.hparams
+    sizes = {at: nbytes for at, nbytes in model.memo(_KEYS, lambda: _weight_keys(model)).values()}
+
     def size(layer: int | None, name: str) -> tuple[int, int] | None:
         if name == "output":
             name, layer = ("output", hp.n_layer_all) if (hp.n_layer_all, "output") in sizes else ("token_embd", None)
@@ -286,28 +304,12 @@ def _placed_graph(
             layer = hp.n_layer_all
         return sizes.get((layer, name))
 
-    r = reserve(_reserve(model, cp, n_outputs, fa, pooling))
-    # llama.cpp pins each layer's norms to the layer's device on a full offload or a small batch
-    # (llama-context.cpp:2646-2661)
-    pin = all(d != CPU for d in layer_dev) or r.n_tokens < 32
-    where = Where(device, pin, size)
-
-    def build() -> tuple[Graph, list[Tensor]]:
-        with placed(where):
-            g = shape.graph(r)
-        return g, tagged(g)
-
-    # the nodes depend on the reserve and the shape, not on where the weights are: a search's placements at
-    # one context share one build, each placing its tensors before the scheduler reads them (a replay is
-    # done before the next placement's begins)
-    shared = model.memo(_PLACED, dict[tuple[bool, Reserve], tuple[Graph, list[Tensor]]])
-    if (key := (cp.mtp, r)) not in shared:
-        if len(shared) >= 16:  # a search visits a few contexts at a time
-            shared.clear()
-        shared[key] = build()
-    g, tensors = shared[key]
-    retag(tensors, where)
-    return g
+    with placed(Where(lambda _layer, _name: CPU, size=size)):  # where each is: ``retag``'s to say
+        g = shape.graph(r)
+    if len(shared) >= 16:  # a search visits a few contexts at a time
+        shared.clear()
+    shared[key] = (g, tagged(g))
+    return shared[key]
 
 
 _PLACED = ("placed_graphs",)  # (mtp, reserve) -> a graph built under ``placed`` and its tagged tensors
