@@ -113,6 +113,45 @@ def test_devices_are_discovered_with_what_they_report(rpc_servers: list[str], se
     assert [g["endpoint"] for g in devs] == rpc_servers
 
 
+def test_the_devices_listed_while_a_command_starts_are_the_ones_its_plan_reads(
+    rpc_servers: list[str], server_bin: ServerBinary, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A listing started early (``start_listing``: before the command's imports) is the plan's own: no second
+    listing, the same devices; one started for other endpoints is killed and not read; one nobody reads dies with
+    llamafit."""
+    from llamafit.devices import rpc
+
+    env = server_bin.env()
+    fresh = rpc.discover_rpc(rpc_servers, server_bin.path, env)
+    started: list[list[str]] = []
+    real = rpc.start_bounded
+
+    def counted(argv: list[str], *, env: dict[str, str] | None) -> subprocess.Popen[bytes]:
+        started.append(argv)
+        return real(argv, env=env)
+
+    monkeypatch.setattr(rpc, "start_bounded", counted)
+    rpc.start_listing(rpc_servers, server_bin.path, env)
+    rpc.start_listing(rpc_servers, server_bin.path, env)  # started once
+    assert len(started) == 1
+    assert rpc.discover_rpc(rpc_servers, server_bin.path, env).devices == fresh.devices
+    assert len(started) == 1 and not rpc._EARLY  # read, not listed again
+    rpc.start_listing(rpc_servers[:1], server_bin.path, env)
+    ((other, _),) = rpc._EARLY.values()
+    assert rpc.discover_rpc(rpc_servers, server_bin.path, env).devices == fresh.devices
+    assert len(started) == 3 and other.poll() is not None and not rpc._EARLY  # killed, and these listed now
+    code = (
+        "import sys\n"
+        "from llamafit.devices.rpc import _EARLY, start_listing\n"
+        f"start_listing({rpc_servers!r}, {server_bin.path!r}, {env!r})\n"
+        "print(next(iter(_EARLY.values()))[0].pid)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    with pytest.raises(ProcessLookupError):  # killed and reaped at exit, not left running
+        os.kill(int(r.stdout), 0)
+
+
 def test_an_unreachable_server_is_named(rpc_servers: list[str], server_bin: ServerBinary, tmp_path: Path,
                                         models: dict[str, Path]) -> None:  # fmt: skip
     dead = f"127.0.0.1:{free_port()}"

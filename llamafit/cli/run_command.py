@@ -43,7 +43,7 @@ from llamafit.cli.output import (
     handled,
     set_json,
 )
-from llamafit.cli.targets import one_model_options, prepare_one, targets
+from llamafit.cli.targets import list_rpc_early, one_model_options, prepare_one, targets
 from llamafit.options import DEFAULTS
 
 RUN_EXAMPLES = """Examples:
@@ -146,6 +146,7 @@ def run_command(
             if exec_:
                 raise UsageError("--exec runs one server; several models run under the router that llamafit watches")
             raise typer.Exit(run_several(refs, models_preset, o, run, dry_run))
+        list_rpc_early(o)  # while what follows is imported
         if dry_run:  # planned and printed: nothing that serving needs is loaded
             from llamafit.cli.dry import dry_run_one
 

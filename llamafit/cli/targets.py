@@ -15,9 +15,27 @@ if TYPE_CHECKING:
     from llamafit.planning.prepared import Prepared
 
 
+def list_rpc_early(o: Options) -> None:
+    """The ``--rpc`` servers' devices listed while the command goes on importing and reading what a plan needs
+    (``devices.rpc.start_listing``); nothing when the listing cannot be started here (the plan's own says why)."""
+    if not o.rpc or o.cpu_only:
+        return
+    from llamafit.devices.rpc import parse_endpoints, same_servers, start_listing
+    from llamafit.errors import LlamafitError
+    from llamafit.server.binary import find_server
+
+    try:
+        srv = find_server(o.server)
+        once, _ = same_servers(parse_endpoints(o.rpc))
+    except LlamafitError:
+        return
+    start_listing(once, srv.path, srv.env())
+
+
 def prepare_one(model: str, o: Options, json_out: bool = False, quant: str | None = None) -> Prepared:
     """The plan and argv (of the quant asked for with ``:best``/``--quant``); when nothing fits and
     ``json_out``, the plan that could not be made is the error's document (``"fits": false``, exit 3)."""
+    list_rpc_early(o)
     from llamafit.errors import DoesNotFitError
     from llamafit.planning.planner import Planner
     from llamafit.planning.quants import prepare_choice, wants_quants

@@ -11,16 +11,19 @@ The RPC protocol has no authentication: anyone who can reach the port can run co
 
 from __future__ import annotations
 
+import atexit
 import re
 import socket
 import subprocess
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from llamafit.devices.listed import parse_device_list
 from llamafit.devices.machine import Device
 from llamafit.errors import NetworkError, ServerNotFoundError, UsageError
-from llamafit.server.bounded import run_bounded
+from llamafit.server.bounded import finish_bounded, start_bounded
+from llamafit.server.children import kill_group
 
 CONNECT_TIMEOUT = 3.0
 LIST_TIMEOUT = 30.0
@@ -167,7 +170,7 @@ def discover_rpc(
             hint="install llamafit[server] or pass --server PATH",
         )
     try:
-        r = run_bounded([server, "--rpc", ",".join(up), "--list-devices"], env=env, timeout=LIST_TIMEOUT)
+        r = _listed(up, server, env)
     except subprocess.TimeoutExpired:
         raise NetworkError(f"listing the devices of {', '.join(up)} took over {LIST_TIMEOUT:.0f} s") from None
     except OSError as e:
@@ -185,3 +188,44 @@ def discover_rpc(
             hint="each --rpc endpoint must be a ggml-rpc-server of the same llama.cpp build as this llama-server",
         )
     return RpcDevices(tuple(devs), tuple(d for d, _ in down))
+
+
+# listings started before a plan asks for them: (endpoints, server, env) -> the child and its deadline
+_EARLY: dict[tuple[tuple[str, ...], str, tuple[tuple[str, str], ...]], tuple[subprocess.Popen[bytes], float]] = {}
+
+
+def start_listing(endpoints: Sequence[str], server: str, env: dict[str, str] | None = None) -> None:
+    """Start ``llama-server --rpc ENDPOINTS --list-devices`` now, for ``discover_rpc`` to read when a plan asks for
+    these endpoints with this server: the listing (a server start and a round trip to each RPC server) runs while
+    the command imports and reads the model. Bounded as any listing; a listing no plan reads is killed at exit, and
+    one started for other endpoints than the plan asks for is killed then and not read."""
+    key = (tuple(endpoints), server, tuple(sorted((env or {}).items())))
+    if not endpoints or key in _EARLY:
+        return
+    try:
+        proc = start_bounded([server, "--rpc", ",".join(endpoints), "--list-devices"], env=env)
+    except OSError:
+        return  # the plan's own listing says why
+    _EARLY[key] = (proc, time.monotonic() + LIST_TIMEOUT)
+
+
+def _listed(up: Sequence[str], server: str, env: dict[str, str] | None) -> subprocess.CompletedProcess[str]:
+    """The device list of ``up``: the one started early for them when there is one, else listed now."""
+    key = (tuple(up), server, tuple(sorted((env or {}).items())))
+    early = _EARLY.pop(key, None)
+    _kill_unread()  # started for other endpoints (one was down, a flag after ``--`` added one): not these devices
+    if early is not None:
+        return finish_bounded(*early)
+    return finish_bounded(
+        start_bounded([server, "--rpc", ",".join(up), "--list-devices"], env=env), time.monotonic() + LIST_TIMEOUT
+    )
+
+
+@atexit.register
+def _kill_unread() -> None:
+    while _EARLY:
+        proc, _ = _EARLY.popitem()[1]
+        kill_group(proc)
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()

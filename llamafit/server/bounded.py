@@ -24,7 +24,16 @@ MAX_ERRORS = 64 << 10  # bytes of stderr kept, the last ones
 def run_bounded(argv: Sequence[str], *, env: dict[str, str] | None, timeout: float) -> subprocess.CompletedProcess[str]:
     """Run ``argv`` with no stdin, capture its output (text, bounded), and kill its process group at
     ``timeout``."""
-    proc = subprocess.Popen(
+    try:
+        return finish_bounded(start_bounded(argv, env=env), time.monotonic() + timeout)
+    except subprocess.TimeoutExpired:
+        raise subprocess.TimeoutExpired(list(argv), timeout) from None
+
+
+def start_bounded(argv: Sequence[str], *, env: dict[str, str] | None) -> subprocess.Popen[bytes]:
+    """``argv`` started as ``run_bounded`` runs it, for ``finish_bounded`` to read (what it prints stays in its
+    pipes meanwhile: a child that prints more than a pipe holds waits for the reader)."""
+    return subprocess.Popen(
         list(argv),
         env=env,
         stdin=subprocess.DEVNULL,
@@ -33,16 +42,22 @@ def run_bounded(argv: Sequence[str], *, env: dict[str, str] | None, timeout: flo
         start_new_session=True,
         preexec_fn=die_with_parent(),
     )
+
+
+def finish_bounded(proc: subprocess.Popen[bytes], deadline: float) -> subprocess.CompletedProcess[str]:
+    """What a child ``start_bounded`` started printed, once it exits; its process group killed at ``deadline``
+    (``time.monotonic()``), then ``subprocess.TimeoutExpired``."""
+    argv = list(proc.args) if isinstance(proc.args, list) else [str(proc.args)]
     try:
-        out, err = _collect(proc, time.monotonic() + timeout)
+        out, err = _collect(proc, deadline)
     except subprocess.TimeoutExpired:
         kill_group(proc)
-        raise subprocess.TimeoutExpired(list(argv), timeout) from None
+        raise subprocess.TimeoutExpired(argv, max(0.0, deadline - time.monotonic())) from None
     except BaseException:
         kill_group(proc)
         raise
     text = (out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
-    return subprocess.CompletedProcess(list(argv), proc.returncode, *text)
+    return subprocess.CompletedProcess(argv, proc.returncode, *text)
 
 
 def _collect(proc: subprocess.Popen[bytes], deadline: float) -> tuple[bytes, bytes]:
