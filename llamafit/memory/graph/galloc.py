@@ -78,6 +78,7 @@ class Where:
 T = TypeVar("T")
 _WHERE: ContextVar[Where | None] = ContextVar("llamafit_galloc_where", default=None)
 _LAYER: ContextVar[int | None] = ContextVar("llamafit_galloc_layer", default=None)
+_TAGGED: ContextVar[list[Tensor] | None] = ContextVar("llamafit_galloc_tagged", default=None)
 
 
 @contextmanager
@@ -89,9 +90,12 @@ def _setting(var: ContextVar[T], value: T) -> Iterator[None]:
         var.reset(token)
 
 
-def placed(where: Where | None) -> AbstractContextManager[None]:
-    """Tensors made inside are tagged with their backends (builders made outside are untagged: one backend)."""
-    return _setting(_WHERE, where)
+@contextmanager
+def placed(where: Where | None, tagged: list[Tensor] | None = None) -> Iterator[None]:
+    """Tensors made inside are tagged with their backends (builders made outside are untagged: one backend); each
+    one tagged is added to ``tagged`` as it is (what ``retag`` places again, without walking the graph for them)."""
+    with _setting(_WHERE, where), _setting(_TAGGED, tagged):
+        yield
 
 
 def in_layer(il: int | None) -> AbstractContextManager[None]:
@@ -106,6 +110,8 @@ def _placed_as(t: Tensor, name: str) -> None:
     if where is not None:
         t.tag = (_LAYER.get(), name)
         t.backend = where.device(*t.tag)
+        if (kept := _TAGGED.get()) is not None:
+            kept.append(t)
 
 
 def of_layer(t: Tensor) -> Tensor:
@@ -122,25 +128,9 @@ def pin_norm(t: Tensor) -> Tensor:
     if where is not None and il is not None:
         t.tag = (il, "norm")
         t.pinned = where.device(il, "norm") if where.pin_norms else None
+        if (kept := _TAGGED.get()) is not None:
+            kept.append(t)
     return t
-
-
-def tagged(g: Graph) -> list[Tensor]:
-    """The tensors of ``g`` that ``placed`` tagged (weights, caches, pinned norms)."""
-    seen: set[int] = set()
-    out: list[Tensor] = []
-    stack = [*g.leafs, *g.nodes]
-    while stack:  # every tensor a node reaches, through its sources and the tensors its views are of
-        t = stack.pop()
-        if id(t) in seen:
-            continue
-        seen.add(id(t))
-        if t.tag is not None:
-            out.append(t)
-        stack += t.src
-        if t.view_src is not None:
-            stack.append(t.view_src)
-    return out
 
 
 def retag(tensors: Sequence[Tensor], where: Where) -> None:

@@ -27,7 +27,7 @@ from llamafit.memory.builds import (
 )
 from llamafit.memory.context import ContextParams, swa_cells
 from llamafit.memory.graph.attention import rotation_size
-from llamafit.memory.graph.galloc import Graph, Tensor, Where, buffer_size, placed, retag, tagged
+from llamafit.memory.graph.galloc import Graph, Tensor, Where, buffer_size, placed, retag
 from llamafit.memory.graph.recipe import Recipe, Reserve
 from llamafit.memory.graph.sampling import Samplers
 from llamafit.memory.graph.sched import VIEW_OPS, Backends, attention_stays, split_buffers
@@ -304,11 +304,12 @@ def _built(model: ModelInfo, shape: Recipe, mtp: bool, r: Reserve) -> tuple[Grap
             layer = hp.n_layer_all
         return sizes.get((layer, name))
 
-    with placed(Where(lambda _layer, _name: CPU, size=size)):  # where each is: ``retag``'s to say
+    tensors: list[Tensor] = []
+    with placed(Where(lambda _layer, _name: CPU, size=size), tensors):  # where each is: ``retag``'s to say
         g = shape.graph(r)
     if len(shared) >= 16:  # a search visits a few contexts at a time
         shared.clear()
-    shared[key] = (g, tagged(g))
+    shared[key] = (g, tensors)
     return shared[key]
 
 
