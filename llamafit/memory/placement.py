@@ -12,6 +12,7 @@ import re
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 from llamafit.errors import UsageError
 from llamafit.gguf.model import ModelInfo, Tensor
@@ -116,6 +117,12 @@ class WeightPlacement:
     # of those, the mapped spans of tensors read lazily: rows read from the file as a token needs them, not
     # kept resident (llama.h:218-222), so not held against the host's RAM
     lazy: int = 0
+
+    @cached_property
+    def heads(self) -> tuple[PlacedTensor, ...]:
+        """The placed ``output.weight`` and ``token_embd.weight`` (twice with tied embeddings on another device):
+        what ``output_weight_device`` asks of every placement, found once."""
+        return tuple(p for p in self.tensors if p.tensor.info.name in ("output.weight", "token_embd.weight"))
 
 
 def _repackable(t: Tensor, profile: RepackProfile) -> bool:
@@ -288,6 +295,7 @@ _STATE_OPS = ("state_op_weights",)  # the weights some backend may refuse (``wei
 _RUNS = ("layer_runs",)  # the tensors in file order, cut where the layer changes (``_layer_runs``)
 _RUN_PLACED = ("run_placed",)  # (run, device, buffer type) -> its weights placed there
 _LAYER_OF = ("layer_of",)  # a weight's name -> its layer
+_NAMES = ("tensor_names",)  # every weight's name, in file order
 
 
 def _layer_runs(model: ModelInfo) -> list[tuple[int | None, tuple[Tensor, ...], bool]]:
@@ -321,8 +329,8 @@ def _matching(model: ModelInfo, pattern: str) -> frozenset[str]:
     """The names of ``model``'s tensors an -ot pattern matches (std::regex_search, llama-model-loader.cpp:1241)."""
 
     def names() -> frozenset[str]:
-        rx = re.compile(pattern)
-        return frozenset(t.name for t in model.tensors if rx.search(t.name))
+        every = model.memo(_NAMES, lambda: tuple(t.info.name for t in model.tensors))
+        return frozenset(filter(re.compile(pattern).search, every))
 
     return model.memo(("ot_matches", pattern), names)
 
@@ -368,9 +376,9 @@ def _unread(model: ModelInfo, placed: Sequence[PlacedTensor], use_mmap: bool) ->
 def output_weight_device(placement: WeightPlacement, out_dev: str) -> str:
     """Where the output matmul's weight is: ``output.weight``, or with tied embeddings the copy of
     ``token_embd`` on the output device when there is one, else the input's (shared)."""
-    mine = [p for p in placement.tensors if p.tensor.name == "output.weight"]
+    mine = [p for p in placement.heads if p.tensor.name == "output.weight"]
     if not mine:
-        emb = [p for p in placement.tensors if p.tensor.name == "token_embd.weight"]
+        emb = [p for p in placement.heads if p.tensor.name == "token_embd.weight"]
         mine = [p for p in emb if p.device == out_dev] or emb
     return mine[0].device if mine else out_dev
 
