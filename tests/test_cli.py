@@ -118,7 +118,8 @@ def test_a_dry_run_loads_nothing_it_does_not_use(l8b: Path) -> None:
     stay unimported (plan time; a probe of a binary reads the metadata, the cached capabilities do not). The
     restart policy is read as every run option is, before the plan (``cli.keep``): its module and package only.
     Nor do the speed probe (nothing is measured of described cards), the no-alloc measurement and the server's
-    log (a plan not held to one), the GGUF writer, or the graph builders of other architectures than Llama's."""
+    log (a plan not held to one), the GGUF writer, the Hub's client (a local file), or the graph builders of other
+    architectures than Llama's."""
     import subprocess
     import sys
 
@@ -127,6 +128,7 @@ def test_a_dry_run_loads_nothing_it_does_not_use(l8b: Path) -> None:
         *(f"llamafit.speed.{m}" for m in ("probe", "probe_cache", "probe_models")),
         *(f"llamafit.server.{m}" for m in ("fitprint", "logparse")),
         "llamafit.gguf.writer",
+        "llamafit.hub.remote",
         *(f"llamafit.memory.graph.{m}" for m in builders),
     ]
     code = (

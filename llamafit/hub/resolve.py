@@ -14,6 +14,7 @@ import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from llamafit.errors import AccessError, LlamafitError, ModelNotFoundError, NetworkError
 from llamafit.gguf.extents import read_remembered
@@ -22,7 +23,6 @@ from llamafit.gguf.model import ModelInfo, load_model, model_from_headers
 from llamafit.gguf.naming import SIDECARS
 from llamafit.gguf.reader import GGUFHeader
 from llamafit.hub.cache import COMMIT_ID, cached_commit, cached_files, hub_cache_dir, is_cached, snapshot_path
-from llamafit.hub.remote import HubClient, write_ref
 from llamafit.hub.select import (
     HubFile,
     find_best_model,
@@ -34,6 +34,9 @@ from llamafit.hub.select import (
     split_repo_tag,
 )
 from llamafit.units import fmt_bytes
+
+if TYPE_CHECKING:
+    from llamafit.hub.remote import HubClient
 
 
 def offline_from_env(env: dict[str, str] | None = None) -> bool:
@@ -80,11 +83,21 @@ class Hub:
 
     offline: bool = False
     hub_dir: Path = field(default_factory=hub_cache_dir)
-    client: HubClient = field(default_factory=HubClient)
+    # the Hub's HTTP client, made when it is first needed (a plan of a local file or a cached repo never needs it)
+    client: HubClient | None = None
+    cache: Path | None = None  # where the client keeps the headers it read (None: its default)
     known: dict[str, tuple[RepoState, HubFile]] = field(default_factory=dict)  # local path -> origin
     tags: dict[str, str] = field(default_factory=dict)  # model path -> the quant tag it was asked with
     _states: dict[tuple[str, str | None], RepoState] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def remote(self) -> HubClient:
+        if self.client is None:
+            from llamafit.hub.remote import HubClient
+
+            self.client = HubClient(cache_dir=self.cache) if self.cache is not None else HubClient()
+        return self.client
 
     # -- listing -----------------------------------------------------------------------------------
 
@@ -96,7 +109,7 @@ class Hub:
         st: RepoState | None = None
         if not self.offline:
             try:
-                listing = self.client.listing(repo, revision)
+                listing = self.remote.listing(repo, revision)
                 st = RepoState(repo, branch, listing.commit, listing.files, False)
             except (AccessError, ModelNotFoundError):
                 raise
@@ -142,7 +155,7 @@ class Hub:
             )
         if self.offline:
             raise ModelNotFoundError(f"{st.repo}/{f.path} is not in the cache (offline mode)")
-        return self.client.header(st.repo, st.commit, f)
+        return self.remote.header(st.repo, st.commit, f)
 
     def model(self, st: RepoState, shards: Sequence[HubFile]) -> ModelInfo:
         missing = missing_shards(shards)
@@ -267,10 +280,12 @@ class Hub:
             )
         done: set[tuple[str, str]] = set()
         for st, f in items:
-            self.client.download(st.repo, st.commit, f, self.hub_dir)
+            self.remote.download(st.repo, st.commit, f, self.hub_dir)
             done.add((st.repo, st.branch))
         for st, _ in items:
             if st.branch and (st.repo, st.branch) in done:
+                from llamafit.hub.remote import write_ref
+
                 write_ref(self.hub_dir, st.repo, st.branch, st.commit)
 
 

@@ -11,7 +11,6 @@ from llamafit.devices.described import described_host
 from llamafit.devices.machine import Machine, discover
 from llamafit.devices.rpc import discover_rpc, same_servers
 from llamafit.errors import LlamafitError, UsageError
-from llamafit.hub.remote import HubClient
 from llamafit.hub.resolve import Hub, offline_from_env
 from llamafit.options import Options
 from llamafit.paths import cache_dir
@@ -100,7 +99,7 @@ def machine_with_rpc(
 
 def new_hub(offline: bool) -> Hub:
     """The Hub resolver: offline with --offline or HF_HUB_OFFLINE, headers cached in the user cache."""
-    return Hub(offline=offline or offline_from_env(), client=HubClient(cache_dir=cache_dir()))
+    return Hub(offline=offline or offline_from_env(), cache=cache_dir())
 
 
 def launch_env(srv: ServerBinary) -> ChildEnv:
