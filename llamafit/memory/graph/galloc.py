@@ -178,8 +178,14 @@ class Tensor:
 
 
 def _ne(shape: Sequence[int]) -> tuple[int, int, int, int]:
-    ne = list(shape) + [1] * (4 - len(shape))
-    return (ne[0], ne[1], ne[2], ne[3])
+    n = len(shape)  # the builders make every tensor of the graph through here: spelled out for each length
+    if n >= 4:
+        return (shape[0], shape[1], shape[2], shape[3])
+    if n == 3:
+        return (shape[0], shape[1], shape[2], 1)
+    if n == 2:
+        return (shape[0], shape[1], 1, 1)
+    return (shape[0], 1, 1, 1) if n == 1 else (1, 1, 1, 1)
 
 
 def _strides(ne: tuple[int, int, int, int], esize: int) -> tuple[int, int, int, int]:
@@ -290,11 +296,13 @@ class Graph:
     # --- order -------------------------------------------------------------------------------------------
     def expand(self, t: Tensor) -> None:
         """``ggml_build_forward_expand``: depth first, sources left to right, a tensor after its sources."""
-        if id(t) in self._seen:
+        seen = self._seen
+        if id(t) in seen:
             return
-        self._seen.add(id(t))
+        seen.add(id(t))
         for s in t.src:
-            self.expand(s)
+            if id(s) not in seen:  # a source met before: no call to return from at once (most are)
+                self.expand(s)
         (self.leafs if t.op == "none" else self.nodes).append(t)
 
 
