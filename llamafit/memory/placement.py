@@ -276,18 +276,23 @@ def place_weights(
             p = place(t, layer, t.matmul)
             placed.append(p)
             if tied and t.name == "token_embd.weight":
-                # Tied embeddings: the output layer re-creates token_embd as a matmul weight in its own
-                # buffer type, sharing the tensor only when that is the input's (llama-model-loader.cpp:1370-1386).
-                out = place(t, hp.n_layer_all, True)
-                if out.buft != p.buft:
-                    placed.append(out)
-                elif hp.arch in OUTPUT_FIRST and not (out.buft == LAZY_MAPPED or (out.buft == CPU and use_mmap)):
-                    # made before token_embd, the copy finds no original to share: a second tensor, which takes
-                    # its bytes again where the buffer is not the file's mapping (models/gemma4.cpp:50-56)
-                    placed.append(replace(out))
+                placed += _tied_output(hp.arch, p, place(t, hp.n_layer_all, True), use_mmap)
 
     buffers = tuple(_buffers(model, placed, use_mmap))
     return WeightPlacement(tuple(placed), tuple(devs), buffers, _unread(model, placed, use_mmap))
+
+
+def _tied_output(arch: str, embd: PlacedTensor, out: PlacedTensor, use_mmap: bool) -> list[PlacedTensor]:
+    """Tied embeddings: the output layer re-creates token_embd (placed as ``embd``) as a matmul weight in its own
+    buffer type (``out``), sharing the tensor only when that is the input's (llama-model-loader.cpp:1370-1386): the
+    output's own tensor, where there is one."""
+    if out.buft != embd.buft:
+        return [out]
+    if arch in OUTPUT_FIRST and not (out.buft == LAZY_MAPPED or (out.buft == CPU and use_mmap)):
+        # made before token_embd, the copy finds no original to share: a second tensor, which takes its bytes again
+        # where the buffer is not the file's mapping (models/gemma4.cpp:50-56)
+        return [replace(out)]
+    return []
 
 
 _PLACED = ("placed_tensors",)  # (weight, device, buffer type) -> its PlacedTensor
