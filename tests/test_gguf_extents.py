@@ -161,3 +161,29 @@ def test_the_cache_keeps_the_files_learned_last(vocab_model: Path, tmp_path: Pat
     assert "0:5:1:1" not in files and f"0:{KEPT + 4}:1:1" in files  # the oldest went
     st = os.stat(vocab_model)
     assert f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}" in files
+
+
+def test_a_cached_hub_header_is_read_so_too(vocab_model: Path, tmp_path: Path, walked: list[int]) -> None:
+    """A Hub file's header read over the network walks its vocabulary; read again from llamafit's cache of headers
+    (``HubClient.header``), it jumps over it: the same header."""
+    from llamafit.hub.remote import HubClient
+    from tests.hubserver import FakeHub
+
+    hub = FakeHub().start()
+    try:
+        hub.add("acme/vocab", {"m.gguf": vocab_model})
+        client = HubClient(hub.url, cache_dir=tmp_path / "cache")
+        listing = client.listing("acme/vocab")
+        (f,) = listing.files
+        walked.clear()
+        first = client.header("acme/vocab", listing.commit, f)
+        assert walked == [70000, 69000]
+        second = client.header("acme/vocab", listing.commit, f)
+        assert walked == [70000, 69000, 70000, 69000]  # from the cached prefix, learning where the arrays end
+        third = client.header("acme/vocab", listing.commit, f)
+        assert walked == [70000, 69000, 70000, 69000]  # jumped over
+        whole = read_file_header(vocab_model)
+        assert first == second == third
+        assert (third.kv, third.tensors, third.header_bytes) == (whole.kv, whole.tensors, whole.header_bytes)
+    finally:
+        hub.stop()

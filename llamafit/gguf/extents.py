@@ -1,11 +1,13 @@
 """Where each local GGUF file's long string arrays (its vocabulary and merges) end, remembered in llamafit's cache,
 so that a later read of the same file jumps over them instead of walking every string: for a 150k-token BPE
-vocabulary, 300k lengths read one by one (a tenth of a plan's time) and 5 MB of reads.
+vocabulary, 300k lengths read one by one (a tenth of a plan's time) and 5 MB of reads. A Hub file's cached header
+is read so too.
 
-A file is known by its device, inode, size and modification time; what is remembered is only a hint: a jump is
-taken where the bytes before the remembered end are still the same (``reader.Extent``), and a header that does not
-parse with the hints is read again without them. The cache is input like any other (``llamafit.store``): what is
-not what we write reads as nothing, and a cache that cannot be written leaves the read as it was.
+A file is known by its device, inode, size and modification time (a cached Hub header by its repo, commit and
+file); what is remembered is only a hint: a jump is taken where the bytes before the remembered end are still the
+same (``reader.Extent``), and a header that does not parse with the hints is read again without them. The cache is
+input like any other (``llamafit.store``): what is not what we write reads as nothing, and a cache that cannot be
+written leaves the read as it was.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 
 from llamafit import store
 from llamafit.errors import BadModelFileError
-from llamafit.gguf.reader import MAX_HEADER_BYTES, TAIL, Extent, FileSource, GGUFHeader, read_header
+from llamafit.gguf.reader import MAX_HEADER_BYTES, TAIL, ByteSource, Extent, FileSource, GGUFHeader, read_header
 from llamafit.paths import cache_dir
 
 SCHEMA = "llamafit.extents/1"
@@ -34,16 +36,21 @@ def extents_path(directory: Path | None = None) -> Path:
 def read_remembered(path: str | os.PathLike[str], directory: Path | None = None) -> GGUFHeader:
     """``path``'s header, jumping over the long arrays an earlier read of the same file found (``directory``: the
     cache, ``$LLAMAFIT_CACHE`` by default); what this read found is remembered for the next."""
-    file = extents_path(directory)
     with FileSource(path) as src:
-        key = ":".join(str(v) for v in src.identity)
-        known = _extents(_files(store.read_json(file)).get(key))
-        try:
-            h = read_header(src, known=known)
-        except BadModelFileError:
-            if not known:
-                raise
-            h = read_header(src, known=())  # a hint that no longer holds: the whole header, learned again
+        return remembered(src, ":".join(str(v) for v in src.identity), directory)
+
+
+def remembered(src: ByteSource, key: str, directory: Path | None = None) -> GGUFHeader:
+    """The header of ``src``, a local source (a file, a cached Hub header) whose bytes ``key`` names: as
+    ``read_remembered`` reads a file."""
+    file = extents_path(directory)
+    known = _extents(_files(store.read_json(file)).get(key))
+    try:
+        h = read_header(src, known=known)
+    except BadModelFileError:
+        if not known:
+            raise
+        h = read_header(src, known=())  # a hint that no longer holds: the whole header, learned again
     if list(h.extents) != known:
         store.update_json(file, lambda doc: _with(doc, key, h.extents), wait=LOCK_WAIT)
     return h

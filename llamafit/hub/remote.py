@@ -29,6 +29,7 @@ from typing import Any, TypeVar, cast
 
 from llamafit import store
 from llamafit.errors import AccessError, BadModelFileError, LlamafitError, ModelNotFoundError, NetworkError
+from llamafit.gguf.extents import remembered
 from llamafit.gguf.reader import GGUFHeader, read_header
 from llamafit.hub.cache import COMMIT_ID, repo_folder
 from llamafit.hub.select import HubFile, is_safe_repo_path
@@ -302,7 +303,7 @@ class HubClient:
         prefix = self._cached_prefix(key)
         if prefix is not None:
             try:
-                return read_header(PrefixSource(prefix, name, f.size))
+                return remembered(PrefixSource(prefix, name, f.size), f"hub:{key}", self.cache_dir)
             except BadModelFileError:
                 pass  # a stale or short entry: read it again
         src = RemoteSource(self._fetch(repo, commit, f.path), name, f.size)
