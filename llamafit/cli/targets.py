@@ -20,16 +20,18 @@ def list_rpc_early(o: Options) -> None:
     (``devices.rpc.start_listing``); nothing when the listing cannot be started here (the plan's own says why)."""
     if not o.rpc or o.cpu_only:
         return
-    from llamafit.devices.rpc import parse_endpoints, same_servers, start_listing
+    from llamafit.devices.rpc import parse_endpoints, start_listing
     from llamafit.errors import LlamafitError
     from llamafit.server.binary import find_server
 
     try:
         srv = find_server(o.server)
-        once, _ = same_servers(parse_endpoints(o.rpc))
+        endpoints = parse_endpoints(o.rpc)
     except LlamafitError:
         return
-    start_listing(once, srv.path, srv.env())
+    # as written, not resolved: the plan resolves them once (``same_servers``); where it merges two spellings of
+    # one server, its endpoints differ from these and this listing is killed unread
+    start_listing(endpoints, srv.path, srv.env())
 
 
 def prepare_one(model: str, o: Options, json_out: bool = False, quant: str | None = None) -> Prepared:
