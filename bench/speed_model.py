@@ -10,10 +10,15 @@ bench's cache directory), then the real ``llama-bench`` of the same build runs e
 (``llamafit.speed.bench.bench_flags`` of the planned argv) and its timings are lined up with the plan's
 ``speed``. Relative error is (predicted - measured) / measured.
 
-Usage: python bench/speed_model.py [--rigs cpu,cpu1,rpc,vulkan,vulkan2,cuda] [--keep DIR] [--tune]
+Usage: python bench/speed_model.py [--rigs cpu,cpu1,rpc,vulkan,vulkan2,cuda] [--keep DIR] [--tune] [--first]
 
 Writes bench/results/speed_model.json and prints the table and the summary against the goals (issue #41:
 tg within 10 % median and 30 % worst, pp within 25 % median). Nothing here is a test.
+
+``--first`` holds the first plan of a model on a machine that has measured nothing (issue #52: this machine's CPU
+at one and two threads and its RPC rig within 10 % on the first plan): each case is planned with a cache of its
+own, empty, and the plan's own measuring budget (``MEASURE_BUDGET``), as the first ``llamafit plan`` of a model
+on a new machine measures; the rows go to bench/results/speed_model_first.json.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import statistics
 import sys
 import time
@@ -40,6 +46,7 @@ from llamafit.planning.planner import prepare  # noqa: E402
 from llamafit.planning.prepared import Prepared  # noqa: E402
 from llamafit.server.binary import ServerBinary, find_server  # noqa: E402
 from llamafit.speed.bench import bench_binary, bench_flags, run_bench  # noqa: E402
+from llamafit.speed.rate_source import MEASURE_BUDGET  # noqa: E402
 from tests import factory  # noqa: E402
 from tests.realserver import rpc_servers  # noqa: E402
 
@@ -181,9 +188,13 @@ def rig(name: str) -> Iterator[Rig | None]:
         )
 
 
-def run_case(c: Case, r: Rig, path: Path) -> dict[str, object]:
-    old = {k: os.environ.get(k) for k in r.env}
-    os.environ.update(r.env)
+def run_case(c: Case, r: Rig, path: Path, *, first: Path | None = None) -> dict[str, object]:
+    """``first``: a directory for the case's own, empty cache, planned within a plan's own measuring budget."""
+    env = dict(r.env)
+    if first is not None:
+        env["LLAMAFIT_CACHE"] = str(first)
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     try:
         o = Options(
             server=r.server.path,
@@ -192,8 +203,10 @@ def run_case(c: Case, r: Rig, path: Path) -> dict[str, object]:
             rpc=(",".join(r.rpc),) if r.rpc else (),
         )
         t0 = time.monotonic()
-        # the bench measures every term (a plan measures for at most MEASURE_BUDGET seconds, then a later one)
-        prep = prepare(str(path), o, progress=lambda m: print(f"    measuring {m}", file=sys.stderr), measure=600)
+        # the bench measures every term (a plan measures for at most MEASURE_BUDGET seconds, then a later one);
+        # --first holds what that first plan says
+        budget = MEASURE_BUDGET if first is not None else 600
+        prep = prepare(str(path), o, progress=lambda m: print(f"    measuring {m}", file=sys.stderr), measure=budget)
         plan_s = time.monotonic() - t0
         sp = prep.plan.speed
         assert sp is not None
@@ -228,6 +241,8 @@ def run_case(c: Case, r: Rig, path: Path) -> dict[str, object]:
         "pp": {"predicted": pp, "measured": meas.get("pp")},
         "tg": {"predicted": tg, "measured": meas.get("tg")},
         "placement": prep.plan.placement_code,
+        "source": sp.source,
+        "unknown": list(sp.unknown),
     }
 
 
@@ -323,6 +338,7 @@ def main() -> None:
     ap.add_argument("--rigs", default="cpu,cpu1,rpc,vulkan,vulkan2")
     ap.add_argument("--keep", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "llamafit-speed-bench")
     ap.add_argument("--tune", action="store_true", help="also hold tune to an exhaustive grid and llama-fit-params")
+    ap.add_argument("--first", action="store_true", help="each case the first plan on a machine that measured nothing")
     a = ap.parse_args()
     a.keep.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("LLAMAFIT_CACHE", str(a.keep / "cache"))
@@ -336,13 +352,16 @@ def main() -> None:
             for c in (c for c in CASES if c.rig == name):
                 print(f"{c.rig:8} {c.model:12} {c.label}", file=sys.stderr)
                 try:
-                    row = run_case(c, r, paths[c.model])
+                    fresh = a.keep / "first" / f"{len(rows)}-{c.rig}-{c.model}" if a.first else None
+                    if fresh is not None:
+                        shutil.rmtree(fresh, ignore_errors=True)
+                    row = run_case(c, r, paths[c.model], first=fresh)
                 except Exception as e:  # a case that cannot run is reported, the bench goes on
                     print(f"    failed: {type(e).__name__}: {e}", file=sys.stderr)
                     continue
                 rows.append(row)
                 print(f"    pp {row['pp']}  tg {row['tg']}", file=sys.stderr)
-    out = HERE / "results" / "speed_model.json"
+    out = HERE / "results" / ("speed_model_first.json" if a.first else "speed_model.json")
     # a run of some rigs replaces their rows and keeps the others' (each rig's numbers come from its own run)
     with contextlib.suppress(OSError, ValueError, KeyError):
         kept = [r for r in json.loads(out.read_text())["rows"] if r["rig"] not in wanted]
