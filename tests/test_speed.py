@@ -357,9 +357,13 @@ def test_a_damaged_probe_model_or_demo_model_is_written_again(tmp_path: Path) ->
 def test_a_probe_that_ran_out_of_time_rests_an_hour_one_that_failed_a_day(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    pc.write_cache(tmp_path, {}, {"late": ("did not finish within 9 s", True), "broke": ("exit 1", False)}, 10.0)
+    failed = {"late": ("did not finish within 9 s", True, 10.0), "broke": ("exit 1", False, 10.0)}
+    # one that ran out of what the devices measured before it left: the next plan gives it their time
+    failed["after"] = ("the time given to measuring ran out", True, 2.0)
+    pc.write_cache(tmp_path, {}, failed)
     cache = pc.read_cache(tmp_path)
     assert pc.failed_before(cache, "late", 10.0) and pc.failed_before(cache, "broke", 10.0)
+    assert pc.failed_before(cache, "after", 10.0) is None and pc.failed_before(cache, "after", 4.0)
     assert pc.failed_before(cache, "late", 60.0) is None  # more time (tune) tries it now
     now = pc.time.time()
     monkeypatch.setattr(pc.time, "time", lambda: now + pc.OUT_OF_TIME_FOR + 1)

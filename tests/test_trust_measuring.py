@@ -460,3 +460,28 @@ def test_a_plan_that_does_not_fit_measures_nothing(server_bin: ServerBinary, tmp
                            capture_output=True, text=True, timeout=120, env=probing())  # fmt: skip
     assert r.returncode == ExitCode.DOES_NOT_FIT, r.stderr
     assert calls(tmp_path) == 0 and "measuring speed" not in r.stderr
+
+
+def test_a_device_not_measured_is_priced_as_one_of_its_kind(server_bin: ServerBinary, tmp_path: Path) -> None:
+    """Two RPC servers on one host: the second's measurement fails (a first plan's time can end before it), so it is
+    priced as the first, said, where a prior would span 25x; the failure is remembered for that server alone."""
+    from llamafit.planning.planner import prepare
+    from tests.realserver import rpc_servers
+
+    model = factory.qwen3_0_6b().write(tmp_path / "q06.gguf")
+    real = str(Path(server_bin.path).with_name("llama-bench"))
+    srv = toolbox(tmp_path, server_bin, bench=f'case "$*" in *"-dev RPC1"*) exit 1;; esac\nexec "{real}" "$@"\n')
+    os.environ["LLAMAFIT_PROBE"] = "auto"
+    try:
+        with rpc_servers(server_bin, 2) as eps:
+            o = Options(server=srv, rpc=(",".join(eps),), server_args=("-np", "1", "-c", "4096", "-ngl", "all"))
+            prep = prepare(str(model), o, measure=120)
+            assert prep.measured is not None and prep.measured.directory is not None
+            rates = prep.measured.rates
+            assert rates["RPC0"].source == "measured" and rates["RPC1"] == rates["RPC0"], rates
+            notes = "\n".join(prep.measured.notes)
+            assert "RPC1 is priced as RPC0, a device of the same kind (RPC, 127.0.0.1" in notes, notes
+            failed = [k for k in pc.read_cache(prep.measured.directory) if k.startswith("failed|")]
+            assert len(failed) == 1 and "RPC1" in failed[0], failed
+    finally:
+        os.environ.pop("LLAMAFIT_PROBE")

@@ -19,6 +19,10 @@ from llamafit.speed.probe import Target, Timings
 CACHE_VERSION = 4
 FAILED_FOR = 86400.0  # seconds a probe that failed is not run again by a plan
 OUT_OF_TIME_FOR = 3600.0  # seconds a probe that ran past a plan's time without progress waits for the next try
+# of the time a plan may measure, what a probe that failed must have had to be held: one that ran out of what the
+# devices before it left (the host, another card) is tried by the next plan, which gives it the time they no longer
+# need; one that had most of a plan's time and still ran out needs more than a plan has (tune gives it)
+HELD_SHARE = 0.5
 
 
 def _cache_file(directory: Path) -> Path:
@@ -88,12 +92,11 @@ def timings_from(entry: Mapping[str, Any]) -> Timings | None:
 def write_cache(
     directory: Path,
     entries: Mapping[str, Timings],
-    failed: Mapping[str, tuple[str, bool]] | None = None,
-    budget: float = 0.0,
+    failed: Mapping[str, tuple[str, bool, float]] | None = None,
 ) -> bool:
-    """Add ``entries`` (and the probes that ``failed`` within ``budget`` seconds: why, and whether they only ran
-    out of time) to the cache, under its lock, atomically (a concurrent plan reads the old file or the new one,
-    and a concurrent writer's entries are kept)."""
+    """Add ``entries`` (and the probes that ``failed``: why, whether they only ran out of time, the seconds they
+    had) to the cache, under its lock, atomically (a concurrent plan reads the old file or the new one, and a
+    concurrent writer's entries are kept)."""
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
 
     def add(doc: Any) -> dict[str, Any]:
@@ -102,8 +105,8 @@ def write_cache(
             d = {f: getattr(t, f) for f in t.__dataclass_fields__}
             d["stream"] = dict(t.stream)
             out[k] = {**d, "time": stamp}
-        for k, (why, late) in (failed or {}).items():
-            out[_FAILED + k] = {"failed": why[:300], "at": time.time(), "budget": budget, "out_of_time": late}
+        for k, (why, late, had) in (failed or {}).items():
+            out[_FAILED + k] = {"failed": why[:300], "at": time.time(), "budget": had, "out_of_time": late}
         return {"schema": _SCHEMA, "entries": out}
 
     return store.update_json(_cache_file(directory), add)
@@ -122,10 +125,10 @@ def forget(directory: Path, keys: set[str]) -> bool:
 
 
 def failed_before(cache: Mapping[str, Mapping[str, Any]], key: str, budget: float) -> str | None:
-    """Why the probe of ``key`` failed within ``FAILED_FOR`` seconds with at least ``budget`` seconds to run, if
-    it did (a plan does not run it again meanwhile: a hung or refusing llama-bench would cost every plan the
-    time; ``tune``, given more time, does). One that only ran past a plan's time waits ``OUT_OF_TIME_FOR``: the
-    machine may be quieter at the next try, and the plans meanwhile read the priors."""
+    """Why the probe of ``key`` failed within ``FAILED_FOR`` seconds with at least ``HELD_SHARE`` of ``budget``
+    seconds to run, if it did (a plan does not run it again meanwhile: a hung or refusing llama-bench would cost
+    every plan the time; ``tune``, given more time, does). One that only ran past a plan's time waits
+    ``OUT_OF_TIME_FOR``: the machine may be quieter at the next try, and the plans meanwhile read the priors."""
     entry = cache.get(_FAILED + key)
     if not isinstance(entry, Mapping):
         return None
@@ -134,7 +137,7 @@ def failed_before(cache: Mapping[str, Mapping[str, Any]], key: str, budget: floa
     hold = OUT_OF_TIME_FOR if entry.get("out_of_time") is True else FAILED_FOR
     if at is None or why is None or not 0 <= time.time() - at < hold:
         return None
-    return why if had is None or had >= budget else None
+    return why if had is None or had >= HELD_SHARE * budget else None
 
 
 def measuring(directory: Path) -> AbstractContextManager[bool]:

@@ -32,6 +32,7 @@ import psutil
 
 from llamafit.devices.machine import Machine, NvmlProbe
 from llamafit.devices.rates import Rates
+from llamafit.devices.types import Device
 from llamafit.gguf.model import ModelInfo
 from llamafit.memory import backends
 from llamafit.memory.calibration import model_id, read_history
@@ -41,6 +42,7 @@ from llamafit.speed import busy, priors
 from llamafit.speed.bench import bench_binary
 from llamafit.speed.calibrate import SpeedCorrection, correction, speed_key
 from llamafit.speed.known import DESCRIBED_CORES, host_rates, known_rates, remote_rates, with_assumed
+from llamafit.units import fmt_bytes
 
 # The probe (llama-bench runs, their cache, the twin models) is imported where a plan measures or reads what was
 # measured: a plan of described devices, or with nothing to measure, does neither, and a plan's time counts imports.
@@ -226,9 +228,11 @@ class RateSource:
         rates = self.rates(devices, measure=measure, depth=depth, priced=priced)
         return Measured(rates, self.key, tuple(self.notes), frozenset(self._used), self.directory)
 
-    def _probe(self, one: _One, subject: pr.Subject, failed: dict[str, tuple[str, bool]]) -> pr.Timings | None:
+    def _probe(self, one: _One, subject: pr.Subject, failed: dict[str, tuple[str, bool, float]]) -> pr.Timings | None:
         """``one`` device measured (what it lacks of the probe): its timings, or None when nothing usable came of it
-        (a failure, said and remembered in ``failed``; a doubtful run, said and marked on ``one``)."""
+        (a failure, said and remembered in ``failed`` with the time it had: one that ran out of the time the
+        devices before it left is tried again by the next plan, which has more; a doubtful run, said and marked on
+        ``one``)."""
         from llamafit.speed import probe as pr
 
         assert self._bench is not None
@@ -237,13 +241,15 @@ class RateSource:
         spreads: list[float] = []
         if one.light:  # only its overheads: nothing of the model
             subject = replace(subject, types=(), twin=None, attn=None)
+        # the time it had: a plan's budget, or where devices before it in this plan spent part of it, what they left
+        had = max(0.0, one.deadline - time.monotonic()) if one.after_others else self.measure
         try:
             got = pr.measure(
                 self._runner, t, subject, have=one.have, progress=self.progress, deadline=one.deadline, spreads=spreads
             )
         except pr.ProbeError as e:
-            if (why := self._stopped(t.device, e, one.have)) is not None:
-                failed[one.key] = (why, e.out_of_time)
+            if (why := self._stopped(t.device, e, one.have, one.after_others)) is not None:
+                failed[one.key] = (why, e.out_of_time, had if e.out_of_time else self.measure)
             if e.partial is None:
                 return None
             got = e.partial
@@ -256,22 +262,49 @@ class RateSource:
             return None
         return got
 
-    def _stopped(self, device: str, e: pr.ProbeError, have: pr.Timings | None) -> str | None:
-        """Say why ``device``'s probe stopped; what to remember as its failure (not tried again by every plan),
-        or None when this plan's time ran out after some progress (the next plan goes on from there)."""
+    def _stopped(self, device: str, e: pr.ProbeError, have: pr.Timings | None, after_others: bool) -> str | None:
+        """Say why ``device``'s probe stopped; what to remember as its failure (not tried again by every plan with
+        no more time than it had), or None when this plan's time ran out after some progress (the next plan goes
+        on from there)."""
         if e.out_of_time and e.partial is not None and e.partial != have:
             self.notes.append(f"the speed of {device} was measured in part (a later plan goes on)")
             return None
+        if e.out_of_time and after_others:
+            self.notes.append(
+                f"the speed of {device} was not measured: the devices before it took this plan's time "
+                "(the next plan measures it)"
+            )
+            return str(e)
         more = " (it needs more time than a plan has: llamafit tune measures it)" if e.out_of_time else ""
         self.notes.append(f"the speed of {device} could not be measured: {e}{more}")
         return str(e)
+
+    def _stand_ins(self, devices: Sequence[str], measured: Mapping[str, pr.Timings]) -> dict[str, pr.Timings]:
+        """For each device of ``devices`` not measured, a measured one of the same kind (two cards of one model,
+        two RPC servers on one host): its timings stand in, said, until a plan measures the device itself (a
+        first plan's time may end before the second of two alike devices; a prior would span 25x)."""
+        out: dict[str, pr.Timings] = {}
+        gpus = [g for g in self.machine.gpus if g.source != "override"]
+        for g in gpus:
+            if g.id not in devices or g.id in measured:
+                continue
+            like = next((o for o in gpus if o.id in measured and _kind(o) == _kind(g)), None)
+            if like is not None:
+                out[g.id] = measured[like.id]
+                self.notes.append(
+                    f"{g.id} is priced as {like.id}, a device of the same kind ({g.backend}, {_kind(g)[1]}, "
+                    f"{fmt_bytes(g.total)}), until a plan measures it"
+                )
+        return out
 
     def _targets(self, devices: Sequence[str]) -> list[pr.Target]:
         from llamafit.speed import probe as pr
 
         eps = list(dict.fromkeys(g.endpoint for g in self.machine.gpus if g.endpoint))
         out = [pr.host_target()] if CPU in devices and not self._given_host else []
-        for g in self.machine.gpus:
+        # a device of a kind met before goes last: within a plan's time, every kind is measured once first
+        first = {_kind(g): g.id for g in reversed(self.machine.gpus)}  # each kind's first device
+        for g in sorted(self.machine.gpus, key=lambda g: first[_kind(g)] != g.id):
             if g.id in devices and g.source != "override":
                 gpu = backends.kind(g.id) == "gpu"
                 out.append(pr.device_target(g.id, g.name, g.total, gpu=gpu, rpc=eps if g.endpoint else ()))
@@ -290,7 +323,8 @@ class RateSource:
         shape = f"{twin.key if twin else '-'}:{attn.key if attn else '-'}:p={self.prompt}"
         cache = pc.read_cache(d)
         fresh: dict[str, pr.Timings] = {}
-        failed: dict[str, tuple[str, bool]] = {}
+        failed: dict[str, tuple[str, bool, float]] = {}
+        probed = False  # a device was measured before the next in this plan
         measured: dict[str, pr.Timings] = {}
         allowed = run and self.measure > 0 and probe_allowed(self.env)
         held_off = False  # another llamafit holds the measuring lock, or the machine is too busy to measure
@@ -340,7 +374,8 @@ class RateSource:
                     if have is not None:
                         measured[t.device] = have
                     continue
-                one = _One(t, mod_key, have, light, started + self.measure)
+                one = _One(t, mod_key, have, light, started + self.measure, after_others=probed)
+                probed = True
                 if (got := self._probe(one, subject, failed)) is None:
                     if have is not None and one.doubtful:
                         measured[t.device] = have
@@ -353,7 +388,7 @@ class RateSource:
                     fresh[mod_key] = got
                 measured[t.device] = got
             if fresh or failed:
-                pc.write_cache(d, fresh, failed, self.measure)
+                pc.write_cache(d, fresh, failed)
         if fresh:
             self.notes.append(
                 f"measured this machine's speed for this model ({time.monotonic() - started:.0f} s; cached)"
@@ -364,6 +399,7 @@ class RateSource:
         # streaming rate to derive from: it keeps its priors, or stays unknown, until a later plan completes it;
         # the host's overheads alone serve an offload device's split
         measured = {dev: tm for dev, tm in measured.items() if _streams(tm) or (dev == CPU and CPU not in devices)}
+        measured.update(self._stand_ins(devices, measured))
         if not measured:
             return
         layer_nodes = pr.probe_node_layer(d)
@@ -377,6 +413,12 @@ class RateSource:
             if dev != CPU:
                 derived = pr.derive(tm, host=host, node_layer=layer_nodes, twin=twin, attn=attn, remote=dev in remote)
                 self._rates[dev] = priors.fill(derived, self._priors.get(dev))
+
+
+def _kind(g: Device) -> tuple[str, str, int]:
+    """What makes two devices one kind to the probe: the backend, the card (an RPC server's device is named by its
+    endpoint: the server's host) and its memory."""
+    return (g.backend, g.endpoint.rsplit(":", 1)[0] if g.endpoint else g.name, g.total)
 
 
 def _doubt(spreads: Sequence[float], threads: int | None) -> str | None:
@@ -420,6 +462,7 @@ class _One:
     have: pr.Timings | None
     light: bool
     deadline: float
+    after_others: bool = False  # devices before it in this plan were measured (they spent part of its time)
     doubtful: bool = False
 
 
