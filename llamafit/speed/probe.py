@@ -351,7 +351,9 @@ def _measure(
     if twin is not None and tw_tg is None:
         say(f"{target.device}: the model's layers")
         path = str(pm.ensure(twin, directory))
-        tw_tg = _one(run(["-m", path, "-p", "0", "-n", "8"], reps=2), path, gen=True)
+        # three repetitions: their median drops one held up (of two, the mean counts it: this machine's first plan
+        # of an MoE once timed its twin 41 % slow), and their spread is judged (``_Run``)
+        tw_tg = _one(run(["-m", path, "-p", "0", "-n", "8"], reps=3), path, gen=True)
         # the plan's ubatch, unless the device would take longer than a run may (a batched token takes at
         # most a quarter of a generated one's time on every backend measured: lavapipe's is the slowest);
         # never below 128 tokens (a slow device's matmuls get faster with the batch) unless even that is long
