@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
@@ -479,9 +480,15 @@ def test_a_device_not_measured_is_priced_as_one_of_its_kind(server_bin: ServerBi
             assert prep.measured is not None and prep.measured.directory is not None
             rates = prep.measured.rates
             assert rates["RPC0"].source == "measured" and rates["RPC1"] == rates["RPC0"], rates
+            assert rates["RPC1"].split > 0, rates  # a first visit's cost, apart from the host's time per evaluation
             notes = "\n".join(prep.measured.notes)
             assert "RPC1 is priced as RPC0, a device of the same kind (RPC, 127.0.0.1" in notes, notes
             failed = [k for k in pc.read_cache(prep.measured.directory) if k.startswith("failed|")]
             assert len(failed) == 1 and "RPC1" in failed[0], failed
+            # the next plan, its layers on RPC1 alone, reads what is cached first for every device, the host's
+            # overheads alone among it (it held no layer): they are still what each device's split is left of
+            o = replace(o, server_args=(*o.server_args, "-ts", "0,1"))
+            again = prepare(str(model), o, measure=120)
+            assert again.measured is not None and again.measured.rates["RPC0"].split > 0, again.measured.rates
     finally:
         os.environ.pop("LLAMAFIT_PROBE")

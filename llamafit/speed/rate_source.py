@@ -398,6 +398,7 @@ class RateSource:
         # a device whose measurement stopped after its overheads (the time ran out, a run failed) has no
         # streaming rate to derive from: it keeps its priors, or stays unknown, until a later plan completes it;
         # the host's overheads alone serve an offload device's split
+        overheads = measured.get(CPU)
         measured = {dev: tm for dev, tm in measured.items() if _streams(tm) or (dev == CPU and CPU not in devices)}
         measured.update(self._stand_ins(devices, measured))
         if not measured:
@@ -408,6 +409,11 @@ class RateSource:
             host = pr.derive(measured[CPU], host=None, node_layer=layer_nodes, twin=twin, attn=attn)
             if CPU in devices:
                 self._rates[CPU] = host
+        elif host is None and overheads is not None:
+            # the host asked for with only its overheads measured (an earlier plan's light run): they are still
+            # what an offload device's split is left of, else its split would read as none and the host's time
+            # per evaluation as the device's
+            host = pr.derive(overheads, host=None, node_layer=layer_nodes, twin=None, attn=None)
         remote = {t.device for t in targets if t.remote}
         for dev, tm in measured.items():
             if dev != CPU:
