@@ -492,3 +492,25 @@ def test_a_device_not_measured_is_priced_as_one_of_its_kind(server_bin: ServerBi
             assert again.measured is not None and again.measured.rates["RPC0"].split > 0, again.measured.rates
     finally:
         os.environ.pop("LLAMAFIT_PROBE")
+
+
+def test_every_device_is_measured_before_any_attention_run(server_bin: ServerBinary, tmp_path: Path) -> None:
+    """A first plan over the host and an RPC device: the host's attention run (here one that outlasts the plan's
+    time) comes after the RPC device's rates, its visits within a token among them, not before them."""
+    from llamafit.planning.planner import prepare
+    from tests.realserver import rpc_servers
+
+    model = factory.qwen3_0_6b().write(tmp_path / "q06.gguf")
+    real = str(Path(server_bin.path).with_name("llama-bench"))
+    srv = toolbox(tmp_path, server_bin, bench=f'case "$*" in *"-d 0,"*) exec sleep 300;; esac\nexec "{real}" "$@"\n')
+    os.environ["LLAMAFIT_PROBE"] = "auto"
+    try:
+        with rpc_servers(server_bin, 1) as (rpc,):
+            o = Options(server=srv, rpc=(rpc,), server_args=("-np", "1", "-c", "4096", "-ngl", "14"))
+            prep = prepare(str(model), o, measure=20)
+            assert prep.measured is not None
+            rates = prep.measured.rates
+            assert rates["RPC0"].source == "measured" and rates["RPC0"].visit is not None, rates["RPC0"]
+            assert rates["CPU"].source == "measured" and rates["CPU"].attention is None, rates["CPU"]
+    finally:
+        os.environ.pop("LLAMAFIT_PROBE")

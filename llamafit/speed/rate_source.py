@@ -325,6 +325,7 @@ class RateSource:
         fresh: dict[str, pr.Timings] = {}
         failed: dict[str, tuple[str, bool, float]] = {}
         probed = False  # a device was measured before the next in this plan
+        doubted: set[str] = set()  # measured now and not believed
         measured: dict[str, pr.Timings] = {}
         allowed = run and self.measure > 0 and probe_allowed(self.env)
         held_off = False  # another llamafit holds the measuring lock, or the machine is too busy to measure
@@ -335,16 +336,25 @@ class RateSource:
         if CPU not in devices and CPU not in self._rates and targets:
             targets.insert(0, pr.host_target())  # an offload device's split is what is left after the host's part
         subject = pr.Subject(tuple(types), twin, attn, self.prompt, d, depth)
+        # every device's rates first, then their attention runs (the context-full speed): a first plan's time,
+        # spent on the host's attention, never reached a second device's visits, and a split placement's speed
+        # needs those
+        essentials = replace(subject, attn=None)
+        passes = [(t, essentials) for t in targets] + [(t, subject) for t in targets if attn is not None]
         with contextlib.ExitStack() as held:
             lock: list[bool] = []  # the measuring lock, taken when the first device needs measuring
-            for t in targets:
+            for t, wanted in passes:
                 gen_key = pc.cache_key(bench, t, self.threads, self.flags, "device")
                 mod_key = pc.cache_key(bench, t, self.threads, self.flags, shape)
                 have = _combined(pc.timings_from(cache.get(gen_key, {})), pc.timings_from(cache.get(mod_key, {})))
                 light = t.device == CPU and CPU not in devices  # only its overheads are needed
+                if wanted is subject:  # the second pass: what the first left measured, unless it stopped there
+                    if not allowed or light or t.device not in measured or mod_key in failed or mod_key in doubted:
+                        continue
+                    have = measured[t.device]
                 if have is not None:
                     self._used.update((gen_key, mod_key))
-                if have is not None and (light or _complete(have, subject, t, self.measure)):
+                if have is not None and (light or _complete(have, wanted, t, self.measure)):
                     measured[t.device] = have
                     continue
                 if not allowed:  # what is cached serves as it is
@@ -376,9 +386,11 @@ class RateSource:
                     continue
                 one = _One(t, mod_key, have, light, started + self.measure, after_others=probed)
                 probed = True
-                if (got := self._probe(one, subject, failed)) is None:
-                    if have is not None and one.doubtful:
-                        measured[t.device] = have
+                if (got := self._probe(one, wanted, failed)) is None:
+                    if one.doubtful:
+                        doubted.add(mod_key)
+                        if have is not None:
+                            measured[t.device] = have
                     continue
                 self._used.update((gen_key, mod_key))
                 fresh[gen_key] = pr.Timings(
