@@ -1,6 +1,7 @@
 """The probe's cache (``rates.json`` in the speed cache): each device's timings per llama-bench binary, device,
 thread count and model shape, and the probes that failed (not run again by every plan); read back as input
-(validated, bounded), written atomically under its lock; and the measuring lock itself."""
+(validated, bounded), written atomically under its lock; what a device's cached timings hold (complete for a plan,
+a streaming rate to derive from); and the measuring lock itself."""
 
 from __future__ import annotations
 
@@ -8,13 +9,15 @@ import math
 import time
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from llamafit import store
+from llamafit.memory.placement import CPU
 from llamafit.numbers import finite
 from llamafit.speed.bench import MAX_TOKEN_S, MIN_PROMPT_S, bench_identity
-from llamafit.speed.probe import Target, Timings
+from llamafit.speed.probe import Subject, Target, Timings, attention_wanted
 
 CACHE_VERSION = 4
 FAILED_FOR = 86400.0  # seconds a probe that failed is not run again by a plan
@@ -144,3 +147,37 @@ def measuring(directory: Path) -> AbstractContextManager[bool]:
     """The machine's measuring lock, taken without waiting: True when this process may measure, False
     while another llamafit measures (two probes at once would each time the other's load)."""
     return store.locked(directory / "probe", wait=0.0)
+
+
+def streams(t: Timings) -> bool:
+    """The timings hold a streaming rate (a weight type's, or the model's twin's) to derive the device's from."""
+    return bool(t.stream) or t.twin_tg is not None
+
+
+def combined(device: Timings | None, model: Timings | None) -> Timings | None:
+    """A device's own timings with the model's, the streams of both."""
+    if model is None:
+        return device
+    if device is None:
+        return model
+    return replace(
+        model,
+        tiny1=device.tiny1,
+        tiny9=device.tiny9,
+        stream={**model.stream, **device.stream},
+        unvisited=device.unvisited,
+        visited=device.visited,
+    )
+
+
+def complete(t: Timings, subject: Subject, target: Target, budget: float) -> bool:
+    """Whether ``t`` holds all a plan measuring for ``budget`` seconds would measure of ``subject`` on ``target``."""
+    types, twin, attn = subject.types, subject.twin, subject.attn
+    if target.device != CPU and t.visited is None:
+        return False
+    if twin is not None and (t.twin_tg is None or t.twin_pp is None or (target.gpu and t.offload is None)):
+        return False
+    if attn is not None and (t.attn_tgd is None or attention_wanted(t, attn, twin, budget, subject.depth)):
+        return False
+    # a type may be missing because the device was too slow to stream it (the twin's rate stands)
+    return all(ty in t.stream for ty in types) or t.twin_tg is not None

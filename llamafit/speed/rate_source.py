@@ -346,7 +346,7 @@ class RateSource:
             for t, wanted in passes:
                 gen_key = pc.cache_key(bench, t, self.threads, self.flags, "device")
                 mod_key = pc.cache_key(bench, t, self.threads, self.flags, shape)
-                have = _combined(pc.timings_from(cache.get(gen_key, {})), pc.timings_from(cache.get(mod_key, {})))
+                have = pc.combined(pc.timings_from(cache.get(gen_key, {})), pc.timings_from(cache.get(mod_key, {})))
                 light = t.device == CPU and CPU not in devices  # only its overheads are needed
                 if wanted is subject:  # the second pass: what the first left measured, unless it stopped there
                     if not allowed or light or t.device not in measured or mod_key in failed or mod_key in doubted:
@@ -354,7 +354,7 @@ class RateSource:
                     have = measured[t.device]
                 if have is not None:
                     self._used.update((gen_key, mod_key))
-                if have is not None and (light or _complete(have, wanted, t, self.measure)):
+                if have is not None and (light or pc.complete(have, wanted, t, self.measure)):
                     measured[t.device] = have
                     continue
                 if not allowed:  # what is cached serves as it is
@@ -411,7 +411,7 @@ class RateSource:
         # streaming rate to derive from: it keeps its priors, or stays unknown, until a later plan completes it;
         # the host's overheads alone serve an offload device's split
         overheads = measured.get(CPU)
-        measured = {dev: tm for dev, tm in measured.items() if _streams(tm) or (dev == CPU and CPU not in devices)}
+        measured = {dev: tm for dev, tm in measured.items() if pc.streams(tm) or (dev == CPU and CPU not in devices)}
         measured.update(self._stand_ins(devices, measured))
         if not measured:
             return
@@ -449,27 +449,6 @@ def _doubt(spreads: Sequence[float], threads: int | None) -> str | None:
     return busy.too_busy(threads)
 
 
-def _streams(t: pr.Timings) -> bool:
-    """The timings hold a streaming rate (a weight type's, or the model's twin's) to derive the device's from."""
-    return bool(t.stream) or t.twin_tg is not None
-
-
-def _combined(device: pr.Timings | None, model: pr.Timings | None) -> pr.Timings | None:
-    """A device's own timings with the model's, the streams of both."""
-    if model is None:
-        return device
-    if device is None:
-        return model
-    return replace(
-        model,
-        tiny1=device.tiny1,
-        tiny9=device.tiny9,
-        stream={**model.stream, **device.stream},
-        unvisited=device.unvisited,
-        visited=device.visited,
-    )
-
-
 @dataclass
 class _One:
     """One device to measure in a plan: its probe target, its cache key, what is cached of it, whether only its
@@ -482,18 +461,3 @@ class _One:
     deadline: float
     after_others: bool = False  # devices before it in this plan were measured (they spent part of its time)
     doubtful: bool = False
-
-
-def _complete(t: pr.Timings, subject: pr.Subject, target: pr.Target, budget: float) -> bool:
-    """Whether ``t`` holds all a plan measuring for ``budget`` seconds would measure of ``subject`` on ``target``."""
-    from llamafit.speed.probe import attention_wanted
-
-    types, twin, attn = subject.types, subject.twin, subject.attn
-    if target.device != CPU and t.visited is None:
-        return False
-    if twin is not None and (t.twin_tg is None or t.twin_pp is None or (target.gpu and t.offload is None)):
-        return False
-    if attn is not None and (t.attn_tgd is None or attention_wanted(t, attn, twin, budget, subject.depth)):
-        return False
-    # a type may be missing because the device was too slow to stream it (the twin's rate stands)
-    return all(ty in t.stream for ty in types) or t.twin_tg is not None
