@@ -26,6 +26,7 @@ from llamafit.memory.graph import replay
 from llamafit.memory.placement import CPU
 from llamafit.server.args import parse_server_args
 from llamafit.serving.timings import TimingReader
+from llamafit.speed import attention_run as ar
 from llamafit.speed import prediction
 from llamafit.speed import probe as pr
 from llamafit.speed import probe_cache as pc
@@ -380,20 +381,20 @@ def test_the_attention_run_is_sized_to_the_time_a_plan_has_left(tmp_path: Path) 
     assert twin is not None and attn is not None
     prompt = 160
 
-    def depth(left: float, tg: float, pp: float, most: int = pr.DEPTH_PLAN) -> int:
-        return pr.attention_depth(pr.Sizing(attn, twin, tg, pp, prompt, most), left)
+    def depth(left: float, tg: float, pp: float, most: int = ar.DEPTH_PLAN) -> int:
+        return ar.attention_depth(ar.Sizing(attn, twin, tg, pp, prompt, most), left)
 
     assert depth(10.0, 0.004, 0.05) == 1024
     assert 0 < depth(10.0, 0.045, 1.8) < 1024
     assert depth(2.0, 0.045, 1.8) == 0
     # with the time (tune's), as deep as the plan's cache goes: 2048 of a 3000-cell context, 4096 at most
     assert depth(600.0, 0.004, 0.05, most=3000) == 2048
-    assert depth(600.0, 0.004, 0.05, most=65536) == pr.DEPTHS[0] == 4096
+    assert depth(600.0, 0.004, 0.05, most=65536) == ar.DEPTHS[0] == 4096
     assert depth(600.0, 0.08, 3.2, most=65536) == 256  # a slow device: shallow whatever its time
     # without a deadline, still one of the depths: never a run at the context itself
-    unlimited = pr.Sizing(attn, twin, 0.004, 0.05, prompt, 40960)
-    assert pr.attention_depth(unlimited, None) == pr.DEPTHS[0]
-    assert pr.attention_depth(pr.Sizing(attn, twin, 0.004, 0.05, prompt, 3000), None) == 2048
+    unlimited = ar.Sizing(attn, twin, 0.004, 0.05, prompt, 40960)
+    assert ar.attention_depth(unlimited, None) == ar.DEPTHS[0]
+    assert ar.attention_depth(ar.Sizing(attn, twin, 0.004, 0.05, prompt, 3000), None) == 2048
 
 
 def test_an_unmeasured_host_reads_the_cache_once_for_each_query_head(l8b: ModelInfo) -> None:
@@ -458,19 +459,19 @@ def test_a_plan_with_more_time_times_attention_at_a_deeper_cache(tmp_path: Path)
     twin, attn = pm.twin_of(q06), pm.attention_twin(q06)
     assert twin is not None and attn is not None
     shallow = pr.Timings(1e-4, 2e-4, {}, 0.045, 1.8, 160, 0.01, 0.02, 0.1, 0.2, 256)
-    assert not pr.attention_wanted(shallow, attn, twin, 10.0)
-    assert pr.attention_wanted(shallow, attn, twin, 60.0)
-    assert not pr.attention_wanted(replace(shallow, depth=pr.DEPTH_PLAN), attn, twin, 600.0)
-    assert pr.attention_wanted(replace(shallow, twin_tg=0.004, twin_pp=0.05, depth=1024), attn, twin, 600.0, 4096)
-    assert pr.attention_wanted(replace(shallow, attn_tgd=None, depth=0), attn, twin, 10.0)
+    assert not ar.attention_wanted(shallow, attn, twin, 10.0)
+    assert ar.attention_wanted(shallow, attn, twin, 60.0)
+    assert not ar.attention_wanted(replace(shallow, depth=ar.DEPTH_PLAN), attn, twin, 600.0)
+    assert ar.attention_wanted(replace(shallow, twin_tg=0.004, twin_pp=0.05, depth=1024), attn, twin, 600.0, 4096)
+    assert ar.attention_wanted(replace(shallow, attn_tgd=None, depth=0), attn, twin, 10.0)
     # a first plan with 3 s left: no time for the prompts at depth, time for the generation
-    sizing = pr.Sizing(attn, twin, 0.045, 1.8, 160)
-    run = pr.attention_run(sizing, 3.0, pr.Had())
+    sizing = ar.Sizing(attn, twin, 0.045, 1.8, 160)
+    run = ar.attention_run(sizing, 3.0, ar.Had())
     assert run is not None and run[0] > 0 and not run[1]
     untimed_prompts = replace(shallow, attn_pp0=None, attn_ppd=None)
-    assert pr.attention_wanted(untimed_prompts, attn, twin, 10.0)  # the whole run at 256 fits a plan
-    assert not pr.attention_wanted(untimed_prompts, attn, twin, 3.0)  # and nothing more a plan without time
-    assert pr.attention_run(sizing, 3.0, pr.Had(256, False)) is None
+    assert ar.attention_wanted(untimed_prompts, attn, twin, 10.0)  # the whole run at 256 fits a plan
+    assert not ar.attention_wanted(untimed_prompts, attn, twin, 3.0)  # and nothing more a plan without time
+    assert ar.attention_run(sizing, 3.0, ar.Had(256, False)) is None
 
 
 def test_a_context_full_speed_says_when_its_attention_was_not_measured(l8b: ModelInfo) -> None:

@@ -20,8 +20,8 @@ from llamafit.options import Options
 from llamafit.paths import cache_dir
 from llamafit.planning.planner import prepare
 from llamafit.server.binary import ServerBinary
+from llamafit.speed import attention_run as ar
 from llamafit.speed import busy
-from llamafit.speed import probe as pr
 from llamafit.speed import probe_models as pm
 from llamafit.speed.bench import bench_binary, run_bench
 from tests import factory
@@ -76,13 +76,13 @@ def test_the_probe_measures_the_host_once_and_the_plan_predicts_from_it(
     rates = cache_dir() / "speed" / "rates.json"
     doc = json.loads(rates.read_text())
     timed = [e for e in doc["entries"].values() if e.get("attn_tgd")]
-    assert len(timed) == 1 and timed[0]["depth"] == pr.DEPTH_PLAN, timed  # a plan's own time: no deeper
-    timed[0]["depth"] = pr.DEPTHS[-1]
+    assert len(timed) == 1 and timed[0]["depth"] == ar.DEPTH_PLAN, timed  # a plan's own time: no deeper
+    timed[0]["depth"] = ar.DEPTHS[-1]
     rates.write_text(json.dumps(doc))
     rc, out, err = invoke("plan", model, "--cpu-only", "--json", "--server", server_bin.path, "--", "-c", "2048")
     assert rc == 0 and any("measured this machine" in n for n in json.loads(out)["notes"]), err
     deep = [e for e in json.loads(rates.read_text())["entries"].values() if e.get("attn_tgd")]
-    assert len(deep) == 1 and deep[0]["depth"] == pr.DEPTH_PLAN, deep
+    assert len(deep) == 1 and deep[0]["depth"] == ar.DEPTH_PLAN, deep
     # a longer budget than a plan's (tune's) times it as deep as the plan's context: a host's cost a cached cell
     # changes with the depth, so a 1024-cell run extrapolates to 2048 only roughly
     prep = prepare(model, Options(cpu_only=True, server=server_bin.path, server_args=("-c", "2048")), measure=60)

@@ -16,8 +16,9 @@ from typing import Any
 from llamafit import store
 from llamafit.memory.placement import CPU
 from llamafit.numbers import finite
+from llamafit.speed.attention_run import attention_wanted
 from llamafit.speed.bench import MAX_TOKEN_S, MIN_PROMPT_S, bench_identity
-from llamafit.speed.probe import Subject, Target, Timings, attention_wanted
+from llamafit.speed.probe import Subject, Target, Timings
 
 CACHE_VERSION = 4
 FAILED_FOR = 86400.0  # seconds a probe that failed is not run again by a plan

@@ -198,7 +198,7 @@ class RateSource:
         newest launch of the same model on these devices that measured its speed. Without ``measure`` only
         what is cached is read: the devices are measured when asked for again. ``depth``: the cache the plan
         fills (its attention is timed that deep where the budget is longer than a plan's; else, and by default,
-        ``probe.DEPTH_PLAN``).
+        ``attention_run.DEPTH_PLAN``).
         ``priced``: for a plan's speed, with what is assumed of an RPC server nobody measured (``remote_rates``)."""
         want = [d for d in dict.fromkeys(devices) if d not in self._asked]
         if measure:
@@ -311,12 +311,13 @@ class RateSource:
         return out
 
     def _measure(self, devices: Sequence[str], run: bool = True, depth: int | None = None) -> None:
+        from llamafit.speed import attention_run as ar
         from llamafit.speed import probe as pr
         from llamafit.speed import probe_cache as pc
         from llamafit.speed import probe_models as pm
 
         assert self._bench is not None
-        depth = pr.DEPTH_PLAN if depth is None else depth
+        depth = ar.DEPTH_PLAN if depth is None else depth
         bench, d = self._bench, self.directory
         types = weight_types(self.model)
         twin, attn = pm.twin_of(self.model), pm.attention_twin(self.model)
