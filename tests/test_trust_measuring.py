@@ -514,3 +514,29 @@ def test_every_device_is_measured_before_any_attention_run(server_bin: ServerBin
             assert rates["CPU"].source == "measured" and rates["CPU"].attention is None, rates["CPU"]
     finally:
         os.environ.pop("LLAMAFIT_PROBE")
+
+
+def test_a_devices_visits_are_timed_before_its_twin_where_they_are_cheap(
+    server_bin: ServerBinary, tmp_path: Path
+) -> None:
+    """An RPC device's twin (its upload the larger part of a first plan's time there) fails here: its visits within
+    a token, a fraction of a second on loopback, were timed before it and are kept with its overheads."""
+    from llamafit.planning.planner import prepare
+    from tests.realserver import rpc_servers
+
+    model = factory.qwen3_0_6b().write(tmp_path / "q06.gguf")
+    real = str(Path(server_bin.path).with_name("llama-bench"))
+    twin_fails = f'case "$*" in *twin*"-dev RPC0"*) exit 1;; esac\nexec "{real}" "$@"\n'
+    srv = toolbox(tmp_path, server_bin, bench=twin_fails)
+    os.environ["LLAMAFIT_PROBE"] = "auto"
+    try:
+        with rpc_servers(server_bin, 1) as (rpc,):
+            o = Options(server=srv, rpc=(rpc,), server_args=("-np", "1", "-c", "4096", "-ngl", "all"))
+            prep = prepare(str(model), o)
+            assert prep.measured is not None and prep.measured.directory is not None
+            kept = pc.read_cache(prep.measured.directory)
+            rpc0 = [e for k, e in kept.items() if "RPC0" in k and k.endswith("|device")]
+            assert len(rpc0) == 1 and rpc0[0]["visited"] and rpc0[0]["unvisited"], kept
+            assert any("twin" in line and "-dev RPC0" in line for line in (tmp_path / "calls").read_text().splitlines())
+    finally:
+        os.environ.pop("LLAMAFIT_PROBE")

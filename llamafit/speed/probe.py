@@ -51,6 +51,7 @@ FIXED_NODES = 4  # compute nodes outside the layers, as llamafit.speed.work coun
 # scheduler cuts a graph at every change of backend (ggml-backend.cpp:1437-1500); ";"-free, as -ot lists take ";"
 VISITS = 8
 VISIT_OVERRIDE = r"blk\.[1-8]\.attn_output=CPU"
+VISITS_FIRST = 0.25  # of a plan's measuring time left, what timing a device's visits before its twin may take
 Progress = Callable[[str], None]
 
 
@@ -338,6 +339,8 @@ def _measure(
     tw_tg, tw_pp, n_prompt, off = (have.twin_tg, have.twin_pp, have.prompt, have.offload) if have else (None,) * 4
     base = have if have is not None else Timings(t1, t9, {})
     base = step(replace(base, tiny1=t1, tiny9=t9))
+    if _visits_first(run, base):
+        base = step(_visits(run, base, directory, say))
     if twin is not None and tw_tg is None:
         say(f"{target.device}: the model's layers")
         path = str(pm.ensure(twin, directory))
@@ -395,15 +398,30 @@ def _measure(
         t1, t9, stream, tw_tg, tw_pp, n_prompt, a[0], a[1], a[2], a[3], depth, off, base.unvisited, base.visited
     )
     if target.device != "CPU" and out.visited is None:  # last: a plan out of time prices each visit as a first
-        step(out)
-        say(f"{target.device}: visits within a token")
-        path = str(pm.ensure(pm.TINY9, directory))
-        # both in one run (an empty -ot group is no override, llama-bench.cpp:958-965): they share its drift
-        res = run(["-m", path, "-p", "0", "-n", "64", "-ot", f",{VISIT_OVERRIDE}"], reps=5)
-        plain = _one([r for r in res if r.overrides == "none"], path, gen=True)
-        visited = _one([r for r in res if r.overrides != "none"], path, gen=True)
-        out = replace(out, unvisited=plain, visited=visited)
+        out = _visits(run, step(out), directory, say)
     return out
+
+
+def _visits(run: _Run, t: Timings, directory: Path, say: Progress) -> Timings:
+    """``t`` with tiny-9's generation timed with and without VISITS round trips to the host inside its graph."""
+    say(f"{run.target.device}: visits within a token")
+    path = str(pm.ensure(pm.TINY9, directory))
+    # both in one run (an empty -ot group is no override, llama-bench.cpp:958-965): they share its drift
+    res = run(["-m", path, "-p", "0", "-n", "64", "-ot", f",{VISIT_OVERRIDE}"], reps=5)
+    plain = _one([r for r in res if r.overrides == "none"], path, gen=True)
+    visited = _one([r for r in res if r.overrides != "none"], path, gen=True)
+    return replace(t, unvisited=plain, visited=visited)
+
+
+def _visits_first(run: _Run, t: Timings) -> bool:
+    """Whether a device's visits are timed right after its overheads: where their run (two graphs, a warm-up and
+    five repetitions of 64 tokens of tiny-9) takes at most VISITS_FIRST of what a plan has left. Else they come
+    last, as a slow device's (lavapipe's: 20 s) would leave no time for its twin; where a plan's time ends first,
+    every visit is priced as a token's first, which for a split placement (experts on the host) is the larger part
+    of its time on a fast link."""
+    if run.target.device == "CPU" or t.visited is not None or run.deadline is None:
+        return False
+    return 2 * 6 * 64 * t.tiny9 <= VISITS_FIRST * (run.deadline - time.monotonic())
 
 
 def _one(results: Sequence[BenchResult], model: str, *, gen: bool) -> float:
