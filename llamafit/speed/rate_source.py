@@ -349,10 +349,18 @@ class RateSource:
                 mod_key = pc.cache_key(bench, t, self.threads, self.flags, shape)
                 have = pc.combined(pc.timings_from(cache.get(gen_key, {})), pc.timings_from(cache.get(mod_key, {})))
                 light = t.device == CPU and CPU not in devices  # only its overheads are needed
-                if wanted is subject:  # the second pass: what the first left measured, unless it stopped there
-                    if not allowed or light or t.device not in measured or mod_key in failed or mod_key in doubted:
+                if wanted is subject:  # the second pass: the attention runs of the devices the first completed
+                    done = measured.get(t.device)
+                    if (
+                        not allowed
+                        or light
+                        or done is None
+                        or mod_key in doubted
+                        or not pc.complete(done, essentials, t, self.measure)
+                        or time.monotonic() >= started + self.measure
+                    ):
                         continue
-                    have = measured[t.device]
+                    have = done
                 if have is not None:
                     self._used.update((gen_key, mod_key))
                 if have is not None and (light or pc.complete(have, wanted, t, self.measure)):
