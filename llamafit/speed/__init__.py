@@ -11,6 +11,7 @@ Modules:
 * ``known``: a device's rates without measuring it: a card's peak with its backend's priors, what is assumed;
 * ``rate_source``: each device's rates for one plan, measured by the probe or from priors (``RateSource``);
 * ``probe``: the bounded llama-bench measurement of each device;
+* ``attention_run``: how deep a cache the probe's attention run times within a plan's time;
 * ``probe_cache``: the probe's cache of timings and failures, and the measuring lock;
 * ``probe_models``: the synthetic models the probe times;
 * ``bench``: running the real llama-bench and reading its JSON lines;

@@ -5,12 +5,27 @@ its prompts, fits the time a plan has left, and whether a device's timings call 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from llamafit.speed import probe_models as pm
 
-if TYPE_CHECKING:
-    from llamafit.speed.probe import Timings
+
+class Timed(Protocol):
+    """What the attention run reads of a device's timings (``probe.Timings``)."""
+
+    @property
+    def twin_tg(self) -> float | None: ...
+    @property
+    def twin_pp(self) -> float | None: ...
+    @property
+    def prompt(self) -> int: ...
+    @property
+    def attn_tgd(self) -> float | None: ...
+    @property
+    def attn_ppd(self) -> float | None: ...
+    @property
+    def depth(self) -> int: ...
+
 
 # the cache depths the attention run may be measured at, deepest first: below 256 cached rows the difference
 # from depth 0 is mostly the run's own noise, and the priors extrapolate a long context better
@@ -31,7 +46,7 @@ class Had:
     prompted: bool = False
 
     @staticmethod
-    def of(t: Timings) -> Had:
+    def of(t: Timed) -> Had:
         return Had(t.depth if t.attn_tgd is not None else 0, t.attn_ppd is not None)
 
 
@@ -77,7 +92,7 @@ def attention_depth(s: Sizing, left: float | None, prompted: bool = True) -> int
     )
 
 
-def attention_wanted(t: Timings, attn: pm.Twin, twin: pm.Twin | None, budget: float, most: int = DEPTH_PLAN) -> bool:
+def attention_wanted(t: Timed, attn: pm.Twin, twin: pm.Twin | None, budget: float, most: int = DEPTH_PLAN) -> bool:
     """Whether a plan measuring for ``budget`` seconds times the attention run again: deeper than ``t`` holds (up
     to ``most`` cells), or with the prompts ``t`` lacks (within nine tenths of it: what it had cached leaves it
     almost all of its time, and a plan that would find no time for it after all must not be called for nothing)."""
