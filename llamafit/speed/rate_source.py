@@ -48,6 +48,7 @@ from llamafit.units import fmt_bytes
 # measured: a plan of described devices, or with nothing to measure, does neither, and a plan's time counts imports.
 if TYPE_CHECKING:
     from llamafit.speed import probe as pr
+    from llamafit.speed import probe_models as pm
 
 PROBE_ENV = "LLAMAFIT_PROBE"
 MAX_TYPES = 3  # weight types probed per device: those that hold 90 % of the bytes, at most this many
@@ -350,17 +351,9 @@ class RateSource:
                 have = pc.combined(pc.timings_from(cache.get(gen_key, {})), pc.timings_from(cache.get(mod_key, {})))
                 light = t.device == CPU and CPU not in devices  # only its overheads are needed
                 if wanted is subject:  # the second pass: the attention runs of the devices the first completed
-                    done = measured.get(t.device)
-                    if (
-                        not allowed
-                        or light
-                        or done is None
-                        or mod_key in doubted
-                        or not pc.complete(done, essentials, t, self.measure)
-                        or time.monotonic() >= started + self.measure
-                    ):
+                    have, end = measured.get(t.device), started + self.measure
+                    if light or mod_key in doubted or not _due(allowed, have, essentials, t, self.measure, end):
                         continue
-                    have = done
                 if have is not None:
                     self._used.update((gen_key, mod_key))
                 if have is not None and (light or pc.complete(have, wanted, t, self.measure)):
@@ -416,6 +409,21 @@ class RateSource:
             )
         elif run and not allowed and targets and not measured and not held_off:
             self.notes.append(f"speed not measured ({PROBE_ENV}=off and nothing cached)")
+        self._derive(devices, measured, {t.device for t in targets if t.remote}, twin, attn)
+
+    def _derive(
+        self,
+        devices: Sequence[str],
+        measured: dict[str, pr.Timings],
+        remote: set[str],
+        twin: pm.Twin | None,
+        attn: pm.Twin | None,
+    ) -> None:
+        """The rates of the devices ``measured`` (now or before), a device of a kind measured standing in for one
+        not measured, kept for the plan."""
+        from llamafit.speed import probe as pr
+        from llamafit.speed import probe_cache as pc
+
         # a device whose measurement stopped after its overheads (the time ran out, a run failed) has no
         # streaming rate to derive from: it keeps its priors, or stays unknown, until a later plan completes it;
         # the host's overheads alone serve an offload device's split
@@ -424,7 +432,7 @@ class RateSource:
         measured.update(self._stand_ins(devices, measured))
         if not measured:
             return
-        layer_nodes = pr.probe_node_layer(d)
+        layer_nodes = pr.probe_node_layer(self.directory)
         host = self._rates.get(CPU)
         if CPU in measured:
             host = pr.derive(measured[CPU], host=None, node_layer=layer_nodes, twin=twin, attn=attn)
@@ -435,11 +443,18 @@ class RateSource:
             # what an offload device's split is left of, else its split would read as none and the host's time
             # per evaluation as the device's
             host = pr.derive(overheads, host=None, node_layer=layer_nodes, twin=None, attn=None)
-        remote = {t.device for t in targets if t.remote}
         for dev, tm in measured.items():
             if dev != CPU:
                 derived = pr.derive(tm, host=host, node_layer=layer_nodes, twin=twin, attn=attn, remote=dev in remote)
                 self._rates[dev] = priors.fill(derived, self._priors.get(dev))
+
+
+def _due(allowed: bool, done: pr.Timings | None, first: pr.Subject, t: pr.Target, budget: float, end: float) -> bool:
+    """Whether the second pass times a device's attention: measuring is allowed, the first pass completed the
+    device's rates (one it left incomplete ran out of time or failed) and the plan's time (to ``end``) is not over."""
+    from llamafit.speed import probe_cache as pc
+
+    return allowed and done is not None and time.monotonic() < end and pc.complete(done, first, t, budget)
 
 
 def _kind(g: Device) -> tuple[str, str, int]:
